@@ -1,0 +1,348 @@
+//! The reference interpreter: evaluates any graph naively, one element at a
+//! time, exactly as the op definitions in `op.rs` say.
+//!
+//! It is the oracle of every numeric test in kiln, so it favours being
+//! obviously right over being fast: every value is materialized densely, every
+//! f32 operation is computed in f64 and rounded once (which for `+ - * / sqrt`
+//! is exactly IEEE f32 arithmetic), and sums and matrix products accumulate in
+//! f64 before one final rounding.
+
+use crate::Error;
+use crate::graph::Graph;
+use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::types::{DType, Data, Element, Scalar, Shape, cast_f64, cast_int};
+use crate::verify::verify;
+
+/// Evaluates `graph` on `inputs`, one per declared graph input, and returns its
+/// outputs in order. The graph is verified first; inputs whose dtype or length
+/// does not match the declaration are an `Err`.
+pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
+    verify(graph)?;
+    if inputs.len() != graph.inputs.len() {
+        return Err(Error::InputData {
+            index: inputs.len().min(graph.inputs.len()),
+            expected: format!("{} inputs", graph.inputs.len()),
+            got: format!("{} inputs", inputs.len()),
+        });
+    }
+    for (index, (data, ty)) in inputs.iter().zip(&graph.inputs).enumerate() {
+        if data.dtype() != ty.dtype || data.len() != ty.shape.numel() {
+            return Err(Error::InputData {
+                index,
+                expected: ty.to_string(),
+                got: format!("{} values of {}", data.len(), data.dtype()),
+            });
+        }
+    }
+    let mut values: Vec<Data> = Vec::with_capacity(graph.nodes.len());
+    for node in &graph.nodes {
+        let arg = |k: usize| &values[node.inputs[k].index()];
+        let arg_shape = |k: usize| &graph.node(node.inputs[k]).ty.shape;
+        let out = &node.ty;
+        let n = out.shape.numel();
+        let value = match &node.op {
+            Op::Input { index } => inputs[*index as usize].clone(),
+            Op::Const(v) => Data::from_fn(v.dtype(), 1, |_| *v),
+            Op::Unary(op) => {
+                let x = arg(0);
+                Data::from_fn(out.dtype, n, |i| unary(*op, x.get(i)))
+            }
+            Op::Binary(op) => {
+                let (a, b) = (arg(0), arg(1));
+                Data::from_fn(out.dtype, n, |i| binary(*op, a.get(i), b.get(i)))
+            }
+            Op::Where => {
+                let (c, a, b) = (arg(0), arg(1), arg(2));
+                Data::from_fn(out.dtype, n, |i| {
+                    if c.get(i) == Scalar::Bool(true) {
+                        a.get(i)
+                    } else {
+                        b.get(i)
+                    }
+                })
+            }
+            Op::Cast(to) => {
+                let x = arg(0);
+                Data::from_fn(*to, n, |i| x.get(i).cast(*to))
+            }
+            Op::Reshape(_) => arg(0).clone(),
+            Op::Permute(perm) => {
+                let in_strides = arg_shape(0).strides();
+                let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+                gather(arg(0), &out.shape, |coords| Some(dot(coords, &strides)))
+            }
+            Op::Expand(_) => {
+                let from = arg_shape(0);
+                let lead = out.shape.rank() - from.rank();
+                // A size-1 axis is read at index 0 whatever the output index: stride 0.
+                let strides: Vec<usize> = (0..out.shape.rank())
+                    .map(|a| match a.checked_sub(lead) {
+                        Some(a) if from.dims()[a] != 1 => from.strides()[a],
+                        _ => 0,
+                    })
+                    .collect();
+                gather(arg(0), &out.shape, |coords| Some(dot(coords, &strides)))
+            }
+            Op::Slice(ranges) => {
+                let strides = arg_shape(0).strides();
+                gather(arg(0), &out.shape, |coords| {
+                    Some(
+                        coords
+                            .iter()
+                            .zip(ranges)
+                            .zip(&strides)
+                            .map(|((&c, r), &s)| (r.start + c * r.step) * s)
+                            .sum(),
+                    )
+                })
+            }
+            Op::Pad { pads, value } => {
+                let from = arg_shape(0);
+                let strides = from.strides();
+                let x = arg(0);
+                let out_shape = &out.shape;
+                Data::from_fn(out.dtype, n, |i| {
+                    let coords = unravel(i, out_shape);
+                    let mut flat = 0;
+                    for (a, &c) in coords.iter().enumerate() {
+                        let (before, dim) = (pads[a].0, from.dims()[a]);
+                        if c < before || c >= before + dim {
+                            return *value;
+                        }
+                        flat += (c - before) * strides[a];
+                    }
+                    x.get(flat)
+                })
+            }
+            Op::Reduce { op, axes } => reduce(*op, axes, arg(0), arg_shape(0), &out.shape),
+            Op::MatMul => matmul(arg(0), arg(1), arg_shape(0), arg_shape(1), &out.shape),
+        };
+        values.push(value);
+    }
+    Ok(graph
+        .outputs
+        .iter()
+        .map(|id| values[id.index()].clone())
+        .collect())
+}
+
+impl Data {
+    /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`.
+    pub fn from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> Scalar) -> Data {
+        fn build<T: Element>(n: usize, mut f: impl FnMut(usize) -> Scalar) -> Vec<T> {
+            // `cast` to T's own dtype always yields T, so the default is never used.
+            (0..n)
+                .map(|i| T::from_scalar(f(i).cast(T::DTYPE)).unwrap_or_default())
+                .collect()
+        }
+        match dtype {
+            DType::F32 => Data::F32(build(n, f)),
+            DType::I32 => Data::I32(build(n, f)),
+            DType::U8 => Data::U8(build(n, f)),
+            DType::Bool => Data::Bool(build(n, f)),
+        }
+    }
+}
+
+/// Element `i` of a row-major array of `shape`, as coordinates.
+fn unravel(mut i: usize, shape: &Shape) -> Vec<usize> {
+    let mut coords = vec![0; shape.rank()];
+    for (c, &d) in coords.iter_mut().zip(shape.dims()).rev() {
+        *c = i % d;
+        i /= d;
+    }
+    coords
+}
+
+fn dot(coords: &[usize], strides: &[usize]) -> usize {
+    coords.iter().zip(strides).map(|(c, s)| c * s).sum()
+}
+
+/// A view: output element at `coords` is input element `index(coords)`.
+fn gather(x: &Data, out: &Shape, index: impl Fn(&[usize]) -> Option<usize>) -> Data {
+    Data::from_fn(x.dtype(), out.numel(), |i| match index(&unravel(i, out)) {
+        Some(flat) => x.get(flat),
+        None => Scalar::F32(0.0),
+    })
+}
+
+/// The number a scalar holds, exactly: integers and bools as i64, floats as f64.
+enum Num {
+    Int(i64),
+    Float(f64),
+}
+
+fn num(x: Scalar) -> Num {
+    match x {
+        Scalar::F32(v) => Num::Float(v as f64),
+        Scalar::I32(v) => Num::Int(v as i64),
+        Scalar::U8(v) => Num::Int(v as i64),
+        Scalar::Bool(v) => Num::Int(v as i64),
+    }
+}
+
+fn unary(op: UnaryOp, x: Scalar) -> Scalar {
+    let dtype = x.dtype();
+    let v = match num(x) {
+        Num::Float(v) => v,
+        // Integers are exact in i64 and wrap back; typing admits only these three.
+        Num::Int(v) => match op {
+            UnaryOp::Neg => return cast_int(-v, dtype),
+            UnaryOp::Abs => return cast_int(v.abs(), dtype),
+            UnaryOp::Relu => return cast_int(v.max(0), dtype),
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Sqrt
+            | UnaryOp::Recip
+            | UnaryOp::Sigmoid
+            | UnaryOp::Tanh => v as f64,
+        },
+    };
+    let r = match op {
+        UnaryOp::Neg => -v,
+        UnaryOp::Exp => v.exp(),
+        UnaryOp::Log => v.ln(),
+        UnaryOp::Sqrt => v.sqrt(),
+        UnaryOp::Recip => 1.0 / v,
+        UnaryOp::Relu => {
+            if v > 0.0 || v.is_nan() {
+                v
+            } else {
+                0.0
+            }
+        }
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        UnaryOp::Tanh => v.tanh(),
+        UnaryOp::Abs => v.abs(),
+    };
+    cast_f64(r, dtype)
+}
+
+fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
+    if op.is_comparison() {
+        // f64 holds every element type exactly, so one comparison serves all.
+        return Scalar::Bool(compare(op, a.to_f64(), b.to_f64()));
+    }
+    let dtype = a.dtype();
+    match (num(a), num(b)) {
+        (Num::Int(x), Num::Int(y)) => cast_int(int_binary(op, x, y), dtype),
+        (x, y) => cast_f64(float_binary(op, as_f64(x), as_f64(y)), dtype),
+    }
+}
+
+fn as_f64(x: Num) -> f64 {
+    match x {
+        Num::Int(v) => v as f64,
+        Num::Float(v) => v,
+    }
+}
+
+/// Integer arithmetic in i64, where products and sums of i32 values are exact;
+/// the caller wraps the result back to the operand type.
+fn int_binary(op: BinaryOp, x: i64, y: i64) -> i64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        // Typing admits these for floats only; they are defined through f64 anyway.
+        BinaryOp::Div | BinaryOp::Pow => float_binary(op, x as f64, y as f64) as i64,
+        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
+            compare(op, x as f64, y as f64) as i64
+        }
+    }
+}
+
+fn float_binary(op: BinaryOp, x: f64, y: f64) -> f64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max | BinaryOp::Min if x.is_nan() || y.is_nan() => f64::NAN,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
+            compare(op, x, y) as u8 as f64
+        }
+    }
+}
+
+/// IEEE comparison: false whenever a NaN is involved, except for `ne`.
+fn compare(op: BinaryOp, x: f64, y: f64) -> bool {
+    match op {
+        BinaryOp::Lt => x < y,
+        BinaryOp::Le => x <= y,
+        BinaryOp::Gt => x > y,
+        BinaryOp::Ge => x >= y,
+        BinaryOp::Eq => x == y,
+        BinaryOp::Ne => x != y,
+        BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div
+        | BinaryOp::Max
+        | BinaryOp::Min
+        | BinaryOp::Pow => false,
+    }
+}
+
+/// Accumulates every input element into the output element it reduces to, in
+/// f64 for floats and i64 for integers, then rounds or wraps once.
+fn reduce(op: ReduceOp, axes: &[usize], x: &Data, from: &Shape, out: &Shape) -> Data {
+    let dtype = x.dtype();
+    let out_strides = out.strides();
+    let target = |i: usize| -> usize {
+        let coords = unravel(i, from);
+        (0..from.rank())
+            .filter(|a| !axes.contains(a))
+            .map(|a| coords[a] * out_strides[a])
+            .sum()
+    };
+    if dtype.is_float() {
+        let init = match op {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Max => f64::NEG_INFINITY,
+        };
+        let mut acc = vec![init; out.numel()];
+        for i in 0..from.numel() {
+            let (t, v) = (target(i), x.get(i).to_f64());
+            acc[t] = match op {
+                ReduceOp::Sum => acc[t] + v,
+                ReduceOp::Max if acc[t].is_nan() || v.is_nan() => f64::NAN,
+                ReduceOp::Max => acc[t].max(v),
+            };
+        }
+        Data::from_fn(dtype, out.numel(), |i| cast_f64(acc[i], dtype))
+    } else {
+        let init = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => i64::MIN,
+        };
+        let mut acc = vec![init; out.numel()];
+        for i in 0..from.numel() {
+            let (t, v) = (target(i), x.get(i).to_f64() as i64);
+            acc[t] = match op {
+                ReduceOp::Sum => acc[t] + v,
+                ReduceOp::Max => acc[t].max(v),
+            };
+        }
+        Data::from_fn(dtype, out.numel(), |i| cast_int(acc[i], dtype))
+    }
+}
+
+/// `[.., m, k] @ [.., k, n]` over equal batch dims, accumulating in f64.
+fn matmul(a: &Data, b: &Data, ls: &Shape, rs: &Shape, out: &Shape) -> Data {
+    let r = ls.rank();
+    let (m, k, n) = (ls.dims()[r - 2], ls.dims()[r - 1], rs.dims()[r - 1]);
+    Data::from_fn(DType::F32, out.numel(), |i| {
+        let (batch, row, col) = (i / (m * n), i / n % m, i % n);
+        let (a0, b0) = (batch * m * k + row * k, batch * k * n + col);
+        let sum: f64 = (0..k)
+            .map(|p| a.get(a0 + p).to_f64() * b.get(b0 + p * n).to_f64())
+            .sum();
+        Scalar::F32(sum as f32)
+    })
+}

@@ -1,0 +1,20 @@
+//! kiln-ir: the graph IR of kiln and everything that is pure data and
+//! transformation: ops and their typing rules, the graph arena, the printed
+//! form, the verifier and the reference interpreter.
+//!
+//! This crate has no `unsafe` and links no system library: a graph can be
+//! built, printed, checked and evaluated anywhere.
+
+mod error;
+pub mod graph;
+pub mod interp;
+pub mod op;
+mod print;
+pub mod types;
+pub mod verify;
+
+pub use error::Error;
+pub use graph::{Graph, Node, NodeId};
+pub use op::{BinaryOp, Op, ReduceOp, SliceRange, UnaryOp};
+pub use types::{DType, Data, Element, Scalar, Shape, TensorType};
+pub use verify::verify;

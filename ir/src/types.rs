@@ -1,0 +1,433 @@
+//! Element types, shapes, scalars and host data: the values the IR talks about.
+//!
+//! Everything here is plain data. `Shape` prints as `[2, 3]` in error messages
+//! and `TensorType` as `f32[2,3]` in the printed IR.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use smallvec::SmallVec;
+
+use crate::Error;
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 32-bit signed integer; arithmetic wraps.
+    I32,
+    /// 8-bit unsigned integer, what image datasets hold; arithmetic wraps.
+    U8,
+    /// Truth values: what comparisons produce and `where` consumes.
+    Bool,
+}
+
+impl DType {
+    /// The name used in printed IR and error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// Whether the type is a float type.
+    pub fn is_float(self) -> bool {
+        match self {
+            DType::F32 => true,
+            DType::I32 | DType::U8 | DType::Bool => false,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The dimensions of a tensor, outermost first. Rank 0 is a scalar.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Shape(pub SmallVec<[usize; 4]>);
+
+impl Shape {
+    /// A shape from its dimensions.
+    pub fn new(dims: &[usize]) -> Shape {
+        Shape(SmallVec::from_slice(dims))
+    }
+
+    /// The rank-0 shape of a scalar.
+    pub fn scalar() -> Shape {
+        Shape(SmallVec::new())
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The number of elements (1 for a scalar, 0 if any dimension is 0).
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+
+    /// Row-major (C order) strides in elements.
+    pub fn strides(&self) -> SmallVec<[usize; 4]> {
+        let mut strides: SmallVec<[usize; 4]> = SmallVec::from_elem(0, self.rank());
+        let mut acc = 1;
+        for (s, d) in strides.iter_mut().zip(self.0.iter()).rev() {
+            *s = acc;
+            acc *= d;
+        }
+        strides
+    }
+
+    /// The shape that `lhs` and `rhs` broadcast to under NumPy rules: shapes are
+    /// aligned at the right, and each pair of dimensions must be equal or one of
+    /// them 1. `op` names the operation in the error.
+    pub fn broadcast(op: &'static str, lhs: &Shape, rhs: &Shape) -> Result<Shape, Error> {
+        let rank = lhs.rank().max(rhs.rank());
+        let mut out = SmallVec::with_capacity(rank);
+        for i in 0..rank {
+            let l = dim_from_right(lhs, rank - i);
+            let r = dim_from_right(rhs, rank - i);
+            out.push(match (l, r) {
+                (l, r) if l == r => l,
+                (1, r) => r,
+                (l, 1) => l,
+                _ => {
+                    return Err(Error::Broadcast {
+                        op,
+                        lhs: lhs.clone(),
+                        rhs: rhs.clone(),
+                    });
+                }
+            });
+        }
+        Ok(Shape(out))
+    }
+
+    /// Whether this shape broadcasts to `target` by NumPy rules (right-aligned,
+    /// each dimension equal to the target's or 1, leading dimensions added).
+    pub fn broadcasts_to(&self, target: &Shape) -> bool {
+        self.rank() <= target.rank()
+            && (1..=self.rank()).all(|k| {
+                let d = dim_from_right(self, k);
+                d == 1 || d == dim_from_right(target, k)
+            })
+    }
+}
+
+/// The `k`-th dimension counted from the right (k = 1 is the last), 1 past the rank.
+fn dim_from_right(shape: &Shape, k: usize) -> usize {
+    if k <= shape.rank() {
+        shape.0[shape.rank() - k]
+    } else {
+        1
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.dims())
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(dims: &[usize]) -> Shape {
+        Shape::new(dims)
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(dims: [usize; N]) -> Shape {
+        Shape::new(&dims)
+    }
+}
+
+impl<const N: usize> From<&[usize; N]> for Shape {
+    fn from(dims: &[usize; N]) -> Shape {
+        Shape::new(dims)
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(dims: Vec<usize>) -> Shape {
+        Shape(SmallVec::from_vec(dims))
+    }
+}
+
+impl From<&Shape> for Shape {
+    fn from(shape: &Shape) -> Shape {
+        shape.clone()
+    }
+}
+
+/// The type of a value in the graph: element type and shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions.
+    pub shape: Shape,
+}
+
+impl TensorType {
+    /// A type from its parts.
+    pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
+        TensorType {
+            dtype,
+            shape: shape.into(),
+        }
+    }
+}
+
+impl fmt::Display for TensorType {
+    /// The printed-IR form, `f32[64,256]`, with no spaces so lines stay short.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.shape.dims().iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// One value of some element type: the payload of a constant.
+///
+/// Equality and hashing compare bits, so `NaN == NaN` and `0.0 != -0.0` here:
+/// two constants are the same exactly when they behave the same.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalar {
+    /// An f32 value.
+    F32(f32),
+    /// An i32 value.
+    I32(i32),
+    /// A u8 value.
+    U8(u8),
+    /// A bool value.
+    Bool(bool),
+}
+
+impl Scalar {
+    /// The element type of the value.
+    pub fn dtype(self) -> DType {
+        match self {
+            Scalar::F32(_) => DType::F32,
+            Scalar::I32(_) => DType::I32,
+            Scalar::U8(_) => DType::U8,
+            Scalar::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The value as f64: exact for every element type.
+    pub fn to_f64(self) -> f64 {
+        match self {
+            Scalar::F32(v) => v as f64,
+            Scalar::I32(v) => v as f64,
+            Scalar::U8(v) => v as f64,
+            Scalar::Bool(v) => v as u8 as f64,
+        }
+    }
+
+    /// The value converted to `dtype` with the semantics of `Op::Cast`.
+    pub fn cast(self, dtype: DType) -> Scalar {
+        match self {
+            Scalar::F32(v) => cast_f64(v as f64, dtype),
+            Scalar::I32(v) => cast_int(v as i64, dtype),
+            Scalar::U8(v) => cast_int(v as i64, dtype),
+            Scalar::Bool(v) => cast_int(v as i64, dtype),
+        }
+    }
+
+    fn bits(self) -> (DType, u32) {
+        let bits = match self {
+            Scalar::F32(v) => v.to_bits(),
+            Scalar::I32(v) => v as u32,
+            Scalar::U8(v) => v as u32,
+            Scalar::Bool(v) => v as u32,
+        };
+        (self.dtype(), bits)
+    }
+}
+
+/// Float to any type: saturating toward the integer range, NaN to 0, and
+/// nonzero (NaN included) to true, as Rust's `as` and NumPy's `bool` do.
+pub(crate) fn cast_f64(v: f64, dtype: DType) -> Scalar {
+    match dtype {
+        DType::F32 => Scalar::F32(v as f32),
+        DType::I32 => Scalar::I32(v as i32),
+        DType::U8 => Scalar::U8(v as u8),
+        DType::Bool => Scalar::Bool(v != 0.0),
+    }
+}
+
+/// Integer to any type: two's-complement wrapping to narrower integers.
+pub(crate) fn cast_int(v: i64, dtype: DType) -> Scalar {
+    match dtype {
+        DType::F32 => Scalar::F32(v as f32),
+        DType::I32 => Scalar::I32(v as i32),
+        DType::U8 => Scalar::U8(v as u8),
+        DType::Bool => Scalar::Bool(v != 0),
+    }
+}
+
+impl PartialEq for Scalar {
+    fn eq(&self, other: &Scalar) -> bool {
+        self.bits() == other.bits()
+    }
+}
+
+impl Eq for Scalar {}
+
+impl Hash for Scalar {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bits().hash(state);
+    }
+}
+
+impl fmt::Display for Scalar {
+    /// Floats print with `{:?}` so that they round-trip and always show a point.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::F32(v) => write!(f, "{v:?}"),
+            Scalar::I32(v) => write!(f, "{v}"),
+            Scalar::U8(v) => write!(f, "{v}"),
+            Scalar::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl From<f32> for Scalar {
+    fn from(v: f32) -> Scalar {
+        Scalar::F32(v)
+    }
+}
+
+impl From<i32> for Scalar {
+    fn from(v: i32) -> Scalar {
+        Scalar::I32(v)
+    }
+}
+
+impl From<u8> for Scalar {
+    fn from(v: u8) -> Scalar {
+        Scalar::U8(v)
+    }
+}
+
+impl From<bool> for Scalar {
+    fn from(v: bool) -> Scalar {
+        Scalar::Bool(v)
+    }
+}
+
+/// A dense, row-major array of elements on the host: what graph inputs are fed
+/// with and what the interpreter returns.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// i32 elements.
+    I32(Vec<i32>),
+    /// u8 elements.
+    U8(Vec<u8>),
+    /// bool elements.
+    Bool(Vec<bool>),
+}
+
+impl Data {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::F32,
+            Data::I32(_) => DType::I32,
+            Data::U8(_) => DType::U8,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::U8(v) => v.len(),
+            Data::Bool(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The element at `i`.
+    pub fn get(&self, i: usize) -> Scalar {
+        match self {
+            Data::F32(v) => Scalar::F32(v[i]),
+            Data::I32(v) => Scalar::I32(v[i]),
+            Data::U8(v) => Scalar::U8(v[i]),
+            Data::Bool(v) => Scalar::Bool(v[i]),
+        }
+    }
+}
+
+/// Host element types that tensors can be built from and read back into.
+pub trait Element: Copy + Default + Send + Sync + 'static {
+    /// The matching `DType`.
+    const DTYPE: DType;
+    /// Wraps a vector of elements as `Data`.
+    fn into_data(values: Vec<Self>) -> Data;
+    /// The elements of `data`, if it holds this type.
+    fn slice(data: &Data) -> Option<&[Self]>;
+    /// The element held by `scalar`, if it is of this type.
+    fn from_scalar(scalar: Scalar) -> Option<Self>;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn into_data(values: Vec<Self>) -> Data {
+                Data::$variant(values)
+            }
+            fn slice(data: &Data) -> Option<&[Self]> {
+                match data {
+                    Data::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn from_scalar(scalar: Scalar) -> Option<Self> {
+                match scalar {
+                    Scalar::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32);
+element!(i32, I32);
+element!(u8, U8);
+element!(bool, Bool);

@@ -1,0 +1,60 @@
+//! The verifier: checks the invariants every pass relies on, and runs after
+//! every stage. A failure is a compiler bug, so it carries the graph dump.
+
+use crate::Error;
+use crate::graph::Graph;
+use crate::op::Op;
+
+/// Checks that `graph` is well formed:
+/// - every operand refers to an earlier node (the arena is topological);
+/// - every node's stored type is what its op infers from its operands;
+/// - every declared input has exactly one `Input` node;
+/// - every output is in the arena.
+pub fn verify(graph: &Graph) -> Result<(), Error> {
+    let fail = |message: String| Error::Verify {
+        message,
+        dump: graph.to_string(),
+    };
+    let mut input_seen = vec![false; graph.inputs.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let Some(bad) = node.inputs.iter().find(|id| id.index() >= i) {
+            return Err(fail(format!(
+                "node #{i} ({}) reads {bad}, which does not come before it",
+                node.op.name()
+            )));
+        }
+        let args: Vec<_> = node
+            .inputs
+            .iter()
+            .map(|id| &graph.nodes[id.index()].ty)
+            .collect();
+        let ty = node
+            .op
+            .infer(&args, &graph.inputs)
+            .map_err(|e| fail(format!("node #{i} is ill-typed: {e}")))?;
+        if ty != node.ty {
+            return Err(fail(format!(
+                "node #{i} ({}) is stored as {} but its operands make it {ty}",
+                node.op.name(),
+                node.ty
+            )));
+        }
+        if let Op::Input { index } = node.op {
+            // `infer` has checked that the index is declared.
+            if std::mem::replace(&mut input_seen[index as usize], true) {
+                return Err(fail(format!("input {index} has more than one node")));
+            }
+        }
+    }
+    if let Some(missing) = input_seen.iter().position(|seen| !seen) {
+        return Err(fail(format!("input {missing} is declared but has no node")));
+    }
+    if let Some(bad) = graph
+        .outputs
+        .iter()
+        .find(|id| id.index() >= graph.nodes.len())
+    {
+        return Err(fail(format!("output {bad} is not in the graph")));
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Composite ops: functions of primitives, so that fusion sees through them
+//! (softmax becomes a max, a sum and elementwise ops that fuse around them).
+
+use kiln_ir::DType;
+
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    /// Softmax along `axis`: `exp(x - max) / sum(exp(x - max))`, stable for large inputs.
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let e = shifted.exp()?;
+        e.div(&e.sum(&[axis], true)?)
+    }
+
+    /// Log of the softmax along `axis`: `x - max - log(sum(exp(x - max)))`.
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?)
+    }
+
+    /// Layer normalization over the last axis: `(x - mean) / sqrt(var + eps)`
+    /// scaled by `weight` and shifted by `bias`, both of the last axis's length.
+    pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+        let last = self.dims().last().copied().unwrap_or(1);
+        for param in [weight, bias] {
+            if param.dims() != [last] {
+                return Err(kiln_ir::Error::ShapeMismatch {
+                    op: "layer_norm",
+                    lhs: self.shape().clone(),
+                    rhs: param.shape().clone(),
+                }
+                .into());
+            }
+        }
+        let centered = self.sub(&self.mean(&[-1], true)?)?;
+        let var = centered.square()?.mean(&[-1], true)?;
+        let inv_std = var.add(&Tensor::scalar(eps))?.sqrt()?.recip()?;
+        centered.mul(&inv_std)?.mul(weight)?.add(bias)
+    }
+
+    /// GELU with the tanh approximation,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, as `jax.nn.gelu` by default.
+    pub fn gelu(&self) -> Result<Tensor> {
+        let cube = self.square()?.mul(self)?;
+        let inner = self.add(&cube.mul(&Tensor::scalar(0.044715f32))?)?;
+        let t = inner
+            .mul(&Tensor::scalar((2.0 / std::f32::consts::PI).sqrt()))?
+            .tanh()?;
+        self.mul(&Tensor::scalar(0.5f32))?
+            .mul(&t.add(&Tensor::scalar(1.0f32))?)
+    }
+
+    /// Mean squared error against `target` (broadcasting), as a rank-0 tensor.
+    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        self.sub(target)?.square()?.mean_all()
+    }
+
+    /// Cross-entropy of logits `[batch, classes]` against i32 class indices
+    /// `[batch]`, averaged over the batch. A class index outside `0..classes`
+    /// makes the loss NaN rather than a plausible wrong number.
+    pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 {
+            return Err(Error::Rank {
+                op: "cross_entropy",
+                shape: self.shape().clone(),
+                rank: 2,
+            });
+        }
+        if targets.dtype() != DType::I32 {
+            return Err(kiln_ir::Error::DType {
+                op: "cross_entropy",
+                dtype: targets.dtype(),
+                expected: "i32 class indices",
+            }
+            .into());
+        }
+        if targets.dims() != [self.dims()[0]] {
+            return Err(kiln_ir::Error::ShapeMismatch {
+                op: "cross_entropy",
+                lhs: self.shape().clone(),
+                rhs: targets.shape().clone(),
+            }
+            .into());
+        }
+        let classes = Tensor::arange(0, self.dims()[1] as i32);
+        let one_hot = targets.unsqueeze(1)?.eq(&classes)?.cast(DType::F32)?;
+        let picked = one_hot.mul(&self.log_softmax(1)?)?.sum(&[1], false)?;
+        // Each valid row has exactly one match; an invalid one has none and 0/0 is NaN.
+        let matches = one_hot.sum(&[1], false)?;
+        picked.neg()?.div(&matches)?.mean_all()
+    }
+}

@@ -1,0 +1,51 @@
+//! `kiln::Error`: every mistake a user can make, as a value that names the op
+//! and the shapes involved. The IR's errors are wrapped unchanged.
+
+use kiln_ir::{DType, Shape};
+
+/// The result type of every fallible kiln operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in kiln.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// An error of the graph IR: shapes, dtypes, axes, or a verifier failure.
+    #[error(transparent)]
+    Ir(#[from] kiln_ir::Error),
+    /// Host data whose length does not match the shape it is given.
+    #[error("{op}: {len} values do not fill shape {shape} ({} elements)", shape.numel())]
+    DataLength {
+        /// The constructor.
+        op: &'static str,
+        /// How many values were given.
+        len: usize,
+        /// The shape asked for.
+        shape: Shape,
+    },
+    /// Reading a tensor back as an element type it does not hold.
+    #[error("{op}: the tensor holds {actual}, not {requested}")]
+    ReadDType {
+        /// The read.
+        op: &'static str,
+        /// The tensor's dtype.
+        actual: DType,
+        /// The dtype asked for.
+        requested: DType,
+    },
+    /// An argument of the wrong rank.
+    #[error("{op}: expected a tensor of rank {rank}, got shape {shape}")]
+    Rank {
+        /// The operation.
+        op: &'static str,
+        /// The argument's shape.
+        shape: Shape,
+        /// The rank required.
+        rank: usize,
+    },
+    /// `to_scalar` on a tensor of more than one element.
+    #[error("to_scalar: shape {shape} holds {} elements, not 1", shape.numel())]
+    NotScalar {
+        /// The tensor's shape.
+        shape: Shape,
+    },
+}

@@ -1,0 +1,33 @@
+//! kiln: a JIT-compiling tensor compiler for Rust.
+//!
+//! Tensor operations look eager but only record nodes into a lazy graph:
+//!
+//! ```
+//! use kiln::Tensor;
+//! # fn main() -> kiln::Result<()> {
+//! let x = Tensor::randn([4, 3], 0);
+//! let w = Tensor::randn([3, 2], 1);
+//! let b = Tensor::from_vec(vec![0.5f32, -0.5], [2])?;
+//! let y = (x.matmul(&w)? + &b)?.relu()?; // nothing computed yet
+//! let values: Vec<f32> = y.to_vec()?;    // capture, evaluate, read back
+//! assert_eq!(values.len(), 8);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! When a value is needed (`realize`, `to_vec`, `to_scalar`) the graph that
+//! leads to it is captured as `kiln_ir::Graph` and evaluated on the tensor's
+//! device. `KILN_DUMP=graph` prints each captured graph to stderr.
+
+mod composite;
+mod device;
+mod error;
+mod ops;
+mod overload;
+mod rng;
+mod tensor;
+
+pub use device::Device;
+pub use error::{Error, Result};
+pub use kiln_ir::{DType, Element, Graph, Scalar, Shape};
+pub use tensor::{Tensor, capture, realize};

@@ -1,0 +1,379 @@
+//! The primitive ops as `Tensor` methods, with the conveniences users expect:
+//! NumPy broadcasting, negative axes, `keepdim`, and matmul of vectors and of
+//! batches with broadcast batch dimensions. Each method records IR ops; the
+//! IR itself stays explicit (equal shapes, size-1 reduced axes).
+
+use kiln_ir::{BinaryOp, DType, Op, ReduceOp, Scalar, Shape, SliceRange, UnaryOp};
+use smallvec::SmallVec;
+
+use crate::{Result, Tensor};
+
+/// `axis` counted from the end when negative, checked against `rank`.
+pub(crate) fn normalize_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
+    let resolved = if axis < 0 { axis + rank as isize } else { axis };
+    if (0..rank as isize).contains(&resolved) {
+        Ok(resolved as usize)
+    } else {
+        Err(kiln_ir::Error::Axis { op, axis, rank }.into())
+    }
+}
+
+impl Tensor {
+    fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        Tensor::lazy(Op::Unary(op), &[self])
+    }
+
+    /// -x
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+
+    /// e^x
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+
+    /// Square root.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+
+    /// 1/x
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Recip)
+    }
+
+    /// max(x, 0); NaN stays NaN.
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Relu)
+    }
+
+    /// 1/(1+e^-x)
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+
+    /// |x|
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+
+    /// x*x
+    pub fn square(&self) -> Result<Tensor> {
+        self.mul(self)
+    }
+
+    /// An elementwise op of two operands broadcast to a common shape.
+    fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
+        Tensor::lazy(
+            Op::Binary(op),
+            &[&self.expand(&shape)?, &rhs.expand(&shape)?],
+        )
+    }
+
+    /// a + b, broadcasting.
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Add, rhs)
+    }
+
+    /// a - b, broadcasting.
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Sub, rhs)
+    }
+
+    /// a * b, broadcasting.
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Mul, rhs)
+    }
+
+    /// a / b, broadcasting (f32).
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Div, rhs)
+    }
+
+    /// The larger of a and b elementwise, broadcasting; NaN propagates.
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Max, rhs)
+    }
+
+    /// The smaller of a and b elementwise, broadcasting; NaN propagates.
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Min, rhs)
+    }
+
+    /// a^b, broadcasting (f32).
+    pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Pow, rhs)
+    }
+
+    /// a < b as bool, broadcasting.
+    pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Lt, rhs)
+    }
+
+    /// a <= b as bool, broadcasting.
+    pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Le, rhs)
+    }
+
+    /// a > b as bool, broadcasting.
+    pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Gt, rhs)
+    }
+
+    /// a >= b as bool, broadcasting.
+    pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Ge, rhs)
+    }
+
+    /// a == b as bool, broadcasting.
+    pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Eq, rhs)
+    }
+
+    /// a != b as bool, broadcasting.
+    pub fn ne(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Ne, rhs)
+    }
+
+    /// `on_true` where this bool tensor holds, else `on_false`; all three broadcast.
+    pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        let shape = Shape::broadcast("where", self.shape(), on_true.shape())?;
+        let shape = Shape::broadcast("where", &shape, on_false.shape())?;
+        Tensor::lazy(
+            Op::Where,
+            &[
+                &self.expand(&shape)?,
+                &on_true.expand(&shape)?,
+                &on_false.expand(&shape)?,
+            ],
+        )
+    }
+
+    /// The elements converted to `dtype`: floats to integers truncate toward
+    /// zero and saturate (NaN to 0), integers wrap, nonzero is true.
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        Tensor::lazy(Op::Cast(dtype), &[self])
+    }
+
+    // ----- Movement: views, never copies. -----
+
+    /// The same elements, in row-major order, under a new shape.
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        Tensor::lazy(Op::Reshape(shape), &[self])
+    }
+
+    /// Axes reordered: output axis `i` is input axis `perm[i]`.
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        Tensor::lazy(Op::Permute(SmallVec::from_slice(perm)), &[self])
+    }
+
+    /// Axes `a` and `b` swapped (negative counts from the end).
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        let (a, b) = (
+            normalize_axis("transpose", a, self.rank())?,
+            normalize_axis("transpose", b, self.rank())?,
+        );
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// The last two axes swapped: the matrix transpose.
+    pub fn t(&self) -> Result<Tensor> {
+        self.transpose(-2, -1)
+    }
+
+    /// Broadcast to `shape` by NumPy rules, as a view.
+    pub fn expand(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        Tensor::lazy(Op::Expand(shape), &[self])
+    }
+
+    /// A size-1 axis inserted at `axis` (negative counts from the end of the result).
+    pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
+        let axis = normalize_axis("unsqueeze", axis, self.rank() + 1)?;
+        let mut dims = self.dims().to_vec();
+        dims.insert(axis, 1);
+        self.reshape(dims)
+    }
+
+    /// Indices `start..end` of `axis`, every `step`-th, as a view. A range
+    /// outside the axis is an error, not a silent clamp.
+    pub fn slice(&self, axis: isize, start: usize, end: usize, step: usize) -> Result<Tensor> {
+        let axis = normalize_axis("slice", axis, self.rank())?;
+        let ranges = self
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(a, &dim)| match a == axis {
+                true => SliceRange { start, end, step },
+                false => SliceRange {
+                    start: 0,
+                    end: dim,
+                    step: 1,
+                },
+            })
+            .collect();
+        Tensor::lazy(Op::Slice(ranges), &[self])
+    }
+
+    /// `(before, after)` elements of `value` added around each axis.
+    pub fn pad(&self, pads: &[(usize, usize)], value: impl Into<Scalar>) -> Result<Tensor> {
+        Tensor::lazy(
+            Op::Pad {
+                pads: SmallVec::from_slice(pads),
+                value: value.into(),
+            },
+            &[self],
+        )
+    }
+
+    // ----- Reductions. -----
+
+    fn reduce(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let mut resolved = axes
+            .iter()
+            .map(|&a| normalize_axis(op.name(), a, self.rank()))
+            .collect::<Result<SmallVec<[usize; 4]>>>()?;
+        resolved.sort_unstable();
+        if resolved.windows(2).any(|w| w[0] == w[1]) {
+            return Err(kiln_ir::Error::Axes {
+                op: op.name(),
+                axes: resolved.to_vec(),
+            }
+            .into());
+        }
+        let reduced = Tensor::lazy(
+            Op::Reduce {
+                op,
+                axes: resolved.clone(),
+            },
+            &[self],
+        )?;
+        if keepdim {
+            return Ok(reduced);
+        }
+        let dims: Vec<usize> = (0..self.rank())
+            .filter(|a| !resolved.contains(a))
+            .map(|a| self.dims()[a])
+            .collect();
+        reduced.reshape(dims)
+    }
+
+    /// Sum over `axes` (negative counts from the end); `keepdim` keeps them as size 1.
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, axes, keepdim)
+    }
+
+    /// Largest element over `axes`; NaN propagates; an empty axis is an error.
+    pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, axes, keepdim)
+    }
+
+    /// Mean over `axes` (f32): the sum times 1/n. NaN over an empty axis, as in NumPy.
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        if self.dtype() != DType::F32 {
+            return Err(kiln_ir::Error::DType {
+                op: "mean",
+                dtype: self.dtype(),
+                expected: "f32",
+            }
+            .into());
+        }
+        // `sum` checks the axes, so indexing by them below is in bounds.
+        let sum = self.sum(axes, keepdim)?;
+        let count: usize = axes
+            .iter()
+            .map(|&a| Ok(self.dims()[normalize_axis("mean", a, self.rank())?]))
+            .product::<Result<usize>>()?;
+        sum.mul(&Tensor::scalar(1.0 / count as f32))
+    }
+
+    /// Sum of every element, as a rank-0 tensor.
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.sum(&axes, false)
+    }
+
+    /// Mean of every element, as a rank-0 tensor.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.mean(&axes, false)
+    }
+
+    // ----- Contraction. -----
+
+    /// Matrix product with NumPy's `matmul` rules: `[.., m, k] @ [.., k, n]`
+    /// with batch dimensions broadcast; a 1-D operand is a row (left) or a
+    /// column (right) vector whose axis is dropped from the result.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let mismatch = || kiln_ir::Error::MatMul {
+            lhs: self.shape().clone(),
+            rhs: rhs.shape().clone(),
+        };
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(mismatch().into());
+        }
+        let lhs = if self.rank() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let rhs2 = if rhs.rank() == 1 {
+            rhs.unsqueeze(1)?
+        } else {
+            rhs.clone()
+        };
+        let (ld, rd) = (lhs.dims(), rhs2.dims());
+        let (m, k) = (ld[ld.len() - 2], ld[ld.len() - 1]);
+        let (k2, n) = (rd[rd.len() - 2], rd[rd.len() - 1]);
+        if k != k2 {
+            return Err(mismatch().into());
+        }
+        let batch = Shape::broadcast(
+            "matmul",
+            &Shape::new(&ld[..ld.len() - 2]),
+            &Shape::new(&rd[..rd.len() - 2]),
+        )
+        .map_err(|_| mismatch())?;
+        let with = |tail: [usize; 2]| -> Shape {
+            let mut dims = batch.dims().to_vec();
+            dims.extend(tail);
+            dims.into()
+        };
+        let product = Tensor::lazy(
+            Op::MatMul,
+            &[&lhs.expand(with([m, k]))?, &rhs2.expand(with([k, n]))?],
+        )?;
+        let mut dims = batch.dims().to_vec();
+        if self.rank() > 1 {
+            dims.push(m);
+        }
+        if rhs.rank() > 1 {
+            dims.push(n);
+        }
+        product.reshape(dims)
+    }
+}

@@ -1,0 +1,355 @@
+//! `Tensor`: a cheap handle to a node of a lazy graph, and realization.
+//!
+//! Building a tensor records an op and its operands; nothing is computed.
+//! `realize`, `to_vec` and `to_scalar` capture the graph that leads to the
+//! requested tensors, evaluate it on a device, and store the results in their
+//! nodes. A realized node forgets its history, so the intermediate nodes and
+//! buffers that only it referred to are freed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
+use smallvec::SmallVec;
+
+use crate::rng::SplitMix64;
+use crate::{Device, Error, Result};
+
+/// An n-dimensional array whose value is computed lazily.
+///
+/// Cloning is cheap: clones share the node, and realizing one realizes all.
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+struct Inner {
+    ty: TensorType,
+    device: Device,
+    state: Mutex<State>,
+}
+
+enum State {
+    /// Not computed yet: `op` applied to `src`.
+    Lazy { op: Op, src: SmallVec<[Tensor; 2]> },
+    /// Computed, or given as data.
+    Ready(Arc<Data>),
+}
+
+impl Drop for Inner {
+    /// Frees a long chain of nodes iteratively: the default recursive drop of
+    /// a chain built in a loop would overflow the stack.
+    fn drop(&mut self) {
+        let mut pending = take_operands(&mut self.state);
+        while let Some(tensor) = pending.pop() {
+            // Only the last handle to a node may take its operands; the node
+            // then drops here with none left, so nothing recurses.
+            if let Ok(mut inner) = Arc::try_unwrap(tensor.0) {
+                pending.extend(take_operands(&mut inner.state));
+            }
+        }
+    }
+}
+
+fn take_operands(state: &mut Mutex<State>) -> SmallVec<[Tensor; 2]> {
+    match state
+        .get_mut()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    {
+        State::Lazy { src, .. } => std::mem::take(src),
+        State::Ready(_) => SmallVec::new(),
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tensor({}, {:?}, realized: {})",
+            self.0.ty,
+            self.0.device,
+            self.is_realized()
+        )
+    }
+}
+
+impl Tensor {
+    fn new(ty: TensorType, state: State) -> Tensor {
+        Tensor(Arc::new(Inner {
+            ty,
+            device: Device::default(),
+            state: Mutex::new(state),
+        }))
+    }
+
+    /// The node's state. A panic while the lock was held cannot leave the
+    /// state half-written (every write is one assignment), so a poisoned lock
+    /// is still safe to read.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records `op` applied to `src`, typing it: a mistake in the operands is
+    /// an `Err` naming the op and the shapes.
+    pub(crate) fn lazy(op: Op, src: &[&Tensor]) -> Result<Tensor> {
+        let args: SmallVec<[&TensorType; 3]> = src.iter().map(|t| &t.0.ty).collect();
+        let ty = op.infer(&args, &[])?;
+        let src = src.iter().map(|&t| t.clone()).collect();
+        Ok(Tensor::new(ty, State::Lazy { op, src }))
+    }
+
+    // ----- Constructors. -----
+
+    /// A tensor holding `data` in row-major order under `shape`.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.numel() {
+            return Err(Error::DataLength {
+                op: "from_vec",
+                len: data.len(),
+                shape,
+            });
+        }
+        Ok(Tensor::new(
+            TensorType::new(T::DTYPE, shape),
+            State::Ready(Arc::new(T::into_data(data))),
+        ))
+    }
+
+    /// A tensor holding a copy of `data` in row-major order under `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
+    /// A rank-0 tensor of `value`. Lazy: it is a constant in the graph.
+    pub fn scalar(value: impl Into<Scalar>) -> Tensor {
+        let value = value.into();
+        let ty = TensorType::new(value.dtype(), Shape::scalar());
+        Tensor::new(
+            ty,
+            State::Lazy {
+                op: Op::Const(value),
+                src: SmallVec::new(),
+            },
+        )
+    }
+
+    /// A tensor of `shape` filled with `value`. Lazy and allocation-free: a
+    /// constant broadcast to the shape, so it costs nothing until a kernel reads it.
+    pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>) -> Tensor {
+        let constant = Tensor::scalar(value);
+        let shape = shape.into();
+        if shape.rank() == 0 {
+            return constant;
+        }
+        let ty = TensorType::new(constant.dtype(), shape.clone());
+        Tensor::new(
+            ty,
+            State::Lazy {
+                op: Op::Expand(shape),
+                src: SmallVec::from_elem(constant, 1),
+            },
+        )
+    }
+
+    /// A tensor of `shape` filled with zeros of `dtype`.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        Tensor::full(shape, Scalar::I32(0).cast(dtype))
+    }
+
+    /// A tensor of `shape` filled with ones of `dtype`.
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        Tensor::full(shape, Scalar::I32(1).cast(dtype))
+    }
+
+    /// The integers `start, start+1, .., end-1` as i32 (empty when `end <= start`).
+    pub fn arange(start: i32, end: i32) -> Tensor {
+        let values: Vec<i32> = (start..end).collect();
+        let shape = Shape::new(&[values.len()]);
+        Tensor::new(
+            TensorType::new(DType::I32, shape),
+            State::Ready(Arc::new(Data::I32(values))),
+        )
+    }
+
+    /// f32 values drawn uniformly from [0, 1), reproducibly from `seed`.
+    pub fn rand(shape: impl Into<Shape>, seed: u64) -> Tensor {
+        let shape = shape.into();
+        let mut rng = SplitMix64::new(seed);
+        let values: Vec<f32> = (0..shape.numel()).map(|_| rng.next_f32()).collect();
+        Tensor::new(
+            TensorType::new(DType::F32, shape),
+            State::Ready(Arc::new(Data::F32(values))),
+        )
+    }
+
+    /// f32 values drawn from the standard normal distribution, reproducibly from `seed`.
+    pub fn randn(shape: impl Into<Shape>, seed: u64) -> Tensor {
+        let shape = shape.into();
+        let mut rng = SplitMix64::new(seed);
+        let values: Vec<f32> = (0..shape.numel())
+            .map(|_| rng.next_normal() as f32)
+            .collect();
+        Tensor::new(
+            TensorType::new(DType::F32, shape),
+            State::Ready(Arc::new(Data::F32(values))),
+        )
+    }
+
+    // ----- Properties. -----
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.0.ty.shape
+    }
+
+    /// The dimensions, outermost first.
+    pub fn dims(&self) -> &[usize] {
+        self.0.ty.shape.dims()
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.ty.shape.rank()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.ty.shape.numel()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.0.ty.dtype
+    }
+
+    /// The device that realizes the tensor.
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    /// Whether the value has been computed (or was given as data).
+    pub fn is_realized(&self) -> bool {
+        matches!(*self.state(), State::Ready(_))
+    }
+
+    // ----- Realization. -----
+
+    /// Computes the tensor's value, if it has not been computed yet.
+    pub fn realize(&self) -> Result<()> {
+        realize(&[self])
+    }
+
+    /// The elements in row-major order. `T` must be the tensor's dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let data = self.data("to_vec", T::DTYPE)?;
+        // `data` checked the dtype, so the slice is there.
+        Ok(T::slice(&data).map(<[T]>::to_vec).unwrap_or_default())
+    }
+
+    /// The single element of a tensor that has exactly one.
+    pub fn to_scalar<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::NotScalar {
+                shape: self.shape().clone(),
+            });
+        }
+        let data = self.data("to_scalar", T::DTYPE)?;
+        Ok(T::from_scalar(data.get(0)).unwrap_or_default())
+    }
+
+    /// The realized data, checked to be of `dtype`.
+    fn data(&self, op: &'static str, dtype: DType) -> Result<Arc<Data>> {
+        if self.dtype() != dtype {
+            return Err(Error::ReadDType {
+                op,
+                actual: self.dtype(),
+                requested: dtype,
+            });
+        }
+        self.realize()?;
+        match &*self.state() {
+            State::Ready(data) => Ok(data.clone()),
+            State::Lazy { op, .. } => Err(Error::Ir(kiln_ir::Error::Verify {
+                message: format!("{} was not computed by realize", op.name()),
+                dump: String::new(),
+            })),
+        }
+    }
+}
+
+/// Computes every tensor in `tensors` that is not computed yet, in one graph,
+/// so that work they share is done once.
+pub fn realize(tensors: &[&Tensor]) -> Result<()> {
+    let pending: Vec<&Tensor> = tensors
+        .iter()
+        .copied()
+        .filter(|t| !t.is_realized())
+        .collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let (graph, inputs) = capture_with_data("realize", &pending);
+    if dump_requested("graph") {
+        eprintln!("{graph}");
+    }
+    let inputs: Vec<&Data> = inputs.iter().map(|d| d.as_ref()).collect();
+    let outputs = match pending[0].device() {
+        Device::Reference => kiln_runtime::eval_reference(&graph, &inputs)?,
+    };
+    for (tensor, data) in pending.iter().zip(outputs) {
+        *tensor.state() = State::Ready(Arc::new(data));
+    }
+    Ok(())
+}
+
+/// Whether `KILN_DUMP` (a comma-separated list of stages, or `all`) names `stage`.
+fn dump_requested(stage: &str) -> bool {
+    std::env::var("KILN_DUMP")
+        .is_ok_and(|v| v.split(',').any(|s| s.trim() == stage || s.trim() == "all"))
+}
+
+/// The graph that computes `outputs`, named `name`, without computing
+/// anything: what `KILN_DUMP=graph` prints and what snapshot tests record.
+/// Tensors that hold data (given or already computed) are its inputs, in the
+/// order a depth-first walk from the outputs first meets them.
+pub fn capture(name: &str, outputs: &[&Tensor]) -> Graph {
+    capture_with_data(name, outputs).0
+}
+
+/// `capture`, also returning the data of each graph input.
+fn capture_with_data(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<Arc<Data>>) {
+    let mut graph = Graph::new(name);
+    let mut inputs = Vec::new();
+    let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
+    // Iterative post-order walk: deep graphs (a long chain built in a loop)
+    // must not overflow the stack.
+    let mut stack: Vec<(Tensor, bool)> =
+        outputs.iter().rev().map(|&t| (t.clone(), false)).collect();
+    while let Some((tensor, operands_done)) = stack.pop() {
+        let key = Arc::as_ptr(&tensor.0);
+        if ids.contains_key(&key) {
+            continue;
+        }
+        let id = match &*tensor.state() {
+            State::Ready(data) => {
+                inputs.push(data.clone());
+                graph.input(tensor.0.ty.clone())
+            }
+            State::Lazy { src, .. } if !operands_done => {
+                stack.push((tensor.clone(), true));
+                stack.extend(src.iter().rev().map(|t| (t.clone(), false)));
+                continue;
+            }
+            State::Lazy { op, src } => {
+                let operands: SmallVec<[NodeId; 2]> =
+                    src.iter().map(|t| ids[&Arc::as_ptr(&t.0)]).collect();
+                graph.push_typed(op.clone(), operands, tensor.0.ty.clone())
+            }
+        };
+        ids.insert(key, id);
+    }
+    graph.outputs = outputs.iter().map(|t| ids[&Arc::as_ptr(&t.0)]).collect();
+    (graph, inputs)
+}
