@@ -32,6 +32,14 @@ pub enum Error {
         /// The dtype asked for.
         requested: DType,
     },
+    /// A list of axes that names one axis twice.
+    #[error("{op}: axis {axis} is named twice")]
+    DuplicateAxis {
+        /// The operation.
+        op: &'static str,
+        /// The repeated axis, counted from the front.
+        axis: usize,
+    },
     /// An argument of the wrong rank.
     #[error("{op}: expected a tensor of rank {rank}, got shape {shape}")]
     Rank {

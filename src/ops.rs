@@ -6,7 +6,7 @@
 use kiln_ir::{BinaryOp, DType, Op, ReduceOp, Scalar, Shape, SliceRange, UnaryOp};
 use smallvec::SmallVec;
 
-use crate::{Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// `axis` counted from the end when negative, checked against `rank`.
 pub(crate) fn normalize_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
@@ -258,12 +258,11 @@ impl Tensor {
             .map(|&a| normalize_axis(op.name(), a, self.rank()))
             .collect::<Result<SmallVec<[usize; 4]>>>()?;
         resolved.sort_unstable();
-        if resolved.windows(2).any(|w| w[0] == w[1]) {
-            return Err(kiln_ir::Error::Axes {
+        if let Some(pair) = resolved.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::DuplicateAxis {
                 op: op.name(),
-                axes: resolved.to_vec(),
-            }
-            .into());
+                axis: pair[0],
+            });
         }
         let reduced = Tensor::lazy(
             Op::Reduce {

@@ -150,6 +150,16 @@ pub enum Error {
         /// How many inputs the graph declares.
         count: usize,
     },
+    /// A graph fed the wrong number of inputs.
+    #[error("graph @{graph}: expects {expected} inputs, got {got}")]
+    InputCount {
+        /// The graph's name.
+        graph: String,
+        /// How many it declares.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
     /// A value fed to a graph input that does not match its declared type.
     #[error("input {index}: expected {expected}, got {got}")]
     InputData {

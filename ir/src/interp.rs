@@ -19,10 +19,10 @@ use crate::verify::verify;
 pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
     verify(graph)?;
     if inputs.len() != graph.inputs.len() {
-        return Err(Error::InputData {
-            index: inputs.len().min(graph.inputs.len()),
-            expected: format!("{} inputs", graph.inputs.len()),
-            got: format!("{} inputs", inputs.len()),
+        return Err(Error::InputCount {
+            graph: graph.name.clone(),
+            expected: graph.inputs.len(),
+            got: inputs.len(),
         });
     }
     for (index, (data, ty)) in inputs.iter().zip(&graph.inputs).enumerate() {
@@ -340,9 +340,10 @@ fn matmul(a: &Data, b: &Data, ls: &Shape, rs: &Shape, out: &Shape) -> Data {
     Data::from_fn(DType::F32, out.numel(), |i| {
         let (batch, row, col) = (i / (m * n), i / n % m, i % n);
         let (a0, b0) = (batch * m * k + row * k, batch * k * n + col);
-        let sum: f64 = (0..k)
-            .map(|p| a.get(a0 + p).to_f64() * b.get(b0 + p * n).to_f64())
-            .sum();
+        // A fold from +0.0: `Iterator::sum` starts at -0.0, and an empty product must be +0.0.
+        let sum = (0..k).fold(0.0, |acc, p| {
+            acc + a.get(a0 + p).to_f64() * b.get(b0 + p * n).to_f64()
+        });
         Scalar::F32(sum as f32)
     })
 }
