@@ -8,6 +8,8 @@
 //! f64 before one final rounding.
 
 use crate::Error;
+use smallvec::SmallVec;
+
 use crate::graph::Graph;
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::types::{DType, Data, Element, Scalar, Shape, cast_f64, cast_int};
@@ -145,8 +147,8 @@ impl Data {
 }
 
 /// Element `i` of a row-major array of `shape`, as coordinates.
-fn unravel(mut i: usize, shape: &Shape) -> Vec<usize> {
-    let mut coords = vec![0; shape.rank()];
+fn unravel(mut i: usize, shape: &Shape) -> SmallVec<[usize; 6]> {
+    let mut coords = SmallVec::from_elem(0, shape.rank());
     for (c, &d) in coords.iter_mut().zip(shape.dims()).rev() {
         *c = i % d;
         i /= d;
