@@ -31,3 +31,8 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use kiln_ir::{DType, Element, Graph, Scalar, Shape};
 pub use tensor::{Tensor, capture, realize};
+
+/// The README's usage snippet, compiled and run as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
