@@ -104,12 +104,22 @@ impl Tensor {
     /// A tensor holding `data` in row-major order under `shape`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
-        if data.len() != shape.numel() {
-            return Err(Error::DataLength {
-                op: "from_vec",
-                len: data.len(),
-                shape,
-            });
+        match shape.checked_numel() {
+            None => {
+                return Err(kiln_ir::Error::TooLarge {
+                    op: "from_vec",
+                    shape,
+                }
+                .into());
+            }
+            Some(n) if n != data.len() => {
+                return Err(Error::DataLength {
+                    op: "from_vec",
+                    len: data.len(),
+                    shape,
+                });
+            }
+            Some(_) => {}
         }
         Ok(Tensor::new(
             TensorType::new(T::DTYPE, shape),
@@ -136,30 +146,19 @@ impl Tensor {
     }
 
     /// A tensor of `shape` filled with `value`. Lazy and allocation-free: a
-    /// constant broadcast to the shape, so it costs nothing until a kernel reads it.
-    pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>) -> Tensor {
-        let constant = Tensor::scalar(value);
-        let shape = shape.into();
-        if shape.rank() == 0 {
-            return constant;
-        }
-        let ty = TensorType::new(constant.dtype(), shape.clone());
-        Tensor::new(
-            ty,
-            State::Lazy {
-                op: Op::Expand(shape),
-                src: SmallVec::from_elem(constant, 1),
-            },
-        )
+    /// constant broadcast to the shape, so it costs nothing until a kernel
+    /// reads it. A shape too large to address is an `Err`.
+    pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>) -> Result<Tensor> {
+        Tensor::scalar(value).expand(shape)
     }
 
     /// A tensor of `shape` filled with zeros of `dtype`.
-    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
         Tensor::full(shape, Scalar::I32(0).cast(dtype))
     }
 
     /// A tensor of `shape` filled with ones of `dtype`.
-    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
         Tensor::full(shape, Scalar::I32(1).cast(dtype))
     }
 

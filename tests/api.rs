@@ -33,10 +33,10 @@ fn assert_close(actual: &[f32], expected: &[f64], rtol: f64, atol: f64) {
 
 #[test]
 fn constructors() -> Result<()> {
-    assert_eq!(vec(&Tensor::zeros([2, 2], DType::F32)), [0.0; 4]);
-    assert_eq!(Tensor::ones([3], DType::I32).to_vec::<i32>()?, [1, 1, 1]);
-    assert_eq!(Tensor::full([2], 7u8).to_vec::<u8>()?, [7, 7]);
-    assert_eq!(Tensor::full([2], true).to_vec::<bool>()?, [true, true]);
+    assert_eq!(vec(&Tensor::zeros([2, 2], DType::F32)?), [0.0; 4]);
+    assert_eq!(Tensor::ones([3], DType::I32)?.to_vec::<i32>()?, [1, 1, 1]);
+    assert_eq!(Tensor::full([2], 7u8)?.to_vec::<u8>()?, [7, 7]);
+    assert_eq!(Tensor::full([2], true)?.to_vec::<bool>()?, [true, true]);
     assert_eq!(Tensor::arange(-2, 3).to_vec::<i32>()?, [-2, -1, 0, 1, 2]);
     assert_eq!(Tensor::arange(3, 3).dims(), [0]);
     assert_eq!(Tensor::scalar(2.5f32).to_scalar::<f32>()?, 2.5);
@@ -45,7 +45,7 @@ fn constructors() -> Result<()> {
         [1, 2, 3, 4]
     );
     assert_eq!(
-        Tensor::zeros([2, 3], DType::F32).device(),
+        Tensor::zeros([2, 3], DType::F32)?.device(),
         Device::Reference
     );
     Ok(())
@@ -135,7 +135,7 @@ fn reductions_with_keepdim_and_negative_axes() -> Result<()> {
     assert_eq!(x.sum_all()?.to_scalar::<f32>()?, 21.0);
     assert_eq!(x.mean_all()?.to_scalar::<f32>()?, 3.5);
     assert!(
-        Tensor::zeros([0, 2], DType::F32)
+        Tensor::zeros([0, 2], DType::F32)?
             .mean_all()?
             .to_scalar::<f32>()?
             .is_nan()
@@ -283,12 +283,12 @@ fn realize_shares_work_and_keeps_results() -> Result<()> {
 
 #[test]
 fn long_chains_realize_and_drop_without_recursion() -> Result<()> {
-    let mut x = Tensor::zeros([2], DType::F32);
+    let mut x = Tensor::zeros([2], DType::F32)?;
     for _ in 0..100_000 {
         x = (&x + 1.0)?;
     }
     assert_eq!(vec(&x), [100_000.0, 100_000.0]);
-    let mut y = Tensor::zeros([1], DType::F32);
+    let mut y = Tensor::zeros([1], DType::F32)?;
     for _ in 0..100_000 {
         y = (&y + 1.0)?;
     }

@@ -11,7 +11,7 @@ fn message(result: Result<Tensor>) -> String {
 }
 
 fn ones(shape: &[usize]) -> Tensor {
-    Tensor::ones(shape, DType::F32)
+    Tensor::ones(shape, DType::F32).expect("a small shape is valid")
 }
 
 #[test]
@@ -94,14 +94,14 @@ fn matmul_dimensions() {
         message(Tensor::scalar(1.0f32).matmul(&ones(&[1, 1]))),
         "matmul: shapes [] and [1, 1] do not fit (need [.., m, k] @ [.., k, n])"
     );
-    let ints = Tensor::ones([2, 2], DType::I32);
+    let ints = Tensor::ones([2, 2], DType::I32).unwrap();
     assert_eq!(message(ints.matmul(&ints)), "matmul: expected f32, got i32");
 }
 
 #[test]
 fn dtypes() {
     let f = ones(&[2]);
-    let i = Tensor::ones([2], DType::I32);
+    let i = Tensor::ones([2], DType::I32).unwrap();
     assert_eq!(
         message(&f + &i),
         "add: dtypes f32 and i32 differ (cast one of them first)"
@@ -113,11 +113,11 @@ fn dtypes() {
     assert_eq!(message(i.exp()), "exp: expected f32, got i32");
     assert_eq!(message(i.div(&i)), "div: expected f32, got i32");
     assert_eq!(
-        message(Tensor::ones([2], DType::U8).neg()),
+        message(Tensor::ones([2], DType::U8).unwrap().neg()),
         "neg: expected f32 or i32, got u8"
     );
     assert_eq!(
-        message(Tensor::ones([2], DType::U8).sum(&[0], false)),
+        message(Tensor::ones([2], DType::U8).unwrap().sum(&[0], false)),
         "sum: expected f32 or i32, got u8"
     );
     assert_eq!(message(i.mean(&[0], false)), "mean: expected f32, got i32");
@@ -221,5 +221,26 @@ fn composites_check_their_arguments() {
     assert_eq!(
         message(logits.mse_loss(&ones(&[2]))),
         "sub: shapes [4, 3] and [2] do not broadcast"
+    );
+}
+
+#[test]
+fn shapes_too_large_to_address() {
+    assert_eq!(
+        message(Tensor::zeros([1 << 40, 1 << 40], DType::F32)),
+        "expand: the result of shape [1099511627776, 1099511627776] is too large to address"
+    );
+    assert_eq!(
+        message(ones(&[2]).pad(&[(usize::MAX, 0)], 0.0f32)),
+        "pad: the result of shape [2] is too large to address"
+    );
+    assert_eq!(
+        message(ones(&[2]).expand([1 << 62, 2])),
+        "expand: the result of shape [4611686018427387904, 2] is too large to address"
+    );
+    let err = Tensor::from_vec(vec![0u8; 4], [1 << 32, 1 << 32]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "from_vec: the result of shape [4294967296, 4294967296] is too large to address"
     );
 }

@@ -49,9 +49,9 @@ const TENSOR_BYTES: usize = 4096 * 4096 * 4;
 #[test]
 fn building_a_graph_over_large_tensors_allocates_nothing_tensor_sized() -> Result<()> {
     let (graph, built) = peak_growth(|| -> Result<_> {
-        let a = Tensor::zeros([4096, 4096], DType::F32);
-        let b = Tensor::full([4096, 4096], 0.25f32);
-        let c = Tensor::ones([4096], DType::F32);
+        let a = Tensor::zeros([4096, 4096], DType::F32)?;
+        let b = Tensor::full([4096, 4096], 0.25f32)?;
+        let c = Tensor::ones([4096], DType::F32)?;
         let y = ((&a + &b)?.relu()? * &c)?;
         let z = y.matmul(&b.t()?)?.softmax(-1)?;
         let total = (z.sum_all()? + y.mean_all()?)?;

@@ -92,6 +92,14 @@ pub enum Error {
         /// Right operand's shape.
         rhs: Shape,
     },
+    /// A result with more bytes than an address space holds.
+    #[error("{op}: the result of shape {shape} is too large to address")]
+    TooLarge {
+        /// The operation.
+        op: &'static str,
+        /// The shape (for pad, the operand's).
+        shape: Shape,
+    },
     /// Reshape to a different number of elements.
     #[error("reshape: cannot reshape {from} ({} elements) to {to} ({} elements)", from.numel(), to.numel())]
     Reshape {

@@ -313,6 +313,27 @@ impl Op {
         args: &[&TensorType],
         graph_inputs: &[TensorType],
     ) -> Result<TensorType, Error> {
+        let ty = self.infer_shape(args, graph_inputs)?;
+        // Byte offsets of every element must fit in a usize, or index
+        // arithmetic in generated code could wrap.
+        let bytes = ty
+            .shape
+            .checked_numel()
+            .and_then(|n| n.checked_mul(ty.dtype.size()));
+        match bytes {
+            Some(b) if b <= isize::MAX as usize => Ok(ty),
+            _ => Err(Error::TooLarge {
+                op: self.name(),
+                shape: ty.shape,
+            }),
+        }
+    }
+
+    fn infer_shape(
+        &self,
+        args: &[&TensorType],
+        graph_inputs: &[TensorType],
+    ) -> Result<TensorType, Error> {
         let op = self.name();
         if args.len() != self.arity() {
             return Err(Error::Arity {
@@ -444,11 +465,15 @@ impl Op {
                         rhs: value.dtype(),
                     });
                 }
-                let dims: Vec<usize> = pads
+                let dims: Option<Vec<usize>> = pads
                     .iter()
                     .zip(shape.dims())
-                    .map(|(&(b, a), &d)| b + d + a)
+                    .map(|(&(b, a), &d)| b.checked_add(d)?.checked_add(a))
                     .collect();
+                let dims = dims.ok_or_else(|| Error::TooLarge {
+                    op,
+                    shape: shape.clone(),
+                })?;
                 Ok(TensorType::new(args[0].dtype, dims))
             }
             Op::Reduce { op: r, axes } => {

@@ -83,8 +83,15 @@ impl Shape {
     }
 
     /// The number of elements (1 for a scalar, 0 if any dimension is 0).
+    /// Saturates at `usize::MAX`: typing rejects every shape that large, but a
+    /// user may still ask a constructor for one.
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
+    }
+
+    /// The number of elements, or `None` if it does not fit in a `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
     }
 
     /// Row-major (C order) strides in elements.
