@@ -18,8 +18,8 @@ fn weights() -> Vec<(Tensor, Tensor)> {
         .enumerate()
         .map(|(i, p)| {
             (
-                Tensor::randn([p[0], p[1]], 2 * i as u64),
-                Tensor::randn([p[1]], 2 * i as u64 + 1),
+                Tensor::randn([p[0], p[1]], 2 * i as u64).expect("a small shape is valid"),
+                Tensor::randn([p[1]], 2 * i as u64 + 1).expect("a small shape is valid"),
             )
         })
         .collect()
@@ -35,7 +35,7 @@ fn mlp3(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
 }
 
 fn bench(c: &mut Criterion) {
-    let x = Tensor::randn([64, 784], 9);
+    let x = Tensor::randn([64, 784], 9).expect("a small shape is valid");
     let layers = weights();
     let mut group = c.benchmark_group("compile_mlp3/frontend");
     group.bench_function("record", |b| b.iter(|| mlp3(&x, &layers)));

@@ -7,9 +7,9 @@ use kiln::{Result, Tensor};
 
 fn main() -> Result<()> {
     // A batch of 4 inputs of 8 features, and a 8-16-3 network with seeded weights.
-    let x = Tensor::randn([4, 8], 0);
-    let (w1, b1) = (Tensor::randn([8, 16], 1), Tensor::randn([16], 2));
-    let (w2, b2) = (Tensor::randn([16, 3], 3), Tensor::randn([3], 4));
+    let x = Tensor::randn([4, 8], 0)?;
+    let (w1, b1) = (Tensor::randn([8, 16], 1)?, Tensor::randn([16], 2)?);
+    let (w2, b2) = (Tensor::randn([16, 3], 3)?, Tensor::randn([3], 4)?);
 
     // Nothing below computes anything: each line records nodes in a graph.
     let hidden = (x.matmul(&w1)? + &b1)?.relu()?;

@@ -5,8 +5,8 @@
 //! ```
 //! use kiln::Tensor;
 //! # fn main() -> kiln::Result<()> {
-//! let x = Tensor::randn([4, 3], 0);
-//! let w = Tensor::randn([3, 2], 1);
+//! let x = Tensor::randn([4, 3], 0)?;
+//! let w = Tensor::randn([3, 2], 1)?;
 //! let b = Tensor::from_vec(vec![0.5f32, -0.5], [2])?;
 //! let y = (x.matmul(&w)? + &b)?.relu()?; // nothing computed yet
 //! let values: Vec<f32> = y.to_vec()?;    // capture, evaluate, read back

@@ -103,28 +103,20 @@ impl Tensor {
 
     /// A tensor holding `data` in row-major order under `shape`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
-        let shape = shape.into();
-        match shape.checked_numel() {
-            None => {
-                return Err(kiln_ir::Error::TooLarge {
-                    op: "from_vec",
-                    shape,
-                }
-                .into());
-            }
-            Some(n) if n != data.len() => {
-                return Err(Error::DataLength {
-                    op: "from_vec",
-                    len: data.len(),
-                    shape,
-                });
-            }
-            Some(_) => {}
+        let ty = TensorType::new(T::DTYPE, shape).checked("from_vec")?;
+        if data.len() != ty.shape.numel() {
+            return Err(Error::DataLength {
+                op: "from_vec",
+                len: data.len(),
+                shape: ty.shape,
+            });
         }
-        Ok(Tensor::new(
-            TensorType::new(T::DTYPE, shape),
-            State::Ready(Arc::new(T::into_data(data))),
-        ))
+        Ok(Tensor::ready(ty, T::into_data(data)))
+    }
+
+    /// A tensor of data already computed, whose length matches `ty`.
+    fn ready(ty: TensorType, data: Data) -> Tensor {
+        Tensor::new(ty, State::Ready(Arc::new(data)))
     }
 
     /// A tensor holding a copy of `data` in row-major order under `shape`.
@@ -165,35 +157,32 @@ impl Tensor {
     /// The integers `start, start+1, .., end-1` as i32 (empty when `end <= start`).
     pub fn arange(start: i32, end: i32) -> Tensor {
         let values: Vec<i32> = (start..end).collect();
-        let shape = Shape::new(&[values.len()]);
-        Tensor::new(
-            TensorType::new(DType::I32, shape),
-            State::Ready(Arc::new(Data::I32(values))),
+        Tensor::ready(
+            TensorType::new(DType::I32, [values.len()]),
+            Data::I32(values),
         )
     }
 
     /// f32 values drawn uniformly from [0, 1), reproducibly from `seed`.
-    pub fn rand(shape: impl Into<Shape>, seed: u64) -> Tensor {
-        let shape = shape.into();
-        let mut rng = SplitMix64::new(seed);
-        let values: Vec<f32> = (0..shape.numel()).map(|_| rng.next_f32()).collect();
-        Tensor::new(
-            TensorType::new(DType::F32, shape),
-            State::Ready(Arc::new(Data::F32(values))),
-        )
+    pub fn rand(shape: impl Into<Shape>, seed: u64) -> Result<Tensor> {
+        Tensor::random("rand", shape.into(), seed, SplitMix64::next_f32)
     }
 
     /// f32 values drawn from the standard normal distribution, reproducibly from `seed`.
-    pub fn randn(shape: impl Into<Shape>, seed: u64) -> Tensor {
-        let shape = shape.into();
+    pub fn randn(shape: impl Into<Shape>, seed: u64) -> Result<Tensor> {
+        Tensor::random("randn", shape.into(), seed, |rng| rng.next_normal() as f32)
+    }
+
+    fn random(
+        op: &'static str,
+        shape: Shape,
+        seed: u64,
+        mut draw: impl FnMut(&mut SplitMix64) -> f32,
+    ) -> Result<Tensor> {
+        let ty = TensorType::new(DType::F32, shape).checked(op)?;
         let mut rng = SplitMix64::new(seed);
-        let values: Vec<f32> = (0..shape.numel())
-            .map(|_| rng.next_normal() as f32)
-            .collect();
-        Tensor::new(
-            TensorType::new(DType::F32, shape),
-            State::Ready(Arc::new(Data::F32(values))),
-        )
+        let values = (0..ty.shape.numel()).map(|_| draw(&mut rng)).collect();
+        Ok(Tensor::ready(ty, Data::F32(values)))
     }
 
     // ----- Properties. -----

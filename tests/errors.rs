@@ -244,3 +244,15 @@ fn shapes_too_large_to_address() {
         "from_vec: the result of shape [4294967296, 4294967296] is too large to address"
     );
 }
+
+#[test]
+fn random_tensors_too_large_to_address() {
+    assert_eq!(
+        message(Tensor::randn([1 << 62, 4], 0)),
+        "randn: the result of shape [4611686018427387904, 4] is too large to address"
+    );
+    assert_eq!(
+        message(Tensor::rand([usize::MAX, 2], 0)),
+        "rand: the result of shape [18446744073709551615, 2] is too large to address"
+    );
+}

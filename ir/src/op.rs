@@ -313,20 +313,7 @@ impl Op {
         args: &[&TensorType],
         graph_inputs: &[TensorType],
     ) -> Result<TensorType, Error> {
-        let ty = self.infer_shape(args, graph_inputs)?;
-        // Byte offsets of every element must fit in a usize, or index
-        // arithmetic in generated code could wrap.
-        let bytes = ty
-            .shape
-            .checked_numel()
-            .and_then(|n| n.checked_mul(ty.dtype.size()));
-        match bytes {
-            Some(b) if b <= isize::MAX as usize => Ok(ty),
-            _ => Err(Error::TooLarge {
-                op: self.name(),
-                shape: ty.shape,
-            }),
-        }
+        self.infer_shape(args, graph_inputs)?.checked(self.name())
     }
 
     fn infer_shape(

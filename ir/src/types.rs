@@ -205,6 +205,25 @@ impl TensorType {
     }
 }
 
+impl TensorType {
+    /// The type itself if every byte of a value of it is addressable (at most
+    /// `isize::MAX` bytes, so index arithmetic in generated code cannot
+    /// wrap), or the error naming `op` and the shape.
+    pub fn checked(self, op: &'static str) -> Result<TensorType, Error> {
+        let bytes = self
+            .shape
+            .checked_numel()
+            .and_then(|n| n.checked_mul(self.dtype.size()));
+        match bytes {
+            Some(b) if b <= isize::MAX as usize => Ok(self),
+            _ => Err(Error::TooLarge {
+                op,
+                shape: self.shape,
+            }),
+        }
+    }
+}
+
 impl fmt::Display for TensorType {
     /// The printed-IR form, `f32[64,256]`, with no spaces so lines stay short.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
