@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::graph::Graph;
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
-use crate::types::{DType, Data, Element, Scalar, Shape, cast_f64, cast_int};
+use crate::types::{DType, Data, Scalar, Shape, cast_f64, cast_int};
 use crate::verify::verify;
 
 /// Evaluates `graph` on `inputs`, one per declared graph input, and returns its
@@ -71,7 +71,7 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
             Op::Permute(perm) => {
                 let in_strides = arg_shape(0).strides();
                 let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-                gather(arg(0), &out.shape, |coords| Some(dot(coords, &strides)))
+                gather(arg(0), &out.shape, |coords| dot(coords, &strides))
             }
             Op::Expand(_) => {
                 let from = arg_shape(0);
@@ -83,19 +83,16 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
                         _ => 0,
                     })
                     .collect();
-                gather(arg(0), &out.shape, |coords| Some(dot(coords, &strides)))
+                gather(arg(0), &out.shape, |coords| dot(coords, &strides))
             }
             Op::Slice(ranges) => {
                 let strides = arg_shape(0).strides();
                 gather(arg(0), &out.shape, |coords| {
-                    Some(
-                        coords
-                            .iter()
-                            .zip(ranges)
-                            .zip(&strides)
-                            .map(|((&c, r), &s)| (r.start + c * r.step) * s)
-                            .sum(),
-                    )
+                    let starts = coords
+                        .iter()
+                        .zip(ranges)
+                        .map(|(&c, r)| r.start + c * r.step);
+                    starts.zip(&strides).map(|(c, &s)| c * s).sum()
                 })
             }
             Op::Pad { pads, value } => {
@@ -128,24 +125,6 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
         .collect())
 }
 
-impl Data {
-    /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`.
-    pub fn from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> Scalar) -> Data {
-        fn build<T: Element>(n: usize, mut f: impl FnMut(usize) -> Scalar) -> Vec<T> {
-            // `cast` to T's own dtype always yields T, so the default is never used.
-            (0..n)
-                .map(|i| T::from_scalar(f(i).cast(T::DTYPE)).unwrap_or_default())
-                .collect()
-        }
-        match dtype {
-            DType::F32 => Data::F32(build(n, f)),
-            DType::I32 => Data::I32(build(n, f)),
-            DType::U8 => Data::U8(build(n, f)),
-            DType::Bool => Data::Bool(build(n, f)),
-        }
-    }
-}
-
 /// Element `i` of a row-major array of `shape`, as coordinates.
 fn unravel(mut i: usize, shape: &Shape) -> SmallVec<[usize; 6]> {
     let mut coords = SmallVec::from_elem(0, shape.rank());
@@ -161,11 +140,8 @@ fn dot(coords: &[usize], strides: &[usize]) -> usize {
 }
 
 /// A view: output element at `coords` is input element `index(coords)`.
-fn gather(x: &Data, out: &Shape, index: impl Fn(&[usize]) -> Option<usize>) -> Data {
-    Data::from_fn(x.dtype(), out.numel(), |i| match index(&unravel(i, out)) {
-        Some(flat) => x.get(flat),
-        None => Scalar::F32(0.0),
-    })
+fn gather(x: &Data, out: &Shape, index: impl Fn(&[usize]) -> usize) -> Data {
+    Data::from_fn(x.dtype(), out.numel(), |i| x.get(index(&unravel(i, out))))
 }
 
 /// The number a scalar holds, exactly: integers and bools as i64, floats as f64.

@@ -418,6 +418,24 @@ impl Data {
     }
 }
 
+impl Data {
+    /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`.
+    pub fn from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> Scalar) -> Data {
+        fn build<T: Element>(n: usize, mut f: impl FnMut(usize) -> Scalar) -> Vec<T> {
+            // `cast` to T's own dtype always yields T, so the default is never used.
+            (0..n)
+                .map(|i| T::from_scalar(f(i).cast(T::DTYPE)).unwrap_or_default())
+                .collect()
+        }
+        match dtype {
+            DType::F32 => Data::F32(build(n, f)),
+            DType::I32 => Data::I32(build(n, f)),
+            DType::U8 => Data::U8(build(n, f)),
+            DType::Bool => Data::Bool(build(n, f)),
+        }
+    }
+}
+
 /// Host element types that tensors can be built from and read back into.
 pub trait Element: Copy + Default + Send + Sync + 'static {
     /// The matching `DType`.
