@@ -7,9 +7,9 @@
 //! is exactly IEEE f32 arithmetic), and sums and matrix products accumulate in
 //! f64 before one final rounding.
 
-use crate::Error;
 use smallvec::SmallVec;
 
+use crate::Error;
 use crate::graph::Graph;
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::types::{DType, Data, Scalar, Shape, cast_f64, cast_int};

@@ -203,9 +203,7 @@ impl TensorType {
             shape: shape.into(),
         }
     }
-}
 
-impl TensorType {
     /// The type itself if every byte of a value of it is addressable (at most
     /// `isize::MAX` bytes, so index arithmetic in generated code cannot
     /// wrap), or the error naming `op` and the shape.
@@ -416,9 +414,7 @@ impl Data {
             Data::Bool(v) => Scalar::Bool(v[i]),
         }
     }
-}
 
-impl Data {
     /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`.
     pub fn from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> Scalar) -> Data {
         fn build<T: Element>(n: usize, mut f: impl FnMut(usize) -> Scalar) -> Vec<T> {
