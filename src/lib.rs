@@ -17,7 +17,10 @@
 //!
 //! When a value is needed (`realize`, `to_vec`, `to_scalar`) the graph that
 //! leads to it is captured as `kiln_ir::Graph` and evaluated on the tensor's
-//! device. `KILN_DUMP=graph` prints each captured graph to stderr.
+//! device. `KILN_DUMP=graph` prints each captured graph to stderr;
+//! `KILN_DUMP=fuse` (or any optimizer stage: `simplify`, `cse`, `fold-views`,
+//! `fuse`, `dce`, `schedule`; a comma list; or `all`) prints the optimizer's
+//! stages, and `kiln::explain` returns the same text.
 
 mod composite;
 mod device;
@@ -29,8 +32,9 @@ mod tensor;
 
 pub use device::Device;
 pub use error::{Error, Result};
+pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Element, Graph, Scalar, Shape};
-pub use tensor::{Tensor, capture, realize};
+pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.
 #[cfg(doctest)]

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use kiln_ir::pass::{Optimized, Options, STAGES};
 use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
 use smallvec::SmallVec;
 
@@ -280,7 +281,16 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     }
     let (graph, inputs) = capture_with_data("realize", &pending);
     if dump_requested("graph") {
-        eprintln!("{graph}");
+        eprintln!("// kiln: graph\n{graph}");
+    }
+    // The reference device evaluates the graph as captured; the optimizer
+    // runs here only to show its stages.
+    if STAGES.iter().any(|stage| dump_requested(stage)) {
+        kiln_ir::pass::optimize(&graph, Options::default(), &mut |stage, print| {
+            if dump_requested(stage) {
+                eprintln!("// kiln: {stage}\n{}", print());
+            }
+        })?;
     }
     let inputs: Vec<&Data> = inputs.iter().map(|d| d.as_ref()).collect();
     let outputs = match pending[0].device() {
@@ -290,6 +300,29 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         *tensor.state() = State::Ready(Arc::new(data));
     }
     Ok(())
+}
+
+/// Runs kiln's optimizer on the graph behind `outputs` (as `capture` names
+/// it): the fused kernels and their schedule, which `Optimized::schedule`
+/// counts and sizes.
+pub fn optimize(name: &str, outputs: &[&Tensor], options: Options) -> Result<Optimized> {
+    Ok(kiln_ir::pass::optimize(
+        &capture(name, outputs),
+        options,
+        &mut |_, _| {},
+    )?)
+}
+
+/// Every stage of the optimizer on the graph behind `outputs`, printed as
+/// `KILN_DUMP=all` shows it: the captured graph, the graph after each pass
+/// with the pass's notes, and the schedule with its memory plan.
+pub fn explain(name: &str, outputs: &[&Tensor], options: Options) -> Result<String> {
+    let graph = capture(name, outputs);
+    let mut text = format!("// kiln: graph\n{graph}");
+    kiln_ir::pass::optimize(&graph, options, &mut |stage, print| {
+        text.push_str(&format!("\n// kiln: {stage}\n{}", print()));
+    })?;
+    Ok(text)
 }
 
 /// Whether `KILN_DUMP` (a comma-separated list of stages, or `all`) names `stage`.

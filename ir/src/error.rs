@@ -178,6 +178,14 @@ pub enum Error {
         /// What was given.
         got: String,
     },
+    /// A view or kernel that a pass built wrong: a compiler bug.
+    #[error("{op}: {message}")]
+    Malformed {
+        /// `view` or `kernel`.
+        op: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// A graph that breaks an IR invariant: a compiler bug, not a user mistake.
     #[error("verifier: {message}\n{dump}")]
     Verify {

@@ -11,9 +11,11 @@ use smallvec::SmallVec;
 
 use crate::Error;
 use crate::graph::Graph;
+use crate::kernel::{Block, Expr, Kernel, KernelKind};
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::types::{DType, Data, Scalar, Shape, cast_f64, cast_int};
 use crate::verify::verify;
+use crate::view::View;
 
 /// Evaluates `graph` on `inputs`, one per declared graph input, and returns its
 /// outputs in order. The graph is verified first; inputs whose dtype or length
@@ -115,6 +117,11 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
             }
             Op::Reduce { op, axes } => reduce(*op, axes, arg(0), arg_shape(0), &out.shape),
             Op::MatMul => matmul(arg(0), arg(1), arg_shape(0), arg_shape(1), &out.shape),
+            Op::View(view) => materialize(arg(0), view),
+            Op::Kernel(k) => {
+                let args: Vec<&Data> = node.inputs.iter().map(|id| &values[id.index()]).collect();
+                kernel(k, &args)
+            }
         };
         values.push(value);
     }
@@ -324,4 +331,115 @@ fn matmul(a: &Data, b: &Data, ls: &Shape, rs: &Shape, out: &Shape) -> Data {
         });
         Scalar::F32(sum as f32)
     })
+}
+
+/// Element `coords` of `x` read through `view`.
+fn read(x: &Data, view: &View, coords: &[usize]) -> Scalar {
+    match view.index(coords) {
+        Some(i) => x.get(i),
+        // `index` is `None` only under a mask.
+        None => view.mask.as_ref().map_or(Scalar::Bool(false), |m| m.fill),
+    }
+}
+
+/// The elements `view` presents, densely.
+fn materialize(x: &Data, view: &View) -> Data {
+    Data::from_fn(x.dtype(), view.shape.numel(), |i| {
+        read(x, view, &unravel(i, &view.shape))
+    })
+}
+
+/// One kernel, by the definitions of `kernel.rs`: blocks are evaluated value
+/// by value with the scalar semantics of the graph ops, reductions and
+/// products accumulate as the graph-level ops do, so a fused kernel and the
+/// ops it replaces agree exactly.
+fn kernel(k: &Kernel, args: &[&Data]) -> Data {
+    let space = &k.out.shape;
+    match &k.kind {
+        // The verifier admits `acc` only in reduction and matmul bodies.
+        KernelKind::Elementwise => block(&k.body, space, args, &|_| Scalar::Bool(false)),
+        KernelKind::Reduce {
+            op,
+            axes,
+            shape,
+            prologue,
+        } => {
+            let values = block(prologue, shape, args, &|_| Scalar::Bool(false));
+            let mut reduced = shape.clone();
+            for &a in axes {
+                reduced.0[a] = 1;
+            }
+            let acc = reduce(*op, axes, &values, shape, &reduced);
+            let strides = reduced.strides();
+            let out_strides = space.strides();
+            // Over the whole space, a reduced axis reads the one combined value;
+            // over a reshape of the reduced shape, element i reads value i.
+            let broadcast = space == shape;
+            let at = |coords: &[usize]| {
+                let flat = if broadcast {
+                    (0..coords.len())
+                        .filter(|a| !axes.contains(a))
+                        .map(|a| coords[a] * strides[a])
+                        .sum()
+                } else {
+                    dot(coords, &out_strides)
+                };
+                acc.get(flat)
+            };
+            block(&k.body, space, args, &at)
+        }
+        KernelKind::MatMul { a, b } => {
+            let lhs = materialize(args[a.input as usize], &a.view);
+            let rhs = materialize(args[b.input as usize], &b.view);
+            let product = matmul(&lhs, &rhs, &a.view.shape, &b.view.shape, space);
+            let strides = space.strides();
+            block(&k.body, space, args, &|coords| {
+                product.get(dot(coords, &strides))
+            })
+        }
+    }
+}
+
+/// `b` evaluated at every index of `space`.
+fn block(b: &Block, space: &Shape, args: &[&Data], acc: &dyn Fn(&[usize]) -> Scalar) -> Data {
+    let dtype = b.dtype().unwrap_or(DType::F32);
+    let mut values: Vec<Scalar> = Vec::with_capacity(b.values.len());
+    Data::from_fn(dtype, space.numel(), |i| {
+        let coords = unravel(i, space);
+        values.clear();
+        for v in &b.values {
+            let x = |k: u32| values[k as usize];
+            let r = match &v.expr {
+                Expr::Load { input, view } => read(args[*input as usize], view, &coords),
+                Expr::Const(c) => *c,
+                Expr::Acc => acc(&coords),
+                Expr::Unary(op, a) => unary(*op, x(*a)),
+                Expr::Binary(op, a, b) => binary(*op, x(*a), x(*b)),
+                Expr::Where(c, a, b) => {
+                    if x(*c) == Scalar::Bool(true) {
+                        x(*a)
+                    } else {
+                        x(*b)
+                    }
+                }
+                Expr::Cast(a) => x(*a).cast(v.dtype),
+            };
+            values.push(r);
+        }
+        // The verifier rejects empty blocks.
+        values.last().copied().unwrap_or(Scalar::Bool(false))
+    })
+}
+
+/// An elementwise op applied to scalars, as the interpreter defines it; `None`
+/// for ops that are not elementwise. Constant folding uses this, so a folded
+/// constant is exactly what evaluating the op would give.
+pub(crate) fn scalar_op(op: &Op, args: &[Scalar]) -> Option<Scalar> {
+    match (op, args) {
+        (Op::Unary(u), &[x]) => Some(unary(*u, x)),
+        (Op::Binary(b), &[x, y]) => Some(binary(*b, x, y)),
+        (Op::Where, &[c, x, y]) => Some(if c == Scalar::Bool(true) { x } else { y }),
+        (Op::Cast(to), &[x]) => Some(x.cast(*to)),
+        _ => None,
+    }
 }

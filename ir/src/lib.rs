@@ -8,10 +8,14 @@
 mod error;
 pub mod graph;
 pub mod interp;
+pub mod kernel;
 pub mod op;
+pub mod pass;
 mod print;
+pub mod schedule;
 pub mod types;
 pub mod verify;
+pub mod view;
 
 pub use error::Error;
 pub use graph::{Graph, Node, NodeId};

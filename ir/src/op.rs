@@ -18,7 +18,9 @@
 use smallvec::SmallVec;
 
 use crate::Error;
+use crate::kernel::{Kernel, check_view};
 use crate::types::{DType, Scalar, Shape, TensorType};
+use crate::view::View;
 
 /// Elementwise ops of one operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -152,6 +154,11 @@ pub enum Op {
     },
     /// `[..., m, k] @ [..., k, n] -> [..., m, n]` over equal batch dims, f32.
     MatMul,
+    // Produced by the passes.
+    /// A chain of movement ops folded into one index map (`fold-views`).
+    View(View),
+    /// A fused kernel (`fuse`); its operands are the buffers it reads.
+    Kernel(Box<Kernel>),
 }
 
 impl UnaryOp {
@@ -285,6 +292,8 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Reduce { op, .. } => op.name(),
             Op::MatMul => "matmul",
+            Op::View(_) => "view",
+            Op::Kernel(_) => "kernel",
         }
     }
 
@@ -299,9 +308,11 @@ impl Op {
             | Op::Expand(_)
             | Op::Slice(_)
             | Op::Pad { .. }
-            | Op::Reduce { .. } => 1,
+            | Op::Reduce { .. }
+            | Op::View(_) => 1,
             Op::Binary(_) | Op::MatMul => 2,
             Op::Where => 3,
+            Op::Kernel(k) => k.inputs.len(),
         }
     }
 
@@ -520,6 +531,12 @@ impl Op {
                 dims[rank - 1] = rs[rank - 1];
                 Ok(TensorType::new(l.dtype, Shape(dims)))
             }
+            Op::View(view) => {
+                check_view(view, args[0], &view.shape)
+                    .map_err(|message| Error::Malformed { op, message })?;
+                Ok(TensorType::new(args[0].dtype, view.shape.clone()))
+            }
+            Op::Kernel(kernel) => kernel.check(args),
         }
     }
 }

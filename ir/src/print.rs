@@ -15,22 +15,41 @@
 use std::fmt::{self, Write};
 
 use crate::graph::{Graph, NodeId};
+use crate::kernel::{Block, Expr, Kernel, KernelKind};
 use crate::op::Op;
+use crate::types::{Shape, TensorType};
 
 impl Graph {
-    /// The printed number of every node, indexed by arena position.
-    fn numbering(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
-        // Inputs first, by declared index; a stable sort keeps arena order for the rest.
-        order.sort_by_key(|&i| match self.nodes[i].op {
-            Op::Input { index } => (0, index as usize),
-            _ => (1, 0),
-        });
-        let mut number = vec![0; self.nodes.len()];
-        for (n, &i) in order.iter().enumerate() {
-            number[i] = n;
+    /// The printed number of every node, indexed by arena position: inputs
+    /// first, by declared index, then the other nodes in arena order, each
+    /// kernel followed by the values of its blocks.
+    pub(crate) fn numbering(&self) -> Vec<usize> {
+        let mut next = self.inputs.len();
+        self.nodes
+            .iter()
+            .map(|node| match &node.op {
+                Op::Input { index } => *index as usize,
+                op => {
+                    let n = next;
+                    next += 1 + block_values(op);
+                    n
+                }
+            })
+            .collect()
+    }
+}
+
+/// How many numbered values the blocks of a kernel hold.
+fn block_values(op: &Op) -> usize {
+    match op {
+        Op::Kernel(k) => {
+            let prologue = match &k.kind {
+                KernelKind::Reduce { prologue, .. } => prologue.values.len(),
+                KernelKind::Elementwise | KernelKind::MatMul { .. } => 0,
+            };
+            prologue + k.body.values.len()
         }
-        number
+        _ => 0,
     }
 }
 
@@ -74,6 +93,7 @@ impl fmt::Display for Graph {
             write!(f, "({})", types.join(", "))?;
         }
         f.write_str(" {\n")?;
+        let mut kernels = 0;
         for (i, node) in self.nodes.iter().enumerate() {
             let operands: Vec<String> = node.inputs.iter().map(name).collect();
             let mut line = format!("  %{} = {}", number[i], node.op.name());
@@ -101,6 +121,14 @@ impl fmt::Display for Graph {
                     write!(line, " [{}] {value}", parts.join(","))?;
                 }
                 Op::Reduce { axes, .. } => write!(line, " axes {}", compact(axes))?,
+                Op::View(view) => write!(line, " {view}")?,
+                Op::Kernel(k) => {
+                    let line = format!("  %{} = kernel @k{kernels}", number[i]);
+                    kernels += 1;
+                    let operands: Vec<String> = node.inputs.iter().map(name).collect();
+                    print_kernel(f, line, k, &operands, number[i] + 1)?;
+                    continue;
+                }
             }
             writeln!(f, "{line} : {}", node.ty)?;
         }
@@ -108,6 +136,94 @@ impl fmt::Display for Graph {
         writeln!(f, "  return {}", outputs.join(", "))?;
         f.write_str("}\n")
     }
+}
+
+/// A kernel as a nested block: the header with its kind and operands, then
+/// its blocks, values numbered from `first`.
+///
+/// ```text
+/// %5 = kernel @k1 sum axes [1] over f32[4,10] (%0, %4) : f32[4,10] {
+///   %6 = load %0 strides [10,1] : f32[4,10]
+///   reduce %6
+///   %7 = div %6, acc : f32[4,10]
+///   yield %7
+/// }
+/// ```
+fn print_kernel(
+    f: &mut fmt::Formatter<'_>,
+    mut line: String,
+    k: &Kernel,
+    operands: &[String],
+    first: usize,
+) -> fmt::Result {
+    let args = operands.join(", ");
+    let mut next = first;
+    match &k.kind {
+        KernelKind::Elementwise => {
+            writeln!(f, "{line} elementwise ({args}) : {} {{", k.out)?;
+        }
+        KernelKind::Reduce {
+            op,
+            axes,
+            shape,
+            prologue,
+        } => {
+            let space = TensorType::new(prologue.dtype().unwrap_or(k.out.dtype), shape.clone());
+            write!(
+                line,
+                " {} axes {} over {space} ({args})",
+                op.name(),
+                compact(axes)
+            )?;
+            writeln!(f, "{line} : {} {{", k.out)?;
+            let result = print_block(f, prologue, shape, operands, next)?;
+            writeln!(f, "    reduce %{result}")?;
+            next += prologue.values.len();
+        }
+        KernelKind::MatMul { a, b } => {
+            writeln!(f, "{line} matmul ({args}) : {} {{", k.out)?;
+            for (side, operand) in [("a", a), ("b", b)] {
+                let source = operands.get(operand.input as usize).map_or("%?", |s| s);
+                let shape = compact(operand.view.shape.dims());
+                writeln!(f, "    {side} = {source} {shape} {}", operand.view)?;
+            }
+        }
+    }
+    let result = print_block(f, &k.body, &k.out.shape, operands, next)?;
+    writeln!(f, "    yield %{result}")?;
+    f.write_str("  }\n")
+}
+
+/// The values of a block, numbered from `first`; returns the result's number.
+fn print_block(
+    f: &mut fmt::Formatter<'_>,
+    block: &Block,
+    space: &Shape,
+    operands: &[String],
+    first: usize,
+) -> Result<usize, fmt::Error> {
+    let value = |x: &u32| format!("%{}", first + *x as usize);
+    for (i, v) in block.values.iter().enumerate() {
+        let rhs = match &v.expr {
+            Expr::Load { input, view } => {
+                let source = operands.get(*input as usize).map_or("%?", |s| s);
+                format!("load {source} {view}")
+            }
+            Expr::Const(c) => format!("const {c}"),
+            Expr::Acc => "acc".to_string(),
+            Expr::Unary(op, x) => format!("{} {}", op.name(), value(x)),
+            Expr::Binary(op, x, y) => format!("{} {}, {}", op.name(), value(x), value(y)),
+            Expr::Where(c, x, y) => format!("where {}, {}, {}", value(c), value(x), value(y)),
+            Expr::Cast(x) => format!("cast {}", value(x)),
+        };
+        writeln!(
+            f,
+            "    %{} = {rhs} : {}",
+            first + i,
+            TensorType::new(v.dtype, space.clone())
+        )?;
+    }
+    Ok(first + block.values.len().saturating_sub(1))
 }
 
 /// `[1,0]`: a list of numbers with no spaces, like the shapes in types.

@@ -1,0 +1,344 @@
+//! The kernel IR: what fusion produces and what a backend lowers.
+//!
+//! A `Kernel` is one launch. It reads its inputs (whole buffers, typed) through
+//! index maps (`View`), computes one output buffer, and is one of three kinds:
+//!
+//! - elementwise: the body is evaluated at every index of the output;
+//! - reduction: a prologue block is evaluated at every index of the reduced
+//!   space, combined along the reduced axes, and the body (the epilogue) reads
+//!   the combined value as `acc`. The output is either the reduced shape (the
+//!   reduced axes kept as size 1, or any reshape of it with the same
+//!   elements, element `i` reading combined value `i`) or the whole reduced
+//!   space, in which case `acc` is broadcast back along the reduced axes: the
+//!   sum+broadcast pattern of softmax and `x - mean(x)`, computed row by row
+//!   while the row is in cache;
+//! - matmul: a GEMM core over two strided operands, with the body applied to
+//!   every output element as an epilogue that reads the product as `acc`
+//!   (the output may reshape the product, element `i` reading product `i`).
+//!
+//! Bodies are small expression DAGs (`Block`) in which every value is
+//! computed from earlier ones, each rounded to its dtype exactly as the
+//! graph-level op would be, so a fused kernel computes the same numbers as
+//! the ops it replaces. A kernel is plain hashable data: with its input and
+//! output types inside it, its hash keys the backends' kernel caches.
+
+use smallvec::SmallVec;
+
+use crate::Error;
+use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::types::{DType, Scalar, Shape, TensorType};
+use crate::view::View;
+
+/// One kernel launch: typed inputs, the output, the kind, and the body.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// The buffers the kernel reads, as the node's operands in order.
+    pub inputs: Vec<TensorType>,
+    /// The buffer it writes.
+    pub out: TensorType,
+    /// Elementwise, reduction or matmul.
+    pub kind: KernelKind,
+    /// The value at each output index: the whole computation of an
+    /// elementwise kernel, the epilogue of the others.
+    pub body: Block,
+}
+
+/// What a kernel iterates over before its body.
+// Kernels are built once per graph and live boxed in `Op::Kernel`, so the
+// inline operand views cost nothing worth an indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// The body at every output index.
+    Elementwise,
+    /// `prologue` over `shape`, combined by `op` along `axes`.
+    Reduce {
+        /// How values combine.
+        op: ReduceOp,
+        /// The reduced axes of `shape`, sorted.
+        axes: SmallVec<[usize; 4]>,
+        /// The space the prologue runs over.
+        shape: Shape,
+        /// The value combined at each index of `shape`.
+        prologue: Block,
+    },
+    /// `a [.., m, k] @ b [.., k, n]`, f32.
+    MatMul {
+        /// The left operand.
+        a: Operand,
+        /// The right operand.
+        b: Operand,
+    },
+}
+
+/// A matmul operand: an input read through an unmasked view, so transposed
+/// and broadcast operands need no copy.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Operand {
+    /// The kernel input it reads.
+    pub input: u32,
+    /// How: shape `[.., rows, cols]` with any strides.
+    pub view: View,
+}
+
+/// A small expression DAG; its last value is the block's result.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// The values, each computed from earlier ones.
+    pub values: Vec<Value>,
+}
+
+/// One value of a block and its element type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Value {
+    /// How it is computed.
+    pub expr: Expr,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+/// An expression in a kernel body; operands are positions of earlier values.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Expr {
+    /// Kernel input `input` read through `view` at the current index.
+    Load {
+        /// Which input.
+        input: u32,
+        /// The index map; its shape is the block's space.
+        view: View,
+    },
+    /// A constant.
+    Const(Scalar),
+    /// The reduced value or the matrix product at the current index.
+    Acc,
+    /// An elementwise op of one operand.
+    Unary(UnaryOp, u32),
+    /// An elementwise op of two operands.
+    Binary(BinaryOp, u32, u32),
+    /// `cond ? a : b`.
+    Where(u32, u32, u32),
+    /// Conversion to the value's dtype.
+    Cast(u32),
+}
+
+impl ReduceOp {
+    /// The value a reduction starts from: 0 for sums, the lowest value of the
+    /// type for max (-inf for floats).
+    pub fn init(self, dtype: DType) -> Scalar {
+        match (self, dtype) {
+            (ReduceOp::Sum, dtype) => Scalar::I32(0).cast(dtype),
+            (ReduceOp::Max, DType::F32) => Scalar::F32(f32::NEG_INFINITY),
+            (ReduceOp::Max, DType::I32) => Scalar::I32(i32::MIN),
+            (ReduceOp::Max, DType::U8) => Scalar::U8(0),
+            (ReduceOp::Max, DType::Bool) => Scalar::Bool(false),
+        }
+    }
+}
+
+impl Expr {
+    /// The positions of the values this one reads.
+    pub fn operands(&self) -> SmallVec<[u32; 3]> {
+        match *self {
+            Expr::Load { .. } | Expr::Const(_) | Expr::Acc => SmallVec::new(),
+            Expr::Unary(_, x) | Expr::Cast(x) => SmallVec::from_slice(&[x]),
+            Expr::Binary(_, x, y) => SmallVec::from_slice(&[x, y]),
+            Expr::Where(c, x, y) => SmallVec::from_slice(&[c, x, y]),
+        }
+    }
+}
+
+impl Block {
+    /// Appends a value and returns its position.
+    pub fn push(&mut self, expr: Expr, dtype: DType) -> u32 {
+        self.values.push(Value { expr, dtype });
+        (self.values.len() - 1) as u32
+    }
+
+    /// The dtype of the result.
+    pub fn dtype(&self) -> Option<DType> {
+        self.values.last().map(|v| v.dtype)
+    }
+
+    /// Checks that every value is well typed over `space`, that every load
+    /// stays inside its input, and that `acc` appears only where the kernel
+    /// has one (`acc` is its dtype).
+    fn check(
+        &self,
+        space: &Shape,
+        inputs: &[TensorType],
+        acc: Option<DType>,
+    ) -> Result<(), String> {
+        let scalar = |dtype| TensorType::new(dtype, Shape::scalar());
+        for (i, value) in self.values.iter().enumerate() {
+            let operands = value.expr.operands();
+            if let Some(bad) = operands.iter().find(|&&x| x as usize >= i) {
+                return Err(format!(
+                    "value {i} reads value {bad}, which does not come before it"
+                ));
+            }
+            let args: SmallVec<[TensorType; 3]> = operands
+                .iter()
+                .map(|&x| scalar(self.values[x as usize].dtype))
+                .collect();
+            let args: SmallVec<[&TensorType; 3]> = args.iter().collect();
+            let dtype = match &value.expr {
+                Expr::Load { input, view } => {
+                    let ty = inputs.get(*input as usize).ok_or_else(|| {
+                        format!("value {i} loads input {input}, which is not declared")
+                    })?;
+                    check_view(view, ty, space).map_err(|e| format!("value {i}: {e}"))?;
+                    ty.dtype
+                }
+                Expr::Const(v) => v.dtype(),
+                Expr::Acc => {
+                    acc.ok_or_else(|| format!("value {i} reads acc, which this block has not"))?
+                }
+                Expr::Unary(op, _) => infer_dtype(Op::Unary(*op), &args)?,
+                Expr::Binary(op, _, _) => infer_dtype(Op::Binary(*op), &args)?,
+                Expr::Where(..) => infer_dtype(Op::Where, &args)?,
+                Expr::Cast(_) => value.dtype,
+            };
+            if dtype != value.dtype {
+                return Err(format!(
+                    "value {i} is stored as {} but computes {dtype}",
+                    value.dtype
+                ));
+            }
+        }
+        if self.values.is_empty() {
+            return Err("a block is empty".to_string());
+        }
+        Ok(())
+    }
+}
+
+fn infer_dtype(op: Op, args: &[&TensorType]) -> Result<DType, String> {
+    op.infer(args, &[])
+        .map(|t| t.dtype)
+        .map_err(|e| e.to_string())
+}
+
+/// A view must present `space` and read only inside a buffer of type `ty`,
+/// padding with a value of its dtype.
+pub(crate) fn check_view(view: &View, ty: &TensorType, space: &Shape) -> Result<(), String> {
+    if view.shape != *space {
+        return Err(format!("view {} does not present {space}", view.shape));
+    }
+    if view.strides.len() != space.rank() {
+        return Err(format!(
+            "view strides {:?} do not match {space}",
+            view.strides
+        ));
+    }
+    if let Some(mask) = &view.mask {
+        if mask.valid.len() != space.rank() {
+            return Err(format!("view mask {:?} does not match {space}", mask.valid));
+        }
+        if mask.fill.dtype() != ty.dtype {
+            return Err(format!("view pads {} with {}", ty, mask.fill));
+        }
+    }
+    if let Some((lo, hi)) = view.bounds()
+        && (lo < 0 || hi >= ty.shape.numel() as i128)
+    {
+        return Err(format!(
+            "view {view} of {} reads {lo}..={hi}, outside the buffer",
+            view.shape
+        ));
+    }
+    Ok(())
+}
+
+impl Kernel {
+    /// The space the prologue of a reduction runs over.
+    pub fn reduce_space(&self) -> Option<&Shape> {
+        match &self.kind {
+            KernelKind::Reduce { shape, .. } => Some(shape),
+            KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
+        }
+    }
+
+    /// Checks the kernel against the types of its operands and returns its
+    /// output type. A failure is a compiler bug, reported with what is wrong.
+    pub(crate) fn check(&self, args: &[&TensorType]) -> Result<TensorType, Error> {
+        self.check_parts(args).map_err(|message| Error::Malformed {
+            op: "kernel",
+            message,
+        })?;
+        Ok(self.out.clone())
+    }
+
+    fn check_parts(&self, args: &[&TensorType]) -> Result<(), String> {
+        let declared: Vec<&TensorType> = self.inputs.iter().collect();
+        if declared != args {
+            return Err(format!(
+                "declared inputs ({}) differ from operands ({})",
+                join(&declared),
+                join(args)
+            ));
+        }
+        let acc = match &self.kind {
+            KernelKind::Elementwise => None,
+            KernelKind::Reduce {
+                op,
+                axes,
+                shape,
+                prologue,
+            } => {
+                prologue.check(shape, &self.inputs, None)?;
+                let dtype = prologue.dtype().unwrap_or(DType::F32);
+                let reduced = Op::Reduce {
+                    op: *op,
+                    axes: axes.clone(),
+                }
+                .infer(&[&TensorType::new(dtype, shape.clone())], &[])
+                .map_err(|e| e.to_string())?;
+                if self.out.shape != *shape && self.out.shape.numel() != reduced.shape.numel() {
+                    return Err(format!(
+                        "output {} is neither the space {shape} nor the reduced {} reshaped",
+                        self.out.shape, reduced.shape
+                    ));
+                }
+                Some(dtype)
+            }
+            KernelKind::MatMul { a, b } => {
+                let types: Vec<TensorType> = [a, b]
+                    .iter()
+                    .map(|operand| {
+                        let ty = self.inputs.get(operand.input as usize).ok_or_else(|| {
+                            format!(
+                                "matmul reads input {}, which is not declared",
+                                operand.input
+                            )
+                        })?;
+                        if operand.view.mask.is_some() {
+                            return Err("a matmul operand view is padded".to_string());
+                        }
+                        check_view(&operand.view, ty, &operand.view.shape)?;
+                        Ok(TensorType::new(ty.dtype, operand.view.shape.clone()))
+                    })
+                    .collect::<Result<_, String>>()?;
+                let product = Op::MatMul
+                    .infer(&[&types[0], &types[1]], &[])
+                    .map_err(|e| e.to_string())?;
+                if product.shape.numel() != self.out.shape.numel() {
+                    return Err(format!(
+                        "matmul gives {} but the output is {}",
+                        product.shape, self.out.shape
+                    ));
+                }
+                Some(DType::F32)
+            }
+        };
+        self.body.check(&self.out.shape, &self.inputs, acc)?;
+        if self.body.dtype() != Some(self.out.dtype) {
+            return Err(format!("the body does not yield {}", self.out.dtype));
+        }
+        Ok(())
+    }
+}
+
+fn join(types: &[&TensorType]) -> String {
+    let parts: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+    parts.join(", ")
+}

@@ -1,0 +1,535 @@
+//! Fusion: groups the graph's ops into kernels, each computing one buffer.
+//!
+//! Nodes are decided from the outputs back, so every reader of a node is
+//! decided before the node itself. A node joins the kernel of its readers
+//! (is computed inside it, never stored) when:
+//!
+//! - it is elementwise, all its readers are in one kernel, and each reads it
+//!   directly or through a broadcast (`View::is_broadcast_of`), so the reader's
+//!   index maps onto the node's own index;
+//! - or it is a reduction or a matmul read by one kernel that has no core yet,
+//!   directly (its epilogue) or, for a reduction, broadcast back along the
+//!   reduced axes over the space it reduced (the sum+broadcast pattern:
+//!   softmax, `x - mean(x)`);
+//! - the operand of a reduction joins the reduction's prologue by the same
+//!   rules, and may at once be part of the epilogue when that runs over the
+//!   same space (`exp(x - m)` in softmax is recomputed there: the row is in
+//!   cache, a second pass over memory is what fusion saves).
+//!
+//! Everything else is materialized: the outputs, matmul operands, values read
+//! by several kernels, values read through a non-broadcast view. One
+//! exception keeps cheap values unstored: an elementwise op that is cheap
+//! (no transcendental, no division) and reads only graph inputs and
+//! constants is recomputed in every kernel that reads it. Constants are
+//! inlined everywhere, except where padding or a matmul needs them as a
+//! buffer. Each refusal is noted (`not fused: %7 has 2 readers in different
+//! kernels`).
+//!
+//! A view node that cannot be folded into its reader (it is an output, is
+//! read by another view, or pads a matmul operand) is a copy kernel.
+
+use std::collections::HashMap;
+
+use smallvec::SmallVec;
+
+use super::Options;
+use crate::Error;
+use crate::graph::{Graph, NodeId};
+use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use crate::op::{BinaryOp, Op, UnaryOp};
+use crate::types::Shape;
+use crate::view::View;
+
+/// Where in a kernel a value is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Role {
+    /// The body: at every output index.
+    Main,
+    /// A reduction's prologue: at every index of the reduced space.
+    Prologue,
+}
+
+/// A node computed inside a kernel, and the index maps from its own shape to
+/// that kernel's space under which it is computed there.
+struct Membership {
+    group: usize,
+    role: Role,
+    places: Vec<View>,
+}
+
+/// One kernel being formed: its output node, its reduction or matmul (if
+/// any), and the space its body runs over (the output's shape).
+struct Group {
+    root: usize,
+    core: Option<usize>,
+    space: Shape,
+}
+
+/// A node `consumer` reading another node through `view` (which presents the
+/// consumer's operand shape).
+struct Edge {
+    consumer: usize,
+    view: View,
+}
+
+/// The decisions of the fusion walk.
+struct Plan<'g> {
+    graph: &'g Graph,
+    /// View nodes read through rather than computed.
+    transparent: Vec<bool>,
+    members: Vec<Vec<Membership>>,
+    inline: Vec<bool>,
+    root_of: Vec<Option<usize>>,
+    groups: Vec<Group>,
+}
+
+/// Builds the kernels. With fusion off every op is a kernel of its own.
+pub(crate) fn run(graph: &Graph, options: Options) -> Result<(Graph, Vec<String>), Error> {
+    let mut plan = Plan::new(graph);
+    let notes = plan.decide(options);
+    let out = plan.build()?;
+    Ok((out, notes))
+}
+
+impl<'g> Plan<'g> {
+    fn new(graph: &'g Graph) -> Plan<'g> {
+        let n = graph.nodes.len();
+        let mut output = vec![false; n];
+        for id in &graph.outputs {
+            output[id.index()] = true;
+        }
+        // A view is read through unless something needs it as a buffer.
+        let mut transparent: Vec<bool> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| matches!(node.op, Op::View(_)) && !output[i])
+            .collect();
+        for node in &graph.nodes {
+            for id in &node.inputs {
+                let needs_buffer = match (&node.op, &graph.node(*id).op) {
+                    (Op::View(_), _) => true,
+                    (Op::MatMul, Op::View(v)) => v.mask.is_some(),
+                    _ => false,
+                };
+                if needs_buffer {
+                    transparent[id.index()] = false;
+                }
+            }
+        }
+        Plan {
+            graph,
+            transparent,
+            members: (0..n).map(|_| Vec::new()).collect(),
+            inline: vec![false; n],
+            root_of: vec![None; n],
+            groups: Vec::new(),
+        }
+    }
+
+    /// The node an operand really reads, and through which view: a
+    /// transparent view is looked through.
+    fn resolve(&self, id: NodeId) -> (usize, View) {
+        let node = self.graph.node(id);
+        match &node.op {
+            Op::View(view) if self.transparent[id.index()] => {
+                (node.inputs[0].index(), view.clone())
+            }
+            _ => (id.index(), View::contiguous(&node.ty.shape)),
+        }
+    }
+
+    /// The operands of node `i` as (node read, view), views looked through.
+    fn operands(&self, i: usize) -> SmallVec<[(usize, View); 3]> {
+        let node = &self.graph.nodes[i];
+        match &node.op {
+            // A view that is computed reads its source through itself.
+            Op::View(view) => SmallVec::from_elem((node.inputs[0].index(), view.clone()), 1),
+            _ => node.inputs.iter().map(|&id| self.resolve(id)).collect(),
+        }
+    }
+
+    /// Decides every node, outputs first; returns the notes on refusals.
+    fn decide(&mut self, options: Options) -> Vec<String> {
+        let graph = self.graph;
+        let mut edges: Vec<Vec<Edge>> = (0..graph.nodes.len()).map(|_| Vec::new()).collect();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if !self.transparent[i] && !matches!(node.op, Op::Input { .. }) {
+                for (p, view) in self.operands(i) {
+                    edges[p].push(Edge { consumer: i, view });
+                }
+            }
+        }
+        let mut output = vec![false; graph.nodes.len()];
+        for id in &graph.outputs {
+            output[id.index()] = true;
+        }
+        let number = graph.numbering();
+        let mut notes = Vec::new();
+        if !options.fusion {
+            notes.push("fuse: fusion is off: one kernel per op".to_string());
+        }
+        for i in (0..graph.nodes.len()).rev() {
+            let node = &graph.nodes[i];
+            if matches!(node.op, Op::Input { .. }) || self.transparent[i] {
+                continue;
+            }
+            // Readers that were themselves dropped (dead) do not count.
+            let live: Vec<&Edge> = edges[i]
+                .iter()
+                .filter(|e| !self.members[e.consumer].is_empty())
+                .collect();
+            if live.is_empty() && !output[i] {
+                continue;
+            }
+            let decision = if output[i] {
+                Err("is a graph output".to_string())
+            } else if let Op::Const(_) = node.op {
+                self.constant(&live)
+            } else if !options.fusion {
+                Err(String::new())
+            } else {
+                self.join(i, &live)
+            };
+            match decision {
+                Ok(members) if members.is_empty() => self.inline[i] = true,
+                Ok(members) => {
+                    for m in &members {
+                        if matches!(node.op, Op::Reduce { .. } | Op::MatMul) {
+                            self.groups[m.group].core = Some(i);
+                        }
+                    }
+                    self.members[i] = members;
+                }
+                Err(reason) => {
+                    if !live.is_empty() && !reason.is_empty() {
+                        notes.push(format!("not fused: %{} {reason}", number[i]));
+                    }
+                    self.root(i);
+                }
+            }
+        }
+        // Decided from the outputs back; read in graph order.
+        notes.reverse();
+        notes
+    }
+
+    /// Makes node `i` the output of a kernel of its own.
+    fn root(&mut self, i: usize) {
+        let node = &self.graph.nodes[i];
+        let core = matches!(node.op, Op::Reduce { .. } | Op::MatMul).then_some(i);
+        self.root_of[i] = Some(self.groups.len());
+        self.members[i] = vec![Membership {
+            group: self.groups.len(),
+            role: Role::Main,
+            places: vec![View::contiguous(&node.ty.shape)],
+        }];
+        self.groups.push(Group {
+            root: i,
+            core,
+            space: node.ty.shape.clone(),
+        });
+    }
+
+    /// Where the readers of a node would compute it: (kernel, role, place)
+    /// per reader and place, or why it must be a buffer.
+    fn candidates(&self, live: &[&Edge]) -> Result<Vec<(usize, Role, View)>, String> {
+        let mut out = Vec::new();
+        for e in live {
+            for m in &self.members[e.consumer] {
+                if self.groups[m.group].core == Some(e.consumer) {
+                    match self.graph.nodes[e.consumer].op {
+                        Op::MatMul => return Err("is a matmul operand".to_string()),
+                        _ => out.push((m.group, Role::Prologue, e.view.clone())),
+                    }
+                } else {
+                    for place in &m.places {
+                        out.push((m.group, m.role, e.view.under(place)));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A constant is inlined unless it is read through padding or by a matmul.
+    fn constant(&self, live: &[&Edge]) -> Result<Vec<Membership>, String> {
+        let candidates = self.candidates(live)?;
+        if candidates.iter().any(|(_, _, place)| place.mask.is_some()) {
+            return Err("is read through padding".to_string());
+        }
+        Ok(Vec::new())
+    }
+
+    /// The kernels node `i` joins, or why it is materialized.
+    fn join(&self, i: usize, live: &[&Edge]) -> Result<Vec<Membership>, String> {
+        let node = &self.graph.nodes[i];
+        let candidates = self.candidates(live)?;
+        let mut groups: SmallVec<[usize; 2]> = candidates.iter().map(|c| c.0).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let readers = live.len();
+        match &node.op {
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
+                if groups.len() > 1 && !self.cheap(i) {
+                    return Err(format!("has {readers} readers in different kernels"));
+                }
+                if candidates
+                    .iter()
+                    .any(|(_, _, place)| !place.is_broadcast_of(&node.ty.shape))
+                {
+                    return Err("is read through a view that is not a broadcast".to_string());
+                }
+                let mut members: Vec<Membership> = Vec::new();
+                for (group, role, place) in candidates {
+                    match members
+                        .iter_mut()
+                        .find(|m| m.group == group && m.role == role)
+                    {
+                        Some(m) if m.places.contains(&place) => {}
+                        Some(m) => m.places.push(place),
+                        None => members.push(Membership {
+                            group,
+                            role,
+                            places: vec![place],
+                        }),
+                    }
+                }
+                Ok(members)
+            }
+            Op::Reduce { .. } | Op::MatMul => {
+                let &[group] = groups.as_slice() else {
+                    return Err(format!("has {readers} readers in different kernels"));
+                };
+                let g = &self.groups[group];
+                if g.core.is_some() {
+                    return Err(format!(
+                        "would be a second core in the kernel of %{}",
+                        self.graph.numbering()[g.root]
+                    ));
+                }
+                if candidates.iter().any(|c| c.1 == Role::Prologue) {
+                    return Err("feeds the prologue of a reduction".to_string());
+                }
+                let shape = &node.ty.shape;
+                // The epilogue over the output itself (or a reshape adding or
+                // dropping size-1 axes), or over the reduced space, broadcast back.
+                let direct = g.space.numel() == shape.numel()
+                    && candidates.iter().all(|c| c.2.is_broadcast_of(shape));
+                let broadcast = match node.op {
+                    Op::Reduce { .. } => {
+                        let reduced = &self.graph.node(node.inputs[0]).ty.shape;
+                        let back = View::contiguous(shape).apply(&Op::Expand(reduced.clone()));
+                        g.space == *reduced
+                            && candidates.iter().all(|c| Some(&c.2) == back.as_ref())
+                    }
+                    _ => false,
+                };
+                if !direct && !broadcast {
+                    return Err("is read through a view that is not its epilogue's".to_string());
+                }
+                Ok(vec![Membership {
+                    group,
+                    role: Role::Main,
+                    places: candidates.into_iter().map(|c| c.2).collect(),
+                }])
+            }
+            Op::View(_) => Err("is a view that no reader can fold".to_string()),
+            Op::Input { .. }
+            | Op::Const(_)
+            | Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice(_)
+            | Op::Pad { .. }
+            | Op::Kernel(_) => Err(format!(
+                "is a {} node, which fusion does not take",
+                node.op.name()
+            )),
+        }
+    }
+
+    /// Whether recomputing node `i` in each of its readers costs less than
+    /// storing it: one cheap op over graph inputs and constants.
+    fn cheap(&self, i: usize) -> bool {
+        let cheap_op = match self.graph.nodes[i].op {
+            Op::Unary(u) => matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs),
+            Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
+            Op::Where | Op::Cast(_) => true,
+            _ => false,
+        };
+        cheap_op
+            && self
+                .operands(i)
+                .iter()
+                .all(|(p, _)| matches!(self.graph.nodes[*p].op, Op::Input { .. } | Op::Const(_)))
+    }
+
+    /// The fused graph: the inputs, then one kernel node per group, in order.
+    fn build(&self) -> Result<Graph, Error> {
+        let graph = self.graph;
+        let mut out = Graph::new(graph.name.clone());
+        out.inputs = graph.inputs.clone();
+        let mut map: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Op::Input { .. } = node.op {
+                map[i] = Some(out.push_typed(node.op.clone(), SmallVec::new(), node.ty.clone()));
+            } else if let Some(group) = self.root_of[i] {
+                let mut b = Builder {
+                    plan: self,
+                    group,
+                    reads: Vec::new(),
+                    memo: HashMap::new(),
+                };
+                let kernel = b.kernel()?;
+                let inputs = b
+                    .reads
+                    .iter()
+                    .map(|&r| {
+                        map[r]
+                            .ok_or_else(|| internal(format!("node #{r} is read but not a buffer")))
+                    })
+                    .collect::<Result<_, _>>()?;
+                map[i] =
+                    Some(out.push_typed(Op::Kernel(Box::new(kernel)), inputs, node.ty.clone()));
+            }
+        }
+        out.outputs = graph
+            .outputs
+            .iter()
+            .map(|id| map[id.index()].ok_or_else(|| internal(format!("output {id} has no kernel"))))
+            .collect::<Result<_, _>>()?;
+        Ok(out)
+    }
+}
+
+fn internal(message: String) -> Error {
+    Error::Malformed {
+        op: "fuse",
+        message,
+    }
+}
+
+/// Builds the kernel of one group.
+struct Builder<'p, 'g> {
+    plan: &'p Plan<'g>,
+    group: usize,
+    /// The nodes read as buffers, in kernel input order.
+    reads: Vec<usize>,
+    memo: HashMap<(usize, Role, View), u32>,
+}
+
+impl Builder<'_, '_> {
+    fn kernel(&mut self) -> Result<Kernel, Error> {
+        let plan = self.plan;
+        let g = &plan.groups[self.group];
+        let root = &plan.graph.nodes[g.root];
+        let kind = match g.core.map(|c| (c, &plan.graph.nodes[c].op)) {
+            None => KernelKind::Elementwise,
+            Some((c, Op::Reduce { op, axes })) => {
+                let Some((p, view)) = plan.operands(c).into_iter().next() else {
+                    return Err(internal("a reduction has no operand".to_string()));
+                };
+                let mut prologue = Block::default();
+                self.emit(&mut prologue, Role::Prologue, p, &view)?;
+                KernelKind::Reduce {
+                    op: *op,
+                    axes: axes.clone(),
+                    shape: view.shape.clone(),
+                    prologue,
+                }
+            }
+            Some((c, Op::MatMul)) => {
+                let mut sides = plan.operands(c).into_iter().map(|(p, view)| Operand {
+                    input: self.read(p),
+                    view,
+                });
+                match (sides.next(), sides.next()) {
+                    (Some(a), Some(b)) => KernelKind::MatMul { a, b },
+                    _ => return Err(internal("a matmul has two operands".to_string())),
+                }
+            }
+            Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
+        };
+        let mut body = Block::default();
+        self.emit(
+            &mut body,
+            Role::Main,
+            g.root,
+            &View::contiguous(&root.ty.shape),
+        )?;
+        Ok(Kernel {
+            inputs: self
+                .reads
+                .iter()
+                .map(|&r| plan.graph.nodes[r].ty.clone())
+                .collect(),
+            out: root.ty.clone(),
+            kind,
+            body,
+        })
+    }
+
+    /// The kernel input index of buffer node `p`.
+    fn read(&mut self, p: usize) -> u32 {
+        let index = self.reads.iter().position(|&r| r == p).unwrap_or_else(|| {
+            self.reads.push(p);
+            self.reads.len() - 1
+        });
+        index as u32
+    }
+
+    /// The value of node `n` at the block's index, `place` mapping `n`'s own
+    /// shape onto the block's space.
+    fn emit(
+        &mut self,
+        block: &mut Block,
+        role: Role,
+        n: usize,
+        place: &View,
+    ) -> Result<u32, Error> {
+        let key = (n, role, place.clone());
+        if let Some(&v) = self.memo.get(&key) {
+            return Ok(v);
+        }
+        let plan = self.plan;
+        let node = &plan.graph.nodes[n];
+        let member = plan.members[n]
+            .iter()
+            .any(|m| m.group == self.group && m.role == role);
+        let dtype = node.ty.dtype;
+        let v = if plan.groups[self.group].core == Some(n) && role == Role::Main {
+            block.push(Expr::Acc, dtype)
+        } else if plan.inline[n] || member {
+            let mut args: SmallVec<[u32; 3]> = SmallVec::new();
+            for (p, view) in plan.operands(n) {
+                args.push(self.emit(block, role, p, &view.under(place))?);
+            }
+            let expr = match (&node.op, args.as_slice()) {
+                (Op::Const(c), []) => Expr::Const(*c),
+                (Op::Unary(u), &[x]) => Expr::Unary(*u, x),
+                (Op::Binary(b), &[x, y]) => Expr::Binary(*b, x, y),
+                (Op::Where, &[c, x, y]) => Expr::Where(c, x, y),
+                (Op::Cast(_), &[x]) => Expr::Cast(x),
+                // A computed view is its source read through it.
+                (Op::View(_), &[x]) => {
+                    self.memo.insert(key, x);
+                    return Ok(x);
+                }
+                (op, _) => return Err(internal(format!("a {} node cannot be inlined", op.name()))),
+            };
+            block.push(expr, dtype)
+        } else {
+            let input = self.read(n);
+            block.push(
+                Expr::Load {
+                    input,
+                    view: place.clone(),
+                },
+                dtype,
+            )
+        };
+        self.memo.insert(key, v);
+        Ok(v)
+    }
+}

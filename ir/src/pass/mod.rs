@@ -1,0 +1,161 @@
+//! The optimizer: a pipeline of passes from a captured graph to fused
+//! kernels, with the verifier after every stage.
+//!
+//! ```text
+//! simplify -> cse -> fold-views -> fuse -> dce
+//! ```
+//!
+//! A pass is one function `&Graph -> Graph` or a list of small named rules
+//! applied by `rewrite`. Rules never make the graph worse and never change a
+//! result beyond what their comment says.
+
+use smallvec::SmallVec;
+
+use crate::Error;
+use crate::graph::{Graph, Node, NodeId};
+use crate::op::Op;
+use crate::schedule::Schedule;
+use crate::types::TensorType;
+use crate::verify::verify;
+
+mod cse;
+mod dce;
+mod fold_views;
+mod fuse;
+mod simplify;
+
+/// The stages in pipeline order, as `KILN_DUMP` names them.
+pub const STAGES: [&str; 6] = ["simplify", "cse", "fold-views", "fuse", "dce", "schedule"];
+
+/// How the pipeline runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Options {
+    /// Fuse ops into shared kernels. Off, every primitive op is its own kernel
+    /// (movement ops still fold into reads): the baseline of the fused-vs-unfused
+    /// benchmarks.
+    pub fusion: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { fusion: true }
+    }
+}
+
+/// A fused graph and its schedule: what a backend compiles and runs.
+#[derive(Clone, Debug)]
+pub struct Optimized {
+    /// Inputs and kernel nodes only.
+    pub graph: Graph,
+    /// Launch order and memory plan.
+    pub schedule: Schedule,
+}
+
+/// Runs the pipeline on `graph`. After every stage (and after planning, as
+/// `schedule`) `on_stage` gets the stage's name and a function that prints
+/// it: the graph, then the stage's notes (rules that fired, fusions refused
+/// and why) as `//` lines. Printing costs nothing unless asked for.
+pub fn optimize(
+    graph: &Graph,
+    options: Options,
+    on_stage: &mut dyn FnMut(&str, &dyn Fn() -> String),
+) -> Result<Optimized, Error> {
+    verify(graph)?;
+    let mut stage = |name: &str, (graph, notes): (Graph, Vec<String>)| -> Result<Graph, Error> {
+        verify(&graph)?;
+        on_stage(name, &|| {
+            let notes: String = notes.iter().map(|n| format!("// {n}\n")).collect();
+            format!("{graph}{notes}")
+        });
+        Ok(graph)
+    };
+    let graph = stage("simplify", simplify::run(graph))?;
+    let graph = stage("cse", (cse::run(&graph), Vec::new()))?;
+    let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;
+    let graph = stage("fuse", fuse::run(&graph, options)?)?;
+    let graph = stage("dce", (dce::run(&graph), Vec::new()))?;
+    let schedule = Schedule::plan(&graph).map_err(|id| Error::Verify {
+        message: format!("node {id} is neither an input nor a kernel after fusion"),
+        dump: graph.to_string(),
+    })?;
+    on_stage("schedule", &|| schedule.print(&graph));
+    Ok(Optimized { graph, schedule })
+}
+
+/// What a rule does with a node.
+pub(crate) enum Rewrite {
+    /// The node is this existing node.
+    To(NodeId),
+    /// The node is this op on these operands (the driver tries the rules again).
+    Node(Op, SmallVec<[NodeId; 2]>),
+}
+
+/// A named rewrite rule. `apply` sees the node's op, its operands (already
+/// rewritten) and its type, and may push helper nodes into the graph.
+pub(crate) struct Rule {
+    pub name: &'static str,
+    pub apply: fn(&mut Graph, &Op, &[NodeId], &TensorType) -> Option<Rewrite>,
+}
+
+/// How many times the rules may rewrite one node before the driver stops.
+const REWRITE_CAP: usize = 16;
+
+/// Applies `rules` to every node, front to back, each node to a fixpoint or
+/// `REWRITE_CAP` rewrites. Returns the graph and a note per rule that fired
+/// and why the driver stopped.
+pub(crate) fn rewrite(graph: &Graph, pass: &str, rules: &[Rule]) -> (Graph, Vec<String>) {
+    let mut fired = vec![0usize; rules.len()];
+    let mut capped = 0;
+    let out = rebuild(graph, |g, node, inputs| {
+        let (mut op, mut inputs) = (node.op.clone(), inputs);
+        for _ in 0..REWRITE_CAP {
+            let Some((k, rw)) = rules
+                .iter()
+                .enumerate()
+                .find_map(|(k, r)| (r.apply)(g, &op, &inputs, &node.ty).map(|rw| (k, rw)))
+            else {
+                return g.push_typed(op, inputs, node.ty.clone());
+            };
+            fired[k] += 1;
+            match rw {
+                Rewrite::To(id) => return id,
+                Rewrite::Node(o, i) => (op, inputs) = (o, i),
+            }
+        }
+        capped += 1;
+        g.push_typed(op, inputs, node.ty.clone())
+    });
+    let mut notes: Vec<String> = rules
+        .iter()
+        .zip(&fired)
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{pass}: {} x{n}", r.name))
+        .collect();
+    notes.push(match capped {
+        0 => format!("{pass}: stopped at a fixpoint"),
+        n => format!("{pass}: stopped at the cap of {REWRITE_CAP} rewrites on {n} nodes"),
+    });
+    (out, notes)
+}
+
+/// A new graph with the same name and inputs, built front to back: `f` gets
+/// each node with its operands already mapped and returns the node that
+/// stands for it. Inputs are copied as they are.
+pub(crate) fn rebuild(
+    graph: &Graph,
+    mut f: impl FnMut(&mut Graph, &Node, SmallVec<[NodeId; 2]>) -> NodeId,
+) -> Graph {
+    let mut out = Graph::new(graph.name.clone());
+    out.inputs = graph.inputs.clone();
+    let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
+    for node in &graph.nodes {
+        let inputs = node.inputs.iter().map(|id| map[id.index()]).collect();
+        let id = match node.op {
+            Op::Input { .. } => out.push_typed(node.op.clone(), inputs, node.ty.clone()),
+            _ => f(&mut out, node, inputs),
+        };
+        map.push(id);
+    }
+    out.outputs = graph.outputs.iter().map(|id| map[id.index()]).collect();
+    out
+}

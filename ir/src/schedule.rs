@@ -1,0 +1,186 @@
+//! The schedule: the order of kernel launches and the memory plan.
+//!
+//! Every kernel output lives in a slot of one arena. A slot is free again
+//! once the last launch that reads its value has run, and a later output
+//! takes the smallest free slot that fits it, so the arena's size, the peak
+//! memory of a run, is known before the first launch. Outputs keep their
+//! slots: they are handed to the caller.
+
+use std::fmt::Write;
+
+use crate::graph::{Graph, NodeId};
+use crate::op::Op;
+
+/// Where a value lives during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// The caller's input buffer at this index.
+    Input(u32),
+    /// A slot of the arena.
+    Slot(usize),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The kernel node.
+    pub node: NodeId,
+    /// Where its operands are, in order.
+    pub inputs: Vec<Location>,
+    /// The slot it writes.
+    pub output: usize,
+    /// The slots whose last reader this launch is, free after it.
+    pub frees: Vec<usize>,
+}
+
+/// The launches of a fused graph, in order, and its memory plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Launches in execution order.
+    pub launches: Vec<Launch>,
+    /// The size in bytes of every arena slot.
+    pub slots: Vec<usize>,
+    /// Where each graph output is found after the run.
+    pub outputs: Vec<Location>,
+}
+
+impl Schedule {
+    /// Plans `graph`, a fused graph (inputs and kernels only, as `optimize`
+    /// returns), or returns the node that is neither.
+    pub fn plan(graph: &Graph) -> Result<Schedule, NodeId> {
+        let n = graph.nodes.len();
+        // The last launch (by node position) that reads each value.
+        let mut last_read = vec![None; n];
+        for (i, node) in graph.nodes.iter().enumerate() {
+            for id in &node.inputs {
+                last_read[id.index()] = Some(i);
+            }
+        }
+        let mut keep = vec![false; n];
+        for id in &graph.outputs {
+            keep[id.index()] = true;
+        }
+        let mut location: Vec<Option<Location>> = vec![None; n];
+        let mut slots: Vec<usize> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
+        let mut launches = Vec::new();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            match &node.op {
+                Op::Input { index } => location[i] = Some(Location::Input(*index)),
+                Op::Kernel(_) => {
+                    let inputs: Vec<Location> = node
+                        .inputs
+                        .iter()
+                        .map(|id| location[id.index()].ok_or(*id))
+                        .collect::<Result<_, _>>()?;
+                    let bytes = node.ty.shape.numel() * node.ty.dtype.size();
+                    let best = free
+                        .iter()
+                        .enumerate()
+                        .filter(|&(_, &s)| slots[s] >= bytes)
+                        .min_by_key(|&(_, &s)| slots[s])
+                        .map(|(k, _)| k);
+                    let output = match best {
+                        Some(k) => free.swap_remove(k),
+                        None => {
+                            slots.push(bytes);
+                            slots.len() - 1
+                        }
+                    };
+                    location[i] = Some(Location::Slot(output));
+                    // Operands read for the last time here are free after this launch.
+                    let mut frees: Vec<usize> = node
+                        .inputs
+                        .iter()
+                        .filter(|id| last_read[id.index()] == Some(i) && !keep[id.index()])
+                        .filter_map(|id| match location[id.index()] {
+                            Some(Location::Slot(s)) => Some(s),
+                            _ => None,
+                        })
+                        .collect();
+                    frees.sort_unstable();
+                    frees.dedup();
+                    free.extend(&frees);
+                    launches.push(Launch {
+                        node: NodeId(i as u32),
+                        inputs,
+                        output,
+                        frees,
+                    });
+                }
+                _ => return Err(NodeId(i as u32)),
+            }
+        }
+        let outputs = graph
+            .outputs
+            .iter()
+            .map(|id| location[id.index()].ok_or(*id))
+            .collect::<Result<_, _>>()?;
+        Ok(Schedule {
+            launches,
+            slots,
+            outputs,
+        })
+    }
+
+    /// The bytes the arena needs: the peak memory of a run beyond its inputs.
+    pub fn peak_bytes(&self) -> usize {
+        self.slots.iter().sum()
+    }
+
+    /// How many kernels a run launches.
+    pub fn kernels(&self) -> usize {
+        self.launches.len()
+    }
+
+    /// The printed form, naming kernels and values as `graph` prints them.
+    pub fn print(&self, graph: &Graph) -> String {
+        let number = graph.numbering();
+        let kernel_names: Vec<usize> = graph
+            .nodes
+            .iter()
+            .scan(0, |k, node| {
+                let name = *k;
+                if let Op::Kernel(_) = node.op {
+                    *k += 1;
+                }
+                Some(name)
+            })
+            .collect();
+        let loc = |l: &Location| match l {
+            Location::Input(i) => format!("%{i}"),
+            Location::Slot(s) => format!("slot {s}"),
+        };
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "schedule @{}: {} launches, {} slots, peak {} bytes",
+            graph.name,
+            self.launches.len(),
+            self.slots.len(),
+            self.peak_bytes()
+        );
+        for launch in &self.launches {
+            let node = graph.node(launch.node);
+            let args: Vec<String> = launch.inputs.iter().map(loc).collect();
+            let _ = write!(
+                out,
+                "  @k{} %{} ({}) -> slot {} : {} ({} bytes)",
+                kernel_names[launch.node.index()],
+                number[launch.node.index()],
+                args.join(", "),
+                launch.output,
+                node.ty,
+                node.ty.shape.numel() * node.ty.dtype.size()
+            );
+            if !launch.frees.is_empty() {
+                let freed: Vec<String> = launch.frees.iter().map(|s| format!("slot {s}")).collect();
+                let _ = write!(out, "; free {}", freed.join(", "));
+            }
+            out.push('\n');
+        }
+        let outputs: Vec<String> = self.outputs.iter().map(loc).collect();
+        let _ = writeln!(out, "  return {}", outputs.join(", "));
+        out
+    }
+}

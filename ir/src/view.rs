@@ -1,0 +1,387 @@
+//! Index maps: how a kernel reads a buffer through movement ops without
+//! copying it.
+//!
+//! A `View` of shape `S` reads element `c` (coordinates in `S`) of a
+//! contiguous source buffer at flat index `offset + sum(c[i] * strides[i])`,
+//! unless a coordinate lies outside the mask's valid range on its axis, in
+//! which case it reads the mask's fill value (that is how padding is a view).
+//! Permute, expand, slice and pad always compose into one view; a reshape
+//! composes when the strides allow it, as in PyTorch's `view`.
+//!
+//! Views are kept canonical so that equal index maps compare and hash equal:
+//! a size-1 axis has stride 0, and a mask that keeps everything is dropped.
+
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use crate::op::{Op, SliceRange};
+use crate::types::{Scalar, Shape};
+
+/// How a kernel reads one buffer: shape, strides (0 for broadcast axes),
+/// offset, and the padding mask.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct View {
+    /// The shape the view presents.
+    pub shape: Shape,
+    /// Source elements between neighbours along each axis; 0 broadcasts.
+    pub strides: SmallVec<[usize; 4]>,
+    /// The flat source index of coordinates zero; negative only under a mask
+    /// (padding before the first element).
+    pub offset: isize,
+    /// The padded region, if any.
+    pub mask: Option<Mask>,
+}
+
+/// The region of a view backed by the source; everything outside reads `fill`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mask {
+    /// Per axis, the coordinates `start..end` that read the source.
+    pub valid: SmallVec<[(usize, usize); 4]>,
+    /// The value read everywhere else.
+    pub fill: Scalar,
+}
+
+impl View {
+    /// The identity view of a contiguous row-major buffer of `shape`.
+    pub fn contiguous(shape: &Shape) -> View {
+        View {
+            shape: shape.clone(),
+            strides: shape.strides(),
+            offset: 0,
+            mask: None,
+        }
+        .canonical()
+    }
+
+    /// Whether the view reads a whole buffer of its own shape in row-major order.
+    pub fn is_contiguous(&self) -> bool {
+        *self == View::contiguous(&self.shape)
+    }
+
+    /// The flat source index of `coords`, or `None` where the view reads the
+    /// fill value.
+    pub fn index(&self, coords: &[usize]) -> Option<usize> {
+        if let Some(mask) = &self.mask
+            && coords
+                .iter()
+                .zip(&mask.valid)
+                .any(|(&c, &(start, end))| c < start || c >= end)
+        {
+            return None;
+        }
+        let flat = coords
+            .iter()
+            .zip(&self.strides)
+            .fold(self.offset, |acc, (&c, &s)| acc + (c * s) as isize);
+        // A canonical view in bounds (see `bounds`) never reads below 0.
+        Some(flat as usize)
+    }
+
+    /// The smallest and largest flat source index the view reads, or `None`
+    /// when it reads no source element. The verifier checks these against the
+    /// source's length, so no view can read out of bounds.
+    pub fn bounds(&self) -> Option<(i128, i128)> {
+        if self.shape.numel() == 0 {
+            return None;
+        }
+        let ranges: SmallVec<[(usize, usize); 4]> = match &self.mask {
+            Some(mask) => mask.valid.clone(),
+            None => self.shape.dims().iter().map(|&d| (0, d)).collect(),
+        };
+        if ranges.iter().any(|&(start, end)| start >= end) {
+            return None;
+        }
+        let mut lo = self.offset as i128;
+        let mut hi = self.offset as i128;
+        for (&(start, end), &s) in ranges.iter().zip(&self.strides) {
+            lo += start as i128 * s as i128;
+            hi += (end - 1) as i128 * s as i128;
+        }
+        Some((lo, hi))
+    }
+
+    /// The fill value, when the view reads nothing but fill (a pad around an
+    /// empty range, or a slice of the padding alone).
+    pub fn only_fill(&self) -> Option<Scalar> {
+        let mask = self.mask.as_ref()?;
+        let empty = mask.valid.iter().any(|&(start, end)| start >= end);
+        (empty && self.shape.numel() > 0).then_some(mask.fill)
+    }
+
+    /// The view after the movement op `op`, or `None` when the result is not
+    /// one view (a reshape across non-mergeable strides, a reshape of a padded
+    /// view, or a pad of a view padded with another value).
+    pub fn apply(&self, op: &Op) -> Option<View> {
+        let view = match op {
+            Op::Reshape(to) => self.reshape(to)?,
+            Op::Permute(perm) => self.permute(perm),
+            Op::Expand(to) => self.expand(to),
+            Op::Slice(ranges) => self.slice(ranges),
+            Op::Pad { pads, value } => self.pad(pads, *value)?,
+            Op::Input { .. }
+            | Op::Const(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast(_)
+            | Op::Reduce { .. }
+            | Op::MatMul
+            | Op::View(_)
+            | Op::Kernel(_) => return None,
+        };
+        Some(view.canonical())
+    }
+
+    /// Strides of size-1 axes are 0 and a mask that keeps everything is
+    /// dropped, so that equal index maps are equal values.
+    fn canonical(mut self) -> View {
+        for (s, &d) in self.strides.iter_mut().zip(self.shape.dims()) {
+            if d == 1 {
+                *s = 0;
+            }
+        }
+        if let Some(mask) = &self.mask {
+            let keeps_all = mask
+                .valid
+                .iter()
+                .zip(self.shape.dims())
+                .all(|(&(start, end), &d)| start == 0 && end >= d);
+            if keeps_all || self.shape.numel() == 0 {
+                self.mask = None;
+            }
+        }
+        self
+    }
+
+    /// PyTorch's `view` rule: groups of axes that are contiguous among
+    /// themselves may be split and merged; anything else needs a copy.
+    fn reshape(&self, to: &Shape) -> Option<View> {
+        if self.mask.is_some() {
+            return None;
+        }
+        if self.shape.numel() == 0 {
+            return Some(View {
+                offset: self.offset,
+                ..View::contiguous(to)
+            });
+        }
+        // Drop size-1 axes: they carry no stride, and keep the rest as (dim, stride).
+        let old: SmallVec<[(usize, usize); 4]> = self
+            .shape
+            .dims()
+            .iter()
+            .zip(&self.strides)
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, &s)| (d, s))
+            .collect();
+        let mut strides: SmallVec<[usize; 4]> = SmallVec::from_elem(0, to.rank());
+        let new = to.dims();
+        // Walk both shapes from the innermost axis, one chunk of mergeable old axes at a time.
+        let mut v = new.len();
+        let mut t = old.len();
+        while t > 0 {
+            let base = old[t - 1].1;
+            let mut chunk = 1usize;
+            // Extend the chunk while the next outer axis continues it.
+            loop {
+                chunk *= old[t - 1].0;
+                t -= 1;
+                if t == 0 || old[t - 1].1 != chunk * base {
+                    break;
+                }
+            }
+            let mut covered = 1usize;
+            while v > 0 && (covered < chunk || new[v - 1] == 1) {
+                strides[v - 1] = covered * base;
+                covered *= new[v - 1];
+                v -= 1;
+            }
+            if covered != chunk {
+                return None;
+            }
+        }
+        // Whatever is left of the new shape is size-1 axes.
+        if new[..v].iter().any(|&d| d != 1) {
+            return None;
+        }
+        Some(View {
+            shape: to.clone(),
+            strides,
+            offset: self.offset,
+            mask: None,
+        })
+    }
+
+    fn permute(&self, perm: &[usize]) -> View {
+        View {
+            shape: Shape(perm.iter().map(|&p| self.shape.dims()[p]).collect()),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            offset: self.offset,
+            mask: self.mask.as_ref().map(|m| Mask {
+                valid: perm.iter().map(|&p| m.valid[p]).collect(),
+                fill: m.fill,
+            }),
+        }
+    }
+
+    /// NumPy `broadcast_to`: new leading axes and size-1 axes read with stride 0.
+    fn expand(&self, to: &Shape) -> View {
+        let lead = to.rank() - self.shape.rank();
+        let mut strides: SmallVec<[usize; 4]> = SmallVec::from_elem(0, lead);
+        strides.extend(self.strides.iter().copied());
+        // A size-1 axis of a canonical view is fully valid, so it stays valid at any size.
+        let mask = self.mask.as_ref().map(|m| Mask {
+            valid: (0..to.rank())
+                .map(|a| match a.checked_sub(lead) {
+                    Some(a) if self.shape.dims()[a] != 1 => m.valid[a],
+                    _ => (0, to.dims()[a]),
+                })
+                .collect(),
+            fill: m.fill,
+        });
+        View {
+            shape: to.clone(),
+            strides,
+            offset: self.offset,
+            mask,
+        }
+    }
+
+    fn slice(&self, ranges: &[SliceRange]) -> View {
+        let mut offset = self.offset;
+        let mut strides = SmallVec::new();
+        for (r, &s) in ranges.iter().zip(&self.strides) {
+            offset += (r.start * s) as isize;
+            strides.push(r.step * s);
+        }
+        // New coordinate c reads old coordinate start + c*step; keep the c whose
+        // old coordinate lies in the old valid range.
+        let mask = self.mask.as_ref().map(|m| Mask {
+            valid: ranges
+                .iter()
+                .zip(&m.valid)
+                .map(|(r, &(start, end))| {
+                    let first = start.saturating_sub(r.start).div_ceil(r.step);
+                    let last = end.saturating_sub(r.start).div_ceil(r.step);
+                    (first.min(r.len()), last.min(r.len()))
+                })
+                .collect(),
+            fill: m.fill,
+        });
+        View {
+            shape: Shape(ranges.iter().map(SliceRange::len).collect()),
+            strides,
+            offset,
+            mask,
+        }
+    }
+
+    fn pad(&self, pads: &[(usize, usize)], value: Scalar) -> Option<View> {
+        let old = match &self.mask {
+            Some(m) if m.fill != value => return None,
+            Some(m) => m.valid.clone(),
+            None => self.shape.dims().iter().map(|&d| (0, d)).collect(),
+        };
+        let mut offset = self.offset;
+        for (&(before, _), &s) in pads.iter().zip(&self.strides) {
+            offset -= (before * s) as isize;
+        }
+        Some(View {
+            shape: Shape(
+                pads.iter()
+                    .zip(self.shape.dims())
+                    .map(|(&(b, a), &d)| b + d + a)
+                    .collect(),
+            ),
+            strides: self.strides.clone(),
+            offset,
+            mask: Some(Mask {
+                valid: pads
+                    .iter()
+                    .zip(&old)
+                    .map(|(&(before, _), &(start, end))| (start + before, end + before))
+                    .collect(),
+                fill: value,
+            }),
+        })
+    }
+
+    /// Whether this view only broadcasts a contiguous buffer of `shape`: it
+    /// adds or drops size-1 axes and repeats along stride-0 axes, nothing else.
+    /// A value read this way can be recomputed inside its reader, because the
+    /// reader's index maps onto the value's own index without a reshape.
+    pub fn is_broadcast_of(&self, shape: &Shape) -> bool {
+        let kept = |dims: &[usize], strides: &[usize]| -> SmallVec<[(usize, usize); 4]> {
+            dims.iter()
+                .zip(strides)
+                .filter(|(d, s)| **d != 1 && **s != 0)
+                .map(|(&d, &s)| (d, s))
+                .collect()
+        };
+        let own: SmallVec<[(usize, usize); 4]> = shape
+            .dims()
+            .iter()
+            .zip(shape.strides())
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, s)| (d, s))
+            .collect();
+        self.offset == 0 && self.mask.is_none() && kept(self.shape.dims(), &self.strides) == own
+    }
+
+    /// The view that reads through `self` at the index `outer` gives, where
+    /// `outer` is a broadcast of `self`'s shape (`outer.is_broadcast_of`).
+    /// The axes of `self` with more than one element appear in `outer`, in
+    /// order, as its axes with a nonzero stride; every other axis of `outer`
+    /// repeats.
+    pub fn under(&self, outer: &View) -> View {
+        let mut inner = self
+            .shape
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| **d != 1)
+            .map(|(a, _)| a);
+        let mut strides = SmallVec::new();
+        let mut valid = SmallVec::new();
+        for (&d, &s) in outer.shape.dims().iter().zip(&outer.strides) {
+            match (d != 1 && s != 0).then(|| inner.next()).flatten() {
+                Some(a) => {
+                    strides.push(self.strides[a]);
+                    valid.push(self.mask.as_ref().map_or((0, d), |m| m.valid[a]));
+                }
+                None => {
+                    strides.push(0);
+                    valid.push((0, d));
+                }
+            }
+        }
+        View {
+            shape: outer.shape.clone(),
+            strides,
+            offset: self.offset,
+            mask: self.mask.as_ref().map(|m| Mask {
+                valid,
+                fill: m.fill,
+            }),
+        }
+        .canonical()
+    }
+}
+
+/// The index map without the shape, which the printed IR shows in the type:
+/// `strides [0,1] offset 2 valid [0:3,1:4] else 0.0`, trivial parts left out.
+impl fmt::Display for View {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.strides.iter().map(usize::to_string).collect();
+        write!(f, "strides [{}]", parts.join(","))?;
+        if self.offset != 0 {
+            write!(f, " offset {}", self.offset)?;
+        }
+        if let Some(mask) = &self.mask {
+            let parts: Vec<String> = mask.valid.iter().map(|(s, e)| format!("{s}:{e}")).collect();
+            write!(f, " valid [{}] else {}", parts.join(","), mask.fill)?;
+        }
+        Ok(())
+    }
+}

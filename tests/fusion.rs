@@ -1,0 +1,125 @@
+//! The optimizer on the mission's patterns: every stage snapshotted (the
+//! captured graph, each pass with its notes, the schedule), and the kernel
+//! count asserted in code so a lost fusion fails even when snapshots are
+//! re-blessed.
+
+use kiln::{Options, Result, Tensor};
+
+/// Snapshots every stage of `outputs` and checks the fused kernel count.
+fn check(name: &str, outputs: &[&Tensor], kernels: usize) -> Result<()> {
+    let optimized = kiln::optimize(name, outputs, Options::default())?;
+    assert_eq!(
+        optimized.schedule.kernels(),
+        kernels,
+        "{name}:\n{}",
+        optimized.graph
+    );
+    let text = kiln::explain(name, outputs, Options::default())?;
+    insta::assert_snapshot!(name, text);
+    Ok(())
+}
+
+fn randn(dims: &[usize], seed: u64) -> Result<Tensor> {
+    Tensor::randn(dims, seed)
+}
+
+#[test]
+fn relu_add_is_one_kernel() -> Result<()> {
+    let (a, b) = (randn(&[64, 64], 0)?, randn(&[64, 64], 1)?);
+    check("relu_add", &[&(&a + &b)?.relu()?], 1)
+}
+
+#[test]
+fn relu_mul_add_scale_is_one_kernel() -> Result<()> {
+    let (a, b, c) = (
+        randn(&[64, 64], 0)?,
+        randn(&[64, 64], 1)?,
+        randn(&[64, 64], 2)?,
+    );
+    let y = ((&a * &b)? + &c)?.relu()?;
+    check("ew_chain", &[&(y * 0.5f32)?], 1)
+}
+
+#[test]
+fn matmul_bias_relu_is_one_kernel() -> Result<()> {
+    let x = randn(&[64, 784], 0)?;
+    let w = randn(&[784, 256], 1)?;
+    let b = randn(&[256], 2)?;
+    check("matmul_bias_relu", &[&(x.matmul(&w)? + &b)?.relu()?], 1)
+}
+
+#[test]
+fn softmax_is_two_kernels() -> Result<()> {
+    let x = randn(&[4096, 1000], 0)?;
+    check("softmax", &[&x.softmax(-1)?], 2)
+}
+
+#[test]
+fn log_softmax_is_two_kernels() -> Result<()> {
+    let x = randn(&[4096, 10], 0)?;
+    check("log_softmax", &[&x.log_softmax(-1)?], 2)
+}
+
+#[test]
+fn centering_is_one_kernel() -> Result<()> {
+    let x = randn(&[64, 100], 0)?;
+    check("x_minus_mean", &[&(&x - &x.mean(&[1], true)?)?], 1)
+}
+
+#[test]
+fn sum_of_squares_is_one_kernel() -> Result<()> {
+    let x = randn(&[1000], 0)?;
+    check("sum_of_squares", &[&(&x * &x)?.sum_all()?], 1)
+}
+
+#[test]
+fn transpose_add_is_one_kernel_with_a_strided_read() -> Result<()> {
+    let (a, b) = (randn(&[32, 48], 0)?, randn(&[48, 32], 1)?);
+    check("transpose_add", &[&(a.t()? + &b)?], 1)
+}
+
+fn mlp3() -> Result<Tensor> {
+    let sizes = [784, 256, 256, 10];
+    let mut h = randn(&[64, 784], 0)?;
+    for (i, pair) in sizes.windows(2).enumerate() {
+        let w = randn(&[pair[0], pair[1]], 2 * i as u64 + 1)?;
+        let b = randn(&[pair[1]], 2 * i as u64 + 2)?;
+        let z = (h.matmul(&w)? + &b)?;
+        // relu between layers, none after the last.
+        h = if i + 2 < sizes.len() { z.relu()? } else { z };
+    }
+    Ok(h)
+}
+
+#[test]
+fn mlp3_forward_is_three_kernels() -> Result<()> {
+    check("mlp3", &[&mlp3()?], 3)
+}
+
+#[test]
+fn mlp3_memory_plan_peaks_at_two_hidden_activations() -> Result<()> {
+    let optimized = kiln::optimize("mlp3", &[&mlp3()?], Options::default())?;
+    // Layer 2 reads h1 while it writes h2: two [64,256] f32 buffers live at
+    // once. The [64,10] logits then reuse h1's slot, so nothing else is added.
+    let hidden = 64 * 256 * 4;
+    assert_eq!(optimized.schedule.peak_bytes(), 2 * hidden);
+    assert_eq!(optimized.schedule.slots, vec![hidden, hidden]);
+    Ok(())
+}
+
+#[test]
+fn fusion_off_gives_one_kernel_per_op() -> Result<()> {
+    let x = randn(&[64, 784], 0)?;
+    let w = randn(&[784, 256], 1)?;
+    let b = randn(&[256], 2)?;
+    let y = (x.matmul(&w)? + &b)?.relu()?;
+    let off = Options { fusion: false };
+    let optimized = kiln::optimize("unfused", &[&y], off)?;
+    // matmul, add (the broadcast folds into its read), relu.
+    assert_eq!(optimized.schedule.kernels(), 3);
+    insta::assert_snapshot!(
+        "unfused_matmul_bias_relu",
+        kiln::explain("unfused", &[&y], off)?
+    );
+    Ok(())
+}
