@@ -48,7 +48,10 @@ fn bench(c: &mut Criterion) {
             Ok(())
         })
     });
-    let graph = kiln::capture("mlp3", &[&mlp3(&x, &layers).expect("the MLP is well typed")]);
+    let graph = kiln::capture(
+        "mlp3",
+        &[&mlp3(&x, &layers).expect("the MLP is well typed")],
+    );
     group.bench_function("optimize", |b| {
         b.iter(|| kiln_ir::pass::optimize(&graph, Options::default(), &mut |_, _| {}))
     });

@@ -62,7 +62,9 @@ fn random_graph(seed: u64, steps: usize) -> Graph {
         nodes.push(g.input(TensorType::new(DType::F32, shape)));
     }
     for _ in 0..steps {
-        let pick = |c: &mut Choices, nodes: &[NodeId]| nodes[nodes.len() - 1 - c.below(nodes.len().min(4))];
+        let pick = |c: &mut Choices, nodes: &[NodeId]| {
+            nodes[nodes.len() - 1 - c.below(nodes.len().min(4))]
+        };
         let x = pick(&mut c, &nodes);
         let shape = g.node(x).ty.shape.clone();
         let rank = shape.rank();
@@ -83,7 +85,14 @@ fn random_graph(seed: u64, steps: usize) -> Graph {
             }
             1 | 2 => {
                 let y = pick(&mut c, &nodes);
-                let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min];
+                let ops = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Div,
+                    BinaryOp::Max,
+                    BinaryOp::Min,
+                ];
                 binary(&mut g, ops[c.below(ops.len())], x, y)
             }
             3 => {
@@ -147,7 +156,11 @@ fn random_graph(seed: u64, steps: usize) -> Graph {
                     .map(|&d| {
                         let start = c.below(d + 1);
                         let end = start + c.below(d - start + 1);
-                        SliceRange { start, end, step: 1 + c.below(3) }
+                        SliceRange {
+                            start,
+                            end,
+                            step: 1 + c.below(3),
+                        }
                     })
                     .collect();
                 g.push(Op::Slice(ranges), &[x])
@@ -240,7 +253,7 @@ fn constant(g: &mut Graph, v: f32) -> NodeId {
 /// `a op b` with NumPy broadcasting, as the Tensor API records it.
 fn binary(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, kiln_ir::Error> {
     let to = Shape::broadcast(op.name(), &g.node(a).ty.shape, &g.node(b).ty.shape)?;
-    let mut expand = |g: &mut Graph, x: NodeId| {
+    let expand = |g: &mut Graph, x: NodeId| {
         if g.node(x).ty.shape == to {
             Ok(x)
         } else {
@@ -272,7 +285,9 @@ fn inputs(graph: &Graph, seed: u64) -> Vec<Data> {
 fn same(a: &Data, b: &Data) -> bool {
     a.len() == b.len()
         && (0..a.len()).all(|i| match (a.get(i), b.get(i)) {
-            (Scalar::F32(x), Scalar::F32(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+            (Scalar::F32(x), Scalar::F32(y)) => {
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+            }
             (x, y) => x == y,
         })
 }
@@ -306,4 +321,3 @@ proptest! {
         check(seed, steps)?;
     }
 }
-

@@ -15,9 +15,10 @@ use crate::op::Op;
 use crate::types::{Shape, TensorType};
 use crate::view::View;
 
-/// Folds every movement chain into one view.
+/// Folds every movement chain into one view, then drops the partial views
+/// the chains left unread.
 pub(crate) fn run(graph: &Graph) -> Graph {
-    super::rebuild(graph, |g, node, inputs| {
+    let folded = super::rebuild(graph, |g, node, inputs| {
         let movement = match node.op {
             Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice(_) | Op::Pad { .. } => true,
             Op::Input { .. }
@@ -50,7 +51,8 @@ pub(crate) fn run(graph: &Graph) -> Graph {
             // the verifier and `fuse` will say so.
             None => g.push_typed(node.op.clone(), inputs, node.ty.clone()),
         }
-    })
+    });
+    super::dce::run(&folded)
 }
 
 /// `base` read through `view`: nothing when the view is the identity, a

@@ -304,7 +304,7 @@ impl<'g> Plan<'g> {
                 let g = &self.groups[group];
                 if g.core.is_some() {
                     return Err(format!(
-                        "would be a second core in the kernel of %{}",
+                        "would be a second reduction or matmul in the kernel of %{}",
                         self.graph.numbering()[g.root]
                     ));
                 }

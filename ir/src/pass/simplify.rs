@@ -56,9 +56,11 @@ const RULES: &[Rule] = &[
     }, // reshape/permute/expand that changes nothing -> x
 ];
 
-/// Runs the rules to a fixpoint on every node.
+/// Runs the rules to a fixpoint on every node, then drops the nodes the
+/// rewrites left unread.
 pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
-    super::rewrite(graph, "simplify", RULES)
+    let (rewritten, notes) = super::rewrite(graph, "simplify", RULES);
+    (super::dce::run(&rewritten), notes)
 }
 
 /// The value of a node that is a constant everywhere: a `Const` or a

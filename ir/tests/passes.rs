@@ -1,0 +1,202 @@
+//! One pass, one rule at a time: the graph after the stage, as inline
+//! snapshots, for every simplify rule, CSE, view folding and the fusion
+//! decisions that the mission's patterns do not show (refusals, the cheap
+//! recompute, copies of views that cannot fold).
+
+use kiln_ir::pass::{Options, optimize};
+use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, Scalar, Shape, TensorType, UnaryOp};
+use smallvec::SmallVec;
+
+/// The printed graph (with notes) after `stage`.
+fn after(graph: &Graph, stage: &str) -> String {
+    let mut text = String::new();
+    optimize(graph, Options::default(), &mut |name, print| {
+        if name == stage {
+            text = print();
+        }
+    })
+    .expect("the pipeline accepts the graph");
+    text
+}
+
+fn f32s(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims)
+}
+
+fn constant(g: &mut Graph, v: f32, dims: &[usize]) -> NodeId {
+    let c = g.push_typed(Op::Const(Scalar::F32(v)), SmallVec::new(), f32s(&[]));
+    g.push(Op::Expand(Shape::new(dims)), &[c])
+        .expect("a scalar broadcasts")
+}
+
+fn push(g: &mut Graph, op: Op, inputs: &[NodeId]) -> NodeId {
+    g.push(op, inputs).expect("the test graph is well typed")
+}
+
+#[test]
+fn identities_vanish_and_signed_zero_is_kept() {
+    let mut g = Graph::new("identities");
+    let x = g.input(f32s(&[4]));
+    let one = constant(&mut g, 1.0, &[4]);
+    let minus_zero = constant(&mut g, -0.0, &[4]);
+    let zero = constant(&mut g, 0.0, &[4]);
+    let a = push(&mut g, Op::Binary(BinaryOp::Mul), &[x, one]);
+    let b = push(&mut g, Op::Binary(BinaryOp::Add), &[minus_zero, a]);
+    let c = push(&mut g, Op::Binary(BinaryOp::Sub), &[b, zero]);
+    let d = push(&mut g, Op::Unary(UnaryOp::Neg), &[c]);
+    let e = push(&mut g, Op::Unary(UnaryOp::Neg), &[d]);
+    let f = push(&mut g, Op::Unary(UnaryOp::Relu), &[e]);
+    let h = push(&mut g, Op::Unary(UnaryOp::Relu), &[f]);
+    // x + 0.0 is not x when x is -0.0, so it stays.
+    let kept = push(&mut g, Op::Binary(BinaryOp::Add), &[h, zero]);
+    g.outputs.push(kept);
+    insta::assert_snapshot!(after(&g, "dce"), @r"
+    graph @identities(%0: f32[4]) -> f32[4] {
+      %1 = kernel @k0 elementwise (%0) : f32[4] {
+        %2 = load %0 strides [1] : f32[4]
+        %3 = relu %2 : f32[4]
+        %4 = const 0.0 : f32[4]
+        %5 = add %3, %4 : f32[4]
+        yield %5
+      }
+      return %1
+    }
+    ");
+}
+
+#[test]
+fn constants_fold_through_broadcasts() {
+    let mut g = Graph::new("fold");
+    let x = g.input(f32s(&[2, 3]));
+    let two = constant(&mut g, 2.0, &[2, 3]);
+    let three = constant(&mut g, 3.0, &[2, 3]);
+    let six = push(&mut g, Op::Binary(BinaryOp::Mul), &[two, three]);
+    let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[six]);
+    let y = push(&mut g, Op::Binary(BinaryOp::Mul), &[x, e]);
+    g.outputs.push(y);
+    let text = after(&g, "simplify");
+    assert!(text.contains("const 403.4288"), "{text}");
+    assert!(text.contains("// simplify: fold-const x2"), "{text}");
+}
+
+#[test]
+fn movement_chains_compose() {
+    let mut g = Graph::new("views");
+    let x = g.input(f32s(&[2, 3, 4]));
+    let r1 = push(&mut g, Op::Reshape(Shape::new(&[6, 4])), &[x]);
+    let r2 = push(&mut g, Op::Reshape(Shape::new(&[2, 12])), &[r1]);
+    let p1 = push(&mut g, Op::Permute(SmallVec::from_slice(&[1, 0])), &[r2]);
+    let p2 = push(&mut g, Op::Permute(SmallVec::from_slice(&[1, 0])), &[p1]);
+    let u = push(&mut g, Op::Reshape(Shape::new(&[2, 1, 12])), &[p2]);
+    let e1 = push(&mut g, Op::Expand(Shape::new(&[2, 5, 12])), &[u]);
+    let e2 = push(&mut g, Op::Expand(Shape::new(&[3, 2, 5, 12])), &[e1]);
+    let y = push(&mut g, Op::Unary(UnaryOp::Abs), &[e2]);
+    g.outputs.push(y);
+    insta::assert_snapshot!(after(&g, "simplify"), @r"
+    graph @views(%0: f32[2,3,4]) -> f32[3,2,5,12] {
+      %1 = reshape %0 [2,1,12] : f32[2,1,12]
+      %2 = expand %1 [3,2,5,12] : f32[3,2,5,12]
+      %3 = abs %2 : f32[3,2,5,12]
+      return %3
+    }
+    // simplify: reshape-reshape x2
+    // simplify: permute-permute x1
+    // simplify: expand-expand x1
+    // simplify: view-noop x1
+    // simplify: stopped at a fixpoint
+    ");
+    insta::assert_snapshot!(after(&g, "fold-views"), @r"
+    graph @views(%0: f32[2,3,4]) -> f32[3,2,5,12] {
+      %1 = view %0 strides [0,12,0,1] : f32[3,2,5,12]
+      %2 = abs %1 : f32[3,2,5,12]
+      return %2
+    }
+    ");
+}
+
+#[test]
+fn equal_subgraphs_are_computed_once() {
+    let mut g = Graph::new("cse");
+    let x = g.input(f32s(&[8]));
+    let a = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let b = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let y = push(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
+    g.outputs.push(y);
+    insta::assert_snapshot!(after(&g, "cse"), @r"
+    graph @cse(%0: f32[8]) -> f32[8] {
+      %1 = exp %0 : f32[8]
+      %2 = add %1, %1 : f32[8]
+      return %2
+    }
+    ");
+}
+
+#[test]
+fn a_costly_value_read_by_two_kernels_is_stored_once() {
+    let mut g = Graph::new("shared");
+    let x = g.input(f32s(&[4, 8]));
+    let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let s = push(
+        &mut g,
+        Op::Reduce {
+            op: kiln_ir::ReduceOp::Sum,
+            axes: SmallVec::from_slice(&[0]),
+        },
+        &[e],
+    );
+    let t = push(&mut g, Op::Unary(UnaryOp::Tanh), &[e]);
+    g.outputs.extend([s, t]);
+    let text = after(&g, "fuse");
+    assert!(
+        text.contains("// not fused: %1 has 2 readers in different kernels"),
+        "{text}"
+    );
+    assert_eq!(text.matches("= kernel").count(), 3, "{text}");
+}
+
+#[test]
+fn a_cheap_value_read_by_two_kernels_is_recomputed() {
+    let mut g = Graph::new("cheap");
+    let x = g.input(f32s(&[4, 8]));
+    let y = g.input(f32s(&[4, 8]));
+    let d = push(&mut g, Op::Binary(BinaryOp::Sub), &[x, y]);
+    let s = push(
+        &mut g,
+        Op::Reduce {
+            op: kiln_ir::ReduceOp::Max,
+            axes: SmallVec::from_slice(&[1]),
+        },
+        &[d],
+    );
+    let a = push(&mut g, Op::Unary(UnaryOp::Abs), &[d]);
+    g.outputs.extend([s, a]);
+    let text = after(&g, "fuse");
+    assert_eq!(text.matches("= kernel").count(), 2, "{text}");
+    assert_eq!(text.matches("= sub").count(), 2, "{text}");
+}
+
+#[test]
+fn a_view_that_cannot_fold_is_copied_once() {
+    // Flattening a transpose needs a copy: the strides do not merge.
+    let mut g = Graph::new("copy");
+    let x = g.input(f32s(&[3, 4]));
+    let t = push(&mut g, Op::Permute(SmallVec::from_slice(&[1, 0])), &[x]);
+    let flat = push(&mut g, Op::Reshape(Shape::new(&[12])), &[t]);
+    let y = push(&mut g, Op::Unary(UnaryOp::Neg), &[flat]);
+    g.outputs.push(y);
+    insta::assert_snapshot!(after(&g, "fuse"), @r"
+    graph @copy(%0: f32[3,4]) -> f32[12] {
+      %1 = kernel @k0 elementwise (%0) : f32[4,3] {
+        %2 = load %0 strides [1,4] : f32[4,3]
+        yield %2
+      }
+      %3 = kernel @k1 elementwise (%1) : f32[12] {
+        %4 = load %1 strides [1] : f32[12]
+        %5 = neg %4 : f32[12]
+        yield %5
+      }
+      return %3
+    }
+    // not fused: %1 is a view that no reader can fold
+    ");
+}
