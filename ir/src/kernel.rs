@@ -250,14 +250,6 @@ pub(crate) fn check_view(view: &View, ty: &TensorType, space: &Shape) -> Result<
 }
 
 impl Kernel {
-    /// The space the prologue of a reduction runs over.
-    pub fn reduce_space(&self) -> Option<&Shape> {
-        match &self.kind {
-            KernelKind::Reduce { shape, .. } => Some(shape),
-            KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
-        }
-    }
-
     /// Checks the kernel against the types of its operands and returns its
     /// output type. A failure is a compiler bug, reported with what is wrong.
     pub(crate) fn check(&self, args: &[&TensorType]) -> Result<TensorType, Error> {

@@ -142,7 +142,7 @@ impl fmt::Display for Graph {
 /// its blocks, values numbered from `first`.
 ///
 /// ```text
-/// %5 = kernel @k1 sum axes [1] over f32[4,10] (%0, %4) : f32[4,10] {
+/// %5 = kernel @k1 sum axes [1] init 0.0 over f32[4,10] (%0, %4) : f32[4,10] {
 ///   %6 = load %0 strides [10,1] : f32[4,10]
 ///   reduce %6
 ///   %7 = div %6, acc : f32[4,10]
@@ -169,11 +169,12 @@ fn print_kernel(
             prologue,
         } => {
             let space = TensorType::new(prologue.dtype().unwrap_or(k.out.dtype), shape.clone());
+            let init = op.init(space.dtype);
+            let axes = compact(axes);
             write!(
                 line,
-                " {} axes {} over {space} ({args})",
-                op.name(),
-                compact(axes)
+                " {} axes {axes} init {init} over {space} ({args})",
+                op.name()
             )?;
             writeln!(f, "{line} : {} {{", k.out)?;
             let result = print_block(f, prologue, shape, operands, next)?;

@@ -154,7 +154,7 @@ impl Schedule {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "schedule @{}: {} launches, {} slots, peak {} bytes",
+            "schedule @{}: launches {}, slots {}, peak {} bytes",
             graph.name,
             self.launches.len(),
             self.slots.len(),
