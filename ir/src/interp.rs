@@ -245,13 +245,25 @@ fn float_binary(op: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::Sub => x - y,
         BinaryOp::Mul => x * y,
         BinaryOp::Div => x / y,
-        BinaryOp::Max | BinaryOp::Min if x.is_nan() || y.is_nan() => f64::NAN,
-        BinaryOp::Max => x.max(y),
-        BinaryOp::Min => x.min(y),
+        BinaryOp::Max => maximum(x, y),
+        BinaryOp::Min => -maximum(-x, -y),
         BinaryOp::Pow => x.powf(y),
         BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
             compare(op, x, y) as u8 as f64
         }
+    }
+}
+
+/// IEEE 754-2019 `maximum`: NaN if either is NaN, and +0 above -0, so the
+/// result never depends on operand order.
+fn maximum(x: f64, y: f64) -> f64 {
+    if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else if x == y {
+        // Equal values differ at most in the sign of zero; +0 wins.
+        if x.is_sign_positive() { x } else { y }
+    } else {
+        x.max(y)
     }
 }
 
@@ -296,8 +308,7 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Data, from: &Shape, out: &Shape) -> 
             let (t, v) = (target(i), x.get(i).to_f64());
             acc[t] = match op {
                 ReduceOp::Sum => acc[t] + v,
-                ReduceOp::Max if acc[t].is_nan() || v.is_nan() => f64::NAN,
-                ReduceOp::Max => acc[t].max(v),
+                ReduceOp::Max => maximum(acc[t], v),
             };
         }
         Data::from_fn(dtype, out.numel(), |i| cast_f64(acc[i], dtype))

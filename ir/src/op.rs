@@ -56,9 +56,9 @@ pub enum BinaryOp {
     Mul,
     /// a / b (floats only)
     Div,
-    /// the larger, NaN propagates
+    /// the larger, NaN propagates, +0 above -0
     Max,
-    /// the smaller, NaN propagates
+    /// the smaller, NaN propagates, -0 below +0
     Min,
     /// a^b (floats only)
     Pow,
