@@ -1,10 +1,17 @@
 //! Devices: where a tensor's graph is evaluated.
 
 /// The machine that realizes a tensor.
+///
+/// An op's result lives on its operands' device; where they differ, the one
+/// that is not the default wins, so a computation moved to `Reference` for
+/// debugging stays there even as constants (made on the default device)
+/// join it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
+    /// The host CPU: kernels compiled by Cranelift, cached, run on all cores.
+    #[default]
+    Cpu,
     /// The reference interpreter of kiln-ir: slow, exact (f64 accumulation),
     /// and the oracle every other backend is tested against.
-    #[default]
     Reference,
 }

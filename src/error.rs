@@ -12,6 +12,17 @@ pub enum Error {
     /// An error of the graph IR: shapes, dtypes, axes, or a verifier failure.
     #[error(transparent)]
     Ir(#[from] kiln_ir::Error),
+    /// An error of a backend: compiling or running kernels, or a compiled
+    /// graph called with buffers of the wrong types.
+    #[error(transparent)]
+    Runtime(#[from] kiln_runtime::Error),
+    /// Realizing a value that depends on a placeholder of `kiln::compile`
+    /// outside the compiled graph.
+    #[error("realize: the value depends on placeholder input {index} of a compiled graph")]
+    Placeholder {
+        /// The placeholder's position among the compiled graph's inputs.
+        index: usize,
+    },
     /// Host data whose length does not match the shape it is given.
     #[error("{op}: {len} values do not fill shape {shape} ({} elements)", shape.numel())]
     DataLength {

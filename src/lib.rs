@@ -22,6 +22,7 @@
 //! `fuse`, `dce`, `schedule`; a comma list; or `all`) prints the optimizer's
 //! stages, and `kiln::explain` returns the same text.
 
+mod compile;
 mod composite;
 mod device;
 mod error;
@@ -30,10 +31,11 @@ mod overload;
 mod rng;
 mod tensor;
 
+pub use compile::{CompiledGraph, compile, compile_with};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use kiln_ir::pass::{Optimized, Options};
-pub use kiln_ir::{DType, Element, Graph, Scalar, Shape};
+pub use kiln_ir::{DType, Data, Element, Graph, Scalar, Shape, TensorType};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.

@@ -33,6 +33,9 @@ enum State {
     Lazy { op: Op, src: SmallVec<[Tensor; 2]> },
     /// Computed, or given as data.
     Ready(Arc<Data>),
+    /// Input `index` of a graph being traced by `kiln::compile`: a value
+    /// that each call of the compiled graph supplies.
+    Placeholder(usize),
 }
 
 impl Drop for Inner {
@@ -56,7 +59,7 @@ fn take_operands(state: &mut Mutex<State>) -> SmallVec<[Tensor; 2]> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
     {
         State::Lazy { src, .. } => std::mem::take(src),
-        State::Ready(_) => SmallVec::new(),
+        State::Ready(_) | State::Placeholder(_) => SmallVec::new(),
     }
 }
 
@@ -74,11 +77,30 @@ impl std::fmt::Debug for Tensor {
 
 impl Tensor {
     fn new(ty: TensorType, state: State) -> Tensor {
+        Tensor::on(ty, state, Device::default())
+    }
+
+    fn on(ty: TensorType, state: State, device: Device) -> Tensor {
         Tensor(Arc::new(Inner {
             ty,
-            device: Device::default(),
+            device,
             state: Mutex::new(state),
         }))
+    }
+
+    /// A placeholder for input `index` of a graph traced by `kiln::compile`.
+    pub(crate) fn placeholder(ty: TensorType, index: usize) -> Tensor {
+        Tensor::new(ty, State::Placeholder(index))
+    }
+
+    /// The same value on `device`: computed where it is now (if it is not
+    /// yet), then handed over. Host devices share the buffer.
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let data = self.data("to", self.dtype())?;
+        Ok(Tensor::on(self.0.ty.clone(), State::Ready(data), device))
     }
 
     /// The node's state. A panic while the lock was held cannot leave the
@@ -96,8 +118,13 @@ impl Tensor {
     pub(crate) fn lazy(op: Op, src: &[&Tensor]) -> Result<Tensor> {
         let args: SmallVec<[&TensorType; 3]> = src.iter().map(|t| &t.0.ty).collect();
         let ty = op.infer(&args, &[])?;
+        let device = src
+            .iter()
+            .map(|t| t.device())
+            .find(|&d| d != Device::default())
+            .unwrap_or_default();
         let src = src.iter().map(|&t| t.clone()).collect();
-        Ok(Tensor::new(ty, State::Lazy { op, src }))
+        Ok(Tensor::on(ty, State::Lazy { op, src }, device))
     }
 
     // ----- Constructors. -----
@@ -248,6 +275,16 @@ impl Tensor {
         Ok(T::from_scalar(data.get(0)).unwrap_or_default())
     }
 
+    /// A tensor of computed data of type `ty`.
+    pub(crate) fn from_data(ty: TensorType, data: Data) -> Tensor {
+        Tensor::ready(ty, data)
+    }
+
+    /// The realized data, whatever its dtype.
+    pub(crate) fn data_of_any_dtype(&self) -> Result<Arc<Data>> {
+        self.data("call", self.dtype())
+    }
+
     /// The realized data, checked to be of `dtype`.
     fn data(&self, op: &'static str, dtype: DType) -> Result<Arc<Data>> {
         if self.dtype() != dtype {
@@ -260,6 +297,7 @@ impl Tensor {
         self.realize()?;
         match &*self.state() {
             State::Ready(data) => Ok(data.clone()),
+            State::Placeholder(index) => Err(Error::Placeholder { index: *index }),
             State::Lazy { op, .. } => Err(Error::Ir(kiln_ir::Error::Verify {
                 message: format!("{} was not computed by realize", op.name()),
                 dump: String::new(),
@@ -268,38 +306,84 @@ impl Tensor {
     }
 }
 
-/// Computes every tensor in `tensors` that is not computed yet, in one graph,
-/// so that work they share is done once.
+/// Computes every tensor in `tensors` that is not computed yet, in one graph
+/// per device, so that work they share is done once.
 pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     let pending: Vec<&Tensor> = tensors
         .iter()
         .copied()
         .filter(|t| !t.is_realized())
         .collect();
-    if pending.is_empty() {
-        return Ok(());
+    for device in [Device::Cpu, Device::Reference] {
+        let group: Vec<&Tensor> = pending
+            .iter()
+            .copied()
+            .filter(|t| t.device() == device)
+            .collect();
+        if !group.is_empty() {
+            realize_on(device, &group)?;
+        }
     }
-    let (graph, inputs) = capture_with_data("realize", &pending);
-    if dump_requested("graph") {
-        eprintln!("// kiln: graph\n{graph}");
-    }
-    // The reference device evaluates the graph as captured; the optimizer
-    // runs here only to show its stages.
-    if STAGES.iter().any(|stage| dump_requested(stage)) {
-        kiln_ir::pass::optimize(&graph, Options::default(), &mut |stage, print| {
-            if dump_requested(stage) {
-                eprintln!("// kiln: {stage}\n{}", print());
-            }
-        })?;
-    }
+    Ok(())
+}
+
+fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
+    let (graph, sources) = capture_with_data("realize", pending);
+    let inputs: Vec<Arc<Data>> = sources
+        .into_iter()
+        .map(|s| match s {
+            Source::Data(data) => Ok(data),
+            Source::Placeholder(index) => Err(Error::Placeholder { index }),
+        })
+        .collect::<Result<_>>()?;
     let inputs: Vec<&Data> = inputs.iter().map(|d| d.as_ref()).collect();
-    let outputs = match pending[0].device() {
-        Device::Reference => kiln_runtime::eval_reference(&graph, &inputs)?,
+    let outputs = match device {
+        Device::Cpu => compile_graph(&graph, Options::default())?.run(&inputs)?,
+        Device::Reference => {
+            if dump_requested("graph") {
+                eprintln!("// kiln: graph\n{graph}");
+            }
+            // The reference device evaluates the graph as captured; the
+            // optimizer runs here only to show its stages.
+            if STAGES.iter().any(|stage| dump_requested(stage)) {
+                optimize_with_dumps(&graph, Options::default())?;
+            }
+            kiln_runtime::eval_reference(&graph, &inputs)?
+        }
     };
     for (tensor, data) in pending.iter().zip(outputs) {
         *tensor.state() = State::Ready(Arc::new(data));
     }
     Ok(())
+}
+
+/// Optimizes `graph`, printing the stages `KILN_DUMP` asks for.
+fn optimize_with_dumps(graph: &Graph, options: Options) -> Result<Optimized> {
+    Ok(kiln_ir::pass::optimize(
+        graph,
+        options,
+        &mut |stage, print| {
+            if dump_requested(stage) {
+                eprintln!("// kiln: {stage}\n{}", print());
+            }
+        },
+    )?)
+}
+
+/// Optimizes `graph` and compiles its kernels for the CPU (kernels already
+/// compiled come from the cache).
+pub(crate) fn compile_graph(
+    graph: &Graph,
+    options: Options,
+) -> Result<kiln_runtime::cpu::Executable> {
+    if dump_requested("graph") {
+        eprintln!("// kiln: graph\n{graph}");
+    }
+    let optimized = optimize_with_dumps(graph, options)?;
+    Ok(kiln_runtime::cpu::Executable::new(
+        optimized,
+        dump_requested("code"),
+    )?)
 }
 
 /// Runs kiln's optimizer on the graph behind `outputs` (as `capture` names
@@ -339,8 +423,16 @@ pub fn capture(name: &str, outputs: &[&Tensor]) -> Graph {
     capture_with_data(name, outputs).0
 }
 
-/// `capture`, also returning the data of each graph input.
-fn capture_with_data(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<Arc<Data>>) {
+/// Where the value of a captured graph input comes from.
+pub(crate) enum Source {
+    /// Data the tensor holds.
+    Data(Arc<Data>),
+    /// Placeholder input `index` of a graph being traced by `kiln::compile`.
+    Placeholder(usize),
+}
+
+/// `capture`, also returning where each graph input's value comes from.
+pub(crate) fn capture_with_data(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<Source>) {
     let mut graph = Graph::new(name);
     let mut inputs = Vec::new();
     let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
@@ -355,7 +447,11 @@ fn capture_with_data(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<Arc<Data>>)
         }
         let id = match &*tensor.state() {
             State::Ready(data) => {
-                inputs.push(data.clone());
+                inputs.push(Source::Data(data.clone()));
+                graph.input(tensor.0.ty.clone())
+            }
+            State::Placeholder(index) => {
+                inputs.push(Source::Placeholder(*index));
                 graph.input(tensor.0.ty.clone())
             }
             State::Lazy { src, .. } if !operands_done => {

@@ -44,10 +44,7 @@ fn constructors() -> Result<()> {
         Tensor::from_vec(vec![1u8, 2, 3, 4], [2, 2])?.to_vec::<u8>()?,
         [1, 2, 3, 4]
     );
-    assert_eq!(
-        Tensor::zeros([2, 3], DType::F32)?.device(),
-        Device::Reference
-    );
+    assert_eq!(Tensor::zeros([2, 3], DType::F32)?.device(), Device::Cpu);
     Ok(())
 }
 

@@ -1,12 +1,12 @@
 //! Random elementwise graphs, built with the Tensor API (broadcasting
-//! included) and realized by the interpreter, agree bit for bit with a direct
+//! included) and realized by the interpreter (`Device::Reference`), agree bit for bit with a direct
 //! scalar evaluation of the same expression, element by element.
 //!
 //! The scalar evaluator is written independently from the op definitions:
 //! f32 arithmetic for `+ - * /` and `sqrt` (IEEE, so exact), f64 rounded once
 //! for the transcendental functions, NaN-propagating max, min and relu.
 
-use kiln::{Result, Tensor};
+use kiln::{Device, Result, Tensor};
 use proptest::prelude::*;
 
 #[derive(Clone, Copy, Debug)]
@@ -244,7 +244,7 @@ proptest! {
     fn random_elementwise_graphs_match_scalar_evaluation(e in expr(), data in inputs()) {
         let tensors: Vec<Tensor> = data
             .iter()
-            .map(|(shape, values)| Tensor::from_slice(values, shape.as_slice()).unwrap())
+            .map(|(shape, values)| Tensor::from_slice(values, shape.as_slice()).unwrap().to(Device::Reference).unwrap())
             .collect();
         let out = build(&e, &tensors).unwrap();
         let got = out.to_vec::<f32>().unwrap();

@@ -1,9 +1,51 @@
-//! kiln-runtime: where graphs meet machines. It will hold host and device
-//! buffers, the Cranelift CPU backend, the CUDA backend (feature `cuda`) and
-//! the kernel cache; it is the only kiln crate allowed `unsafe`.
+//! kiln-runtime: the backends that run fused graphs, and the only crate with
+//! `unsafe` (confined to `cpu::jit`, where machine code is made and called).
 //!
-//! Until the first native backend lands, kiln evaluates graphs with the
-//! reference interpreter of kiln-ir, re-exported here so that the user-facing
-//! crate reaches every backend through this one.
+//! - `cpu`: kernels lowered to Cranelift IR, compiled, cached by structural
+//!   hash, and run in schedule order over an arena sized by the memory plan;
+//! - `eval_reference`: the reference interpreter, for debugging and as the
+//!   oracle of every numeric test.
+
+pub mod cpu;
 
 pub use kiln_ir::interp::eval as eval_reference;
+
+/// What can go wrong when compiling or running a graph.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// An error of the IR: a bad graph or a verifier failure.
+    #[error(transparent)]
+    Ir(#[from] kiln_ir::Error),
+    /// Cranelift refused a kernel: a compiler bug.
+    #[error("code generation: {0}")]
+    Codegen(String),
+    /// A kernel was launched with buffers that do not fit it: a runtime bug.
+    #[error("launch: {0}")]
+    Launch(String),
+    /// A compiled graph called with the wrong number of buffers.
+    #[error("{graph}: expected {expected} {what}s, got {got}")]
+    Count {
+        /// The graph's name.
+        graph: String,
+        /// `input` or `output`.
+        what: &'static str,
+        /// What it was compiled for.
+        expected: usize,
+        /// What it was given.
+        got: usize,
+    },
+    /// A compiled graph called with a buffer of the wrong type or length.
+    #[error("{graph}: {what} {index} must be {expected}, got {got}")]
+    Buffer {
+        /// The graph's name.
+        graph: String,
+        /// `input` or `output`.
+        what: &'static str,
+        /// Its position.
+        index: usize,
+        /// The type it was compiled for.
+        expected: String,
+        /// What it was given.
+        got: String,
+    },
+}

@@ -1,0 +1,365 @@
+//! The one module of the CPU backend with `unsafe`: it owns the JIT code
+//! memory, turns it into function pointers, hands raw buffer pointers to
+//! generated code and to the GEMM core, and calls them.
+//!
+//! Every call is made safe by checks first: buffer lengths against the
+//! types the kernel was compiled for, row ranges against the kernel's own
+//! range. The generated code reads and writes only through the kernel's
+//! index maps, which the verifier has proved stay inside buffers of those
+//! types, and writes only the rows it is given.
+
+#![allow(unsafe_code)]
+
+use std::sync::{Mutex, OnceLock};
+
+use cranelift_codegen::ir::{AbiParam, types};
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module, default_libcall_names};
+use kiln_ir::Data;
+use kiln_ir::kernel::{Kernel, KernelKind};
+use rayon::prelude::*;
+
+use super::lower::{self, Launch};
+use crate::Error;
+
+/// A kernel function: buffer table, first and last-plus-one row.
+type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
+
+/// Work below this many elements runs on the calling thread.
+const PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// `pow` for the generated code, computed as the interpreter defines it.
+extern "C" fn kiln_powf(x: f32, y: f32) -> f32 {
+    (f64::from(x)).powf(f64::from(y)) as f32
+}
+
+/// The host's ISA with kiln's settings, made once.
+fn isa() -> Result<&'static OwnedTargetIsa, Error> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set =
+            |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| e.to_string());
+        set(&mut flags, "opt_level", "speed")?;
+        // cranelift-jit needs non-PIC code and absolute libcalls.
+        set(&mut flags, "is_pic", "false")?;
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        let verify = if cfg!(debug_assertions) {
+            "true"
+        } else {
+            "false"
+        };
+        set(&mut flags, "enable_verifier", verify)?;
+        let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
+        builder
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::Codegen(format!("host ISA: {e}")))
+}
+
+/// A kernel compiled to machine code, with what it takes to call it.
+pub(crate) struct CompiledKernel {
+    /// Owns the code memory `func` points into; never touched again, held
+    /// in a mutex only so the kernel can be shared between threads.
+    _module: Mutex<JITModule>,
+    func: KernelFn,
+    launch: Launch,
+    kernel: Kernel,
+}
+
+impl CompiledKernel {
+    /// Lowers and compiles `kernel`; `code` receives the Cranelift IR when
+    /// asked for (`KILN_DUMP=code`).
+    pub(crate) fn new(
+        kernel: &Kernel,
+        code: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<CompiledKernel, Error> {
+        let isa = isa()?;
+        let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
+        jit.symbol("kiln_powf", kiln_powf as *const u8);
+        let mut module = JITModule::new(jit);
+        let target = module.target_config();
+        let ptr = target.pointer_type();
+        let mut ctx = module.make_context();
+        ctx.func.signature = lower::signature(ptr, target.default_call_conv);
+        let mut pow_sig = module.make_signature();
+        pow_sig
+            .params
+            .extend([AbiParam::new(types::F32), AbiParam::new(types::F32)]);
+        pow_sig.returns.push(AbiParam::new(types::F32));
+        let codegen = |e: cranelift_module::ModuleError| Error::Codegen(e.to_string());
+        let pow_id = module
+            .declare_function("kiln_powf", Linkage::Import, &pow_sig)
+            .map_err(codegen)?;
+        let powf = module.declare_func_in_func(pow_id, &mut ctx.func);
+        let mut fbc = FunctionBuilderContext::new();
+        let launch = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, powf, target);
+        if let Some(code) = code {
+            code(&ctx.func.display().to_string());
+        }
+        let id = module
+            .declare_function("kernel", Linkage::Export, &ctx.func.signature)
+            .map_err(codegen)?;
+        module.define_function(id, &mut ctx).map_err(codegen)?;
+        module.clear_context(&mut ctx);
+        module.finalize_definitions().map_err(codegen)?;
+        let code = module.get_finalized_function(id);
+        // SAFETY: `code` is the finalized entry of a function declared with
+        // `lower::signature`, which is `KernelFn`'s ABI; `module` owns the
+        // memory and lives as long as `func` (both in `self`).
+        let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+        Ok(CompiledKernel {
+            _module: Mutex::new(module),
+            func,
+            launch,
+            kernel: kernel.clone(),
+        })
+    }
+
+    /// Runs the kernel over its whole range: the GEMM core first for a
+    /// matmul, then the generated code, split across threads in row ranges
+    /// when the work is large.
+    pub(crate) fn run(&self, inputs: &[&Buffer], out: &mut Buffer) -> Result<(), Error> {
+        let k = &self.kernel;
+        if inputs.len() != k.inputs.len() {
+            return Err(Error::Launch(format!(
+                "kernel takes {} buffers, got {}",
+                k.inputs.len(),
+                inputs.len()
+            )));
+        }
+        for (i, (buf, ty)) in inputs.iter().zip(&k.inputs).enumerate() {
+            if buf.bytes < ty.shape.numel() * ty.dtype.size() {
+                return Err(Error::Launch(format!(
+                    "buffer {i} has {} bytes, {ty} needs more",
+                    buf.bytes
+                )));
+            }
+        }
+        if out.bytes < k.out.shape.numel() * k.out.dtype.size() {
+            return Err(Error::Launch(format!(
+                "the output has {} bytes, {} needs more",
+                out.bytes, k.out
+            )));
+        }
+        let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
+        table.push(out.ptr);
+        let table = &Table(table);
+        match &k.kind {
+            KernelKind::MatMul { a, b } => {
+                let (a, b) = (
+                    Operand::new(&a.view, inputs[a.input as usize]),
+                    Operand::new(&b.view, inputs[b.input as usize]),
+                );
+                // Only an epilogue that does more than copy the product needs a pass.
+                let epilogue = k.body.values.len() > 1;
+                let (batches, m, n) = (a.batches(), a.rows, b.cols);
+                let blocks = row_blocks(m, n * a.cols.max(1));
+                (0..batches * blocks.len())
+                    .into_par_iter()
+                    .with_max_len(1)
+                    .for_each(|t| {
+                        let (batch, (r0, r1)) = (t / blocks.len(), blocks[t % blocks.len()]);
+                        // SAFETY: `a` and `b` read inside buffers whose lengths were
+                        // checked against views the verifier bounded; each task writes
+                        // output rows r0..r1 of its batch, disjoint from every other task's.
+                        unsafe { gemm_block(&a, &b, table.out(), batch, r0, r1) };
+                        if epilogue {
+                            let row = (batch * m) as i64;
+                            // SAFETY: the epilogue's unit is one output row (see
+                            // `lower`), rows r0..r1 of this batch lie in its range.
+                            unsafe { (self.func)(table.base(), row + r0 as i64, row + r1 as i64) };
+                        }
+                    });
+            }
+            KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+                let Launch { rows, row_len } = self.launch;
+                let chunks = row_blocks(rows, row_len);
+                let call = |&(lo, hi): &(usize, usize)| {
+                    // SAFETY: the buffers hold what the kernel's types need
+                    // (checked above); chunks are disjoint row ranges inside
+                    // `0..rows`, and a call writes only its own rows.
+                    unsafe { (self.func)(table.base(), lo as i64, hi as i64) }
+                };
+                if chunks.len() == 1 {
+                    chunks.iter().for_each(call);
+                } else {
+                    chunks.par_iter().with_max_len(1).for_each(call);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits `rows` of `row_len` elements into contiguous ranges: one when the
+/// work is small, else a few per thread, in whole multiples of 16 rows when
+/// rows are single elements (so vector loops stay aligned to their tails).
+fn row_blocks(rows: usize, row_len: usize) -> Vec<(usize, usize)> {
+    let work = rows.saturating_mul(row_len.max(1));
+    let threads = rayon::current_num_threads();
+    if work < PARALLEL_ELEMENTS || threads == 1 || rows < 2 {
+        return vec![(0, rows)];
+    }
+    let pieces = (threads * 2).min(rows);
+    let align = if row_len == 1 { 16 } else { 1 };
+    let step = rows.div_ceil(pieces).div_ceil(align) * align;
+    (0..rows)
+        .step_by(step)
+        .map(|lo| (lo, (lo + step).min(rows)))
+        .collect()
+}
+
+/// The buffer table handed to generated code.
+struct Table(Vec<*mut u8>);
+
+// SAFETY: the table is read-only while kernels run; the pointers it holds are
+// written only by calls that own disjoint row ranges (see `run`).
+unsafe impl Sync for Table {}
+
+impl Table {
+    fn base(&self) -> *const *mut u8 {
+        self.0.as_ptr()
+    }
+
+    /// The output buffer, last in the table.
+    fn out(&self) -> *mut u8 {
+        self.0[self.0.len() - 1]
+    }
+}
+
+/// A buffer for one kernel call: where it is and how many bytes it holds.
+/// Made only from live Rust storage, and used only while that is borrowed.
+pub(crate) struct Buffer {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl Buffer {
+    /// A buffer the kernel reads. Generated code never writes through it.
+    pub(crate) fn input(data: &Data) -> Buffer {
+        let (ptr, bytes) = match data {
+            Data::F32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            Data::I32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            Data::U8(v) => (v.as_ptr() as *mut u8, v.len()),
+            Data::Bool(v) => (v.as_ptr() as *mut u8, v.len()),
+        };
+        Buffer { ptr, bytes }
+    }
+
+    /// A buffer the kernel writes: a graph output.
+    pub(crate) fn output(data: &mut Data) -> Buffer {
+        let (ptr, bytes) = match data {
+            Data::F32(v) => (v.as_mut_ptr() as *mut u8, v.len() * 4),
+            Data::I32(v) => (v.as_mut_ptr() as *mut u8, v.len() * 4),
+            Data::U8(v) => (v.as_mut_ptr(), v.len()),
+            // `bool` is one byte holding 0 or 1, which is all generated code stores.
+            Data::Bool(v) => (v.as_mut_ptr() as *mut u8, v.len()),
+        };
+        Buffer { ptr, bytes }
+    }
+
+    /// An arena slot, read or written.
+    pub(crate) fn slot(words: &mut [u32]) -> Buffer {
+        Buffer {
+            ptr: words.as_mut_ptr() as *mut u8,
+            bytes: words.len() * 4,
+        }
+    }
+}
+
+/// A matmul operand as the GEMM core takes it: element strides in place of
+/// a view.
+struct Operand {
+    ptr: *const f32,
+    offset: isize,
+    batch: Vec<(usize, isize)>,
+    rows: usize,
+    cols: usize,
+    row_stride: isize,
+    col_stride: isize,
+}
+
+// SAFETY: an operand is only read, and only while the buffers of the launch
+// that made it are borrowed by `run`.
+unsafe impl Sync for Operand {}
+
+impl Operand {
+    fn new(view: &kiln_ir::view::View, buf: &Buffer) -> Operand {
+        let dims = view.shape.dims();
+        let r = dims.len();
+        Operand {
+            ptr: buf.ptr as *const f32,
+            offset: view.offset,
+            batch: dims[..r - 2]
+                .iter()
+                .zip(&view.strides)
+                .map(|(&d, &s)| (d, s as isize))
+                .collect(),
+            rows: dims[r - 2],
+            cols: dims[r - 1],
+            row_stride: view.strides[r - 2] as isize,
+            col_stride: view.strides[r - 1] as isize,
+        }
+    }
+
+    fn batches(&self) -> usize {
+        self.batch.iter().map(|b| b.0).product()
+    }
+
+    /// The element offset of batch `index`.
+    fn batch_offset(&self, mut index: usize) -> isize {
+        let mut offset = self.offset;
+        for &(dim, stride) in self.batch.iter().rev() {
+            offset += (index % dim) as isize * stride;
+            index /= dim;
+        }
+        offset
+    }
+}
+
+/// `out[batch, r0..r1, :] = a[batch, r0..r1, :] @ b[batch]`, by the `gemm`
+/// crate's runtime-dispatched microkernels, on this thread.
+///
+/// # Safety
+/// `a` and `b` must read inside live buffers for every row and batch, and
+/// `out` must hold `batches * a.rows * b.cols` f32 that no one else writes in
+/// those rows.
+unsafe fn gemm_block(a: &Operand, b: &Operand, out: *mut u8, batch: usize, r0: usize, r1: usize) {
+    let (m, k, n) = (r1 - r0, a.cols, b.cols);
+    let out = out as *mut f32;
+    // SAFETY: the caller guarantees every offset below stays inside its buffer.
+    unsafe {
+        let dst = out.add((batch * a.rows + r0) * n);
+        let lhs = a
+            .ptr
+            .offset(a.batch_offset(batch) + r0 as isize * a.row_stride);
+        let rhs = b.ptr.offset(b.batch_offset(batch));
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            n as isize,
+            false,
+            lhs,
+            a.col_stride,
+            a.row_stride,
+            rhs,
+            b.col_stride,
+            b.row_stride,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}

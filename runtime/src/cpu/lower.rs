@@ -1,0 +1,837 @@
+//! Lowering of one kernel to a Cranelift function.
+//!
+//! Every kernel becomes `fn(buffers: *const *mut u8, start: i64, end: i64)`:
+//! `buffers` holds the input pointers then the output pointer, and the
+//! function computes the rows `start..end` of its loop nest, so that threads
+//! can split a launch into disjoint row ranges.
+//!
+//! A loop nest orders the kernel's space (a reduction's kept axes first,
+//! then its reduced axes) and splits it into rows (the outer axes, one row
+//! per call of the row loop) and the inner loop. Size-1 axes are dropped and
+//! adjacent axes merged wherever every index map allows it, so a contiguous
+//! elementwise kernel is one flat loop whose `start..end` are element
+//! indices. Each read keeps its own strides: per row its base offset is
+//! computed once from the row's coordinates, and the inner loop adds
+//! `j * stride`. Padded reads clamp their coordinates into the valid range
+//! (so the address is always inside the buffer) and select the fill value
+//! outside it.
+//!
+//! The inner loop runs in f32x4 with a scalar tail when the block is pure
+//! f32 arithmetic and every read is contiguous or constant along it; reads
+//! constant along the inner loop are loaded once per row. Everything else
+//! runs one element at a time, with the exact scalar semantics of the
+//! interpreter.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, Value, types,
+};
+use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind};
+use kiln_ir::view::View;
+use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, Shape, UnaryOp};
+
+use super::math::{Math, int_cc};
+
+/// How a lowered kernel is driven: the range of `start..end` and what one
+/// unit of it costs, for splitting across threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    /// `end` of a whole launch (`start` is 0).
+    pub rows: usize,
+    /// Elements computed per unit of the range.
+    pub row_len: usize,
+}
+
+/// The signature every kernel function has.
+pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    sig
+}
+
+/// One axis of a read in a loop nest: its extent, stride and valid range.
+#[derive(Clone, Copy, Debug)]
+struct Axis {
+    dim: usize,
+    stride: i64,
+    lo: usize,
+    hi: usize,
+}
+
+/// A buffer access arranged over a loop nest.
+#[derive(Clone, Debug)]
+struct Access {
+    buffer: usize,
+    offset: i64,
+    outer: Vec<Axis>,
+    inner: Vec<Axis>,
+    fill: Option<Scalar>,
+}
+
+impl Access {
+    /// Constant along the inner loop: read once per row.
+    fn row_invariant(&self) -> bool {
+        self.inner.iter().all(|a| a.stride == 0) && (self.fill.is_none() || self.inner.is_empty())
+    }
+
+    /// Contiguous along a single inner axis.
+    fn unit_stride(&self) -> bool {
+        self.fill.is_none() && self.inner.len() == 1 && self.inner[0].stride == 1
+    }
+}
+
+/// A loop nest: the extents of the inner loop, and the reads and the write
+/// arranged over it. Row count is the product of the outer extents.
+struct Nest {
+    rows: usize,
+    inner: Vec<usize>,
+    accesses: Vec<Access>,
+}
+
+/// Arranges `views` (each reading `buffers[i]`) over `space` in the axis
+/// order `axes`, the first `split` of them outer (`None`: all but the last
+/// after merging); drops size-1 axes and merges neighbours on the same side
+/// that every view steps through contiguously.
+fn nest(space: &Shape, axes: &[usize], split: Option<usize>, views: &[(usize, &View)]) -> Nest {
+    let dims = space.dims();
+    let masked = views.iter().any(|(_, v)| v.mask.is_some());
+    // Positions in loop order, with the outer/inner boundary, size-1 axes dropped.
+    let mut order: Vec<(usize, bool)> = axes
+        .iter()
+        .enumerate()
+        .filter(|&(_, &a)| dims[a] != 1)
+        .map(|(p, &a)| (a, split.is_some_and(|k| p < k)))
+        .collect();
+    let axis_of = |v: &View, a: usize, dim: usize| Axis {
+        dim,
+        stride: v.strides[a] as i64,
+        lo: v.mask.as_ref().map_or(0, |m| m.valid[a].0),
+        hi: v.mask.as_ref().map_or(dims[a], |m| m.valid[a].1),
+    };
+    let mut columns: Vec<Vec<Axis>> = views
+        .iter()
+        .map(|(_, v)| order.iter().map(|&(a, _)| axis_of(v, a, dims[a])).collect())
+        .collect();
+    if !masked {
+        // Merge position p into p+1 (innermost first) when every view steps through both as one.
+        let mut p = order.len().saturating_sub(1);
+        while p > 0 {
+            let same_side = order[p - 1].1 == order[p].1;
+            let mergeable = columns
+                .iter()
+                .all(|c| c[p - 1].stride == c[p].stride * c[p].dim as i64);
+            if same_side && mergeable {
+                for c in columns.iter_mut() {
+                    let outer = c.remove(p - 1);
+                    c[p - 1].dim *= outer.dim;
+                    c[p - 1].hi = c[p - 1].dim;
+                }
+                order.remove(p - 1);
+            }
+            p -= 1;
+        }
+    }
+    let outer_count = match split {
+        Some(_) => order.iter().filter(|o| o.1).count(),
+        None => order.len().saturating_sub(1),
+    };
+    let first = columns.first();
+    let inner: Vec<usize> = first.map_or_else(Vec::new, |c| {
+        c[outer_count..].iter().map(|a| a.dim).collect()
+    });
+    let rows = first.map_or(1, |c| c[..outer_count].iter().map(|a| a.dim).product());
+    let accesses = views
+        .iter()
+        .zip(columns)
+        .map(|((buffer, v), mut c)| {
+            let inner = c.split_off(outer_count);
+            Access {
+                buffer: *buffer,
+                offset: v.offset as i64,
+                outer: c,
+                inner,
+                fill: v.mask.as_ref().map(|m| m.fill),
+            }
+        })
+        .collect();
+    Nest {
+        rows,
+        inner,
+        accesses,
+    }
+}
+
+/// The loads of a block, as (buffer, view), in value order.
+fn loads(block: &Block) -> Vec<(usize, &View)> {
+    block
+        .values
+        .iter()
+        .filter_map(|v| match &v.expr {
+            Expr::Load { input, view } => Some((*input as usize, view)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn clif_type(dtype: DType) -> Type {
+    match dtype {
+        DType::F32 => types::F32,
+        DType::I32 => types::I32,
+        DType::U8 | DType::Bool => types::I8,
+    }
+}
+
+/// Whether `block` can run four lanes at a time: f32 arithmetic only, with
+/// reads contiguous or constant along the inner loop.
+fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
+    let values_ok = block.values.iter().all(|v| {
+        v.dtype == DType::F32
+            && match &v.expr {
+                Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
+                Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
+                Expr::Where(..) | Expr::Cast(_) => false,
+            }
+    });
+    let reads_ok = accesses
+        .iter()
+        .all(|a| a.row_invariant() || a.unit_stride());
+    values_ok && reads_ok && out.is_none_or(Access::unit_stride)
+}
+
+/// Emits the kernel into `func` and says how to launch it.
+pub(crate) fn lower(
+    kernel: &Kernel,
+    func: &mut Function,
+    fbc: &mut FunctionBuilderContext,
+    ptr: Type,
+    powf: FuncRef,
+    target: TargetFrontendConfig,
+) -> Launch {
+    let mut b = FunctionBuilder::new(func, fbc);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let (table, start, end) = (
+        b.block_params(entry)[0],
+        b.block_params(entry)[1],
+        b.block_params(entry)[2],
+    );
+    let buffers = kernel.inputs.len() + 1;
+    let ptrs: Vec<Value> = (0..buffers)
+        .map(|i| {
+            b.ins().load(
+                ptr,
+                MemFlagsData::trusted(),
+                table,
+                (i * ptr.bytes() as usize) as i32,
+            )
+        })
+        .collect();
+    let out_buffer = kernel.inputs.len();
+    let space = &kernel.out.shape;
+    let mut e = Emitter {
+        b,
+        ptrs,
+        powf,
+        out_dtype: kernel.out.dtype,
+    };
+    let launch = match &kernel.kind {
+        KernelKind::Elementwise | KernelKind::MatMul { .. } => {
+            let identity: Vec<usize> = (0..space.rank()).collect();
+            let out_view = View::contiguous(space);
+            let mut views = loads(&kernel.body);
+            views.push((out_buffer, &out_view));
+            // A matmul's product is already in the output and its epilogue reads
+            // it in place, one output row per unit, to follow the GEMM's row blocks.
+            let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
+            let split = acc.then(|| space.rank().saturating_sub(1));
+            let nest = nest(space, &identity, split, &views);
+            e.elementwise(&kernel.body, &nest, acc, start, end)
+        }
+        KernelKind::Reduce {
+            op,
+            axes,
+            shape,
+            prologue,
+        } => {
+            let kept: Vec<usize> = (0..shape.rank()).filter(|a| !axes.contains(a)).collect();
+            let order: Vec<usize> = kept.iter().chain(axes.iter()).copied().collect();
+            let pro = nest(shape, &order, Some(kept.len()), &loads(prologue));
+            let broadcast = space == shape;
+            let epilogue = if broadcast {
+                let out_view = View::contiguous(space);
+                let mut views = loads(&kernel.body);
+                views.push((out_buffer, &out_view));
+                nest(space, &order, Some(kept.len()), &views)
+            } else {
+                let out_view = View::contiguous(space);
+                let all: Vec<usize> = (0..space.rank()).collect();
+                let mut views = loads(&kernel.body);
+                views.push((out_buffer, &out_view));
+                nest(space, &all, Some(space.rank()), &views)
+            };
+            e.reduce(
+                *op,
+                prologue,
+                &pro,
+                &kernel.body,
+                &epilogue,
+                broadcast,
+                start,
+                end,
+            )
+        }
+    };
+    e.b.ins().return_(&[]);
+    e.b.seal_all_blocks();
+    e.b.finalize(target);
+    launch
+}
+
+/// Builds the loops of one kernel.
+struct Emitter<'a> {
+    b: FunctionBuilder<'a>,
+    ptrs: Vec<Value>,
+    powf: FuncRef,
+    out_dtype: DType,
+}
+
+/// An access positioned at a row: its base element offset (coordinates
+/// clamped when padded) and, when padded, whether the row is valid.
+#[derive(Clone, Copy)]
+struct RowBase {
+    base: Value,
+    valid: Option<Value>,
+}
+
+impl<'a> Emitter<'a> {
+    fn iconst(&mut self, v: i64) -> Value {
+        self.b.ins().iconst(types::I64, v)
+    }
+
+    /// `for i in from..to { body(i) }` with `i` an i64.
+    fn counted_loop(
+        &mut self,
+        from: Value,
+        to: Value,
+        step: i64,
+        body: impl FnOnce(&mut Self, Value),
+    ) -> Value {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.append_block_param(header, types::I64);
+        self.b.ins().jump(header, &[from.into()]);
+        self.b.switch_to_block(header);
+        let i = self.b.block_params(header)[0];
+        // Run while i + step <= to.
+        let next = self.b.ins().iadd_imm_s(i, step);
+        let more = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, to);
+        self.b.ins().brif(more, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        body(self, i);
+        self.b.ins().jump(header, &[next.into()]);
+        self.b.switch_to_block(exit);
+        i
+    }
+
+    /// Coordinates of flat index `i` over `axes` (row-major), clamped into
+    /// each axis's valid range, and whether all were valid.
+    fn coords(&mut self, i: Value, axes: &[Axis], masked: bool) -> (Value, Option<Value>) {
+        let mut offset = self.iconst(0);
+        let mut valid: Option<Value> = None;
+        let mut below = 1i64;
+        for (k, axis) in axes.iter().enumerate().rev() {
+            let mut c = if below == 1 {
+                i
+            } else {
+                self.b.ins().udiv_imm_s(i, below)
+            };
+            // The outermost coordinate needs no wrap; an empty axis is never iterated.
+            if k > 0 && axis.dim > 0 {
+                c = self.b.ins().urem_imm_s(c, axis.dim as i64);
+            }
+            below *= axis.dim.max(1) as i64;
+            if masked {
+                let lo = self.iconst(axis.lo as i64);
+                let hi = self.iconst(axis.hi as i64 - 1);
+                let ok_lo = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, c, lo);
+                let ok_hi = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, c, hi);
+                let ok = self.b.ins().band(ok_lo, ok_hi);
+                valid = Some(match valid {
+                    Some(v) => self.b.ins().band(v, ok),
+                    None => ok,
+                });
+                c = self.b.ins().smax(c, lo);
+                c = self.b.ins().smin(c, hi);
+            }
+            let term = self.b.ins().imul_imm_s(c, axis.stride);
+            offset = self.b.ins().iadd(offset, term);
+        }
+        (offset, valid)
+    }
+
+    fn row_base(&mut self, access: &Access, row: Value) -> RowBase {
+        let masked = access.fill.is_some();
+        let (offset, valid) = self.coords(row, &access.outer, masked);
+        let base = self.b.ins().iadd_imm_s(offset, access.offset);
+        RowBase { base, valid }
+    }
+
+    /// The element offset and validity of `access` at inner index `j`.
+    fn element(&mut self, access: &Access, row: RowBase, j: Value) -> (Value, Option<Value>) {
+        let masked = access.fill.is_some();
+        let (inner, valid) = match access.inner.as_slice() {
+            [] => (self.iconst(0), None),
+            [axis] if !masked => (self.b.ins().imul_imm_s(j, axis.stride), None),
+            axes => self.coords(j, axes, masked),
+        };
+        let offset = self.b.ins().iadd(row.base, inner);
+        let valid = match (row.valid, valid) {
+            (Some(a), Some(b)) => Some(self.b.ins().band(a, b)),
+            (a, b) => a.or(b),
+        };
+        (offset, valid)
+    }
+
+    fn address(&mut self, buffer: usize, offset: Value, dtype: DType) -> Value {
+        let bytes = self.b.ins().imul_imm_s(offset, dtype.size() as i64);
+        self.b.ins().iadd(self.ptrs[buffer], bytes)
+    }
+
+    /// One element (or four lanes) of `access` at `j`.
+    fn load(
+        &mut self,
+        access: &Access,
+        row: RowBase,
+        j: Value,
+        dtype: DType,
+        lanes: bool,
+    ) -> Value {
+        let flags = MemFlagsData::new().with_notrap();
+        let (offset, valid) = self.element(access, row, j);
+        let addr = self.address(access.buffer, offset, dtype);
+        if lanes && access.unit_stride() {
+            return self.b.ins().load(types::F32X4, flags, addr, 0);
+        }
+        let x = self.b.ins().load(clif_type(dtype), flags, addr, 0);
+        let x = match (valid, access.fill) {
+            (Some(ok), Some(fill)) => {
+                let f = self.scalar_const(fill);
+                self.b.ins().select(ok, x, f)
+            }
+            _ => x,
+        };
+        if lanes {
+            self.b.ins().splat(types::F32X4, x)
+        } else {
+            x
+        }
+    }
+
+    fn store(&mut self, access: &Access, row: RowBase, j: Value, x: Value) {
+        let (offset, _) = self.element(access, row, j);
+        let addr = self.address(access.buffer, offset, self.out_dtype);
+        self.b
+            .ins()
+            .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+    }
+
+    fn scalar_const(&mut self, c: Scalar) -> Value {
+        match c {
+            Scalar::F32(v) => self.b.ins().f32const(v),
+            Scalar::I32(v) => self.b.ins().iconst(types::I32, i64::from(v)),
+            Scalar::U8(v) => self.b.ins().iconst(types::I8, i64::from(v)),
+            Scalar::Bool(v) => self.b.ins().iconst(types::I8, i64::from(v)),
+        }
+    }
+
+    /// Row-invariant loads of a block, emitted once per row.
+    fn hoist(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        bases: &[RowBase],
+        zero: Value,
+    ) -> Vec<Option<Value>> {
+        let mut k = 0;
+        block
+            .values
+            .iter()
+            .map(|v| match v.expr {
+                Expr::Load { .. } => {
+                    let i = k;
+                    k += 1;
+                    accesses[i]
+                        .row_invariant()
+                        .then(|| self.load(&accesses[i], bases[i], zero, v.dtype, false))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The block's result at inner index `j`.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        bases: &[RowBase],
+        hoisted: &[Option<Value>],
+        j: Value,
+        acc: Option<Value>,
+        lanes: bool,
+    ) -> Value {
+        let mut values: Vec<Value> = Vec::with_capacity(block.values.len());
+        let mut k = 0;
+        for (i, v) in block.values.iter().enumerate() {
+            let x = |n: &u32| values[*n as usize];
+            let r = match &v.expr {
+                Expr::Load { .. } => {
+                    let a = k;
+                    k += 1;
+                    match hoisted[i] {
+                        Some(h) if lanes => self.b.ins().splat(types::F32X4, h),
+                        Some(h) => h,
+                        None => self.load(&accesses[a], bases[a], j, v.dtype, lanes),
+                    }
+                }
+                Expr::Const(c) => {
+                    let s = self.scalar_const(*c);
+                    if lanes {
+                        self.b.ins().splat(types::F32X4, s)
+                    } else {
+                        s
+                    }
+                }
+                // The verifier admits `acc` only where the caller passes one.
+                Expr::Acc => acc.unwrap_or_else(|| self.scalar_const(Scalar::F32(f32::NAN))),
+                Expr::Unary(op, a) => {
+                    let a = x(a);
+                    self.unary(*op, v.dtype, a, lanes)
+                }
+                Expr::Binary(op, a, c) => {
+                    let dtype = block.values[*a as usize].dtype;
+                    let (a, c) = (x(a), x(c));
+                    self.binary(*op, dtype, a, c)
+                }
+                Expr::Where(c, a, d) => {
+                    let (c, a, d) = (x(c), x(a), x(d));
+                    self.b.ins().select(c, a, d)
+                }
+                Expr::Cast(a) => {
+                    let from = block.values[*a as usize].dtype;
+                    let a = x(a);
+                    self.cast(a, from, v.dtype)
+                }
+            };
+            values.push(r);
+        }
+        // The verifier rejects empty blocks.
+        values.last().copied().unwrap_or(j)
+    }
+
+    fn math(&mut self, lanes: bool) -> Math<'_, 'a> {
+        Math {
+            b: &mut self.b,
+            ty: if lanes { types::F32X4 } else { types::F32 },
+        }
+    }
+
+    fn unary(&mut self, op: UnaryOp, dtype: DType, x: Value, lanes: bool) -> Value {
+        if dtype != DType::F32 {
+            // Typing admits neg, abs and relu on i32 only.
+            return match op {
+                UnaryOp::Neg => self.b.ins().ineg(x),
+                UnaryOp::Abs => self.b.ins().iabs(x),
+                _ => {
+                    let zero = self.b.ins().iconst(types::I32, 0);
+                    self.b.ins().smax(x, zero)
+                }
+            };
+        }
+        match op {
+            UnaryOp::Neg => self.b.ins().fneg(x),
+            UnaryOp::Abs => self.b.ins().fabs(x),
+            UnaryOp::Sqrt => self.b.ins().sqrt(x),
+            UnaryOp::Recip => {
+                let one = self.math(lanes).f(1.0);
+                self.b.ins().fdiv(one, x)
+            }
+            UnaryOp::Relu => self.math(lanes).relu(x),
+            UnaryOp::Exp => self.math(lanes).exp(x),
+            UnaryOp::Log => self.math(lanes).log(x),
+            UnaryOp::Tanh => self.math(lanes).tanh(x),
+            UnaryOp::Sigmoid => self.math(lanes).sigmoid(x),
+        }
+    }
+
+    /// `dtype` is the operands' type.
+    fn binary(&mut self, op: BinaryOp, dtype: DType, x: Value, y: Value) -> Value {
+        let ins = self.b.ins();
+        match dtype {
+            DType::F32 => match op {
+                BinaryOp::Add => ins.fadd(x, y),
+                BinaryOp::Sub => ins.fsub(x, y),
+                BinaryOp::Mul => ins.fmul(x, y),
+                BinaryOp::Div => ins.fdiv(x, y),
+                BinaryOp::Max => ins.fmax(x, y),
+                BinaryOp::Min => ins.fmin(x, y),
+                BinaryOp::Pow => {
+                    let call = self.b.ins().call(self.powf, &[x, y]);
+                    self.b.inst_results(call)[0]
+                }
+                BinaryOp::Lt => ins.fcmp(FloatCC::LessThan, x, y),
+                BinaryOp::Le => ins.fcmp(FloatCC::LessThanOrEqual, x, y),
+                BinaryOp::Gt => ins.fcmp(FloatCC::GreaterThan, x, y),
+                BinaryOp::Ge => ins.fcmp(FloatCC::GreaterThanOrEqual, x, y),
+                BinaryOp::Eq => ins.fcmp(FloatCC::Equal, x, y),
+                BinaryOp::Ne => ins.fcmp(FloatCC::NotEqual, x, y),
+            },
+            DType::I32 | DType::U8 | DType::Bool => {
+                let signed = dtype == DType::I32;
+                match op {
+                    BinaryOp::Add => ins.iadd(x, y),
+                    BinaryOp::Sub => ins.isub(x, y),
+                    BinaryOp::Mul => ins.imul(x, y),
+                    BinaryOp::Max if signed => ins.smax(x, y),
+                    BinaryOp::Max => ins.umax(x, y),
+                    BinaryOp::Min if signed => ins.smin(x, y),
+                    BinaryOp::Min => ins.umin(x, y),
+                    BinaryOp::Lt => ins.icmp(int_cc(true, false, signed), x, y),
+                    BinaryOp::Le => ins.icmp(int_cc(true, true, signed), x, y),
+                    BinaryOp::Gt => ins.icmp(int_cc(false, false, signed), x, y),
+                    BinaryOp::Ge => ins.icmp(int_cc(false, true, signed), x, y),
+                    BinaryOp::Eq => ins.icmp(IntCC::Equal, x, y),
+                    BinaryOp::Ne => ins.icmp(IntCC::NotEqual, x, y),
+                    // Typing admits div and pow on f32 only.
+                    BinaryOp::Div | BinaryOp::Pow => x,
+                }
+            }
+        }
+    }
+
+    /// `Scalar::cast` semantics: float to int truncates and saturates (NaN
+    /// to 0), int to narrower wraps, anything to bool is `!= 0`.
+    fn cast(&mut self, x: Value, from: DType, to: DType) -> Value {
+        let ins = self.b.ins();
+        match (from, to) {
+            (a, b) if a == b => x,
+            (DType::F32, DType::I32) => ins.fcvt_to_sint_sat(types::I32, x),
+            (DType::F32, DType::U8) => {
+                let i = ins.fcvt_to_sint_sat(types::I32, x);
+                let zero = self.b.ins().iconst(types::I32, 0);
+                let max = self.b.ins().iconst(types::I32, 255);
+                let i = self.b.ins().smax(i, zero);
+                let i = self.b.ins().smin(i, max);
+                self.b.ins().ireduce(types::I8, i)
+            }
+            (DType::F32, DType::Bool) => {
+                let zero = ins.f32const(0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+            }
+            (DType::I32, DType::F32) => ins.fcvt_from_sint(types::F32, x),
+            (DType::U8 | DType::Bool, DType::F32) => {
+                let i = ins.uextend(types::I32, x);
+                self.b.ins().fcvt_from_sint(types::F32, i)
+            }
+            (DType::I32, DType::U8) => ins.ireduce(types::I8, x),
+            (DType::U8 | DType::Bool, DType::I32) => ins.uextend(types::I32, x),
+            (DType::I32 | DType::U8, DType::Bool) => ins.icmp_imm_s(IntCC::NotEqual, x, 0),
+            // bool -> u8: the same 0/1 byte.
+            (DType::Bool, DType::U8) => x,
+            (_, _) => x,
+        }
+    }
+
+    fn bases(&mut self, accesses: &[Access], row: Value) -> Vec<RowBase> {
+        accesses.iter().map(|a| self.row_base(a, row)).collect()
+    }
+
+    /// An elementwise kernel, or a matmul epilogue when `acc_in_place`.
+    fn elementwise(
+        &mut self,
+        body: &Block,
+        nest: &Nest,
+        acc_in_place: bool,
+        start: Value,
+        end: Value,
+    ) -> Launch {
+        let (reads, out) = nest.accesses.split_at(nest.accesses.len() - 1);
+        let out = &out[0];
+        // Flat: one merged axis, and the range is over elements.
+        let flat = nest.rows == 1 && nest.inner.len() == 1;
+        let lanes = vectorizable(body, reads, Some(out));
+        if flat {
+            let zero = self.iconst(0);
+            let bases = self.bases(&nest.accesses, zero);
+            let hoisted = self.hoist(body, reads, &bases, zero);
+            self.inner_loop(
+                body,
+                reads,
+                out,
+                &bases,
+                &hoisted,
+                start,
+                end,
+                lanes,
+                acc_in_place,
+            );
+            Launch {
+                rows: nest.inner[0],
+                row_len: 1,
+            }
+        } else {
+            let inner_len: usize = nest.inner.iter().product();
+            self.counted_loop(start, end, 1, |e, row| {
+                let bases = e.bases(&nest.accesses, row);
+                let zero = e.iconst(0);
+                let hoisted = e.hoist(body, reads, &bases, zero);
+                let n = e.iconst(inner_len as i64);
+                e.inner_loop(
+                    body,
+                    reads,
+                    out,
+                    &bases,
+                    &hoisted,
+                    zero,
+                    n,
+                    lanes,
+                    acc_in_place,
+                );
+            });
+            Launch {
+                rows: nest.rows,
+                row_len: inner_len,
+            }
+        }
+    }
+
+    /// `for j in from..to`, four lanes at a time when `lanes`, then one at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn inner_loop(
+        &mut self,
+        body: &Block,
+        reads: &[Access],
+        out: &Access,
+        bases: &[RowBase],
+        hoisted: &[Option<Value>],
+        from: Value,
+        to: Value,
+        lanes: bool,
+        acc_in_place: bool,
+    ) {
+        let out_base = bases[bases.len() - 1];
+        let mut from = from;
+        if lanes {
+            from = self.counted_loop(from, to, 4, |e, j| {
+                let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
+                let v = e.block(body, reads, bases, hoisted, j, acc, true);
+                e.store(out, out_base, j, v);
+            });
+        }
+        self.counted_loop(from, to, 1, |e, j| {
+            let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, false));
+            let v = e.block(body, reads, bases, hoisted, j, acc, false);
+            e.store(out, out_base, j, v);
+        });
+    }
+
+    /// A reduction: per row, the prologue combined over the inner loop, then
+    /// the epilogue once (reduced output) or over the row again (broadcast).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &mut self,
+        op: ReduceOp,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        broadcast: bool,
+        start: Value,
+        end: Value,
+    ) -> Launch {
+        let dtype = prologue.dtype().unwrap_or(DType::F32);
+        let lanes = vectorizable(prologue, &pro.accesses, None);
+        let inner_len: usize = pro.inner.iter().product();
+        let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
+        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
+        self.counted_loop(start, end, 1, |e, row| {
+            let bases = e.bases(&pro.accesses, row);
+            let zero = e.iconst(0);
+            let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero);
+            let n = e.iconst(inner_len as i64);
+            let init = e.scalar_const(op.init(dtype));
+            let acc = e.b.declare_var(clif_type(dtype));
+            e.b.def_var(acc, init);
+            let mut from = zero;
+            if lanes {
+                let vacc = e.b.declare_var(types::F32X4);
+                let vinit = e.b.ins().splat(types::F32X4, init);
+                e.b.def_var(vacc, vinit);
+                from = e.counted_loop(zero, n, 4, |e, j| {
+                    let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                    let a = e.b.use_var(vacc);
+                    let a = e.combine(op, DType::F32, a, v);
+                    e.b.def_var(vacc, a);
+                });
+                let v = e.b.use_var(vacc);
+                let mut total = e.b.ins().extractlane(v, 0);
+                for lane in 1..4 {
+                    let x = e.b.ins().extractlane(v, lane);
+                    total = e.combine(op, DType::F32, total, x);
+                }
+                e.b.def_var(acc, total);
+            }
+            e.counted_loop(from, n, 1, |e, j| {
+                let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, false);
+                let a = e.b.use_var(acc);
+                let a = e.combine(op, dtype, a, v);
+                e.b.def_var(acc, a);
+            });
+            let total = e.b.use_var(acc);
+            let bases = e.bases(&epi.accesses, row);
+            let hoisted = e.hoist(body, epi_reads, &bases, zero);
+            let out_base = bases[bases.len() - 1];
+            let out = &epi.accesses[epi.accesses.len() - 1];
+            if broadcast {
+                let mut from = zero;
+                if epi_lanes {
+                    let splat = e.b.ins().splat(types::F32X4, total);
+                    from = e.counted_loop(zero, n, 4, |e, j| {
+                        let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
+                        e.store(out, out_base, j, v);
+                    });
+                }
+                e.counted_loop(from, n, 1, |e, j| {
+                    let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(total), false);
+                    e.store(out, out_base, j, v);
+                });
+            } else {
+                let v = e.block(body, epi_reads, &bases, &hoisted, zero, Some(total), false);
+                e.store(out, out_base, zero, v);
+            }
+        });
+        Launch {
+            rows: pro.rows,
+            row_len: inner_len.max(1),
+        }
+    }
+
+    fn combine(&mut self, op: ReduceOp, dtype: DType, a: Value, x: Value) -> Value {
+        match (op, dtype) {
+            (ReduceOp::Sum, DType::F32) => self.b.ins().fadd(a, x),
+            (ReduceOp::Sum, _) => self.b.ins().iadd(a, x),
+            (ReduceOp::Max, DType::F32) => self.b.ins().fmax(a, x),
+            (ReduceOp::Max, DType::I32) => self.b.ins().smax(a, x),
+            (ReduceOp::Max, _) => self.b.ins().umax(a, x),
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Transcendental functions as Cranelift IR, for `f32` and `f32x4` alike:
+//! CLIF has no exp, log or tanh, and a libm call per lane would forfeit the
+//! vector loop.
+//!
+//! Error bounds, measured against f64 over the whole f32 range by the
+//! backend tests (`tests/cpu.rs`, `transcendentals_stay_within_their_bounds`):
+//! - `exp`: relative error below 2e-7 wherever the result is a normal f32;
+//!   +inf above 88.7228, subnormal results correctly scaled, NaN kept;
+//! - `log`: absolute error below 2e-7 near 1, relative below 2e-7 elsewhere;
+//!   NaN below 0, -inf at 0, +inf at +inf;
+//! - `tanh`: relative error below 5e-7 (odd polynomial below 0.25, through
+//!   exp above);
+//! - `sigmoid`: `1 / (1 + exp(-x))`, relative error below 5e-7 where the
+//!   result is a normal f32.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_frontend::FunctionBuilder;
+
+/// Emits math over values of one float type, `F32` or `F32X4`.
+pub(crate) struct Math<'a, 'b> {
+    pub b: &'a mut FunctionBuilder<'b>,
+    pub ty: Type,
+}
+
+impl Math<'_, '_> {
+    fn vector(&self) -> bool {
+        self.ty.is_vector()
+    }
+
+    /// The integer type with the same lanes.
+    fn int(&self) -> Type {
+        if self.vector() {
+            types::I32X4
+        } else {
+            types::I32
+        }
+    }
+
+    /// A float constant of the working type.
+    pub fn f(&mut self, v: f32) -> Value {
+        let c = self.b.ins().f32const(v);
+        if self.vector() {
+            self.b.ins().splat(self.ty, c)
+        } else {
+            c
+        }
+    }
+
+    fn i(&mut self, v: i32) -> Value {
+        let c = self.b.ins().iconst(types::I32, i64::from(v));
+        if self.vector() {
+            self.b.ins().splat(types::I32X4, c)
+        } else {
+            c
+        }
+    }
+
+    /// `cond ? a : b` where `cond` is the result of an `fcmp` of this type.
+    pub fn select(&mut self, cond: Value, a: Value, b: Value) -> Value {
+        if self.vector() {
+            let mask = self.b.ins().bitcast(self.ty, MemFlagsData::new(), cond);
+            self.b.ins().bitselect(mask, a, b)
+        } else {
+            self.b.ins().select(cond, a, b)
+        }
+    }
+
+    fn bits_of(&mut self, x: Value) -> Value {
+        let int = self.int();
+        self.b.ins().bitcast(int, MemFlagsData::new(), x)
+    }
+
+    fn float_of(&mut self, x: Value) -> Value {
+        let ty = self.ty;
+        self.b.ins().bitcast(ty, MemFlagsData::new(), x)
+    }
+
+    /// `p(x)` by Horner's rule with fused multiply-adds, highest power first.
+    fn poly(&mut self, x: Value, coefficients: &[f32]) -> Value {
+        let mut p = self.f(coefficients[0]);
+        for &c in &coefficients[1..] {
+            let c = self.f(c);
+            p = self.b.ins().fma(p, x, c);
+        }
+        p
+    }
+
+    /// 2^n for integer lanes `n` in [-126, 127], as a float.
+    fn pow2(&mut self, n: Value) -> Value {
+        let bias = self.i(127);
+        let biased = self.b.ins().iadd(n, bias);
+        let bits = self.b.ins().ishl_imm_s(biased, 23);
+        self.float_of(bits)
+    }
+
+    /// e^x: range reduction `x = n ln2 + r`, a degree-6 polynomial for e^r,
+    /// and 2^n applied as two halves so that both stay normal floats.
+    pub fn exp(&mut self, x: Value) -> Value {
+        let (lo, hi) = (self.f(-104.0), self.f(88.722_83));
+        let clamped = self.b.ins().fmax(x, lo);
+        let clamped = self.b.ins().fmin(clamped, hi);
+        let log2e = self.f(std::f32::consts::LOG2_E);
+        let scaled = self.b.ins().fmul(clamped, log2e);
+        let n = self.b.ins().nearest(scaled);
+        let (ln2_hi, ln2_lo) = (self.f(0.693_359_4), self.f(-2.121_944_4e-4));
+        let t = self.b.ins().fmul(n, ln2_hi);
+        let r = self.b.ins().fsub(clamped, t);
+        let t = self.b.ins().fmul(n, ln2_lo);
+        let r = self.b.ins().fsub(r, t);
+        let p = self.poly(
+            r,
+            &[
+                1.987_569_1e-4,
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                1.666_666_5e-1,
+                0.5,
+            ],
+        );
+        let r2 = self.b.ins().fmul(r, r);
+        let e = self.b.ins().fma(p, r2, r);
+        let one = self.f(1.0);
+        let e = self.b.ins().fadd(e, one);
+        let int = self.int();
+        // Clamped and rounded, n fits in i32; NaN lanes are fixed below.
+        let n = self.b.ins().fcvt_to_sint_sat(int, n);
+        let half = self.b.ins().sshr_imm_s(n, 1);
+        let rest = self.b.ins().isub(n, half);
+        let (p1, p2) = (self.pow2(half), self.pow2(rest));
+        let y = self.b.ins().fmul(e, p1);
+        let y = self.b.ins().fmul(y, p2);
+        let inf = self.f(f32::INFINITY);
+        let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+        let y = self.select(over, inf, y);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.select(nan, x, y)
+    }
+
+    /// ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m by the Cephes
+    /// polynomial in m - 1, plus e ln2 in two parts.
+    pub fn log(&mut self, x: Value) -> Value {
+        // Subnormals are scaled into the normal range first.
+        let tiny = self.f(f32::MIN_POSITIVE);
+        let is_tiny = self.b.ins().fcmp(FloatCC::LessThan, x, tiny);
+        let scale = self.f(8_388_608.0); // 2^23
+        let scaled = self.b.ins().fmul(x, scale);
+        let xs = self.select(is_tiny, scaled, x);
+        let (zero_i, minus23) = (self.i(0), self.i(-23));
+        let adjust = if self.vector() {
+            let mask = self
+                .b
+                .ins()
+                .bitcast(types::I32X4, MemFlagsData::new(), is_tiny);
+            self.b.ins().bitselect(mask, minus23, zero_i)
+        } else {
+            self.b.ins().select(is_tiny, minus23, zero_i)
+        };
+        let bits = self.bits_of(xs);
+        let exp_bits = self.b.ins().ushr_imm_s(bits, 23);
+        let mask = self.i(0xff);
+        let exp_bits = self.b.ins().band(exp_bits, mask);
+        let bias = self.i(126);
+        let e = self.b.ins().isub(exp_bits, bias);
+        let e = self.b.ins().iadd(e, adjust);
+        // m in [0.5, 1).
+        let mant = self.i(0x007f_ffff);
+        let m_bits = self.b.ins().band(bits, mant);
+        let half = self.i(0x3f00_0000);
+        let m_bits = self.b.ins().bor(m_bits, half);
+        let m = self.float_of(m_bits);
+        let ty = self.ty;
+        let ef = self.b.ins().fcvt_from_sint(ty, e);
+        let sqrt_half = self.f(std::f32::consts::FRAC_1_SQRT_2);
+        let below = self.b.ins().fcmp(FloatCC::LessThan, m, sqrt_half);
+        let one = self.f(1.0);
+        let twice = self.b.ins().fadd(m, m);
+        let m = self.select(below, twice, m);
+        let ef_minus = self.b.ins().fsub(ef, one);
+        let ef = self.select(below, ef_minus, ef);
+        let f = self.b.ins().fsub(m, one);
+        let z = self.b.ins().fmul(f, f);
+        let p = self.poly(
+            f,
+            &[
+                7.037_683_6e-2,
+                -1.151_461e-1,
+                1.167_699_9e-1,
+                -1.242_014_1e-1,
+                1.424_932_3e-1,
+                -1.666_805_8e-1,
+                2.000_071_4e-1,
+                -2.499_999_4e-1,
+                0.333_333_31,
+            ],
+        );
+        let y = self.b.ins().fmul(p, f);
+        let y = self.b.ins().fmul(y, z);
+        let lo = self.f(-2.121_944_4e-4);
+        let y = self.b.ins().fma(ef, lo, y);
+        let minus_half = self.f(-0.5);
+        let y = self.b.ins().fma(z, minus_half, y);
+        let r = self.b.ins().fadd(f, y);
+        let hi = self.f(0.693_359_4);
+        let r = self.b.ins().fma(ef, hi, r);
+        // The special values: NaN and negatives give NaN, 0 gives -inf, +inf stays.
+        let zero = self.f(0.0);
+        let is_zero = self.b.ins().fcmp(FloatCC::Equal, x, zero);
+        let neg_inf = self.f(f32::NEG_INFINITY);
+        let r = self.select(is_zero, neg_inf, r);
+        let inf = self.f(f32::INFINITY);
+        let is_inf = self.b.ins().fcmp(FloatCC::Equal, x, inf);
+        let r = self.select(is_inf, inf, r);
+        let nan = self.f(f32::NAN);
+        let invalid = self.b.ins().fcmp(FloatCC::UnorderedOrLessThan, x, zero);
+        self.select(invalid, nan, r)
+    }
+
+    /// tanh x: an odd Taylor polynomial below |x| = 0.25, where
+    /// `1 - 2/(e^2|x| + 1)` would cancel, and that formula above.
+    pub fn tanh(&mut self, x: Value) -> Value {
+        let ax = self.b.ins().fabs(x);
+        let two = self.f(2.0);
+        let twice = self.b.ins().fmul(ax, two);
+        let e = self.exp(twice);
+        let one = self.f(1.0);
+        let d = self.b.ins().fadd(e, one);
+        let q = self.b.ins().fdiv(two, d);
+        let big = self.b.ins().fsub(one, q);
+        // copysign(big, x); big >= 0, so or-ing in x's sign bit is enough
+        // (fcopysign has no f32x4 lowering on x64).
+        let big_bits = self.bits_of(big);
+        let x_bits = self.bits_of(x);
+        let sign = self.i(i32::MIN);
+        let x_sign = self.b.ins().band(x_bits, sign);
+        let bits = self.b.ins().bor(big_bits, x_sign);
+        let big = self.float_of(bits);
+        let x2 = self.b.ins().fmul(x, x);
+        let p = self.poly(x2, &[62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0]);
+        let p = self.b.ins().fmul(p, x2);
+        let small = self.b.ins().fma(p, x, x);
+        let quarter = self.f(0.25);
+        let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, quarter);
+        self.select(is_small, small, big)
+    }
+
+    /// 1 / (1 + e^-x).
+    pub fn sigmoid(&mut self, x: Value) -> Value {
+        let neg = self.b.ins().fneg(x);
+        let e = self.exp(neg);
+        let one = self.f(1.0);
+        let d = self.b.ins().fadd(one, e);
+        self.b.ins().fdiv(one, d)
+    }
+
+    /// max(x, 0) with NaN kept and -0 mapped to +0, as the interpreter says.
+    pub fn relu(&mut self, x: Value) -> Value {
+        let zero = self.f(0.0);
+        let nonpositive = self.b.ins().fcmp(FloatCC::LessThanOrEqual, x, zero);
+        self.select(nonpositive, zero, x)
+    }
+}
+
+/// The integer comparison an op means for a signed or unsigned type.
+pub(crate) fn int_cc(lt: bool, eq: bool, signed: bool) -> IntCC {
+    match (lt, eq, signed) {
+        (true, false, true) => IntCC::SignedLessThan,
+        (true, true, true) => IntCC::SignedLessThanOrEqual,
+        (false, false, true) => IntCC::SignedGreaterThan,
+        (false, true, true) => IntCC::SignedGreaterThanOrEqual,
+        (true, false, false) => IntCC::UnsignedLessThan,
+        (true, true, false) => IntCC::UnsignedLessThanOrEqual,
+        (false, false, false) => IntCC::UnsignedGreaterThan,
+        (false, true, false) => IntCC::UnsignedGreaterThanOrEqual,
+    }
+}

@@ -1,0 +1,193 @@
+//! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`),
+//! compiled to machine code and called (`jit`), cached by their structural
+//! hash, and run in the order and memory plan of a schedule (`Executable`).
+
+mod jit;
+mod lower;
+mod math;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use kiln_ir::pass::Optimized;
+use kiln_ir::schedule::Location;
+use kiln_ir::{DType, Data, NodeId, Op, TensorType};
+
+use crate::Error;
+use jit::{Buffer, CompiledKernel};
+
+/// Every kernel compiled in this process, by its structural identity: a
+/// kernel with the same body, shapes and dtypes is never compiled twice.
+static CACHE: LazyLock<Mutex<HashMap<kiln_ir::kernel::Kernel, Arc<CompiledKernel>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// How many kernels have been compiled (cache misses) in this process.
+static COMPILED: AtomicUsize = AtomicUsize::new(0);
+
+/// The number of kernels compiled so far in this process: a cache hit adds
+/// nothing.
+pub fn compiled_kernels() -> usize {
+    COMPILED.load(Ordering::Relaxed)
+}
+
+fn compile(
+    kernel: &kiln_ir::kernel::Kernel,
+    name: &str,
+    dump: bool,
+) -> Result<Arc<CompiledKernel>, Error> {
+    // A poisoned cache only means another thread panicked mid-insert; its map is intact.
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(k) = cache.get(kernel) {
+        return Ok(k.clone());
+    }
+    let mut print = |code: &str| eprintln!("// kiln: code {name}\n{code}");
+    let compiled = Arc::new(CompiledKernel::new(
+        kernel,
+        dump.then_some(&mut print as &mut dyn FnMut(&str)),
+    )?);
+    COMPILED.fetch_add(1, Ordering::Relaxed);
+    cache.insert(kernel.clone(), compiled.clone());
+    Ok(compiled)
+}
+
+/// A fused graph compiled for the CPU: its kernels, and an arena sized by
+/// the memory plan, reused by every run.
+pub struct Executable {
+    optimized: Optimized,
+    kernels: Vec<Arc<CompiledKernel>>,
+    arena: Vec<Vec<u32>>,
+}
+
+impl Executable {
+    /// Compiles every kernel of `optimized` (or takes it from the cache);
+    /// `dump_code` prints the Cranelift IR of each kernel compiled.
+    pub fn new(optimized: Optimized, dump_code: bool) -> Result<Executable, Error> {
+        let mut kernels = Vec::with_capacity(optimized.schedule.launches.len());
+        for (k, launch) in optimized.schedule.launches.iter().enumerate() {
+            let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+                return Err(Error::Launch(format!("launch {k} is not a kernel")));
+            };
+            kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
+        }
+        let arena = optimized
+            .schedule
+            .slots
+            .iter()
+            .map(|&bytes| vec![0u32; bytes.div_ceil(4)])
+            .collect();
+        Ok(Executable {
+            optimized,
+            kernels,
+            arena,
+        })
+    }
+
+    /// The fused graph and its schedule.
+    pub fn optimized(&self) -> &Optimized {
+        &self.optimized
+    }
+
+    /// The types of the inputs the graph was compiled for.
+    pub fn input_types(&self) -> &[TensorType] {
+        &self.optimized.graph.inputs
+    }
+
+    /// The types of the outputs.
+    pub fn output_types(&self) -> Vec<TensorType> {
+        self.optimized.graph.output_types()
+    }
+
+    /// Zeroed buffers of the output types, for `run_into`.
+    pub fn output_buffers(&self) -> Vec<Data> {
+        self.output_types()
+            .iter()
+            .map(|t| zeros(t.dtype, t.shape.numel()))
+            .collect()
+    }
+
+    /// Runs the graph on `inputs` and returns fresh outputs.
+    pub fn run(&mut self, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
+        let mut outputs = self.output_buffers();
+        self.run_into(inputs, &mut outputs)?;
+        Ok(outputs)
+    }
+
+    /// Runs the graph on `inputs`, writing into `outputs` (of the output
+    /// types): with outputs reused, a run allocates nothing.
+    pub fn run_into(&mut self, inputs: &[&Data], outputs: &mut [Data]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        let types = graph.output_types();
+        check(&graph.name, "output", &types, outputs.iter())?;
+        // The graph output each node is written to, if any (first occurrence).
+        let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
+        let schedule = &self.optimized.schedule;
+        for (launch, kernel) in schedule.launches.iter().zip(&self.kernels) {
+            let node = graph.node(launch.node);
+            let args: Vec<Buffer> = node
+                .inputs
+                .iter()
+                .zip(&launch.inputs)
+                .map(|(&id, loc)| match (output_of(id), loc) {
+                    (Some(k), _) => Buffer::input(&outputs[k]),
+                    (None, Location::Input(i)) => Buffer::input(inputs[*i as usize]),
+                    (None, Location::Slot(s)) => Buffer::slot(&mut self.arena[*s]),
+                })
+                .collect();
+            let mut out = match output_of(launch.node) {
+                Some(k) => Buffer::output(&mut outputs[k]),
+                None => Buffer::slot(&mut self.arena[launch.output]),
+            };
+            let refs: Vec<&Buffer> = args.iter().collect();
+            kernel.run(&refs, &mut out)?;
+        }
+        // Outputs that are inputs, or that repeat an earlier output, are copies.
+        for (k, &id) in graph.outputs.iter().enumerate() {
+            match (&graph.node(id).op, output_of(id)) {
+                (Op::Input { index }, _) => outputs[k] = inputs[*index as usize].clone(),
+                (_, Some(first)) if first != k => outputs[k] = outputs[first].clone(),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn zeros(dtype: DType, n: usize) -> Data {
+    match dtype {
+        DType::F32 => Data::F32(vec![0.0; n]),
+        DType::I32 => Data::I32(vec![0; n]),
+        DType::U8 => Data::U8(vec![0; n]),
+        DType::Bool => Data::Bool(vec![false; n]),
+    }
+}
+
+/// Each buffer must be of the declared type.
+fn check<'a>(
+    graph: &str,
+    what: &'static str,
+    types: &[TensorType],
+    data: impl ExactSizeIterator<Item = &'a Data>,
+) -> Result<(), Error> {
+    if data.len() != types.len() {
+        return Err(Error::Count {
+            graph: graph.to_string(),
+            what,
+            expected: types.len(),
+            got: data.len(),
+        });
+    }
+    for (index, (d, ty)) in data.zip(types).enumerate() {
+        if d.dtype() != ty.dtype || d.len() != ty.shape.numel() {
+            return Err(Error::Buffer {
+                graph: graph.to_string(),
+                what,
+                index,
+                expected: ty.to_string(),
+                got: format!("{} values of {}", d.len(), d.dtype()),
+            });
+        }
+    }
+    Ok(())
+}

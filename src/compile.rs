@@ -1,0 +1,135 @@
+//! `kiln::compile`: trace a function once, run it many times.
+//!
+//! The function is called once on placeholder tensors of the given types;
+//! what it records is optimized and compiled for the CPU. Each call of the
+//! `CompiledGraph` then only checks its inputs and launches the kernels, with
+//! intermediate buffers reused from the memory plan: no tracing, optimizing,
+//! compiling or intermediate allocation per call. Tensors the function
+//! captures (weights) are baked in as the values they hold at compile time.
+
+use std::sync::Arc;
+
+use kiln_ir::pass::{Optimized, Options};
+use kiln_ir::{Data, TensorType};
+use kiln_runtime::cpu::Executable;
+
+use crate::tensor::{Source, capture_with_data, compile_graph};
+use crate::{Result, Tensor};
+
+/// A traced and compiled function of tensors.
+pub struct CompiledGraph {
+    exec: Executable,
+    /// Per graph input: a call argument (by position) or captured data.
+    sources: Vec<Source>,
+    specs: Vec<TensorType>,
+}
+
+/// Traces `f` on placeholders of `specs` and compiles the result with the
+/// default options (fusion on).
+pub fn compile(
+    name: &str,
+    specs: &[TensorType],
+    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<CompiledGraph> {
+    compile_with(name, specs, Options::default(), f)
+}
+
+/// `compile` with explicit optimizer options (`Options { fusion: false }`
+/// for the unfused baseline of benchmarks).
+pub fn compile_with(
+    name: &str,
+    specs: &[TensorType],
+    options: Options,
+    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<CompiledGraph> {
+    let placeholders: Vec<Tensor> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| Ok(Tensor::placeholder(ty.clone().checked("compile")?, i)))
+        .collect::<Result<_>>()?;
+    let outputs = f(&placeholders)?;
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    let (graph, sources) = capture_with_data(name, &refs);
+    let exec = compile_graph(&graph, options)?;
+    Ok(CompiledGraph {
+        exec,
+        sources,
+        specs: specs.to_vec(),
+    })
+}
+
+impl CompiledGraph {
+    /// Runs the graph on `inputs` (of the compiled types, in order) and
+    /// returns fresh output buffers.
+    pub fn run(&mut self, inputs: &[&Data]) -> Result<Vec<Data>> {
+        let mut outputs = self.exec.output_buffers();
+        self.run_into(inputs, &mut outputs)?;
+        Ok(outputs)
+    }
+
+    /// Runs the graph on `inputs`, writing into `outputs` (made once by
+    /// `output_buffers`): a call that allocates nothing.
+    pub fn run_into(&mut self, inputs: &[&Data], outputs: &mut [Data]) -> Result<()> {
+        let args = arguments(&self.sources, &self.specs, &self.exec, inputs)?;
+        self.exec.run_into(&args, outputs)?;
+        Ok(())
+    }
+
+    /// Runs the graph on tensors, realizing them first.
+    pub fn call(&mut self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let data: Vec<Arc<Data>> = inputs
+            .iter()
+            .map(|t| t.data_of_any_dtype())
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Data> = data.iter().map(|d| d.as_ref()).collect();
+        let outputs = self.run(&refs)?;
+        let types = self.exec.output_types();
+        Ok(outputs
+            .into_iter()
+            .zip(types)
+            .map(|(d, ty)| Tensor::from_data(ty, d))
+            .collect())
+    }
+
+    /// Output buffers of the right types, to pass to `run_into`.
+    pub fn output_buffers(&self) -> Vec<Data> {
+        self.exec.output_buffers()
+    }
+
+    /// The types of the inputs a call takes.
+    pub fn input_types(&self) -> &[TensorType] {
+        &self.specs
+    }
+
+    /// The fused graph and its schedule.
+    pub fn optimized(&self) -> &Optimized {
+        self.exec.optimized()
+    }
+}
+
+/// Every graph input: the call's arguments where the trace had placeholders,
+/// the captured data elsewhere. Argument types are checked by the
+/// executable; here only their number.
+fn arguments<'a>(
+    sources: &'a [Source],
+    specs: &[TensorType],
+    exec: &Executable,
+    inputs: &[&'a Data],
+) -> Result<Vec<&'a Data>> {
+    if inputs.len() != specs.len() {
+        return Err(kiln_runtime::Error::Count {
+            graph: exec.optimized().graph.name.clone(),
+            what: "argument",
+            expected: specs.len(),
+            got: inputs.len(),
+        }
+        .into());
+    }
+    Ok(sources
+        .iter()
+        .map(|s| match s {
+            Source::Data(d) => d.as_ref(),
+            Source::Placeholder(i) => inputs[*i],
+        })
+        .collect())
+}
