@@ -1,0 +1,551 @@
+//! The CPU backend against the reference interpreter: every op and every
+//! fusion kind, on seeded random inputs of sizes 1, 3, 7, 50, 1027 (vector
+//! tails and thread splits) and [4096, 1000], with NaN, infinities and signed
+//! zeros where the op defines them.
+//!
+//! Ops the CPU computes exactly as IEEE says (`+ - * /`, sqrt, comparisons,
+//! casts, max/min, relu, the data movement) must agree bit for bit;
+//! transcendental functions within their stated bounds; sums and products
+//! within the error bound of f32 accumulation, `n * eps * sum|x|`.
+
+use kiln::{DType, Data, Device, Result, Tensor};
+
+const SIZES: [usize; 5] = [1, 3, 7, 50, 1027];
+
+/// Seeded normal values with the special values sprinkled in.
+fn input(dims: &[usize], seed: u64, specials: bool) -> Result<Tensor> {
+    let t = Tensor::randn(dims, seed)?;
+    if !specials {
+        return Ok(t);
+    }
+    let mut v = t.to_vec::<f32>()?;
+    let marks = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+    for (k, &m) in marks.iter().enumerate() {
+        let i = (k * 7919 + seed as usize) % v.len().max(1);
+        if let Some(x) = v.get_mut(i) {
+            *x = m;
+        }
+    }
+    Tensor::from_vec(v, dims)
+}
+
+/// How far the CPU may be from the interpreter.
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    rtol: f64,
+    atol: f64,
+}
+
+const EXACT: Tol = Tol {
+    rtol: 0.0,
+    atol: 0.0,
+};
+
+/// Compares element by element; NaN matches NaN, and -0 matches +0 only
+/// under a tolerance.
+fn compare(what: &str, cpu: &Data, reference: &Data, tol: Tol) {
+    assert_eq!(cpu.len(), reference.len(), "{what}: lengths");
+    for i in 0..cpu.len() {
+        let (a, b) = (cpu.get(i).to_f64(), reference.get(i).to_f64());
+        let same = (a.is_nan() && b.is_nan())
+            || if tol.rtol == 0.0 && tol.atol == 0.0 {
+                a.to_bits() == b.to_bits() || (cpu.dtype() != DType::F32 && a == b)
+            } else {
+                a == b || (a - b).abs() <= (tol.rtol * a.abs().max(b.abs())).max(tol.atol)
+            };
+        assert!(
+            same,
+            "{what}: element {i}: cpu {a:e}, reference {b:e} (tolerance {tol:?})"
+        );
+    }
+}
+
+/// Builds `f` on the CPU and on the reference device from the same inputs
+/// and compares the results.
+fn check(
+    what: &str,
+    inputs: &[Tensor],
+    tol: Tol,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<()> {
+    let cpu = f(inputs)?;
+    let reference: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to(Device::Reference))
+        .collect::<Result<_>>()?;
+    let want = f(&reference)?;
+    assert_eq!(
+        want.device(),
+        Device::Reference,
+        "{what}: the oracle ran on the CPU"
+    );
+    assert_eq!(cpu.dims(), want.dims(), "{what}: shapes");
+    let (a, b) = (data(&cpu)?, data(&want)?);
+    compare(what, &a, &b, tol);
+    Ok(())
+}
+
+fn data(t: &Tensor) -> Result<Data> {
+    Ok(match t.dtype() {
+        DType::F32 => Data::F32(t.to_vec()?),
+        DType::I32 => Data::I32(t.to_vec()?),
+        DType::U8 => Data::U8(t.to_vec()?),
+        DType::Bool => Data::Bool(t.to_vec()?),
+    })
+}
+
+/// The error bound of summing `n` values of magnitude up to `scale` in f32.
+fn sum_tol(n: usize, scale: f64) -> Tol {
+    Tol {
+        rtol: 1e-6,
+        atol: 4.0 * n as f64 * f64::from(f32::EPSILON) * scale,
+    }
+}
+
+#[test]
+fn unary_ops_at_every_size() -> Result<()> {
+    type Op = fn(&Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op, Tol); 9] = [
+        ("neg", Tensor::neg, EXACT),
+        ("abs", Tensor::abs, EXACT),
+        ("relu", Tensor::relu, EXACT),
+        ("sqrt", Tensor::sqrt, EXACT),
+        ("recip", Tensor::recip, EXACT),
+        (
+            "exp",
+            Tensor::exp,
+            Tol {
+                rtol: 2e-7,
+                atol: 1e-37,
+            },
+        ),
+        (
+            "log",
+            Tensor::log,
+            Tol {
+                rtol: 2e-7,
+                atol: 2e-7,
+            },
+        ),
+        (
+            "tanh",
+            Tensor::tanh,
+            Tol {
+                rtol: 5e-7,
+                atol: 1e-37,
+            },
+        ),
+        (
+            "sigmoid",
+            Tensor::sigmoid,
+            Tol {
+                rtol: 5e-7,
+                atol: 1e-37,
+            },
+        ),
+    ];
+    for (name, op, tol) in ops {
+        for n in SIZES {
+            let x = input(&[n], n as u64, true)?;
+            check(&format!("{name} [{n}]"), &[x], tol, |t| op(&t[0]))?;
+        }
+        let x = input(&[4096, 1000], 7, true)?;
+        check(&format!("{name} [4096,1000]"), &[x], tol, |t| op(&t[0]))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn binary_ops_with_broadcasting() -> Result<()> {
+    type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op, Tol); 7] = [
+        ("add", Tensor::add, EXACT),
+        ("sub", Tensor::sub, EXACT),
+        ("mul", Tensor::mul, EXACT),
+        ("div", Tensor::div, EXACT),
+        ("maximum", Tensor::maximum, EXACT),
+        ("minimum", Tensor::minimum, EXACT),
+        ("pow", Tensor::pow, EXACT),
+    ];
+    for (name, op, tol) in ops {
+        for n in SIZES {
+            let (a, b) = (input(&[n], 1, true)?, input(&[n], 2, true)?);
+            check(&format!("{name} [{n}]"), &[a, b], tol, |t| op(&t[0], &t[1]))?;
+            // Rows against a broadcast row and a broadcast column.
+            let (a, row, col) = (
+                input(&[5, n], 3, true)?,
+                input(&[n], 4, false)?,
+                input(&[5, 1], 5, false)?,
+            );
+            check(
+                &format!("{name} [5,{n}] row"),
+                &[a.clone(), row],
+                tol,
+                |t| op(&t[0], &t[1]),
+            )?;
+            check(&format!("{name} [5,{n}] col"), &[a, col], tol, |t| {
+                op(&t[0], &t[1])
+            })?;
+        }
+        let (a, b) = (input(&[4096, 1000], 8, true)?, input(&[1000], 9, true)?);
+        check(&format!("{name} [4096,1000]"), &[a, b], tol, |t| {
+            op(&t[0], &t[1])
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn comparisons_where_and_casts() -> Result<()> {
+    for n in SIZES {
+        let (a, b) = (input(&[n], 11, true)?, input(&[n], 12, true)?);
+        type Cmp = fn(&Tensor, &Tensor) -> Result<Tensor>;
+        let cmps: [(&str, Cmp); 6] = [
+            ("lt", Tensor::lt),
+            ("le", Tensor::le),
+            ("gt", Tensor::gt),
+            ("ge", Tensor::ge),
+            ("eq", Tensor::eq),
+            ("ne", Tensor::ne),
+        ];
+        for (name, cmp) in cmps {
+            check(
+                &format!("{name} [{n}]"),
+                &[a.clone(), b.clone()],
+                EXACT,
+                |t| cmp(&t[0], &t[1]),
+            )?;
+        }
+        check(
+            &format!("where [{n}]"),
+            &[a.clone(), b.clone()],
+            EXACT,
+            |t| t[0].gt(&t[1])?.where_cond(&t[0], &t[1]),
+        )?;
+        let scaled = (&a * 100.0f32)?;
+        for (from, to) in [
+            (DType::F32, DType::I32),
+            (DType::F32, DType::U8),
+            (DType::F32, DType::Bool),
+            (DType::I32, DType::F32),
+            (DType::I32, DType::U8),
+            (DType::I32, DType::Bool),
+            (DType::U8, DType::F32),
+            (DType::U8, DType::I32),
+            (DType::U8, DType::Bool),
+            (DType::Bool, DType::F32),
+            (DType::Bool, DType::I32),
+            (DType::Bool, DType::U8),
+        ] {
+            check(
+                &format!("cast {from}->{to} [{n}]"),
+                &[scaled.clone()],
+                EXACT,
+                |t| t[0].cast(from)?.cast(to),
+            )?;
+        }
+        // Integer arithmetic wraps; i32 max/min/relu/abs/neg.
+        check(&format!("i32 ops [{n}]"), &[scaled.clone()], EXACT, |t| {
+            let i = t[0].cast(DType::I32)?;
+            let j = (&i * &i)?.sub(&i.abs()?)?.maximum(&i.neg()?)?;
+            (&j + &i.relu()?)?.minimum(&(&i * 3i32)?)
+        })?;
+        check(&format!("u8 ops [{n}]"), &[scaled.clone()], EXACT, |t| {
+            let u = t[0].cast(DType::U8)?;
+            (&(&u * &u)? + &u)?
+                .maximum(&u)?
+                .sub(&u.minimum(&(&u + &u)?)?)
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn reductions_over_every_axis_kind() -> Result<()> {
+    for n in SIZES {
+        for dims in [vec![n], vec![3, n], vec![n, 5], vec![2, n, 3]] {
+            let x = input(&dims, n as u64, false)?;
+            let count = dims.iter().product::<usize>();
+            for axes in [vec![0isize], vec![-1], vec![0, -1]] {
+                if axes.len() > dims.len() {
+                    continue;
+                }
+                let what = format!("{dims:?} axes {axes:?}");
+                check(
+                    &format!("sum {what}"),
+                    &[x.clone()],
+                    sum_tol(count, 4.0),
+                    |t| t[0].sum(&axes, false),
+                )?;
+                check(&format!("max {what}"), &[x.clone()], EXACT, |t| {
+                    t[0].max(&axes, true)
+                })?;
+                check(
+                    &format!("mean {what}"),
+                    &[x.clone()],
+                    sum_tol(count, 4.0),
+                    |t| t[0].mean(&axes, true),
+                )?;
+            }
+        }
+        // NaN propagates through max; integers sum exactly.
+        let x = input(&[4, n], 3, true)?;
+        check(&format!("max nan [4,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].max(&[1], false)
+        })?;
+        check(&format!("sum i32 [4,{n}]"), &[x], EXACT, |t| {
+            (&t[0] * 1000.0f32)?.cast(DType::I32)?.sum(&[0, 1], false)
+        })?;
+    }
+    let x = input(&[4096, 1000], 5, false)?;
+    check(
+        "sum rows [4096,1000]",
+        &[x.clone()],
+        sum_tol(1000, 4.0),
+        |t| t[0].sum(&[1], true),
+    )?;
+    check(
+        "sum cols [4096,1000]",
+        &[x.clone()],
+        sum_tol(4096, 4.0),
+        |t| t[0].sum(&[0], true),
+    )?;
+    check(
+        "sum all [4096,1000]",
+        &[x],
+        sum_tol(4096 * 1000, 4.0),
+        |t| t[0].sum_all(),
+    )
+}
+
+#[test]
+fn views_fold_into_reads() -> Result<()> {
+    for n in SIZES {
+        let x = input(&[3, n], 21, true)?;
+        check(&format!("transpose [3,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].t()?.relu()
+        })?;
+        check(&format!("slice [3,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].slice(1, n / 3, n, 2)?.neg()
+        })?;
+        check(&format!("pad [3,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?.abs()
+        })?;
+        check(
+            &format!("reshape of transpose [3,{n}]"),
+            &[x.clone()],
+            EXACT,
+            |t| t[0].t()?.reshape([3 * n])?.neg(),
+        )?;
+        check(&format!("expand [3,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].unsqueeze(0)?.expand([2, 3, n])?.relu()
+        })?;
+        check(&format!("padded sum [3,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].pad(&[(0, 0), (2, 2)], 0.0f32)?.max(&[1], false)
+        })?;
+        // A view as an output, and an input returned as it is.
+        check(&format!("view output [3,{n}]"), &[x.clone()], EXACT, |t| {
+            t[0].t()
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn matmuls_plain_transposed_batched() -> Result<()> {
+    for (m, k, n) in [
+        (1, 1, 1),
+        (3, 7, 5),
+        (50, 3, 1027),
+        (7, 1027, 3),
+        (64, 784, 256),
+    ] {
+        let (a, b, bias) = (
+            input(&[m, k], 31, false)?,
+            input(&[k, n], 32, false)?,
+            input(&[n], 33, false)?,
+        );
+        let tol = sum_tol(k, 16.0);
+        check(
+            &format!("matmul {m}x{k}x{n}"),
+            &[a.clone(), b.clone()],
+            tol,
+            |t| t[0].matmul(&t[1]),
+        )?;
+        check(
+            &format!("relu(x@w+b) {m}x{k}x{n}"),
+            &[a.clone(), b.clone(), bias],
+            tol,
+            |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
+        )?;
+        let bt = b.t()?.to_vec::<f32>()?;
+        let bt = Tensor::from_vec(bt, [n, k])?;
+        check(&format!("x@w.T {m}x{k}x{n}"), &[a.clone(), bt], tol, |t| {
+            t[0].matmul(&t[1].t()?)
+        })?;
+    }
+    let (a, b) = (
+        input(&[2, 3, 7, 5], 34, false)?,
+        input(&[2, 3, 5, 4], 35, false)?,
+    );
+    check("batched matmul", &[a, b], sum_tol(5, 16.0), |t| {
+        t[0].matmul(&t[1])?.exp()
+    })?;
+    let (v, w) = (input(&[7], 36, false)?, input(&[7, 3], 37, false)?);
+    check("vector @ matrix", &[v, w], sum_tol(7, 16.0), |t| {
+        t[0].matmul(&t[1])
+    })
+}
+
+#[test]
+fn fusion_kinds_agree() -> Result<()> {
+    let soft = Tol {
+        rtol: 2e-6,
+        atol: 1e-7,
+    };
+    for n in SIZES {
+        let x = input(&[5, n], 41, false)?;
+        check(&format!("softmax [5,{n}]"), &[x.clone()], soft, |t| {
+            t[0].softmax(-1)
+        })?;
+        check(
+            &format!("log_softmax [5,{n}]"),
+            &[x.clone()],
+            Tol {
+                rtol: 2e-6,
+                atol: 2e-6,
+            },
+            |t| t[0].log_softmax(-1),
+        )?;
+        check(
+            &format!("softmax axis 0 [5,{n}]"),
+            &[x.clone()],
+            soft,
+            |t| t[0].softmax(0),
+        )?;
+        check(
+            &format!("x - mean [5,{n}]"),
+            &[x.clone()],
+            sum_tol(n, 8.0),
+            |t| &t[0] - &t[0].mean(&[1], true)?,
+        )?;
+        check(
+            &format!("sum(x*x) [5,{n}]"),
+            &[x.clone()],
+            sum_tol(5 * n, 16.0),
+            |t| (&t[0] * &t[0])?.sum_all(),
+        )?;
+        let (w, b) = (input(&[n], 42, false)?, input(&[n], 43, false)?);
+        check(
+            &format!("layer_norm [5,{n}]"),
+            &[x.clone(), w, b],
+            Tol {
+                rtol: 1e-4,
+                atol: 1e-4,
+            },
+            |t| t[0].layer_norm(&t[1], &t[2], 1e-5),
+        )?;
+        check(
+            &format!("gelu [5,{n}]"),
+            &[x],
+            Tol {
+                rtol: 2e-6,
+                atol: 1e-7,
+            },
+            |t| t[0].gelu(),
+        )?;
+    }
+    let x = input(&[4096, 1000], 44, false)?;
+    check("softmax [4096,1000]", &[x.clone()], soft, |t| {
+        t[0].softmax(-1)
+    })?;
+    check(
+        "ew_chain [4096,1000]",
+        &[x.clone(), x.clone(), x],
+        EXACT,
+        |t| (((&t[0] * &t[1])? + &t[2])?.relu()? * 0.5f32),
+    )
+}
+
+#[test]
+fn transcendentals_stay_within_their_bounds() -> Result<()> {
+    // Every 97th f32 bit pattern of each sign: the whole range, subnormals included.
+    let values: Vec<f32> = (0..u32::MAX / 97)
+        .map(|k| f32::from_bits(k.wrapping_mul(97)))
+        .filter(|v| v.is_finite())
+        .collect();
+    let x = Tensor::from_slice(&values, [values.len()])?;
+    type F = fn(&Tensor) -> Result<Tensor>;
+    let cases: [(&str, F, fn(f64) -> f64, f64); 4] = [
+        ("exp", Tensor::exp, f64::exp, 2e-7),
+        ("log", Tensor::log, f64::ln, 2e-7),
+        ("tanh", Tensor::tanh, f64::tanh, 5e-7),
+        (
+            "sigmoid",
+            Tensor::sigmoid,
+            |v| 1.0 / (1.0 + (-v).exp()),
+            5e-7,
+        ),
+    ];
+    for (name, f, exact, bound) in cases {
+        let got = f(&x)?.to_vec::<f32>()?;
+        let mut worst = (0.0f64, 0.0f32);
+        for (&v, &g) in values.iter().zip(&got) {
+            let want = exact(f64::from(v));
+            let w32 = want as f32;
+            // Where the true value is not a normal f32 the bound is absolute.
+            let err = if w32.is_nan() {
+                if g.is_nan() { 0.0 } else { f64::INFINITY }
+            } else if w32.is_infinite() || g.is_infinite() {
+                if g == w32 { 0.0 } else { f64::INFINITY }
+            } else if want.abs() < f64::from(f32::MIN_POSITIVE) {
+                ((f64::from(g) - want).abs() / f64::from(f32::MIN_POSITIVE)) * 1e-7
+            } else {
+                (f64::from(g) - want).abs() / want.abs()
+            };
+            if err > worst.0 {
+                worst = (err, v);
+            }
+        }
+        eprintln!(
+            "{name}: worst relative error {:e} at {:e}",
+            worst.0, worst.1
+        );
+        assert!(
+            worst.0 <= bound,
+            "{name}: relative error {:e} at x = {:e} exceeds {bound:e}",
+            worst.0,
+            worst.1
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn compiled_graphs_replay_and_reject_wrong_inputs() -> Result<()> {
+    let w = Tensor::randn([16, 4], 1)?;
+    let spec = kiln::TensorType::new(DType::F32, [8, 16]);
+    let mut g = kiln::compile("layer", &[spec], |x| {
+        Ok(vec![(x[0].matmul(&w)?.relu()? + 1.0f32)?])
+    })?;
+    for seed in 0..3 {
+        let x = Tensor::randn([8, 16], seed)?;
+        let got = g.call(&[&x])?;
+        let want = (x.to(Device::Reference)?.matmul(&w)?.relu()? + 1.0f32)?;
+        compare(
+            "compiled call",
+            &data(&got[0])?,
+            &data(&want)?,
+            sum_tol(16, 16.0),
+        );
+    }
+    let wrong = Tensor::randn([8, 15], 0)?;
+    let err = g.call(&[&wrong]).err().map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some("layer: input 0 must be f32[8,16], got 120 values of f32")
+    );
+    let err = g.call(&[]).err().map(|e| e.to_string());
+    assert_eq!(err.as_deref(), Some("layer: expected 1 arguments, got 0"));
+    Ok(())
+}
