@@ -239,7 +239,7 @@ fn comparisons_where_and_casts() -> Result<()> {
         ] {
             check(
                 &format!("cast {from}->{to} [{n}]"),
-                &[scaled.clone()],
+                std::slice::from_ref(&scaled),
                 EXACT,
                 |t| t[0].cast(from)?.cast(to),
             )?;
@@ -463,7 +463,7 @@ fn fusion_kinds_agree() -> Result<()> {
         "ew_chain [4096,1000]",
         &[x.clone(), x.clone(), x],
         EXACT,
-        |t| (((&t[0] * &t[1])? + &t[2])?.relu()? * 0.5f32),
+        |t| ((&t[0] * &t[1])? + &t[2])?.relu()? * 0.5f32,
     )
 }
 
