@@ -245,17 +245,27 @@ fn comparisons_where_and_casts() -> Result<()> {
             )?;
         }
         // Integer arithmetic wraps; i32 max/min/relu/abs/neg.
-        check(&format!("i32 ops [{n}]"), &[scaled.clone()], EXACT, |t| {
-            let i = t[0].cast(DType::I32)?;
-            let j = (&i * &i)?.sub(&i.abs()?)?.maximum(&i.neg()?)?;
-            (&j + &i.relu()?)?.minimum(&(&i * 3i32)?)
-        })?;
-        check(&format!("u8 ops [{n}]"), &[scaled.clone()], EXACT, |t| {
-            let u = t[0].cast(DType::U8)?;
-            (&(&u * &u)? + &u)?
-                .maximum(&u)?
-                .sub(&u.minimum(&(&u + &u)?)?)
-        })?;
+        check(
+            &format!("i32 ops [{n}]"),
+            std::slice::from_ref(&scaled),
+            EXACT,
+            |t| {
+                let i = t[0].cast(DType::I32)?;
+                let j = (&i * &i)?.sub(&i.abs()?)?.maximum(&i.neg()?)?;
+                (&j + &i.relu()?)?.minimum(&(&i * 3i32)?)
+            },
+        )?;
+        check(
+            &format!("u8 ops [{n}]"),
+            std::slice::from_ref(&scaled),
+            EXACT,
+            |t| {
+                let u = t[0].cast(DType::U8)?;
+                (&(&u * &u)? + &u)?
+                    .maximum(&u)?
+                    .sub(&u.minimum(&(&u + &u)?)?)
+            },
+        )?;
     }
     Ok(())
 }
@@ -273,16 +283,19 @@ fn reductions_over_every_axis_kind() -> Result<()> {
                 let what = format!("{dims:?} axes {axes:?}");
                 check(
                     &format!("sum {what}"),
-                    &[x.clone()],
+                    std::slice::from_ref(&x),
                     sum_tol(count, 4.0),
                     |t| t[0].sum(&axes, false),
                 )?;
-                check(&format!("max {what}"), &[x.clone()], EXACT, |t| {
-                    t[0].max(&axes, true)
-                })?;
+                check(
+                    &format!("max {what}"),
+                    std::slice::from_ref(&x),
+                    EXACT,
+                    |t| t[0].max(&axes, true),
+                )?;
                 check(
                     &format!("mean {what}"),
-                    &[x.clone()],
+                    std::slice::from_ref(&x),
                     sum_tol(count, 4.0),
                     |t| t[0].mean(&axes, true),
                 )?;
@@ -290,9 +303,12 @@ fn reductions_over_every_axis_kind() -> Result<()> {
         }
         // NaN propagates through max; integers sum exactly.
         let x = input(&[4, n], 3, true)?;
-        check(&format!("max nan [4,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].max(&[1], false)
-        })?;
+        check(
+            &format!("max nan [4,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].max(&[1], false),
+        )?;
         check(&format!("sum i32 [4,{n}]"), &[x], EXACT, |t| {
             (&t[0] * 1000.0f32)?.cast(DType::I32)?.sum(&[0, 1], false)
         })?;
@@ -300,13 +316,13 @@ fn reductions_over_every_axis_kind() -> Result<()> {
     let x = input(&[4096, 1000], 5, false)?;
     check(
         "sum rows [4096,1000]",
-        &[x.clone()],
+        std::slice::from_ref(&x),
         sum_tol(1000, 4.0),
         |t| t[0].sum(&[1], true),
     )?;
     check(
         "sum cols [4096,1000]",
-        &[x.clone()],
+        std::slice::from_ref(&x),
         sum_tol(4096, 4.0),
         |t| t[0].sum(&[0], true),
     )?;
@@ -322,31 +338,49 @@ fn reductions_over_every_axis_kind() -> Result<()> {
 fn views_fold_into_reads() -> Result<()> {
     for n in SIZES {
         let x = input(&[3, n], 21, true)?;
-        check(&format!("transpose [3,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].t()?.relu()
-        })?;
-        check(&format!("slice [3,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].slice(1, n / 3, n, 2)?.neg()
-        })?;
-        check(&format!("pad [3,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?.abs()
-        })?;
+        check(
+            &format!("transpose [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].t()?.relu(),
+        )?;
+        check(
+            &format!("slice [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].slice(1, n / 3, n, 2)?.neg(),
+        )?;
+        check(
+            &format!("pad [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?.abs(),
+        )?;
         check(
             &format!("reshape of transpose [3,{n}]"),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             EXACT,
             |t| t[0].t()?.reshape([3 * n])?.neg(),
         )?;
-        check(&format!("expand [3,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].unsqueeze(0)?.expand([2, 3, n])?.relu()
-        })?;
-        check(&format!("padded sum [3,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].pad(&[(0, 0), (2, 2)], 0.0f32)?.max(&[1], false)
-        })?;
+        check(
+            &format!("expand [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].unsqueeze(0)?.expand([2, 3, n])?.relu(),
+        )?;
+        check(
+            &format!("padded sum [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].pad(&[(0, 0), (2, 2)], 0.0f32)?.max(&[1], false),
+        )?;
         // A view as an output, and an input returned as it is.
-        check(&format!("view output [3,{n}]"), &[x.clone()], EXACT, |t| {
-            t[0].t()
-        })?;
+        check(
+            &format!("view output [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].t(),
+        )?;
     }
     Ok(())
 }
@@ -405,12 +439,15 @@ fn fusion_kinds_agree() -> Result<()> {
     };
     for n in SIZES {
         let x = input(&[5, n], 41, false)?;
-        check(&format!("softmax [5,{n}]"), &[x.clone()], soft, |t| {
-            t[0].softmax(-1)
-        })?;
+        check(
+            &format!("softmax [5,{n}]"),
+            std::slice::from_ref(&x),
+            soft,
+            |t| t[0].softmax(-1),
+        )?;
         check(
             &format!("log_softmax [5,{n}]"),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             Tol {
                 rtol: 2e-6,
                 atol: 2e-6,
@@ -419,19 +456,19 @@ fn fusion_kinds_agree() -> Result<()> {
         )?;
         check(
             &format!("softmax axis 0 [5,{n}]"),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             soft,
             |t| t[0].softmax(0),
         )?;
         check(
             &format!("x - mean [5,{n}]"),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             sum_tol(n, 8.0),
             |t| &t[0] - &t[0].mean(&[1], true)?,
         )?;
         check(
             &format!("sum(x*x) [5,{n}]"),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             sum_tol(5 * n, 16.0),
             |t| (&t[0] * &t[0])?.sum_all(),
         )?;
@@ -456,7 +493,7 @@ fn fusion_kinds_agree() -> Result<()> {
         )?;
     }
     let x = input(&[4096, 1000], 44, false)?;
-    check("softmax [4096,1000]", &[x.clone()], soft, |t| {
+    check("softmax [4096,1000]", std::slice::from_ref(&x), soft, |t| {
         t[0].softmax(-1)
     })?;
     check(
