@@ -159,6 +159,11 @@ impl CompiledKernel {
                 // Only an epilogue that does more than copy the product needs a pass.
                 let epilogue = k.body.values.len() > 1;
                 let (batches, m, n) = (a.batches(), a.rows, b.cols);
+                // The epilogue runs on each block of rows while it is in cache when
+                // its units (`row_len` elements) tile the product's rows; else
+                // (an output that reshapes the product) after the whole product.
+                let row_len = self.launch.row_len;
+                let per_block = epilogue && row_len > 0 && n % row_len == 0;
                 let blocks = row_blocks(m, n * a.cols.max(1));
                 (0..batches * blocks.len())
                     .into_par_iter()
@@ -169,31 +174,39 @@ impl CompiledKernel {
                         // checked against views the verifier bounded; each task writes
                         // output rows r0..r1 of its batch, disjoint from every other task's.
                         unsafe { gemm_block(&a, &b, table.out(), batch, r0, r1) };
-                        if epilogue {
-                            let row = (batch * m) as i64;
-                            // SAFETY: the epilogue's unit is one output row (see
-                            // `lower`), rows r0..r1 of this batch lie in its range.
-                            unsafe { (self.func)(table.base(), row + r0 as i64, row + r1 as i64) };
+                        if per_block {
+                            let first = (batch * m + r0) * n / row_len;
+                            let last = (batch * m + r1) * n / row_len;
+                            // SAFETY: units first..last are exactly the elements of
+                            // rows r0..r1 of this batch, which this task alone writes.
+                            unsafe { (self.func)(table.base(), first as i64, last as i64) };
                         }
                     });
-            }
-            KernelKind::Elementwise | KernelKind::Reduce { .. } => {
-                let Launch { rows, row_len } = self.launch;
-                let chunks = row_blocks(rows, row_len);
-                let call = |&(lo, hi): &(usize, usize)| {
-                    // SAFETY: the buffers hold what the kernel's types need
-                    // (checked above); chunks are disjoint row ranges inside
-                    // `0..rows`, and a call writes only its own rows.
-                    unsafe { (self.func)(table.base(), lo as i64, hi as i64) }
-                };
-                if chunks.len() == 1 {
-                    chunks.iter().for_each(call);
-                } else {
-                    chunks.par_iter().with_max_len(1).for_each(call);
+                if epilogue && !per_block {
+                    self.sweep(table);
                 }
             }
+            KernelKind::Elementwise | KernelKind::Reduce { .. } => self.sweep(table),
         }
         Ok(())
+    }
+
+    /// The generated code over its whole range, split across threads in
+    /// row ranges when the work is large.
+    fn sweep(&self, table: &Table) {
+        let Launch { rows, row_len } = self.launch;
+        let chunks = row_blocks(rows, row_len);
+        let call = |&(lo, hi): &(usize, usize)| {
+            // SAFETY: `run` checked that the buffers hold what the kernel's
+            // types need; chunks are disjoint row ranges inside `0..rows`, and
+            // a call writes only its own rows.
+            unsafe { (self.func)(table.base(), lo as i64, hi as i64) }
+        };
+        if chunks.len() == 1 {
+            chunks.iter().for_each(call);
+        } else {
+            chunks.par_iter().with_max_len(1).for_each(call);
+        }
     }
 }
 

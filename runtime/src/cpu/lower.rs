@@ -118,6 +118,8 @@ fn nest(space: &Shape, axes: &[usize], split: Option<usize>, views: &[(usize, &V
         .iter()
         .map(|(_, v)| order.iter().map(|&(a, _)| axis_of(v, a, dims[a])).collect())
         .collect();
+    // The extent of every position, kept alongside the views' columns.
+    let mut extents: Vec<usize> = order.iter().map(|&(a, _)| dims[a]).collect();
     if !masked {
         // Merge position p into p+1 (innermost first) when every view steps through both as one.
         let mut p = order.len().saturating_sub(1);
@@ -132,6 +134,8 @@ fn nest(space: &Shape, axes: &[usize], split: Option<usize>, views: &[(usize, &V
                     c[p - 1].dim *= outer.dim;
                     c[p - 1].hi = c[p - 1].dim;
                 }
+                let outer = extents.remove(p - 1);
+                extents[p - 1] *= outer;
                 order.remove(p - 1);
             }
             p -= 1;
@@ -141,11 +145,8 @@ fn nest(space: &Shape, axes: &[usize], split: Option<usize>, views: &[(usize, &V
         Some(_) => order.iter().filter(|o| o.1).count(),
         None => order.len().saturating_sub(1),
     };
-    let first = columns.first();
-    let inner: Vec<usize> = first.map_or_else(Vec::new, |c| {
-        c[outer_count..].iter().map(|a| a.dim).collect()
-    });
-    let rows = first.map_or(1, |c| c[..outer_count].iter().map(|a| a.dim).product());
+    let inner = extents[outer_count..].to_vec();
+    let rows = extents[..outer_count].iter().product();
     let accesses = views
         .iter()
         .zip(columns)
@@ -248,7 +249,8 @@ pub(crate) fn lower(
             let mut views = loads(&kernel.body);
             views.push((out_buffer, &out_view));
             // A matmul's product is already in the output and its epilogue reads
-            // it in place, one output row per unit, to follow the GEMM's row blocks.
+            // it in place, a row of the output's last axis per unit, so that it
+            // can follow the GEMM's row blocks.
             let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
             let split = acc.then(|| space.rank().saturating_sub(1));
             let nest = nest(space, &identity, split, &views);
@@ -452,14 +454,20 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Row-invariant loads of a block, emitted once per row.
+    /// Row-invariant loads of a block, emitted once per row. Only where the
+    /// inner loop has elements (`inner > 0`): a view of an empty space may
+    /// point anywhere, and the verifier bounds only the reads it makes.
     fn hoist(
         &mut self,
         block: &Block,
         accesses: &[Access],
         bases: &[RowBase],
         zero: Value,
+        inner: usize,
     ) -> Vec<Option<Value>> {
+        if inner == 0 {
+            return vec![None; block.values.len()];
+        }
         let mut k = 0;
         block
             .values
@@ -672,7 +680,7 @@ impl<'a> Emitter<'a> {
         if flat {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
-            let hoisted = self.hoist(body, reads, &bases, zero);
+            let hoisted = self.hoist(body, reads, &bases, zero, nest.inner[0]);
             self.inner_loop(
                 body,
                 reads,
@@ -693,7 +701,7 @@ impl<'a> Emitter<'a> {
             self.counted_loop(start, end, 1, |e, row| {
                 let bases = e.bases(&nest.accesses, row);
                 let zero = e.iconst(0);
-                let hoisted = e.hoist(body, reads, &bases, zero);
+                let hoisted = e.hoist(body, reads, &bases, zero, inner_len);
                 let n = e.iconst(inner_len as i64);
                 e.inner_loop(
                     body,
@@ -766,7 +774,7 @@ impl<'a> Emitter<'a> {
         self.counted_loop(start, end, 1, |e, row| {
             let bases = e.bases(&pro.accesses, row);
             let zero = e.iconst(0);
-            let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero);
+            let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero, inner_len);
             let n = e.iconst(inner_len as i64);
             let init = e.scalar_const(op.init(dtype));
             let acc = e.b.declare_var(clif_type(dtype));
@@ -798,7 +806,9 @@ impl<'a> Emitter<'a> {
             });
             let total = e.b.use_var(acc);
             let bases = e.bases(&epi.accesses, row);
-            let hoisted = e.hoist(body, epi_reads, &bases, zero);
+            // A reduced output's epilogue runs once per row, whatever the inner extent.
+            let extent = if broadcast { inner_len } else { 1 };
+            let hoisted = e.hoist(body, epi_reads, &bases, zero, extent);
             let out_base = bases[bases.len() - 1];
             let out = &epi.accesses[epi.accesses.len() - 1];
             if broadcast {

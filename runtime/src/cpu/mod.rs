@@ -129,10 +129,11 @@ impl Executable {
                 .inputs
                 .iter()
                 .zip(&launch.inputs)
-                .map(|(&id, loc)| match (output_of(id), loc) {
-                    (Some(k), _) => Buffer::input(&outputs[k]),
-                    (None, Location::Input(i)) => Buffer::input(inputs[*i as usize]),
-                    (None, Location::Slot(s)) => Buffer::slot(&mut self.arena[*s]),
+                .map(|(&id, loc)| match (loc, output_of(id)) {
+                    // Inputs are read where the caller has them, outputs or not.
+                    (Location::Input(i), _) => Buffer::input(inputs[*i as usize]),
+                    (Location::Slot(_), Some(k)) => Buffer::input(&outputs[k]),
+                    (Location::Slot(s), None) => Buffer::slot(&mut self.arena[*s]),
                 })
                 .collect();
             let mut out = match output_of(launch.node) {

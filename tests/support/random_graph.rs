@@ -1,0 +1,308 @@
+//! Random graphs for property tests, shared by the optimizer's test
+//! (`ir/tests/optimize_prop.rs`) and the CPU backend's (`tests/cpu_prop.rs`):
+//! elementwise ops, broadcasts, identities, constants, comparisons, casts,
+//! reductions and the sum+broadcast pattern, every view, matmul; shapes full
+//! of 1s and some 0s; inputs with NaN, infinities and -0.
+
+// Each test uses the part it needs.
+#![allow(dead_code)]
+
+use kiln_ir::{
+    BinaryOp, DType, Data, Graph, NodeId, Op, ReduceOp, Scalar, Shape, SliceRange, TensorType,
+    UnaryOp,
+};
+use smallvec::SmallVec;
+
+/// A deterministic stream of choices from one seed (SplitMix64).
+struct Choices(u64);
+
+impl Choices {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn dim(&mut self) -> usize {
+        // Mostly small, often 1 (broadcast), sometimes 0 (empty).
+        [1, 1, 2, 3, 4, 5, 7, 0][self.below(8)]
+    }
+
+    fn shape(&mut self) -> Vec<usize> {
+        let rank = 1 + self.below(3);
+        (0..rank).map(|_| self.dim()).collect()
+    }
+
+    fn value(&mut self) -> f32 {
+        match self.below(40) {
+            0 => f32::NAN,
+            1 => f32::INFINITY,
+            2 => -0.0,
+            _ => (self.below(2001) as f32 - 1000.0) / 250.0,
+        }
+    }
+}
+
+/// Which ops a random graph may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every op the generator knows.
+    All,
+    /// Only ops a backend computes exactly as the interpreter: no
+    /// transcendental function, no sum, no matmul.
+    Exact,
+    /// Only ops continuous in their inputs, so that small rounding
+    /// differences stay small: no comparison, cast, division or log.
+    Continuous,
+}
+
+/// Builds a random graph; ops that do not type-check are skipped, so every
+/// choice sequence yields a valid graph.
+pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
+    let mut c = Choices(seed);
+    let mut g = Graph::new("random");
+    let mut nodes: Vec<NodeId> = Vec::new();
+    for _ in 0..1 + c.below(3) {
+        let shape = c.shape();
+        nodes.push(g.input(TensorType::new(DType::F32, shape)));
+    }
+    for _ in 0..steps {
+        let pick = |c: &mut Choices, nodes: &[NodeId]| {
+            nodes[nodes.len() - 1 - c.below(nodes.len().min(4))]
+        };
+        let x = pick(&mut c, &nodes);
+        let shape = g.node(x).ty.shape.clone();
+        let rank = shape.rank();
+        // Exact mode stops before the matmuls (12 and 13).
+        let kinds = if mode == Mode::Exact { 12 } else { 14 };
+        let built = match c.below(kinds) {
+            0 => {
+                use UnaryOp::*;
+                let ops: &[UnaryOp] = match mode {
+                    Mode::All => &[Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs],
+                    Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
+                    Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs],
+                };
+                g.push(Op::Unary(ops[c.below(ops.len())]), &[x])
+            }
+            1 | 2 => {
+                let y = pick(&mut c, &nodes);
+                use BinaryOp::*;
+                let ops: &[BinaryOp] = match mode {
+                    Mode::All | Mode::Exact => &[Add, Sub, Mul, Div, Max, Min],
+                    Mode::Continuous => &[Add, Sub, Mul, Max, Min],
+                };
+                binary(&mut g, ops[c.below(ops.len())], x, y)
+            }
+            3 => {
+                // Identities simplify removes: x*1, x+(-0), -(-x), relu(relu(x)).
+                match c.below(4) {
+                    0 => {
+                        let one = constant(&mut g, 1.0);
+                        binary(&mut g, BinaryOp::Mul, x, one)
+                    }
+                    1 => {
+                        let zero = constant(&mut g, -0.0);
+                        binary(&mut g, BinaryOp::Add, zero, x)
+                    }
+                    2 => g
+                        .push(Op::Unary(UnaryOp::Neg), &[x])
+                        .and_then(|n| g.push(Op::Unary(UnaryOp::Neg), &[n])),
+                    _ => g
+                        .push(Op::Unary(UnaryOp::Relu), &[x])
+                        .and_then(|n| g.push(Op::Unary(UnaryOp::Relu), &[n])),
+                }
+            }
+            4 => {
+                let v = c.value();
+                let k = constant(&mut g, v);
+                match if mode == Mode::Continuous {
+                    0
+                } else {
+                    c.below(3)
+                } {
+                    0 => binary(&mut g, BinaryOp::Mul, x, k),
+                    // where(x > k, x, k): comparisons, bool values and select.
+                    1 => binary(&mut g, BinaryOp::Gt, x, k).and_then(|m| {
+                        let k = g.push(Op::Expand(shape.clone()), &[k])?;
+                        g.push(Op::Where, &[m, x, k])
+                    }),
+                    // A round trip through i32 truncates and saturates.
+                    _ => g
+                        .push(Op::Cast(DType::I32), &[x])
+                        .and_then(|i| g.push(Op::Cast(DType::F32), &[i])),
+                }
+            }
+            5 | 6 => {
+                let op = match mode {
+                    Mode::Exact => ReduceOp::Max,
+                    Mode::All | Mode::Continuous => [ReduceOp::Sum, ReduceOp::Max][c.below(2)],
+                };
+                let axes = random_axes(&mut c, rank);
+                let r = g.push(Op::Reduce { op, axes }, &[x]);
+                if c.below(2) == 0 {
+                    // The sum+broadcast pattern: x - reduce(x), or x / reduce(x).
+                    let op = match mode {
+                        Mode::Continuous => BinaryOp::Sub,
+                        Mode::All | Mode::Exact => [BinaryOp::Sub, BinaryOp::Div][c.below(2)],
+                    };
+                    r.and_then(|r| binary(&mut g, op, x, r))
+                } else {
+                    r
+                }
+            }
+            7 => {
+                let mut perm: Vec<usize> = (0..rank).collect();
+                for i in (1..rank).rev() {
+                    perm.swap(i, c.below(i + 1));
+                }
+                g.push(Op::Permute(perm.into()), &[x])
+            }
+            8 => {
+                let ranges: SmallVec<[SliceRange; 4]> = shape
+                    .dims()
+                    .iter()
+                    .map(|&d| {
+                        let start = c.below(d + 1);
+                        let end = start + c.below(d - start + 1);
+                        SliceRange {
+                            start,
+                            end,
+                            step: 1 + c.below(3),
+                        }
+                    })
+                    .collect();
+                g.push(Op::Slice(ranges), &[x])
+            }
+            9 => {
+                let pads = (0..rank).map(|_| (c.below(3), c.below(3))).collect();
+                let value = Scalar::F32([0.0, -1.5, f32::NEG_INFINITY][c.below(3)]);
+                g.push(Op::Pad { pads, value }, &[x])
+            }
+            10 => {
+                // Reshape: flatten, split the last axis, or add a size-1 axis.
+                let dims = shape.dims();
+                let to: Vec<usize> = match c.below(3) {
+                    0 => vec![shape.numel()],
+                    1 if dims.last().is_some_and(|&d| d % 2 == 0 && d > 0) => {
+                        let mut v = dims.to_vec();
+                        let last = v.pop().unwrap_or(2);
+                        v.extend([2, last / 2]);
+                        v
+                    }
+                    _ => {
+                        let mut v = dims.to_vec();
+                        v.insert(c.below(rank + 1), 1);
+                        v
+                    }
+                };
+                g.push(Op::Reshape(Shape::new(&to)), &[x])
+            }
+            11 => {
+                let mut to = shape.dims().to_vec();
+                for d in to.iter_mut() {
+                    if *d == 1 {
+                        *d = 1 + c.below(3);
+                    }
+                }
+                if c.below(2) == 0 {
+                    to.insert(0, 2);
+                }
+                g.push(Op::Expand(Shape::new(&to)), &[x])
+            }
+            12 | 13 => {
+                // x @ w with a fresh weight, read transposed half the time.
+                let dims = shape.dims();
+                let k = dims.last().copied().unwrap_or(1);
+                let n = 1 + c.below(4);
+                let mut w_dims = dims.to_vec();
+                let len = w_dims.len();
+                if c.below(2) == 0 {
+                    w_dims[len - 1] = k;
+                    if len >= 2 {
+                        w_dims[len - 2] = n;
+                    }
+                    let w = g.input(TensorType::new(DType::F32, w_dims.clone()));
+                    let mut perm: Vec<usize> = (0..len).collect();
+                    if len >= 2 {
+                        perm.swap(len - 1, len - 2);
+                    }
+                    g.push(Op::Permute(perm.into()), &[w])
+                        .and_then(|wt| g.push(Op::MatMul, &[x, wt]))
+                } else {
+                    if len >= 2 {
+                        w_dims[len - 2] = k;
+                    }
+                    w_dims[len - 1] = n;
+                    let w = g.input(TensorType::new(DType::F32, w_dims));
+                    g.push(Op::MatMul, &[x, w])
+                }
+            }
+            _ => unreachable!("below(14)"),
+        };
+        if let Ok(id) = built {
+            nodes.push(id);
+        }
+    }
+    g.outputs.push(*nodes.last().unwrap_or(&NodeId(0)));
+    if nodes.len() > 2 && c.below(2) == 0 {
+        g.outputs.push(nodes[c.below(nodes.len())]);
+    }
+    g
+}
+
+fn constant(g: &mut Graph, v: f32) -> NodeId {
+    g.push_typed(
+        Op::Const(Scalar::F32(v)),
+        SmallVec::new(),
+        TensorType::new(DType::F32, Shape::scalar()),
+    )
+}
+
+/// `a op b` with NumPy broadcasting, as the Tensor API records it.
+fn binary(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, kiln_ir::Error> {
+    let to = Shape::broadcast(op.name(), &g.node(a).ty.shape, &g.node(b).ty.shape)?;
+    let expand = |g: &mut Graph, x: NodeId| {
+        if g.node(x).ty.shape == to {
+            Ok(x)
+        } else {
+            g.push(Op::Expand(to.clone()), &[x])
+        }
+    };
+    let (a, b) = (expand(g, a)?, expand(g, b)?);
+    g.push(Op::Binary(op), &[a, b])
+}
+
+fn random_axes(c: &mut Choices, rank: usize) -> SmallVec<[usize; 4]> {
+    let axes: SmallVec<[usize; 4]> = (0..rank).filter(|_| c.below(2) == 0).collect();
+    if axes.is_empty() {
+        SmallVec::from_elem(c.below(rank), 1)
+    } else {
+        axes
+    }
+}
+
+pub fn inputs(graph: &Graph, seed: u64) -> Vec<Data> {
+    let mut c = Choices(seed ^ 0xDA7A);
+    graph
+        .inputs
+        .iter()
+        .map(|ty| Data::F32((0..ty.shape.numel()).map(|_| c.value()).collect()))
+        .collect()
+}
+
+pub fn same(a: &Data, b: &Data) -> bool {
+    a.len() == b.len()
+        && (0..a.len()).all(|i| match (a.get(i), b.get(i)) {
+            (Scalar::F32(x), Scalar::F32(y)) => {
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+            }
+            (x, y) => x == y,
+        })
+}
