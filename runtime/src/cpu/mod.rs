@@ -31,6 +31,12 @@ pub fn compiled_kernels() -> usize {
     COMPILED.load(Ordering::Relaxed)
 }
 
+/// Empties the kernel cache, so that the next compile is cold: for
+/// benchmarks of compile latency.
+pub fn clear_kernel_cache() {
+    CACHE.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
 fn compile(
     kernel: &kiln_ir::kernel::Kernel,
     name: &str,

@@ -1,0 +1,192 @@
+//! The benchmark report of BENCHMARKS.md: every workload, fused and unfused,
+//! checked against a reference, timed, and printed as one JSON object per
+//! line on stdout (progress on stderr).
+//!
+//! `cargo run --release --example bench_report [-- --workload ID ... --quick --backend cpu]`
+
+#[path = "../benches/workloads/mod.rs"]
+mod workloads;
+
+use std::time::{Duration, Instant};
+
+use kiln::{Data, Device, Options, Result, Tensor};
+use workloads::Workload;
+
+struct Args {
+    workloads: Vec<String>,
+    quick: bool,
+}
+
+fn args() -> std::result::Result<Args, String> {
+    let mut args = Args {
+        workloads: Vec::new(),
+        quick: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => args.quick = true,
+            "--workload" => args
+                .workloads
+                .push(it.next().ok_or("--workload needs an id")?),
+            "--backend" => match it.next().as_deref() {
+                Some("cpu") => {}
+                Some("cuda") => return Err("this build has no CUDA backend".into()),
+                other => return Err(format!("unknown backend {other:?}")),
+            },
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+/// Median and median absolute deviation of repeated calls of `f`, after
+/// two warm-up calls, within a time budget.
+fn time(quick: bool, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+    let (budget, min_reps) = if quick {
+        (Duration::from_millis(150), 3)
+    } else {
+        (Duration::from_secs(1), 7)
+    };
+    f()?;
+    f()?;
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < min_reps || (start.elapsed() < budget && samples.len() < 500) {
+        let t = Instant::now();
+        f()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    let median = samples[samples.len() / 2];
+    let mut dev: Vec<f64> = samples.iter().map(|s| (s - median).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    Ok((median, dev[dev.len() / 2]))
+}
+
+/// Largest error relative to the reference's scale: `|a-b| / max(|b|, 1e-3 max|b|)`.
+fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs())) * 1e-3;
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - w).abs() / w.abs().max(scale).max(f64::MIN_POSITIVE))
+        .fold(0.0, f64::max)
+}
+
+fn floats(d: &Data) -> &[f32] {
+    match d {
+        Data::F32(v) => v,
+        _ => &[],
+    }
+}
+
+/// The reference values the output is compared with, at `indices` of it:
+/// f64 dot products for matmuls (the interpreter would take minutes), the
+/// reference interpreter for everything else.
+fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64>> {
+    if w.id.starts_with("matmul") {
+        let (a, b) = (floats(&inputs[0]), floats(&inputs[1]));
+        let (k, n) = (w.specs[0].shape.dims()[1], w.specs[1].shape.dims()[1]);
+        return Ok(indices
+            .iter()
+            .map(|&i| {
+                let (r, c) = (i / n, i % n);
+                let dot: f64 = (0..k)
+                    .map(|p| f64::from(a[r * k + p]) * f64::from(b[p * n + c]))
+                    .sum();
+                match inputs.get(2) {
+                    Some(bias) => (dot + f64::from(floats(bias)[c])).max(0.0),
+                    None => dot,
+                }
+            })
+            .collect());
+    }
+    let tensors: Vec<Tensor> = inputs
+        .iter()
+        .zip(&w.specs)
+        .map(|(d, ty)| {
+            Tensor::from_vec(floats(d).to_vec(), ty.shape.clone())?.to(Device::Reference)
+        })
+        .collect::<Result<_>>()?;
+    let out = (w.build)(&tensors)?.remove(0).to_vec::<f32>()?;
+    Ok(indices.iter().map(|&i| f64::from(out[i])).collect())
+}
+
+fn report(w: &Workload, quick: bool) -> Result<()> {
+    eprintln!("{} {}", w.id, w.shape);
+    let inputs = w.inputs()?;
+    let refs: Vec<&Data> = inputs.iter().collect();
+    let mut checked: Option<Vec<f64>> = None;
+    for (variant, fusion) in [("fused", true), ("unfused", false)] {
+        let mut g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))?;
+        let mut outputs = g.output_buffers();
+        g.run_into(&refs, &mut outputs)?;
+        let got = floats(&outputs[0]);
+        // Every element, except a sample of 4096 for matmuls.
+        let indices: Vec<usize> = if w.id.starts_with("matmul") {
+            (0..4096).map(|i| (i * 7919) % got.len()).collect()
+        } else {
+            (0..got.len()).collect()
+        };
+        if checked.is_none() {
+            checked = Some(reference(w, &inputs, &indices)?);
+        }
+        let want = checked.as_deref().unwrap_or_default();
+        let sample: Vec<f32> = indices.iter().map(|&i| got[i]).collect();
+        let err = max_rel_err(&sample, want);
+        let (median, spread) = time(quick, || g.run_into(&refs, &mut outputs))?;
+        println!(
+            "{{\"workload\":\"{}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"cpu\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{},\"bytes\":{},\"flops\":{},\"max_rel_err\":{err:.2e}}}",
+            w.id,
+            w.shape,
+            g.optimized().schedule.kernels(),
+            w.bytes,
+            w.flops
+        );
+    }
+    Ok(())
+}
+
+/// Cold compiles of the 3-layer MLP: the kernel cache is emptied before each.
+fn compile_mlp3(quick: bool) -> Result<()> {
+    eprintln!("compile_mlp3");
+    let (spec, forward) = workloads::mlp3()?;
+    let mut kernels = 0;
+    let (median, spread) = time(quick, || {
+        kiln_runtime::cpu::clear_kernel_cache();
+        let g = kiln::compile("mlp3", std::slice::from_ref(&spec), &forward)?;
+        kernels = g.optimized().schedule.kernels();
+        Ok(())
+    })?;
+    let x = Tensor::randn(spec.shape.clone(), 7)?;
+    let got = kiln::compile("mlp3", std::slice::from_ref(&spec), &forward)?.call(&[&x])?[0]
+        .to_vec::<f32>()?;
+    let want: Vec<f64> = forward(&[x.to(Device::Reference)?])?[0]
+        .to_vec::<f32>()?
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    println!(
+        "{{\"workload\":\"compile_mlp3\",\"shape\":\"64x784-256-256-10\",\"variant\":\"cold\",\"backend\":\"cpu\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{kernels},\"bytes\":0,\"flops\":0,\"max_rel_err\":{:.2e}}}",
+        max_rel_err(&got, &want)
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench_report: {e}");
+            std::process::exit(2);
+        }
+    };
+    let wanted = |id: &str| args.workloads.is_empty() || args.workloads.iter().any(|w| w == id);
+    for w in workloads::all().iter().filter(|w| wanted(w.id)) {
+        report(w, args.quick)?;
+    }
+    if wanted("compile_mlp3") {
+        compile_mlp3(args.quick)?;
+    }
+    Ok(())
+}
