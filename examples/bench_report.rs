@@ -150,16 +150,17 @@ fn report(w: &Workload, quick: bool) -> Result<()> {
 /// Cold compiles of the 3-layer MLP: the kernel cache is emptied before each.
 fn compile_mlp3(quick: bool) -> Result<()> {
     eprintln!("compile_mlp3");
-    let (spec, forward) = workloads::mlp3()?;
+    let mlp = workloads::Mlp3::new()?;
+    let (spec, forward) = (&mlp.spec, |x: &[Tensor]| mlp.forward(x));
     let mut kernels = 0;
     let (median, spread) = time(quick, || {
         kiln_runtime::cpu::clear_kernel_cache();
-        let g = kiln::compile("mlp3", std::slice::from_ref(&spec), &forward)?;
+        let g = kiln::compile("mlp3", std::slice::from_ref(spec), forward)?;
         kernels = g.optimized().schedule.kernels();
         Ok(())
     })?;
     let x = Tensor::randn(spec.shape.clone(), 7)?;
-    let got = kiln::compile("mlp3", std::slice::from_ref(&spec), &forward)?.call(&[&x])?[0]
+    let got = kiln::compile("mlp3", std::slice::from_ref(spec), forward)?.call(&[&x])?[0]
         .to_vec::<f32>()?;
     let want: Vec<f64> = forward(&[x.to(Device::Reference)?])?[0]
         .to_vec::<f32>()?

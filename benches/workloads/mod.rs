@@ -134,26 +134,44 @@ pub fn all() -> Vec<Workload> {
 }
 
 /// The 3-layer MLP of `compile_mlp3` (784-256-256-10, batch 64, relu
-/// between layers) as a function of its input, with seeded weights.
-pub fn mlp3() -> Result<(TensorType, impl Fn(&[Tensor]) -> Result<Vec<Tensor>>)> {
-    let sizes = [784, 256, 256, 10];
-    let layers: Vec<(Tensor, Tensor)> = sizes
-        .windows(2)
-        .enumerate()
-        .map(|(i, p)| {
-            Ok((
-                Tensor::randn([p[0], p[1]], 2 * i as u64)?,
-                Tensor::randn([p[1]], 2 * i as u64 + 1)?,
-            ))
+/// between layers), with seeded weights.
+pub struct Mlp3 {
+    /// The input's type.
+    pub spec: TensorType,
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+impl Mlp3 {
+    /// The network with its weights.
+    pub fn new() -> Result<Mlp3> {
+        let sizes = [784, 256, 256, 10];
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, p)| {
+                Ok((
+                    Tensor::randn([p[0], p[1]], 2 * i as u64)?,
+                    Tensor::randn([p[1]], 2 * i as u64 + 1)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Mlp3 {
+            spec: f32s(&[64, 784]),
+            layers,
         })
-        .collect::<Result<_>>()?;
-    let forward = move |x: &[Tensor]| -> Result<Vec<Tensor>> {
+    }
+
+    /// The forward pass of `x[0]`.
+    pub fn forward(&self, x: &[Tensor]) -> Result<Vec<Tensor>> {
         let mut h = x[0].clone();
-        for (i, (w, b)) in layers.iter().enumerate() {
+        for (i, (w, b)) in self.layers.iter().enumerate() {
             let z = (h.matmul(w)? + b)?;
-            h = if i + 1 < layers.len() { z.relu()? } else { z };
+            h = if i + 1 < self.layers.len() {
+                z.relu()?
+            } else {
+                z
+            };
         }
         Ok(vec![h])
-    };
-    Ok((f32s(&[64, 784]), forward))
+    }
 }
