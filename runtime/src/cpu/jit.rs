@@ -159,30 +159,18 @@ impl CompiledKernel {
                 // Only an epilogue that does more than copy the product needs a pass.
                 let epilogue = k.body.values.len() > 1;
                 let (batches, m, n) = (a.batches(), a.rows, b.cols);
-                // The epilogue runs on each block of rows while it is in cache when
-                // its units (`row_len` elements) tile the product's rows; else
-                // (an output that reshapes the product) after the whole product.
-                let row_len = self.launch.row_len;
-                let per_block = epilogue && row_len > 0 && n % row_len == 0;
-                let blocks = row_blocks(m, n * a.cols.max(1));
-                (0..batches * blocks.len())
-                    .into_par_iter()
-                    .with_max_len(1)
-                    .for_each(|t| {
-                        let (batch, (r0, r1)) = (t / blocks.len(), blocks[t % blocks.len()]);
-                        // SAFETY: `a` and `b` read inside buffers whose lengths were
-                        // checked against views the verifier bounded; each task writes
-                        // output rows r0..r1 of its batch, disjoint from every other task's.
-                        unsafe { gemm_block(&a, &b, table.out(), batch, r0, r1) };
-                        if per_block {
-                            let first = (batch * m + r0) * n / row_len;
-                            let last = (batch * m + r1) * n / row_len;
-                            // SAFETY: units first..last are exactly the elements of
-                            // rows r0..r1 of this batch, which this task alone writes.
-                            unsafe { (self.func)(table.base(), first as i64, last as i64) };
-                        }
-                    });
-                if epilogue && !per_block {
+                // The GEMM core splits its own work across threads (it packs the
+                // operands once for all of them); the epilogue then sweeps the
+                // output in row ranges.
+                let work = batches * m * n * a.cols.max(1);
+                let threads = if work < PARALLEL_ELEMENTS * 64 { 1 } else { rayon::current_num_threads() };
+                for batch in 0..batches {
+                    // SAFETY: `a` and `b` read inside buffers whose lengths were
+                    // checked against views the verifier bounded; the output holds
+                    // every row of every batch (checked above).
+                    unsafe { gemm_block(&a, &b, table.out(), batch, 0, m, threads) };
+                }
+                if epilogue {
                     self.sweep(table);
                 }
             }
@@ -337,13 +325,21 @@ impl Operand {
 }
 
 /// `out[batch, r0..r1, :] = a[batch, r0..r1, :] @ b[batch]`, by the `gemm`
-/// crate's runtime-dispatched microkernels, on this thread.
+/// crate's runtime-dispatched microkernels, on `threads` threads.
 ///
 /// # Safety
 /// `a` and `b` must read inside live buffers for every row and batch, and
 /// `out` must hold `batches * a.rows * b.cols` f32 that no one else writes in
 /// those rows.
-unsafe fn gemm_block(a: &Operand, b: &Operand, out: *mut u8, batch: usize, r0: usize, r1: usize) {
+unsafe fn gemm_block(
+    a: &Operand,
+    b: &Operand,
+    out: *mut u8,
+    batch: usize,
+    r0: usize,
+    r1: usize,
+    threads: usize,
+) {
     let (m, k, n) = (r1 - r0, a.cols, b.cols);
     let out = out as *mut f32;
     // SAFETY: the caller guarantees every offset below stays inside its buffer.
@@ -372,7 +368,11 @@ unsafe fn gemm_block(a: &Operand, b: &Operand, out: *mut u8, batch: usize, r0: u
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            },
         );
     }
 }

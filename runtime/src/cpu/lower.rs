@@ -55,6 +55,10 @@ pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
     sig
 }
 
+/// Vectors per trip of an unrolled loop: enough independent work to keep the
+/// load and FMA units busy.
+const UNROLL: usize = 4;
+
 /// One axis of a read in a loop nest: its extent, stride and valid range.
 #[derive(Clone, Copy, Debug)]
 struct Axis {
@@ -191,18 +195,20 @@ fn clif_type(dtype: DType) -> Type {
 /// Whether `block` can run four lanes at a time: f32 arithmetic only, with
 /// reads contiguous or constant along the inner loop.
 fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
-    let values_ok = block.values.iter().all(|v| {
+    let reads_ok = accesses.iter().all(|a| a.row_invariant() || a.unit_stride());
+    f32_arithmetic(block) && reads_ok && out.is_none_or(Access::unit_stride)
+}
+
+/// Whether every value of `block` is f32 arithmetic that has a vector form.
+fn f32_arithmetic(block: &Block) -> bool {
+    block.values.iter().all(|v| {
         v.dtype == DType::F32
             && match &v.expr {
                 Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
                 Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
                 Expr::Where(..) | Expr::Cast(_) => false,
             }
-    });
-    let reads_ok = accesses
-        .iter()
-        .all(|a| a.row_invariant() || a.unit_stride());
-    values_ok && reads_ok && out.is_none_or(Access::unit_stride)
+    })
 }
 
 /// Emits the kernel into `func` and says how to launch it.
@@ -241,6 +247,7 @@ pub(crate) fn lower(
         ptrs,
         powf,
         out_dtype: kernel.out.dtype,
+        row_lanes: false,
     };
     let launch = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
@@ -302,6 +309,9 @@ struct Emitter<'a> {
     ptrs: Vec<Value>,
     powf: FuncRef,
     out_dtype: DType,
+    /// While set, the four lanes of a vector are four consecutive rows (see
+    /// `reduce_four_rows`), not four consecutive inner elements.
+    row_lanes: bool,
 }
 
 /// An access positioned at a row: its base element offset (coordinates
@@ -419,7 +429,12 @@ impl<'a> Emitter<'a> {
         let flags = MemFlagsData::new().with_notrap();
         let (offset, valid) = self.element(access, row, j);
         let addr = self.address(access.buffer, offset, dtype);
-        if lanes && access.unit_stride() {
+        let contiguous = if self.row_lanes {
+            access.outer.last().is_some_and(|o| o.stride == 1)
+        } else {
+            access.unit_stride()
+        };
+        if lanes && contiguous {
             return self.b.ins().load(types::F32X4, flags, addr, 0);
         }
         let x = self.b.ins().load(clif_type(dtype), flags, addr, 0);
@@ -739,11 +754,17 @@ impl<'a> Emitter<'a> {
         let out_base = bases[bases.len() - 1];
         let mut from = from;
         if lanes {
-            from = self.counted_loop(from, to, 4, |e, j| {
-                let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
-                let v = e.block(body, reads, bases, hoisted, j, acc, true);
-                e.store(out, out_base, j, v);
-            });
+            // Four independent vectors per trip, then one, then the scalar tail.
+            for unroll in [UNROLL, 1] {
+                from = self.counted_loop(from, to, 4 * unroll as i64, |e, j| {
+                    for u in 0..unroll {
+                        let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
+                        let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
+                        let v = e.block(body, reads, bases, hoisted, j, acc, true);
+                        e.store(out, out_base, j, v);
+                    }
+                });
+            }
         }
         self.counted_loop(from, to, 1, |e, j| {
             let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, false));
@@ -767,72 +788,198 @@ impl<'a> Emitter<'a> {
         end: Value,
     ) -> Launch {
         let dtype = prologue.dtype().unwrap_or(DType::F32);
-        let lanes = vectorizable(prologue, &pro.accesses, None);
         let inner_len: usize = pro.inner.iter().product();
-        let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
-        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
-        self.counted_loop(start, end, 1, |e, row| {
-            let bases = e.bases(&pro.accesses, row);
-            let zero = e.iconst(0);
-            let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero, inner_len);
-            let n = e.iconst(inner_len as i64);
-            let init = e.scalar_const(op.init(dtype));
-            let acc = e.b.declare_var(clif_type(dtype));
-            e.b.def_var(acc, init);
-            let mut from = zero;
-            if lanes {
-                let vacc = e.b.declare_var(types::F32X4);
-                let vinit = e.b.ins().splat(types::F32X4, init);
-                e.b.def_var(vacc, vinit);
-                from = e.counted_loop(zero, n, 4, |e, j| {
-                    let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
-                    let a = e.b.use_var(vacc);
-                    let a = e.combine(op, DType::F32, a, v);
-                    e.b.def_var(vacc, a);
-                });
-                let v = e.b.use_var(vacc);
-                let mut total = e.b.ins().extractlane(v, 0);
-                for lane in 1..4 {
-                    let x = e.b.ins().extractlane(v, lane);
-                    total = e.combine(op, DType::F32, total, x);
-                }
-                e.b.def_var(acc, total);
-            }
-            e.counted_loop(from, n, 1, |e, j| {
-                let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, false);
-                let a = e.b.use_var(acc);
-                let a = e.combine(op, dtype, a, v);
-                e.b.def_var(acc, a);
+        // Four rows at once, one per lane, when the prologue cannot run four
+        // inner elements at once but steps through rows contiguously (a sum
+        // over a leading axis) and the epilogue reads nothing.
+        let row_lanes = !broadcast
+            && !vectorizable(prologue, &pro.accesses, None)
+            && f32_arithmetic(prologue)
+            && f32_arithmetic(body)
+            && !body.values.iter().any(|v| matches!(v.expr, Expr::Load { .. }))
+            && !pro.accesses.is_empty()
+            && pro.accesses.iter().all(|a| {
+                a.fill.is_none() && a.outer.last().is_some_and(|o| o.stride == 0 || o.stride == 1)
             });
-            let total = e.b.use_var(acc);
-            let bases = e.bases(&epi.accesses, row);
-            // A reduced output's epilogue runs once per row, whatever the inner extent.
-            let extent = if broadcast { inner_len } else { 1 };
-            let hoisted = e.hoist(body, epi_reads, &bases, zero, extent);
-            let out_base = bases[bases.len() - 1];
-            let out = &epi.accesses[epi.accesses.len() - 1];
-            if broadcast {
-                let mut from = zero;
-                if epi_lanes {
-                    let splat = e.b.ins().splat(types::F32X4, total);
-                    from = e.counted_loop(zero, n, 4, |e, j| {
-                        let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
-                        e.store(out, out_base, j, v);
-                    });
-                }
-                e.counted_loop(from, n, 1, |e, j| {
-                    let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(total), false);
-                    e.store(out, out_base, j, v);
-                });
-            } else {
-                let v = e.block(body, epi_reads, &bases, &hoisted, zero, Some(total), false);
-                e.store(out, out_base, zero, v);
-            }
-        });
+        let header = self.b.create_block();
+        let exit = self.b.create_block();
+        let one_row = self.b.create_block();
+        self.b.append_block_param(header, types::I64);
+        self.b.ins().jump(header, &[start.into()]);
+        self.b.switch_to_block(header);
+        let row = self.b.block_params(header)[0];
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, row, end);
+        let next = self.b.create_block();
+        self.b.ins().brif(more, next, &[], exit, &[]);
+        self.b.switch_to_block(next);
+        if row_lanes {
+            // A group of four rows must not cross the innermost row axis.
+            let four_rows = self.b.create_block();
+            let last = pro.accesses[0].outer.last().map_or(1, |o| o.dim) as i64;
+            let within = self.b.ins().urem_imm_s(row, last);
+            let within = self.b.ins().iadd_imm_s(within, 4);
+            let fits = self.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, within, last);
+            let group_end = self.b.ins().iadd_imm_s(row, 4);
+            let in_range = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, group_end, end);
+            let ok = self.b.ins().band(fits, in_range);
+            self.b.ins().brif(ok, four_rows, &[], one_row, &[]);
+            self.b.switch_to_block(four_rows);
+            self.reduce_four_rows(op, prologue, pro, body, epi, row, inner_len);
+            self.b.ins().jump(header, &[group_end.into()]);
+        } else {
+            self.b.ins().jump(one_row, &[]);
+        }
+        self.b.switch_to_block(one_row);
+        self.reduce_row(op, dtype, prologue, pro, body, epi, broadcast, row, inner_len);
+        let following = self.b.ins().iadd_imm_s(row, 1);
+        self.b.ins().jump(header, &[following.into()]);
+        self.b.switch_to_block(exit);
         Launch {
             rows: pro.rows,
             row_len: inner_len.max(1),
         }
+    }
+
+    /// One row of a reduction: the prologue combined over the inner loop
+    /// (four inner elements per lane group when it can), then the epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_row(
+        &mut self,
+        op: ReduceOp,
+        dtype: DType,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        broadcast: bool,
+        row: Value,
+        inner_len: usize,
+    ) {
+        let lanes = vectorizable(prologue, &pro.accesses, None);
+        let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
+        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
+        let e = self;
+        let bases = e.bases(&pro.accesses, row);
+        let zero = e.iconst(0);
+        let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero, inner_len);
+        let n = e.iconst(inner_len as i64);
+        let init = e.scalar_const(op.init(dtype));
+        let acc = e.b.declare_var(clif_type(dtype));
+        e.b.def_var(acc, init);
+        let mut from = zero;
+        if lanes {
+            // UNROLL independent vector accumulators, so that additions do not
+            // wait on each other, then one, folded together at the end.
+            let vinit = e.b.ins().splat(types::F32X4, init);
+            let vaccs: Vec<_> = (0..UNROLL)
+                .map(|_| {
+                    let v = e.b.declare_var(types::F32X4);
+                    e.b.def_var(v, vinit);
+                    v
+                })
+                .collect();
+            from = e.counted_loop(zero, n, 4 * UNROLL as i64, |e, j| {
+                for (u, &vacc) in vaccs.iter().enumerate() {
+                    let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
+                    let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                    let a = e.b.use_var(vacc);
+                    let a = e.combine(op, DType::F32, a, v);
+                    e.b.def_var(vacc, a);
+                }
+            });
+            from = e.counted_loop(from, n, 4, |e, j| {
+                let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                let a = e.b.use_var(vaccs[0]);
+                let a = e.combine(op, DType::F32, a, v);
+                e.b.def_var(vaccs[0], a);
+            });
+            let mut v = e.b.use_var(vaccs[0]);
+            for &vacc in &vaccs[1..] {
+                let w = e.b.use_var(vacc);
+                v = e.combine(op, DType::F32, v, w);
+            }
+            let mut total = e.b.ins().extractlane(v, 0);
+            for lane in 1..4 {
+                let x = e.b.ins().extractlane(v, lane);
+                total = e.combine(op, DType::F32, total, x);
+            }
+            e.b.def_var(acc, total);
+        }
+        e.counted_loop(from, n, 1, |e, j| {
+            let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, false);
+            let a = e.b.use_var(acc);
+            let a = e.combine(op, dtype, a, v);
+            e.b.def_var(acc, a);
+        });
+        let total = e.b.use_var(acc);
+        let bases = e.bases(&epi.accesses, row);
+        // A reduced output's epilogue runs once per row, whatever the inner extent.
+        let extent = if broadcast { inner_len } else { 1 };
+        let hoisted = e.hoist(body, epi_reads, &bases, zero, extent);
+        let out_base = bases[bases.len() - 1];
+        let out = &epi.accesses[epi.accesses.len() - 1];
+        if broadcast {
+            let mut from = zero;
+            if epi_lanes {
+                let splat = e.b.ins().splat(types::F32X4, total);
+                for unroll in [UNROLL, 1] {
+                    from = e.counted_loop(from, n, 4 * unroll as i64, |e, j| {
+                        for u in 0..unroll {
+                            let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
+                            let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
+                            e.store(out, out_base, j, v);
+                        }
+                    });
+                }
+            }
+            e.counted_loop(from, n, 1, |e, j| {
+                let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(total), false);
+                e.store(out, out_base, j, v);
+            });
+        } else {
+            let v = e.block(body, epi_reads, &bases, &hoisted, zero, Some(total), false);
+            e.store(out, out_base, zero, v);
+        }
+    }
+
+    /// Rows `row..row+4` of a reduction at once, row `row+k` in lane `k`:
+    /// each step of the inner loop loads four neighbouring rows' elements.
+    /// The epilogue reads nothing, and the four results are stored together.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_four_rows(
+        &mut self,
+        op: ReduceOp,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        row: Value,
+        inner_len: usize,
+    ) {
+        let bases = self.bases(&pro.accesses, row);
+        let zero = self.iconst(0);
+        let n = self.iconst(inner_len as i64);
+        let init = self.scalar_const(op.init(DType::F32));
+        let vinit = self.b.ins().splat(types::F32X4, init);
+        let vacc = self.b.declare_var(types::F32X4);
+        self.b.def_var(vacc, vinit);
+        let none = vec![None; prologue.values.len()];
+        self.row_lanes = true;
+        self.counted_loop(zero, n, 1, |e, j| {
+            let v = e.block(prologue, &pro.accesses, &bases, &none, j, None, true);
+            let a = e.b.use_var(vacc);
+            let a = e.combine(op, DType::F32, a, v);
+            e.b.def_var(vacc, a);
+        });
+        let total = self.b.use_var(vacc);
+        let out_bases = self.bases(&epi.accesses, row);
+        let none = vec![None; body.values.len()];
+        let v = self.block(body, &[], &[], &none, zero, Some(total), true);
+        self.row_lanes = false;
+        let out = &epi.accesses[epi.accesses.len() - 1];
+        let (offset, _) = self.element(out, out_bases[out_bases.len() - 1], zero);
+        let addr = self.address(out.buffer, offset, DType::F32);
+        self.b.ins().store(MemFlagsData::new().with_notrap(), v, addr, 0);
     }
 
     fn combine(&mut self, op: ReduceOp, dtype: DType, a: Value, x: Value) -> Value {
