@@ -163,7 +163,11 @@ impl CompiledKernel {
                 // operands once for all of them); the epilogue then sweeps the
                 // output in row ranges.
                 let work = batches * m * n * a.cols.max(1);
-                let threads = if work < PARALLEL_ELEMENTS * 64 { 1 } else { rayon::current_num_threads() };
+                let threads = if work < PARALLEL_ELEMENTS * 64 {
+                    1
+                } else {
+                    rayon::current_num_threads()
+                };
                 for batch in 0..batches {
                     // SAFETY: `a` and `b` read inside buffers whose lengths were
                     // checked against views the verifier bounded; the output holds

@@ -55,6 +55,10 @@ pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
     sig
 }
 
+/// Output rows accumulated together by a sum over a leading axis: 4 KiB of
+/// f32, which stay in L1 while the reduced axis is walked.
+const COLUMN_BLOCK: i64 = 1024;
+
 /// Vectors per trip of an unrolled loop: enough independent work to keep the
 /// load and FMA units busy.
 const UNROLL: usize = 4;
@@ -184,6 +188,44 @@ fn loads(block: &Block) -> Vec<(usize, &View)> {
         .collect()
 }
 
+/// The position of a value of `body` that computes exactly the prologue's
+/// result (same ops on the same loads), if it is an f32 like the output.
+fn recomputed(prologue: &Block, body: &Block) -> Option<usize> {
+    fn same(p: &Block, i: u32, b: &Block, j: u32) -> bool {
+        let (x, y) = (&p.values[i as usize], &b.values[j as usize]);
+        let operands_same = || {
+            let (xo, yo) = (x.expr.operands(), y.expr.operands());
+            xo.len() == yo.len() && xo.iter().zip(&yo).all(|(&a, &c)| same(p, a, b, c))
+        };
+        x.dtype == y.dtype
+            && match (&x.expr, &y.expr) {
+                (Expr::Load { .. }, Expr::Load { .. }) | (Expr::Const(_), Expr::Const(_)) => {
+                    x.expr == y.expr
+                }
+                (Expr::Unary(a, _), Expr::Unary(c, _)) => a == c && operands_same(),
+                (Expr::Binary(a, _, _), Expr::Binary(c, _, _)) => a == c && operands_same(),
+                (Expr::Where(..), Expr::Where(..)) | (Expr::Cast(_), Expr::Cast(_)) => {
+                    operands_same()
+                }
+                _ => false,
+            }
+    }
+    let last = prologue.values.len().checked_sub(1)? as u32;
+    if prologue.values[last as usize].dtype != DType::F32 || body.dtype() != Some(DType::F32) {
+        return None;
+    }
+    // Worth it only for a computed value, not a plain load.
+    if matches!(
+        prologue.values[last as usize].expr,
+        Expr::Load { .. } | Expr::Const(_)
+    ) {
+        return None;
+    }
+    (0..body.values.len() as u32)
+        .find(|&j| same(prologue, last, body, j))
+        .map(|j| j as usize)
+}
+
 fn clif_type(dtype: DType) -> Type {
     match dtype {
         DType::F32 => types::F32,
@@ -195,7 +237,9 @@ fn clif_type(dtype: DType) -> Type {
 /// Whether `block` can run four lanes at a time: f32 arithmetic only, with
 /// reads contiguous or constant along the inner loop.
 fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
-    let reads_ok = accesses.iter().all(|a| a.row_invariant() || a.unit_stride());
+    let reads_ok = accesses
+        .iter()
+        .all(|a| a.row_invariant() || a.unit_stride());
     f32_arithmetic(block) && reads_ok && out.is_none_or(Access::unit_stride)
 }
 
@@ -248,6 +292,7 @@ pub(crate) fn lower(
         powf,
         out_dtype: kernel.out.dtype,
         row_lanes: false,
+        store_prologue: false,
     };
     let launch = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
@@ -273,28 +318,45 @@ pub(crate) fn lower(
             let order: Vec<usize> = kept.iter().chain(axes.iter()).copied().collect();
             let pro = nest(shape, &order, Some(kept.len()), &loads(prologue));
             let broadcast = space == shape;
+            let out_view = View::contiguous(space);
+            // Over the whole space, an epilogue value equal to the prologue's
+            // (softmax's `exp(x - max)`) is stored by the prologue pass and read
+            // back from the output row, still in cache, instead of recomputed.
+            let mut reuse = if broadcast {
+                recomputed(prologue, &kernel.body)
+            } else {
+                None
+            };
+            // Four prologue lanes are stored as one vector: only into a contiguous row.
+            if reuse.is_some() {
+                let out_nest = nest(space, &order, Some(kept.len()), &[(out_buffer, &out_view)]);
+                if vectorizable(prologue, &pro.accesses, None)
+                    && !out_nest.accesses[0].unit_stride()
+                {
+                    reuse = None;
+                }
+            }
+            let body = match reuse {
+                Some(i) => {
+                    let mut body = kernel.body.clone();
+                    body.values[i].expr = Expr::Load {
+                        input: out_buffer as u32,
+                        view: out_view.clone(),
+                    };
+                    body
+                }
+                None => kernel.body.clone(),
+            };
+            let mut views = loads(&body);
+            views.push((out_buffer, &out_view));
             let epilogue = if broadcast {
-                let out_view = View::contiguous(space);
-                let mut views = loads(&kernel.body);
-                views.push((out_buffer, &out_view));
                 nest(space, &order, Some(kept.len()), &views)
             } else {
-                let out_view = View::contiguous(space);
                 let all: Vec<usize> = (0..space.rank()).collect();
-                let mut views = loads(&kernel.body);
-                views.push((out_buffer, &out_view));
                 nest(space, &all, Some(space.rank()), &views)
             };
-            e.reduce(
-                *op,
-                prologue,
-                &pro,
-                &kernel.body,
-                &epilogue,
-                broadcast,
-                start,
-                end,
-            )
+            e.store_prologue = reuse.is_some();
+            e.reduce(*op, prologue, &pro, &body, &epilogue, broadcast, start, end)
         }
     };
     e.b.ins().return_(&[]);
@@ -312,6 +374,9 @@ struct Emitter<'a> {
     /// While set, the four lanes of a vector are four consecutive rows (see
     /// `reduce_four_rows`), not four consecutive inner elements.
     row_lanes: bool,
+    /// The prologue of a broadcast reduction stores its values in the output,
+    /// where the epilogue reads them back (see `recomputed`).
+    store_prologue: bool,
 }
 
 /// An access positioned at a row: its base element offset (coordinates
@@ -469,9 +534,12 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Row-invariant loads of a block, emitted once per row. Only where the
-    /// inner loop has elements (`inner > 0`): a view of an empty space may
+    /// The values of a block that are the same all along the inner loop
+    /// (constants, row-invariant loads, the reduced value `acc` of an
+    /// epilogue, and every op of those), computed once per row. Only where
+    /// the inner loop has elements (`inner > 0`): a view of an empty space may
     /// point anywhere, and the verifier bounds only the reads it makes.
+    #[allow(clippy::too_many_arguments)]
     fn hoist(
         &mut self,
         block: &Block,
@@ -479,25 +547,51 @@ impl<'a> Emitter<'a> {
         bases: &[RowBase],
         zero: Value,
         inner: usize,
+        acc: Option<Value>,
     ) -> Vec<Option<Value>> {
+        let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
         if inner == 0 {
-            return vec![None; block.values.len()];
+            hoisted.resize(block.values.len(), None);
+            return hoisted;
         }
         let mut k = 0;
-        block
-            .values
-            .iter()
-            .map(|v| match v.expr {
+        for (i, v) in block.values.iter().enumerate() {
+            let h = match &v.expr {
                 Expr::Load { .. } => {
-                    let i = k;
                     k += 1;
-                    accesses[i]
-                        .row_invariant()
-                        .then(|| self.load(&accesses[i], bases[i], zero, v.dtype, false))
+                    let a = &accesses[k - 1];
+                    a.row_invariant()
+                        .then(|| self.load(a, bases[k - 1], zero, v.dtype, false))
                 }
-                _ => None,
-            })
-            .collect()
+                // Constants are immediates where they are used.
+                Expr::Const(_) => None,
+                Expr::Acc => acc,
+                expr => {
+                    let invariant = expr.operands().iter().all(|&x| {
+                        hoisted[x as usize].is_some()
+                            || matches!(block.values[x as usize].expr, Expr::Const(_))
+                    });
+                    if invariant {
+                        let args: Vec<Value> = expr
+                            .operands()
+                            .iter()
+                            .map(
+                                |&x| match (hoisted[x as usize], &block.values[x as usize].expr) {
+                                    (Some(h), _) => h,
+                                    (None, Expr::Const(c)) => self.scalar_const(*c),
+                                    (None, _) => zero,
+                                },
+                            )
+                            .collect();
+                        Some(self.op(block, i, &args, false))
+                    } else {
+                        None
+                    }
+                }
+            };
+            hoisted.push(h);
+        }
+        hoisted
     }
 
     /// The block's result at inner index `j`.
@@ -515,50 +609,51 @@ impl<'a> Emitter<'a> {
         let mut values: Vec<Value> = Vec::with_capacity(block.values.len());
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
-            let x = |n: &u32| values[*n as usize];
-            let r = match &v.expr {
-                Expr::Load { .. } => {
-                    let a = k;
-                    k += 1;
-                    match hoisted[i] {
-                        Some(h) if lanes => self.b.ins().splat(types::F32X4, h),
-                        Some(h) => h,
-                        None => self.load(&accesses[a], bases[a], j, v.dtype, lanes),
-                    }
-                }
-                Expr::Const(c) => {
-                    let s = self.scalar_const(*c);
-                    if lanes {
-                        self.b.ins().splat(types::F32X4, s)
-                    } else {
-                        s
-                    }
-                }
-                // The verifier admits `acc` only where the caller passes one.
-                Expr::Acc => acc.unwrap_or_else(|| self.scalar_const(Scalar::F32(f32::NAN))),
-                Expr::Unary(op, a) => {
-                    let a = x(a);
-                    self.unary(*op, v.dtype, a, lanes)
-                }
-                Expr::Binary(op, a, c) => {
-                    let dtype = block.values[*a as usize].dtype;
-                    let (a, c) = (x(a), x(c));
-                    self.binary(*op, dtype, a, c)
-                }
-                Expr::Where(c, a, d) => {
-                    let (c, a, d) = (x(c), x(a), x(d));
-                    self.b.ins().select(c, a, d)
-                }
-                Expr::Cast(a) => {
-                    let from = block.values[*a as usize].dtype;
-                    let a = x(a);
-                    self.cast(a, from, v.dtype)
+            let is_load = matches!(v.expr, Expr::Load { .. });
+            let r = match (hoisted[i], &v.expr) {
+                (Some(h), _) if lanes => self.b.ins().splat(types::F32X4, h),
+                (Some(h), _) => h,
+                (None, Expr::Load { .. }) => self.load(&accesses[k], bases[k], j, v.dtype, lanes),
+                (None, Expr::Acc) => acc.unwrap_or(j),
+                (None, expr) => {
+                    let args: Vec<Value> = expr
+                        .operands()
+                        .iter()
+                        .map(|&x| values[x as usize])
+                        .collect();
+                    self.op(block, i, &args, lanes)
                 }
             };
+            k += usize::from(is_load);
             values.push(r);
         }
         // The verifier rejects empty blocks.
         values.last().copied().unwrap_or(j)
+    }
+
+    /// Value `i` of `block` (a constant or an op) from its operands' values.
+    fn op(&mut self, block: &Block, i: usize, args: &[Value], lanes: bool) -> Value {
+        let v = &block.values[i];
+        let operand_dtype = |k: usize| block.values[v.expr.operands()[k] as usize].dtype;
+        match (&v.expr, args) {
+            (Expr::Const(c), _) => {
+                let s = self.scalar_const(*c);
+                if lanes {
+                    self.b.ins().splat(types::F32X4, s)
+                } else {
+                    s
+                }
+            }
+            (Expr::Unary(op, _), &[a]) => self.unary(*op, v.dtype, a, lanes),
+            (Expr::Binary(op, _, _), &[a, b]) => self.binary(*op, operand_dtype(0), a, b),
+            (Expr::Where(..), &[c, a, b]) => self.b.ins().select(c, a, b),
+            (Expr::Cast(_), &[a]) => self.cast(a, operand_dtype(0), v.dtype),
+            // Loads and `acc` are not ops; the verifier fixes every arity.
+            _ => args
+                .first()
+                .copied()
+                .unwrap_or_else(|| self.scalar_const(Scalar::F32(f32::NAN))),
+        }
     }
 
     fn math(&mut self, lanes: bool) -> Math<'_, 'a> {
@@ -695,7 +790,7 @@ impl<'a> Emitter<'a> {
         if flat {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
-            let hoisted = self.hoist(body, reads, &bases, zero, nest.inner[0]);
+            let hoisted = self.hoist(body, reads, &bases, zero, nest.inner[0], None);
             self.inner_loop(
                 body,
                 reads,
@@ -716,7 +811,7 @@ impl<'a> Emitter<'a> {
             self.counted_loop(start, end, 1, |e, row| {
                 let bases = e.bases(&nest.accesses, row);
                 let zero = e.iconst(0);
-                let hoisted = e.hoist(body, reads, &bases, zero, inner_len);
+                let hoisted = e.hoist(body, reads, &bases, zero, inner_len, None);
                 let n = e.iconst(inner_len as i64);
                 e.inner_loop(
                     body,
@@ -796,10 +891,16 @@ impl<'a> Emitter<'a> {
             && !vectorizable(prologue, &pro.accesses, None)
             && f32_arithmetic(prologue)
             && f32_arithmetic(body)
-            && !body.values.iter().any(|v| matches!(v.expr, Expr::Load { .. }))
+            && !body
+                .values
+                .iter()
+                .any(|v| matches!(v.expr, Expr::Load { .. }))
             && !pro.accesses.is_empty()
             && pro.accesses.iter().all(|a| {
-                a.fill.is_none() && a.outer.last().is_some_and(|o| o.stride == 0 || o.stride == 1)
+                a.fill.is_none()
+                    && a.outer
+                        .last()
+                        .is_some_and(|o| o.stride == 0 || o.stride == 1)
             });
         let header = self.b.create_block();
         let exit = self.b.create_block();
@@ -813,24 +914,24 @@ impl<'a> Emitter<'a> {
         self.b.ins().brif(more, next, &[], exit, &[]);
         self.b.switch_to_block(next);
         if row_lanes {
-            // A group of four rows must not cross the innermost row axis.
-            let four_rows = self.b.create_block();
+            // A block of rows stays inside one run of the innermost row axis,
+            // where neighbouring rows are neighbours in memory.
             let last = pro.accesses[0].outer.last().map_or(1, |o| o.dim) as i64;
             let within = self.b.ins().urem_imm_s(row, last);
-            let within = self.b.ins().iadd_imm_s(within, 4);
-            let fits = self.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, within, last);
-            let group_end = self.b.ins().iadd_imm_s(row, 4);
-            let in_range = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, group_end, end);
-            let ok = self.b.ins().band(fits, in_range);
-            self.b.ins().brif(ok, four_rows, &[], one_row, &[]);
-            self.b.switch_to_block(four_rows);
-            self.reduce_four_rows(op, prologue, pro, body, epi, row, inner_len);
-            self.b.ins().jump(header, &[group_end.into()]);
+            let run_end = self.b.ins().isub(row, within);
+            let run_end = self.b.ins().iadd_imm_s(run_end, last);
+            let block_end = self.b.ins().iadd_imm_s(row, COLUMN_BLOCK);
+            let block_end = self.b.ins().smin(block_end, run_end);
+            let block_end = self.b.ins().smin(block_end, end);
+            self.reduce_column_block(op, prologue, pro, body, epi, row, block_end, inner_len);
+            self.b.ins().jump(header, &[block_end.into()]);
         } else {
             self.b.ins().jump(one_row, &[]);
         }
         self.b.switch_to_block(one_row);
-        self.reduce_row(op, dtype, prologue, pro, body, epi, broadcast, row, inner_len);
+        self.reduce_row(
+            op, dtype, prologue, pro, body, epi, broadcast, row, inner_len,
+        );
         let following = self.b.ins().iadd_imm_s(row, 1);
         self.b.ins().jump(header, &[following.into()]);
         self.b.switch_to_block(exit);
@@ -861,11 +962,15 @@ impl<'a> Emitter<'a> {
         let e = self;
         let bases = e.bases(&pro.accesses, row);
         let zero = e.iconst(0);
-        let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero, inner_len);
+        let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero, inner_len, None);
         let n = e.iconst(inner_len as i64);
         let init = e.scalar_const(op.init(dtype));
         let acc = e.b.declare_var(clif_type(dtype));
         e.b.def_var(acc, init);
+        let epi_bases = e.bases(&epi.accesses, row);
+        let out_base = epi_bases[epi_bases.len() - 1];
+        let out = &epi.accesses[epi.accesses.len() - 1];
+        let store = e.store_prologue;
         let mut from = zero;
         if lanes {
             // UNROLL independent vector accumulators, so that additions do not
@@ -882,6 +987,9 @@ impl<'a> Emitter<'a> {
                 for (u, &vacc) in vaccs.iter().enumerate() {
                     let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
                     let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                    if store {
+                        e.store(out, out_base, j, v);
+                    }
                     let a = e.b.use_var(vacc);
                     let a = e.combine(op, DType::F32, a, v);
                     e.b.def_var(vacc, a);
@@ -889,6 +997,9 @@ impl<'a> Emitter<'a> {
             });
             from = e.counted_loop(from, n, 4, |e, j| {
                 let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                if store {
+                    e.store(out, out_base, j, v);
+                }
                 let a = e.b.use_var(vaccs[0]);
                 let a = e.combine(op, DType::F32, a, v);
                 e.b.def_var(vaccs[0], a);
@@ -907,17 +1018,18 @@ impl<'a> Emitter<'a> {
         }
         e.counted_loop(from, n, 1, |e, j| {
             let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, false);
+            if store {
+                e.store(out, out_base, j, v);
+            }
             let a = e.b.use_var(acc);
             let a = e.combine(op, dtype, a, v);
             e.b.def_var(acc, a);
         });
         let total = e.b.use_var(acc);
-        let bases = e.bases(&epi.accesses, row);
+        let bases = epi_bases;
         // A reduced output's epilogue runs once per row, whatever the inner extent.
         let extent = if broadcast { inner_len } else { 1 };
-        let hoisted = e.hoist(body, epi_reads, &bases, zero, extent);
-        let out_base = bases[bases.len() - 1];
-        let out = &epi.accesses[epi.accesses.len() - 1];
+        let hoisted = e.hoist(body, epi_reads, &bases, zero, extent, Some(total));
         if broadcast {
             let mut from = zero;
             if epi_lanes {
@@ -926,7 +1038,8 @@ impl<'a> Emitter<'a> {
                     from = e.counted_loop(from, n, 4 * unroll as i64, |e, j| {
                         for u in 0..unroll {
                             let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
-                            let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
+                            let v =
+                                e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
                             e.store(out, out_base, j, v);
                         }
                     });
@@ -942,44 +1055,79 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Rows `row..row+4` of a reduction at once, row `row+k` in lane `k`:
-    /// each step of the inner loop loads four neighbouring rows' elements.
-    /// The epilogue reads nothing, and the four results are stored together.
+    /// Rows `from..to` of a reduction whose rows are neighbours in memory (a
+    /// sum over a leading axis): the output rows accumulate in place, four
+    /// rows per vector, while the reduced axis is walked once in memory
+    /// order; then the epilogue (which reads nothing) runs on them in place.
     #[allow(clippy::too_many_arguments)]
-    fn reduce_four_rows(
+    fn reduce_column_block(
         &mut self,
         op: ReduceOp,
         prologue: &Block,
         pro: &Nest,
         body: &Block,
         epi: &Nest,
-        row: Value,
+        from: Value,
+        to: Value,
         inner_len: usize,
     ) {
-        let bases = self.bases(&pro.accesses, row);
-        let zero = self.iconst(0);
-        let n = self.iconst(inner_len as i64);
+        let out_ptr = self.ptrs[epi.accesses[epi.accesses.len() - 1].buffer];
+        let flags = MemFlagsData::new().with_notrap();
         let init = self.scalar_const(op.init(DType::F32));
         let vinit = self.b.ins().splat(types::F32X4, init);
-        let vacc = self.b.declare_var(types::F32X4);
-        self.b.def_var(vacc, vinit);
-        let none = vec![None; prologue.values.len()];
-        self.row_lanes = true;
-        self.counted_loop(zero, n, 1, |e, j| {
-            let v = e.block(prologue, &pro.accesses, &bases, &none, j, None, true);
-            let a = e.b.use_var(vacc);
-            let a = e.combine(op, DType::F32, a, v);
-            e.b.def_var(vacc, a);
+        let addr = |e: &mut Self, rr: Value| {
+            let bytes = e.b.ins().imul_imm_s(rr, 4);
+            e.b.ins().iadd(out_ptr, bytes)
+        };
+        self.row_span(from, to, &mut |e, rr, lanes| {
+            let a = addr(e, rr);
+            let v = if lanes { vinit } else { init };
+            e.b.ins().store(flags, v, a, 0);
         });
-        let total = self.b.use_var(vacc);
-        let out_bases = self.bases(&epi.accesses, row);
+        let bases = self.bases(&pro.accesses, from);
+        let zero = self.iconst(0);
+        let n = self.iconst(inner_len as i64);
+        let none = vec![None; prologue.values.len()];
+        self.counted_loop(zero, n, 1, |e, j| {
+            e.row_span(from, to, &mut |e, rr, lanes| {
+                let d = e.b.ins().isub(rr, from);
+                let shifted: Vec<RowBase> = pro
+                    .accesses
+                    .iter()
+                    .zip(&bases)
+                    .map(|(a, b)| {
+                        let step = a.outer.last().map_or(0, |o| o.stride);
+                        let off = e.b.ins().imul_imm_s(d, step);
+                        RowBase {
+                            base: e.b.ins().iadd(b.base, off),
+                            valid: None,
+                        }
+                    })
+                    .collect();
+                e.row_lanes = true;
+                let v = e.block(prologue, &pro.accesses, &shifted, &none, j, None, lanes);
+                e.row_lanes = false;
+                let a = addr(e, rr);
+                let ty = if lanes { types::F32X4 } else { types::F32 };
+                let acc = e.b.ins().load(ty, flags, a, 0);
+                let acc = e.combine(op, DType::F32, acc, v);
+                e.b.ins().store(flags, acc, a, 0);
+            });
+        });
         let none = vec![None; body.values.len()];
-        let v = self.block(body, &[], &[], &none, zero, Some(total), true);
-        self.row_lanes = false;
-        let out = &epi.accesses[epi.accesses.len() - 1];
-        let (offset, _) = self.element(out, out_bases[out_bases.len() - 1], zero);
-        let addr = self.address(out.buffer, offset, DType::F32);
-        self.b.ins().store(MemFlagsData::new().with_notrap(), v, addr, 0);
+        self.row_span(from, to, &mut |e, rr, lanes| {
+            let a = addr(e, rr);
+            let ty = if lanes { types::F32X4 } else { types::F32 };
+            let acc = e.b.ins().load(ty, flags, a, 0);
+            let v = e.block(body, &[], &[], &none, zero, Some(acc), lanes);
+            e.b.ins().store(flags, v, a, 0);
+        });
+    }
+
+    /// `for rr in from..to`: four at a time (`lanes`), then one at a time.
+    fn row_span(&mut self, from: Value, to: Value, f: &mut dyn FnMut(&mut Self, Value, bool)) {
+        let rest = self.counted_loop(from, to, 4, |e, rr| f(e, rr, true));
+        self.counted_loop(rest, to, 1, |e, rr| f(e, rr, false));
     }
 
     fn combine(&mut self, op: ReduceOp, dtype: DType, a: Value, x: Value) -> Value {
