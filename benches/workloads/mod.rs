@@ -2,6 +2,9 @@
 //! (`benches/fusion.rs`) and `examples/bench_report`: what each computes,
 //! its inputs (seeded normal f32), and how its throughput is counted.
 
+// Each bench and the report use the part they need.
+#![allow(dead_code)]
+
 use kiln::{DType, Data, Result, Tensor, TensorType};
 
 /// One workload at one shape.
