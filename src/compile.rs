@@ -87,7 +87,7 @@ impl CompiledGraph {
         Ok(outputs
             .into_iter()
             .zip(types)
-            .map(|(d, ty)| Tensor::from_data(ty, d))
+            .map(|(d, ty)| Tensor::from_data(ty.clone(), d))
             .collect())
     }
 

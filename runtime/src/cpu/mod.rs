@@ -63,6 +63,7 @@ pub struct Executable {
     optimized: Optimized,
     kernels: Vec<Arc<CompiledKernel>>,
     arena: Vec<Vec<u32>>,
+    outputs: Vec<TensorType>,
 }
 
 impl Executable {
@@ -82,10 +83,12 @@ impl Executable {
             .iter()
             .map(|&bytes| vec![0u32; bytes.div_ceil(4)])
             .collect();
+        let outputs = optimized.graph.output_types();
         Ok(Executable {
             optimized,
             kernels,
             arena,
+            outputs,
         })
     }
 
@@ -94,14 +97,9 @@ impl Executable {
         &self.optimized
     }
 
-    /// The types of the inputs the graph was compiled for.
-    pub fn input_types(&self) -> &[TensorType] {
-        &self.optimized.graph.inputs
-    }
-
     /// The types of the outputs.
-    pub fn output_types(&self) -> Vec<TensorType> {
-        self.optimized.graph.output_types()
+    pub fn output_types(&self) -> &[TensorType] {
+        &self.outputs
     }
 
     /// Zeroed buffers of the output types, for `run_into`.
@@ -124,8 +122,7 @@ impl Executable {
     pub fn run_into(&mut self, inputs: &[&Data], outputs: &mut [Data]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
         check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
-        let types = graph.output_types();
-        check(&graph.name, "output", &types, outputs.iter())?;
+        check(&graph.name, "output", &self.outputs, outputs.iter())?;
         // The graph output each node is written to, if any (first occurrence).
         let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
         let schedule = &self.optimized.schedule;
