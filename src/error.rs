@@ -16,6 +16,9 @@ pub enum Error {
     /// graph called with buffers of the wrong types.
     #[error(transparent)]
     Runtime(#[from] kiln_runtime::Error),
+    /// A data file that cannot be read or is corrupt.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
     /// Realizing a value that depends on a placeholder of `kiln::compile`
     /// outside the compiled graph.
     #[error("realize: the value depends on placeholder input {index} of a compiled graph")]

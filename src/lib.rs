@@ -24,6 +24,7 @@
 
 mod compile;
 mod composite;
+pub mod data;
 mod device;
 mod error;
 mod ops;

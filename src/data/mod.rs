@@ -1,0 +1,52 @@
+//! Data loading: memory-mapped datasets whose rows are read in place.
+//!
+//! `npy` parses and maps `.npy` arrays, checking every header against the
+//! file. A corrupt or truncated file is a `DataError` naming the file, the
+//! byte offset and what is wrong; it never panics.
+
+pub mod npy;
+
+use std::path::{Path, PathBuf};
+
+/// What can be wrong with a data file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened, read or mapped.
+    #[error("{}: {message}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The system's message.
+        message: String,
+    },
+    /// The file's contents are not what its format requires.
+    #[error("{}: at byte {offset}: {message}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// Where the problem is.
+        offset: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl DataError {
+    pub(crate) fn io(path: &Path, e: &std::io::Error) -> DataError {
+        DataError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Maps `file` (opened read-only from `path`) into memory.
+#[allow(unsafe_code)]
+fn map(path: &Path, file: &std::fs::File) -> Result<memmap2::Mmap, DataError> {
+    // SAFETY: the mapping is read-only and kiln reads it only as bytes, for
+    // which every bit pattern is valid. memmap2 cannot rule out another
+    // process truncating the file while it is mapped (reads past the new end
+    // would fault); datasets are treated as immutable while they are open,
+    // as every memory-mapping loader does.
+    unsafe { memmap2::Mmap::map(file) }.map_err(|e| DataError::io(path, &e))
+}
