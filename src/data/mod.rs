@@ -1,10 +1,18 @@
 //! Data loading: memory-mapped datasets whose rows are read in place.
 //!
 //! `npy` parses and maps `.npy` arrays, checking every header against the
-//! file. A corrupt or truncated file is a `DataError` naming the file, the
-//! byte offset and what is wrong; it never panics.
+//! file; `NpyDataset` serves their rows as items and `Zip` puts datasets
+//! side by side (features and labels); `DataLoader` batches them with
+//! persistent worker threads, in an order that is a pure function of the
+//! seed and the epoch. A corrupt or truncated file is a `DataError` naming
+//! the file, the byte offset or item, and what is wrong; it never panics.
 
+mod dataset;
+mod loader;
 pub mod npy;
+
+pub use dataset::{Dataset, NpyDataset, Zip};
+pub use loader::{Batch, DataLoader, LoaderOptions, Metrics, OnError};
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +25,30 @@ pub enum DataError {
         /// The file.
         path: PathBuf,
         /// The system's message.
+        message: String,
+    },
+    /// One item could not be read.
+    #[error("{}: item {index}: {message}", path.display())]
+    Item {
+        /// The file.
+        path: PathBuf,
+        /// The item's index in the dataset.
+        index: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// Datasets or options that do not fit together.
+    #[error("{message}")]
+    Mismatch {
+        /// What does not fit.
+        message: String,
+    },
+    /// A worker thread panicked while reading a batch.
+    #[error("data loader: batch {batch}: a worker panicked: {message}")]
+    Worker {
+        /// The batch it was reading.
+        batch: usize,
+        /// The panic's message.
         message: String,
     },
     /// The file's contents are not what its format requires.

@@ -1,0 +1,417 @@
+//! `DataLoader`: batches of a dataset, read by persistent worker threads,
+//! delivered in order.
+//!
+//! - The order of an epoch is a pure function of (seed, epoch): a
+//!   Fisher-Yates shuffle driven by SplitMix64, computed on the consumer
+//!   side. So it does not depend on the number of workers, changes every
+//!   epoch, and an epoch can resume at any batch.
+//! - Sharding by (rank, world size) takes every `world`-th position of the
+//!   epoch's order, starting at `rank`: disjoint parts that cover it.
+//! - Workers are started once and serve every epoch; at most `prefetch`
+//!   batches are in flight; results come back tagged and are delivered in
+//!   batch order. Dropping the loader closes the job channel, and the
+//!   workers finish their current batch and exit; `drop` joins them.
+//! - A panic while reading a batch becomes an `Err` for that batch; a
+//!   corrupt item fails its batch (`OnError::Fail`, naming the item and the
+//!   file) or is left out and counted (`OnError::Skip`).
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kiln_ir::{DType, Data, TensorType};
+
+use super::{DataError, Dataset};
+use crate::rng::SplitMix64;
+
+/// What to do with an item that cannot be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    /// The batch is an `Err` naming the item and the file.
+    Fail,
+    /// The item is left out of its batch and counted in `Batch::skipped`.
+    Skip,
+}
+
+/// How a loader batches.
+#[derive(Clone, Copy, Debug)]
+pub struct LoaderOptions {
+    /// Items per batch.
+    pub batch_size: usize,
+    /// Shuffle with this seed (a fresh order each epoch), or keep file order.
+    pub shuffle: Option<u64>,
+    /// Leave out a last batch smaller than `batch_size`.
+    pub drop_last: bool,
+    /// Worker threads; 0 reads batches on the consumer's thread.
+    pub workers: usize,
+    /// Batches in flight at most.
+    pub prefetch: usize,
+    /// This process's part: (rank, world size).
+    pub shard: (usize, usize),
+    /// What to do with an item that cannot be read.
+    pub on_error: OnError,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> LoaderOptions {
+        LoaderOptions {
+            batch_size: 32,
+            shuffle: None,
+            drop_last: false,
+            workers: 2,
+            prefetch: 4,
+            shard: (0, 1),
+            on_error: OnError::Fail,
+        }
+    }
+}
+
+/// One batch: each field's items stacked along a new leading axis.
+#[derive(Debug)]
+pub struct Batch {
+    /// Its position in the epoch.
+    pub index: usize,
+    /// The dataset indices of its items, in order.
+    pub items: Vec<usize>,
+    /// One buffer per field, `[items.len(), field dims..]`, row-major.
+    pub fields: Vec<Data>,
+    /// Items left out because they could not be read (`OnError::Skip`).
+    pub skipped: usize,
+}
+
+/// Throughput and latency of a loader so far.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Metrics {
+    /// Items delivered per second of the consumer's time since its first batch.
+    pub samples_per_second: f64,
+    /// Median time from asking a worker for a batch to its being ready.
+    pub batch_latency_p50: Duration,
+    /// 95th percentile of the same.
+    pub batch_latency_p95: Duration,
+    /// Total time the consumer spent waiting for batches.
+    pub waited: Duration,
+}
+
+/// A request to read one batch of one epoch generation.
+struct Job {
+    generation: u64,
+    index: usize,
+    items: Vec<usize>,
+    sent: Instant,
+}
+
+/// A batch read, or why not.
+struct Done {
+    generation: u64,
+    index: usize,
+    batch: Result<Batch, DataError>,
+    latency: Duration,
+}
+
+#[derive(Default)]
+struct Counters {
+    latencies: Vec<Duration>,
+    waited: Duration,
+    delivered: usize,
+    first: Option<Instant>,
+}
+
+/// Batches of a dataset, read ahead by persistent worker threads.
+pub struct DataLoader {
+    dataset: Arc<dyn Dataset>,
+    options: LoaderOptions,
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    done_tx: Sender<Done>,
+    workers: Vec<JoinHandle<()>>,
+    generation: u64,
+    counters: Counters,
+}
+
+impl DataLoader {
+    /// A loader over `dataset`, its worker threads started.
+    pub fn new(dataset: Arc<dyn Dataset>, options: LoaderOptions) -> Result<DataLoader, DataError> {
+        let (rank, world) = options.shard;
+        if options.batch_size == 0 || world == 0 || rank >= world {
+            return Err(DataError::Mismatch {
+                message: format!(
+                    "data loader: batch size {} and shard {rank} of {world} do not make batches",
+                    options.batch_size
+                ),
+            });
+        }
+        let (jobs_tx, jobs_rx) = channel::<Job>();
+        let (done_tx, done) = channel::<Done>();
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let workers = (0..options.workers)
+            .map(|_| {
+                let (jobs, done, dataset) = (jobs_rx.clone(), done_tx.clone(), dataset.clone());
+                let on_error = options.on_error;
+                std::thread::spawn(move || {
+                    while let Some(job) = next_job(&jobs) {
+                        let finished = run(dataset.as_ref(), on_error, job);
+                        if done.send(finished).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Ok(DataLoader {
+            dataset,
+            options,
+            jobs: Some(jobs_tx),
+            done,
+            done_tx,
+            workers,
+            generation: 0,
+            counters: Counters::default(),
+        })
+    }
+
+    /// This shard's items of `epoch`, in order: a pure function of the seed
+    /// and the epoch.
+    pub fn order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.dataset.len()).collect();
+        if let Some(seed) = self.options.shuffle {
+            let mut rng = SplitMix64::new(seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03));
+            for i in (1..order.len()).rev() {
+                let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        let (rank, world) = self.options.shard;
+        order.into_iter().skip(rank).step_by(world).collect()
+    }
+
+    /// The batches of `epoch`, as dataset indices.
+    pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
+        let b = self.options.batch_size;
+        let order = self.order(epoch);
+        let mut batches: Vec<Vec<usize>> = order.chunks(b).map(<[usize]>::to_vec).collect();
+        if self.options.drop_last && batches.last().is_some_and(|l| l.len() < b) {
+            batches.pop();
+        }
+        batches
+    }
+
+    /// The batches of `epoch`, in order.
+    pub fn epoch(&mut self, epoch: u64) -> Epoch<'_> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of `epoch` from batch `start` on: resuming an epoch that
+    /// stopped after `start` batches.
+    pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
+        // Results of an abandoned epoch still in flight are recognized and dropped.
+        self.generation += 1;
+        let batches = self.batches(epoch);
+        let next = start.min(batches.len());
+        Epoch {
+            loader: self,
+            batches,
+            dispatched: next,
+            delivered: next,
+            ready: BTreeMap::new(),
+        }
+    }
+
+    /// Throughput and latency so far.
+    pub fn metrics(&self) -> Metrics {
+        let c = &self.counters;
+        let mut sorted = c.latencies.clone();
+        sorted.sort();
+        let at = |q: f64| {
+            sorted
+                .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+                .unwrap_or_default()
+        };
+        let elapsed = c.first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        Metrics {
+            samples_per_second: if elapsed > 0.0 {
+                c.delivered as f64 / elapsed
+            } else {
+                0.0
+            },
+            batch_latency_p50: at(0.5),
+            batch_latency_p95: at(0.95),
+            waited: c.waited,
+        }
+    }
+
+    fn dispatch(&mut self, index: usize, items: Vec<usize>) {
+        let job = Job {
+            generation: self.generation,
+            index,
+            items,
+            sent: Instant::now(),
+        };
+        match &self.jobs {
+            Some(jobs) if !self.workers.is_empty() => {
+                // Workers live as long as the sender; a send cannot fail before drop.
+                let _ = jobs.send(job);
+            }
+            _ => {
+                let finished = run(self.dataset.as_ref(), self.options.on_error, job);
+                let _ = self.done_tx.send(finished);
+            }
+        }
+    }
+}
+
+impl Drop for DataLoader {
+    /// Closes the job channel and joins the workers, which exit after the
+    /// batch they are reading.
+    fn drop(&mut self) {
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            // A worker that panicked has already reported it as a batch error.
+            let _ = worker.join();
+        }
+    }
+}
+
+/// The batches of one epoch, read ahead and delivered in order.
+pub struct Epoch<'l> {
+    loader: &'l mut DataLoader,
+    batches: Vec<Vec<usize>>,
+    dispatched: usize,
+    delivered: usize,
+    ready: BTreeMap<usize, Result<Batch, DataError>>,
+}
+
+impl Iterator for Epoch<'_> {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let prefetch = self.loader.options.prefetch.max(1);
+        while self.dispatched < self.batches.len() && self.dispatched < self.delivered + prefetch {
+            let items = std::mem::take(&mut self.batches[self.dispatched]);
+            self.loader.dispatch(self.dispatched, items);
+            self.dispatched += 1;
+        }
+        if self.delivered >= self.batches.len() {
+            return None;
+        }
+        let counters = &mut self.loader.counters;
+        counters.first.get_or_insert_with(Instant::now);
+        let waiting = Instant::now();
+        let batch = loop {
+            if let Some(b) = self.ready.remove(&self.delivered) {
+                break b;
+            }
+            match self.loader.done.recv() {
+                Ok(d) if d.generation == self.loader.generation => {
+                    self.loader.counters.latencies.push(d.latency);
+                    self.ready.insert(d.index, d.batch);
+                }
+                Ok(_) => {}
+                // The loader holds a sender itself, so the channel cannot close.
+                Err(_) => return None,
+            }
+        };
+        let counters = &mut self.loader.counters;
+        counters.waited += waiting.elapsed();
+        if let Ok(b) = &batch {
+            counters.delivered += b.items.len();
+        }
+        self.delivered += 1;
+        Some(batch)
+    }
+}
+
+/// The next job, or `None` once the loader is gone. The lock is held only
+/// to take the job, not while it runs.
+fn next_job(jobs: &Mutex<Receiver<Job>>) -> Option<Job> {
+    jobs.lock().unwrap_or_else(|e| e.into_inner()).recv().ok()
+}
+
+/// Reads one batch; a panic in the dataset becomes the batch's error.
+fn run(dataset: &dyn Dataset, on_error: OnError, job: Job) -> Done {
+    let index = job.index;
+    let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        read_batch(dataset, on_error, &job)
+    }))
+    .unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(DataError::Worker {
+            batch: index,
+            message,
+        })
+    });
+    Done {
+        generation: job.generation,
+        index,
+        batch,
+        latency: job.sent.elapsed(),
+    }
+}
+
+fn read_batch(dataset: &dyn Dataset, on_error: OnError, job: &Job) -> Result<Batch, DataError> {
+    let fields = dataset.fields();
+    let sizes: Vec<usize> = fields
+        .iter()
+        .map(|f| f.shape.numel() * f.dtype.size())
+        .collect();
+    let mut bytes: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|s| Vec::with_capacity(s * job.items.len()))
+        .collect();
+    let mut items = Vec::with_capacity(job.items.len());
+    let mut skipped = 0;
+    let mut row: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0; s]).collect();
+    'items: for &item in &job.items {
+        for (f, buf) in row.iter_mut().enumerate() {
+            if let Err(e) = dataset.read(item, f, buf) {
+                match on_error {
+                    OnError::Fail => return Err(e),
+                    OnError::Skip => {
+                        skipped += 1;
+                        continue 'items;
+                    }
+                }
+            }
+        }
+        for (out, r) in bytes.iter_mut().zip(&row) {
+            out.extend_from_slice(r);
+        }
+        items.push(item);
+    }
+    let fields = fields
+        .iter()
+        .zip(bytes)
+        .map(|(f, b)| to_data(f, b))
+        .collect();
+    Ok(Batch {
+        index: job.index,
+        items,
+        fields,
+        skipped,
+    })
+}
+
+/// Little-endian bytes of `field`'s dtype as typed data.
+fn to_data(field: &TensorType, bytes: Vec<u8>) -> Data {
+    let words = |n: usize| bytes.chunks_exact(n);
+    match field.dtype {
+        DType::F32 => Data::F32(
+            words(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        DType::I32 => Data::I32(
+            words(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        DType::U8 => Data::U8(bytes),
+        DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+    }
+}

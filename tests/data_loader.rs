@@ -1,0 +1,295 @@
+//! The data loader: order is a pure function of (seed, epoch) whatever the
+//! number of workers, epochs resume exactly, shards are disjoint and cover
+//! the dataset, corrupt items fail or are skipped as asked, a panicking
+//! dataset is an `Err`, dropping a loader mid-epoch ends its threads, and
+//! `.npy` files zip into (features, labels) batches with their values.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln::data::npy::{NpyDType, write_npy};
+use kiln::data::{Batch, DataError, DataLoader, Dataset, LoaderOptions, NpyDataset, OnError, Zip};
+use kiln::{DType, Data, TensorType};
+
+/// Item `i` is the i32 `i`; items listed in `bad` cannot be read; reading
+/// item `panic_at` panics; each read sleeps `delay`.
+struct Counting {
+    len: usize,
+    bad: Vec<usize>,
+    panic_at: Option<usize>,
+    delay: Duration,
+}
+
+impl Counting {
+    fn new(len: usize) -> Counting {
+        Counting {
+            len,
+            bad: Vec::new(),
+            panic_at: None,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+impl Dataset for Counting {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn fields(&self) -> Vec<TensorType> {
+        vec![TensorType::new(DType::I32, [])]
+    }
+
+    fn read(&self, index: usize, _: usize, out: &mut [u8]) -> Result<(), DataError> {
+        std::thread::sleep(self.delay);
+        assert!(
+            self.panic_at != Some(index),
+            "transform failed on item {index}"
+        );
+        if self.bad.contains(&index) {
+            return Err(DataError::Item {
+                path: PathBuf::from("counting.bin"),
+                index,
+                message: "corrupt".into(),
+            });
+        }
+        out.copy_from_slice(&(index as i32).to_le_bytes());
+        Ok(())
+    }
+}
+
+fn loader(dataset: Counting, options: LoaderOptions) -> DataLoader {
+    DataLoader::new(Arc::new(dataset), options).expect("valid options")
+}
+
+/// The items of every batch of an epoch, checking each batch's data.
+fn epoch_items(l: &mut DataLoader, epoch: u64, start: usize) -> Vec<Vec<usize>> {
+    l.epoch_from(epoch, start)
+        .map(|b| {
+            let b: Batch = b.expect("the batch reads");
+            let values: Vec<usize> = match &b.fields[0] {
+                Data::I32(v) => v.iter().map(|&x| x as usize).collect(),
+                other => panic!("unexpected {other:?}"),
+            };
+            assert_eq!(values, b.items, "batch {} holds its items", b.index);
+            b.items
+        })
+        .collect()
+}
+
+fn shuffled(workers: usize) -> LoaderOptions {
+    LoaderOptions {
+        batch_size: 7,
+        shuffle: Some(42),
+        workers,
+        ..LoaderOptions::default()
+    }
+}
+
+#[test]
+fn the_order_does_not_depend_on_workers_and_changes_each_epoch() {
+    let runs: Vec<Vec<Vec<usize>>> = [0, 1, 4]
+        .iter()
+        .map(|&w| epoch_items(&mut loader(Counting::new(100), shuffled(w)), 3, 0))
+        .collect();
+    assert_eq!(runs[0], runs[1]);
+    assert_eq!(runs[0], runs[2]);
+    let mut all: Vec<usize> = runs[0].concat();
+    all.sort();
+    assert_eq!(
+        all,
+        (0..100).collect::<Vec<_>>(),
+        "an epoch is a permutation"
+    );
+    assert_eq!(
+        runs[0].len(),
+        15,
+        "100 items in batches of 7, the last one short"
+    );
+    let mut l = loader(Counting::new(100), shuffled(2));
+    assert_ne!(
+        epoch_items(&mut l, 3, 0),
+        epoch_items(&mut l, 4, 0),
+        "a fresh order each epoch"
+    );
+    let unshuffled = epoch_items(
+        &mut loader(
+            Counting::new(10),
+            LoaderOptions {
+                batch_size: 4,
+                ..LoaderOptions::default()
+            },
+        ),
+        0,
+        0,
+    );
+    assert_eq!(unshuffled, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+    let dropped = LoaderOptions {
+        batch_size: 4,
+        drop_last: true,
+        ..LoaderOptions::default()
+    };
+    assert_eq!(
+        epoch_items(&mut loader(Counting::new(10), dropped), 0, 0).len(),
+        2
+    );
+}
+
+#[test]
+fn an_epoch_resumes_exactly_where_it_stopped() {
+    let mut l = loader(Counting::new(100), shuffled(3));
+    let whole = epoch_items(&mut l, 5, 0);
+    // Abandon an epoch after two batches, with more in flight, then resume another.
+    let mut partial = l.epoch(5);
+    assert!(partial.next().is_some() && partial.next().is_some());
+    drop(partial);
+    assert_eq!(epoch_items(&mut l, 5, 6), whole[6..].to_vec());
+    assert!(epoch_items(&mut l, 5, 99).is_empty());
+}
+
+#[test]
+fn shards_are_disjoint_and_cover_the_dataset() {
+    let world = 3;
+    let mut seen: Vec<usize> = (0..world)
+        .flat_map(|rank| {
+            let options = LoaderOptions {
+                shard: (rank, world),
+                ..shuffled(1)
+            };
+            epoch_items(&mut loader(Counting::new(50), options), 1, 0).concat()
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, (0..50).collect::<Vec<_>>());
+    let bad = LoaderOptions {
+        shard: (3, 3),
+        ..LoaderOptions::default()
+    };
+    assert!(DataLoader::new(Arc::new(Counting::new(5)), bad).is_err());
+}
+
+#[test]
+fn corrupt_items_fail_their_batch_or_are_skipped() {
+    let mut data = Counting::new(20);
+    data.bad = vec![5, 13];
+    let options = LoaderOptions {
+        batch_size: 4,
+        workers: 2,
+        ..LoaderOptions::default()
+    };
+    let mut l = loader(data, options);
+    let results: Vec<_> = l.epoch(0).collect();
+    assert_eq!(
+        results[1].as_ref().err().map(|e| e.to_string()).as_deref(),
+        Some("counting.bin: item 5: corrupt")
+    );
+    assert!(results[0].is_ok() && results[2].is_ok());
+    let mut data = Counting::new(20);
+    data.bad = vec![5, 13];
+    let mut l = loader(
+        data,
+        LoaderOptions {
+            on_error: OnError::Skip,
+            ..options
+        },
+    );
+    let batches: Vec<Batch> = l
+        .epoch(0)
+        .map(|b| b.expect("skipping never fails"))
+        .collect();
+    assert_eq!(batches.iter().map(|b| b.skipped).sum::<usize>(), 2);
+    assert_eq!(batches[1].items, [4, 6, 7]);
+}
+
+#[test]
+fn a_panic_while_reading_is_an_error_not_a_hang() {
+    let mut data = Counting::new(20);
+    data.panic_at = Some(9);
+    let mut l = loader(
+        data,
+        LoaderOptions {
+            batch_size: 4,
+            ..LoaderOptions::default()
+        },
+    );
+    let results: Vec<_> = l.epoch(0).collect();
+    let err = results[2].as_ref().err().map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some("data loader: batch 2: a worker panicked: transform failed on item 9")
+    );
+    assert_eq!(results.len(), 5, "the other batches still arrive");
+}
+
+#[test]
+fn dropping_a_loader_mid_epoch_ends_its_threads_promptly() {
+    let mut data = Counting::new(1000);
+    data.delay = Duration::from_millis(2);
+    let mut l = loader(
+        data,
+        LoaderOptions {
+            batch_size: 10,
+            workers: 4,
+            prefetch: 8,
+            ..LoaderOptions::default()
+        },
+    );
+    let first = l.epoch(0).next();
+    assert!(matches!(first, Some(Ok(_))));
+    let start = Instant::now();
+    drop(l);
+    // Each worker finishes at most its current batch: 10 reads of 2 ms.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "drop took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn npy_features_and_labels_zip_into_batches() -> Result<(), DataError> {
+    let d = std::env::temp_dir().join(format!("kiln-loader-{}", std::process::id()));
+    std::fs::create_dir_all(&d).map_err(|e| DataError::Mismatch {
+        message: e.to_string(),
+    })?;
+    let images: Vec<u8> = (0..6 * 4).map(|i| i as u8).collect();
+    let labels: Vec<u8> = (0..6i64).flat_map(|i| (i * 10).to_le_bytes()).collect();
+    write_npy(&d.join("x.npy"), NpyDType::U8, &[6, 2, 2], &images)?;
+    write_npy(&d.join("y.npy"), NpyDType::I64, &[6], &labels)?;
+    let zip = Zip::new(vec![
+        Box::new(NpyDataset::open(d.join("x.npy"))?),
+        Box::new(NpyDataset::open(d.join("y.npy"))?),
+    ])?;
+    assert_eq!(
+        zip.fields(),
+        [
+            TensorType::new(DType::U8, [2, 2]),
+            TensorType::new(DType::I32, [])
+        ]
+    );
+    let mut l = DataLoader::new(
+        Arc::new(zip),
+        LoaderOptions {
+            batch_size: 4,
+            ..LoaderOptions::default()
+        },
+    )?;
+    let batches: Vec<Batch> = l.epoch(0).collect::<Result<_, _>>()?;
+    assert_eq!(batches[1].fields[0], Data::U8((16..24).collect()));
+    assert_eq!(batches[1].fields[1], Data::I32(vec![40, 50]));
+    let metrics = l.metrics();
+    assert!(
+        metrics.samples_per_second > 0.0 && metrics.batch_latency_p95 >= metrics.batch_latency_p50
+    );
+    write_npy(&d.join("short.npy"), NpyDType::U8, &[5], &[0; 5])?;
+    let mismatched = Zip::new(vec![
+        Box::new(NpyDataset::open(d.join("x.npy"))?),
+        Box::new(NpyDataset::open(d.join("short.npy"))?),
+    ]);
+    assert_eq!(
+        mismatched.err().map(|e| e.to_string()).as_deref(),
+        Some("zip: datasets of 6 and 5 items")
+    );
+    Ok(())
+}
