@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kiln_ir::{DType, Data, TensorType};
+use kiln_ir::{DType, Data};
 
 use super::{DataError, Dataset};
 use crate::rng::SplitMix64;
@@ -356,22 +356,43 @@ fn run(dataset: &dyn Dataset, on_error: OnError, job: Job) -> Done {
 
 fn read_batch(dataset: &dyn Dataset, on_error: OnError, job: &Job) -> Result<Batch, DataError> {
     let fields = dataset.fields();
-    let sizes: Vec<usize> = fields
+    let mut buffers: Vec<Data> = fields
         .iter()
-        .map(|f| f.shape.numel() * f.dtype.size())
-        .collect();
-    let mut bytes: Vec<Vec<u8>> = sizes
-        .iter()
-        .map(|s| Vec::with_capacity(s * job.items.len()))
+        .map(|f| zeroed(f.dtype, f.shape.numel() * job.items.len()))
         .collect();
     let mut items = Vec::with_capacity(job.items.len());
     let mut skipped = 0;
-    let mut row: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0; s]).collect();
+    // Bools are bytes in files but not in `Vec<bool>`: they go through a row buffer.
+    let mut bool_row: Vec<u8> = Vec::new();
     'items: for &item in &job.items {
-        for (f, buf) in row.iter_mut().enumerate() {
-            if let Err(e) = dataset.read(item, f, buf) {
+        let slot = items.len();
+        for (f, (field, buf)) in fields.iter().zip(&mut buffers).enumerate() {
+            let n = field.shape.numel();
+            let read = match buf {
+                Data::F32(v) => dataset.read(
+                    item,
+                    f,
+                    bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
+                ),
+                Data::I32(v) => dataset.read(
+                    item,
+                    f,
+                    bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
+                ),
+                Data::U8(v) => dataset.read(item, f, &mut v[slot * n..(slot + 1) * n]),
+                Data::Bool(v) => {
+                    bool_row.resize(n, 0);
+                    let r = dataset.read(item, f, &mut bool_row);
+                    for (o, &b) in v[slot * n..(slot + 1) * n].iter_mut().zip(&bool_row) {
+                        *o = b != 0;
+                    }
+                    r
+                }
+            };
+            if let Err(e) = read {
                 match on_error {
                     OnError::Fail => return Err(e),
+                    // The next item overwrites this one's slot.
                     OnError::Skip => {
                         skipped += 1;
                         continue 'items;
@@ -379,39 +400,36 @@ fn read_batch(dataset: &dyn Dataset, on_error: OnError, job: &Job) -> Result<Bat
                 }
             }
         }
-        for (out, r) in bytes.iter_mut().zip(&row) {
-            out.extend_from_slice(r);
-        }
         items.push(item);
     }
-    let fields = fields
-        .iter()
-        .zip(bytes)
-        .map(|(f, b)| to_data(f, b))
-        .collect();
+    if skipped > 0 {
+        for (field, buf) in fields.iter().zip(&mut buffers) {
+            truncate(buf, items.len() * field.shape.numel());
+        }
+    }
     Ok(Batch {
         index: job.index,
         items,
-        fields,
+        fields: buffers,
         skipped,
     })
 }
 
-/// Little-endian bytes of `field`'s dtype as typed data.
-fn to_data(field: &TensorType, bytes: Vec<u8>) -> Data {
-    let words = |n: usize| bytes.chunks_exact(n);
-    match field.dtype {
-        DType::F32 => Data::F32(
-            words(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        ),
-        DType::I32 => Data::I32(
-            words(4)
-                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        ),
-        DType::U8 => Data::U8(bytes),
-        DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+/// A zeroed buffer of `n` elements.
+fn zeroed(dtype: DType, n: usize) -> Data {
+    match dtype {
+        DType::F32 => Data::F32(vec![0.0; n]),
+        DType::I32 => Data::I32(vec![0; n]),
+        DType::U8 => Data::U8(vec![0; n]),
+        DType::Bool => Data::Bool(vec![false; n]),
+    }
+}
+
+fn truncate(data: &mut Data, n: usize) {
+    match data {
+        Data::F32(v) => v.truncate(n),
+        Data::I32(v) => v.truncate(n),
+        Data::U8(v) => v.truncate(n),
+        Data::Bool(v) => v.truncate(n),
     }
 }
