@@ -10,6 +10,7 @@
 mod dataset;
 mod loader;
 pub mod npy;
+pub mod record;
 
 pub use dataset::{Dataset, NpyDataset, Zip};
 pub use loader::{Batch, DataLoader, LoaderOptions, Metrics, OnError};
