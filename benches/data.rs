@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kiln::data::npy::{NpyArray, NpyDType, write_npy};
-use kiln::data::{DataLoader, LoaderOptions, NpyDataset};
+use kiln::data::{ArrayDataset, DataLoader, LoaderOptions};
 
 const ROWS: usize = 262_144;
 const ROW: usize = 4096;
@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     for (id, shuffle) in [("sequential", None), ("shuffled", Some(1))] {
-        let dataset = Arc::new(NpyDataset::open(&path).expect("the file maps"));
+        let dataset = Arc::new(ArrayDataset::npy(&path).expect("the file maps"));
         let options = LoaderOptions {
             batch_size: BATCH,
             shuffle,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::data::npy::{NpyDType, write_npy};
-use kiln::data::{DataLoader, LoaderOptions, NpyDataset, Zip};
+use kiln::data::{ArrayDataset, DataLoader, LoaderOptions, Zip};
 use kiln::{DType, Data, Options, Result, Tensor, TensorType};
 
 const IMAGES: usize = 60_000;
@@ -23,7 +23,7 @@ const BATCH: usize = 250;
 /// Writes the dataset unless a valid copy is already cached.
 fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let (x, y) = (dir.join("images.npy"), dir.join("labels.npy"));
-    if NpyDataset::open(&x).is_ok() && NpyDataset::open(&y).is_ok() {
+    if ArrayDataset::npy(&x).is_ok() && ArrayDataset::npy(&y).is_ok() {
         return Ok((x, y));
     }
     std::fs::create_dir_all(dir).map_err(|e| kiln::data::DataError::Mismatch {
@@ -128,8 +128,8 @@ fn main() -> Result<()> {
         .collect::<Result<_>>()?;
     for fusion in [true, false] {
         let data = Zip::new(vec![
-            Box::new(NpyDataset::open(&x)?),
-            Box::new(NpyDataset::open(&y)?),
+            Box::new(ArrayDataset::npy(&x)?),
+            Box::new(ArrayDataset::npy(&y)?),
         ])?;
         let mut loader = DataLoader::new(Arc::new(data), options)?;
         epoch(&mut loader, &layers, fusion)?;

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln::data::npy::{NpyDType, write_npy};
-use kiln::data::{Batch, DataError, DataLoader, Dataset, LoaderOptions, NpyDataset, OnError, Zip};
+use kiln::data::{
+    ArrayDataset, Batch, DataError, DataLoader, Dataset, LoaderOptions, OnError, Zip,
+};
 use kiln::{DType, Data, TensorType};
 
 /// Item `i` is the i32 `i`; items listed in `bad` cannot be read; reading
@@ -258,8 +260,8 @@ fn npy_features_and_labels_zip_into_batches() -> Result<(), DataError> {
     write_npy(&d.join("x.npy"), NpyDType::U8, &[6, 2, 2], &images)?;
     write_npy(&d.join("y.npy"), NpyDType::I64, &[6], &labels)?;
     let zip = Zip::new(vec![
-        Box::new(NpyDataset::open(d.join("x.npy"))?),
-        Box::new(NpyDataset::open(d.join("y.npy"))?),
+        Box::new(ArrayDataset::npy(d.join("x.npy"))?),
+        Box::new(ArrayDataset::npy(d.join("y.npy"))?),
     ])?;
     assert_eq!(
         zip.fields(),
@@ -284,12 +286,73 @@ fn npy_features_and_labels_zip_into_batches() -> Result<(), DataError> {
     );
     write_npy(&d.join("short.npy"), NpyDType::U8, &[5], &[0; 5])?;
     let mismatched = Zip::new(vec![
-        Box::new(NpyDataset::open(d.join("x.npy"))?),
-        Box::new(NpyDataset::open(d.join("short.npy"))?),
+        Box::new(ArrayDataset::npy(d.join("x.npy"))?),
+        Box::new(ArrayDataset::npy(d.join("short.npy"))?),
     ]);
     assert_eq!(
         mismatched.err().map(|e| e.to_string()).as_deref(),
         Some("zip: datasets of 6 and 5 items")
+    );
+    Ok(())
+}
+
+#[test]
+fn safetensors_tensors_are_datasets_too() -> Result<(), DataError> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let path = std::env::temp_dir().join(format!("kiln-loader-{}.safetensors", std::process::id()));
+    let features: Vec<u8> = (0..15)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let labels: Vec<u8> = (0..5i64).flat_map(|i| (i - 2).to_le_bytes()).collect();
+    let halves = vec![0u8; 10];
+    let views = [
+        (
+            "x",
+            TensorView::new(Dtype::F32, vec![5, 3], &features).expect("a valid view"),
+        ),
+        (
+            "y",
+            TensorView::new(Dtype::I64, vec![5], &labels).expect("a valid view"),
+        ),
+        (
+            "h",
+            TensorView::new(Dtype::F16, vec![5], &halves).expect("a valid view"),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, &path).expect("written");
+    let zip = Zip::new(vec![
+        Box::new(ArrayDataset::safetensors(&path, "x")?),
+        Box::new(ArrayDataset::safetensors(&path, "y")?),
+    ])?;
+    let mut l = DataLoader::new(
+        Arc::new(zip),
+        LoaderOptions {
+            batch_size: 2,
+            ..LoaderOptions::default()
+        },
+    )?;
+    let batches: Vec<Batch> = l.epoch(0).collect::<Result<_, _>>()?;
+    assert_eq!(
+        batches[1].fields[0],
+        Data::F32(vec![3.0, 3.5, 4.0, 4.5, 5.0, 5.5])
+    );
+    assert_eq!(batches[1].fields[1], Data::I32(vec![0, 1]));
+    let err = |r: Result<ArrayDataset, DataError>| r.err().map(|e| e.to_string());
+    let shown = path.display().to_string();
+    assert_eq!(
+        err(ArrayDataset::safetensors(&path, "h")),
+        Some(format!(
+            "{shown}: at byte 0: tensor 'h' has unsupported dtype F16"
+        ))
+    );
+    assert!(
+        err(ArrayDataset::safetensors(&path, "z"))
+            .is_some_and(|e| e.starts_with(&format!("{shown}: at byte 0: tensor 'z'")))
+    );
+    std::fs::write(&path, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json").expect("written");
+    assert!(
+        err(ArrayDataset::safetensors(&path, "x"))
+            .is_some_and(|e| e.contains("not a safetensors file"))
     );
     Ok(())
 }

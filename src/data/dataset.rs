@@ -1,12 +1,13 @@
 //! `Dataset`: random access to items, each a tuple of fixed-shape fields
 //! (an image and its label), read straight out of memory-mapped files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kiln_ir::{DType, Shape, TensorType};
+use safetensors::{Dtype, SafeTensors};
 
 use super::DataError;
-use super::npy::{NpyArray, NpyDType};
+use super::npy::{NpyDType, NpyHeader};
 
 /// Random access to items. Every item has the same fields, each of one
 /// type; the loader batches them along a new leading axis.
@@ -28,39 +29,97 @@ pub trait Dataset: Send + Sync {
     fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError>;
 }
 
-/// The rows of one `.npy` array as items of one field.
-pub struct NpyDataset {
-    array: NpyArray,
+/// The rows of one memory-mapped array (a `.npy` file, or one tensor of a
+/// safetensors file) as items of one field: row `i` of the first axis is
+/// item `i`, read in place.
+pub struct ArrayDataset {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    /// Where the array's bytes start in the file.
+    offset: usize,
+    /// How elements are stored.
+    stored: NpyDType,
+    rows: usize,
     field: TensorType,
     /// Bytes of one row in the file.
     row_bytes: usize,
 }
 
-impl NpyDataset {
-    /// Maps the array at `path`; its first axis indexes the items.
-    pub fn open(path: impl AsRef<Path>) -> Result<NpyDataset, DataError> {
-        let array = NpyArray::open(path)?;
-        let header = array.header();
-        let Some((_, row)) = header.shape.split_first() else {
+impl ArrayDataset {
+    /// The rows of the `.npy` array at `path`.
+    pub fn npy(path: impl AsRef<Path>) -> Result<ArrayDataset, DataError> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
+        let map = super::map(path, &file)?;
+        let header = NpyHeader::parse(path, &map)?;
+        ArrayDataset::new(path, map, header.data_offset, header.dtype, &header.shape)
+    }
+
+    /// The rows of tensor `name` of the safetensors file at `path` (f32,
+    /// f64, i32, i64, u8 or bool).
+    pub fn safetensors(path: impl AsRef<Path>, name: &str) -> Result<ArrayDataset, DataError> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
+        let map = super::map(path, &file)?;
+        let fail = |message: String| DataError::Format {
+            path: path.to_path_buf(),
+            offset: 0,
+            message,
+        };
+        let tensors = SafeTensors::deserialize(&map)
+            .map_err(|e| fail(format!("not a safetensors file: {e}")))?;
+        let view = tensors
+            .tensor(name)
+            .map_err(|e| fail(format!("tensor '{name}': {e}")))?;
+        let stored = match view.dtype() {
+            Dtype::F32 => NpyDType::F32,
+            Dtype::F64 => NpyDType::F64,
+            Dtype::I32 => NpyDType::I32,
+            Dtype::I64 => NpyDType::I64,
+            Dtype::U8 => NpyDType::U8,
+            Dtype::BOOL => NpyDType::Bool,
+            other => {
+                return Err(fail(format!(
+                    "tensor '{name}' has unsupported dtype {other:?}"
+                )));
+            }
+        };
+        // The view borrows the mapping: its offset is where its bytes start.
+        let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
+        let shape = view.shape().to_vec();
+        drop(tensors);
+        ArrayDataset::new(path, map, offset, stored, &shape)
+    }
+
+    fn new(
+        path: &Path,
+        map: memmap2::Mmap,
+        offset: usize,
+        stored: NpyDType,
+        shape: &[usize],
+    ) -> Result<ArrayDataset, DataError> {
+        let Some((&rows, row)) = shape.split_first() else {
             return Err(DataError::Format {
-                path: array.path().to_path_buf(),
-                offset: 0,
+                path: path.to_path_buf(),
+                offset,
                 message: "a rank-0 array has no rows to serve as items".into(),
             });
         };
-        let field = TensorType::new(header.dtype.dtype(), Shape::new(row));
-        let row_bytes = row.iter().product::<usize>() * header.dtype.size();
-        Ok(NpyDataset {
-            array,
-            field,
-            row_bytes,
+        Ok(ArrayDataset {
+            path: path.to_path_buf(),
+            map,
+            offset,
+            stored,
+            rows,
+            field: TensorType::new(stored.dtype(), Shape::new(row)),
+            row_bytes: row.iter().product::<usize>() * stored.size(),
         })
     }
 }
 
-impl Dataset for NpyDataset {
+impl Dataset for ArrayDataset {
     fn len(&self) -> usize {
-        self.array.header().shape.first().copied().unwrap_or(0)
+        self.rows
     }
 
     fn fields(&self) -> Vec<TensorType> {
@@ -69,7 +128,7 @@ impl Dataset for NpyDataset {
 
     fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
         let fail = |message: String| DataError::Item {
-            path: self.array.path().to_path_buf(),
+            path: self.path.clone(),
             index,
             message,
         };
@@ -79,8 +138,9 @@ impl Dataset for NpyDataset {
                 self.len()
             )));
         }
-        let row = &self.array.bytes()[index * self.row_bytes..(index + 1) * self.row_bytes];
-        let dtype = self.array.header().dtype;
+        let start = self.offset + index * self.row_bytes;
+        let row = &self.map[start..start + self.row_bytes];
+        let dtype = self.stored;
         let want = self.field.shape.numel() * self.field.dtype.size();
         if out.len() != want {
             return Err(fail(format!(

@@ -1,7 +1,7 @@
 //! Data loading: memory-mapped datasets whose rows are read in place.
 //!
 //! `npy` parses and maps `.npy` arrays, checking every header against the
-//! file; `NpyDataset` serves their rows as items and `Zip` puts datasets
+//! file; `ArrayDataset` serves their rows as items and `Zip` puts datasets
 //! side by side (features and labels); `DataLoader` batches them with
 //! persistent worker threads, in an order that is a pure function of the
 //! seed and the epoch. A corrupt or truncated file is a `DataError` naming
@@ -12,7 +12,7 @@ mod loader;
 pub mod npy;
 pub mod record;
 
-pub use dataset::{Dataset, NpyDataset, Zip};
+pub use dataset::{ArrayDataset, Dataset, Zip};
 pub use loader::{Batch, DataLoader, LoaderOptions, Metrics, OnError};
 
 use std::path::{Path, PathBuf};
