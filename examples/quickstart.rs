@@ -73,7 +73,8 @@ fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> 
     bar.set_message(if fusion { "fused" } else { "unfused" });
     let (mut checksum, mut batches, mut compute) = (0.0f64, 0usize, Duration::ZERO);
     let start = Instant::now();
-    for batch in loader.epoch(0) {
+    let mut batches_of_epoch = loader.epoch(0);
+    while let Some(batch) = batches_of_epoch.next() {
         let batch = batch?;
         let t = Instant::now();
         graph.run_into(&[&batch.fields[0]], &mut logits)?;
@@ -83,7 +84,10 @@ fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> 
         }
         batches += 1;
         bar.inc(1);
+        // Its buffers are filled again by a later batch: no allocation per batch.
+        batches_of_epoch.recycle(batch);
     }
+    drop(batches_of_epoch);
     bar.finish_and_clear();
     let wall = start.elapsed();
     let m = loader.metrics();

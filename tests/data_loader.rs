@@ -356,3 +356,33 @@ fn safetensors_tensors_are_datasets_too() -> Result<(), DataError> {
     );
     Ok(())
 }
+
+#[test]
+fn recycled_batch_buffers_are_filled_again() {
+    let mut l = loader(
+        Counting::new(40),
+        LoaderOptions {
+            batch_size: 8,
+            workers: 1,
+            prefetch: 1,
+            ..LoaderOptions::default()
+        },
+    );
+    let mut epoch = l.epoch(0);
+    let first = epoch.next().expect("a batch").expect("reads");
+    drop(epoch);
+    let buffer = match &first.fields[0] {
+        Data::I32(v) => v.as_ptr(),
+        other => panic!("unexpected {other:?}"),
+    };
+    l.recycle(first);
+    // The next epoch's first batch is read into the recycled buffer, with its own values.
+    let again = l.epoch(1).next().expect("a batch").expect("reads");
+    match &again.fields[0] {
+        Data::I32(v) => {
+            assert_eq!(v.as_ptr(), buffer, "the recycled buffer is reused");
+            assert_eq!(v, &(0..8).collect::<Vec<i32>>());
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}

@@ -11,6 +11,8 @@
 //!   batches are in flight; results come back tagged and are delivered in
 //!   batch order. Dropping the loader closes the job channel, and the
 //!   workers finish their current batch and exit; `drop` joins them.
+//! - Batch buffers handed back with `recycle` are filled again, so a
+//!   consumer that recycles allocates nothing per batch in steady state.
 //! - A panic while reading a batch becomes an `Err` for that batch; a
 //!   corrupt item fails its batch (`OnError::Fail`, naming the item and the
 //!   file) or is left out and counted (`OnError::Skip`).
@@ -128,7 +130,11 @@ pub struct DataLoader {
     workers: Vec<JoinHandle<()>>,
     generation: u64,
     counters: Counters,
+    pool: Pool,
 }
+
+/// Batch buffers handed back by the consumer, for the next batches to fill.
+type Pool = Arc<Mutex<Vec<Vec<Data>>>>;
 
 impl DataLoader {
     /// A loader over `dataset`, its worker threads started.
@@ -145,13 +151,15 @@ impl DataLoader {
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let (done_tx, done) = channel::<Done>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let pool: Pool = Arc::default();
         let workers = (0..options.workers)
             .map(|_| {
                 let (jobs, done, dataset) = (jobs_rx.clone(), done_tx.clone(), dataset.clone());
+                let pool = pool.clone();
                 let on_error = options.on_error;
                 std::thread::spawn(move || {
                     while let Some(job) = next_job(&jobs) {
-                        let finished = run(dataset.as_ref(), on_error, job);
+                        let finished = run(dataset.as_ref(), on_error, &pool, job);
                         if done.send(finished).is_err() {
                             return;
                         }
@@ -168,6 +176,7 @@ impl DataLoader {
             workers,
             generation: 0,
             counters: Counters::default(),
+            pool,
         })
     }
 
@@ -218,6 +227,17 @@ impl DataLoader {
         }
     }
 
+    /// Hands a batch's buffers back for later batches to fill: a consumer
+    /// that recycles every batch it is done with makes the loader allocate
+    /// nothing in steady state.
+    pub fn recycle(&self, batch: Batch) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        // Enough for every batch that can be in flight at once.
+        if pool.len() < self.options.prefetch + self.options.workers + 1 {
+            pool.push(batch.fields);
+        }
+    }
+
     /// Throughput and latency so far.
     pub fn metrics(&self) -> Metrics {
         let c = &self.counters;
@@ -255,7 +275,12 @@ impl DataLoader {
                 let _ = jobs.send(job);
             }
             _ => {
-                let finished = run(self.dataset.as_ref(), self.options.on_error, job);
+                let finished = run(
+                    self.dataset.as_ref(),
+                    self.options.on_error,
+                    &self.pool,
+                    job,
+                );
                 let _ = self.done_tx.send(finished);
             }
         }
@@ -281,6 +306,13 @@ pub struct Epoch<'l> {
     dispatched: usize,
     delivered: usize,
     ready: BTreeMap<usize, Result<Batch, DataError>>,
+}
+
+impl Epoch<'_> {
+    /// `DataLoader::recycle` while the epoch runs.
+    pub fn recycle(&self, batch: Batch) {
+        self.loader.recycle(batch);
+    }
 }
 
 impl Iterator for Epoch<'_> {
@@ -330,10 +362,10 @@ fn next_job(jobs: &Mutex<Receiver<Job>>) -> Option<Job> {
 }
 
 /// Reads one batch; a panic in the dataset becomes the batch's error.
-fn run(dataset: &dyn Dataset, on_error: OnError, job: Job) -> Done {
+fn run(dataset: &dyn Dataset, on_error: OnError, pool: &Pool, job: Job) -> Done {
     let index = job.index;
     let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        read_batch(dataset, on_error, &job)
+        read_batch(dataset, on_error, pool, &job)
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -354,11 +386,23 @@ fn run(dataset: &dyn Dataset, on_error: OnError, job: Job) -> Done {
     }
 }
 
-fn read_batch(dataset: &dyn Dataset, on_error: OnError, job: &Job) -> Result<Batch, DataError> {
+fn read_batch(
+    dataset: &dyn Dataset,
+    on_error: OnError,
+    pool: &Pool,
+    job: &Job,
+) -> Result<Batch, DataError> {
     let fields = dataset.fields();
+    let recycled = pool
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pop()
+        .unwrap_or_default();
+    let mut recycled = recycled.into_iter();
+    // Every element of a buffer is written below, so recycled contents never show.
     let mut buffers: Vec<Data> = fields
         .iter()
-        .map(|f| zeroed(f.dtype, f.shape.numel() * job.items.len()))
+        .map(|f| fit(recycled.next(), f.dtype, f.shape.numel() * job.items.len()))
         .collect();
     let mut items = Vec::with_capacity(job.items.len());
     let mut skipped = 0;
@@ -413,6 +457,29 @@ fn read_batch(dataset: &dyn Dataset, on_error: OnError, job: &Job) -> Result<Bat
         fields: buffers,
         skipped,
     })
+}
+
+/// `buffer` resized to `n` elements of `dtype`, or a new one.
+fn fit(buffer: Option<Data>, dtype: DType, n: usize) -> Data {
+    match buffer {
+        Some(Data::F32(mut v)) if dtype == DType::F32 => {
+            v.resize(n, 0.0);
+            Data::F32(v)
+        }
+        Some(Data::I32(mut v)) if dtype == DType::I32 => {
+            v.resize(n, 0);
+            Data::I32(v)
+        }
+        Some(Data::U8(mut v)) if dtype == DType::U8 => {
+            v.resize(n, 0);
+            Data::U8(v)
+        }
+        Some(Data::Bool(mut v)) if dtype == DType::Bool => {
+            v.resize(n, false);
+            Data::Bool(v)
+        }
+        _ => zeroed(dtype, n),
+    }
 }
 
 /// A zeroed buffer of `n` elements.

@@ -13,7 +13,7 @@ pub mod npy;
 pub mod record;
 
 pub use dataset::{ArrayDataset, Dataset, Zip};
-pub use loader::{Batch, DataLoader, LoaderOptions, Metrics, OnError};
+pub use loader::{Batch, DataLoader, Epoch, LoaderOptions, Metrics, OnError};
 
 use std::path::{Path, PathBuf};
 
