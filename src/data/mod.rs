@@ -2,10 +2,10 @@
 //!
 //! `npy` parses and maps `.npy` arrays, checking every header against the
 //! file; `ArrayDataset` serves the rows of such an array, or of a
-//! safetensors tensor, as items; `record` holds variable-length items; `Zip` puts datasets
-//! side by side (features and labels); `DataLoader` batches them with
-//! persistent worker threads, in an order that is a pure function of the
-//! seed and the epoch. A corrupt or truncated file is a `DataError` naming
+//! safetensors tensor, as items; `record` holds variable-length items; `Zip`
+//! puts datasets side by side (features and labels); `DataLoader` batches
+//! them with persistent worker threads, in an order that is a pure function
+//! of the seed and the epoch. A corrupt or truncated file is a `DataError` naming
 //! the file, the byte offset or item, and what is wrong; it never panics.
 
 mod dataset;
