@@ -1004,6 +1004,27 @@ impl<'a> Emitter<'a> {
                 let a = e.combine(op, DType::F32, a, v);
                 e.b.def_var(vaccs[0], a);
             });
+            // A ragged tail of a row of at least four: one more vector over the
+            // last four elements, the lanes already counted masked to `init`.
+            let ragged = inner_len % 4;
+            if ragged != 0 && inner_len >= 4 {
+                let j = e.iconst((inner_len - 4) as i64);
+                let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                if store {
+                    e.store(out, out_base, j, v);
+                }
+                let lanes: Vec<u8> = (0..4u32)
+                    .flat_map(|k| if k >= 4 - ragged as u32 { u32::MAX } else { 0 }.to_le_bytes())
+                    .collect();
+                let mask = e.b.func.dfg.constants.insert(lanes.into());
+                let mask = e.b.ins().vconst(types::I32X4, mask);
+                let mask = e.b.ins().bitcast(types::F32X4, MemFlagsData::new(), mask);
+                let v = e.b.ins().bitselect(mask, v, vinit);
+                let a = e.b.use_var(vaccs[0]);
+                let a = e.combine(op, DType::F32, a, v);
+                e.b.def_var(vaccs[0], a);
+                from = n;
+            }
             let mut v = e.b.use_var(vaccs[0]);
             for &vacc in &vaccs[1..] {
                 let w = e.b.use_var(vacc);
@@ -1043,6 +1064,15 @@ impl<'a> Emitter<'a> {
                             e.store(out, out_base, j, v);
                         }
                     });
+                }
+                // A ragged tail: the last four elements again, the overlap
+                // recomputed to the same values. Not when the epilogue reads
+                // back the output it overwrites (`store`).
+                if inner_len % 4 != 0 && inner_len >= 4 && !store {
+                    let j = e.iconst((inner_len - 4) as i64);
+                    let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
+                    e.store(out, out_base, j, v);
+                    from = n;
                 }
             }
             e.counted_loop(from, n, 1, |e, j| {
