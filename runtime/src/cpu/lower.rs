@@ -1068,7 +1068,7 @@ impl<'a> Emitter<'a> {
                 // A ragged tail: the last four elements again, the overlap
                 // recomputed to the same values. Not when the epilogue reads
                 // back the output it overwrites (`store`).
-                if inner_len % 4 != 0 && inner_len >= 4 && !store {
+                if !inner_len.is_multiple_of(4) && inner_len >= 4 && !store {
                     let j = e.iconst((inner_len - 4) as i64);
                     let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
                     e.store(out, out_base, j, v);
