@@ -415,6 +415,16 @@ impl Data {
         }
     }
 
+    /// `n` zeros (false for bool) of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::I32 => Data::I32(vec![0; n]),
+            DType::U8 => Data::U8(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        }
+    }
+
     /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`.
     pub fn from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> Scalar) -> Data {
         fn build<T: Element>(n: usize, mut f: impl FnMut(usize) -> Scalar) -> Vec<T> {

@@ -49,8 +49,7 @@ impl ArrayDataset {
     /// The rows of the `.npy` array at `path`.
     pub fn npy(path: impl AsRef<Path>) -> Result<ArrayDataset, DataError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
-        let map = super::map(path, &file)?;
+        let map = super::map(path)?;
         let header = NpyHeader::parse(path, &map)?;
         ArrayDataset::new(path, map, header.data_offset, header.dtype, &header.shape)
     }
@@ -59,8 +58,7 @@ impl ArrayDataset {
     /// f64, i32, i64, u8 or bool).
     pub fn safetensors(path: impl AsRef<Path>, name: &str) -> Result<ArrayDataset, DataError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
-        let map = super::map(path, &file)?;
+        let map = super::map(path)?;
         let fail = |message: String| DataError::Format {
             path: path.to_path_buf(),
             offset: 0,
@@ -148,24 +146,7 @@ impl Dataset for ArrayDataset {
                 out.len()
             )));
         }
-        match dtype {
-            NpyDType::F32 | NpyDType::I32 | NpyDType::U8 | NpyDType::Bool => {
-                out.copy_from_slice(row)
-            }
-            // Narrowed to the kiln dtype, four bytes per element.
-            NpyDType::F64 => {
-                for (o, b) in out.chunks_exact_mut(4).zip(row.chunks_exact(8)) {
-                    let v = f64::from_le_bytes(b.try_into().unwrap_or_default()) as f32;
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            NpyDType::I64 => {
-                for (o, b) in out.chunks_exact_mut(4).zip(row.chunks_exact(8)) {
-                    let v = i64::from_le_bytes(b.try_into().unwrap_or_default()) as i32;
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
+        dtype.narrow(row, out);
         if self.field.dtype == DType::Bool && out.iter().any(|&b| b > 1) {
             return Err(fail("a bool holds a byte other than 0 or 1".into()));
         }

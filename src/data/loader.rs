@@ -478,17 +478,7 @@ fn fit(buffer: Option<Data>, dtype: DType, n: usize) -> Data {
             v.resize(n, false);
             Data::Bool(v)
         }
-        _ => zeroed(dtype, n),
-    }
-}
-
-/// A zeroed buffer of `n` elements.
-fn zeroed(dtype: DType, n: usize) -> Data {
-    match dtype {
-        DType::F32 => Data::F32(vec![0.0; n]),
-        DType::I32 => Data::I32(vec![0; n]),
-        DType::U8 => Data::U8(vec![0; n]),
-        DType::Bool => Data::Bool(vec![false; n]),
+        _ => Data::zeros(dtype, n),
     }
 }
 

@@ -74,13 +74,14 @@ impl DataError {
     }
 }
 
-/// Maps `file` (opened read-only from `path`) into memory.
+/// Opens the file at `path` read-only and maps it into memory.
 #[allow(unsafe_code)]
-fn map(path: &Path, file: &std::fs::File) -> Result<memmap2::Mmap, DataError> {
+fn map(path: &Path) -> Result<memmap2::Mmap, DataError> {
+    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
     // SAFETY: the mapping is read-only and kiln reads it only as bytes, for
     // which every bit pattern is valid. memmap2 cannot rule out another
     // process truncating the file while it is mapped (reads past the new end
     // would fault); datasets are treated as immutable while they are open,
     // as every memory-mapping loader does.
-    unsafe { memmap2::Mmap::map(file) }.map_err(|e| DataError::io(path, &e))
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| DataError::io(path, &e))
 }

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::{DType, Data, Shape, TensorType};
 
 use super::DataError;
 use crate::{Result, Tensor};
@@ -68,6 +68,29 @@ impl NpyDType {
             NpyDType::F32 | NpyDType::I32 => 4,
             NpyDType::F64 | NpyDType::I64 => 8,
             NpyDType::U8 | NpyDType::Bool => 1,
+        }
+    }
+
+    /// Copies `stored` elements of this type into `out` as little-endian
+    /// elements of the kiln dtype they are read as (f64 rounded to f32, i64
+    /// wrapped to i32); `out` holds exactly that many bytes.
+    pub(crate) fn narrow(self, stored: &[u8], out: &mut [u8]) {
+        match self {
+            NpyDType::F32 | NpyDType::I32 | NpyDType::U8 | NpyDType::Bool => {
+                out.copy_from_slice(stored)
+            }
+            NpyDType::F64 => {
+                for (o, b) in out.chunks_exact_mut(4).zip(stored.chunks_exact(8)) {
+                    let v = f64::from_le_bytes(b.try_into().unwrap_or_default()) as f32;
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            NpyDType::I64 => {
+                for (o, b) in out.chunks_exact_mut(4).zip(stored.chunks_exact(8)) {
+                    let v = i64::from_le_bytes(b.try_into().unwrap_or_default()) as i32;
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
         }
     }
 
@@ -339,8 +362,7 @@ impl NpyArray {
     /// Maps and checks the file.
     pub fn open(path: impl AsRef<Path>) -> Result<NpyArray, DataError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
-        let map = super::map(path, &file)?;
+        let map = super::map(path)?;
         let header = NpyHeader::parse(path, &map)?;
         Ok(NpyArray {
             path: path.to_path_buf(),
@@ -386,36 +408,21 @@ impl NpyArray {
         if let Some(first) = dims.first_mut() {
             *first = end - start;
         }
-        let words = |n: usize| bytes.chunks_exact(n);
-        match self.header.dtype {
-            NpyDType::F32 => Tensor::from_vec(
-                words(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-                dims,
-            ),
-            NpyDType::F64 => Tensor::from_vec(
-                words(8)
-                    .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32)
-                    .collect(),
-                dims,
-            ),
-            NpyDType::I32 => Tensor::from_vec(
-                words(4)
-                    .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-                dims,
-            ),
-            NpyDType::I64 => Tensor::from_vec(
-                words(8)
-                    .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as i32)
-                    .collect(),
-                dims,
-            ),
-            NpyDType::U8 => Tensor::from_vec(bytes.to_vec(), dims),
-            NpyDType::Bool => {
-                Tensor::from_vec(bytes.iter().map(|&b| b != 0).collect::<Vec<bool>>(), dims)
+        let dtype = self.header.dtype;
+        let mut data = Data::zeros(dtype.dtype(), dims.iter().product());
+        match &mut data {
+            Data::F32(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
+            Data::I32(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
+            Data::U8(v) => dtype.narrow(bytes, v),
+            Data::Bool(v) => {
+                for (o, &b) in v.iter_mut().zip(bytes) {
+                    *o = b != 0;
+                }
             }
         }
+        Ok(Tensor::from_data(
+            TensorType::new(dtype.dtype(), dims),
+            data,
+        ))
     }
 }

@@ -54,8 +54,7 @@ impl RecordFile {
     /// Maps and checks the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<RecordFile, DataError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
-        let map = super::map(path, &file)?;
+        let map = super::map(path)?;
         let fail = |offset: usize, message: String| DataError::Format {
             path: path.to_path_buf(),
             offset,

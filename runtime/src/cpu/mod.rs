@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use kiln_ir::pass::Optimized;
 use kiln_ir::schedule::Location;
-use kiln_ir::{DType, Data, NodeId, Op, TensorType};
+use kiln_ir::{Data, NodeId, Op, TensorType};
 
 use crate::Error;
 use jit::{Buffer, CompiledKernel};
@@ -106,7 +106,7 @@ impl Executable {
     pub fn output_buffers(&self) -> Vec<Data> {
         self.output_types()
             .iter()
-            .map(|t| zeros(t.dtype, t.shape.numel()))
+            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
             .collect()
     }
 
@@ -155,15 +155,6 @@ impl Executable {
             }
         }
         Ok(())
-    }
-}
-
-fn zeros(dtype: DType, n: usize) -> Data {
-    match dtype {
-        DType::F32 => Data::F32(vec![0.0; n]),
-        DType::I32 => Data::I32(vec![0; n]),
-        DType::U8 => Data::U8(vec![0; n]),
-        DType::Bool => Data::Bool(vec![false; n]),
     }
 }
 
