@@ -587,3 +587,20 @@ fn compiled_graphs_replay_and_reject_wrong_inputs() -> Result<()> {
     assert_eq!(err.as_deref(), Some("layer: expected 1 arguments, got 0"));
     Ok(())
 }
+
+#[test]
+fn an_empty_matmul_of_a_padded_operand_is_empty() -> Result<()> {
+    // A padded view of an empty tensor has an offset before its buffer.
+    let (a, b) = (
+        Tensor::from_vec(Vec::<f32>::new(), [2, 0, 7])?,
+        input(&[4, 10, 1], 51, false)?,
+    );
+    check("empty padded matmul", &[a, b], EXACT, |t| {
+        t[0].pad(&[(2, 0), (0, 0), (2, 1)], f32::NEG_INFINITY)?
+            .matmul(&t[1])
+    })?;
+    let (x, w) = (input(&[3, 0], 52, false)?, input(&[0, 2], 53, false)?);
+    check("matmul over an empty axis", &[x, w], EXACT, |t| {
+        t[0].matmul(&t[1])
+    })
+}

@@ -345,14 +345,21 @@ unsafe fn gemm_block(
     threads: usize,
 ) {
     let (m, k, n) = (r1 - r0, a.cols, b.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
     let out = out as *mut f32;
-    // SAFETY: the caller guarantees every offset below stays inside its buffer.
+    // An operand with no elements (k == 0) may have any offset, even one
+    // before its buffer (a padded empty view): its address is formed without
+    // the in-bounds promise of `offset`, and the GEMM reads nothing through it.
+    let lhs = a
+        .ptr
+        .wrapping_offset(a.batch_offset(batch) + r0 as isize * a.row_stride);
+    let rhs = b.ptr.wrapping_offset(b.batch_offset(batch));
+    // SAFETY: the caller guarantees that the output rows and, when k > 0,
+    // every operand element the GEMM reads lie inside their buffers.
     unsafe {
         let dst = out.add((batch * a.rows + r0) * n);
-        let lhs = a
-            .ptr
-            .offset(a.batch_offset(batch) + r0 as isize * a.row_stride);
-        let rhs = b.ptr.offset(b.batch_offset(batch));
         gemm::gemm(
             m,
             n,
