@@ -77,7 +77,7 @@ fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> 
     while let Some(batch) = batches_of_epoch.next() {
         let batch = batch?;
         let t = Instant::now();
-        graph.run_into(&[&batch.fields[0]], &mut logits)?;
+        graph.run_into(&[batch.fields[0].data()], &mut logits)?;
         compute += t.elapsed();
         if let Data::F32(v) = &logits[0] {
             checksum += v.iter().map(|&x| f64::from(x)).sum::<f64>();

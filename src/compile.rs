@@ -9,8 +9,10 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use kiln_ir::pass::{Optimized, Options};
-use kiln_ir::{Data, TensorType};
+use kiln_ir::{Data, DataRef, TensorType};
 use kiln_runtime::cpu::Executable;
 
 use crate::tensor::{Source, capture_with_data, compile_graph};
@@ -59,9 +61,10 @@ pub fn compile_with(
 }
 
 impl CompiledGraph {
-    /// Runs the graph on `inputs` (of the compiled types, in order) and
-    /// returns fresh output buffers.
-    pub fn run(&mut self, inputs: &[&Data]) -> Result<Vec<Data>> {
+    /// Runs the graph on `inputs` (of the compiled types, in order: `&Data`,
+    /// or `DataRef`s such as a loader's batch) and returns fresh output
+    /// buffers.
+    pub fn run<'a>(&mut self, inputs: &[impl Into<DataRef<'a>> + Copy]) -> Result<Vec<Data>> {
         let mut outputs = self.exec.output_buffers();
         self.run_into(inputs, &mut outputs)?;
         Ok(outputs)
@@ -69,8 +72,13 @@ impl CompiledGraph {
 
     /// Runs the graph on `inputs`, writing into `outputs` (made once by
     /// `output_buffers`): a call that allocates nothing.
-    pub fn run_into(&mut self, inputs: &[&Data], outputs: &mut [Data]) -> Result<()> {
-        let args = arguments(&self.sources, &self.specs, &self.exec, inputs)?;
+    pub fn run_into<'a>(
+        &mut self,
+        inputs: &[impl Into<DataRef<'a>> + Copy],
+        outputs: &mut [Data],
+    ) -> Result<()> {
+        let inputs: SmallVec<[DataRef; 4]> = inputs.iter().map(|&i| i.into()).collect();
+        let args = arguments(&self.sources, &self.specs, &self.exec, &inputs)?;
         self.exec.run_into(&args, outputs)?;
         Ok(())
     }
@@ -114,8 +122,8 @@ fn arguments<'a>(
     sources: &'a [Source],
     specs: &[TensorType],
     exec: &Executable,
-    inputs: &[&'a Data],
-) -> Result<Vec<&'a Data>> {
+    inputs: &[DataRef<'a>],
+) -> Result<Vec<DataRef<'a>>> {
     if inputs.len() != specs.len() {
         return Err(kiln_runtime::Error::Count {
             graph: exec.optimized().graph.name.clone(),
@@ -128,7 +136,7 @@ fn arguments<'a>(
     Ok(sources
         .iter()
         .map(|s| match s {
-            Source::Data(d) => d.as_ref(),
+            Source::Data(d) => d.as_ref().into(),
             Source::Placeholder(i) => inputs[*i],
         })
         .collect())

@@ -36,7 +36,7 @@ pub use compile::{CompiledGraph, compile, compile_with};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use kiln_ir::pass::{Optimized, Options};
-pub use kiln_ir::{DType, Data, Element, Graph, Scalar, Shape, TensorType};
+pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.

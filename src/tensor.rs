@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln_ir::pass::{Optimized, Options, STAGES};
-use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
+use kiln_ir::{DType, Data, DataRef, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
 use smallvec::SmallVec;
 
 use crate::rng::SplitMix64;
@@ -338,7 +338,10 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
         .collect::<Result<_>>()?;
     let inputs: Vec<&Data> = inputs.iter().map(|d| d.as_ref()).collect();
     let outputs = match device {
-        Device::Cpu => compile_graph(&graph, Options::default())?.run(&inputs)?,
+        Device::Cpu => {
+            let refs: Vec<DataRef> = inputs.iter().map(|&d| d.into()).collect();
+            compile_graph(&graph, Options::default())?.run(&refs)?
+        }
         Device::Reference => {
             if dump_requested("graph") {
                 eprintln!("// kiln: graph\n{graph}");

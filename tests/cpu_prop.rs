@@ -7,7 +7,7 @@
 //! accumulation and the polynomial approximations through a few ops.
 
 use kiln_ir::pass::{Options, optimize};
-use kiln_ir::{Data, interp};
+use kiln_ir::{Data, DataRef, interp};
 use kiln_runtime::cpu::Executable;
 use proptest::prelude::*;
 
@@ -30,7 +30,8 @@ fn run(
     let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {}).map_err(|e| fail(&e))?;
     let text = format!("{graph}\n{}", optimized.graph);
     let mut exec = Executable::new(optimized, false).map_err(|e| fail(&e))?;
-    let got = exec.run(&refs).map_err(|e| fail(&e))?;
+    let args: Vec<DataRef> = data.iter().map(DataRef::from).collect();
+    let got = exec.run(&args).map_err(|e| fail(&e))?;
     Ok((expected, got, text))
 }
 

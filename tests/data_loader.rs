@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use kiln::data::npy::{NpyDType, write_npy};
 use kiln::data::{
-    ArrayDataset, Batch, DataError, DataLoader, Dataset, LoaderOptions, OnError, Zip,
+    ArrayDataset, Batch, DataError, DataLoader, Dataset, Field, LoaderOptions, OnError, Zip,
 };
-use kiln::{DType, Data, TensorType};
+use kiln::{DType, Data, DataRef, TensorType};
 
 /// Item `i` is the i32 `i`; items listed in `bad` cannot be read; reading
 /// item `panic_at` panics; each read sleeps `delay`.
@@ -70,8 +70,8 @@ fn epoch_items(l: &mut DataLoader, epoch: u64, start: usize) -> Vec<Vec<usize>> 
     l.epoch_from(epoch, start)
         .map(|b| {
             let b: Batch = b.expect("the batch reads");
-            let values: Vec<usize> = match &b.fields[0] {
-                Data::I32(v) => v.iter().map(|&x| x as usize).collect(),
+            let values: Vec<usize> = match b.fields[0].data() {
+                DataRef::I32(v) => v.iter().map(|&x| x as usize).collect(),
                 other => panic!("unexpected {other:?}"),
             };
             assert_eq!(values, b.items, "batch {} holds its items", b.index);
@@ -278,8 +278,14 @@ fn npy_features_and_labels_zip_into_batches() -> Result<(), DataError> {
         },
     )?;
     let batches: Vec<Batch> = l.epoch(0).collect::<Result<_, _>>()?;
-    assert_eq!(batches[1].fields[0], Data::U8((16..24).collect()));
-    assert_eq!(batches[1].fields[1], Data::I32(vec![40, 50]));
+    assert_eq!(
+        batches[1].fields[0].data().to_data(),
+        Data::U8((16..24).collect())
+    );
+    assert_eq!(
+        batches[1].fields[1].data().to_data(),
+        Data::I32(vec![40, 50])
+    );
     let metrics = l.metrics();
     assert!(
         metrics.samples_per_second > 0.0 && metrics.batch_latency_p95 >= metrics.batch_latency_p50
@@ -333,10 +339,10 @@ fn safetensors_tensors_are_datasets_too() -> Result<(), DataError> {
     )?;
     let batches: Vec<Batch> = l.epoch(0).collect::<Result<_, _>>()?;
     assert_eq!(
-        batches[1].fields[0],
+        batches[1].fields[0].data().to_data(),
         Data::F32(vec![3.0, 3.5, 4.0, 4.5, 5.0, 5.5])
     );
-    assert_eq!(batches[1].fields[1], Data::I32(vec![0, 1]));
+    assert_eq!(batches[1].fields[1].data().to_data(), Data::I32(vec![0, 1]));
     let err = |r: Result<ArrayDataset, DataError>| r.err().map(|e| e.to_string());
     let shown = path.display().to_string();
     assert_eq!(
@@ -371,18 +377,109 @@ fn recycled_batch_buffers_are_filled_again() {
     let mut epoch = l.epoch(0);
     let first = epoch.next().expect("a batch").expect("reads");
     drop(epoch);
-    let buffer = match &first.fields[0] {
-        Data::I32(v) => v.as_ptr(),
+    let buffer = match first.fields[0].data() {
+        DataRef::I32(v) => v.as_ptr(),
         other => panic!("unexpected {other:?}"),
     };
     l.recycle(first);
     // The next epoch's first batch is read into the recycled buffer, with its own values.
     let again = l.epoch(1).next().expect("a batch").expect("reads");
-    match &again.fields[0] {
-        Data::I32(v) => {
+    match again.fields[0].data() {
+        DataRef::I32(v) => {
             assert_eq!(v.as_ptr(), buffer, "the recycled buffer is reused");
-            assert_eq!(v, &(0..8).collect::<Vec<i32>>());
+            assert_eq!(v, (0..8).collect::<Vec<i32>>());
         }
         other => panic!("unexpected {other:?}"),
     }
+}
+
+#[test]
+fn unshuffled_batches_are_views_of_the_mapped_file() -> Result<(), Box<dyn std::error::Error>> {
+    let d = std::env::temp_dir().join(format!("kiln-loader-views-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    let values: Vec<f32> = (0..10 * 3).map(|i| i as f32 * 0.25).collect();
+    let labels: Vec<u8> = (0..10i64).flat_map(|i| (i * 3).to_le_bytes()).collect();
+    write_npy(
+        &d.join("x.npy"),
+        NpyDType::F32,
+        &[10, 3],
+        bytemuck::cast_slice(&values),
+    )?;
+    write_npy(&d.join("y.npy"), NpyDType::I64, &[10], &labels)?;
+    let zip = || -> Result<Arc<Zip>, DataError> {
+        Ok(Arc::new(Zip::new(vec![
+            Box::new(ArrayDataset::npy(d.join("x.npy"))?),
+            Box::new(ArrayDataset::npy(d.join("y.npy"))?),
+        ])?))
+    };
+    let options = LoaderOptions {
+        batch_size: 4,
+        ..LoaderOptions::default()
+    };
+    // A compiled graph reads the mapped rows in place.
+    let mut double = kiln::compile("double", &[TensorType::new(DType::F32, [4, 3])], |x| {
+        Ok(vec![(&x[0] * 2.0f32)?])
+    })?;
+    let mut l = DataLoader::new(zip()?, options)?;
+    let batches: Vec<Batch> = l.epoch(0).collect::<Result<_, _>>()?;
+    assert_eq!(batches.len(), 3);
+    for b in &batches {
+        let (lo, hi) = (b.items[0], b.items[0] + b.items.len());
+        // f32 rows as stored are views; i64 labels are narrowed, so read.
+        assert!(matches!(b.fields[0], Field::Mapped(_)), "batch {}", b.index);
+        assert!(matches!(b.fields[1], Field::Owned(_)), "batch {}", b.index);
+        assert_eq!(b.fields[0].data(), DataRef::F32(&values[lo * 3..hi * 3]));
+        let want: Vec<i32> = (lo as i32..hi as i32).map(|i| i * 3).collect();
+        assert_eq!(b.fields[1].data(), DataRef::I32(&want));
+    }
+    let doubled = double.run(&batches[0].inputs()[..1])?;
+    let want: Vec<f32> = values[..12].iter().map(|v| v * 2.0).collect();
+    assert_eq!(doubled, [Data::F32(want)]);
+    assert!(
+        double.run(&batches[2].inputs()[..1]).is_err(),
+        "a short last batch is not the compiled shape"
+    );
+    // Shuffled batches are gathered into buffers.
+    let mut l = DataLoader::new(
+        zip()?,
+        LoaderOptions {
+            shuffle: Some(3),
+            ..options
+        },
+    )?;
+    for b in l.epoch(0) {
+        let b = b?;
+        assert!(b.fields.iter().all(|f| matches!(f, Field::Owned(_))));
+        let want: Vec<f32> = b
+            .items
+            .iter()
+            .flat_map(|&i| values[i * 3..i * 3 + 3].to_vec())
+            .collect();
+        assert_eq!(b.fields[0].data(), DataRef::F32(&want));
+    }
+    // A skipped item cannot be left out of a view: such a batch is read.
+    let mut l = DataLoader::new(
+        Arc::new(Zip::new(vec![
+            Box::new(ArrayDataset::npy(d.join("x.npy"))?),
+            Box::new(Counting {
+                bad: vec![5],
+                ..Counting::new(10)
+            }),
+        ])?),
+        LoaderOptions {
+            on_error: OnError::Skip,
+            ..options
+        },
+    )?;
+    let batches: Vec<Batch> = l.epoch(0).collect::<Result<_, _>>()?;
+    assert!(matches!(batches[0].fields[0], Field::Mapped(_)));
+    assert!(matches!(batches[1].fields[0], Field::Owned(_)));
+    assert_eq!(batches[1].items, [4, 6, 7]);
+    let want: Vec<f32> = [4, 6, 7]
+        .iter()
+        .flat_map(|&i| values[i * 3..i * 3 + 3].to_vec())
+        .collect();
+    assert_eq!(batches[1].fields[0].data(), DataRef::F32(&want));
+    assert_eq!(batches[1].fields[1].data(), DataRef::I32(&[4, 6, 7]));
+    Ok(())
 }

@@ -20,5 +20,5 @@ pub mod view;
 pub use error::Error;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{BinaryOp, Op, ReduceOp, SliceRange, UnaryOp};
-pub use types::{DType, Data, Element, Scalar, Shape, TensorType};
+pub use types::{DType, Data, DataRef, Element, Scalar, Shape, TensorType};
 pub use verify::verify;

@@ -442,6 +442,68 @@ impl Data {
     }
 }
 
+/// Elements borrowed from storage kiln does not own (a `Data`, or rows of a
+/// memory-mapped file): how inputs reach a compiled graph without a copy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DataRef<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// i32 elements.
+    I32(&'a [i32]),
+    /// u8 elements.
+    U8(&'a [u8]),
+    /// bool elements.
+    Bool(&'a [bool]),
+}
+
+impl DataRef<'_> {
+    /// The element type.
+    pub fn dtype(self) -> DType {
+        match self {
+            DataRef::F32(_) => DType::F32,
+            DataRef::I32(_) => DType::I32,
+            DataRef::U8(_) => DType::U8,
+            DataRef::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(self) -> usize {
+        match self {
+            DataRef::F32(v) => v.len(),
+            DataRef::I32(v) => v.len(),
+            DataRef::U8(v) => v.len(),
+            DataRef::Bool(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// An owned copy.
+    pub fn to_data(self) -> Data {
+        match self {
+            DataRef::F32(v) => Data::F32(v.to_vec()),
+            DataRef::I32(v) => Data::I32(v.to_vec()),
+            DataRef::U8(v) => Data::U8(v.to_vec()),
+            DataRef::Bool(v) => Data::Bool(v.to_vec()),
+        }
+    }
+}
+
+impl<'a> From<&'a Data> for DataRef<'a> {
+    fn from(data: &'a Data) -> DataRef<'a> {
+        match data {
+            Data::F32(v) => DataRef::F32(v),
+            Data::I32(v) => DataRef::I32(v),
+            Data::U8(v) => DataRef::U8(v),
+            Data::Bool(v) => DataRef::Bool(v),
+        }
+    }
+}
+
 /// Host element types that tensors can be built from and read back into.
 pub trait Element: Copy + Default + Send + Sync + 'static {
     /// The matching `DType`.

@@ -1,9 +1,12 @@
 //! `Dataset`: random access to items, each a tuple of fixed-shape fields
 //! (an image and its label), read straight out of memory-mapped files.
 
+use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use kiln_ir::{DType, Shape, TensorType};
+use kiln_ir::{DType, DataRef, Shape, TensorType};
 use safetensors::{Dtype, SafeTensors};
 
 use super::DataError;
@@ -27,6 +30,66 @@ pub trait Dataset: Send + Sync {
     /// that field's bytes (little-endian elements of its dtype). A corrupt
     /// item is an `Err` naming the file and the item.
     fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError>;
+
+    /// Field `field` of the items `items`, in place, when the file holds
+    /// them one after another exactly as they lie in memory: a batch of them
+    /// is then a view of the file, not a copy. `None` when they must be read.
+    fn mapped(&self, field: usize, items: Range<usize>) -> Option<Mapped> {
+        let _ = (field, items);
+        None
+    }
+}
+
+/// Elements of one dtype lying in a memory-mapped file exactly as in
+/// memory (little-endian, aligned), kept mapped while anyone holds them.
+#[derive(Clone)]
+pub struct Mapped {
+    map: Arc<memmap2::Mmap>,
+    start: usize,
+    len: usize,
+    dtype: DType,
+}
+
+impl Mapped {
+    /// `len` elements of `dtype` from byte `start` of `map`, if they lie
+    /// inside it and can be borrowed as they are: aligned, little-endian on
+    /// a little-endian machine, and not bool (whose bytes must be checked).
+    fn new(map: Arc<memmap2::Mmap>, start: usize, len: usize, dtype: DType) -> Option<Mapped> {
+        let bytes = map.get(start..start.checked_add(len.checked_mul(dtype.size())?)?)?;
+        let fits = match dtype {
+            DType::F32 => bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok(),
+            DType::I32 => bytemuck::try_cast_slice::<u8, i32>(bytes).is_ok(),
+            DType::U8 => true,
+            DType::Bool => false,
+        };
+        (fits && cfg!(target_endian = "little")).then_some(Mapped {
+            map,
+            start,
+            len,
+            dtype,
+        })
+    }
+
+    /// The elements.
+    pub fn data(&self) -> DataRef<'_> {
+        let bytes = &self.map[self.start..self.start + self.len * self.dtype.size()];
+        // `new` checked the range, the alignment and the dtype.
+        match self.dtype {
+            DType::F32 => DataRef::F32(bytemuck::cast_slice(bytes)),
+            DType::I32 => DataRef::I32(bytemuck::cast_slice(bytes)),
+            DType::U8 | DType::Bool => DataRef::U8(bytes),
+        }
+    }
+}
+
+impl fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Mapped({} x {} at byte {})",
+            self.len, self.dtype, self.start
+        )
+    }
 }
 
 /// The rows of one memory-mapped array (a `.npy` file, or one tensor of a
@@ -34,7 +97,7 @@ pub trait Dataset: Send + Sync {
 /// item `i`, read in place.
 pub struct ArrayDataset {
     path: PathBuf,
-    map: memmap2::Mmap,
+    map: Arc<memmap2::Mmap>,
     /// Where the array's bytes start in the file.
     offset: usize,
     /// How elements are stored.
@@ -105,7 +168,7 @@ impl ArrayDataset {
         };
         Ok(ArrayDataset {
             path: path.to_path_buf(),
-            map,
+            map: Arc::new(map),
             offset,
             stored,
             rows,
@@ -152,6 +215,19 @@ impl Dataset for ArrayDataset {
         }
         Ok(())
     }
+
+    fn mapped(&self, field: usize, items: Range<usize>) -> Option<Mapped> {
+        // Stored as the field's dtype: not narrowed from f64 or i64.
+        if field != 0 || items.end > self.rows || self.stored.size() != self.field.dtype.size() {
+            return None;
+        }
+        Mapped::new(
+            self.map.clone(),
+            self.offset + items.start * self.row_bytes,
+            items.len() * self.field.shape.numel(),
+            self.field.dtype,
+        )
+    }
 }
 
 /// Several datasets of the same length side by side: item `i` is the
@@ -195,5 +271,17 @@ impl Dataset for Zip {
         Err(DataError::Mismatch {
             message: format!("zip: no field {field}"),
         })
+    }
+
+    fn mapped(&self, field: usize, items: Range<usize>) -> Option<Mapped> {
+        let mut f = field;
+        for part in &self.parts {
+            let n = part.fields().len();
+            if f < n {
+                return part.mapped(f, items);
+            }
+            f -= n;
+        }
+        None
     }
 }

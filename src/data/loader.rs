@@ -11,8 +11,11 @@
 //!   batches are in flight; results come back tagged and are delivered in
 //!   batch order. Dropping the loader closes the job channel, and the
 //!   workers finish their current batch and exit; `drop` joins them.
-//! - Batch buffers handed back with `recycle` are filled again, so a
-//!   consumer that recycles allocates nothing per batch in steady state.
+//! - A batch of consecutive items (unshuffled) whose field the file holds
+//!   as it lies in memory is a view of the mapped file (`Field::Mapped`),
+//!   not a copy. Other fields are read into buffers; buffers handed back
+//!   with `recycle` are filled again, so a consumer that recycles allocates
+//!   nothing per batch in steady state.
 //! - A panic while reading a batch becomes an `Err` for that batch; a
 //!   corrupt item fails its batch (`OnError::Fail`, naming the item and the
 //!   file) or is left out and counted (`OnError::Skip`).
@@ -23,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kiln_ir::{DType, Data};
+use kiln_ir::{DType, Data, DataRef};
 
-use super::{DataError, Dataset};
+use super::{DataError, Dataset, Mapped};
 use crate::rng::SplitMix64;
 
 /// What to do with an item that cannot be read.
@@ -77,10 +80,36 @@ pub struct Batch {
     pub index: usize,
     /// The dataset indices of its items, in order.
     pub items: Vec<usize>,
-    /// One buffer per field, `[items.len(), field dims..]`, row-major.
-    pub fields: Vec<Data>,
+    /// Per field, its items stacked: `[items.len(), field dims..]`, row-major.
+    pub fields: Vec<Field>,
     /// Items left out because they could not be read (`OnError::Skip`).
     pub skipped: usize,
+}
+
+impl Batch {
+    /// Every field's elements, in field order: the inputs of a compiled graph.
+    pub fn inputs(&self) -> Vec<DataRef<'_>> {
+        self.fields.iter().map(Field::data).collect()
+    }
+}
+
+/// One field of a batch.
+#[derive(Debug)]
+pub enum Field {
+    /// Read into a buffer (of the loader's pool, when recycled).
+    Owned(Data),
+    /// Consecutive rows of a memory-mapped file, in place.
+    Mapped(Mapped),
+}
+
+impl Field {
+    /// The elements.
+    pub fn data(&self) -> DataRef<'_> {
+        match self {
+            Field::Owned(d) => d.into(),
+            Field::Mapped(m) => m.data(),
+        }
+    }
 }
 
 /// Throughput and latency of a loader so far.
@@ -133,7 +162,7 @@ pub struct DataLoader {
     pool: Pool,
 }
 
-/// Batch buffers handed back by the consumer, for the next batches to fill.
+/// Per field, buffers handed back by the consumer for the next batches to fill.
 type Pool = Arc<Mutex<Vec<Vec<Data>>>>;
 
 impl DataLoader {
@@ -151,7 +180,7 @@ impl DataLoader {
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let (done_tx, done) = channel::<Done>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
-        let pool: Pool = Arc::default();
+        let pool: Pool = Arc::new(Mutex::new(vec![Vec::new(); dataset.fields().len()]));
         let workers = (0..options.workers)
             .map(|_| {
                 let (jobs, done, dataset) = (jobs_rx.clone(), done_tx.clone(), dataset.clone());
@@ -233,8 +262,13 @@ impl DataLoader {
     pub fn recycle(&self, batch: Batch) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         // Enough for every batch that can be in flight at once.
-        if pool.len() < self.options.prefetch + self.options.workers + 1 {
-            pool.push(batch.fields);
+        let keep = self.options.prefetch + self.options.workers + 1;
+        for (buffers, field) in pool.iter_mut().zip(batch.fields) {
+            if let Field::Owned(data) = field
+                && buffers.len() < keep
+            {
+                buffers.push(data);
+            }
         }
     }
 
@@ -392,18 +426,45 @@ fn read_batch(
     pool: &Pool,
     job: &Job,
 ) -> Result<Batch, DataError> {
-    let fields = dataset.fields();
-    let recycled = pool
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .pop()
-        .unwrap_or_default();
-    let mut recycled = recycled.into_iter();
-    // Every element of a buffer is written below, so recycled contents never show.
-    let mut buffers: Vec<Data> = fields
-        .iter()
-        .map(|f| fit(recycled.next(), f.dtype, f.shape.numel() * job.items.len()))
+    let items = &job.items;
+    let consecutive = items.windows(2).all(|w| w[1] == w[0] + 1);
+    let mapped: Vec<Option<Mapped>> = (0..dataset.fields().len())
+        .map(|f| match items.first() {
+            Some(&first) if consecutive => dataset.mapped(f, first..first + items.len()),
+            _ => None,
+        })
         .collect();
+    let batch = read_items(dataset, on_error, pool, job, &mapped)?;
+    if batch.skipped > 0 && mapped.iter().any(Option::is_some) {
+        // The views would still hold the skipped items: read every field.
+        let owned = vec![None; mapped.len()];
+        return read_items(dataset, on_error, pool, job, &owned);
+    }
+    Ok(batch)
+}
+
+/// Reads the items of `job` into buffers, except the fields given as views.
+fn read_items(
+    dataset: &dyn Dataset,
+    on_error: OnError,
+    pool: &Pool,
+    job: &Job,
+    mapped: &[Option<Mapped>],
+) -> Result<Batch, DataError> {
+    let fields = dataset.fields();
+    // Every element of a buffer is written below, so recycled contents never show.
+    let mut buffers: Vec<Field> = {
+        let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+        fields
+            .iter()
+            .zip(mapped)
+            .zip(pool.iter_mut())
+            .map(|((f, view), free)| match view {
+                Some(view) => Field::Mapped(view.clone()),
+                None => Field::Owned(fit(free.pop(), f.dtype, f.shape.numel() * job.items.len())),
+            })
+            .collect()
+    };
     let mut items = Vec::with_capacity(job.items.len());
     let mut skipped = 0;
     // Bools are bytes in files but not in `Vec<bool>`: they go through a row buffer.
@@ -413,18 +474,21 @@ fn read_batch(
         for (f, (field, buf)) in fields.iter().zip(&mut buffers).enumerate() {
             let n = field.shape.numel();
             let read = match buf {
-                Data::F32(v) => dataset.read(
+                Field::Mapped(_) => Ok(()),
+                Field::Owned(Data::F32(v)) => dataset.read(
                     item,
                     f,
                     bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
                 ),
-                Data::I32(v) => dataset.read(
+                Field::Owned(Data::I32(v)) => dataset.read(
                     item,
                     f,
                     bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
                 ),
-                Data::U8(v) => dataset.read(item, f, &mut v[slot * n..(slot + 1) * n]),
-                Data::Bool(v) => {
+                Field::Owned(Data::U8(v)) => {
+                    dataset.read(item, f, &mut v[slot * n..(slot + 1) * n])
+                }
+                Field::Owned(Data::Bool(v)) => {
                     bool_row.resize(n, 0);
                     let r = dataset.read(item, f, &mut bool_row);
                     for (o, &b) in v[slot * n..(slot + 1) * n].iter_mut().zip(&bool_row) {
@@ -446,9 +510,9 @@ fn read_batch(
         }
         items.push(item);
     }
-    if skipped > 0 {
-        for (field, buf) in fields.iter().zip(&mut buffers) {
-            truncate(buf, items.len() * field.shape.numel());
+    for (field, buf) in fields.iter().zip(&mut buffers) {
+        if let Field::Owned(data) = buf {
+            truncate(data, items.len() * field.shape.numel());
         }
     }
     Ok(Batch {

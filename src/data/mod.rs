@@ -13,8 +13,8 @@ mod loader;
 pub mod npy;
 pub mod record;
 
-pub use dataset::{ArrayDataset, Dataset, Zip};
-pub use loader::{Batch, DataLoader, Epoch, LoaderOptions, Metrics, OnError};
+pub use dataset::{ArrayDataset, Dataset, Mapped, Zip};
+pub use loader::{Batch, DataLoader, Epoch, Field, LoaderOptions, Metrics, OnError};
 
 use std::path::{Path, PathBuf};
 

@@ -18,8 +18,8 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
-use kiln_ir::Data;
 use kiln_ir::kernel::{Kernel, KernelKind};
+use kiln_ir::{Data, DataRef};
 use rayon::prelude::*;
 
 use super::lower::{self, Launch};
@@ -247,12 +247,12 @@ pub(crate) struct Buffer {
 
 impl Buffer {
     /// A buffer the kernel reads. Generated code never writes through it.
-    pub(crate) fn input(data: &Data) -> Buffer {
+    pub(crate) fn input(data: DataRef<'_>) -> Buffer {
         let (ptr, bytes) = match data {
-            Data::F32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
-            Data::I32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
-            Data::U8(v) => (v.as_ptr() as *mut u8, v.len()),
-            Data::Bool(v) => (v.as_ptr() as *mut u8, v.len()),
+            DataRef::F32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            DataRef::I32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            DataRef::U8(v) => (v.as_ptr() as *mut u8, v.len()),
+            DataRef::Bool(v) => (v.as_ptr() as *mut u8, v.len()),
         };
         Buffer { ptr, bytes }
     }

@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use kiln_ir::pass::Optimized;
 use kiln_ir::schedule::Location;
-use kiln_ir::{Data, NodeId, Op, TensorType};
+use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
 
 use crate::Error;
 use jit::{Buffer, CompiledKernel};
@@ -111,7 +111,7 @@ impl Executable {
     }
 
     /// Runs the graph on `inputs` and returns fresh outputs.
-    pub fn run(&mut self, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
+    pub fn run(&mut self, inputs: &[DataRef<'_>]) -> Result<Vec<Data>, Error> {
         let mut outputs = self.output_buffers();
         self.run_into(inputs, &mut outputs)?;
         Ok(outputs)
@@ -119,10 +119,15 @@ impl Executable {
 
     /// Runs the graph on `inputs`, writing into `outputs` (of the output
     /// types): with outputs reused, a run allocates nothing.
-    pub fn run_into(&mut self, inputs: &[&Data], outputs: &mut [Data]) -> Result<(), Error> {
+    pub fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
         check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
-        check(&graph.name, "output", &self.outputs, outputs.iter())?;
+        check(
+            &graph.name,
+            "output",
+            &self.outputs,
+            outputs.iter().map(DataRef::from),
+        )?;
         // The graph output each node is written to, if any (first occurrence).
         let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
         let schedule = &self.optimized.schedule;
@@ -135,7 +140,7 @@ impl Executable {
                 .map(|(&id, loc)| match (loc, output_of(id)) {
                     // Inputs are read where the caller has them, outputs or not.
                     (Location::Input(i), _) => Buffer::input(inputs[*i as usize]),
-                    (Location::Slot(_), Some(k)) => Buffer::input(&outputs[k]),
+                    (Location::Slot(_), Some(k)) => Buffer::input((&outputs[k]).into()),
                     (Location::Slot(s), None) => Buffer::slot(&mut self.arena[*s]),
                 })
                 .collect();
@@ -149,7 +154,7 @@ impl Executable {
         // Outputs that are inputs, or that repeat an earlier output, are copies.
         for (k, &id) in graph.outputs.iter().enumerate() {
             match (&graph.node(id).op, output_of(id)) {
-                (Op::Input { index }, _) => outputs[k] = inputs[*index as usize].clone(),
+                (Op::Input { index }, _) => outputs[k] = inputs[*index as usize].to_data(),
                 (_, Some(first)) if first != k => outputs[k] = outputs[first].clone(),
                 _ => {}
             }
@@ -163,7 +168,7 @@ fn check<'a>(
     graph: &str,
     what: &'static str,
     types: &[TensorType],
-    data: impl ExactSizeIterator<Item = &'a Data>,
+    data: impl ExactSizeIterator<Item = DataRef<'a>>,
 ) -> Result<(), Error> {
     if data.len() != types.len() {
         return Err(Error::Count {
