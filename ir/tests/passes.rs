@@ -200,3 +200,46 @@ fn a_view_that_cannot_fold_is_copied_once() {
     // not fused: %1 is a view that no reader can fold
     ");
 }
+
+#[test]
+fn a_transpose_moves_below_the_elementwise_ops_it_alone_reads() {
+    // relu(x * 2).T computes as relu(x.T * 2): one kernel reading x strided.
+    // `s` is also read by a second output, so the transpose of `s` stays a read.
+    let mut g = Graph::new("sink");
+    let x = g.input(f32s(&[3, 4]));
+    let two = constant(&mut g, 2.0, &[3, 4]);
+    let y = push(&mut g, Op::Binary(BinaryOp::Mul), &[x, two]);
+    let r = push(&mut g, Op::Unary(UnaryOp::Relu), &[y]);
+    let t = push(&mut g, Op::Permute(SmallVec::from_slice(&[1, 0])), &[r]);
+    let s = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let st = push(&mut g, Op::Permute(SmallVec::from_slice(&[1, 0])), &[s]);
+    let flat = push(&mut g, Op::Reshape(Shape::new(&[12])), &[st]);
+    g.outputs.extend([t, s, flat]);
+    insta::assert_snapshot!(after(&g, "fuse"), @r"
+    graph @sink(%0: f32[3,4]) -> (f32[4,3], f32[3,4], f32[12]) {
+      %1 = kernel @k0 elementwise (%0) : f32[4,3] {
+        %2 = load %0 strides [1,4] : f32[4,3]
+        %3 = const 2.0 : f32[4,3]
+        %4 = mul %2, %3 : f32[4,3]
+        %5 = relu %4 : f32[4,3]
+        yield %5
+      }
+      %6 = kernel @k1 elementwise (%0) : f32[3,4] {
+        %7 = load %0 strides [4,1] : f32[3,4]
+        %8 = exp %7 : f32[3,4]
+        yield %8
+      }
+      %9 = kernel @k2 elementwise (%6) : f32[4,3] {
+        %10 = load %6 strides [1,4] : f32[4,3]
+        yield %10
+      }
+      %11 = kernel @k3 elementwise (%9) : f32[12] {
+        %12 = load %9 strides [1] : f32[12]
+        yield %12
+      }
+      return %1, %6, %11
+    }
+    // not fused: %6 is a graph output
+    // not fused: %7 is a view that no reader can fold
+    ");
+}

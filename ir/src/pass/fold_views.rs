@@ -7,6 +7,14 @@
 //! whose strides do not merge, a reshape of a padded view, padding with a
 //! second value), the view below stays a node of its own and the new view
 //! reads it; `fuse` materializes such a view as a copy.
+//!
+//! A reshape or permute (which moves elements without repeating or dropping
+//! any) of an elementwise value that nothing else reads moves below the op:
+//! `relu(x).T` becomes `relu(x.T)`, and a chain of such ops takes the view
+//! down to where it can fold into a read. The chain then computes in its
+//! reader's order, so `fuse` can take it whole: the normalization of images
+//! before the reshape that feeds a first layer, a transposed activation
+//! returned as an output.
 
 use smallvec::SmallVec;
 
@@ -18,62 +26,143 @@ use crate::view::View;
 /// Folds every movement chain into one view, then drops the partial views
 /// the chains left unread.
 pub(crate) fn run(graph: &Graph) -> Graph {
-    let folded = super::rebuild(graph, |g, node, inputs| {
-        let movement = match node.op {
-            Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice(_) | Op::Pad { .. } => true,
-            Op::Input { .. }
-            | Op::Const(_)
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Where
-            | Op::Cast(_)
-            | Op::Reduce { .. }
-            | Op::MatMul
-            | Op::View(_)
-            | Op::Kernel(_) => false,
+    let mut folder = Folder {
+        g: Graph::new(graph.name.clone()),
+        readers: Vec::new(),
+    };
+    folder.g.inputs = graph.inputs.clone();
+    // How many times each node is read, outputs counted as readers.
+    let mut readers = vec![0usize; graph.nodes.len()];
+    for id in graph
+        .nodes
+        .iter()
+        .flat_map(|n| &n.inputs)
+        .chain(&graph.outputs)
+    {
+        readers[id.index()] += 1;
+    }
+    let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let inputs: SmallVec<[NodeId; 2]> = node.inputs.iter().map(|id| map[id.index()]).collect();
+        let id = if is_movement(&node.op) {
+            folder.movement(&node.op, inputs[0], &node.ty)
+        } else {
+            folder.push(node.op.clone(), inputs, node.ty.clone())
         };
-        if !movement {
-            return g.push_typed(node.op.clone(), inputs, node.ty.clone());
+        folder.readers[id.index()] += readers[i].saturating_sub(1);
+        map.push(id);
+    }
+    folder.g.outputs = graph.outputs.iter().map(|id| map[id.index()]).collect();
+    super::dce::run(&folder.g)
+}
+
+fn is_movement(op: &Op) -> bool {
+    match op {
+        Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice(_) | Op::Pad { .. } => true,
+        Op::Input { .. }
+        | Op::Const(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Where
+        | Op::Cast(_)
+        | Op::Reduce { .. }
+        | Op::MatMul
+        | Op::View(_)
+        | Op::Kernel(_) => false,
+    }
+}
+
+/// The graph being built, and how many readers each of its nodes has.
+struct Folder {
+    g: Graph,
+    readers: Vec<usize>,
+}
+
+impl Folder {
+    /// Pushes a node read once.
+    fn push(&mut self, op: Op, inputs: SmallVec<[NodeId; 2]>, ty: TensorType) -> NodeId {
+        let id = self.g.push_typed(op, inputs, ty);
+        self.readers.push(1);
+        id
+    }
+
+    /// `src` moved by `op` (of result type `ty`).
+    fn movement(&mut self, op: &Op, src: NodeId, ty: &TensorType) -> NodeId {
+        if let Some(sunk) = self.sink(op, src, &ty.shape) {
+            return sunk;
         }
-        let src = inputs[0];
-        let folded = match &g.node(src).op {
-            Op::View(view) => view.apply(&node.op).map(|v| (g.node(src).inputs[0], v)),
+        let node = self.g.node(src);
+        let folded = match &node.op {
+            Op::View(view) => view.apply(op).map(|v| (node.inputs[0], v)),
             _ => None,
         };
         let own = || {
-            View::contiguous(&g.node(src).ty.shape)
-                .apply(&node.op)
+            View::contiguous(&self.g.node(src).ty.shape)
+                .apply(op)
                 .map(|v| (src, v))
         };
         match folded.or_else(own) {
-            Some((base, view)) => push_view(g, base, view, &node.ty),
+            Some((base, view)) => self.push_view(base, view, ty),
             // A contiguous view takes every movement op; keep the op if not, and
             // the verifier and `fuse` will say so.
-            None => g.push_typed(node.op.clone(), inputs, node.ty.clone()),
+            None => self.push(op.clone(), SmallVec::from_slice(&[src]), ty.clone()),
         }
-    });
-    super::dce::run(&folded)
-}
+    }
 
-/// `base` read through `view`: nothing when the view is the identity, a
-/// broadcast constant when it reads only padding.
-fn push_view(g: &mut Graph, base: NodeId, view: View, ty: &TensorType) -> NodeId {
-    if let Some(fill) = view.only_fill() {
-        let c = g.push_typed(
-            Op::Const(fill),
-            SmallVec::new(),
-            TensorType::new(fill.dtype(), Shape::scalar()),
+    /// `op` applied to the operands of `src` and `src`'s op to the results,
+    /// when `op` only moves elements and `src` is elementwise and read by
+    /// nothing else; `None` otherwise.
+    fn sink(&mut self, op: &Op, src: NodeId, shape: &Shape) -> Option<NodeId> {
+        let node = self.g.node(src).clone();
+        let moves = matches!(op, Op::Reshape(_) | Op::Permute(_));
+        let elementwise = matches!(
+            node.op,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
         );
-        let broadcast = View::contiguous(&Shape::scalar()).apply(&Op::Expand(ty.shape.clone()));
-        return match broadcast {
-            Some(v) if ty.shape.rank() > 0 => {
-                g.push_typed(Op::View(v), SmallVec::from_slice(&[c]), ty.clone())
-            }
-            _ => c,
-        };
+        if !moves || !elementwise || self.readers[src.index()] != 1 {
+            return None;
+        }
+        let mut moved: SmallVec<[NodeId; 2]> = SmallVec::new();
+        for (k, &x) in node.inputs.iter().enumerate() {
+            // An operand read twice (`x * x`) is moved once.
+            let m = match node.inputs[..k].iter().position(|&y| y == x) {
+                Some(j) => moved[j],
+                None => {
+                    let ty = TensorType::new(self.g.node(x).ty.dtype, shape.clone());
+                    self.movement(op, x, &ty)
+                }
+            };
+            moved.push(m);
+        }
+        // `src` is no longer read; the moved op takes its place.
+        self.readers[src.index()] = 0;
+        Some(self.push(
+            node.op,
+            moved,
+            TensorType::new(node.ty.dtype, shape.clone()),
+        ))
     }
-    if view.is_contiguous() && view.shape == g.node(base).ty.shape {
-        return base;
+
+    /// `base` read through `view`: nothing when the view is the identity, a
+    /// broadcast constant when it reads only padding.
+    fn push_view(&mut self, base: NodeId, view: View, ty: &TensorType) -> NodeId {
+        if let Some(fill) = view.only_fill() {
+            let c = self.push(
+                Op::Const(fill),
+                SmallVec::new(),
+                TensorType::new(fill.dtype(), Shape::scalar()),
+            );
+            let broadcast = View::contiguous(&Shape::scalar()).apply(&Op::Expand(ty.shape.clone()));
+            return match broadcast {
+                Some(v) if ty.shape.rank() > 0 => {
+                    self.push(Op::View(v), SmallVec::from_slice(&[c]), ty.clone())
+                }
+                _ => c,
+            };
+        }
+        if view.is_contiguous() && view.shape == self.g.node(base).ty.shape {
+            return base;
+        }
+        self.push(Op::View(view), SmallVec::from_slice(&[base]), ty.clone())
     }
-    g.push_typed(Op::View(view), SmallVec::from_slice(&[base]), ty.clone())
 }
