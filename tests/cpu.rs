@@ -414,9 +414,31 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
         )?;
         let bt = b.t()?.to_vec::<f32>()?;
         let bt = Tensor::from_vec(bt, [n, k])?;
-        check(&format!("x@w.T {m}x{k}x{n}"), &[a.clone(), bt], tol, |t| {
-            t[0].matmul(&t[1].t()?)
-        })?;
+        check(
+            &format!("x@w.T {m}x{k}x{n}"),
+            &[a.clone(), bt.clone()],
+            tol,
+            |t| t[0].matmul(&t[1].t()?),
+        )?;
+        // Operands computed inside the matmul's kernel: normalized bytes on
+        // the left, a scaled transposed weight on the right.
+        let pixels: Vec<u8> = (0..m * k).map(|i| (i * 37 % 256) as u8).collect();
+        let pixels = Tensor::from_vec(pixels, [m, k])?;
+        check(
+            &format!("normalize(u8)@w {m}x{k}x{n}"),
+            &[pixels, b.clone()],
+            tol,
+            |t| {
+                let x = ((t[0].cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? / 0.3081f32;
+                x?.matmul(&t[1])
+            },
+        )?;
+        check(
+            &format!("x@(w.T*0.5).T {m}x{k}x{n}"),
+            &[a.clone(), bt],
+            tol,
+            |t| t[0].matmul(&(&t[1] * 0.5f32)?.t()?),
+        )?;
     }
     let (a, b) = (
         input(&[2, 3, 7, 5], 34, false)?,

@@ -3,7 +3,7 @@
 //! count asserted in code so a lost fusion fails even when snapshots are
 //! re-blessed.
 
-use kiln::{Options, Result, Tensor};
+use kiln::{DType, Options, Result, Tensor};
 
 /// Snapshots every stage of `outputs` and checks the fused kernel count.
 fn check(name: &str, outputs: &[&Tensor], kernels: usize) -> Result<()> {
@@ -70,6 +70,18 @@ fn centering_is_one_kernel() -> Result<()> {
 fn sum_of_squares_is_one_kernel() -> Result<()> {
     let x = randn(&[1000], 0)?;
     check("sum_of_squares", &[&(&x * &x)?.sum_all()?], 1)
+}
+
+#[test]
+fn normalized_images_are_computed_inside_the_first_layer() -> Result<()> {
+    // u8 -> f32, (x/255 - mean)/std, flattened: the prologue of the matmul's
+    // left operand, so the layer is one kernel.
+    let bytes: Vec<u8> = (0..8 * 28 * 28).map(|i| (i * 37 % 256) as u8).collect();
+    let x = Tensor::from_vec(bytes, [8, 28, 28])?;
+    let (w, b) = (randn(&[784, 16], 1)?, randn(&[16], 2)?);
+    let pixels = ((x.cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? * (1.0f32 / 0.3081);
+    let h = (pixels?.reshape([8, 784])?.matmul(&w)? + &b)?.relu()?;
+    check("normalized_first_layer", &[&h], 1)
 }
 
 #[test]

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use crate::Error;
 use crate::graph::Graph;
-use crate::kernel::{Block, Expr, Kernel, KernelKind};
+use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::types::{DType, Data, Scalar, Shape, cast_f64, cast_int};
 use crate::verify::verify;
@@ -400,9 +400,15 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Data {
             block(&k.body, space, args, &at)
         }
         KernelKind::MatMul { a, b } => {
-            let lhs = materialize(args[a.input as usize], &a.view);
-            let rhs = materialize(args[b.input as usize], &b.view);
-            let product = matmul(&lhs, &rhs, &a.view.shape, &b.view.shape, space);
+            let operand = |o: &Operand| match o {
+                Operand::Read { input, view } => materialize(args[*input as usize], view),
+                // The verifier keeps `acc` out of operand blocks.
+                Operand::Computed { shape, block: b } => {
+                    block(b, shape, args, &|_| Scalar::F32(0.0))
+                }
+            };
+            let (lhs, rhs) = (operand(a), operand(b));
+            let product = matmul(&lhs, &rhs, a.shape(), b.shape(), space);
             let strides = space.strides();
             block(&k.body, space, args, &|coords| {
                 product.get(dot(coords, &strides))

@@ -12,9 +12,13 @@
 //!   space, in which case `acc` is broadcast back along the reduced axes: the
 //!   sum+broadcast pattern of softmax and `x - mean(x)`, computed row by row
 //!   while the row is in cache;
-//! - matmul: a GEMM core over two strided operands, with the body applied to
-//!   every output element as an epilogue that reads the product as `acc`
-//!   (the output may reshape the product, element `i` reading product `i`).
+//! - matmul: a GEMM core over two operands, with the body applied to every
+//!   output element as an epilogue that reads the product as `acc` (the
+//!   output may reshape the product, element `i` reading product `i`). An
+//!   operand is an input read through a strided view, or computed by a block
+//!   of its own (its prologue) from the kernel's inputs, once per element,
+//!   before the product: the cast and normalization of the images that feed
+//!   a first layer.
 //!
 //! Bodies are small expression DAGs (`Block`) in which every value is
 //! computed from earlier ones, each rounded to its dtype exactly as the
@@ -71,14 +75,34 @@ pub enum KernelKind {
     },
 }
 
-/// A matmul operand: an input read through an unmasked view, so transposed
-/// and broadcast operands need no copy.
+/// A matmul operand, of shape `[.., rows, cols]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Operand {
-    /// The kernel input it reads.
-    pub input: u32,
-    /// How: shape `[.., rows, cols]` with any strides.
-    pub view: View,
+pub enum Operand {
+    /// Kernel input `input` read through an unmasked view, so transposed and
+    /// broadcast operands need no copy.
+    Read {
+        /// The kernel input it reads.
+        input: u32,
+        /// How: the operand's shape with any strides.
+        view: View,
+    },
+    /// `block` evaluated at every index of `shape` (f32), before the product.
+    Computed {
+        /// The operand's shape.
+        shape: Shape,
+        /// Its value at each index.
+        block: Block,
+    },
+}
+
+impl Operand {
+    /// The operand's shape.
+    pub fn shape(&self) -> &Shape {
+        match self {
+            Operand::Read { view, .. } => &view.shape,
+            Operand::Computed { shape, .. } => shape,
+        }
+    }
 }
 
 /// A small expression DAG; its last value is the block's result.
@@ -250,6 +274,19 @@ pub(crate) fn check_view(view: &View, ty: &TensorType, space: &Shape) -> Result<
 }
 
 impl Kernel {
+    /// The bytes of working memory a run needs besides its output: room for
+    /// the computed operands of a matmul.
+    pub fn scratch_bytes(&self) -> usize {
+        match &self.kind {
+            KernelKind::MatMul { a, b } => [a, b]
+                .iter()
+                .filter(|o| matches!(o, Operand::Computed { .. }))
+                .map(|o| o.shape().numel() * DType::F32.size())
+                .sum(),
+            KernelKind::Elementwise | KernelKind::Reduce { .. } => 0,
+        }
+    }
+
     /// Checks the kernel against the types of its operands and returns its
     /// output type. A failure is a compiler bug, reported with what is wrong.
     pub(crate) fn check(&self, args: &[&TensorType]) -> Result<TensorType, Error> {
@@ -296,18 +333,22 @@ impl Kernel {
             KernelKind::MatMul { a, b } => {
                 let types: Vec<TensorType> = [a, b]
                     .iter()
-                    .map(|operand| {
-                        let ty = self.inputs.get(operand.input as usize).ok_or_else(|| {
-                            format!(
-                                "matmul reads input {}, which is not declared",
-                                operand.input
-                            )
-                        })?;
-                        if operand.view.mask.is_some() {
-                            return Err("a matmul operand view is padded".to_string());
+                    .map(|operand| match operand {
+                        Operand::Read { input, view } => {
+                            let ty = self.inputs.get(*input as usize).ok_or_else(|| {
+                                format!("matmul reads input {input}, which is not declared")
+                            })?;
+                            if view.mask.is_some() {
+                                return Err("a matmul operand view is padded".to_string());
+                            }
+                            check_view(view, ty, &view.shape)?;
+                            Ok(TensorType::new(ty.dtype, view.shape.clone()))
                         }
-                        check_view(&operand.view, ty, &operand.view.shape)?;
-                        Ok(TensorType::new(ty.dtype, operand.view.shape.clone()))
+                        Operand::Computed { shape, block } => {
+                            block.check(shape, &self.inputs, None)?;
+                            let dtype = block.dtype().unwrap_or(DType::F32);
+                            Ok(TensorType::new(dtype, shape.clone()))
+                        }
                     })
                     .collect::<Result<_, String>>()?;
                 let product = Op::MatMul

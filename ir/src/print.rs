@@ -15,7 +15,7 @@
 use std::fmt::{self, Write};
 
 use crate::graph::{Graph, NodeId};
-use crate::kernel::{Block, Expr, Kernel, KernelKind};
+use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use crate::op::Op;
 use crate::types::{Shape, TensorType};
 
@@ -45,7 +45,14 @@ fn block_values(op: &Op) -> usize {
         Op::Kernel(k) => {
             let prologue = match &k.kind {
                 KernelKind::Reduce { prologue, .. } => prologue.values.len(),
-                KernelKind::Elementwise | KernelKind::MatMul { .. } => 0,
+                KernelKind::MatMul { a, b } => [a, b]
+                    .iter()
+                    .map(|o| match o {
+                        Operand::Computed { block, .. } => block.values.len(),
+                        Operand::Read { .. } => 0,
+                    })
+                    .sum(),
+                KernelKind::Elementwise => 0,
             };
             prologue + k.body.values.len()
         }
@@ -184,9 +191,21 @@ fn print_kernel(
         KernelKind::MatMul { a, b } => {
             writeln!(f, "{line} matmul ({args}) : {} {{", k.out)?;
             for (side, operand) in [("a", a), ("b", b)] {
-                let source = operands.get(operand.input as usize).map_or("%?", |s| s);
-                let shape = compact(operand.view.shape.dims());
-                writeln!(f, "    {side} = {source} {shape} {}", operand.view)?;
+                let shape = compact(operand.shape().dims());
+                match operand {
+                    Operand::Read { input, view } => {
+                        let source = operands.get(*input as usize).map_or("%?", |s| s);
+                        writeln!(f, "    {side} = {source} {shape} {view}")?;
+                    }
+                    Operand::Computed {
+                        shape: space,
+                        block,
+                    } => {
+                        let result = print_block(f, block, space, operands, next)?;
+                        writeln!(f, "    {side} = %{result} {shape}")?;
+                        next += block.values.len();
+                    }
+                }
             }
         }
     }

@@ -4,7 +4,8 @@
 //! once the last launch that reads its value has run, and a later output
 //! takes the smallest free slot that fits it, so the arena's size, the peak
 //! memory of a run, is known before the first launch. Outputs keep their
-//! slots: they are handed to the caller.
+//! slots: they are handed to the caller. A kernel that needs working memory
+//! (a matmul's computed operands) gets a slot for the length of its launch.
 
 use std::fmt::Write;
 
@@ -29,6 +30,8 @@ pub struct Launch {
     pub inputs: Vec<Location>,
     /// The slot it writes.
     pub output: usize,
+    /// The slot of its working memory, if it needs any.
+    pub scratch: Option<usize>,
     /// The slots whose last reader this launch is, free after it.
     pub frees: Vec<usize>,
 }
@@ -67,27 +70,19 @@ impl Schedule {
         for (i, node) in graph.nodes.iter().enumerate() {
             match &node.op {
                 Op::Input { index } => location[i] = Some(Location::Input(*index)),
-                Op::Kernel(_) => {
+                Op::Kernel(kernel) => {
                     let inputs: Vec<Location> = node
                         .inputs
                         .iter()
                         .map(|id| location[id.index()].ok_or(*id))
                         .collect::<Result<_, _>>()?;
                     let bytes = node.ty.shape.numel() * node.ty.dtype.size();
-                    let best = free
-                        .iter()
-                        .enumerate()
-                        .filter(|&(_, &s)| slots[s] >= bytes)
-                        .min_by_key(|&(_, &s)| slots[s])
-                        .map(|(k, _)| k);
-                    let output = match best {
-                        Some(k) => free.swap_remove(k),
-                        None => {
-                            slots.push(bytes);
-                            slots.len() - 1
-                        }
-                    };
+                    let output = take_slot(&mut slots, &mut free, bytes);
                     location[i] = Some(Location::Slot(output));
+                    let scratch = match kernel.scratch_bytes() {
+                        0 => None,
+                        bytes => Some(take_slot(&mut slots, &mut free, bytes)),
+                    };
                     // Operands read for the last time here are free after this launch.
                     let mut frees: Vec<usize> = node
                         .inputs
@@ -98,6 +93,7 @@ impl Schedule {
                             _ => None,
                         })
                         .collect();
+                    frees.extend(scratch);
                     frees.sort_unstable();
                     frees.dedup();
                     free.extend(&frees);
@@ -105,6 +101,7 @@ impl Schedule {
                         node: NodeId(i as u32),
                         inputs,
                         output,
+                        scratch,
                         frees,
                     });
                 }
@@ -173,6 +170,9 @@ impl Schedule {
                 node.ty,
                 node.ty.shape.numel() * node.ty.dtype.size()
             );
+            if let Some(s) = launch.scratch {
+                let _ = write!(out, ", scratch slot {s}");
+            }
             if !launch.frees.is_empty() {
                 let freed: Vec<String> = launch.frees.iter().map(|s| format!("slot {s}")).collect();
                 let _ = write!(out, "; free {}", freed.join(", "));
@@ -182,5 +182,22 @@ impl Schedule {
         let outputs: Vec<String> = self.outputs.iter().map(loc).collect();
         let _ = writeln!(out, "  return {}", outputs.join(", "));
         out
+    }
+}
+
+/// The smallest free slot of at least `bytes`, or a new one.
+fn take_slot(slots: &mut Vec<usize>, free: &mut Vec<usize>, bytes: usize) -> usize {
+    let best = free
+        .iter()
+        .enumerate()
+        .filter(|&(_, &s)| slots[s] >= bytes)
+        .min_by_key(|&(_, &s)| slots[s])
+        .map(|(k, _)| k);
+    match best {
+        Some(k) => free.swap_remove(k),
+        None => {
+            slots.push(bytes);
+            slots.len() - 1
+        }
     }
 }

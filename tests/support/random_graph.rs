@@ -62,6 +62,15 @@ pub enum Mode {
     Continuous,
 }
 
+/// A matmul weight as it is, or negated: elementwise work on an input that
+/// the matmul computes as its operand's prologue.
+fn weight_prologue(c: &mut Choices, g: &mut Graph, w: NodeId) -> NodeId {
+    match c.below(3) {
+        0 => g.push(Op::Unary(UnaryOp::Neg), &[w]).unwrap_or(w),
+        _ => w,
+    }
+}
+
 /// Builds a random graph; ops that do not type-check are skipped, so every
 /// choice sequence yields a valid graph.
 pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
@@ -229,6 +238,7 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                         w_dims[len - 2] = n;
                     }
                     let w = g.input(TensorType::new(DType::F32, w_dims.clone()));
+                    let w = weight_prologue(&mut c, &mut g, w);
                     let mut perm: Vec<usize> = (0..len).collect();
                     if len >= 2 {
                         perm.swap(len - 1, len - 2);
@@ -241,6 +251,7 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                     }
                     w_dims[len - 1] = n;
                     let w = g.input(TensorType::new(DType::F32, w_dims));
+                    let w = weight_prologue(&mut c, &mut g, w);
                     g.push(Op::MatMul, &[x, w])
                 }
             }

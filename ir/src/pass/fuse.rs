@@ -14,10 +14,15 @@
 //! - the operand of a reduction joins the reduction's prologue by the same
 //!   rules, and may at once be part of the epilogue when that runs over the
 //!   same space (`exp(x - m)` in softmax is recomputed there: the row is in
-//!   cache, a second pass over memory is what fusion saves).
+//!   cache, a second pass over memory is what fusion saves);
+//! - an operand of a matmul that is elementwise work on graph inputs and
+//!   constants alone (the cast and normalization of a batch of images)
+//!   becomes that operand's prologue, computed once per element inside the
+//!   matmul's kernel. An operand computed from a reduction or a matmul is
+//!   stored instead: it is the epilogue of that kernel.
 //!
-//! Everything else is materialized: the outputs, matmul operands, values read
-//! by several kernels, values read through a non-broadcast view. One
+//! Everything else is materialized: the outputs, the other matmul operands,
+//! values read by several kernels, values read through a non-broadcast view. One
 //! exception keeps cheap values unstored: an elementwise op that is cheap
 //! (no transcendental, no division) and reads only graph inputs and
 //! constants is recomputed in every kernel that reads it. Constants are
@@ -47,6 +52,8 @@ enum Role {
     Main,
     /// A reduction's prologue: at every index of the reduced space.
     Prologue,
+    /// The prologue of a matmul's operand 0 or 1: at every index of it.
+    Operand(u8),
 }
 
 /// A node computed inside a kernel, and the index maps from its own shape to
@@ -65,10 +72,11 @@ struct Group {
     space: Shape,
 }
 
-/// A node `consumer` reading another node through `view` (which presents the
-/// consumer's operand shape).
+/// A node `consumer` reading another node as its operand `slot`, through
+/// `view` (which presents the consumer's operand shape).
 struct Edge {
     consumer: usize,
+    slot: usize,
     view: View,
 }
 
@@ -77,6 +85,8 @@ struct Plan<'g> {
     graph: &'g Graph,
     /// View nodes read through rather than computed.
     transparent: Vec<bool>,
+    /// Elementwise work on graph inputs and constants alone.
+    input_fed: Vec<bool>,
     members: Vec<Vec<Membership>>,
     inline: Vec<bool>,
     root_of: Vec<Option<usize>>,
@@ -117,14 +127,25 @@ impl<'g> Plan<'g> {
                 }
             }
         }
-        Plan {
+        let mut plan = Plan {
             graph,
             transparent,
+            input_fed: vec![false; n],
             members: (0..n).map(|_| Vec::new()).collect(),
             inline: vec![false; n],
             root_of: vec![None; n],
             groups: Vec::new(),
+        };
+        for i in 0..n {
+            plan.input_fed[i] = match graph.nodes[i].op {
+                Op::Input { .. } | Op::Const(_) => true,
+                Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
+                    plan.operands(i).iter().all(|(p, _)| plan.input_fed[*p])
+                }
+                _ => false,
+            };
         }
+        plan
     }
 
     /// The node an operand really reads, and through which view: a
@@ -155,8 +176,12 @@ impl<'g> Plan<'g> {
         let mut edges: Vec<Vec<Edge>> = (0..graph.nodes.len()).map(|_| Vec::new()).collect();
         for (i, node) in graph.nodes.iter().enumerate() {
             if !self.transparent[i] && !matches!(node.op, Op::Input { .. }) {
-                for (p, view) in self.operands(i) {
-                    edges[p].push(Edge { consumer: i, view });
+                for (slot, (p, view)) in self.operands(i).into_iter().enumerate() {
+                    edges[p].push(Edge {
+                        consumer: i,
+                        slot,
+                        view,
+                    });
                 }
             }
         }
@@ -238,10 +263,11 @@ impl<'g> Plan<'g> {
         for e in live {
             for m in &self.members[e.consumer] {
                 if self.groups[m.group].core == Some(e.consumer) {
-                    match self.graph.nodes[e.consumer].op {
-                        Op::MatMul => return Err("is a matmul operand".to_string()),
-                        _ => out.push((m.group, Role::Prologue, e.view.clone())),
-                    }
+                    let role = match self.graph.nodes[e.consumer].op {
+                        Op::MatMul => Role::Operand(e.slot as u8),
+                        _ => Role::Prologue,
+                    };
+                    out.push((m.group, role, e.view.clone()));
                 } else {
                     for place in &m.places {
                         out.push((m.group, m.role, e.view.under(place)));
@@ -265,6 +291,9 @@ impl<'g> Plan<'g> {
     fn join(&self, i: usize, live: &[&Edge]) -> Result<Vec<Membership>, String> {
         let node = &self.graph.nodes[i];
         let candidates = self.candidates(live)?;
+        if !self.input_fed[i] && candidates.iter().any(|c| matches!(c.1, Role::Operand(_))) {
+            return Err("is a matmul operand".to_string());
+        }
         let mut groups: SmallVec<[usize; 2]> = candidates.iter().map(|c| c.0).collect();
         groups.sort_unstable();
         groups.dedup();
@@ -440,13 +469,13 @@ impl Builder<'_, '_> {
                 }
             }
             Some((c, Op::MatMul)) => {
-                let mut sides = plan.operands(c).into_iter().map(|(p, view)| Operand {
-                    input: self.read(p),
-                    view,
-                });
-                match (sides.next(), sides.next()) {
-                    (Some(a), Some(b)) => KernelKind::MatMul { a, b },
-                    _ => return Err(internal("a matmul has two operands".to_string())),
+                let mut sides = SmallVec::<[Operand; 2]>::new();
+                for (side, (p, view)) in plan.operands(c).into_iter().enumerate() {
+                    sides.push(self.operand(side as u8, p, view)?);
+                }
+                match <[Operand; 2]>::try_from(sides.into_vec()) {
+                    Ok([a, b]) => KernelKind::MatMul { a, b },
+                    Err(_) => return Err(internal("a matmul has two operands".to_string())),
                 }
             }
             Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
@@ -467,6 +496,28 @@ impl Builder<'_, '_> {
             out: root.ty.clone(),
             kind,
             body,
+        })
+    }
+
+    /// Matmul operand `side`, node `p` read through `view`: computed by a
+    /// block when `p` joined the operand's prologue, else read.
+    fn operand(&mut self, side: u8, p: usize, view: View) -> Result<Operand, Error> {
+        let role = Role::Operand(side);
+        let plan = self.plan;
+        let member = plan.members[p]
+            .iter()
+            .any(|m| m.group == self.group && m.role == role);
+        if !plan.inline[p] && !member {
+            return Ok(Operand::Read {
+                input: self.read(p),
+                view,
+            });
+        }
+        let mut block = Block::default();
+        self.emit(&mut block, role, p, &view)?;
+        Ok(Operand::Computed {
+            shape: view.shape,
+            block,
         })
     }
 

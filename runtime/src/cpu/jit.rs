@@ -18,7 +18,9 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
-use kiln_ir::kernel::{Kernel, KernelKind};
+use kiln_ir::kernel::{Kernel, KernelKind, Operand};
+use kiln_ir::view::View;
+use kiln_ir::{DType, TensorType};
 use kiln_ir::{Data, DataRef};
 use rayon::prelude::*;
 
@@ -70,6 +72,9 @@ pub(crate) struct CompiledKernel {
     func: KernelFn,
     launch: Launch,
     kernel: Kernel,
+    /// For a matmul, each computed operand's block as an elementwise kernel
+    /// that writes the operand into scratch memory.
+    operands: [Option<Box<CompiledKernel>>; 2],
 }
 
 impl CompiledKernel {
@@ -77,8 +82,23 @@ impl CompiledKernel {
     /// asked for (`KILN_DUMP=code`).
     pub(crate) fn new(
         kernel: &Kernel,
-        code: Option<&mut dyn FnMut(&str)>,
+        mut code: Option<&mut dyn FnMut(&str)>,
     ) -> Result<CompiledKernel, Error> {
+        let mut operands = [None, None];
+        if let KernelKind::MatMul { a, b } = &kernel.kind {
+            for (slot, side) in operands.iter_mut().zip([a, b]) {
+                if let Operand::Computed { shape, block } = side {
+                    let prologue = Kernel {
+                        inputs: kernel.inputs.clone(),
+                        out: TensorType::new(DType::F32, shape.clone()),
+                        kind: KernelKind::Elementwise,
+                        body: block.clone(),
+                    };
+                    let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
+                    *slot = Some(Box::new(CompiledKernel::new(&prologue, code)?));
+                }
+            }
+        }
         let isa = isa()?;
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
         jit.symbol("kiln_powf", kiln_powf as *const u8);
@@ -118,13 +138,19 @@ impl CompiledKernel {
             func,
             launch,
             kernel: kernel.clone(),
+            operands,
         })
     }
 
-    /// Runs the kernel over its whole range: the GEMM core first for a
-    /// matmul, then the generated code, split across threads in row ranges
-    /// when the work is large.
-    pub(crate) fn run(&self, inputs: &[&Buffer], out: &mut Buffer) -> Result<(), Error> {
+    /// Runs the kernel over its whole range: for a matmul, its computed
+    /// operands into `scratch` and the GEMM core first; then the generated
+    /// code, split across threads in row ranges when the work is large.
+    pub(crate) fn run(
+        &self,
+        inputs: &[&Buffer],
+        out: &mut Buffer,
+        scratch: &mut Buffer,
+    ) -> Result<(), Error> {
         let k = &self.kernel;
         if inputs.len() != k.inputs.len() {
             return Err(Error::Launch(format!(
@@ -147,18 +173,53 @@ impl CompiledKernel {
                 out.bytes, k.out
             )));
         }
+        if scratch.bytes < k.scratch_bytes() {
+            return Err(Error::Launch(format!(
+                "the scratch buffer has {} bytes, the kernel needs {}",
+                scratch.bytes,
+                k.scratch_bytes()
+            )));
+        }
         let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
         table.push(out.ptr);
         let table = &Table(table);
         match &k.kind {
             KernelKind::MatMul { a, b } => {
-                let (a, b) = (
-                    Operand::new(&a.view, inputs[a.input as usize]),
-                    Operand::new(&b.view, inputs[b.input as usize]),
-                );
+                // Computed operands lie one after the other in scratch.
+                let mut parts = Vec::with_capacity(2);
+                let mut at = 0;
+                for (side, prologue) in [a, b].into_iter().zip(&self.operands) {
+                    parts.push(match (side, prologue) {
+                        (Operand::Read { input, view }, _) => {
+                            Strided::new(view, inputs[*input as usize])
+                        }
+                        (Operand::Computed { shape, .. }, Some(prologue)) => {
+                            let bytes = shape.numel() * DType::F32.size();
+                            let mut part = scratch.part(at, bytes);
+                            at += bytes;
+                            prologue.run(inputs, &mut part, &mut Buffer::empty())?;
+                            Strided::new(&View::contiguous(shape), &part)
+                        }
+                        (Operand::Computed { .. }, None) => {
+                            return Err(Error::Launch(
+                                "a computed operand was not compiled".to_string(),
+                            ));
+                        }
+                    });
+                }
+                let (b, a) = (parts.pop(), parts.pop());
+                let (Some(a), Some(b)) = (a, b) else {
+                    return Err(Error::Launch("a matmul has two operands".to_string()));
+                };
                 // Only an epilogue that does more than copy the product needs a pass.
                 let epilogue = k.body.values.len() > 1;
                 let (batches, m, n) = (a.batches(), a.rows, b.cols);
+                if a.cols != b.rows || batches * m * n > out.bytes / 4 {
+                    return Err(Error::Launch(format!(
+                        "a product of {batches} x [{m}, {}] @ [{}, {n}] does not fit {} output bytes",
+                        a.cols, b.rows, out.bytes
+                    )));
+                }
                 // The GEMM core splits its own work across threads (it packs the
                 // operands once for all of them); the epilogue then sweeps the
                 // output in row ranges.
@@ -276,11 +337,29 @@ impl Buffer {
             bytes: words.len() * 4,
         }
     }
+
+    /// No memory: the scratch of a kernel that needs none.
+    pub(crate) fn empty() -> Buffer {
+        Buffer {
+            ptr: std::ptr::NonNull::<u32>::dangling().as_ptr() as *mut u8,
+            bytes: 0,
+        }
+    }
+
+    /// `bytes` bytes from byte `at`, clamped to this buffer: callers check
+    /// the length of what they get.
+    fn part(&self, at: usize, bytes: usize) -> Buffer {
+        let at = at.min(self.bytes);
+        Buffer {
+            ptr: self.ptr.wrapping_add(at),
+            bytes: bytes.min(self.bytes - at),
+        }
+    }
 }
 
 /// A matmul operand as the GEMM core takes it: element strides in place of
 /// a view.
-struct Operand {
+struct Strided {
     ptr: *const f32,
     offset: isize,
     batch: Vec<(usize, isize)>,
@@ -292,13 +371,13 @@ struct Operand {
 
 // SAFETY: an operand is only read, and only while the buffers of the launch
 // that made it are borrowed by `run`.
-unsafe impl Sync for Operand {}
+unsafe impl Sync for Strided {}
 
-impl Operand {
-    fn new(view: &kiln_ir::view::View, buf: &Buffer) -> Operand {
+impl Strided {
+    fn new(view: &View, buf: &Buffer) -> Strided {
         let dims = view.shape.dims();
         let r = dims.len();
-        Operand {
+        Strided {
             ptr: buf.ptr as *const f32,
             offset: view.offset,
             batch: dims[..r - 2]
@@ -336,8 +415,8 @@ impl Operand {
 /// `out` must hold `batches * a.rows * b.cols` f32 that no one else writes in
 /// those rows.
 unsafe fn gemm_block(
-    a: &Operand,
-    b: &Operand,
+    a: &Strided,
+    b: &Strided,
     out: *mut u8,
     batch: usize,
     r0: usize,

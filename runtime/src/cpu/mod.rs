@@ -148,8 +148,12 @@ impl Executable {
                 Some(k) => Buffer::output(&mut outputs[k]),
                 None => Buffer::slot(&mut self.arena[launch.output]),
             };
+            let mut scratch = match launch.scratch {
+                Some(s) => Buffer::slot(&mut self.arena[s]),
+                None => Buffer::empty(),
+            };
             let refs: Vec<&Buffer> = args.iter().collect();
-            kernel.run(&refs, &mut out)?;
+            kernel.run(&refs, &mut out, &mut scratch)?;
         }
         // Outputs that are inputs, or that repeat an earlier output, are copies.
         for (k, &id) in graph.outputs.iter().enumerate() {
