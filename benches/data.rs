@@ -1,19 +1,31 @@
 //! The data loader against a plain memcpy of the same bytes: epochs of
-//! batches from a 1 GiB `.npy` (262,144 rows of 4 KiB), sequential and
-//! shuffled, and `copy_from_slice` of the mapped file in 1 MiB pieces, in
-//! one run so that their ratio is what counts. The file is written once into
+//! batches from a 1 GiB `.npy` (262,144 rows of 4 KiB), and
+//! `copy_from_slice` of the mapped file in 1 MiB pieces, in one run so that
+//! their ratio is what counts. Sequential batches are views of the file
+//! (`sequential`), so they are also measured gathered into buffers as any
+//! batch of a dataset that cannot be viewed is (`sequential_copied`);
+//! shuffled batches are always gathered. The file is written once into
 //! `target/kiln-cache`.
+//!
+//! Then the quickstart's epoch: the compiled MLP fed by the loader, against
+//! the same compiled graph over the same batches already in memory.
 
 // criterion_group! defines a public function that cannot carry a doc comment.
 #![allow(missing_docs)]
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kiln::data::npy::{NpyArray, NpyDType, write_npy};
-use kiln::data::{ArrayDataset, DataLoader, LoaderOptions};
+use kiln::data::{ArrayDataset, DataError, DataLoader, Dataset, LoaderOptions, Mapped};
+use kiln::{Data, DataRef, TensorType};
+
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)]
+mod quickstart;
 
 const ROWS: usize = 262_144;
 const ROW: usize = 4096;
@@ -28,6 +40,27 @@ fn file() -> PathBuf {
         write_npy(&path, NpyDType::U8, &[ROWS, ROW], &data).expect("the file is written");
     }
     path
+}
+
+/// A dataset whose rows are always read into buffers.
+struct Copied(ArrayDataset);
+
+impl Dataset for Copied {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn fields(&self) -> Vec<TensorType> {
+        self.0.fields()
+    }
+
+    fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        self.0.read(index, field, out)
+    }
+
+    fn mapped(&self, _: usize, _: Range<usize>) -> Option<Mapped> {
+        None
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -47,8 +80,17 @@ fn bench(c: &mut Criterion) {
             sink[0]
         })
     });
-    for (id, shuffle) in [("sequential", None), ("shuffled", Some(1))] {
-        let dataset = Arc::new(ArrayDataset::npy(&path).expect("the file maps"));
+    for (id, shuffle, viewed) in [
+        ("sequential", None, true),
+        ("sequential_copied", None, false),
+        ("shuffled", Some(1), true),
+    ] {
+        let array = ArrayDataset::npy(&path).expect("the file maps");
+        let dataset: Arc<dyn Dataset> = if viewed {
+            Arc::new(array)
+        } else {
+            Arc::new(Copied(array))
+        };
         let options = LoaderOptions {
             batch_size: BATCH,
             shuffle,
@@ -71,5 +113,48 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+fn quickstart_epoch(c: &mut Criterion) {
+    let (images, labels) = quickstart::dataset(&PathBuf::from("target/kiln-cache/quickstart"))
+        .expect("the dataset is written");
+    let layers = quickstart::layers().expect("the layers build");
+    let mut graph = quickstart::compiled(&layers, true).expect("the graph compiles");
+    let mut logits = graph.output_buffers();
+    let mut loader = quickstart::loader(&images, &labels).expect("the dataset maps");
+    let held: Vec<Data> = loader
+        .epoch(0)
+        .map(|b| b.map(|b| b.fields[0].data().to_data()))
+        .collect::<Result<_, _>>()
+        .expect("the epoch reads");
+    let mut group = c.benchmark_group("data/quickstart_epoch");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .throughput(Throughput::Elements(
+            (held.len() * quickstart::BATCH) as u64,
+        ));
+    group.bench_function("in_memory", |b| {
+        b.iter(|| {
+            for batch in &held {
+                graph
+                    .run_into(&[DataRef::from(batch)], &mut logits)
+                    .expect("the graph runs");
+            }
+        })
+    });
+    group.bench_function("loader", |b| {
+        b.iter(|| {
+            let mut epoch = loader.epoch(0);
+            while let Some(batch) = epoch.next() {
+                let batch = batch.expect("the batch reads");
+                graph
+                    .run_into(&[batch.fields[0].data()], &mut logits)
+                    .expect("the graph runs");
+                epoch.recycle(batch);
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, quickstart_epoch);
 criterion_main!(benches);

@@ -15,13 +15,16 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::data::npy::{NpyDType, write_npy};
 use kiln::data::{ArrayDataset, DataLoader, LoaderOptions, Zip};
-use kiln::{DType, Data, Options, Result, Tensor, TensorType};
+use kiln::{CompiledGraph, DType, Data, Options, Result, Tensor, TensorType};
 
-const IMAGES: usize = 60_000;
-const BATCH: usize = 250;
+/// Images in the dataset.
+pub const IMAGES: usize = 60_000;
+/// Images per batch.
+pub const BATCH: usize = 250;
 
-/// Writes the dataset unless a valid copy is already cached.
-fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+/// Writes the dataset unless a valid copy is already cached; returns the
+/// images' and the labels' files.
+pub fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let (x, y) = (dir.join("images.npy"), dir.join("labels.npy"));
     if ArrayDataset::npy(&x).is_ok() && ArrayDataset::npy(&y).is_ok() {
         return Ok((x, y));
@@ -49,7 +52,7 @@ fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
 
 /// The forward pass on a batch of raw images: normalization, then three
 /// layers with relu between them.
-fn forward(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
+pub fn forward(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
     let pixels = ((x.cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? * (1.0f32 / 0.3081);
     let mut h = pixels?.reshape([BATCH, 784])?;
     for (i, (w, b)) in layers.iter().enumerate() {
@@ -61,10 +64,7 @@ fn forward(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
 
 /// One epoch through the compiled graph, with what it took and the logits' checksum.
 fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> Result<()> {
-    let spec = TensorType::new(DType::U8, [BATCH, 28, 28]);
-    let mut graph = kiln::compile_with("mlp", &[spec], Options { fusion }, |x| {
-        Ok(vec![forward(&x[0], layers)?])
-    })?;
+    let mut graph = compiled(layers, fusion)?;
     let mut logits = graph.output_buffers();
     let bar = ProgressBar::new((IMAGES / BATCH) as u64).with_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} batches {per_sec}")
@@ -108,35 +108,52 @@ fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> 
     Ok(())
 }
 
-fn main() -> Result<()> {
-    let cache = std::env::var_os("KILN_CACHE")
-        .map_or_else(|| PathBuf::from("target/kiln-cache"), PathBuf::from);
-    let (x, y) = dataset(&cache.join("quickstart"))?;
+/// The MLP's weights and biases, seeded and realized, so that a compiled
+/// graph takes them as data.
+pub fn layers() -> Result<Vec<(Tensor, Tensor)>> {
+    let sizes = [784, 256, 256, 10];
+    sizes
+        .windows(2)
+        .enumerate()
+        .map(|(i, p)| {
+            let w = (Tensor::randn([p[0], p[1]], i as u64)? * (2.0 / p[0] as f32).sqrt())?;
+            let b = Tensor::from_vec(vec![0.01f32; p[1]], [p[1]])?;
+            w.realize()?;
+            Ok((w, b))
+        })
+        .collect()
+}
+
+/// The forward pass compiled for one batch of raw images.
+pub fn compiled(layers: &[(Tensor, Tensor)], fusion: bool) -> Result<CompiledGraph> {
+    let spec = TensorType::new(DType::U8, [BATCH, 28, 28]);
+    kiln::compile_with("mlp", &[spec], Options { fusion }, |x| {
+        Ok(vec![forward(&x[0], layers)?])
+    })
+}
+
+/// A loader over the images and labels: shuffled, whole batches only.
+pub fn loader(images: &Path, labels: &Path) -> Result<DataLoader> {
+    let data = Zip::new(vec![
+        Box::new(ArrayDataset::npy(images)?),
+        Box::new(ArrayDataset::npy(labels)?),
+    ])?;
     let options = LoaderOptions {
         batch_size: BATCH,
         shuffle: Some(7),
         drop_last: true,
         ..LoaderOptions::default()
     };
-    let sizes = [784, 256, 256, 10];
-    let layers: Vec<(Tensor, Tensor)> = sizes
-        .windows(2)
-        .enumerate()
-        .map(|(i, p)| {
-            // Realized now, so that the compiled graph takes them as data.
-            let w = (Tensor::randn([p[0], p[1]], i as u64)? * (2.0 / p[0] as f32).sqrt())?;
-            let b = Tensor::from_vec(vec![0.01f32; p[1]], [p[1]])?;
-            w.realize()?;
-            Ok((w, b))
-        })
-        .collect::<Result<_>>()?;
+    Ok(DataLoader::new(Arc::new(data), options)?)
+}
+
+fn main() -> Result<()> {
+    let cache = std::env::var_os("KILN_CACHE")
+        .map_or_else(|| PathBuf::from("target/kiln-cache"), PathBuf::from);
+    let (x, y) = dataset(&cache.join("quickstart"))?;
+    let layers = layers()?;
     for fusion in [true, false] {
-        let data = Zip::new(vec![
-            Box::new(ArrayDataset::npy(&x)?),
-            Box::new(ArrayDataset::npy(&y)?),
-        ])?;
-        let mut loader = DataLoader::new(Arc::new(data), options)?;
-        epoch(&mut loader, &layers, fusion)?;
+        epoch(&mut loader(&x, &y)?, &layers, fusion)?;
     }
     Ok(())
 }

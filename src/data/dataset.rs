@@ -234,6 +234,9 @@ impl Dataset for ArrayDataset {
 /// fields of item `i` of each (features and labels).
 pub struct Zip {
     parts: Vec<Box<dyn Dataset>>,
+    /// The fields of all parts, in order, and the part and field each is.
+    fields: Vec<TensorType>,
+    owners: Vec<(usize, usize)>,
 }
 
 impl Zip {
@@ -246,7 +249,19 @@ impl Zip {
                 message: format!("zip: datasets of {} and {} items", first.len(), other.len()),
             });
         }
-        Ok(Zip { parts })
+        let mut fields = Vec::new();
+        let mut owners = Vec::new();
+        for (p, part) in parts.iter().enumerate() {
+            for (f, field) in part.fields().into_iter().enumerate() {
+                fields.push(field);
+                owners.push((p, f));
+            }
+        }
+        Ok(Zip {
+            parts,
+            fields,
+            owners,
+        })
     }
 }
 
@@ -256,32 +271,20 @@ impl Dataset for Zip {
     }
 
     fn fields(&self) -> Vec<TensorType> {
-        self.parts.iter().flat_map(|p| p.fields()).collect()
+        self.fields.clone()
     }
 
     fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
-        let mut f = field;
-        for part in &self.parts {
-            let n = part.fields().len();
-            if f < n {
-                return part.read(index, f, out);
-            }
-            f -= n;
+        match self.owners.get(field) {
+            Some(&(p, f)) => self.parts[p].read(index, f, out),
+            None => Err(DataError::Mismatch {
+                message: format!("zip: no field {field}"),
+            }),
         }
-        Err(DataError::Mismatch {
-            message: format!("zip: no field {field}"),
-        })
     }
 
     fn mapped(&self, field: usize, items: Range<usize>) -> Option<Mapped> {
-        let mut f = field;
-        for part in &self.parts {
-            let n = part.fields().len();
-            if f < n {
-                return part.mapped(f, items);
-            }
-            f -= n;
-        }
-        None
+        let &(p, f) = self.owners.get(field)?;
+        self.parts[p].mapped(f, items)
     }
 }
