@@ -270,6 +270,11 @@ fn npy_features_and_labels_zip_into_batches() -> Result<(), DataError> {
             TensorType::new(DType::I32, [])
         ]
     );
+    let item = zip.get(5)?;
+    assert_eq!(item[0].to_vec::<u8>().ok(), Some((20..24).collect()));
+    assert_eq!(item[0].dims(), [2, 2]);
+    assert_eq!(item[1].to_vec::<i32>().ok(), Some(vec![50]));
+    assert!(zip.get(6).is_err(), "item 6 of 6");
     let mut l = DataLoader::new(
         Arc::new(zip),
         LoaderOptions {

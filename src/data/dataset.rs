@@ -6,11 +6,12 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_ir::{DType, DataRef, Shape, TensorType};
+use kiln_ir::{DType, Data, DataRef, Shape, TensorType};
 use safetensors::{Dtype, SafeTensors};
 
 use super::DataError;
 use super::npy::{NpyDType, NpyHeader};
+use crate::Tensor;
 
 /// Random access to items. Every item has the same fields, each of one
 /// type; the loader batches them along a new leading axis.
@@ -30,6 +31,30 @@ pub trait Dataset: Send + Sync {
     /// that field's bytes (little-endian elements of its dtype). A corrupt
     /// item is an `Err` naming the file and the item.
     fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError>;
+
+    /// Item `index` as one tensor per field: for looking at single items;
+    /// the loader reads batches straight into their buffers instead.
+    fn get(&self, index: usize) -> Result<Vec<Tensor>, DataError> {
+        self.fields()
+            .into_iter()
+            .enumerate()
+            .map(|(f, ty)| {
+                let n = ty.shape.numel();
+                let mut data = Data::zeros(ty.dtype, n);
+                match &mut data {
+                    Data::F32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
+                    Data::I32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
+                    Data::U8(v) => self.read(index, f, v)?,
+                    Data::Bool(v) => {
+                        let mut bytes = vec![0u8; n];
+                        self.read(index, f, &mut bytes)?;
+                        *v = bytes.iter().map(|&b| b != 0).collect();
+                    }
+                }
+                Ok(Tensor::from_data(ty, data))
+            })
+            .collect()
+    }
 
     /// Field `field` of the items `items`, in place, when the file holds
     /// them one after another exactly as they lie in memory: a batch of them
