@@ -7,6 +7,7 @@
 //!   oracle of every numeric test.
 
 pub mod cpu;
+pub mod cuda;
 
 pub use kiln_ir::interp::eval as eval_reference;
 
@@ -19,6 +20,10 @@ pub enum Error {
     /// Cranelift refused a kernel: a compiler bug.
     #[error("code generation: {0}")]
     Codegen(String),
+    /// The CUDA backend is unavailable (no driver, no device, no NVRTC) or
+    /// failed.
+    #[error("cuda: {0}")]
+    Cuda(String),
     /// A kernel was launched with buffers that do not fit it: a runtime bug.
     #[error("launch: {0}")]
     Launch(String),

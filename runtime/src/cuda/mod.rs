@@ -1,0 +1,7 @@
+//! The CUDA backend: kernels printed as CUDA C (`codegen`) from the same
+//! kernel IR as the CPU backend's, compiled by NVRTC to a CUBIN for the
+//! device's own architecture (feature `cuda`).
+
+pub mod codegen;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;

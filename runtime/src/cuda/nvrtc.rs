@@ -1,0 +1,72 @@
+//! NVRTC: CUDA C to a CUBIN for one architecture (`sm_90`), so the module
+//! loads with no PTX JIT and no PTX-version mismatch with the driver.
+//!
+//! The one module of the CUDA backend's compiler with `unsafe`: NVRTC is a
+//! C library, called through cudarc's bindings.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+
+use cudarc::nvrtc::{result, sys};
+
+use crate::Error;
+
+/// Whether libnvrtc can be loaded (it is looked up on the library path, as
+/// `libnvrtc.so.13`). cudarc panics on a missing library instead of
+/// returning an error, so every entry point checks this first.
+pub fn available() -> bool {
+    // SAFETY: only tries to dlopen the library; no NVRTC function is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Compiles `source` for `arch` (`sm_90`, `sm_80`, ...) and returns the CUBIN.
+/// A compile error carries NVRTC's log.
+pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
+    if !available() {
+        return Err(Error::Cuda(
+            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH): CUDA kernels cannot be compiled".into(),
+        ));
+    }
+    let fail = |what: &str, e: result::NvrtcError| Error::Cuda(format!("nvrtc: {what}: {e:?}"));
+    let text = CString::new(source)
+        .map_err(|_| Error::Cuda("generated CUDA C contains a NUL byte".into()))?;
+    let program = result::create_program(&text, None).map_err(|e| fail("create", e))?;
+    // IEEE arithmetic as the interpreter computes it: no a*b+c contracted to FMA.
+    let options = [format!("--gpu-architecture={arch}"), "--fmad=false".into()];
+    // SAFETY: `program` was created above and is destroyed only at the end;
+    // the buffers passed to NVRTC have the sizes NVRTC reported.
+    unsafe {
+        let compiled = result::compile_program(program, &options);
+        let outcome = match compiled {
+            Ok(()) => cubin(program).map_err(|e| fail("get CUBIN", e)),
+            Err(e) => {
+                let log = result::get_program_log(program)
+                    .map(|l| {
+                        let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
+                        String::from_utf8_lossy(&bytes)
+                            .trim_end_matches('\0')
+                            .to_string()
+                    })
+                    .unwrap_or_default();
+                Err(Error::Cuda(format!("nvrtc: {e:?} for {arch}:\n{log}")))
+            }
+        };
+        result::destroy_program(program).map_err(|e| fail("destroy", e))?;
+        outcome
+    }
+}
+
+/// The CUBIN of a compiled program.
+///
+/// # Safety
+/// `program` must be a live, successfully compiled NVRTC program.
+unsafe fn cubin(program: sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError> {
+    let mut size = 0usize;
+    // SAFETY: the caller's promise; `size` is a valid out-pointer.
+    unsafe { sys::nvrtcGetCUBINSize(program, &mut size).result()? };
+    let mut bytes = vec![0u8; size];
+    // SAFETY: `bytes` holds the `size` bytes NVRTC reported.
+    unsafe { sys::nvrtcGetCUBIN(program, bytes.as_mut_ptr().cast()).result()? };
+    Ok(bytes)
+}

@@ -1,0 +1,241 @@
+//! The CUDA C that kiln generates, checked without a GPU: snapshots for the
+//! mission's patterns (relu(a+b) with 16-byte vectors, relu(x@w+b) as one
+//! cuBLASLt call with its bias+ReLU epilogue, an epilogue cuBLASLt cannot
+//! express as a kernel after the GEMM, normalized bytes as a matmul operand's
+//! prologue, softmax in two kernels, sums by rows and by columns), and with
+//! feature `cuda`, every kernel of those patterns and of random graphs
+//! compiled by NVRTC to a CUBIN for sm_90 and sm_80.
+
+// Helpers serve both the snapshot tests and, with feature `cuda`, NVRTC's.
+#![allow(dead_code)]
+
+use kiln::{DType, Options, Result, Tensor};
+use kiln_ir::kernel::{Kernel, KernelKind};
+use kiln_ir::{Graph, Op};
+use kiln_runtime::cuda::codegen::{self, GemmEpilogue};
+
+/// The mission's patterns, by name.
+fn pattern(name: &str) -> Result<Vec<Tensor>> {
+    let randn = |dims: &[usize], seed| Tensor::randn(dims, seed);
+    Ok(match name {
+        "relu_add" => vec![(&randn(&[64, 64], 0)? + &randn(&[64, 64], 1)?)?.relu()?],
+        "matmul_bias_relu" => {
+            let (x, w, b) = (
+                randn(&[64, 784], 0)?,
+                randn(&[784, 256], 1)?,
+                randn(&[256], 2)?,
+            );
+            vec![(x.matmul(&w)? + &b)?.relu()?]
+        }
+        "matmul_bias_scale_tanh" => {
+            let (x, w, b) = (
+                randn(&[64, 784], 0)?,
+                randn(&[256, 784], 1)?,
+                randn(&[256], 2)?,
+            );
+            vec![((x.matmul(&w.t()?)? + &b)? * 0.5f32)?.tanh()?]
+        }
+        "normalized_matmul" => {
+            let bytes: Vec<u8> = (0..8 * 784).map(|i| (i % 256) as u8).collect();
+            let x = Tensor::from_vec(bytes, [8, 784])?;
+            let pixels =
+                ((x.cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? * (1.0f32 / 0.3081);
+            vec![pixels?.matmul(&randn(&[784, 16], 1)?)?]
+        }
+        "softmax" => vec![randn(&[4096, 1000], 0)?.softmax(-1)?],
+        "log_softmax" => vec![randn(&[4096, 10], 0)?.log_softmax(-1)?],
+        "sums" => {
+            let x = randn(&[4096, 1000], 0)?;
+            vec![x.sum(&[1], false)?, x.sum(&[0], false)?, x.sum_all()?]
+        }
+        other => panic!("no pattern {other}"),
+    })
+}
+
+const PATTERNS: [&str; 7] = [
+    "relu_add",
+    "matmul_bias_relu",
+    "matmul_bias_scale_tanh",
+    "normalized_matmul",
+    "softmax",
+    "log_softmax",
+    "sums",
+];
+
+/// The kernels of a fused graph, in launch order.
+fn kernels(graph: &Graph, optimized: &kiln::Optimized) -> Vec<Kernel> {
+    optimized
+        .schedule
+        .launches
+        .iter()
+        .filter_map(|l| match &graph.node(l.node).op {
+            Op::Kernel(k) => Some((**k).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every kernel as printed CUDA C and launch plans, and the CUDA sources.
+fn generate(kernels: &[Kernel]) -> Result<(String, Vec<String>)> {
+    let (mut text, mut sources) = (String::new(), Vec::new());
+    for (k, kernel) in kernels.iter().enumerate() {
+        if let KernelKind::MatMul { .. } = kernel.kind {
+            let plan = codegen::matmul(kernel).map_err(kiln::Error::from)?;
+            for (i, p) in plan.prologues.iter().enumerate() {
+                text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.launch, p.code);
+                sources.push(p.code.clone());
+            }
+            text += &format!("// @k{k} gemm: {:?}\n", plan.gemm);
+            match &plan.epilogue {
+                GemmEpilogue::Kernel { acc, source } => {
+                    text += &format!(
+                        "// @k{k} epilogue, product at scratch byte {acc}: {:?}\n{}",
+                        source.launch, source.code
+                    );
+                    sources.push(source.code.clone());
+                }
+                other => text += &format!("// @k{k} epilogue: {other:?}\n"),
+            }
+        } else {
+            let source = codegen::kernel(kernel).map_err(kiln::Error::from)?;
+            text += &format!("// @k{k}: {:?}\n{}", source.launch, source.code);
+            sources.push(source.code);
+        }
+    }
+    Ok((text, sources))
+}
+
+fn cuda(name: &str) -> Result<(String, Vec<String>)> {
+    let outputs = pattern(name)?;
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    let optimized = kiln::optimize(name, &refs, Options::default())?;
+    generate(&kernels(&optimized.graph, &optimized))
+}
+
+#[test]
+fn relu_add_moves_float4_vectors() -> Result<()> {
+    insta::assert_snapshot!(cuda("relu_add")?.0);
+    Ok(())
+}
+
+#[test]
+fn matmul_bias_relu_is_one_cublaslt_call() -> Result<()> {
+    insta::assert_snapshot!(cuda("matmul_bias_relu")?.0);
+    Ok(())
+}
+
+#[test]
+fn other_epilogues_are_a_kernel_after_the_gemm() -> Result<()> {
+    insta::assert_snapshot!(cuda("matmul_bias_scale_tanh")?.0);
+    Ok(())
+}
+
+#[test]
+fn normalized_bytes_are_a_matmul_operand_prologue() -> Result<()> {
+    insta::assert_snapshot!(cuda("normalized_matmul")?.0);
+    Ok(())
+}
+
+#[test]
+fn softmax_is_two_row_kernels() -> Result<()> {
+    insta::assert_snapshot!(cuda("softmax")?.0);
+    Ok(())
+}
+
+#[test]
+fn sums_run_by_rows_or_by_columns() -> Result<()> {
+    insta::assert_snapshot!(cuda("sums")?.0);
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+#[path = "support/random_graph.rs"]
+mod random_graph;
+
+#[cfg(feature = "cuda")]
+mod nvrtc {
+    use std::collections::BTreeSet;
+
+    use kiln_ir::pass::{Options, optimize};
+    use kiln_runtime::cuda::nvrtc;
+
+    use super::random_graph::{Mode, random_graph};
+
+    /// Every generated kernel of the patterns and of 200 random graphs
+    /// compiles to a CUBIN for Hopper and for Ampere. Without libnvrtc the
+    /// test says why and passes, unless `KILN_REQUIRE_NVRTC` is set (CI sets it).
+    #[test]
+    fn every_generated_kernel_compiles_for_sm90_and_sm80() -> kiln::Result<()> {
+        if !nvrtc::available() {
+            assert!(
+                std::env::var_os("KILN_REQUIRE_NVRTC").is_none(),
+                "KILN_REQUIRE_NVRTC is set but libnvrtc.so.13 is not on LD_LIBRARY_PATH"
+            );
+            eprintln!("skipped: libnvrtc.so.13 is not on LD_LIBRARY_PATH");
+            return Ok(());
+        }
+        let mut sources = BTreeSet::new();
+        for name in super::PATTERNS {
+            sources.extend(super::cuda(name)?.1);
+        }
+        for seed in 0..200u64 {
+            let graph = random_graph(seed, 6, Mode::All);
+            for fusion in [true, false] {
+                let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {})
+                    .map_err(kiln::Error::from)?;
+                sources.extend(super::generate(&super::kernels(&optimized.graph, &optimized))?.1);
+            }
+        }
+        let sources: Vec<String> = sources.into_iter().collect();
+        // Two threads, each compiling half for both architectures.
+        let failures: Vec<String> = std::thread::scope(|s| {
+            let halves: Vec<_> = sources
+                .chunks(sources.len().div_ceil(2).max(1))
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut failed = Vec::new();
+                        for code in part {
+                            for arch in ["sm_90", "sm_80"] {
+                                match nvrtc::compile(code, arch) {
+                                    Ok(cubin) if cubin.starts_with(b"\x7fELF") => {}
+                                    Ok(_) => {
+                                        failed.push(format!("{arch}: not an ELF CUBIN\n{code}"))
+                                    }
+                                    Err(e) => failed.push(format!("{e}\n{code}")),
+                                }
+                            }
+                        }
+                        failed
+                    })
+                })
+                .collect();
+            halves
+                .into_iter()
+                .flat_map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| vec!["a compile thread panicked".into()])
+                })
+                .collect()
+        });
+        eprintln!("{} kernels compiled for sm_90 and sm_80", sources.len());
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+        Ok(())
+    }
+
+    /// A compile error is an `Err` carrying NVRTC's log, not a panic.
+    #[test]
+    fn a_compile_error_is_an_err_with_the_log() {
+        if !nvrtc::available() {
+            eprintln!("skipped: libnvrtc.so.13 is not on LD_LIBRARY_PATH");
+            return;
+        }
+        let err = nvrtc::compile(
+            "extern \"C\" __global__ void k() { undefined_fn(); }",
+            "sm_90",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("undefined_fn"), "{err}");
+    }
+}
