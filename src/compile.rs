@@ -13,10 +13,50 @@ use smallvec::SmallVec;
 
 use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{Data, DataRef, TensorType};
-use kiln_runtime::cpu::Executable;
 
 use crate::tensor::{Source, capture_with_data, compile_graph};
-use crate::{Result, Tensor};
+use crate::{Device, Result, Tensor};
+
+/// A fused graph compiled for one device.
+pub(crate) enum Executable {
+    Cpu(kiln_runtime::cpu::Executable),
+    #[cfg(feature = "cuda")]
+    Cuda(kiln_runtime::cuda::device::Executable),
+}
+
+impl Executable {
+    pub(crate) fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<()> {
+        match self {
+            Executable::Cpu(e) => e.run_into(inputs, outputs)?,
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.run_into(inputs, outputs)?,
+        }
+        Ok(())
+    }
+
+    pub(crate) fn output_types(&self) -> &[TensorType] {
+        match self {
+            Executable::Cpu(e) => e.output_types(),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.output_types(),
+        }
+    }
+
+    pub(crate) fn output_buffers(&self) -> Vec<Data> {
+        self.output_types()
+            .iter()
+            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
+            .collect()
+    }
+
+    fn optimized(&self) -> &Optimized {
+        match self {
+            Executable::Cpu(e) => e.optimized(),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.optimized(),
+        }
+    }
+}
 
 /// A traced and compiled function of tensors.
 pub struct CompiledGraph {
@@ -44,6 +84,18 @@ pub fn compile_with(
     options: Options,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
+    compile_on(Device::Cpu, name, specs, options, f)
+}
+
+/// `compile_with` for `device` (the CPU, or with feature `cuda` a GPU);
+/// `Device::Reference` only interprets and is an `Err`.
+pub fn compile_on(
+    device: Device,
+    name: &str,
+    specs: &[TensorType],
+    options: Options,
+    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<CompiledGraph> {
     let placeholders: Vec<Tensor> = specs
         .iter()
         .enumerate()
@@ -52,7 +104,7 @@ pub fn compile_with(
     let outputs = f(&placeholders)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let (graph, sources) = capture_with_data(name, &refs);
-    let exec = compile_graph(&graph, options)?;
+    let exec = compile_graph(&graph, options, device)?;
     Ok(CompiledGraph {
         exec,
         sources,
@@ -79,8 +131,7 @@ impl CompiledGraph {
     ) -> Result<()> {
         let inputs: SmallVec<[DataRef; 4]> = inputs.iter().map(|&i| i.into()).collect();
         let args = arguments(&self.sources, &self.specs, &self.exec, &inputs)?;
-        self.exec.run_into(&args, outputs)?;
-        Ok(())
+        self.exec.run_into(&args, outputs)
     }
 
     /// Runs the graph on tensors, realizing them first.
@@ -91,11 +142,11 @@ impl CompiledGraph {
             .collect::<Result<_>>()?;
         let refs: Vec<&Data> = data.iter().map(|d| d.as_ref()).collect();
         let outputs = self.run(&refs)?;
-        let types = self.exec.output_types();
+        let types = self.exec.output_types().to_vec();
         Ok(outputs
             .into_iter()
             .zip(types)
-            .map(|(d, ty)| Tensor::from_data(ty.clone(), d))
+            .map(|(d, ty)| Tensor::from_data(ty, d))
             .collect())
     }
 

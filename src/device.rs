@@ -14,4 +14,9 @@ pub enum Device {
     /// The reference interpreter of kiln-ir: slow, exact (f64 accumulation),
     /// and the oracle every other backend is tested against.
     Reference,
+    /// NVIDIA GPU `n`: kernels printed as CUDA C, compiled by NVRTC, matmuls
+    /// through cuBLASLt (TF32). Tensors keep their values on the host between
+    /// realizes; a compiled graph keeps its intermediates on the device.
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
 }

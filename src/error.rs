@@ -26,6 +26,12 @@ pub enum Error {
         /// The placeholder's position among the compiled graph's inputs.
         index: usize,
     },
+    /// A graph compiled for a device that only interprets.
+    #[error("compile: {device:?} interprets graphs; compiled graphs run on the CPU or a GPU")]
+    Compile {
+        /// The device asked for.
+        device: crate::Device,
+    },
     /// Host data whose length does not match the shape it is given.
     #[error("{op}: {len} values do not fill shape {shape} ({} elements)", shape.numel())]
     DataLength {

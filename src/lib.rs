@@ -32,7 +32,7 @@ mod overload;
 mod rng;
 mod tensor;
 
-pub use compile::{CompiledGraph, compile, compile_with};
+pub use compile::{CompiledGraph, compile, compile_on, compile_with};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use kiln_ir::pass::{Optimized, Options};

@@ -13,6 +13,7 @@ use kiln_ir::pass::{Optimized, Options, STAGES};
 use kiln_ir::{DType, Data, DataRef, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
 use smallvec::SmallVec;
 
+use crate::compile::Executable;
 use crate::rng::SplitMix64;
 use crate::{Device, Error, Result};
 
@@ -314,7 +315,13 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         .copied()
         .filter(|t| !t.is_realized())
         .collect();
-    for device in [Device::Cpu, Device::Reference] {
+    let mut devices: Vec<Device> = Vec::new();
+    for t in &pending {
+        if !devices.contains(&t.device()) {
+            devices.push(t.device());
+        }
+    }
+    for device in devices {
         let group: Vec<&Tensor> = pending
             .iter()
             .copied()
@@ -338,10 +345,6 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
         .collect::<Result<_>>()?;
     let inputs: Vec<&Data> = inputs.iter().map(|d| d.as_ref()).collect();
     let outputs = match device {
-        Device::Cpu => {
-            let refs: Vec<DataRef> = inputs.iter().map(|&d| d.into()).collect();
-            compile_graph(&graph, Options::default())?.run(&refs)?
-        }
         Device::Reference => {
             if dump_requested("graph") {
                 eprintln!("// kiln: graph\n{graph}");
@@ -352,6 +355,13 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
                 optimize_with_dumps(&graph, Options::default())?;
             }
             kiln_runtime::eval_reference(&graph, &inputs)?
+        }
+        device => {
+            let refs: Vec<DataRef> = inputs.iter().map(|&d| d.into()).collect();
+            let mut exec = compile_graph(&graph, Options::default(), device)?;
+            let mut outputs = exec.output_buffers();
+            exec.run_into(&refs, &mut outputs)?;
+            outputs
         }
     };
     for (tensor, data) in pending.iter().zip(outputs) {
@@ -373,20 +383,26 @@ fn optimize_with_dumps(graph: &Graph, options: Options) -> Result<Optimized> {
     )?)
 }
 
-/// Optimizes `graph` and compiles its kernels for the CPU (kernels already
-/// compiled come from the cache).
-pub(crate) fn compile_graph(
-    graph: &Graph,
-    options: Options,
-) -> Result<kiln_runtime::cpu::Executable> {
+/// Optimizes `graph` and compiles its kernels for `device` (kernels
+/// already compiled come from the device's cache).
+pub(crate) fn compile_graph(graph: &Graph, options: Options, device: Device) -> Result<Executable> {
     if dump_requested("graph") {
         eprintln!("// kiln: graph\n{graph}");
     }
     let optimized = optimize_with_dumps(graph, options)?;
-    Ok(kiln_runtime::cpu::Executable::new(
-        optimized,
-        dump_requested("code"),
-    )?)
+    Ok(match device {
+        Device::Cpu => Executable::Cpu(kiln_runtime::cpu::Executable::new(
+            optimized,
+            dump_requested("code"),
+        )?),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => Executable::Cuda(kiln_runtime::cuda::device::Executable::new(
+            optimized,
+            kiln_runtime::cuda::device::device(n)?,
+            kiln_runtime::cuda::device::Precision::default(),
+        )?),
+        Device::Reference => return Err(Error::Compile { device }),
+    })
 }
 
 /// Runs kiln's optimizer on the graph behind `outputs` (as `capture` names

@@ -80,7 +80,7 @@ fn generate(kernels: &[Kernel]) -> Result<(String, Vec<String>)> {
     let (mut text, mut sources) = (String::new(), Vec::new());
     for (k, kernel) in kernels.iter().enumerate() {
         if let KernelKind::MatMul { .. } = kernel.kind {
-            let plan = codegen::matmul(kernel).map_err(kiln::Error::from)?;
+            let plan = codegen::matmul(kernel, true).map_err(kiln::Error::from)?;
             for (i, p) in plan.prologues.iter().enumerate() {
                 text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.launch, p.code);
                 sources.push(p.code.clone());

@@ -11,6 +11,8 @@ pub mod cuda;
 
 pub use kiln_ir::interp::eval as eval_reference;
 
+use kiln_ir::{DataRef, TensorType};
+
 /// What can go wrong when compiling or running a graph.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
@@ -53,4 +55,33 @@ pub enum Error {
         /// What it was given.
         got: String,
     },
+}
+
+/// Each buffer must be of the declared type.
+pub(crate) fn check<'a>(
+    graph: &str,
+    what: &'static str,
+    types: &[TensorType],
+    data: impl ExactSizeIterator<Item = DataRef<'a>>,
+) -> Result<(), Error> {
+    if data.len() != types.len() {
+        return Err(Error::Count {
+            graph: graph.to_string(),
+            what,
+            expected: types.len(),
+            got: data.len(),
+        });
+    }
+    for (index, (d, ty)) in data.zip(types).enumerate() {
+        if d.dtype() != ty.dtype || d.len() != ty.shape.numel() {
+            return Err(Error::Buffer {
+                graph: graph.to_string(),
+                what,
+                index,
+                expected: ty.to_string(),
+                got: format!("{} values of {}", d.len(), d.dtype()),
+            });
+        }
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ use kiln_ir::pass::Optimized;
 use kiln_ir::schedule::Location;
 use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
 
-use crate::Error;
+use crate::{Error, check};
 use jit::{Buffer, CompiledKernel};
 
 /// Every kernel compiled in this process, by its structural identity: a
@@ -165,33 +165,4 @@ impl Executable {
         }
         Ok(())
     }
-}
-
-/// Each buffer must be of the declared type.
-fn check<'a>(
-    graph: &str,
-    what: &'static str,
-    types: &[TensorType],
-    data: impl ExactSizeIterator<Item = DataRef<'a>>,
-) -> Result<(), Error> {
-    if data.len() != types.len() {
-        return Err(Error::Count {
-            graph: graph.to_string(),
-            what,
-            expected: types.len(),
-            got: data.len(),
-        });
-    }
-    for (index, (d, ty)) in data.zip(types).enumerate() {
-        if d.dtype() != ty.dtype || d.len() != ty.shape.numel() {
-            return Err(Error::Buffer {
-                graph: graph.to_string(),
-                what,
-                index,
-                expected: ty.to_string(),
-                got: format!("{} values of {}", d.len(), d.dtype()),
-            });
-        }
-    }
-    Ok(())
 }

@@ -73,6 +73,9 @@ pub enum Launch {
 /// GEMM, then the epilogue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MatMulPlan {
+    /// Bytes of scratch memory it uses: computed operands, then the product
+    /// when an epilogue kernel reads it, each part 256-byte aligned.
+    pub scratch_bytes: usize,
     /// For each operand that is computed (or copied), the kernel that writes
     /// it into scratch at `GemmOperand::source`.
     pub prologues: Vec<Source>,
@@ -148,24 +151,6 @@ pub enum GemmEpilogue {
     },
 }
 
-impl MatMulPlan {
-    /// Scratch bytes the plan uses: computed operands, then the product when
-    /// an epilogue kernel reads it.
-    pub fn scratch_bytes(&self) -> usize {
-        let product = self.gemm.batches * self.gemm.m * self.gemm.n * 4;
-        let operands: usize = [&self.gemm.a, &self.gemm.b]
-            .iter()
-            .zip([self.gemm.m * self.gemm.k, self.gemm.k * self.gemm.n])
-            .filter(|(o, _)| matches!(o.source, OperandSource::Scratch(_)))
-            .map(|(_, elements)| self.gemm.batches * elements * 4)
-            .sum();
-        match self.epilogue {
-            GemmEpilogue::Kernel { .. } => operands + product,
-            GemmEpilogue::None | GemmEpilogue::Bias { .. } => operands,
-        }
-    }
-}
-
 /// The CUDA C of an elementwise or reduction kernel.
 pub fn kernel(kernel: &Kernel) -> Result<Source, Error> {
     match &kernel.kind {
@@ -182,8 +167,12 @@ pub fn kernel(kernel: &Kernel) -> Result<Source, Error> {
     }
 }
 
-/// The plan of a matmul kernel.
-pub fn matmul(kernel: &Kernel) -> Result<MatMulPlan, Error> {
+/// Scratch parts start at multiples of this, so `float4` accesses align.
+const SCRATCH_ALIGN: usize = 256;
+
+/// The plan of a matmul kernel. `fused` allows cuBLASLt's bias and ReLU
+/// epilogues; without it every epilogue but the identity is a kernel.
+pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
     let KernelKind::MatMul { a, b } = &kernel.kind else {
         return Err(Error::Codegen("not a matmul kernel".to_string()));
     };
@@ -218,18 +207,23 @@ pub fn matmul(kernel: &Kernel) -> Result<MatMulPlan, Error> {
         let out = TensorType::new(DType::F32, shape.clone());
         prologues.push(elementwise(&kernel.inputs, None, &block, &out)?);
         let at = scratch;
-        scratch += shape.numel() * 4;
+        scratch = (scratch + shape.numel() * 4).next_multiple_of(SCRATCH_ALIGN);
         Ok(contiguous_operand(&shape, at))
     };
     let (a, b) = (operand(a)?, operand(b)?);
     let epilogue = match bias_epilogue(&kernel.body, &kernel.out.shape, n) {
-        Some(e) => e,
-        None => GemmEpilogue::Kernel {
-            acc: scratch,
-            source: elementwise(&kernel.inputs, Some(()), &kernel.body, &kernel.out)?,
-        },
+        Some(e) if fused || e == GemmEpilogue::None => e,
+        _ => {
+            let acc = scratch;
+            scratch += kernel.out.shape.numel() * 4;
+            GemmEpilogue::Kernel {
+                acc,
+                source: elementwise(&kernel.inputs, Some(()), &kernel.body, &kernel.out)?,
+            }
+        }
     };
     Ok(MatMulPlan {
+        scratch_bytes: scratch,
         prologues,
         gemm: Gemm {
             batches,
@@ -268,7 +262,14 @@ fn strided(view: &View, source: OperandSource) -> Option<GemmOperand> {
     // Size-1 axes have stride 0 in canonical views; any stride serves them.
     let row_stride = if rows == 1 { cols } else { view.strides[r - 2] };
     let col_stride = if cols == 1 { 1 } else { view.strides[r - 1] };
-    if col_stride != 1 && row_stride != 1 {
+    // One unit stride, and the other a leading dimension that does not
+    // overlap it (a matrix broadcast along rows or columns is copied).
+    let leading = if col_stride == 1 {
+        rows == 1 || row_stride >= cols
+    } else {
+        row_stride == 1 && (cols == 1 || col_stride >= rows)
+    };
+    if !leading {
         return None;
     }
     // Batch axes, outermost first, must be one stride: s[i] = s[i+1] * d[i+1].

@@ -4,4 +4,6 @@
 
 pub mod codegen;
 #[cfg(feature = "cuda")]
+pub mod device;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;

@@ -1,0 +1,703 @@
+//! The CUDA runtime: a device (context, stream, cuBLAS handles, the module
+//! cache), a caching allocator, and fused graphs run on the device.
+//!
+//! The one module of the CUDA backend with `unsafe` besides `nvrtc`: device
+//! memory is made and handed to generated kernels and to cuBLAS as raw
+//! pointers, and kernels are launched. Every launch is made safe by the
+//! checks before it: buffer lengths against the kernel's types (the
+//! generated code reads and writes only through index maps the verifier
+//! bounded), and GEMM dimensions against the buffers they stride through.
+
+#![allow(unsafe_code)]
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig, sys::cublasOperation_t};
+use cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use kiln_ir::kernel::KernelKind;
+use kiln_ir::pass::Optimized;
+use kiln_ir::schedule::Location;
+use kiln_ir::{Data, DataRef, Op, TensorType};
+
+use super::codegen::{self, FLAT_THREADS, Gemm as GemmPlan, GemmEpilogue, Launch, OperandSource};
+use crate::{Error, check};
+
+/// How a matmul computes its products in f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// TF32 tensor cores (10-bit mantissa products, f32 sums) through
+    /// cuBLASLt, with its bias and bias+ReLU epilogues fused: fast, about
+    /// 1e-3 relative error.
+    #[default]
+    Tf32,
+    /// IEEE f32 through cuBLAS `sgemm`; epilogues are generated kernels.
+    F32,
+}
+
+fn driver(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Cuda(format!("{what}: {e:?}"))
+}
+
+/// One GPU: its context and stream, cuBLAS handles, and every module loaded.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: String,
+    name: String,
+    multiprocessors: u32,
+    lt: CudaBlasLT,
+    blas: CudaBlas,
+    /// Kernels by their CUDA C: a source compiles once per device.
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Freed device buffers by size, for the next allocation of that size.
+    pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+}
+
+/// Devices opened so far, by ordinal.
+static DEVICES: LazyLock<Mutex<HashMap<usize, Arc<Device>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// GPU `ordinal`, opened once per process. No driver, no device, no NVRTC or
+/// no cuBLAS is an `Err` saying which (cudarc panics on a missing library;
+/// each is checked first).
+pub fn device(ordinal: usize) -> Result<Arc<Device>, Error> {
+    let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = devices.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    // SAFETY: each only tries to dlopen its library.
+    let (cuda, lt, blas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::cublaslt::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    if !cuda {
+        return Err(Error::Cuda(
+            "libcuda.so is not loadable: no NVIDIA driver on this machine".into(),
+        ));
+    }
+    if !super::nvrtc::available() {
+        return Err(Error::Cuda(
+            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH)".into(),
+        ));
+    }
+    if !lt || !blas {
+        return Err(Error::Cuda(
+            "libcublasLt.so.13 or libcublas.so.13 is not on the library path (LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    let count = CudaContext::device_count().map_err(|e| driver("counting devices", e))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(Error::Cuda(format!(
+            "no device {ordinal}: this machine has {count}"
+        )));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the device", e))?;
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| driver("compute capability", e))?;
+    let multiprocessors = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(|e| driver("multiprocessor count", e))?;
+    let stream = ctx.default_stream();
+    let d = Arc::new(Device {
+        name: ctx.name().map_err(|e| driver("device name", e))?,
+        arch: format!("sm_{major}{minor}"),
+        multiprocessors: multiprocessors.max(1) as u32,
+        lt: CudaBlasLT::new(stream.clone()).map_err(|e| driver("cuBLASLt", e))?,
+        blas: CudaBlas::new(stream.clone()).map_err(|e| driver("cuBLAS", e))?,
+        ctx,
+        stream,
+        functions: Mutex::new(HashMap::new()),
+        pool: Mutex::new(HashMap::new()),
+    });
+    devices.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+impl Device {
+    /// The device's name (`NVIDIA H100 80GB HBM3`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The architecture kernels are compiled for (`sm_90`).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The kernel of `code`, compiled to a CUBIN for this device once.
+    fn function(&self, code: &str) -> Result<CudaFunction, Error> {
+        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = functions.get(code) {
+            return Ok(f.clone());
+        }
+        let cubin = super::nvrtc::compile(code, &self.arch)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| driver("loading a module", e))?;
+        let f = module
+            .load_function(codegen::ENTRY)
+            .map_err(|e| driver("loading a kernel", e))?;
+        functions.insert(code.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// `bytes` of device memory, from the pool when a buffer of that size
+    /// was freed; contents undefined (every buffer is written before read).
+    fn alloc(self: &Arc<Device>, bytes: usize) -> Result<Buffer, Error> {
+        let size = bytes.max(1).next_power_of_two().max(256);
+        let reused = self
+            .pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&size)
+            .and_then(Vec::pop);
+        let slice = match reused {
+            Some(s) => s,
+            None => self
+                .stream
+                .alloc_zeros::<u8>(size)
+                .map_err(|e| driver("allocating device memory", e))?,
+        };
+        Ok(Buffer {
+            slice: Some(slice),
+            bytes,
+            device: self.clone(),
+        })
+    }
+
+    /// The grid of a generated kernel.
+    fn grid(&self, launch: Launch) -> Option<LaunchConfig> {
+        let (blocks, threads) = match launch {
+            Launch::Flat { steps } => {
+                // Enough blocks to fill every multiprocessor several times;
+                // the grid-stride loop covers the rest.
+                let cap = self.multiprocessors as usize * 16;
+                (steps.div_ceil(FLAT_THREADS as usize).min(cap), FLAT_THREADS)
+            }
+            Launch::Rows { rows, threads } => (rows.min(1 << 20), threads),
+        };
+        (blocks > 0).then_some(LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+}
+
+/// Device memory that goes back to its device's pool when dropped.
+struct Buffer {
+    slice: Option<CudaSlice<u8>>,
+    /// The bytes asked for (the slice may be larger).
+    bytes: usize,
+    device: Arc<Device>,
+}
+
+impl Buffer {
+    fn slice(&self) -> Result<&CudaSlice<u8>, Error> {
+        self.slice
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("a freed device buffer".into()))
+    }
+
+    /// The raw device address of byte `at`, for a kernel argument.
+    fn address(&self, at: usize) -> Result<u64, Error> {
+        let slice = self.slice()?;
+        if at > self.bytes {
+            return Err(Error::Launch(format!(
+                "byte {at} of a {}-byte buffer",
+                self.bytes
+            )));
+        }
+        let (ptr, _sync) = slice.device_ptr(&self.device.stream);
+        Ok(ptr + at as u64)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(slice) = self.slice.take() {
+            let mut pool = self.device.pool.lock().unwrap_or_else(|e| e.into_inner());
+            pool.entry(slice.len()).or_default().push(slice);
+        }
+    }
+}
+
+/// Device memory owned elsewhere, seen as an f32 slice for cuBLAS; never
+/// freed through this handle.
+struct Borrowed(Option<CudaSlice<f32>>);
+
+impl Borrowed {
+    fn slice(&self) -> Result<&CudaSlice<f32>, Error> {
+        self.0
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("a released device view".into()))
+    }
+
+    fn slice_mut(&mut self) -> Result<&mut CudaSlice<f32>, Error> {
+        self.0
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("a released device view".into()))
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take() {
+            // The memory belongs to a `Buffer`: forget it without freeing.
+            slice.leak();
+        }
+    }
+}
+
+/// One launch of a compiled graph.
+// Steps are made once per compiled graph; boxing the matmul's plan would
+// only add an indirection to every run.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    /// A generated kernel.
+    Kernel {
+        function: CudaFunction,
+        launch: Launch,
+    },
+    /// Operand prologues, a GEMM, and maybe an epilogue kernel, with the
+    /// scratch memory they share.
+    MatMul {
+        prologues: Vec<(CudaFunction, Launch)>,
+        gemm: GemmPlan,
+        epilogue: GemmEpilogue,
+        epilogue_function: Option<CudaFunction>,
+        scratch: Buffer,
+    },
+}
+
+/// A fused graph compiled for one GPU, with device buffers for its inputs
+/// and for every slot of its memory plan, reused by every run.
+pub struct Executable {
+    device: Arc<Device>,
+    optimized: Optimized,
+    precision: Precision,
+    steps: Vec<Step>,
+    inputs: Vec<Buffer>,
+    slots: Vec<Buffer>,
+    outputs: Vec<TensorType>,
+}
+
+impl Executable {
+    /// Generates, compiles (or takes from the device's cache) and plans
+    /// every kernel of `optimized` for `device`.
+    pub fn new(
+        optimized: Optimized,
+        device: Arc<Device>,
+        precision: Precision,
+    ) -> Result<Executable, Error> {
+        let graph = &optimized.graph;
+        let mut steps = Vec::with_capacity(optimized.schedule.launches.len());
+        for launch in &optimized.schedule.launches {
+            let Op::Kernel(kernel) = &graph.node(launch.node).op else {
+                return Err(Error::Launch(format!("{} is not a kernel", launch.node)));
+            };
+            steps.push(match kernel.kind {
+                KernelKind::MatMul { .. } => {
+                    let plan = codegen::matmul(kernel, precision == Precision::Tf32)?;
+                    let prologues = plan
+                        .prologues
+                        .iter()
+                        .map(|p| Ok((device.function(&p.code)?, p.launch)))
+                        .collect::<Result<_, Error>>()?;
+                    let epilogue_function = match &plan.epilogue {
+                        GemmEpilogue::Kernel { source, .. } => Some(device.function(&source.code)?),
+                        GemmEpilogue::None | GemmEpilogue::Bias { .. } => None,
+                    };
+                    Step::MatMul {
+                        prologues,
+                        scratch: device.alloc(plan.scratch_bytes)?,
+                        gemm: plan.gemm,
+                        epilogue: plan.epilogue,
+                        epilogue_function,
+                    }
+                }
+                KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+                    let source = codegen::kernel(kernel)?;
+                    Step::Kernel {
+                        function: device.function(&source.code)?,
+                        launch: source.launch,
+                    }
+                }
+            });
+        }
+        let inputs = graph
+            .inputs
+            .iter()
+            .map(|t| device.alloc(t.shape.numel() * t.dtype.size()))
+            .collect::<Result<_, Error>>()?;
+        let slots = optimized
+            .schedule
+            .slots
+            .iter()
+            .map(|&bytes| device.alloc(bytes))
+            .collect::<Result<_, Error>>()?;
+        let outputs = graph.output_types();
+        Ok(Executable {
+            device,
+            optimized,
+            precision,
+            steps,
+            inputs,
+            slots,
+            outputs,
+        })
+    }
+
+    /// The fused graph and its schedule.
+    pub fn optimized(&self) -> &Optimized {
+        &self.optimized
+    }
+
+    /// How its matmuls compute.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The types of the outputs.
+    pub fn output_types(&self) -> &[TensorType] {
+        &self.outputs
+    }
+
+    /// Copies `inputs` to the device, runs every launch on the device's
+    /// stream, and copies the outputs back into `outputs`.
+    pub fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        check(
+            &graph.name,
+            "output",
+            &self.outputs,
+            outputs.iter().map(DataRef::from),
+        )?;
+        let stream = self.device.stream.clone();
+        for (buffer, data) in self.inputs.iter_mut().zip(inputs) {
+            let bytes = host_bytes(*data);
+            let mut dst = buffer
+                .slice
+                .as_mut()
+                .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
+                .slice_mut(..bytes.len());
+            stream
+                .memcpy_htod(bytes.as_ref(), &mut dst)
+                .map_err(|e| driver("copying an input to the device", e))?;
+        }
+        let schedule = &self.optimized.schedule;
+        for (launch, step) in schedule.launches.iter().zip(&self.steps) {
+            let buffer = |loc: &Location| -> &Buffer {
+                match loc {
+                    Location::Input(i) => &self.inputs[*i as usize],
+                    Location::Slot(s) => &self.slots[*s],
+                }
+            };
+            let args: Vec<&Buffer> = launch.inputs.iter().map(buffer).collect();
+            let node = graph.node(launch.node);
+            for (b, id) in args.iter().zip(&node.inputs) {
+                let ty = &graph.node(*id).ty;
+                if b.bytes < ty.shape.numel() * ty.dtype.size() {
+                    return Err(Error::Launch(format!(
+                        "a buffer of {} bytes for {ty}",
+                        b.bytes
+                    )));
+                }
+            }
+            let out = &self.slots[launch.output];
+            if out.bytes < node.ty.shape.numel() * node.ty.dtype.size() {
+                return Err(Error::Launch(format!(
+                    "an output of {} bytes for {}",
+                    out.bytes, node.ty
+                )));
+            }
+            let mut pointers: Vec<u64> = args
+                .iter()
+                .map(|b| b.address(0))
+                .collect::<Result<_, _>>()?;
+            match step {
+                Step::Kernel { function, launch } => {
+                    pointers.push(out.address(0)?);
+                    self.launch(function, *launch, &pointers)?;
+                }
+                Step::MatMul {
+                    prologues,
+                    gemm,
+                    epilogue,
+                    epilogue_function,
+                    scratch,
+                } => {
+                    let operands = [&gemm.a, &gemm.b]
+                        .iter()
+                        .filter(|o| matches!(o.source, OperandSource::Scratch(_)))
+                        .map(|o| match o.source {
+                            OperandSource::Scratch(at) => at,
+                            OperandSource::Input(_) => 0,
+                        })
+                        .collect::<Vec<_>>();
+                    for ((function, launch), at) in prologues.iter().zip(&operands) {
+                        let mut args = pointers.clone();
+                        args.push(scratch.address(*at)?);
+                        self.launch(function, *launch, &args)?;
+                    }
+                    let product = match epilogue {
+                        GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
+                        GemmEpilogue::None | GemmEpilogue::Bias { .. } => (out, 0),
+                    };
+                    self.gemm(gemm, epilogue, &args, scratch, product)?;
+                    if let (GemmEpilogue::Kernel { acc, source }, Some(function)) =
+                        (epilogue, epilogue_function)
+                    {
+                        let mut args = pointers.clone();
+                        args.push(scratch.address(*acc)?);
+                        args.push(out.address(0)?);
+                        self.launch(function, source.launch, &args)?;
+                    }
+                }
+            }
+        }
+        for (data, loc) in outputs.iter_mut().zip(&schedule.outputs) {
+            let bytes = data.len() * data.dtype().size();
+            let mut host = vec![0u8; bytes];
+            match loc {
+                Location::Input(i) => host.copy_from_slice(&host_bytes(inputs[*i as usize])),
+                Location::Slot(s) => {
+                    let src = self.slots[*s].slice()?.slice(..bytes);
+                    stream
+                        .memcpy_dtoh(&src, &mut host)
+                        .map_err(|e| driver("copying an output to the host", e))?;
+                }
+            }
+            fill(data, &host);
+        }
+        stream
+            .synchronize()
+            .map_err(|e| driver("running the graph", e))
+    }
+
+    fn launch(
+        &self,
+        function: &CudaFunction,
+        launch: Launch,
+        pointers: &[u64],
+    ) -> Result<(), Error> {
+        let Some(config) = self.device.grid(launch) else {
+            return Ok(());
+        };
+        let mut builder = self.device.stream.launch_builder(function);
+        for p in pointers {
+            builder.arg(p);
+        }
+        // SAFETY: the pointers are the kernel's inputs then its output, in the
+        // order of its parameters, each checked above to hold its type; the
+        // generated code reads and writes only inside those types.
+        unsafe { builder.launch(config) }
+            .map(|_| ())
+            .map_err(|e| driver("launching a kernel", e))
+    }
+
+    /// The GEMM of `plan` into `product` (a buffer and a byte offset), with
+    /// cuBLASLt's epilogue when `epilogue` is one.
+    fn gemm(
+        &self,
+        plan: &GemmPlan,
+        epilogue: &GemmEpilogue,
+        args: &[&Buffer],
+        scratch: &Buffer,
+        product: (&Buffer, usize),
+    ) -> Result<(), Error> {
+        let (m, n, k, batches) = (plan.m, plan.n, plan.k, plan.batches);
+        if m == 0 || n == 0 || batches == 0 {
+            return Ok(());
+        }
+        let operand = |o: &codegen::GemmOperand, rows: usize, cols: usize| {
+            let (buffer, base) = match o.source {
+                OperandSource::Input(i) => (
+                    *args
+                        .get(i as usize)
+                        .ok_or_else(|| Error::Launch(format!("no input {i}")))?,
+                    0,
+                ),
+                OperandSource::Scratch(at) => (scratch, at),
+            };
+            // The last element the GEMM reads must lie in the buffer.
+            let last = o.offset
+                + (batches - 1) * o.batch_stride
+                + rows.saturating_sub(1) * o.row_stride
+                + cols.saturating_sub(1) * o.col_stride;
+            if k > 0 && base + (last + 1) * 4 > buffer.bytes {
+                return Err(Error::Launch(format!(
+                    "a GEMM operand reads element {last} of a {}-byte buffer",
+                    buffer.bytes
+                )));
+            }
+            Ok((buffer, base + o.offset * 4))
+        };
+        let (a, a_at) = operand(&plan.a, m, k)?;
+        let (b, b_at) = operand(&plan.b, k, n)?;
+        let (c, c_at) = product;
+        if c_at + batches * m * n * 4 > c.bytes {
+            return Err(Error::Launch("the GEMM's product does not fit".into()));
+        }
+        // Row-major C = A B is column-major C' = B' A' with m' = n, n' = m: the
+        // right operand goes first. A unit column stride is a column-major
+        // matrix with leading dimension row_stride (no transpose); a unit row
+        // stride is its transpose.
+        let layout = |o: &codegen::GemmOperand| {
+            if o.col_stride == 1 {
+                (false, o.row_stride.max(1) as i64)
+            } else {
+                (true, o.col_stride.max(1) as i64)
+            }
+        };
+        let ((transa, lda), (transb, ldb)) = (layout(&plan.b), layout(&plan.a));
+        let stream = &self.device.stream;
+        let borrow = |buffer: &Buffer, at: usize| -> Result<Borrowed, Error> {
+            let address = buffer.address(at)?;
+            // SAFETY: the address is inside a live allocation of this device
+            // with `(bytes - at) / 4` f32 after it; `Borrowed` never frees it.
+            let slice =
+                unsafe { stream.upgrade_device_ptr::<f32>(address, (buffer.bytes - at) / 4) };
+            Ok(Borrowed(Some(slice)))
+        };
+        let (av, bv, mut cv) = (borrow(a, a_at)?, borrow(b, b_at)?, borrow(c, c_at)?);
+        let batched = batches > 1;
+        match self.precision {
+            Precision::Tf32 => {
+                let (bias, relu) = match epilogue {
+                    GemmEpilogue::Bias { bias, relu } => {
+                        let buffer = *args
+                            .get(*bias as usize)
+                            .ok_or_else(|| Error::Launch(format!("no bias input {bias}")))?;
+                        if buffer.bytes < n * 4 {
+                            return Err(Error::Launch("a bias shorter than a row".into()));
+                        }
+                        (Some(borrow(buffer, 0)?), *relu)
+                    }
+                    GemmEpilogue::None | GemmEpilogue::Kernel { .. } => (None, false),
+                };
+                let config = MatmulConfig {
+                    transa,
+                    transb,
+                    transc: false,
+                    m: n as u64,
+                    n: m as u64,
+                    k: k as u64,
+                    alpha: 1.0,
+                    lda,
+                    ldb,
+                    beta: 0.0,
+                    ldc: n as i64,
+                    stride_a: batched.then_some(plan.b.batch_stride as i64),
+                    stride_b: batched.then_some(plan.a.batch_stride as i64),
+                    stride_c: batched.then_some((m * n) as i64),
+                    stride_bias: batched.then_some(0),
+                    batch_size: batched.then_some(batches as i32),
+                };
+                // SAFETY: every matrix the configuration describes lies inside
+                // its buffer (checked above), and the product is not read by
+                // the GEMM.
+                unsafe {
+                    self.device.lt.matmul(
+                        config,
+                        bv.slice()?,
+                        av.slice()?,
+                        cv.slice_mut()?,
+                        bias.as_ref().map(Borrowed::slice).transpose()?,
+                        relu.then_some(&Activation::Relu),
+                    )
+                }
+                .map_err(|e| driver("cuBLASLt matmul", e))
+            }
+            Precision::F32 => {
+                if let GemmEpilogue::Bias { .. } = epilogue {
+                    return Err(Error::Launch("sgemm has no bias epilogue".into()));
+                }
+                let op = |t: bool| {
+                    if t {
+                        cublasOperation_t::CUBLAS_OP_T
+                    } else {
+                        cublasOperation_t::CUBLAS_OP_N
+                    }
+                };
+                let gemm = GemmConfig {
+                    transa: op(transa),
+                    transb: op(transb),
+                    m: n as i32,
+                    n: m as i32,
+                    k: k as i32,
+                    alpha: 1.0f32,
+                    lda: lda as i32,
+                    ldb: ldb as i32,
+                    beta: 0.0,
+                    ldc: n as i32,
+                };
+                let config = StridedBatchedConfig {
+                    gemm,
+                    batch_size: batches as i32,
+                    stride_a: plan.b.batch_stride as i64,
+                    stride_b: plan.a.batch_stride as i64,
+                    stride_c: (m * n) as i64,
+                };
+                // SAFETY: as for cuBLASLt above.
+                unsafe {
+                    self.device.blas.gemm_strided_batched(
+                        config,
+                        bv.slice()?,
+                        av.slice()?,
+                        cv.slice_mut()?,
+                    )
+                }
+                .map_err(|e| driver("cuBLAS sgemm", e))
+            }
+        }
+    }
+}
+
+/// The bytes of host elements as the device holds them (bool as 0/1 bytes).
+fn host_bytes(data: DataRef<'_>) -> Cow<'_, [u8]> {
+    match data {
+        DataRef::F32(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        DataRef::I32(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        DataRef::U8(v) => Cow::Borrowed(v),
+        DataRef::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
+    }
+}
+
+/// Host elements from the bytes the device wrote.
+fn fill(data: &mut Data, bytes: &[u8]) {
+    let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+    match data {
+        Data::F32(v) => {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+                *x = f32::from_le_bytes(word(c));
+            }
+        }
+        Data::I32(v) => {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+                *x = i32::from_le_bytes(word(c));
+            }
+        }
+        Data::U8(v) => v.copy_from_slice(bytes),
+        Data::Bool(v) => {
+            for (x, &b) in v.iter_mut().zip(bytes) {
+                *x = b != 0;
+            }
+        }
+    }
+}
