@@ -2,25 +2,33 @@
 //! checked against a reference, timed, and printed as one JSON object per
 //! line on stdout (progress on stderr).
 //!
-//! `cargo run --release --example bench_report [-- --workload ID ... --quick --backend cpu]`
+//! `cargo run --release --example bench_report [-- --workload ID ... --quick --backend cpu|cuda]`
+//!
+//! With `--backend cuda` (feature `cuda`) each workload runs on GPU 0 with its
+//! inputs already on the device: the time is the device's work, launches
+//! through synchronization. A `device_copy` line gives the device's own
+//! copy bandwidth, measured in the same run, to compare memory-bound
+//! workloads with.
 
 #[path = "../benches/workloads/mod.rs"]
 mod workloads;
 
 use std::time::{Duration, Instant};
 
-use kiln::{Data, Device, Options, Result, Tensor};
+use kiln::{Data, DataRef, Device, Options, Result, Tensor};
 use workloads::Workload;
 
 struct Args {
     workloads: Vec<String>,
     quick: bool,
+    cuda: bool,
 }
 
 fn args() -> std::result::Result<Args, String> {
     let mut args = Args {
         workloads: Vec::new(),
         quick: false,
+        cuda: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -31,7 +39,8 @@ fn args() -> std::result::Result<Args, String> {
                 .push(it.next().ok_or("--workload needs an id")?),
             "--backend" => match it.next().as_deref() {
                 Some("cpu") => {}
-                Some("cuda") => return Err("this build has no CUDA backend".into()),
+                Some("cuda") if cfg!(feature = "cuda") => args.cuda = true,
+                Some("cuda") => return Err("built without feature cuda".into()),
                 other => return Err(format!("unknown backend {other:?}")),
             },
             other => return Err(format!("unknown argument {other}")),
@@ -112,15 +121,79 @@ fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64
     Ok(indices.iter().map(|&i| f64::from(out[i])).collect())
 }
 
-fn report(w: &Workload, quick: bool) -> Result<()> {
+/// Runs a compiled workload and times it: on the CPU, or on GPU 0 with the
+/// inputs uploaded once.
+enum Runner {
+    Cpu(kiln::CompiledGraph),
+    #[cfg(feature = "cuda")]
+    Cuda(kiln_runtime::cuda::device::Executable),
+}
+
+impl Runner {
+    fn new(w: &Workload, fusion: bool, cuda: bool) -> Result<Runner> {
+        let g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))?;
+        #[cfg(feature = "cuda")]
+        if cuda {
+            use kiln_runtime::cuda::device;
+            return Ok(Runner::Cuda(device::Executable::new(
+                g.optimized().clone(),
+                device::device(0)?,
+                device::Precision::Tf32,
+            )?));
+        }
+        let _ = cuda;
+        Ok(Runner::Cpu(g))
+    }
+
+    fn run(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<()> {
+        match self {
+            Runner::Cpu(g) => g.run_into(inputs, outputs),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(e) => Ok(e.run_into(inputs, outputs)?),
+        }
+    }
+
+    /// One timed call: everything on the CPU, the device's work on a GPU.
+    fn timed(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<()> {
+        match self {
+            Runner::Cpu(g) => g.run_into(inputs, outputs),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(e) => Ok(e.launch_all()?),
+        }
+    }
+
+    fn optimized(&self) -> &kiln::Optimized {
+        match self {
+            Runner::Cpu(g) => g.optimized(),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(e) => e.optimized(),
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        match self {
+            Runner::Cpu(_) => "cpu",
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(_) => "cuda",
+        }
+    }
+}
+
+fn report(w: &Workload, quick: bool, cuda: bool) -> Result<()> {
     eprintln!("{} {}", w.id, w.shape);
     let inputs = w.inputs()?;
-    let refs: Vec<&Data> = inputs.iter().collect();
+    let refs: Vec<DataRef> = inputs.iter().map(DataRef::from).collect();
     let mut checked: Option<Vec<f64>> = None;
     for (variant, fusion) in [("fused", true), ("unfused", false)] {
-        let mut g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))?;
-        let mut outputs = g.output_buffers();
-        g.run_into(&refs, &mut outputs)?;
+        let mut g = Runner::new(w, fusion, cuda)?;
+        let mut outputs: Vec<Data> = g
+            .optimized()
+            .graph
+            .output_types()
+            .iter()
+            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
+            .collect();
+        g.run(&refs, &mut outputs)?;
         let got = floats(&outputs[0]);
         // Every element, except a sample of 4096 for matmuls.
         let indices: Vec<usize> = if w.id.starts_with("matmul") {
@@ -134,11 +207,12 @@ fn report(w: &Workload, quick: bool) -> Result<()> {
         let want = checked.as_deref().unwrap_or_default();
         let sample: Vec<f32> = indices.iter().map(|&i| got[i]).collect();
         let err = max_rel_err(&sample, want);
-        let (median, spread) = time(quick, || g.run_into(&refs, &mut outputs))?;
+        let (median, spread) = time(quick, || g.timed(&refs, &mut outputs))?;
         println!(
-            "{{\"workload\":\"{}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"cpu\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{},\"bytes\":{},\"flops\":{},\"max_rel_err\":{err:.2e}}}",
+            "{{\"workload\":\"{}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{},\"bytes\":{},\"flops\":{},\"max_rel_err\":{err:.2e}}}",
             w.id,
             w.shape,
+            g.backend(),
             g.optimized().schedule.kernels(),
             w.bytes,
             w.flops
@@ -174,6 +248,22 @@ fn compile_mlp3(quick: bool) -> Result<()> {
     Ok(())
 }
 
+/// GPU 0's copy bandwidth: a 1 GiB device-to-device copy, bytes read plus
+/// written per second.
+#[cfg(feature = "cuda")]
+fn device_copy(quick: bool) -> Result<()> {
+    let device = kiln_runtime::cuda::device::device(0)?;
+    let bytes = 1usize << 30;
+    let mut copy = device.copier(bytes)?;
+    let (median, spread) = time(quick, || Ok(copy.run()?))?;
+    println!(
+        "{{\"workload\":\"device_copy\",\"shape\":\"1GiB\",\"variant\":\"{}\",\"backend\":\"cuda\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":0,\"bytes\":{},\"flops\":0,\"max_rel_err\":0}}",
+        device.name(),
+        2 * bytes
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = match args() {
         Ok(a) => a,
@@ -183,10 +273,14 @@ fn main() -> Result<()> {
         }
     };
     let wanted = |id: &str| args.workloads.is_empty() || args.workloads.iter().any(|w| w == id);
-    for w in workloads::all().iter().filter(|w| wanted(w.id)) {
-        report(w, args.quick)?;
+    #[cfg(feature = "cuda")]
+    if args.cuda {
+        device_copy(args.quick)?;
     }
-    if wanted("compile_mlp3") {
+    for w in workloads::all().iter().filter(|w| wanted(w.id)) {
+        report(w, args.quick, args.cuda)?;
+    }
+    if wanted("compile_mlp3") && !args.cuda {
         compile_mlp3(args.quick)?;
     }
     Ok(())

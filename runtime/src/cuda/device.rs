@@ -137,6 +137,15 @@ impl Device {
         &self.arch
     }
 
+    /// Two device buffers of `bytes` and a copy between them: the device's
+    /// copy bandwidth, the yardstick of memory-bound kernels.
+    pub fn copier(self: &Arc<Device>, bytes: usize) -> Result<Copier, Error> {
+        Ok(Copier {
+            from: self.alloc(bytes)?,
+            to: self.alloc(bytes)?,
+        })
+    }
+
     /// The kernel of `code`, compiled to a CUBIN for this device once.
     fn function(&self, code: &str) -> Result<CudaFunction, Error> {
         let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
@@ -233,6 +242,33 @@ impl Drop for Buffer {
             let mut pool = self.device.pool.lock().unwrap_or_else(|e| e.into_inner());
             pool.entry(slice.len()).or_default().push(slice);
         }
+    }
+}
+
+/// A device-to-device copy, for measuring bandwidth.
+pub struct Copier {
+    from: Buffer,
+    to: Buffer,
+}
+
+impl Copier {
+    /// Copies the buffer once and waits for it.
+    pub fn run(&mut self) -> Result<(), Error> {
+        let stream = self.from.device.stream.clone();
+        let bytes = self.from.bytes;
+        let src = self.from.slice()?.slice(..bytes);
+        let mut dst = self
+            .to
+            .slice
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
+            .slice_mut(..bytes);
+        stream
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| driver("copying on the device", e))?;
+        stream
+            .synchronize()
+            .map_err(|e| driver("copying on the device", e))
     }
 }
 
@@ -381,13 +417,21 @@ impl Executable {
     /// stream, and copies the outputs back into `outputs`.
     pub fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
-        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
         check(
             &graph.name,
             "output",
             &self.outputs,
             outputs.iter().map(DataRef::from),
         )?;
+        self.upload(inputs)?;
+        self.launch_all()?;
+        self.download(inputs, outputs)
+    }
+
+    /// Copies `inputs` into the graph's device input buffers.
+    pub fn upload(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
         let stream = self.device.stream.clone();
         for (buffer, data) in self.inputs.iter_mut().zip(inputs) {
             let bytes = host_bytes(*data);
@@ -400,6 +444,13 @@ impl Executable {
                 .memcpy_htod(bytes.as_ref(), &mut dst)
                 .map_err(|e| driver("copying an input to the device", e))?;
         }
+        Ok(())
+    }
+
+    /// Runs every launch on the inputs last uploaded and waits for the
+    /// device: the device's work alone, as a benchmark times it.
+    pub fn launch_all(&self) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
         let schedule = &self.optimized.schedule;
         for (launch, step) in schedule.launches.iter().zip(&self.steps) {
             let buffer = |loc: &Location| -> &Buffer {
@@ -471,7 +522,18 @@ impl Executable {
                 }
             }
         }
-        for (data, loc) in outputs.iter_mut().zip(&schedule.outputs) {
+        self.device
+            .stream
+            .synchronize()
+            .map_err(|e| driver("running the graph", e))
+    }
+
+    /// Copies the outputs of the last launch into `outputs` (of the output
+    /// types, checked by `run_into`); an output that is a graph input is
+    /// copied from `inputs`, the data last uploaded.
+    fn download(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        let stream = &self.device.stream;
+        for (data, loc) in outputs.iter_mut().zip(&self.optimized.schedule.outputs) {
             let bytes = data.len() * data.dtype().size();
             let mut host = vec![0u8; bytes];
             match loc {
@@ -485,9 +547,7 @@ impl Executable {
             }
             fill(data, &host);
         }
-        stream
-            .synchronize()
-            .map_err(|e| driver("running the graph", e))
+        Ok(())
     }
 
     fn launch(
