@@ -78,8 +78,8 @@ pub(crate) struct CompiledKernel {
 }
 
 impl CompiledKernel {
-    /// Lowers and compiles `kernel`; `code` receives the Cranelift IR when
-    /// asked for (`KILN_DUMP=code`).
+    /// Lowers and compiles `kernel`; `code` receives the Cranelift IR, then
+    /// the machine code, when asked for (`KILN_DUMP=code`).
     pub(crate) fn new(
         kernel: &Kernel,
         mut code: Option<&mut dyn FnMut(&str)>,
@@ -119,13 +119,19 @@ impl CompiledKernel {
         let powf = module.declare_func_in_func(pow_id, &mut ctx.func);
         let mut fbc = FunctionBuilderContext::new();
         let launch = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, powf, target);
-        if let Some(code) = code {
+        if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());
+            ctx.set_disasm(true);
         }
         let id = module
             .declare_function("kernel", Linkage::Export, &ctx.func.signature)
             .map_err(codegen)?;
         module.define_function(id, &mut ctx).map_err(codegen)?;
+        if let Some(code) = code {
+            // The machine code, as Cranelift emitted it.
+            let asm = ctx.compiled_code().and_then(|c| c.vcode.as_deref());
+            code(asm.unwrap_or_default());
+        }
         module.clear_context(&mut ctx);
         module.finalize_definitions().map_err(codegen)?;
         let code = module.get_finalized_function(id);
