@@ -16,7 +16,7 @@
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kiln::data::npy::{NpyArray, NpyDType, write_npy};
@@ -113,7 +113,16 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-fn quickstart_epoch(c: &mut Criterion) {
+/// Epoch pairs timed for the quickstart comparison.
+const PAIRS: usize = 15;
+
+/// The quickstart's epoch fed by the loader against the same compiled graph
+/// over the same batches held in memory. The two run in alternating pairs,
+/// each pair in alternating order, and the ratio is taken per pair: on a
+/// shared machine whose speed drifts, timing one variant for seconds and
+/// then the other would compare the drift. Prints the medians and the
+/// quartiles of the per-pair ratio.
+fn quickstart_epoch(_: &mut Criterion) {
     let (images, labels) = quickstart::dataset(&PathBuf::from("target/kiln-cache/quickstart"))
         .expect("the dataset is written");
     let layers = quickstart::layers().expect("the layers build");
@@ -125,35 +134,57 @@ fn quickstart_epoch(c: &mut Criterion) {
         .map(|b| b.map(|b| b.fields[0].data().to_data()))
         .collect::<Result<_, _>>()
         .expect("the epoch reads");
-    let mut group = c.benchmark_group("data/quickstart_epoch");
-    group
-        .sample_size(10)
-        .measurement_time(Duration::from_secs(8))
-        .throughput(Throughput::Elements(
-            (held.len() * quickstart::BATCH) as u64,
-        ));
-    group.bench_function("in_memory", |b| {
-        b.iter(|| {
-            for batch in &held {
-                graph
-                    .run_into(&[DataRef::from(batch)], &mut logits)
-                    .expect("the graph runs");
-            }
-        })
-    });
-    group.bench_function("loader", |b| {
-        b.iter(|| {
-            let mut epoch = loader.epoch(0);
-            while let Some(batch) = epoch.next() {
-                let batch = batch.expect("the batch reads");
-                graph
-                    .run_into(&[batch.fields[0].data()], &mut logits)
-                    .expect("the graph runs");
-                epoch.recycle(batch);
-            }
-        })
-    });
-    group.finish();
+    let mut in_memory = || {
+        let t = Instant::now();
+        for batch in &held {
+            graph
+                .run_into(&[DataRef::from(batch)], &mut logits)
+                .expect("the graph runs");
+        }
+        t.elapsed().as_secs_f64()
+    };
+    let mut graph = quickstart::compiled(&layers, true).expect("the graph compiles");
+    let mut logits = graph.output_buffers();
+    let mut from_loader = || {
+        let t = Instant::now();
+        let mut epoch = loader.epoch(0);
+        while let Some(batch) = epoch.next() {
+            let batch = batch.expect("the batch reads");
+            graph
+                .run_into(&[batch.fields[0].data()], &mut logits)
+                .expect("the graph runs");
+            epoch.recycle(batch);
+        }
+        t.elapsed().as_secs_f64()
+    };
+    // Warm-up: caches, page tables, the worker threads.
+    in_memory();
+    from_loader();
+    let (mut memory, mut loaded, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for pair in 0..PAIRS {
+        let (m, l) = if pair % 2 == 0 {
+            let m = in_memory();
+            (m, from_loader())
+        } else {
+            let l = from_loader();
+            (in_memory(), l)
+        };
+        memory.push(m);
+        loaded.push(l);
+        ratios.push(l / m);
+    }
+    for v in [&mut memory, &mut loaded, &mut ratios] {
+        v.sort_by(f64::total_cmp);
+    }
+    let q = |v: &[f64], f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+    println!(
+        "data/quickstart_epoch: in memory {:.1} ms, loader {:.1} ms (medians of {PAIRS}); loader / in memory per pair: median {:.3}, quartiles {:.3}..{:.3}",
+        q(&memory, 0.5) * 1e3,
+        q(&loaded, 0.5) * 1e3,
+        q(&ratios, 0.5),
+        q(&ratios, 0.25),
+        q(&ratios, 0.75),
+    );
 }
 
 criterion_group!(benches, bench, quickstart_epoch);
