@@ -488,3 +488,58 @@ fn unshuffled_batches_are_views_of_the_mapped_file() -> Result<(), Box<dyn std::
     assert_eq!(batches[1].fields[1].data(), DataRef::I32(&[4, 6, 7]));
     Ok(())
 }
+
+/// The nice value of the calling thread, from `/proc/thread-self/stat`.
+#[cfg(target_os = "linux")]
+fn nice() -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the parenthesized command name; nice is the 19th field.
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(16)?
+        .parse()
+        .ok()
+}
+
+/// Records the nice value of the thread that reads each item.
+#[cfg(target_os = "linux")]
+struct NiceProbe(std::sync::Mutex<Vec<Option<i64>>>);
+
+#[cfg(target_os = "linux")]
+impl Dataset for NiceProbe {
+    fn len(&self) -> usize {
+        4
+    }
+
+    fn fields(&self) -> Vec<TensorType> {
+        vec![TensorType::new(DType::U8, [])]
+    }
+
+    fn read(&self, _: usize, _: usize, out: &mut [u8]) -> Result<(), DataError> {
+        self.0.lock().expect("not poisoned").push(nice());
+        out.fill(0);
+        Ok(())
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn workers_yield_to_compute() -> Result<(), DataError> {
+    let probe = Arc::new(NiceProbe(std::sync::Mutex::new(Vec::new())));
+    let options = LoaderOptions {
+        batch_size: 2,
+        workers: 2,
+        ..LoaderOptions::default()
+    };
+    let mut l = DataLoader::new(probe.clone(), options)?;
+    assert_eq!(l.epoch(0).count(), 2);
+    let seen = probe.0.lock().expect("not poisoned").clone();
+    assert_eq!(
+        seen,
+        vec![Some(19); 4],
+        "items are read at the lowest priority"
+    );
+    assert_ne!(nice(), Some(19), "the consumer keeps its own priority");
+    Ok(())
+}

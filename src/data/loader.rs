@@ -9,7 +9,9 @@
 //!   epoch's order, starting at `rank`: disjoint parts that cover it.
 //! - Workers are started once and serve every epoch; at most `prefetch`
 //!   batches are in flight; results come back tagged and are delivered in
-//!   batch order. Dropping the loader closes the job channel, and the
+//!   batch order. They run at the lowest scheduling priority (nice 19 on
+//!   Linux): where the compiled graph keeps every core busy, it preempts
+//!   them, and they read ahead in the time it leaves. Dropping the loader closes the job channel, and the
 //!   workers finish their current batch and exit; `drop` joins them.
 //! - A batch of consecutive items (unshuffled) whose field the file holds
 //!   as it lies in memory is a view of the mapped file (`Field::Mapped`),
@@ -187,6 +189,10 @@ impl DataLoader {
                 let pool = pool.clone();
                 let on_error = options.on_error;
                 std::thread::spawn(move || {
+                    // Best effort: at the default priority the loader still works.
+                    let _ = thread_priority::set_current_thread_priority(
+                        thread_priority::ThreadPriority::Min,
+                    );
                     while let Some(job) = next_job(&jobs) {
                         let finished = run(dataset.as_ref(), on_error, &pool, job);
                         if done.send(finished).is_err() {
