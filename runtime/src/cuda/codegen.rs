@@ -212,7 +212,9 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
     };
     let (a, b) = (operand(a)?, operand(b)?);
     let epilogue = match bias_epilogue(&kernel.body, &kernel.out.shape, n) {
-        Some(e) if fused || e == GemmEpilogue::None => e,
+        // With k = 0 the product is zeros, which the runtime writes itself;
+        // cuBLASLt's epilogue comes with a GEMM, so a bias needs the kernel.
+        Some(e) if (fused && k > 0) || e == GemmEpilogue::None => e,
         _ => {
             let acc = scratch;
             scratch += kernel.out.shape.numel() * 4;

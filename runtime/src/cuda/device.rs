@@ -636,6 +636,13 @@ impl Executable {
             Ok(Borrowed(Some(slice)))
         };
         let (av, bv, mut cv) = (borrow(a, a_at)?, borrow(b, b_at)?, borrow(c, c_at)?);
+        if k == 0 {
+            // An empty sum: cuBLAS takes no k = 0 product, and none is needed.
+            let mut product = cv.slice_mut()?.slice_mut(..batches * m * n);
+            return stream
+                .memset_zeros(&mut product)
+                .map_err(|e| driver("zeroing an empty product", e));
+        }
         let batched = batches > 1;
         match self.precision {
             Precision::Tf32 => {
