@@ -24,7 +24,8 @@
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, Value, types,
+    AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, StackSlotData,
+    StackSlotKind, Type, Value, types,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
@@ -62,6 +63,11 @@ const COLUMN_BLOCK: i64 = 1024;
 /// Vectors per trip of an unrolled loop: enough independent work to keep the
 /// load and FMA units busy.
 const UNROLL: usize = 4;
+
+/// Rows of a reduction up to this long run four at a time, one per lane:
+/// along such a row there is too little for vectors to do, and each row's
+/// chain of reduction, horizontal sum and epilogue would wait on the last.
+const SHORT_ROW: usize = 15;
 
 /// One axis of a read in a loop nest: its extent, stride and valid range.
 #[derive(Clone, Copy, Debug)]
@@ -525,6 +531,23 @@ impl<'a> Emitter<'a> {
             .store(MemFlagsData::new().with_notrap(), x, addr, 0);
     }
 
+    /// `v`, computed here and not at its uses. Cranelift places a pure
+    /// value where it is used, and a value computed before a loop for use in
+    /// it (`log(sum)` in log_softmax's epilogue, a row's horizontal sum) was
+    /// recomputed on every trip; a trip through a stack slot is a side effect
+    /// it keeps in place, so the computation stays before the loop.
+    fn pin(&mut self, v: Value) -> Value {
+        let ty = self.b.func.dfg.value_type(v);
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            ty.bytes(),
+            ty.bytes().trailing_zeros() as u8,
+        ));
+        let ptr = self.b.func.dfg.value_type(self.ptrs[0]);
+        self.b.ins().stack_store(ptr, v, slot, 0);
+        self.b.ins().stack_load(ptr, ty, slot, 0)
+    }
+
     fn scalar_const(&mut self, c: Scalar) -> Value {
         match c {
             Scalar::F32(v) => self.b.ins().f32const(v),
@@ -583,7 +606,8 @@ impl<'a> Emitter<'a> {
                                 },
                             )
                             .collect();
-                        Some(self.op(block, i, &args, false))
+                        let v = self.op(block, i, &args, false);
+                        Some(self.pin(v))
                     } else {
                         None
                     }
@@ -902,6 +926,17 @@ impl<'a> Emitter<'a> {
                         .last()
                         .is_some_and(|o| o.stride == 0 || o.stride == 1)
             });
+        let short_rows = !row_lanes
+            && !self.store_prologue
+            && (2..=SHORT_ROW).contains(&inner_len)
+            && pro.rows >= 4
+            && f32_arithmetic(prologue)
+            && f32_arithmetic(body)
+            && pro
+                .accesses
+                .iter()
+                .chain(&epi.accesses)
+                .all(|a| a.fill.is_none());
         let header = self.b.create_block();
         let exit = self.b.create_block();
         let one_row = self.b.create_block();
@@ -925,6 +960,14 @@ impl<'a> Emitter<'a> {
             let block_end = self.b.ins().smin(block_end, end);
             self.reduce_column_block(op, prologue, pro, body, epi, row, block_end, inner_len);
             self.b.ins().jump(header, &[block_end.into()]);
+        } else if short_rows {
+            let four = self.b.create_block();
+            let last = self.b.ins().iadd_imm_s(row, 4);
+            let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
+            self.b.ins().brif(fits, four, &[], one_row, &[]);
+            self.b.switch_to_block(four);
+            self.reduce_four_short_rows(op, prologue, pro, body, epi, broadcast, row, inner_len);
+            self.b.ins().jump(header, &[last.into()]);
         } else {
             self.b.ins().jump(one_row, &[]);
         }
@@ -1047,6 +1090,7 @@ impl<'a> Emitter<'a> {
             e.b.def_var(acc, a);
         });
         let total = e.b.use_var(acc);
+        let total = e.pin(total);
         let bases = epi_bases;
         // A reduced output's epilogue runs once per row, whatever the inner extent.
         let extent = if broadcast { inner_len } else { 1 };
@@ -1083,6 +1127,195 @@ impl<'a> Emitter<'a> {
             let v = e.block(body, epi_reads, &bases, &hoisted, zero, Some(total), false);
             e.store(out, out_base, zero, v);
         }
+    }
+
+    /// Rows `row..row + 4` of a reduction with short rows, one row per lane:
+    /// every read gathers the four rows' elements at one inner index, values
+    /// constant along the rows are computed once, and the results go back
+    /// to the four rows one lane at a time. f32 arithmetic, unpadded reads.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_four_short_rows(
+        &mut self,
+        op: ReduceOp,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        broadcast: bool,
+        row: Value,
+        inner_len: usize,
+    ) {
+        let rows: Vec<Value> = (0..4).map(|l| self.b.ins().iadd_imm_s(row, l)).collect();
+        let pro_bases = self.lane_pointers(&pro.accesses, &rows);
+        let epi_bases = self.lane_pointers(&epi.accesses, &rows);
+        let zero = self.iconst(0);
+        let n = self.iconst(inner_len as i64);
+        let hoisted = self.hoist_rows(prologue, &pro.accesses, &pro_bases, zero, None);
+        let init = self.scalar_const(op.init(DType::F32));
+        let init = self.b.ins().splat(types::F32X4, init);
+        let acc = self.b.declare_var(types::F32X4);
+        self.b.def_var(acc, init);
+        self.counted_loop(zero, n, 1, |e, j| {
+            let v = e.block_rows(prologue, &pro.accesses, &pro_bases, &hoisted, j, None);
+            let a = e.b.use_var(acc);
+            let a = e.combine(op, DType::F32, a, v);
+            e.b.def_var(acc, a);
+        });
+        // The total enters a block of its own, outside the loop: Cranelift
+        // places pure ops of a value defined in a loop header (the loop's
+        // accumulator) at their uses, which would put the epilogue's `log(acc)`
+        // back inside the next loop.
+        let after = self.b.create_block();
+        let total = self.b.append_block_param(after, types::F32X4);
+        let sum = self.b.use_var(acc);
+        self.b.ins().jump(after, &[sum.into()]);
+        self.b.switch_to_block(after);
+        let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
+        let hoisted = self.hoist_rows(body, reads, &epi_bases, zero, Some(total));
+        let out_lanes = &epi_bases[epi_bases.len() - 1];
+        let store = |e: &mut Self, j: Value, v: Value| {
+            let inner = e.inner_bytes(&out[0], j, e.out_dtype);
+            for (lane, &base) in out_lanes.iter().enumerate() {
+                let x = e.b.ins().extractlane(v, lane as u8);
+                let addr = e.b.ins().iadd(base, inner);
+                e.b.ins()
+                    .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+            }
+        };
+        if broadcast {
+            self.counted_loop(zero, n, 1, |e, j| {
+                let v = e.block_rows(body, reads, &epi_bases, &hoisted, j, Some(total));
+                store(e, j, v);
+            });
+        } else {
+            let v = self.block_rows(body, reads, &epi_bases, &hoisted, zero, Some(total));
+            store(self, zero, v);
+        }
+    }
+
+    /// The values of `block` that are the same at every inner index, for
+    /// four rows at once (see `hoist`); rows have elements here.
+    fn hoist_rows(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        bases: &[[Value; 4]],
+        zero: Value,
+        acc: Option<Value>,
+    ) -> Vec<Option<Value>> {
+        let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
+        let mut k = 0;
+        for (i, v) in block.values.iter().enumerate() {
+            let h = match &v.expr {
+                Expr::Load { .. } => {
+                    k += 1;
+                    let a = &accesses[k - 1];
+                    a.row_invariant()
+                        .then(|| self.gather(a, bases[k - 1], zero))
+                }
+                Expr::Const(_) => None,
+                Expr::Acc => acc,
+                expr => {
+                    let args: Option<Vec<Value>> = expr
+                        .operands()
+                        .iter()
+                        .map(
+                            |&x| match (hoisted[x as usize], &block.values[x as usize].expr) {
+                                (Some(h), _) => Some(h),
+                                (None, Expr::Const(c)) => {
+                                    let c = self.scalar_const(*c);
+                                    Some(self.b.ins().splat(types::F32X4, c))
+                                }
+                                (None, _) => None,
+                            },
+                        )
+                        .collect();
+                    args.map(|args| {
+                        let v = self.op(block, i, &args, true);
+                        self.pin(v)
+                    })
+                }
+            };
+            hoisted.push(h);
+        }
+        hoisted
+    }
+
+    /// The block's result at inner index `j` for four rows, one per lane.
+    fn block_rows(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        bases: &[[Value; 4]],
+        hoisted: &[Option<Value>],
+        j: Value,
+        acc: Option<Value>,
+    ) -> Value {
+        let mut values: Vec<Value> = Vec::with_capacity(block.values.len());
+        let mut k = 0;
+        for (i, v) in block.values.iter().enumerate() {
+            let r = match (hoisted[i], &v.expr) {
+                (Some(h), _) => h,
+                (None, Expr::Load { .. }) => self.gather(&accesses[k], bases[k], j),
+                (None, Expr::Acc) => acc.unwrap_or(j),
+                (None, expr) => {
+                    let args: Vec<Value> = expr
+                        .operands()
+                        .iter()
+                        .map(|&x| values[x as usize])
+                        .collect();
+                    self.op(block, i, &args, true)
+                }
+            };
+            k += usize::from(matches!(v.expr, Expr::Load { .. }));
+            values.push(r);
+        }
+        // The verifier rejects empty blocks.
+        values.last().copied().unwrap_or(j)
+    }
+
+    /// For each access, the address of each of four rows' first element.
+    fn lane_pointers(&mut self, accesses: &[Access], rows: &[Value]) -> Vec<[Value; 4]> {
+        accesses
+            .iter()
+            .map(|a| {
+                let lane = |e: &mut Self, l: usize| {
+                    let base = e.row_base(a, rows[l]).base;
+                    e.address(a.buffer, base, DType::F32)
+                };
+                [lane(self, 0), lane(self, 1), lane(self, 2), lane(self, 3)]
+            })
+            .collect()
+    }
+
+    /// The byte offset of inner index `j` from a row's first element: the
+    /// same for every row, so computed once for the four.
+    fn inner_bytes(&mut self, access: &Access, j: Value, dtype: DType) -> Value {
+        let zero = self.iconst(0);
+        let row = RowBase {
+            base: zero,
+            valid: None,
+        };
+        let (offset, _) = self.element(access, row, j);
+        self.b.ins().imul_imm_s(offset, dtype.size() as i64)
+    }
+
+    /// `access` at inner index `j` of four rows (`lanes`: their first
+    /// elements' addresses), one row per lane.
+    fn gather(&mut self, access: &Access, lanes: [Value; 4], j: Value) -> Value {
+        let flags = MemFlagsData::new().with_notrap();
+        let inner = self.inner_bytes(access, j, DType::F32);
+        let mut v = None;
+        for (lane, base) in lanes.into_iter().enumerate() {
+            let addr = self.b.ins().iadd(base, inner);
+            let x = self.b.ins().load(types::F32, flags, addr, 0);
+            v = Some(match v {
+                None => self.b.ins().splat(types::F32X4, x),
+                Some(v) => self.b.ins().insertlane(v, x, lane as u8),
+            });
+        }
+        // Four lanes are always given.
+        v.unwrap_or(j)
     }
 
     /// Rows `from..to` of a reduction whose rows are neighbours in memory (a
