@@ -18,7 +18,8 @@
 //!
 //! The inner loop runs in f32x4 with a scalar tail when the block is pure
 //! f32 arithmetic and every read is contiguous or constant along it; reads
-//! constant along the inner loop are loaded once per row. Everything else
+//! constant along the inner loop are loaded once per row. A reduction over
+//! short rows runs four rows at once instead, one per lane. Everything else
 //! runs one element at a time, with the exact scalar semantics of the
 //! interpreter.
 
