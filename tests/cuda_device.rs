@@ -1,6 +1,8 @@
 //! The CUDA runtime: opening a device fails with a clear `Err` where there is
 //! none (no driver, no NVRTC, no such ordinal), never a panic; on a GPU,
-//! compiled graphs agree with the interpreter in both matmul precisions.
+//! compiled graphs agree with the interpreter in both matmul precisions, and
+//! batches staged through pinned memory while the previous launch computes
+//! give the results of plain runs.
 //! Every op and fusion kind runs on the GPU through `tests/cpu.rs` with
 //! `KILN_TEST_DEVICE=cuda:0`. GPU-only tests print why they skip.
 
@@ -103,4 +105,56 @@ fn compiled_graphs_agree_with_the_interpreter_in_both_precisions() -> Result<()>
         );
     }
     Ok(())
+}
+
+#[test]
+fn prepared_inputs_overlap_the_previous_launch_and_give_the_same_results() -> Result<()> {
+    let d = match gpu() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(());
+        }
+    };
+    let w = Tensor::randn([64, 32], 1)?;
+    let graph = |x: &Tensor| (x.cast(DType::F32)? * (1.0f32 / 255.0))?.matmul(&w)?.relu();
+    let spec = Tensor::from_vec(vec![0u8; 16 * 64], [16, 64])?;
+    let optimized = kiln::optimize("batches", &[&graph(&spec)?], Options::default())?;
+    let batches: Vec<Data> = (0..4u8)
+        .map(|b| {
+            Data::U8(
+                (0..16 * 64)
+                    .map(|i| (i as u8).wrapping_mul(b + 1))
+                    .collect(),
+            )
+        })
+        .collect();
+    let weights = Data::F32(w.to_vec()?);
+    let types = optimized.graph.inputs.clone();
+    let mut plain = Executable::new(optimized.clone(), d.clone(), Precision::F32)?;
+    let mut piped = Executable::new(optimized.clone(), d, Precision::F32)?;
+    piped.prepare(&arguments(&types, &batches[0], &weights))?;
+    for (i, batch) in batches.iter().enumerate() {
+        piped.launch_prepared()?;
+        if let Some(next) = batches.get(i + 1) {
+            piped.prepare(&arguments(&types, next, &weights))?;
+        }
+        let mut got = vec![Data::zeros(DType::F32, 16 * 32)];
+        piped.finish(&arguments(&types, batch, &weights), &mut got)?;
+        let mut want = vec![Data::zeros(DType::F32, 16 * 32)];
+        plain.run_into(&arguments(&types, batch, &weights), &mut want)?;
+        assert_eq!(got, want, "batch {i}");
+    }
+    Ok(())
+}
+
+/// The graph's inputs in order: the batch for the u8 input, the weights for the other.
+fn arguments<'a>(types: &[TensorType], x: &'a Data, weights: &'a Data) -> Vec<DataRef<'a>> {
+    types
+        .iter()
+        .map(|ty| match ty.dtype {
+            DType::U8 => DataRef::from(x),
+            _ => DataRef::from(weights),
+        })
+        .collect()
 }

@@ -17,7 +17,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig, sys::cublasOperation_t};
 use cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use kiln_ir::kernel::KernelKind;
@@ -334,6 +335,22 @@ pub struct Executable {
     inputs: Vec<Buffer>,
     slots: Vec<Buffer>,
     outputs: Vec<TensorType>,
+    /// The next run's inputs, on their way to the device (`prepare`).
+    staging: Option<Staging>,
+}
+
+/// Inputs staged for the next launch: copied into pinned host memory, then
+/// to a second set of device input buffers on a copy stream, while the
+/// current launch computes on the first set.
+struct Staging {
+    copy: Arc<CudaStream>,
+    pinned: Vec<PinnedHostSlice<u8>>,
+    standby: Vec<Buffer>,
+    /// Recorded on the copy stream after the last copy into `standby`.
+    copied: Option<CudaEvent>,
+    /// Recorded on the compute stream when the work that read the buffers
+    /// now in `standby` was enqueued in full.
+    released: Option<CudaEvent>,
 }
 
 impl Executable {
@@ -399,6 +416,7 @@ impl Executable {
             inputs,
             slots,
             outputs,
+            staging: None,
         })
     }
 
@@ -454,6 +472,134 @@ impl Executable {
     /// Runs every launch on the inputs last uploaded and waits for the
     /// device: the device's work alone, as a benchmark times it.
     pub fn launch_all(&self) -> Result<(), Error> {
+        self.enqueue()?;
+        self.device
+            .stream
+            .synchronize()
+            .map_err(|e| driver("running the graph", e))
+    }
+
+    /// Starts copying `inputs` to the device for the next `launch_prepared`,
+    /// on a stream of their own: called while the current launch computes
+    /// (after `launch_prepared`, before `finish`), the copy overlaps it. The
+    /// host data goes through pinned memory, so the caller's buffers are
+    /// free again when this returns.
+    pub fn prepare(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        if self.staging.is_none() {
+            let copy = self
+                .device
+                .ctx
+                .new_stream()
+                .map_err(|e| driver("creating a copy stream", e))?;
+            let mut pinned = Vec::with_capacity(inputs.len());
+            let mut standby = Vec::with_capacity(inputs.len());
+            for ty in &graph.inputs {
+                let bytes = ty.shape.numel() * ty.dtype.size();
+                // SAFETY: the memory is written in full (below) before any read.
+                // Flags 0: cached host memory, fast for the CPU to write.
+                let host = unsafe { self.device.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
+                    .map_err(|e| driver("allocating pinned memory", e))?;
+                pinned.push(host);
+                standby.push(self.device.alloc(bytes)?);
+            }
+            self.staging = Some(Staging {
+                copy,
+                pinned,
+                standby,
+                copied: None,
+                released: None,
+            });
+        }
+        let Some(staging) = self.staging.as_mut() else {
+            return Err(Error::Cuda("no staging buffers".into()));
+        };
+        // The pinned buffers are reused: the last copy out of them must be done.
+        if let Some(copied) = &staging.copied {
+            copied
+                .synchronize()
+                .map_err(|e| driver("waiting for a copy", e))?;
+        }
+        // The device buffers are reused: the launch that read them must be done.
+        if let Some(released) = &staging.released {
+            staging
+                .copy
+                .wait(released)
+                .map_err(|e| driver("ordering a copy after a launch", e))?;
+        }
+        for ((host, device), data) in staging
+            .pinned
+            .iter_mut()
+            .zip(&mut staging.standby)
+            .zip(inputs)
+        {
+            let bytes = host_bytes(*data);
+            host.as_mut_slice()
+                .map_err(|e| driver("writing pinned memory", e))?
+                .copy_from_slice(&bytes);
+            let mut dst = device
+                .slice
+                .as_mut()
+                .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
+                .slice_mut(..bytes.len());
+            staging
+                .copy
+                .memcpy_htod(&*host, &mut dst)
+                .map_err(|e| driver("copying an input to the device", e))?;
+        }
+        staging.copied = Some(
+            staging
+                .copy
+                .record_event(None)
+                .map_err(|e| driver("recording a copy", e))?,
+        );
+        Ok(())
+    }
+
+    /// Launches the graph on the inputs of the last `prepare`, without
+    /// waiting for it: `prepare` the next inputs meanwhile, then `finish`.
+    pub fn launch_prepared(&mut self) -> Result<(), Error> {
+        let stream = self.device.stream.clone();
+        let Some(staging) = self.staging.as_mut() else {
+            return Err(Error::Launch("launch_prepared before prepare".into()));
+        };
+        let Some(copied) = &staging.copied else {
+            return Err(Error::Launch("launch_prepared before prepare".into()));
+        };
+        stream
+            .wait(copied)
+            .map_err(|e| driver("ordering a launch after its copy", e))?;
+        // Everything enqueued so far read the buffers that now go to standby.
+        staging.released = Some(
+            stream
+                .record_event(None)
+                .map_err(|e| driver("recording a launch", e))?,
+        );
+        std::mem::swap(&mut self.inputs, &mut staging.standby);
+        self.enqueue()
+    }
+
+    /// Waits for the last launch and copies its outputs into `outputs`;
+    /// `inputs` are the ones it ran on (an output may be an input).
+    pub fn finish(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(
+            &graph.name,
+            "output",
+            &self.outputs,
+            outputs.iter().map(DataRef::from),
+        )?;
+        self.download(inputs, outputs)?;
+        self.device
+            .stream
+            .synchronize()
+            .map_err(|e| driver("running the graph", e))
+    }
+
+    /// Enqueues every launch on the device's stream, reading the current
+    /// input buffers.
+    fn enqueue(&self) -> Result<(), Error> {
         let graph = &self.optimized.graph;
         let schedule = &self.optimized.schedule;
         for (launch, step) in schedule.launches.iter().zip(&self.steps) {
@@ -526,10 +672,7 @@ impl Executable {
                 }
             }
         }
-        self.device
-            .stream
-            .synchronize()
-            .map_err(|e| driver("running the graph", e))
+        Ok(())
     }
 
     /// Copies the outputs of the last launch into `outputs` (of the output
