@@ -386,6 +386,14 @@ struct Emitter<'a> {
     store_prologue: bool,
 }
 
+/// Where a block's reads are positioned: at one row, or at four rows at
+/// once, one per vector lane (each access's four first-element addresses).
+#[derive(Clone, Copy)]
+enum Rows<'r> {
+    One(&'r [RowBase]),
+    Four(&'r [[Value; 4]]),
+}
+
 /// An access positioned at a row: its base element offset (coordinates
 /// clamped when padded) and, when padded, whether the row is valid.
 #[derive(Clone, Copy)]
@@ -568,7 +576,7 @@ impl<'a> Emitter<'a> {
         &mut self,
         block: &Block,
         accesses: &[Access],
-        bases: &[RowBase],
+        rows: Rows,
         zero: Value,
         inner: usize,
         acc: Option<Value>,
@@ -578,6 +586,8 @@ impl<'a> Emitter<'a> {
             hoisted.resize(block.values.len(), None);
             return hoisted;
         }
+        // Four rows at once hold every value, constant or not, in vectors.
+        let lanes = matches!(rows, Rows::Four(_));
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
             let h = match &v.expr {
@@ -585,38 +595,56 @@ impl<'a> Emitter<'a> {
                     k += 1;
                     let a = &accesses[k - 1];
                     a.row_invariant()
-                        .then(|| self.load(a, bases[k - 1], zero, v.dtype, false))
+                        .then(|| self.read(a, rows, k - 1, zero, v.dtype, lanes))
                 }
                 // Constants are immediates where they are used.
                 Expr::Const(_) => None,
                 Expr::Acc => acc,
                 expr => {
-                    let invariant = expr.operands().iter().all(|&x| {
-                        hoisted[x as usize].is_some()
-                            || matches!(block.values[x as usize].expr, Expr::Const(_))
-                    });
-                    if invariant {
-                        let args: Vec<Value> = expr
-                            .operands()
-                            .iter()
-                            .map(
-                                |&x| match (hoisted[x as usize], &block.values[x as usize].expr) {
-                                    (Some(h), _) => h,
-                                    (None, Expr::Const(c)) => self.scalar_const(*c),
-                                    (None, _) => zero,
-                                },
-                            )
-                            .collect();
-                        let v = self.op(block, i, &args, false);
-                        Some(self.pin(v))
-                    } else {
-                        None
-                    }
+                    let args: Option<Vec<Value>> = expr
+                        .operands()
+                        .iter()
+                        .map(
+                            |&x| match (hoisted[x as usize], &block.values[x as usize].expr) {
+                                (Some(h), _) => Some(h),
+                                (None, Expr::Const(c)) => {
+                                    let c = self.scalar_const(*c);
+                                    Some(if lanes {
+                                        self.b.ins().splat(types::F32X4, c)
+                                    } else {
+                                        c
+                                    })
+                                }
+                                (None, _) => None,
+                            },
+                        )
+                        .collect();
+                    args.map(|args| {
+                        let v = self.op(block, i, &args, lanes);
+                        self.pin(v)
+                    })
                 }
             };
             hoisted.push(h);
         }
         hoisted
+    }
+
+    /// Access `k` (`access`) at inner index `j`: of one row (four inner
+    /// elements at once with `lanes`), or of four rows, one per lane.
+    fn read(
+        &mut self,
+        access: &Access,
+        rows: Rows,
+        k: usize,
+        j: Value,
+        dtype: DType,
+        lanes: bool,
+    ) -> Value {
+        match rows {
+            Rows::One(bases) => self.load(access, bases[k], j, dtype, lanes),
+            Rows::Four(bases) => self.gather(access, bases[k], j),
+        }
     }
 
     /// The block's result at inner index `j`.
@@ -625,7 +653,7 @@ impl<'a> Emitter<'a> {
         &mut self,
         block: &Block,
         accesses: &[Access],
-        bases: &[RowBase],
+        rows: Rows,
         hoisted: &[Option<Value>],
         j: Value,
         acc: Option<Value>,
@@ -636,9 +664,12 @@ impl<'a> Emitter<'a> {
         for (i, v) in block.values.iter().enumerate() {
             let is_load = matches!(v.expr, Expr::Load { .. });
             let r = match (hoisted[i], &v.expr) {
-                (Some(h), _) if lanes => self.b.ins().splat(types::F32X4, h),
+                // One row's hoisted values are scalars; four rows' are vectors.
+                (Some(h), _) if lanes && matches!(rows, Rows::One(_)) => {
+                    self.b.ins().splat(types::F32X4, h)
+                }
                 (Some(h), _) => h,
-                (None, Expr::Load { .. }) => self.load(&accesses[k], bases[k], j, v.dtype, lanes),
+                (None, Expr::Load { .. }) => self.read(&accesses[k], rows, k, j, v.dtype, lanes),
                 (None, Expr::Acc) => acc.unwrap_or(j),
                 (None, expr) => {
                     let args: Vec<Value> = expr
@@ -815,7 +846,7 @@ impl<'a> Emitter<'a> {
         if flat {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
-            let hoisted = self.hoist(body, reads, &bases, zero, nest.inner[0], None);
+            let hoisted = self.hoist(body, reads, Rows::One(&bases), zero, nest.inner[0], None);
             self.inner_loop(
                 body,
                 reads,
@@ -836,7 +867,7 @@ impl<'a> Emitter<'a> {
             self.counted_loop(start, end, 1, |e, row| {
                 let bases = e.bases(&nest.accesses, row);
                 let zero = e.iconst(0);
-                let hoisted = e.hoist(body, reads, &bases, zero, inner_len, None);
+                let hoisted = e.hoist(body, reads, Rows::One(&bases), zero, inner_len, None);
                 let n = e.iconst(inner_len as i64);
                 e.inner_loop(
                     body,
@@ -880,7 +911,7 @@ impl<'a> Emitter<'a> {
                     for u in 0..unroll {
                         let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
                         let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
-                        let v = e.block(body, reads, bases, hoisted, j, acc, true);
+                        let v = e.block(body, reads, Rows::One(bases), hoisted, j, acc, true);
                         e.store(out, out_base, j, v);
                     }
                 });
@@ -888,7 +919,7 @@ impl<'a> Emitter<'a> {
         }
         self.counted_loop(from, to, 1, |e, j| {
             let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, false));
-            let v = e.block(body, reads, bases, hoisted, j, acc, false);
+            let v = e.block(body, reads, Rows::One(bases), hoisted, j, acc, false);
             e.store(out, out_base, j, v);
         });
     }
@@ -1006,7 +1037,14 @@ impl<'a> Emitter<'a> {
         let e = self;
         let bases = e.bases(&pro.accesses, row);
         let zero = e.iconst(0);
-        let hoisted = e.hoist(prologue, &pro.accesses, &bases, zero, inner_len, None);
+        let hoisted = e.hoist(
+            prologue,
+            &pro.accesses,
+            Rows::One(&bases),
+            zero,
+            inner_len,
+            None,
+        );
         let n = e.iconst(inner_len as i64);
         let init = e.scalar_const(op.init(dtype));
         let acc = e.b.declare_var(clif_type(dtype));
@@ -1030,7 +1068,15 @@ impl<'a> Emitter<'a> {
             from = e.counted_loop(zero, n, 4 * UNROLL as i64, |e, j| {
                 for (u, &vacc) in vaccs.iter().enumerate() {
                     let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
-                    let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                    let v = e.block(
+                        prologue,
+                        &pro.accesses,
+                        Rows::One(&bases),
+                        &hoisted,
+                        j,
+                        None,
+                        true,
+                    );
                     if store {
                         e.store(out, out_base, j, v);
                     }
@@ -1040,7 +1086,15 @@ impl<'a> Emitter<'a> {
                 }
             });
             from = e.counted_loop(from, n, 4, |e, j| {
-                let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                let v = e.block(
+                    prologue,
+                    &pro.accesses,
+                    Rows::One(&bases),
+                    &hoisted,
+                    j,
+                    None,
+                    true,
+                );
                 if store {
                     e.store(out, out_base, j, v);
                 }
@@ -1053,7 +1107,15 @@ impl<'a> Emitter<'a> {
             let ragged = inner_len % 4;
             if ragged != 0 && inner_len >= 4 {
                 let j = e.iconst((inner_len - 4) as i64);
-                let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, true);
+                let v = e.block(
+                    prologue,
+                    &pro.accesses,
+                    Rows::One(&bases),
+                    &hoisted,
+                    j,
+                    None,
+                    true,
+                );
                 if store {
                     e.store(out, out_base, j, v);
                 }
@@ -1082,7 +1144,15 @@ impl<'a> Emitter<'a> {
             e.b.def_var(acc, total);
         }
         e.counted_loop(from, n, 1, |e, j| {
-            let v = e.block(prologue, &pro.accesses, &bases, &hoisted, j, None, false);
+            let v = e.block(
+                prologue,
+                &pro.accesses,
+                Rows::One(&bases),
+                &hoisted,
+                j,
+                None,
+                false,
+            );
             if store {
                 e.store(out, out_base, j, v);
             }
@@ -1095,7 +1165,14 @@ impl<'a> Emitter<'a> {
         let bases = epi_bases;
         // A reduced output's epilogue runs once per row, whatever the inner extent.
         let extent = if broadcast { inner_len } else { 1 };
-        let hoisted = e.hoist(body, epi_reads, &bases, zero, extent, Some(total));
+        let hoisted = e.hoist(
+            body,
+            epi_reads,
+            Rows::One(&bases),
+            zero,
+            extent,
+            Some(total),
+        );
         if broadcast {
             let mut from = zero;
             if epi_lanes {
@@ -1104,8 +1181,15 @@ impl<'a> Emitter<'a> {
                     from = e.counted_loop(from, n, 4 * unroll as i64, |e, j| {
                         for u in 0..unroll {
                             let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
-                            let v =
-                                e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
+                            let v = e.block(
+                                body,
+                                epi_reads,
+                                Rows::One(&bases),
+                                &hoisted,
+                                j,
+                                Some(splat),
+                                true,
+                            );
                             e.store(out, out_base, j, v);
                         }
                     });
@@ -1115,17 +1199,41 @@ impl<'a> Emitter<'a> {
                 // back the output it overwrites (`store`).
                 if !inner_len.is_multiple_of(4) && inner_len >= 4 && !store {
                     let j = e.iconst((inner_len - 4) as i64);
-                    let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(splat), true);
+                    let v = e.block(
+                        body,
+                        epi_reads,
+                        Rows::One(&bases),
+                        &hoisted,
+                        j,
+                        Some(splat),
+                        true,
+                    );
                     e.store(out, out_base, j, v);
                     from = n;
                 }
             }
             e.counted_loop(from, n, 1, |e, j| {
-                let v = e.block(body, epi_reads, &bases, &hoisted, j, Some(total), false);
+                let v = e.block(
+                    body,
+                    epi_reads,
+                    Rows::One(&bases),
+                    &hoisted,
+                    j,
+                    Some(total),
+                    false,
+                );
                 e.store(out, out_base, j, v);
             });
         } else {
-            let v = e.block(body, epi_reads, &bases, &hoisted, zero, Some(total), false);
+            let v = e.block(
+                body,
+                epi_reads,
+                Rows::One(&bases),
+                &hoisted,
+                zero,
+                Some(total),
+                false,
+            );
             e.store(out, out_base, zero, v);
         }
     }
@@ -1151,28 +1259,42 @@ impl<'a> Emitter<'a> {
         let epi_bases = self.lane_pointers(&epi.accesses, &rows);
         let zero = self.iconst(0);
         let n = self.iconst(inner_len as i64);
-        let hoisted = self.hoist_rows(prologue, &pro.accesses, &pro_bases, zero, None);
+        let hoisted = self.hoist(
+            prologue,
+            &pro.accesses,
+            Rows::Four(&pro_bases),
+            zero,
+            inner_len,
+            None,
+        );
         let init = self.scalar_const(op.init(DType::F32));
         let init = self.b.ins().splat(types::F32X4, init);
         let acc = self.b.declare_var(types::F32X4);
         self.b.def_var(acc, init);
         self.counted_loop(zero, n, 1, |e, j| {
-            let v = e.block_rows(prologue, &pro.accesses, &pro_bases, &hoisted, j, None);
+            let v = e.block(
+                prologue,
+                &pro.accesses,
+                Rows::Four(&pro_bases),
+                &hoisted,
+                j,
+                None,
+                true,
+            );
             let a = e.b.use_var(acc);
             let a = e.combine(op, DType::F32, a, v);
             e.b.def_var(acc, a);
         });
-        // The total enters a block of its own, outside the loop: Cranelift
-        // places pure ops of a value defined in a loop header (the loop's
-        // accumulator) at their uses, which would put the epilogue's `log(acc)`
-        // back inside the next loop.
-        let after = self.b.create_block();
-        let total = self.b.append_block_param(after, types::F32X4);
-        let sum = self.b.use_var(acc);
-        self.b.ins().jump(after, &[sum.into()]);
-        self.b.switch_to_block(after);
+        let total = self.b.use_var(acc);
         let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
-        let hoisted = self.hoist_rows(body, reads, &epi_bases, zero, Some(total));
+        let hoisted = self.hoist(
+            body,
+            reads,
+            Rows::Four(&epi_bases),
+            zero,
+            inner_len,
+            Some(total),
+        );
         let out_lanes = &epi_bases[epi_bases.len() - 1];
         let store = |e: &mut Self, j: Value, v: Value| {
             let inner = e.inner_bytes(&out[0], j, e.out_dtype);
@@ -1185,94 +1307,29 @@ impl<'a> Emitter<'a> {
         };
         if broadcast {
             self.counted_loop(zero, n, 1, |e, j| {
-                let v = e.block_rows(body, reads, &epi_bases, &hoisted, j, Some(total));
+                let v = e.block(
+                    body,
+                    reads,
+                    Rows::Four(&epi_bases),
+                    &hoisted,
+                    j,
+                    Some(total),
+                    true,
+                );
                 store(e, j, v);
             });
         } else {
-            let v = self.block_rows(body, reads, &epi_bases, &hoisted, zero, Some(total));
+            let v = self.block(
+                body,
+                reads,
+                Rows::Four(&epi_bases),
+                &hoisted,
+                zero,
+                Some(total),
+                true,
+            );
             store(self, zero, v);
         }
-    }
-
-    /// The values of `block` that are the same at every inner index, for
-    /// four rows at once (see `hoist`); rows have elements here.
-    fn hoist_rows(
-        &mut self,
-        block: &Block,
-        accesses: &[Access],
-        bases: &[[Value; 4]],
-        zero: Value,
-        acc: Option<Value>,
-    ) -> Vec<Option<Value>> {
-        let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
-        let mut k = 0;
-        for (i, v) in block.values.iter().enumerate() {
-            let h = match &v.expr {
-                Expr::Load { .. } => {
-                    k += 1;
-                    let a = &accesses[k - 1];
-                    a.row_invariant()
-                        .then(|| self.gather(a, bases[k - 1], zero))
-                }
-                Expr::Const(_) => None,
-                Expr::Acc => acc,
-                expr => {
-                    let args: Option<Vec<Value>> = expr
-                        .operands()
-                        .iter()
-                        .map(
-                            |&x| match (hoisted[x as usize], &block.values[x as usize].expr) {
-                                (Some(h), _) => Some(h),
-                                (None, Expr::Const(c)) => {
-                                    let c = self.scalar_const(*c);
-                                    Some(self.b.ins().splat(types::F32X4, c))
-                                }
-                                (None, _) => None,
-                            },
-                        )
-                        .collect();
-                    args.map(|args| {
-                        let v = self.op(block, i, &args, true);
-                        self.pin(v)
-                    })
-                }
-            };
-            hoisted.push(h);
-        }
-        hoisted
-    }
-
-    /// The block's result at inner index `j` for four rows, one per lane.
-    fn block_rows(
-        &mut self,
-        block: &Block,
-        accesses: &[Access],
-        bases: &[[Value; 4]],
-        hoisted: &[Option<Value>],
-        j: Value,
-        acc: Option<Value>,
-    ) -> Value {
-        let mut values: Vec<Value> = Vec::with_capacity(block.values.len());
-        let mut k = 0;
-        for (i, v) in block.values.iter().enumerate() {
-            let r = match (hoisted[i], &v.expr) {
-                (Some(h), _) => h,
-                (None, Expr::Load { .. }) => self.gather(&accesses[k], bases[k], j),
-                (None, Expr::Acc) => acc.unwrap_or(j),
-                (None, expr) => {
-                    let args: Vec<Value> = expr
-                        .operands()
-                        .iter()
-                        .map(|&x| values[x as usize])
-                        .collect();
-                    self.op(block, i, &args, true)
-                }
-            };
-            k += usize::from(matches!(v.expr, Expr::Load { .. }));
-            values.push(r);
-        }
-        // The verifier rejects empty blocks.
-        values.last().copied().unwrap_or(j)
     }
 
     /// For each access, the address of each of four rows' first element.
@@ -1369,7 +1426,15 @@ impl<'a> Emitter<'a> {
                     })
                     .collect();
                 e.row_lanes = true;
-                let v = e.block(prologue, &pro.accesses, &shifted, &none, j, None, lanes);
+                let v = e.block(
+                    prologue,
+                    &pro.accesses,
+                    Rows::One(&shifted),
+                    &none,
+                    j,
+                    None,
+                    lanes,
+                );
                 e.row_lanes = false;
                 let a = addr(e, rr);
                 let ty = if lanes { types::F32X4 } else { types::F32 };
@@ -1383,7 +1448,7 @@ impl<'a> Emitter<'a> {
             let a = addr(e, rr);
             let ty = if lanes { types::F32X4 } else { types::F32 };
             let acc = e.b.ins().load(ty, flags, a, 0);
-            let v = e.block(body, &[], &[], &none, zero, Some(acc), lanes);
+            let v = e.block(body, &[], Rows::One(&[]), &none, zero, Some(acc), lanes);
             e.b.ins().store(flags, v, a, 0);
         });
     }
