@@ -438,13 +438,7 @@ impl Executable {
     /// Copies `inputs` to the device, runs every launch on the device's
     /// stream, and copies the outputs back into `outputs`.
     pub fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
-        let graph = &self.optimized.graph;
-        check(
-            &graph.name,
-            "output",
-            &self.outputs,
-            outputs.iter().map(DataRef::from),
-        )?;
+        self.check_outputs(outputs)?;
         self.upload(inputs)?;
         self.launch_all()?;
         self.download(inputs, outputs)
@@ -583,13 +577,7 @@ impl Executable {
     /// Waits for the last launch and copies its outputs into `outputs`;
     /// `inputs` are the ones it ran on (an output may be an input).
     pub fn finish(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
-        let graph = &self.optimized.graph;
-        check(
-            &graph.name,
-            "output",
-            &self.outputs,
-            outputs.iter().map(DataRef::from),
-        )?;
+        self.check_outputs(outputs)?;
         self.download(inputs, outputs)?;
         self.device
             .stream
@@ -675,8 +663,19 @@ impl Executable {
         Ok(())
     }
 
+    /// `outputs` must be buffers of the output types.
+    fn check_outputs(&self, outputs: &[Data]) -> Result<(), Error> {
+        let name = &self.optimized.graph.name;
+        check(
+            name,
+            "output",
+            &self.outputs,
+            outputs.iter().map(DataRef::from),
+        )
+    }
+
     /// Copies the outputs of the last launch into `outputs` (of the output
-    /// types, checked by `run_into`); an output that is a graph input is
+    /// types, checked by the caller); an output that is a graph input is
     /// copied from `inputs`, the data last uploaded.
     fn download(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
         let stream = &self.device.stream;
