@@ -573,10 +573,19 @@ fn fusion_kinds_agree() -> Result<()> {
 #[test]
 fn transcendentals_stay_within_their_bounds() -> Result<()> {
     // Every 97th f32 bit pattern of each sign: the whole range, subnormals included.
-    let values: Vec<f32> = (0..u32::MAX / 97)
+    let mut values: Vec<f32> = (0..u32::MAX / 97)
         .map(|k| f32::from_bits(k.wrapping_mul(97)))
         .filter(|v| v.is_finite())
         .collect();
+    // The special values, where a polynomial's bit tricks go wrong first.
+    values.extend([
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+    ]);
     let x = Tensor::from_slice(&values, [values.len()])?.to(device())?;
     type F = fn(&Tensor) -> Result<Tensor>;
     type Exact = fn(f64) -> f64;

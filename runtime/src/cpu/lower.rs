@@ -195,6 +195,27 @@ fn loads(block: &Block) -> Vec<(usize, &View)> {
         .collect()
 }
 
+/// Makes the loads that `block`'s result does not depend on constants: a
+/// load is an instruction Cranelift keeps even when its value is unused.
+fn drop_dead_loads(block: &mut Block) {
+    let mut live = vec![false; block.values.len()];
+    if let Some(last) = live.last_mut() {
+        *last = true;
+    }
+    for i in (0..block.values.len()).rev() {
+        if live[i] {
+            for x in block.values[i].expr.operands() {
+                live[x as usize] = true;
+            }
+        }
+    }
+    for (v, live) in block.values.iter_mut().zip(live) {
+        if !live && matches!(v.expr, Expr::Load { .. }) {
+            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
+        }
+    }
+}
+
 /// The position of a value of `body` that computes exactly the prologue's
 /// result (same ops on the same loads), if it is an f32 like the output.
 fn recomputed(prologue: &Block, body: &Block) -> Option<usize> {
@@ -350,6 +371,7 @@ pub(crate) fn lower(
                         input: out_buffer as u32,
                         view: out_view.clone(),
                     };
+                    drop_dead_loads(&mut body);
                     body
                 }
                 None => kernel.body.clone(),
@@ -719,6 +741,12 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Math in the type of `x` (f32 or f32x4).
+    fn math_of(&mut self, x: Value) -> Math<'_, 'a> {
+        let ty = self.b.func.dfg.value_type(x);
+        Math { b: &mut self.b, ty }
+    }
+
     fn unary(&mut self, op: UnaryOp, dtype: DType, x: Value, lanes: bool) -> Value {
         if dtype != DType::F32 {
             // Typing admits neg, abs and relu on i32 only.
@@ -756,8 +784,8 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Sub => ins.fsub(x, y),
                 BinaryOp::Mul => ins.fmul(x, y),
                 BinaryOp::Div => ins.fdiv(x, y),
-                BinaryOp::Max => ins.fmax(x, y),
-                BinaryOp::Min => ins.fmin(x, y),
+                BinaryOp::Max => self.math_of(x).maximum(x, y),
+                BinaryOp::Min => self.math_of(x).minimum(x, y),
                 BinaryOp::Pow => {
                     let call = self.b.ins().call(self.powf, &[x, y]);
                     self.b.inst_results(call)[0]
@@ -1463,7 +1491,7 @@ impl<'a> Emitter<'a> {
         match (op, dtype) {
             (ReduceOp::Sum, DType::F32) => self.b.ins().fadd(a, x),
             (ReduceOp::Sum, _) => self.b.ins().iadd(a, x),
-            (ReduceOp::Max, DType::F32) => self.b.ins().fmax(a, x),
+            (ReduceOp::Max, DType::F32) => self.math_of(a).maximum(a, x),
             (ReduceOp::Max, DType::I32) => self.b.ins().smax(a, x),
             (ReduceOp::Max, _) => self.b.ins().umax(a, x),
         }
