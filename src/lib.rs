@@ -18,9 +18,9 @@
 //! When a value is needed (`realize`, `to_vec`, `to_scalar`) the graph that
 //! leads to it is captured as `kiln_ir::Graph` and evaluated on the tensor's
 //! device. `KILN_DUMP=graph` prints each captured graph to stderr;
-//! `KILN_DUMP=fuse` (or any optimizer stage: `simplify`, `cse`, `fold-views`,
-//! `fuse`, `dce`, `schedule`; a comma list; or `all`) prints the optimizer's
-//! stages, and `kiln::explain` returns the same text.
+//! `KILN_DUMP=fuse` (or any optimizer stage: `simplify`, `cse`, `split-reduce`,
+//! `fold-views`, `fuse`, `dce`, `schedule`; a comma list; or `all`) prints
+//! the optimizer's stages, and `kiln::explain` returns the same text.
 
 mod compile;
 mod composite;

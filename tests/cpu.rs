@@ -372,10 +372,21 @@ fn reductions_over_every_axis_kind() -> Result<()> {
     )?;
     check(
         "sum all [4096,1000]",
-        &[x],
+        std::slice::from_ref(&x),
         sum_tol(4096 * 1000, 4.0),
         |t| t[0].sum_all(),
-    )
+    )?;
+    // Large reductions with few outputs run as two kernels (split-reduce).
+    check(
+        "max cols [4096,1000]",
+        std::slice::from_ref(&x),
+        EXACT,
+        |t| t[0].max(&[0], true),
+    )?;
+    let specials = input(&[4096, 1000], 6, true)?;
+    check("max all, NaN [4096,1000]", &[specials], EXACT, |t| {
+        t[0].max(&[0, 1], false)
+    })
 }
 
 #[test]

@@ -1,10 +1,10 @@
 //! One pass, one rule at a time: the graph after the stage, as inline
-//! snapshots, for every simplify rule, CSE, view folding and the fusion
-//! decisions that the mission's patterns do not show (refusals, the cheap
-//! recompute, copies of views that cannot fold).
+//! snapshots, for every simplify rule, CSE, the split of large reductions,
+//! view folding and the fusion decisions that the mission's patterns do not
+//! show (refusals, the cheap recompute, copies of views that cannot fold).
 
 use kiln_ir::pass::{Options, optimize};
-use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, Scalar, Shape, TensorType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, TensorType, UnaryOp};
 use smallvec::SmallVec;
 
 /// The printed graph (with notes) after `stage`.
@@ -241,5 +241,66 @@ fn a_transpose_moves_below_the_elementwise_ops_it_alone_reads() {
     }
     // not fused: %6 is a graph output
     // not fused: %7 is a view that no reader can fold
+    ");
+}
+
+#[test]
+fn a_reduction_with_few_outputs_splits_in_two() {
+    // A sum of everything and a max over the leading axis of [4096, 1024]
+    // become 32 partial results each, then their reduction; the sum over
+    // rows has 4096 outputs already, and 1021 rows (a prime) cannot be cut
+    // into chunks: both stay one reduction.
+    let mut g = Graph::new("split");
+    let x = g.input(f32s(&[4096, 1024]));
+    let all = push(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: SmallVec::from_slice(&[0, 1]),
+        },
+        &[x],
+    );
+    let cols = push(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Max,
+            axes: SmallVec::from_slice(&[0]),
+        },
+        &[x],
+    );
+    let rows = push(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: SmallVec::from_slice(&[1]),
+        },
+        &[x],
+    );
+    let y = g.input(f32s(&[1021, 1024]));
+    let prime = push(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: SmallVec::from_slice(&[0]),
+        },
+        &[y],
+    );
+    g.outputs.extend([all, cols, rows, prime]);
+    insta::assert_snapshot!(after(&g, "split-reduce"), @r"
+    graph @split(%0: f32[4096,1024], %1: f32[1021,1024]) -> (f32[1,1], f32[1,1024], f32[4096,1], f32[1,1024]) {
+      %2 = reshape %0 [32,131072] : f32[32,131072]
+      %3 = sum %2 axes [1] : f32[32,1]
+      %4 = sum %3 axes [0] : f32[1,1]
+      %5 = reshape %4 [1,1] : f32[1,1]
+      %6 = reshape %0 [32,128,1024] : f32[32,128,1024]
+      %7 = max %6 axes [1] : f32[32,1,1024]
+      %8 = max %7 axes [0] : f32[1,1,1024]
+      %9 = reshape %8 [1,1024] : f32[1,1024]
+      %10 = sum %0 axes [1] : f32[4096,1]
+      %11 = sum %1 axes [0] : f32[1,1024]
+      return %5, %9, %10, %11
+    }
+    // split-reduce: split-reduce x2
+    // split-reduce: stopped at a fixpoint
     ");
 }

@@ -2,7 +2,7 @@
 //! kernels, with the verifier after every stage.
 //!
 //! ```text
-//! simplify -> cse -> fold-views -> fuse -> dce
+//! simplify -> cse -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
@@ -23,9 +23,18 @@ mod dce;
 mod fold_views;
 mod fuse;
 mod simplify;
+mod split_reduce;
 
 /// The stages in pipeline order, as `KILN_DUMP` names them.
-pub const STAGES: [&str; 6] = ["simplify", "cse", "fold-views", "fuse", "dce", "schedule"];
+pub const STAGES: [&str; 7] = [
+    "simplify",
+    "cse",
+    "split-reduce",
+    "fold-views",
+    "fuse",
+    "dce",
+    "schedule",
+];
 
 /// How the pipeline runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,6 +80,7 @@ pub fn optimize(
     };
     let graph = stage("simplify", simplify::run(graph))?;
     let graph = stage("cse", (cse::run(&graph), Vec::new()))?;
+    let graph = stage("split-reduce", split_reduce::run(&graph))?;
     let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;
     let graph = stage("fuse", fuse::run(&graph, options)?)?;
     let graph = stage("dce", (dce::run(&graph), Vec::new()))?;

@@ -57,9 +57,11 @@ pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
     sig
 }
 
-/// Output rows accumulated together by a sum over a leading axis: 4 KiB of
-/// f32, which stay in L1 while the reduced axis is walked.
-const COLUMN_BLOCK: i64 = 1024;
+/// Output rows accumulated together by a sum over a leading axis: 16 KiB of
+/// f32, which stay in L1 while the reduced axis is walked, and read as 16 KiB
+/// contiguous runs of each input row (4 KiB runs measured 14% slower: every
+/// run a new page, which prefetchers do not cross).
+const COLUMN_BLOCK: i64 = 4096;
 
 /// Vectors per trip of an unrolled loop: enough independent work to keep the
 /// load and FMA units busy.
@@ -1438,17 +1440,28 @@ impl<'a> Emitter<'a> {
         let n = self.iconst(inner_len as i64);
         let none = vec![None; prologue.values.len()];
         self.counted_loop(zero, n, 1, |e, j| {
+            // Each read's offset at (row `from`, reduced index `j`), once per
+            // `j`: Cranelift would recompute it for every vector of the span.
+            let at_j: Vec<Value> = pro
+                .accesses
+                .iter()
+                .zip(&bases)
+                .map(|(a, b)| {
+                    let (offset, _) = e.element(a, *b, j);
+                    e.pin(offset)
+                })
+                .collect();
             e.row_span(from, to, &mut |e, rr, lanes| {
                 let d = e.b.ins().isub(rr, from);
                 let shifted: Vec<RowBase> = pro
                     .accesses
                     .iter()
-                    .zip(&bases)
-                    .map(|(a, b)| {
+                    .zip(&at_j)
+                    .map(|(a, &at)| {
                         let step = a.outer.last().map_or(0, |o| o.stride);
                         let off = e.b.ins().imul_imm_s(d, step);
                         RowBase {
-                            base: e.b.ins().iadd(b.base, off),
+                            base: e.b.ins().iadd(at, off),
                             valid: None,
                         }
                     })
@@ -1459,7 +1472,7 @@ impl<'a> Emitter<'a> {
                     &pro.accesses,
                     Rows::One(&shifted),
                     &none,
-                    j,
+                    zero,
                     None,
                     lanes,
                 );
@@ -1481,9 +1494,16 @@ impl<'a> Emitter<'a> {
         });
     }
 
-    /// `for rr in from..to`: four at a time (`lanes`), then one at a time.
+    /// `for rr in from..to`: `UNROLL` vectors of four at a time, then four
+    /// (`lanes`), then one at a time.
     fn row_span(&mut self, from: Value, to: Value, f: &mut dyn FnMut(&mut Self, Value, bool)) {
-        let rest = self.counted_loop(from, to, 4, |e, rr| f(e, rr, true));
+        let rest = self.counted_loop(from, to, 4 * UNROLL as i64, |e, rr| {
+            for u in 0..UNROLL {
+                let at = e.b.ins().iadd_imm_s(rr, 4 * u as i64);
+                f(e, at, true);
+            }
+        });
+        let rest = self.counted_loop(rest, to, 4, |e, rr| f(e, rr, true));
         self.counted_loop(rest, to, 1, |e, rr| f(e, rr, false));
     }
 
