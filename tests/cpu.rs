@@ -448,6 +448,8 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
         (50, 3, 1027),
         (7, 1027, 3),
         (64, 784, 256),
+        // Large enough for the AVX-512 kernels where the machine has them.
+        (520, 517, 509),
     ] {
         let (a, b, bias) = (
             input(&[m, k], 31, false)?,

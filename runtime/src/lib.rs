@@ -1,5 +1,7 @@
 //! kiln-runtime: the backends that run fused graphs, and the only crate with
-//! `unsafe` (confined to `cpu::jit`, where machine code is made and called).
+//! `unsafe`, confined to where machine code is made and called (`cpu::jit`,
+//! the AVX-512 GEMM kernels of `cpu::sgemm`) and to device memory
+//! (`cuda::device`, `cuda::nvrtc`).
 //!
 //! - `cpu`: kernels lowered to Cranelift IR, compiled, cached by structural
 //!   hash, and run in schedule order over an arena sized by the memory plan;

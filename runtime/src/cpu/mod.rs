@@ -5,6 +5,8 @@
 mod jit;
 mod lower;
 mod math;
+#[cfg(target_arch = "x86_64")]
+mod sgemm;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,294 @@
+//! f32 GEMM with AVX-512 on x86-64: `C = A B`, A and B read through any
+//! strides, C row-major. The `gemm` crate's AVX-512 kernels need a nightly
+//! compiler; on stable it runs 256-bit kernels, half the width of the FMA
+//! units where AVX-512 is there. Elsewhere the crate does the work.
+//!
+//! The loop nest is the usual one: for each block of `KC` along k, B's block
+//! is packed once into `NR`-column panels; the rows of C are cut into blocks,
+//! one per task across threads, each packing its rows of A into `MR`-row
+//! panels and running the microkernel over every `MR x NR` tile. The
+//! microkernel holds the tile in 24 of the 32 vector registers for the whole
+//! of `KC`, two FMAs per broadcast element of A.
+//!
+//! `unsafe` here is the vector loads and stores, the packing reads through
+//! the caller's strides, and the call of the AVX-512 code.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::{
+    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+    _mm512_set1_ps, _mm512_setzero_ps,
+};
+
+use rayon::prelude::*;
+
+/// Rows of a tile: the broadcast elements of A.
+const MR: usize = 12;
+/// Columns of a tile: two vectors of 16.
+const NR: usize = 32;
+/// Depth of a block: a panel of B (`KC x NR`, 32 KiB) read from L1/L2 for
+/// every tile of a row block.
+const KC: usize = 256;
+/// Rows of C per task at most: the packed A block (`MC x KC`, 192 KiB)
+/// stays in L2 while every panel of B passes.
+const MC: usize = 16 * MR;
+
+/// Whether this machine runs the AVX-512 kernels.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+}
+
+/// An operand: element `(i, j)` at `ptr + i * rows + j * cols`.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand {
+    pub ptr: *const f32,
+    pub rows: isize,
+    pub cols: isize,
+}
+
+// SAFETY: an operand is only read, while the caller of `sgemm` keeps its
+// buffer alive (the contract of `sgemm`).
+unsafe impl Sync for Operand {}
+unsafe impl Send for Operand {}
+
+/// `c[i * n + j] = sum over l of a(i, l) b(l, j)` for `i < m`, `j < n`, on
+/// up to `threads` threads.
+///
+/// # Safety
+/// `available()` must be true, and `a(i, l)` for `i < m, l < k` and
+/// `b(l, j)` for `l < k, j < n` must lie inside live buffers.
+pub(crate) unsafe fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: &mut [f32],
+    threads: usize,
+) {
+    if k == 0 {
+        c[..m * n].fill(0.0);
+        return;
+    }
+    let panels = n.div_ceil(NR);
+    let mut packed_b = vec![0.0f32; panels * NR * KC];
+    // Row blocks: at most MC rows, and at least two per thread when the
+    // rows allow, so that small products still use every thread.
+    let per_task = m.div_ceil(2 * threads).div_ceil(MR) * MR;
+    let rows = per_task.clamp(MR, MC);
+    for k0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - k0);
+        let packed_b = &mut packed_b[..panels * NR * kc];
+        let pack = |(p, panel): (usize, &mut [f32])| {
+            // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
+            // its buffer (the contract of this function).
+            unsafe { pack_b(b, k0, p, n, panel) }
+        };
+        if threads > 1 {
+            packed_b.par_chunks_mut(NR * kc).enumerate().for_each(pack);
+        } else {
+            packed_b.chunks_mut(NR * kc).enumerate().for_each(pack);
+        }
+        let packed_b = &*packed_b;
+        let block = |(index, c_rows): (usize, &mut [f32])| {
+            let r0 = index * rows;
+            let mr = c_rows.len() / n;
+            let mut packed_a = vec![0.0f32; mr.div_ceil(MR) * MR * kc];
+            // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
+            // inside its buffer.
+            unsafe { pack_a(a, r0, mr, k0, kc, &mut packed_a) };
+            for p in 0..panels {
+                let cols = NR.min(n - p * NR);
+                let b_panel = &packed_b[p * NR * kc..(p + 1) * NR * kc];
+                for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
+                    let tile_rows = MR.min(mr - t * MR);
+                    let tile = Tile {
+                        offset: t * MR * n + p * NR,
+                        stride: n,
+                        rows: tile_rows,
+                        cols,
+                        accumulate: k0 > 0,
+                    };
+                    // SAFETY: `available()` (the contract of this function).
+                    unsafe { microkernel(a_panel, b_panel, c_rows, tile) };
+                }
+            }
+        };
+        if threads > 1 {
+            c[..m * n]
+                .par_chunks_mut(rows * n)
+                .enumerate()
+                .with_max_len(1)
+                .for_each(block);
+        } else {
+            c[..m * n].chunks_mut(rows * n).enumerate().for_each(block);
+        }
+    }
+}
+
+/// Where a tile of C lies in a row block, and how much of it is real.
+#[derive(Clone, Copy)]
+struct Tile {
+    offset: usize,
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    accumulate: bool,
+}
+
+/// Panel `p` of rows `k0..k0 + kc` of b (`kc = panel.len() / NR`): columns
+/// `p * NR..` up to `n`, `kc x NR` row-major, zero past column `n`.
+///
+/// # Safety
+/// Those elements of b must lie inside its buffer.
+unsafe fn pack_b(b: Operand, k0: usize, p: usize, n: usize, panel: &mut [f32]) {
+    let cols = NR.min(n - p * NR);
+    for (l, row) in panel.chunks_exact_mut(NR).enumerate() {
+        let base = (k0 + l) as isize * b.rows + (p * NR) as isize * b.cols;
+        if b.cols == 1 {
+            // SAFETY: elements (k0 + l, p * NR..p * NR + cols) of b, adjacent.
+            let src = unsafe { std::slice::from_raw_parts(b.ptr.offset(base), cols) };
+            row[..cols].copy_from_slice(src);
+        } else {
+            for (j, x) in row[..cols].iter_mut().enumerate() {
+                // SAFETY: element (k0 + l, p * NR + j) of b, inside its buffer.
+                *x = unsafe { *b.ptr.offset(base + j as isize * b.cols) };
+            }
+        }
+        row[cols..].fill(0.0);
+    }
+}
+
+/// Rows `r0..r0 + mr` of a, columns `k0..k0 + kc`, as `MR`-row panels, each
+/// `kc x MR` (column of the panel after column), zero past row `mr`.
+///
+/// # Safety
+/// Those elements of a must lie inside its buffer.
+unsafe fn pack_a(a: Operand, r0: usize, mr: usize, k0: usize, kc: usize, out: &mut [f32]) {
+    for (t, panel) in out.chunks_exact_mut(MR * kc).enumerate() {
+        let rows = MR.min(mr - t * MR);
+        for (l, column) in panel.chunks_exact_mut(MR).enumerate() {
+            let base = (r0 + t * MR) as isize * a.rows + (k0 + l) as isize * a.cols;
+            for (i, x) in column[..rows].iter_mut().enumerate() {
+                // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside its buffer.
+                *x = unsafe { *a.ptr.offset(base + i as isize * a.rows) };
+            }
+            column[rows..].fill(0.0);
+        }
+    }
+}
+
+/// One `MR x NR` tile of C from a packed panel of A (`kc x MR`) and of B
+/// (`kc x NR`); only `tile.rows x tile.cols` of it is written.
+#[target_feature(enable = "avx512f")]
+fn microkernel(a: &[f32], b: &[f32], c: &mut [f32], tile: Tile) {
+    let (a, _) = a.as_chunks::<MR>();
+    let (b, _) = b.as_chunks::<NR>();
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for (a, b) in a.iter().zip(b) {
+        // SAFETY: `b` is 32 f32, two vectors.
+        let (b0, b1) = unsafe {
+            (
+                _mm512_loadu_ps(b.as_ptr()),
+                _mm512_loadu_ps(b[16..].as_ptr()),
+            )
+        };
+        for (i, row) in acc.iter_mut().enumerate() {
+            let x = _mm512_set1_ps(a[i]);
+            row[0] = _mm512_fmadd_ps(x, b0, row[0]);
+            row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+        }
+    }
+    let masks = [
+        lane_mask(tile.cols.min(16)),
+        lane_mask(tile.cols.saturating_sub(16)),
+    ];
+    for (i, row) in acc.iter().take(tile.rows).enumerate() {
+        let start = tile.offset + i * tile.stride;
+        let out = &mut c[start..start + tile.cols];
+        for (half, (&v, &mask)) in row.iter().zip(&masks).enumerate() {
+            if mask == 0 {
+                continue;
+            }
+            let lanes = out[16 * half..].as_mut_ptr();
+            // SAFETY: `mask` selects the lanes of `out[16 * half..]` that
+            // exist (`tile.cols` of the row), so every access is in `out`.
+            unsafe {
+                let v: __m512 = if tile.accumulate {
+                    let old = _mm512_maskz_loadu_ps(mask, lanes);
+                    std::arch::x86_64::_mm512_add_ps(old, v)
+                } else {
+                    v
+                };
+                _mm512_mask_storeu_ps(lanes, mask, v);
+            }
+        }
+    }
+}
+
+/// The first `lanes` (at most 16) bits set.
+fn lane_mask(lanes: usize) -> u16 {
+    ((1u32 << lanes) - 1) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Products of awkward shapes and strides (a transposed, b broadcast
+    /// along k) against a plain triple loop in f64.
+    #[test]
+    fn tiles_edges_and_strides_agree_with_a_plain_product() {
+        if !available() {
+            eprintln!("skipped: this machine has no AVX-512");
+            return;
+        }
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (3, 7, 5),
+            (13, 300, 33),
+            (12, 256, 32),
+            (50, 513, 1027),
+            (200, 64, 17),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 104_729) % 89) as f32 / 11.0 - 4.0)
+                .collect();
+            // a stored transposed ([k, m]), b row-major.
+            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+            for threads in [1, 2] {
+                let mut c = vec![f32::NAN; m * n];
+                let a_op = Operand {
+                    ptr: at.as_ptr(),
+                    rows: 1,
+                    cols: m as isize,
+                };
+                let b_op = Operand {
+                    ptr: b.as_ptr(),
+                    rows: n as isize,
+                    cols: 1,
+                };
+                // SAFETY: `available()`; both operands index inside their vectors.
+                unsafe { sgemm(m, n, k, a_op, b_op, &mut c, threads) };
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|l| f64::from(a[i * k + l]) * f64::from(b[l * n + j]))
+                            .sum();
+                        let got = f64::from(c[i * n + j]);
+                        let scale: f64 = (0..k)
+                            .map(|l| f64::from(a[i * k + l] * b[l * n + j]).abs())
+                            .sum();
+                        assert!(
+                            (got - want).abs() <= 1e-6 * scale.max(1.0),
+                            "({m},{k},{n}) threads {threads} at ({i},{j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
