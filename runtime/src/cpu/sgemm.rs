@@ -16,7 +16,7 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+    _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
     _mm512_set1_ps, _mm512_setzero_ps,
 };
 
@@ -214,9 +214,9 @@ fn microkernel(a: &[f32], b: &[f32], c: &mut [f32], tile: Tile) {
             // SAFETY: `mask` selects the lanes of `out[16 * half..]` that
             // exist (`tile.cols` of the row), so every access is in `out`.
             unsafe {
-                let v: __m512 = if tile.accumulate {
+                let v = if tile.accumulate {
                     let old = _mm512_maskz_loadu_ps(mask, lanes);
-                    std::arch::x86_64::_mm512_add_ps(old, v)
+                    _mm512_add_ps(old, v)
                 } else {
                     v
                 };
