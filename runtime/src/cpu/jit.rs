@@ -414,12 +414,13 @@ impl Strided {
 }
 
 /// Products of at least this many multiply-adds run on kiln's AVX-512
-/// kernels where the machine has them: 1.3x to 1.5x the `gemm` crate's
-/// 256-bit kernels at 4096x784x256 and 2048^3 on two threads. Below, the
-/// crate's kernels win: 0.29 against 0.5 ms at 64x784x256, where packing
-/// and the split into row blocks cost more than the wider FMAs save.
+/// kernels where the machine has them. Paired runs on two threads against
+/// the `gemm` crate's 256-bit kernels: 2048^3 143-172 against 253-312 ms,
+/// 256^3 0.42-0.47 against 0.54-0.60 ms, 64x784x256 0.44-0.46 against
+/// 0.50-0.53 ms. Below, packing into panels costs more than the wider FMAs
+/// save: 128^3 82-85 against 69-76 us, 64^3 14-20 against 9-15 us.
 #[cfg(target_arch = "x86_64")]
-const AVX512_GEMM_WORK: usize = 1 << 27;
+const AVX512_GEMM_WORK: usize = 1 << 23;
 
 /// `out[batch, r0..r1, :] = a[batch, r0..r1, :] @ b[batch]`, on `threads`
 /// threads: by kiln's AVX-512 kernels for large products where the machine

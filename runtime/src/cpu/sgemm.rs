@@ -72,9 +72,9 @@ pub(crate) unsafe fn sgemm(
     }
     let panels = n.div_ceil(NR);
     let mut packed_b = vec![0.0f32; panels * NR * KC];
-    // Row blocks: at most MC rows, and at least two per thread when the
-    // rows allow, so that small products still use every thread.
-    let per_task = m.div_ceil(2 * threads).div_ceil(MR) * MR;
+    // Row blocks: at most MC rows, and tiles shared evenly between threads
+    // when there are fewer.
+    let per_task = m.div_ceil(MR).div_ceil(threads) * MR;
     let rows = per_task.clamp(MR, MC);
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
