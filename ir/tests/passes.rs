@@ -251,40 +251,16 @@ fn a_reduction_with_few_outputs_splits_in_two() {
     // rows has 4096 outputs already, and 1021 rows (a prime) cannot be cut
     // into chunks: both stay one reduction.
     let mut g = Graph::new("split");
+    let reduce = |g: &mut Graph, op, axes: &[usize], x| {
+        let axes = SmallVec::from_slice(axes);
+        push(g, Op::Reduce { op, axes }, &[x])
+    };
     let x = g.input(f32s(&[4096, 1024]));
-    let all = push(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: SmallVec::from_slice(&[0, 1]),
-        },
-        &[x],
-    );
-    let cols = push(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Max,
-            axes: SmallVec::from_slice(&[0]),
-        },
-        &[x],
-    );
-    let rows = push(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: SmallVec::from_slice(&[1]),
-        },
-        &[x],
-    );
+    let all = reduce(&mut g, ReduceOp::Sum, &[0, 1], x);
+    let cols = reduce(&mut g, ReduceOp::Max, &[0], x);
+    let rows = reduce(&mut g, ReduceOp::Sum, &[1], x);
     let y = g.input(f32s(&[1021, 1024]));
-    let prime = push(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: SmallVec::from_slice(&[0]),
-        },
-        &[y],
-    );
+    let prime = reduce(&mut g, ReduceOp::Sum, &[0], y);
     g.outputs.extend([all, cols, rows, prime]);
     insta::assert_snapshot!(after(&g, "split-reduce"), @r"
     graph @split(%0: f32[4096,1024], %1: f32[1021,1024]) -> (f32[1,1], f32[1,1024], f32[4096,1], f32[1,1024]) {
