@@ -1083,6 +1083,23 @@ impl<'a> Emitter<'a> {
         let out_base = epi_bases[epi_bases.len() - 1];
         let out = &epi.accesses[epi.accesses.len() - 1];
         let store = e.store_prologue;
+        // The prologue at inner index `j` (four elements with `lanes`), also
+        // stored into the output row where the epilogue reads it back.
+        let element = |e: &mut Self, j: Value, lanes: bool| {
+            let v = e.block(
+                prologue,
+                &pro.accesses,
+                Rows::One(&bases),
+                &hoisted,
+                j,
+                None,
+                lanes,
+            );
+            if store {
+                e.store(out, out_base, j, v);
+            }
+            v
+        };
         let mut from = zero;
         if lanes {
             // UNROLL independent vector accumulators, so that additions do not
@@ -1098,36 +1115,14 @@ impl<'a> Emitter<'a> {
             from = e.counted_loop(zero, n, 4 * UNROLL as i64, |e, j| {
                 for (u, &vacc) in vaccs.iter().enumerate() {
                     let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
-                    let v = e.block(
-                        prologue,
-                        &pro.accesses,
-                        Rows::One(&bases),
-                        &hoisted,
-                        j,
-                        None,
-                        true,
-                    );
-                    if store {
-                        e.store(out, out_base, j, v);
-                    }
+                    let v = element(e, j, true);
                     let a = e.b.use_var(vacc);
                     let a = e.combine(op, DType::F32, a, v);
                     e.b.def_var(vacc, a);
                 }
             });
             from = e.counted_loop(from, n, 4, |e, j| {
-                let v = e.block(
-                    prologue,
-                    &pro.accesses,
-                    Rows::One(&bases),
-                    &hoisted,
-                    j,
-                    None,
-                    true,
-                );
-                if store {
-                    e.store(out, out_base, j, v);
-                }
+                let v = element(e, j, true);
                 let a = e.b.use_var(vaccs[0]);
                 let a = e.combine(op, DType::F32, a, v);
                 e.b.def_var(vaccs[0], a);
@@ -1137,18 +1132,7 @@ impl<'a> Emitter<'a> {
             let ragged = inner_len % 4;
             if ragged != 0 && inner_len >= 4 {
                 let j = e.iconst((inner_len - 4) as i64);
-                let v = e.block(
-                    prologue,
-                    &pro.accesses,
-                    Rows::One(&bases),
-                    &hoisted,
-                    j,
-                    None,
-                    true,
-                );
-                if store {
-                    e.store(out, out_base, j, v);
-                }
+                let v = element(e, j, true);
                 let lanes: Vec<u8> = (0..4u32)
                     .flat_map(|k| if k >= 4 - ragged as u32 { u32::MAX } else { 0 }.to_le_bytes())
                     .collect();
@@ -1174,18 +1158,7 @@ impl<'a> Emitter<'a> {
             e.b.def_var(acc, total);
         }
         e.counted_loop(from, n, 1, |e, j| {
-            let v = e.block(
-                prologue,
-                &pro.accesses,
-                Rows::One(&bases),
-                &hoisted,
-                j,
-                None,
-                false,
-            );
-            if store {
-                e.store(out, out_base, j, v);
-            }
+            let v = element(e, j, false);
             let a = e.b.use_var(acc);
             let a = e.combine(op, dtype, a, v);
             e.b.def_var(acc, a);
