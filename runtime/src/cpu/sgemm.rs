@@ -3,12 +3,16 @@
 //! compiler; on stable it runs 256-bit kernels, half the width of the FMA
 //! units where AVX-512 is there. Elsewhere the crate does the work.
 //!
-//! The loop nest is the usual one: for each block of `KC` along k, B's block
-//! is packed once into `NR`-column panels; the rows of C are cut into blocks,
-//! one per task across threads, each packing its rows of A into `MR`-row
-//! panels and running the microkernel over every `MR x NR` tile. The
-//! microkernel holds the tile in 24 of the 32 vector registers for the whole
-//! of `KC`, two FMAs per broadcast element of A.
+//! The loop nest is the usual one: for each block of at most `KC` along k
+//! (blocks of even depth), B's block is packed once into `NR`-column panels;
+//! the rows of C are cut into blocks of at most `MC` rows, shared evenly
+//! between threads, each task packing its rows of A into `MR`-row panels.
+//! A task walks B's panels in groups of `NC_PANELS` (a group stays in L2):
+//! each panel of A passes over every panel of the group, so it is read from
+//! the nearest caches while B's panels stream past it, both prefetched a few
+//! steps ahead of use (measured 1.2-1.3x faster than without). The
+//! microkernel holds an `MR x NR` tile in 24 of the 32 vector registers for
+//! the whole depth block, two FMAs per broadcast element of A.
 //!
 //! `unsafe` here is the vector loads and stores, the packing reads through
 //! the caller's strides, and the call of the AVX-512 code.
@@ -16,8 +20,8 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
-    _mm512_set1_ps, _mm512_setzero_ps,
+    _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
 use rayon::prelude::*;
@@ -26,12 +30,17 @@ use rayon::prelude::*;
 const MR: usize = 12;
 /// Columns of a tile: two vectors of 16.
 const NR: usize = 32;
-/// Depth of a block: a panel of B (`KC x NR`, 32 KiB) read from L1/L2 for
-/// every tile of a row block.
-const KC: usize = 256;
-/// Rows of C per task at most: the packed A block (`MC x KC`, 192 KiB)
-/// stays in L2 while every panel of B passes.
-const MC: usize = 16 * MR;
+/// Depth of a block at most: every tile of C is read and written once per
+/// depth block, so deeper blocks cost less traffic in C; 512 measured
+/// 5-15% faster than 256 on Cascade Lake (1024³, 2048³, 4096x784x256).
+const KC: usize = 512;
+/// Rows of C per task at most: the packed A block (`MC x KC`, 192 KiB) and
+/// a group of B panels (`KC x NR * NC_PANELS`, 512 KiB) share the L2.
+const MC: usize = 8 * MR;
+/// Panels of B walked by every panel of A before the next group.
+const NC_PANELS: usize = 8;
+/// How many steps along k ahead of use the microkernel prefetches.
+const PREFETCH: usize = 8;
 
 /// Whether this machine runs the AVX-512 kernels.
 pub(crate) fn available() -> bool {
@@ -71,13 +80,14 @@ pub(crate) unsafe fn sgemm(
         return;
     }
     let panels = n.div_ceil(NR);
-    let mut packed_b = vec![0.0f32; panels * NR * KC];
-    // Row blocks: at most MC rows, and tiles shared evenly between threads
-    // when there are fewer.
-    let per_task = m.div_ceil(MR).div_ceil(threads) * MR;
-    let rows = per_task.clamp(MR, MC);
-    for k0 in (0..k).step_by(KC) {
-        let kc = KC.min(k - k0);
+    let depth = k.div_ceil(k.div_ceil(KC));
+    let mut packed_b = vec![0.0f32; panels * NR * depth];
+    // Row blocks: at most MC rows, as many per thread, tiles shared as
+    // evenly as they go (block sizes differ by one tile at most).
+    let tiles = m.div_ceil(MR);
+    let blocks = (threads * tiles.div_ceil(threads * (MC / MR))).min(tiles);
+    for k0 in (0..k).step_by(depth) {
+        let kc = depth.min(k - k0);
         let packed_b = &mut packed_b[..panels * NR * kc];
         let pack = |(p, panel): (usize, &mut [f32])| {
             // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
@@ -90,38 +100,42 @@ pub(crate) unsafe fn sgemm(
             packed_b.chunks_mut(NR * kc).enumerate().for_each(pack);
         }
         let packed_b = &*packed_b;
-        let block = |(index, c_rows): (usize, &mut [f32])| {
-            let r0 = index * rows;
+        let block = |(r0, c_rows): (usize, &mut [f32])| {
             let mr = c_rows.len() / n;
             let mut packed_a = vec![0.0f32; mr.div_ceil(MR) * MR * kc];
             // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
             // inside its buffer.
             unsafe { pack_a(a, r0, mr, k0, kc, &mut packed_a) };
-            for p in 0..panels {
-                let cols = NR.min(n - p * NR);
-                let b_panel = &packed_b[p * NR * kc..(p + 1) * NR * kc];
+            for p0 in (0..panels).step_by(NC_PANELS) {
                 for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
-                    let tile_rows = MR.min(mr - t * MR);
-                    let tile = Tile {
-                        offset: t * MR * n + p * NR,
-                        stride: n,
-                        rows: tile_rows,
-                        cols,
-                        accumulate: k0 > 0,
-                    };
-                    // SAFETY: `available()` (the contract of this function).
-                    unsafe { microkernel(a_panel, b_panel, c_rows, tile) };
+                    for p in p0..panels.min(p0 + NC_PANELS) {
+                        let tile = Tile {
+                            offset: t * MR * n + p * NR,
+                            stride: n,
+                            rows: MR.min(mr - t * MR),
+                            cols: NR.min(n - p * NR),
+                            accumulate: k0 > 0,
+                        };
+                        let b_panel = &packed_b[p * NR * kc..(p + 1) * NR * kc];
+                        // SAFETY: `available()` (the contract of this function).
+                        unsafe { microkernel(a_panel, b_panel, c_rows, tile) };
+                    }
                 }
             }
         };
+        let mut rest = &mut c[..m * n];
+        let mut row_blocks = Vec::with_capacity(blocks);
+        for i in 0..blocks {
+            let (t0, t1) = (i * tiles / blocks, (i + 1) * tiles / blocks);
+            let rows = (t1 * MR).min(m) - t0 * MR;
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(rows * n);
+            row_blocks.push((t0 * MR, head));
+            rest = tail;
+        }
         if threads > 1 {
-            c[..m * n]
-                .par_chunks_mut(rows * n)
-                .enumerate()
-                .with_max_len(1)
-                .for_each(block);
+            row_blocks.into_par_iter().with_max_len(1).for_each(block);
         } else {
-            c[..m * n].chunks_mut(rows * n).enumerate().for_each(block);
+            row_blocks.into_iter().for_each(block);
         }
     }
 }
@@ -186,6 +200,11 @@ fn microkernel(a: &[f32], b: &[f32], c: &mut [f32], tile: Tile) {
     let (b, _) = b.as_chunks::<NR>();
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for (a, b) in a.iter().zip(b) {
+        // Prefetches only hint: an address past the panels' ends is harmless.
+        let ahead = b.as_ptr().wrapping_add(PREFETCH * NR).cast::<i8>();
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        _mm_prefetch::<_MM_HINT_T0>(a.as_ptr().wrapping_add(PREFETCH * MR).cast::<i8>());
         // SAFETY: `b` is 32 f32, two vectors.
         let (b0, b1) = unsafe {
             (
@@ -250,6 +269,7 @@ mod tests {
             (12, 256, 32),
             (50, 513, 1027),
             (200, 64, 17),
+            (300, 1100, 70),
         ] {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
