@@ -4,7 +4,8 @@
 //! units where AVX-512 is there. Elsewhere the crate does the work.
 //!
 //! The loop nest is the usual one: for each block of at most `KC` along k
-//! (blocks of even depth), B's block is packed once into `NR`-column panels;
+//! (blocks of even depth), B's block is packed once into `NR`-column panels
+//! (or, for products with few rows, read where it lies);
 //! the rows of C are cut into blocks of at most `MC` rows, shared evenly
 //! between threads, each task packing its rows of A into `MR`-row panels.
 //! A task walks B's panels in groups of `NC_PANELS` (a group stays in L2):
@@ -39,6 +40,10 @@ const KC: usize = 512;
 const MC: usize = 8 * MR;
 /// Panels of B walked by every panel of A before the next group.
 const NC_PANELS: usize = 8;
+/// Farthest apart (in elements) the rows of B may be to be read in place:
+/// rows further apart map onto few cache sets (read in place, 96x2048x2048
+/// took 1.6x as long as packed).
+const IN_PLACE_ROWS: usize = 512;
 /// How many steps along k ahead of use the microkernel prefetches.
 const PREFETCH: usize = 8;
 
@@ -80,19 +85,27 @@ pub(crate) unsafe fn sgemm(
         return;
     }
     let panels = n.div_ceil(NR);
+    // B is read where it lies when its rows are contiguous, close together,
+    // and one row block covers every row of A: then each panel serves a few
+    // tiles only, and packing it would cost about as much as it saves. The
+    // ragged last panel is packed all the same: reading its 32 columns would
+    // pass the end of B's row.
+    let in_place =
+        b.cols == 1 && (n as isize..=IN_PLACE_ROWS as isize).contains(&b.rows) && m <= MC;
+    let first_packed = if in_place { n / NR } else { 0 };
     let depth = k.div_ceil(k.div_ceil(KC));
-    let mut packed_b = vec![0.0f32; panels * NR * depth];
+    let mut packed_b = vec![0.0f32; (panels - first_packed) * NR * depth];
     // Row blocks: at most MC rows, as many per thread, tiles shared as
     // evenly as they go (block sizes differ by one tile at most).
     let tiles = m.div_ceil(MR);
     let blocks = (threads * tiles.div_ceil(threads * (MC / MR))).min(tiles);
     for k0 in (0..k).step_by(depth) {
         let kc = depth.min(k - k0);
-        let packed_b = &mut packed_b[..panels * NR * kc];
+        let packed_b = &mut packed_b[..(panels - first_packed) * NR * kc];
         let pack = |(p, panel): (usize, &mut [f32])| {
             // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
             // its buffer (the contract of this function).
-            unsafe { pack_b(b, k0, p, n, panel) }
+            unsafe { pack_b(b, k0, first_packed + p, n, panel) }
         };
         if threads > 1 {
             packed_b.par_chunks_mut(NR * kc).enumerate().for_each(pack);
@@ -100,28 +113,56 @@ pub(crate) unsafe fn sgemm(
             packed_b.chunks_mut(NR * kc).enumerate().for_each(pack);
         }
         let packed_b = &*packed_b;
+        // Panel `p` of B's depth block: its rows and their distance. (`b` is
+        // taken whole, by reference: its pointer alone is not `Sync`.)
+        let b = &b;
+        let panel = |p: usize| -> (&[f32], usize) {
+            if p < first_packed {
+                let stride = b.rows as usize;
+                // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie `stride`
+                // apart in one buffer, and columns `p * NR..(p + 1) * NR`
+                // are inside each (`p < n / NR`); the slice runs from the
+                // first of them to the last.
+                let rows = unsafe {
+                    std::slice::from_raw_parts(
+                        b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                        (kc - 1) * stride + NR,
+                    )
+                };
+                (rows, stride)
+            } else {
+                let at = (p - first_packed) * NR * kc;
+                (&packed_b[at..at + NR * kc], NR)
+            }
+        };
         let block = |(r0, c_rows): (usize, &mut [f32])| {
             let mr = c_rows.len() / n;
-            let mut packed_a = vec![0.0f32; mr.div_ceil(MR) * MR * kc];
-            // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
-            // inside its buffer.
-            unsafe { pack_a(a, r0, mr, k0, kc, &mut packed_a) };
-            for p0 in (0..panels).step_by(NC_PANELS) {
-                for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
-                    for p in p0..panels.min(p0 + NC_PANELS) {
-                        let tile = Tile {
-                            offset: t * MR * n + p * NR,
-                            stride: n,
-                            rows: MR.min(mr - t * MR),
-                            cols: NR.min(n - p * NR),
-                            accumulate: k0 > 0,
-                        };
-                        let b_panel = &packed_b[p * NR * kc..(p + 1) * NR * kc];
-                        // SAFETY: `available()` (the contract of this function).
-                        unsafe { microkernel(a_panel, b_panel, c_rows, tile) };
+            let len = mr.div_ceil(MR) * MR * kc;
+            PACKED_A.with_borrow_mut(|buffer| {
+                if buffer.len() < len {
+                    buffer.resize(len, 0.0);
+                }
+                let packed_a = &mut buffer[..len];
+                // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a
+                // are inside its buffer.
+                unsafe { pack_a(a, r0, mr, k0, kc, packed_a) };
+                for p0 in (0..panels).step_by(NC_PANELS) {
+                    for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
+                        for p in p0..panels.min(p0 + NC_PANELS) {
+                            let tile = Tile {
+                                offset: t * MR * n + p * NR,
+                                stride: n,
+                                rows: MR.min(mr - t * MR),
+                                cols: NR.min(n - p * NR),
+                                accumulate: k0 > 0,
+                            };
+                            let (b_rows, b_stride) = panel(p);
+                            // SAFETY: `available()` (the contract of this function).
+                            unsafe { microkernel(a_panel, b_rows, b_stride, c_rows, tile) };
+                        }
                     }
                 }
-            }
+            });
         };
         let mut rest = &mut c[..m * n];
         let mut row_blocks = Vec::with_capacity(blocks);
@@ -138,6 +179,13 @@ pub(crate) unsafe fn sgemm(
             row_blocks.into_iter().for_each(block);
         }
     }
+}
+
+thread_local! {
+    /// Each thread's packed rows of A, kept from call to call: packing
+    /// writes every element the microkernel reads, so reuse needs no
+    /// clearing.
+    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Where a tile of C lies in a row block, and how much of it is real.
@@ -192,26 +240,28 @@ unsafe fn pack_a(a: Operand, r0: usize, mr: usize, k0: usize, kc: usize, out: &m
     }
 }
 
-/// One `MR x NR` tile of C from a packed panel of A (`kc x MR`) and of B
-/// (`kc x NR`); only `tile.rows x tile.cols` of it is written.
+/// One `MR x NR` tile of C from a packed panel of A (`kc x MR`) and `kc`
+/// rows of `NR` elements of B, `b_stride` apart; only `tile.rows x
+/// tile.cols` of it is written.
 #[target_feature(enable = "avx512f")]
-fn microkernel(a: &[f32], b: &[f32], c: &mut [f32], tile: Tile) {
+fn microkernel(a: &[f32], b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
     let (a, _) = a.as_chunks::<MR>();
-    let (b, _) = b.as_chunks::<NR>();
+    assert!(
+        a.is_empty() || (a.len() - 1) * b_stride + NR <= b.len(),
+        "B holds {} rows of {NR}, {b_stride} apart",
+        a.len()
+    );
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    for (a, b) in a.iter().zip(b) {
+    for (l, a) in a.iter().enumerate() {
+        let row = b.as_ptr().wrapping_add(l * b_stride);
         // Prefetches only hint: an address past the panels' ends is harmless.
-        let ahead = b.as_ptr().wrapping_add(PREFETCH * NR).cast::<i8>();
+        let ahead = row.wrapping_add(PREFETCH * b_stride).cast::<i8>();
         _mm_prefetch::<_MM_HINT_T0>(ahead);
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
         _mm_prefetch::<_MM_HINT_T0>(a.as_ptr().wrapping_add(PREFETCH * MR).cast::<i8>());
-        // SAFETY: `b` is 32 f32, two vectors.
-        let (b0, b1) = unsafe {
-            (
-                _mm512_loadu_ps(b.as_ptr()),
-                _mm512_loadu_ps(b[16..].as_ptr()),
-            )
-        };
+        // SAFETY: row `l` of B, 32 f32 (two vectors), is inside `b` (the
+        // assert above).
+        let (b0, b1) = unsafe { (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))) };
         for (i, row) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_ps(a[i]);
             row[0] = _mm512_fmadd_ps(x, b0, row[0]);
@@ -277,9 +327,20 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 104_729) % 89) as f32 / 11.0 - 4.0)
                 .collect();
-            // a stored transposed ([k, m]), b row-major.
+            // a stored transposed ([k, m]); b row-major, its rows `pad`
+            // elements apart beyond their length (a slice of wider rows).
             let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-            for threads in [1, 2] {
+            for (threads, pad) in [(1, 0), (2, 0), (2, 3)] {
+                let stride = n + pad;
+                let b_rows: Vec<f32> = (0..k * stride)
+                    .map(|i| {
+                        if i % stride < n {
+                            b[i / stride * n + i % stride]
+                        } else {
+                            f32::NAN
+                        }
+                    })
+                    .collect();
                 let mut c = vec![f32::NAN; m * n];
                 let a_op = Operand {
                     ptr: at.as_ptr(),
@@ -287,8 +348,8 @@ mod tests {
                     cols: m as isize,
                 };
                 let b_op = Operand {
-                    ptr: b.as_ptr(),
-                    rows: n as isize,
+                    ptr: b_rows.as_ptr(),
+                    rows: stride as isize,
                     cols: 1,
                 };
                 // SAFETY: `available()`; both operands index inside their vectors.
@@ -304,7 +365,7 @@ mod tests {
                             .sum();
                         assert!(
                             (got - want).abs() <= 1e-6 * scale.max(1.0),
-                            "({m},{k},{n}) threads {threads} at ({i},{j}): {got} vs {want}"
+                            "({m},{k},{n}) threads {threads} pad {pad} at ({i},{j}): {got} vs {want}"
                         );
                     }
                 }
