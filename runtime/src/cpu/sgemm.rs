@@ -327,10 +327,22 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 104_729) % 89) as f32 / 11.0 - 4.0)
                 .collect();
-            // a stored transposed ([k, m]); b row-major, its rows `pad`
-            // elements apart beyond their length (a slice of wider rows).
+            // a row-major or stored transposed ([k, m]); b row-major, its
+            // rows `pad` elements apart beyond their length (a slice of
+            // wider rows).
             let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-            for (threads, pad) in [(1, 0), (2, 0), (2, 3)] {
+            let transposed = Operand {
+                ptr: at.as_ptr(),
+                rows: 1,
+                cols: m as isize,
+            };
+            let row_major = Operand {
+                ptr: a.as_ptr(),
+                rows: k as isize,
+                cols: 1,
+            };
+            for (threads, pad, a_op) in [(1, 0, transposed), (2, 0, transposed), (2, 3, row_major)]
+            {
                 let stride = n + pad;
                 let b_rows: Vec<f32> = (0..k * stride)
                     .map(|i| {
@@ -342,11 +354,6 @@ mod tests {
                     })
                     .collect();
                 let mut c = vec![f32::NAN; m * n];
-                let a_op = Operand {
-                    ptr: at.as_ptr(),
-                    rows: 1,
-                    cols: m as isize,
-                };
                 let b_op = Operand {
                     ptr: b_rows.as_ptr(),
                     rows: stride as isize,
