@@ -5,9 +5,9 @@
 //!
 //! The loop nest is the usual one: for each block of at most `KC` along k
 //! (blocks of even depth), B's block is packed once into `NR`-column panels
-//! (or, for products with few rows, read where it lies);
-//! the rows of C are cut into blocks of at most `MC` rows, shared evenly
-//! between threads, each task packing its rows of A into `MR`-row panels.
+//! (or, for products with few rows, read where it lies); the rows of C are
+//! cut into blocks of at most `MC` rows, shared evenly between threads, each
+//! task packing its rows of A into `MR`-row panels.
 //! A task walks B's panels in groups of `NC_PANELS` (a group stays in L2):
 //! each panel of A passes over every panel of the group, so it is read from
 //! the nearest caches while B's panels stream past it, both prefetched a few
@@ -86,8 +86,8 @@ pub(crate) unsafe fn sgemm(
     }
     let panels = n.div_ceil(NR);
     // B is read where it lies when its rows are contiguous, close together,
-    // and one row block covers every row of A: then each panel serves a few
-    // tiles only, and packing it would cost about as much as it saves. The
+    // and A has at most MC rows: then each panel serves a few tiles only,
+    // and packing it would cost about as much as it saves. The
     // ragged last panel is packed all the same: reading its 32 columns would
     // pass the end of B's row.
     let in_place =
