@@ -618,8 +618,12 @@ impl<'a> Emitter<'a> {
                 Expr::Load { .. } => {
                     k += 1;
                     let a = &accesses[k - 1];
-                    a.row_invariant()
-                        .then(|| self.read(a, rows, k - 1, zero, v.dtype, lanes))
+                    // Four rows' values are gathered once, and pinned: left
+                    // to Cranelift, the lanes were inserted on every trip.
+                    a.row_invariant().then(|| {
+                        let v = self.read(a, rows, k - 1, zero, v.dtype, lanes);
+                        if lanes { self.pin(v) } else { v }
+                    })
                 }
                 // Constants are immediates where they are used.
                 Expr::Const(_) => None,
