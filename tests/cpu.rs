@@ -571,6 +571,17 @@ fn fusion_kinds_agree() -> Result<()> {
             |t| t[0].gelu(),
         )?;
     }
+    // Short rows run four at a time, in blocks of rows shared by two threads.
+    let x = input(&[4096, 10], 45, false)?;
+    check(
+        "log_softmax [4096,10]",
+        std::slice::from_ref(&x),
+        Tol {
+            rtol: 2e-6,
+            atol: 2e-6,
+        },
+        |t| t[0].log_softmax(-1),
+    )?;
     let x = input(&[4096, 1000], 44, false)?;
     check("softmax [4096,1000]", std::slice::from_ref(&x), soft, |t| {
         t[0].softmax(-1)

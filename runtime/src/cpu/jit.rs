@@ -33,6 +33,10 @@ type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
 /// Work below this many elements runs on the calling thread.
 const PARALLEL_ELEMENTS: usize = 1 << 15;
 
+/// The bytes of the widest row of a row group that one block of rows
+/// spans: within L1 beside the rows the kernels write.
+const ROW_BLOCK_BYTES: usize = 16 << 10;
+
 /// `pow` for the generated code, computed as the interpreter defines it.
 extern "C" fn kiln_powf(x: f32, y: f32) -> f32 {
     (f64::from(x)).powf(f64::from(y)) as f32
@@ -148,15 +152,14 @@ impl CompiledKernel {
         })
     }
 
-    /// Runs the kernel over its whole range: for a matmul, its computed
-    /// operands into `scratch` and the GEMM core first; then the generated
-    /// code, split across threads in row ranges when the work is large.
-    pub(crate) fn run(
+    /// Checks the buffers against the kernel's types and makes the table of
+    /// pointers its code is called with.
+    pub(crate) fn bind(
         &self,
         inputs: &[&Buffer],
         out: &mut Buffer,
         scratch: &mut Buffer,
-    ) -> Result<(), Error> {
+    ) -> Result<Bound<'_>, Error> {
         let k = &self.kernel;
         if inputs.len() != k.inputs.len() {
             return Err(Error::Launch(format!(
@@ -188,7 +191,23 @@ impl CompiledKernel {
         }
         let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
         table.push(out.ptr);
-        let table = &Table(table);
+        Ok(Bound {
+            kernel: self,
+            table: Table(table),
+        })
+    }
+
+    /// Runs the kernel over its whole range: for a matmul, its computed
+    /// operands into `scratch` and the GEMM core first; then the generated
+    /// code, split across threads in row ranges when the work is large.
+    pub(crate) fn run(
+        &self,
+        inputs: &[&Buffer],
+        out: &mut Buffer,
+        scratch: &mut Buffer,
+    ) -> Result<(), Error> {
+        let bound = self.bind(inputs, out, scratch)?;
+        let (k, table) = (&self.kernel, &bound.table);
         match &k.kind {
             KernelKind::MatMul { a, b } => {
                 // Computed operands lie one after the other in scratch.
@@ -242,31 +261,65 @@ impl CompiledKernel {
                     unsafe { gemm_block(&a, &b, table.out(), batch, 0, m, threads) };
                 }
                 if epilogue {
-                    self.sweep(table);
+                    run_rows(std::slice::from_ref(&bound))?;
                 }
             }
-            KernelKind::Elementwise | KernelKind::Reduce { .. } => self.sweep(table),
+            KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+                run_rows(std::slice::from_ref(&bound))?
+            }
         }
         Ok(())
     }
+}
 
-    /// The generated code over its whole range, split across threads in
-    /// row ranges when the work is large.
-    fn sweep(&self, table: &Table) {
-        let Launch { rows, row_len } = self.launch;
-        let chunks = row_blocks(rows, row_len);
-        let call = |&(lo, hi): &(usize, usize)| {
-            // SAFETY: `run` checked that the buffers hold what the kernel's
-            // types need; chunks are disjoint row ranges inside `0..rows`, and
-            // a call writes only its own rows.
-            unsafe { (self.func)(table.base(), lo as i64, hi as i64) }
-        };
-        if chunks.len() == 1 {
-            chunks.iter().for_each(call);
-        } else {
-            chunks.par_iter().with_max_len(1).for_each(call);
-        }
+/// A kernel with the buffers of one launch checked and tabled.
+pub(crate) struct Bound<'k> {
+    kernel: &'k CompiledKernel,
+    table: Table,
+}
+
+/// Runs the generated code of kernels over the same rows, split across
+/// threads in row ranges when the work is large. Several kernels go block
+/// of rows by block of rows: each kernel over a block, then the next kernel
+/// over it, so that the later kernels find the rows the earlier ones read
+/// still in cache. The caller has established that each kernel reads what
+/// the ones before it wrote only at its own rows (`Executable`'s row groups).
+pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
+    let Some(first) = group.first() else {
+        return Ok(());
+    };
+    let rows = first.kernel.launch.rows;
+    if let Some(b) = group.iter().find(|b| b.kernel.launch.rows != rows) {
+        return Err(Error::Launch(format!(
+            "kernels over {rows} and {} rows cannot run row by row together",
+            b.kernel.launch.rows
+        )));
     }
+    let widest = group.iter().map(|b| b.kernel.launch.row_len).max();
+    let row_len = widest.unwrap_or(1);
+    let block = match group {
+        [_] => rows.max(1),
+        _ => (ROW_BLOCK_BYTES / (4 * row_len)).max(1),
+    };
+    let call = |&(lo, hi): &(usize, usize)| {
+        for start in (lo..hi).step_by(block) {
+            let end = (start + block).min(hi);
+            for b in group {
+                // SAFETY: `bind` checked that the buffers hold what each
+                // kernel's types need; `start..end` lies inside `0..rows`, the
+                // range of every kernel of the group, and a call writes only
+                // its own rows, which no other thread is given.
+                unsafe { (b.kernel.func)(b.table.base(), start as i64, end as i64) }
+            }
+        }
+    };
+    let chunks = row_blocks(rows, row_len * group.len());
+    if chunks.len() == 1 {
+        chunks.iter().for_each(call);
+    } else {
+        chunks.par_iter().with_max_len(1).for_each(call);
+    }
+    Ok(())
 }
 
 /// Splits `rows` of `row_len` elements into contiguous ranges: one when the
