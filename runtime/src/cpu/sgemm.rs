@@ -94,29 +94,67 @@ pub(crate) unsafe fn sgemm(
         b.cols == 1 && (n as isize..=IN_PLACE_ROWS as isize).contains(&b.rows) && m <= MC;
     let first_packed = if in_place { n / NR } else { 0 };
     let depth = k.div_ceil(k.div_ceil(KC));
-    let mut packed_b = vec![0.0f32; (panels - first_packed) * NR * depth];
+    // Depth blocks `(k0, kc)`, in groups that run as one parallel region:
+    // B's blocks of a group are packed together first, then each task walks
+    // its rows through all of them. Read in place, B packs little, and one
+    // group saves a dispatch and a barrier per block; packed, each block is
+    // its own group, so that its panels stay in cache for every row block.
+    let blocks_of_k: Vec<(usize, usize)> = (0..k)
+        .step_by(depth)
+        .map(|k0| (k0, depth.min(k - k0)))
+        .collect();
+    let groups: Vec<&[(usize, usize)]> = if in_place {
+        vec![&blocks_of_k]
+    } else {
+        blocks_of_k.chunks(1).collect()
+    };
+    // A group's packed panels, depth block after depth block.
+    let packed_width = (panels - first_packed) * NR;
+    let mut packed_b = vec![0.0f32; packed_width * if in_place { k } else { depth }];
     // Row blocks: at most MC rows, as many per thread, tiles shared as
-    // evenly as they go (block sizes differ by one tile at most).
+    // evenly as they go (block sizes differ by one tile at most). With one
+    // block per thread, a thread's time is its block's, so the blocks are
+    // cut at multiples of 4 rows instead, and the last tile of a block (4,
+    // 8 or 12 rows) runs the kernel of its height: 64 rows are 2 x (12 +
+    // 12 + 8), not 36 + 28 with a 12-row kernel on the 4 left.
     let tiles = m.div_ceil(MR);
     let blocks = (threads * tiles.div_ceil(threads * (MC / MR))).min(tiles);
-    for k0 in (0..k).step_by(depth) {
-        let kc = depth.min(k - k0);
-        let packed_b = &mut packed_b[..(panels - first_packed) * NR * kc];
-        let pack = |(p, panel): (usize, &mut [f32])| {
+    let unit = if blocks <= threads { 4 } else { MR };
+    let units = m.div_ceil(unit);
+    let bounds: Vec<usize> = (0..=blocks)
+        .map(|i| (i * units / blocks * unit).min(m))
+        .collect();
+    for group in groups {
+        let k_first = group[0].0;
+        let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
+        let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
+        // Every depth block's panels, each `kc x NR`.
+        let mut jobs: Vec<(usize, usize, &mut [f32])> =
+            Vec::with_capacity(group.len() * (panels - first_packed));
+        let mut rest = &mut *packed_b;
+        for &(k0, kc) in group {
+            for p in first_packed..panels {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(NR * kc);
+                jobs.push((k0, p, head));
+                rest = tail;
+            }
+        }
+        let pack = |(k0, p, panel): (usize, usize, &mut [f32])| {
             // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
             // its buffer (the contract of this function).
-            unsafe { pack_b(b, k0, first_packed + p, n, panel) }
+            unsafe { pack_b(b, k0, p, n, panel) }
         };
         if threads > 1 {
-            packed_b.par_chunks_mut(NR * kc).enumerate().for_each(pack);
+            jobs.into_par_iter().for_each(pack);
         } else {
-            packed_b.chunks_mut(NR * kc).enumerate().for_each(pack);
+            jobs.into_iter().for_each(pack);
         }
         let packed_b = &*packed_b;
-        // Panel `p` of B's depth block: its rows and their distance. (`b` is
+        // Panel `p` of depth block `d`: its rows and their distance. (`b` is
         // taken whole, by reference: its pointer alone is not `Sync`.)
         let b = &b;
-        let panel = |p: usize| -> (&[f32], usize) {
+        let panel = |d: usize, p: usize| -> (&[f32], usize) {
+            let (k0, kc) = group[d];
             if p < first_packed {
                 let stride = b.rows as usize;
                 // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie `stride`
@@ -131,34 +169,41 @@ pub(crate) unsafe fn sgemm(
                 };
                 (rows, stride)
             } else {
-                let at = (p - first_packed) * NR * kc;
+                let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
                 (&packed_b[at..at + NR * kc], NR)
             }
         };
         let block = |(r0, c_rows): (usize, &mut [f32])| {
             let mr = c_rows.len() / n;
-            let len = mr.div_ceil(MR) * MR * kc;
             PACKED_A.with_borrow_mut(|buffer| {
-                if buffer.len() < len {
-                    buffer.resize(len, 0.0);
-                }
-                let packed_a = &mut buffer[..len];
-                // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a
-                // are inside its buffer.
-                unsafe { pack_a(a, r0, mr, k0, kc, packed_a) };
-                for p0 in (0..panels).step_by(NC_PANELS) {
-                    for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
-                        for p in p0..panels.min(p0 + NC_PANELS) {
-                            let tile = Tile {
-                                offset: t * MR * n + p * NR,
-                                stride: n,
-                                rows: MR.min(mr - t * MR),
-                                cols: NR.min(n - p * NR),
-                                accumulate: k0 > 0,
-                            };
-                            let (b_rows, b_stride) = panel(p);
-                            // SAFETY: `available()` (the contract of this function).
-                            unsafe { microkernel(a_panel, b_rows, b_stride, c_rows, tile) };
+                for (d, &(k0, kc)) in group.iter().enumerate() {
+                    let len = mr.div_ceil(MR) * MR * kc;
+                    if buffer.len() < len {
+                        buffer.resize(len, 0.0);
+                    }
+                    let packed_a = &mut buffer[..len];
+                    // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of
+                    // a are inside its buffer.
+                    unsafe { pack_a(a, r0, mr, k0, kc, packed_a) };
+                    for p0 in (0..panels).step_by(NC_PANELS) {
+                        for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
+                            for p in p0..panels.min(p0 + NC_PANELS) {
+                                let tile = Tile {
+                                    offset: t * MR * n + p * NR,
+                                    stride: n,
+                                    rows: MR.min(mr - t * MR),
+                                    cols: NR.min(n - p * NR),
+                                    accumulate: k0 > 0,
+                                };
+                                let (b_rows, b_stride) = panel(d, p);
+                                let kernel = match tile.rows {
+                                    ..=4 => microkernel::<4>,
+                                    5..=8 => microkernel::<8>,
+                                    _ => microkernel::<MR>,
+                                };
+                                // SAFETY: `available()` (the contract of this function).
+                                unsafe { kernel(a_panel, b_rows, b_stride, c_rows, tile) };
+                            }
                         }
                     }
                 }
@@ -166,11 +211,9 @@ pub(crate) unsafe fn sgemm(
         };
         let mut rest = &mut c[..m * n];
         let mut row_blocks = Vec::with_capacity(blocks);
-        for i in 0..blocks {
-            let (t0, t1) = (i * tiles / blocks, (i + 1) * tiles / blocks);
-            let rows = (t1 * MR).min(m) - t0 * MR;
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(rows * n);
-            row_blocks.push((t0 * MR, head));
+        for w in bounds.windows(2) {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * n);
+            row_blocks.push((w[0], head));
             rest = tail;
         }
         if threads > 1 {
@@ -240,18 +283,18 @@ unsafe fn pack_a(a: Operand, r0: usize, mr: usize, k0: usize, kc: usize, out: &m
     }
 }
 
-/// One `MR x NR` tile of C from a packed panel of A (`kc x MR`) and `kc`
-/// rows of `NR` elements of B, `b_stride` apart; only `tile.rows x
-/// tile.cols` of it is written.
+/// The top `R` rows (4, 8 or `MR`) of an `MR x NR` tile of C from a packed
+/// panel of A (`kc x MR`) and `kc` rows of `NR` elements of B, `b_stride`
+/// apart; only `tile.rows x tile.cols` of it is written.
 #[target_feature(enable = "avx512f")]
-fn microkernel(a: &[f32], b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
+fn microkernel<const R: usize>(a: &[f32], b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
     let (a, _) = a.as_chunks::<MR>();
     assert!(
         a.is_empty() || (a.len() - 1) * b_stride + NR <= b.len(),
         "B holds {} rows of {NR}, {b_stride} apart",
         a.len()
     );
-    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for (l, a) in a.iter().enumerate() {
         let row = b.as_ptr().wrapping_add(l * b_stride);
         // Prefetches only hint: an address past the panels' ends is harmless.
@@ -320,6 +363,11 @@ mod tests {
             (50, 513, 1027),
             (200, 64, 17),
             (300, 1100, 70),
+            // B read in place over several depth blocks, with and without a
+            // ragged packed panel; row blocks ending in 4- and 8-row tiles.
+            (64, 1100, 96),
+            (90, 600, 50),
+            (8, 70, 40),
         ] {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
