@@ -516,6 +516,10 @@ fn fusion_kinds_agree() -> Result<()> {
         rtol: 2e-6,
         atol: 1e-7,
     };
+    let log_soft = Tol {
+        rtol: 2e-6,
+        atol: 2e-6,
+    };
     for n in SIZES {
         let x = input(&[5, n], 41, false)?;
         check(
@@ -527,10 +531,7 @@ fn fusion_kinds_agree() -> Result<()> {
         check(
             &format!("log_softmax [5,{n}]"),
             std::slice::from_ref(&x),
-            Tol {
-                rtol: 2e-6,
-                atol: 2e-6,
-            },
+            log_soft,
             |t| t[0].log_softmax(-1),
         )?;
         check(
@@ -576,10 +577,7 @@ fn fusion_kinds_agree() -> Result<()> {
     check(
         "log_softmax [4096,10]",
         std::slice::from_ref(&x),
-        Tol {
-            rtol: 2e-6,
-            atol: 2e-6,
-        },
+        log_soft,
         |t| t[0].log_softmax(-1),
     )?;
     let x = input(&[4096, 1000], 44, false)?;
