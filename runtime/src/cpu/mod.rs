@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use kiln_ir::kernel::{Expr, Kernel, KernelKind};
+use kiln_ir::kernel::{Expr, KernelKind};
 use kiln_ir::pass::Optimized;
 use kiln_ir::schedule::{Location, Schedule};
 use kiln_ir::view::View;
@@ -207,12 +207,17 @@ fn row_groups(graph: &Graph, schedule: &Schedule) -> Vec<Range<usize>> {
 fn joins(graph: &Graph, schedule: &Schedule, group: &Range<usize>, next: usize) -> bool {
     let reduction = |i: usize| match &graph.node(schedule.launches[i].node).op {
         Op::Kernel(k) => match &k.kind {
-            KernelKind::Reduce { axes, shape, .. } => Some((k.as_ref(), axes, shape)),
+            KernelKind::Reduce {
+                axes,
+                shape,
+                prologue,
+                ..
+            } => Some((k.as_ref(), axes, shape, prologue)),
             _ => None,
         },
         _ => None,
     };
-    let (Some((kernel, axes, shape)), Some((_, first_axes, first_shape))) =
+    let (Some((kernel, axes, shape, prologue)), Some((_, first_axes, first_shape, _))) =
         (reduction(next), reduction(group.start))
     else {
         return false;
@@ -239,23 +244,17 @@ fn joins(graph: &Graph, schedule: &Schedule, group: &Range<usize>, next: usize) 
     let node = graph.node(launch.node);
     node.inputs.iter().enumerate().all(|(input, id)| {
         !members.iter().any(|m| m.node == *id)
-            || reads_of(kernel, input).all(|view| row_local(view, &graph.node(*id).ty.shape))
+            || prologue
+                .values
+                .iter()
+                .chain(&kernel.body.values)
+                .all(|v| match &v.expr {
+                    Expr::Load { input: i, view } if *i as usize == input => {
+                        row_local(view, &graph.node(*id).ty.shape)
+                    }
+                    _ => true,
+                })
     })
-}
-
-/// The views through which `kernel` loads its input `input`.
-fn reads_of(kernel: &Kernel, input: usize) -> impl Iterator<Item = &View> {
-    let prologue = match &kernel.kind {
-        KernelKind::Reduce { prologue, .. } => &prologue.values[..],
-        _ => &[],
-    };
-    prologue
-        .iter()
-        .chain(&kernel.body.values)
-        .filter_map(move |v| match &v.expr {
-            Expr::Load { input: i, view } if *i as usize == input => Some(view),
-            _ => None,
-        })
 }
 
 /// Whether `view` reads a contiguous buffer of shape `written`, the output
