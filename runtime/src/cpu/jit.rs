@@ -27,8 +27,9 @@ use rayon::prelude::*;
 use super::lower::{self, Launch};
 use crate::Error;
 
-/// A kernel function: buffer table, first and last-plus-one row.
-type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
+/// A kernel function: buffer table, first and last-plus-one row, and how
+/// many rows ahead it reads a line in advance (see `lower::signature`).
+type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64, i64);
 
 /// Work below this many elements runs on the calling thread.
 const PARALLEL_ELEMENTS: usize = 1 << 15;
@@ -278,6 +279,20 @@ pub(crate) struct Bound<'k> {
     table: Table,
 }
 
+impl Bound<'_> {
+    /// Runs the code over rows `start..end`, reading `ahead` rows on (any
+    /// count: the code clamps the row it reads into the kernel's rows).
+    ///
+    /// # Safety
+    /// `start..end` lies inside `0..rows` of the kernel's launch, and no
+    /// other thread touches those rows of the output meanwhile.
+    pub(crate) unsafe fn call(&self, start: usize, end: usize, ahead: i64) {
+        // SAFETY: `bind` checked that the buffers hold what the kernel's
+        // types need, and the caller keeps the rows inside them.
+        unsafe { (self.kernel.func)(self.table.base(), start as i64, end as i64, ahead) }
+    }
+}
+
 /// Runs the generated code of kernels over the same rows, split across
 /// threads in row ranges when the work is large. Several kernels go block
 /// of rows by block of rows: each kernel over a block, then the next kernel
@@ -301,15 +316,18 @@ pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
         [_] => rows.max(1),
         _ => (ROW_BLOCK_BYTES / (4 * row_len)).max(1),
     };
+    // The last kernel over a block reads ahead into the next block, which
+    // the first kernel then finds in cache.
+    let ahead = if group.len() > 1 { block as i64 } else { 0 };
     let call = |&(lo, hi): &(usize, usize)| {
         for start in (lo..hi).step_by(block) {
             let end = (start + block).min(hi);
-            for b in group {
-                // SAFETY: `bind` checked that the buffers hold what each
-                // kernel's types need; `start..end` lies inside `0..rows`, the
-                // range of every kernel of the group, and a call writes only
-                // its own rows, which no other thread is given.
-                unsafe { (b.kernel.func)(b.table.base(), start as i64, end as i64) }
+            for (i, b) in group.iter().enumerate() {
+                let ahead = if i + 1 == group.len() { ahead } else { 0 };
+                // SAFETY: `start..end` lies inside `0..rows`, the range of
+                // every kernel of the group, and a call writes only its own
+                // rows, which no other thread is given.
+                unsafe { b.call(start, end, ahead) }
             }
         }
     };
@@ -544,5 +562,59 @@ unsafe fn gemm_block(
                 gemm::Parallelism::None
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::pass::{Options, optimize};
+    use kiln_ir::{Data, Graph, Op, ReduceOp, Shape, UnaryOp};
+    use smallvec::smallvec;
+
+    #[test]
+    fn reading_ahead_stays_inside_the_rows_whatever_the_count() {
+        // A sum of exponentials over rows long enough for the vector loop,
+        // whose reads ahead would land far outside `x` unclamped.
+        let (rows, len) = (7, 50);
+        let mut g = Graph::new("g");
+        let x = g.input(TensorType::new(DType::F32, Shape::new(&[rows, len])));
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let reduce = Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: smallvec![1],
+        };
+        let s = g.push(reduce, &[e]).unwrap();
+        g.outputs.push(s);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let launch = &optimized.schedule.launches[0];
+        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            panic!("the launch is a kernel")
+        };
+        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let input: Vec<f32> = (0..rows * len).map(|i| (i % 11) as f32 / 4.0).collect();
+        let sums = |ahead: i64| {
+            let mut out = Data::zeros(DType::F32, rows);
+            let x = Buffer::input(DataRef::F32(&input));
+            let bound = kernel
+                .bind(&[&x], &mut Buffer::output(&mut out), &mut Buffer::empty())
+                .unwrap();
+            // SAFETY: the rows are the kernel's own, on this thread alone.
+            unsafe { bound.call(0, rows, ahead) };
+            out
+        };
+        let want = sums(0);
+        for ahead in [
+            1,
+            3,
+            rows as i64,
+            1 << 40,
+            i64::MAX,
+            -1,
+            -(1 << 40),
+            i64::MIN,
+        ] {
+            assert_eq!(sums(ahead), want, "ahead {ahead}");
+        }
     }
 }

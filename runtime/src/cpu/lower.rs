@@ -46,11 +46,17 @@ pub(crate) struct Launch {
     pub row_len: usize,
 }
 
-/// The signature every kernel function has.
+/// The signature every kernel function has: the buffer table, the first
+/// and last-plus-one row, and `ahead`, a count of rows: a reduction's vector
+/// loop over a row reads one line per trip of the row that far ahead (0:
+/// the same row again), so that in a row group (`jit::run_rows`) the next
+/// block's rows arrive in cache while this block computes. Cranelift has no
+/// prefetch instruction; a load whose value goes unused does the same.
 pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
     let mut sig = Signature::new(call_conv);
     sig.params.extend([
         AbiParam::new(ptr),
+        AbiParam::new(types::I64),
         AbiParam::new(types::I64),
         AbiParam::new(types::I64),
     ]);
@@ -298,11 +304,8 @@ pub(crate) fn lower(
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
-    let (table, start, end) = (
-        b.block_params(entry)[0],
-        b.block_params(entry)[1],
-        b.block_params(entry)[2],
-    );
+    let params = b.block_params(entry);
+    let (table, start, end, ahead) = (params[0], params[1], params[2], params[3]);
     let buffers = kernel.inputs.len() + 1;
     let ptrs: Vec<Value> = (0..buffers)
         .map(|i| {
@@ -323,6 +326,7 @@ pub(crate) fn lower(
         out_dtype: kernel.out.dtype,
         row_lanes: false,
         store_prologue: false,
+        ahead,
     };
     let launch = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
@@ -408,6 +412,8 @@ struct Emitter<'a> {
     /// The prologue of a broadcast reduction stores its values in the output,
     /// where the epilogue reads them back (see `recomputed`).
     store_prologue: bool,
+    /// The kernel's `ahead` parameter (see `signature`).
+    ahead: Value,
 }
 
 /// Where a block's reads are positioned: at one row, or at four rows at
@@ -562,6 +568,18 @@ impl<'a> Emitter<'a> {
         self.b
             .ins()
             .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+    }
+
+    /// The address of row `row + self.ahead` of `access`, that row clamped
+    /// into `0..rows`, computed before the loop that uses it.
+    fn row_ahead(&mut self, access: &Access, dtype: DType, row: Value, rows: usize) -> Value {
+        let r = self.b.ins().iadd(row, self.ahead);
+        let (first, last) = (self.iconst(0), self.iconst(rows as i64 - 1));
+        let r = self.b.ins().smax(r, first);
+        let r = self.b.ins().smin(r, last);
+        let base = self.row_base(access, r).base;
+        let at = self.address(access.buffer, base, dtype);
+        self.pin(at)
     }
 
     /// `v`, computed here and not at its uses. Cranelift places a pure
@@ -859,8 +877,20 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// The accesses positioned at `row`, their base offsets pinned before
+    /// the row's loops: left to Cranelift, each load in them multiplied the
+    /// row by its stride again.
     fn bases(&mut self, accesses: &[Access], row: Value) -> Vec<RowBase> {
-        accesses.iter().map(|a| self.row_base(a, row)).collect()
+        accesses
+            .iter()
+            .map(|a| {
+                let at = self.row_base(a, row);
+                RowBase {
+                    base: self.pin(at.base),
+                    ..at
+                }
+            })
+            .collect()
     }
 
     /// An elementwise kernel, or a matmul epilogue when `acc_in_place`.
@@ -1116,7 +1146,22 @@ impl<'a> Emitter<'a> {
                     v
                 })
                 .collect();
+            // The first contiguous read, a line of it per trip read `ahead`
+            // rows on (see `signature`).
+            let ahead = prologue
+                .values
+                .iter()
+                .filter(|v| matches!(v.expr, Expr::Load { .. }))
+                .zip(&pro.accesses)
+                .find(|(_, a)| a.unit_stride())
+                .map(|(v, a)| (e.row_ahead(a, v.dtype, row, pro.rows), v.dtype));
             from = e.counted_loop(zero, n, 4 * UNROLL as i64, |e, j| {
+                if let Some((row_ahead, dtype)) = ahead {
+                    let bytes = e.b.ins().imul_imm_s(j, dtype.size() as i64);
+                    let at = e.b.ins().iadd(row_ahead, bytes);
+                    // Without `notrap` a load stays although nothing uses it.
+                    e.b.ins().load(types::I8, MemFlagsData::new(), at, 0);
+                }
                 for (u, &vacc) in vaccs.iter().enumerate() {
                     let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
                     let v = element(e, j, true);
