@@ -390,6 +390,37 @@ fn reductions_over_every_axis_kind() -> Result<()> {
 }
 
 #[test]
+fn max_keeps_signed_zeros_and_nans_wherever_they_fall() -> Result<()> {
+    // Rows of negatives with zeros and NaNs put where the vector loop meets
+    // them: in one lane of one accumulator (indices 16 apart), across lanes,
+    // in the ragged last vector, in the scalar tail. The max is +0 when a +0
+    // is in the row, whichever zero came first, and NaN when a NaN is.
+    let rows: [&[(usize, f32)]; 6] = [
+        &[(1, -0.0), (17, 0.0)],
+        &[(1, 0.0), (17, -0.0)],
+        &[(1, -0.0), (17, -0.0)],
+        &[(usize::MAX, f32::NAN)],
+        &[(0, 0.0), (2, f32::NAN)],
+        &[(3, -0.0), (usize::MAX, 0.0)],
+    ];
+    for n in SIZES.into_iter().filter(|&n| n > 1) {
+        let mut v = Vec::with_capacity(rows.len() * n);
+        for marks in rows {
+            let mut row: Vec<f32> = (0..n).map(|i| -1.0 - (i % 13) as f32).collect();
+            for &(i, x) in marks {
+                row[i.min(n - 1)] = x;
+            }
+            v.extend(row);
+        }
+        let x = Tensor::from_vec(v, [rows.len(), n])?;
+        check(&format!("max zeros, NaN [6,{n}]"), &[x], EXACT, |t| {
+            t[0].max(&[1], false)
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
 fn views_fold_into_reads() -> Result<()> {
     for n in SIZES {
         let x = input(&[3, n], 21, true)?;

@@ -1135,6 +1135,26 @@ impl<'a> Emitter<'a> {
             v
         };
         let mut from = zero;
+        // A max over vectors runs `maxps` alone, where IEEE `maximum` takes
+        // five instructions: NaNs are noted apart, and a row whose max comes
+        // out zero, where `maxps` may have kept -0 over +0, is walked again.
+        let nans = (lanes && op == ReduceOp::Max && dtype == DType::F32).then(|| {
+            let none = e.b.ins().iconst(types::I32, 0);
+            let none = e.b.ins().splat(types::I32X4, none);
+            let nans = e.b.declare_var(types::I32X4);
+            e.b.def_var(nans, none);
+            nans
+        });
+        let vcombine = |e: &mut Self, a: Value, v: Value| match nans {
+            Some(nans) => {
+                let nan = e.b.ins().fcmp(FloatCC::Unordered, v, v);
+                let seen = e.b.use_var(nans);
+                let seen = e.b.ins().bor(seen, nan);
+                e.b.def_var(nans, seen);
+                e.math(true).fast_max(v, a)
+            }
+            None => e.combine(op, DType::F32, a, v),
+        };
         if lanes {
             // UNROLL independent vector accumulators, so that additions do not
             // wait on each other, then one, folded together at the end.
@@ -1166,14 +1186,14 @@ impl<'a> Emitter<'a> {
                     let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
                     let v = element(e, j, true);
                     let a = e.b.use_var(vacc);
-                    let a = e.combine(op, DType::F32, a, v);
+                    let a = vcombine(e, a, v);
                     e.b.def_var(vacc, a);
                 }
             });
             from = e.counted_loop(from, n, 4, |e, j| {
                 let v = element(e, j, true);
                 let a = e.b.use_var(vaccs[0]);
-                let a = e.combine(op, DType::F32, a, v);
+                let a = vcombine(e, a, v);
                 e.b.def_var(vaccs[0], a);
             });
             // A ragged tail of a row of at least four: one more vector over the
@@ -1190,19 +1210,44 @@ impl<'a> Emitter<'a> {
                 let mask = e.b.ins().bitcast(types::F32X4, MemFlagsData::new(), mask);
                 let v = e.b.ins().bitselect(mask, v, vinit);
                 let a = e.b.use_var(vaccs[0]);
-                let a = e.combine(op, DType::F32, a, v);
+                let a = vcombine(e, a, v);
                 e.b.def_var(vaccs[0], a);
                 from = n;
             }
             let mut v = e.b.use_var(vaccs[0]);
             for &vacc in &vaccs[1..] {
                 let w = e.b.use_var(vacc);
-                v = e.combine(op, DType::F32, v, w);
+                v = vcombine(e, v, w);
             }
             let mut total = e.b.ins().extractlane(v, 0);
             for lane in 1..4 {
                 let x = e.b.ins().extractlane(v, lane);
                 total = e.combine(op, DType::F32, total, x);
+            }
+            if let Some(nans) = nans {
+                let seen = e.b.use_var(nans);
+                let any = e.b.ins().vany_true(seen);
+                let nan = e.b.ins().f32const(f32::NAN);
+                total = e.b.ins().select(any, nan, total);
+                let zero_f32 = e.b.ins().f32const(0.0);
+                let is_zero = e.b.ins().fcmp(FloatCC::Equal, total, zero_f32);
+                let (again, join) = (e.b.create_block(), e.b.create_block());
+                e.b.set_cold_block(again);
+                let max = e.b.append_block_param(join, types::F32);
+                e.b.ins().brif(is_zero, again, &[], join, &[total.into()]);
+                e.b.switch_to_block(again);
+                let exact = e.b.declare_var(types::F32);
+                e.b.def_var(exact, init);
+                e.counted_loop(zero, n, 1, |e, j| {
+                    let v = element(e, j, false);
+                    let a = e.b.use_var(exact);
+                    let a = e.combine(op, dtype, a, v);
+                    e.b.def_var(exact, a);
+                });
+                let exact = e.b.use_var(exact);
+                e.b.ins().jump(join, &[exact.into()]);
+                e.b.switch_to_block(join);
+                total = max;
             }
             e.b.def_var(acc, total);
         }

@@ -76,6 +76,28 @@ impl Math<'_, '_> {
         self.b.ins().bitcast(ty, MemFlagsData::new(), x)
     }
 
+    /// |x|. For f32x4 an `and` with a mask from the constant pool, where
+    /// CLIF's `fabs` builds the mask in two instructions at every use.
+    pub fn abs(&mut self, x: Value) -> Value {
+        if !self.vector() {
+            return self.b.ins().fabs(x);
+        }
+        let mask = self.i(0x7fff_ffff);
+        let mask = self.float_of(mask);
+        self.b.ins().band(x, mask)
+    }
+
+    /// -x. For f32x4 an `xor` with the sign bit from the constant pool (see
+    /// `abs`).
+    pub fn neg(&mut self, x: Value) -> Value {
+        if !self.vector() {
+            return self.b.ins().fneg(x);
+        }
+        let sign = self.i(i32::MIN);
+        let sign = self.float_of(sign);
+        self.b.ins().bxor(x, sign)
+    }
+
     /// `p(x)` by Horner's rule with fused multiply-adds, highest power first.
     fn poly(&mut self, x: Value, coefficients: &[f32]) -> Value {
         let mut p = self.f(coefficients[0]);
@@ -102,7 +124,7 @@ impl Math<'_, '_> {
     }
 
     /// `y < x ? x : y`, the `maxps` counterpart of `fast_min`.
-    fn fast_max(&mut self, x: Value, y: Value) -> Value {
+    pub fn fast_max(&mut self, x: Value, y: Value) -> Value {
         let lt = self.b.ins().fcmp(FloatCC::LessThan, y, x);
         self.select(lt, x, y)
     }
@@ -154,7 +176,7 @@ impl Math<'_, '_> {
         let e_bits = self.bits_of(e);
         let bits = self.b.ins().iadd(e_bits, n);
         let fast = self.float_of(bits);
-        let ax = self.b.ins().fabs(x);
+        let ax = self.abs(x);
         let limit = self.f(87.0);
         let outside = self
             .b
@@ -313,7 +335,7 @@ impl Math<'_, '_> {
     /// tanh x: an odd Taylor polynomial below |x| = 0.25, where
     /// `1 - 2/(e^2|x| + 1)` would cancel, and that formula above.
     pub fn tanh(&mut self, x: Value) -> Value {
-        let ax = self.b.ins().fabs(x);
+        let ax = self.abs(x);
         let two = self.f(2.0);
         let twice = self.b.ins().fmul(ax, two);
         let e = self.exp(twice);
@@ -340,7 +362,7 @@ impl Math<'_, '_> {
 
     /// 1 / (1 + e^-x).
     pub fn sigmoid(&mut self, x: Value) -> Value {
-        let neg = self.b.ins().fneg(x);
+        let neg = self.neg(x);
         let e = self.exp(neg);
         let one = self.f(1.0);
         let d = self.b.ins().fadd(one, e);
