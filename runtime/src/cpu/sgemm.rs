@@ -7,7 +7,8 @@
 //! (blocks of even depth), B's block is packed once into `NR`-column panels
 //! (or, for products with few rows, read where it lies); the rows of C are
 //! cut into blocks of at most `MC` rows, shared evenly between threads, each
-//! task packing its rows of A into `MR`-row panels.
+//! task packing its rows of A into `MR`-row panels (or, when they are
+//! contiguous and spread over the cache's sets, reading them in place).
 //! A task walks B's panels in groups of `NC_PANELS` (a group stays in L2):
 //! each panel of A passes over every panel of the group, so it is read from
 //! the nearest caches while B's panels stream past it, both prefetched a few
@@ -15,8 +16,9 @@
 //! microkernel holds an `MR x NR` tile in 24 of the 32 vector registers for
 //! the whole depth block, two FMAs per broadcast element of A.
 //!
-//! `unsafe` here is the vector loads and stores, the packing reads through
-//! the caller's strides, and the call of the AVX-512 code.
+//! `unsafe` here is the vector loads and stores, the reads of A and the
+//! packing reads through the caller's strides, and the call of the AVX-512
+//! code.
 
 #![allow(unsafe_code)]
 
@@ -93,6 +95,12 @@ pub(crate) unsafe fn sgemm(
     let in_place =
         b.cols == 1 && (n as isize..=IN_PLACE_ROWS as isize).contains(&b.rows) && m <= MC;
     let first_packed = if in_place { n / NR } else { 0 };
+    // A is read where it lies when its rows are contiguous and do not
+    // crowd into a few cache sets: packing costs about a tenth of a product
+    // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
+    // place is as fast as packed with many (1000³); but rows 4 KiB apart all
+    // fall in one set (1024³ then took 1.3x as long).
+    let a_in_place = a.cols == 1 && spread_over_sets(a.rows);
     let depth = k.div_ceil(k.div_ceil(KC));
     // Depth blocks `(k0, kc)`, in groups that run as one parallel region:
     // B's blocks of a group are packed together first, then each task walks
@@ -183,16 +191,21 @@ pub(crate) unsafe fn sgemm(
             let mr = c_rows.len() / n;
             PACKED_A.with_borrow_mut(|buffer| {
                 for (d, &(k0, kc)) in group.iter().enumerate() {
-                    let len = mr.div_ceil(MR) * MR * kc;
+                    let len = if a_in_place {
+                        0
+                    } else {
+                        mr.div_ceil(MR) * MR * kc
+                    };
                     if buffer.len() < len {
                         buffer.resize(len, 0.0);
                     }
                     let packed_a = &mut buffer[..len];
                     // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of
-                    // a are inside its buffer.
+                    // a are inside its buffer (read in place, none is packed).
                     unsafe { pack_a(a, r0, mr, k0, kc, packed_a) };
+                    let (packed_a, _) = packed_a.as_chunks::<MR>();
                     for p0 in (0..panels).step_by(NC_PANELS) {
-                        for (t, a_panel) in packed_a.chunks_exact(MR * kc).enumerate() {
+                        for t in 0..mr.div_ceil(MR) {
                             for p in p0..panels.min(p0 + NC_PANELS) {
                                 let tile = Tile {
                                     offset: t * MR * n + p * NR,
@@ -202,13 +215,19 @@ pub(crate) unsafe fn sgemm(
                                     accumulate: k0 > 0,
                                 };
                                 let (b_rows, b_stride) = panel(d, p);
-                                let kernel = match tile.rows {
-                                    ..=4 => microkernel::<4>,
-                                    5..=8 => microkernel::<8>,
-                                    _ => microkernel::<MR>,
-                                };
-                                // SAFETY: `available()` (the contract of this function).
-                                unsafe { kernel(a_panel, b_rows, b_stride, c_rows, tile) };
+                                if a_in_place {
+                                    // SAFETY: `a_in_place`: rows of a are
+                                    // contiguous, and the tile's rows, columns
+                                    // `k0..k0 + kc`, inside its buffer.
+                                    let a_rows =
+                                        unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
+                                    // SAFETY: `available()` (the contract of this function).
+                                    unsafe { run_tile(a_rows, b_rows, b_stride, c_rows, tile) };
+                                } else {
+                                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
+                                    // SAFETY: as above.
+                                    unsafe { run_tile(a_panel, b_rows, b_stride, c_rows, tile) };
+                                }
                             }
                         }
                     }
@@ -293,30 +312,106 @@ unsafe fn pack_a(a: Operand, r0: usize, mr: usize, k0: usize, kc: usize, out: &m
     }
 }
 
-/// The top `R` rows (4, 8 or `MR`) of an `MR x NR` tile of C from a packed
-/// panel of A (`kc x MR`) and `kc` rows of `NR` elements of B, `b_stride`
-/// apart; only `tile.rows x tile.cols` of it is written.
+/// A tile's rows of A along one depth block: element `(i, l)`, row `i` of
+/// the tile at depth `l`.
+trait PanelA {
+    /// The depth.
+    fn depth(&self) -> usize;
+    /// Element `(i, l)` for `i < MR`, `l < depth()`.
+    fn at(&self, i: usize, l: usize) -> f32;
+    /// Hints that depth `l` (perhaps past the end) is read soon.
+    fn prefetch(&self, _l: usize) {}
+}
+
+/// A packed panel, `kc x MR`, column after column.
+struct Packed<'a>(&'a [[f32; MR]]);
+
+impl PanelA for Packed<'_> {
+    fn depth(&self) -> usize {
+        self.0.len()
+    }
+
+    #[inline(always)]
+    fn at(&self, i: usize, l: usize) -> f32 {
+        self.0[l][i]
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, l: usize) {
+        // Prefetches only hint: an address past the panel's end is harmless.
+        let ahead = self.0.as_ptr().wrapping_add(l).cast::<i8>();
+        // SAFETY: `_mm_prefetch` reads nothing; AVX-512 implies SSE.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+    }
+}
+
+/// `MR` rows of A read where they lie, each `depth` contiguous elements.
+struct InPlace {
+    rows: [*const f32; MR],
+    depth: usize,
+}
+
+impl InPlace {
+    /// Rows `r0..r0 + rows` of a (`rows <= MR`, the rest standing in for
+    /// rows past the tile, whose results are not stored), columns `k0..k0 +
+    /// depth`.
+    ///
+    /// # Safety
+    /// `a.cols == 1`, and those elements of a lie inside its buffer.
+    unsafe fn new(a: Operand, r0: usize, rows: usize, k0: usize, depth: usize) -> InPlace {
+        let row = |i: usize| {
+            a.ptr
+                .wrapping_offset((r0 + i.min(rows - 1)) as isize * a.rows + k0 as isize)
+        };
+        InPlace {
+            rows: std::array::from_fn(row),
+            depth,
+        }
+    }
+}
+
+impl PanelA for InPlace {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    #[inline(always)]
+    fn at(&self, i: usize, l: usize) -> f32 {
+        // SAFETY: `l < depth` and row `i` holds `depth` elements from its
+        // pointer (the contract of `new`).
+        unsafe { *self.rows[i].add(l) }
+    }
+}
+
+/// The top `R` rows (4, 8 or `MR`) of an `MR x NR` tile of C from rows of A
+/// and `kc` rows of `NR` elements of B, `b_stride` apart; only `tile.rows x
+/// tile.cols` of it is written.
 #[target_feature(enable = "avx512f")]
-fn microkernel<const R: usize>(a: &[f32], b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
-    let (a, _) = a.as_chunks::<MR>();
+fn microkernel<const R: usize, A: PanelA>(
+    a: A,
+    b: &[f32],
+    b_stride: usize,
+    c: &mut [f32],
+    tile: Tile,
+) {
+    let depth = a.depth();
     assert!(
-        a.is_empty() || (a.len() - 1) * b_stride + NR <= b.len(),
-        "B holds {} rows of {NR}, {b_stride} apart",
-        a.len()
+        depth == 0 || (depth - 1) * b_stride + NR <= b.len(),
+        "B holds {depth} rows of {NR}, {b_stride} apart",
     );
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    for (l, a) in a.iter().enumerate() {
+    for l in 0..depth {
         let row = b.as_ptr().wrapping_add(l * b_stride);
         // Prefetches only hint: an address past the panels' ends is harmless.
         let ahead = row.wrapping_add(PREFETCH * b_stride).cast::<i8>();
         _mm_prefetch::<_MM_HINT_T0>(ahead);
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-        _mm_prefetch::<_MM_HINT_T0>(a.as_ptr().wrapping_add(PREFETCH * MR).cast::<i8>());
+        a.prefetch(l + PREFETCH);
         // SAFETY: row `l` of B, 32 f32 (two vectors), is inside `b` (the
         // assert above).
         let (b0, b1) = unsafe { (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))) };
         for (i, row) in acc.iter_mut().enumerate() {
-            let x = _mm512_set1_ps(a[i]);
+            let x = _mm512_set1_ps(a.at(i, l));
             row[0] = _mm512_fmadd_ps(x, b0, row[0]);
             row[1] = _mm512_fmadd_ps(x, b1, row[1]);
         }
@@ -346,6 +441,31 @@ fn microkernel<const R: usize>(a: &[f32], b: &[f32], b_stride: usize, c: &mut [f
             }
         }
     }
+}
+
+/// Whether `MR` rows `lda` elements apart start in enough of L1's 64 sets
+/// (of 64-byte lines, 4 KiB round) that reading them in place leaves
+/// room in each set, 8 lines, for B's two lines beside them.
+fn spread_over_sets(lda: isize) -> bool {
+    let mut rows_in_set = [0u8; 64];
+    for i in 0..MR {
+        rows_in_set[(i * lda.unsigned_abs() * 4 / 64) % 64] += 1;
+    }
+    rows_in_set.iter().all(|&rows| rows <= 6)
+}
+
+/// A tile by the microkernel of its height.
+///
+/// # Safety
+/// `available()`.
+unsafe fn run_tile<A: PanelA>(a: A, b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
+    let kernel = match tile.rows {
+        ..=4 => microkernel::<4, A>,
+        5..=8 => microkernel::<8, A>,
+        _ => microkernel::<MR, A>,
+    };
+    // SAFETY: AVX-512 is there (the contract of this function).
+    unsafe { kernel(a, b, b_stride, c, tile) }
 }
 
 /// The first `lanes` (at most 16) bits set.
