@@ -535,6 +535,18 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
     check("batched matmul", &[a, b], product_tol(5, 16.0), |t| {
         t[0].matmul(&t[1])?.exp()
     })?;
+    // Each product large enough for the AVX-512 kernels, whose blocks of
+    // rows take the epilogue as they finish.
+    let (a, b) = (
+        input(&[2, 200, 256], 38, false)?,
+        input(&[2, 256, 200], 39, false)?,
+    );
+    check(
+        "batched relu(x@w * 0.5 - 1) 2x200x256x200",
+        &[a, b],
+        product_tol(256, 16.0),
+        |t| ((t[0].matmul(&t[1])? * 0.5f32)? - 1.0f32)?.relu(),
+    )?;
     let (v, w) = (input(&[7], 36, false)?, input(&[7, 3], 37, false)?);
     check("vector @ matrix", &[v, w], product_tol(7, 16.0), |t| {
         t[0].matmul(&t[1])

@@ -237,7 +237,9 @@ impl CompiledKernel {
                 let (Some(a), Some(b)) = (a, b) else {
                     return Err(Error::Launch("a matmul has two operands".to_string()));
                 };
-                // Only an epilogue that does more than copy the product needs a pass.
+                // Only an epilogue that does more than copy the product needs a
+                // pass: over each block of rows as the GEMM core finishes it,
+                // or over the whole product after.
                 let epilogue = k.body.values.len() > 1;
                 let (batches, m, n) = (a.batches(), a.rows, b.cols);
                 if a.cols != b.rows || batches * m * n > out.bytes / 4 {
@@ -255,13 +257,23 @@ impl CompiledKernel {
                 } else {
                     rayon::current_num_threads()
                 };
+                let mut pending = epilogue;
                 for batch in 0..batches {
+                    let rows = |r0: usize, r1: usize| {
+                        if epilogue {
+                            // SAFETY: the product's rows `r0..r1` of this batch
+                            // are rows of the epilogue's launch, finished and
+                            // touched by no other thread meanwhile.
+                            unsafe { bound.call(batch * m + r0, batch * m + r1, 0) }
+                        }
+                    };
                     // SAFETY: `a` and `b` read inside buffers whose lengths were
                     // checked against views the verifier bounded; the output holds
                     // every row of every batch (checked above).
-                    unsafe { gemm_block(&a, &b, table.out(), batch, 0, m, threads) };
+                    pending &=
+                        !unsafe { gemm_block(&a, &b, table.out(), batch, m, threads, &rows) };
                 }
-                if epilogue {
+                if pending {
                     run_rows(std::slice::from_ref(&bound))?;
                 }
             }
@@ -493,9 +505,11 @@ impl Strided {
 #[cfg(target_arch = "x86_64")]
 const AVX512_GEMM_WORK: usize = 1 << 23;
 
-/// `out[batch, r0..r1, :] = a[batch, r0..r1, :] @ b[batch]`, on `threads`
-/// threads: by kiln's AVX-512 kernels for large products where the machine
-/// has AVX-512, else by the `gemm` crate's runtime-dispatched microkernels.
+/// `out[batch] = a[batch] @ b[batch]` (`m` rows), on `threads` threads: by
+/// kiln's AVX-512 kernels for large products where the machine has AVX-512,
+/// which call `finish(r0, r1)` on each block of rows as it is done (the
+/// result is then true), else by the `gemm` crate's runtime-dispatched
+/// microkernels.
 ///
 /// # Safety
 /// `a` and `b` must read inside live buffers for every row and batch, and
@@ -506,26 +520,24 @@ unsafe fn gemm_block(
     b: &Strided,
     out: *mut u8,
     batch: usize,
-    r0: usize,
-    r1: usize,
+    m: usize,
     threads: usize,
-) {
-    let (m, k, n) = (r1 - r0, a.cols, b.cols);
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> bool {
+    let (k, n) = (a.cols, b.cols);
     if m == 0 || n == 0 {
-        return;
+        return false;
     }
     let out = out as *mut f32;
     // An operand with no elements (k == 0) may have any offset, even one
     // before its buffer (a padded empty view): its address is formed without
     // the in-bounds promise of `offset`, and the GEMM reads nothing through it.
-    let lhs = a
-        .ptr
-        .wrapping_offset(a.batch_offset(batch) + r0 as isize * a.row_stride);
+    let lhs = a.ptr.wrapping_offset(a.batch_offset(batch));
     let rhs = b.ptr.wrapping_offset(b.batch_offset(batch));
     // SAFETY: the caller guarantees that the output rows and, when k > 0,
     // every operand element the GEMM reads lie inside their buffers.
     unsafe {
-        let dst = out.add((batch * a.rows + r0) * n);
+        let dst = out.add(batch * m * n);
         #[cfg(target_arch = "x86_64")]
         if m * n * k >= AVX512_GEMM_WORK && super::sgemm::available() {
             let operand = |ptr, s: &Strided| super::sgemm::Operand {
@@ -534,8 +546,9 @@ unsafe fn gemm_block(
                 cols: s.col_stride,
             };
             let c = std::slice::from_raw_parts_mut(dst, m * n);
-            super::sgemm::sgemm(m, n, k, operand(lhs, a), operand(rhs, b), c, threads);
-            return;
+            let (lhs, rhs) = (operand(lhs, a), operand(rhs, b));
+            super::sgemm::sgemm(m, n, k, lhs, rhs, c, threads, finish);
+            return true;
         }
         gemm::gemm(
             m,
@@ -563,6 +576,9 @@ unsafe fn gemm_block(
             },
         );
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = finish;
+    false
 }
 
 #[cfg(test)]

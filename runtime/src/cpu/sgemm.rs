@@ -68,11 +68,14 @@ unsafe impl Sync for Operand {}
 unsafe impl Send for Operand {}
 
 /// `c[i * n + j] = sum over l of a(i, l) b(l, j)` for `i < m`, `j < n`, on
-/// up to `threads` threads.
+/// up to `threads` threads; `finish(r0, r1)` runs on the thread that
+/// computed rows `r0..r1` of c as soon as they are done, once for each of a
+/// partition of `0..m`, while they are still in its cache.
 ///
 /// # Safety
 /// `available()` must be true, and `a(i, l)` for `i < m, l < k` and
 /// `b(l, j)` for `l < k, j < n` must lie inside live buffers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(
     m: usize,
     n: usize,
@@ -81,9 +84,11 @@ pub(crate) unsafe fn sgemm(
     b: Operand,
     c: &mut [f32],
     threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
 ) {
     if k == 0 {
         c[..m * n].fill(0.0);
+        finish(0, m);
         return;
     }
     let panels = n.div_ceil(NR);
@@ -138,7 +143,8 @@ pub(crate) unsafe fn sgemm(
     let bounds: Vec<usize> = (0..=blocks)
         .map(|i| (i * units / blocks * unit).min(m))
         .collect();
-    for group in groups {
+    let last_group = groups.len() - 1;
+    for (g, group) in groups.into_iter().enumerate() {
         let k_first = group[0].0;
         let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
         let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
@@ -233,6 +239,9 @@ pub(crate) unsafe fn sgemm(
                     }
                 }
             });
+            if g == last_group {
+                finish(r0, r0 + mr);
+            }
         };
         let mut rest = &mut c[..m * n];
         let mut row_blocks = Vec::with_capacity(blocks);
@@ -537,8 +546,19 @@ mod tests {
                     rows: stride as isize,
                     cols: 1,
                 };
+                let finished = std::sync::Mutex::new(Vec::new());
+                let finish = |r0, r1| finished.lock().unwrap().push((r0, r1));
                 // SAFETY: `available()`; both operands index inside their vectors.
-                unsafe { sgemm(m, n, k, a_op, b_op, &mut c, threads) };
+                unsafe { sgemm(m, n, k, a_op, b_op, &mut c, threads, &finish) };
+                // `finish` saw a partition of the rows.
+                let mut finished = finished.into_inner().unwrap();
+                finished.sort_unstable();
+                let mut next = 0;
+                for (r0, r1) in finished {
+                    assert_eq!(r0, next, "{m}x{k}x{n}: rows finished");
+                    next = r1;
+                }
+                assert_eq!(next, m, "{m}x{k}x{n}: rows finished");
                 for i in 0..m {
                     for j in 0..n {
                         let want: f64 = (0..k)
