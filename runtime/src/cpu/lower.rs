@@ -1355,7 +1355,6 @@ impl<'a> Emitter<'a> {
         let pro_bases = self.lane_pointers(&pro.accesses, &rows);
         let epi_bases = self.lane_pointers(&epi.accesses, &rows);
         let zero = self.iconst(0);
-        let n = self.iconst(inner_len as i64);
         let hoisted = self.hoist(
             prologue,
             &pro.accesses,
@@ -1368,7 +1367,10 @@ impl<'a> Emitter<'a> {
         let init = self.b.ins().splat(types::F32X4, init);
         let acc = self.b.declare_var(types::F32X4);
         self.b.def_var(acc, init);
-        self.counted_loop(zero, n, 1, |e, j| {
+        // Rows this short are walked unrolled, at constant inner indices:
+        // a loop of one vector per trip spent much of it counting (log_softmax
+        // [4096, 10] took 1.25x as long).
+        let step = |e: &mut Self, j: Value| {
             let v = e.block(
                 prologue,
                 &pro.accesses,
@@ -1381,7 +1383,11 @@ impl<'a> Emitter<'a> {
             let a = e.b.use_var(acc);
             let a = e.combine(op, DType::F32, a, v);
             e.b.def_var(acc, a);
-        });
+        };
+        for j in 0..inner_len {
+            let j = self.iconst(j as i64);
+            step(self, j);
+        }
         let total = self.b.use_var(acc);
         let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
         let hoisted = self.hoist(
@@ -1403,7 +1409,7 @@ impl<'a> Emitter<'a> {
             }
         };
         if broadcast {
-            self.counted_loop(zero, n, 1, |e, j| {
+            let step = |e: &mut Self, j: Value| {
                 let v = e.block(
                     body,
                     reads,
@@ -1414,7 +1420,11 @@ impl<'a> Emitter<'a> {
                     true,
                 );
                 store(e, j, v);
-            });
+            };
+            for j in 0..inner_len {
+                let j = self.iconst(j as i64);
+                step(self, j);
+            }
         } else {
             let v = self.block(
                 body,
