@@ -270,8 +270,7 @@ impl CompiledKernel {
                     // SAFETY: `a` and `b` read inside buffers whose lengths were
                     // checked against views the verifier bounded; the output holds
                     // every row of every batch (checked above).
-                    pending &=
-                        !unsafe { gemm_block(&a, &b, table.out(), batch, m, threads, &rows) };
+                    pending &= !unsafe { gemm_block(&a, &b, table.out(), batch, threads, &rows) };
                 }
                 if pending {
                     run_rows(std::slice::from_ref(&bound))?;
@@ -505,7 +504,7 @@ impl Strided {
 #[cfg(target_arch = "x86_64")]
 const AVX512_GEMM_WORK: usize = 1 << 23;
 
-/// `out[batch] = a[batch] @ b[batch]` (`m` rows), on `threads` threads: by
+/// `out[batch] = a[batch] @ b[batch]`, on `threads` threads: by
 /// kiln's AVX-512 kernels for large products where the machine has AVX-512,
 /// which call `finish(r0, r1)` on each block of rows as it is done (the
 /// result is then true), else by the `gemm` crate's runtime-dispatched
@@ -520,11 +519,10 @@ unsafe fn gemm_block(
     b: &Strided,
     out: *mut u8,
     batch: usize,
-    m: usize,
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
-    let (k, n) = (a.cols, b.cols);
+    let (m, k, n) = (a.rows, a.cols, b.cols);
     if m == 0 || n == 0 {
         return false;
     }

@@ -1370,8 +1370,9 @@ impl<'a> Emitter<'a> {
         // Rows this short are walked unrolled, at constant inner indices:
         // a loop of one vector per trip spent much of it counting (log_softmax
         // [4096, 10] took 1.25x as long).
-        let step = |e: &mut Self, j: Value| {
-            let v = e.block(
+        for j in 0..inner_len {
+            let j = self.iconst(j as i64);
+            let v = self.block(
                 prologue,
                 &pro.accesses,
                 Rows::Four(&pro_bases),
@@ -1380,13 +1381,9 @@ impl<'a> Emitter<'a> {
                 None,
                 true,
             );
-            let a = e.b.use_var(acc);
-            let a = e.combine(op, DType::F32, a, v);
-            e.b.def_var(acc, a);
-        };
-        for j in 0..inner_len {
-            let j = self.iconst(j as i64);
-            step(self, j);
+            let a = self.b.use_var(acc);
+            let a = self.combine(op, DType::F32, a, v);
+            self.b.def_var(acc, a);
         }
         let total = self.b.use_var(acc);
         let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
@@ -1409,8 +1406,9 @@ impl<'a> Emitter<'a> {
             }
         };
         if broadcast {
-            let step = |e: &mut Self, j: Value| {
-                let v = e.block(
+            for j in 0..inner_len {
+                let j = self.iconst(j as i64);
+                let v = self.block(
                     body,
                     reads,
                     Rows::Four(&epi_bases),
@@ -1419,11 +1417,7 @@ impl<'a> Emitter<'a> {
                     Some(total),
                     true,
                 );
-                store(e, j, v);
-            };
-            for j in 0..inner_len {
-                let j = self.iconst(j as i64);
-                step(self, j);
+                store(self, j, v);
             }
         } else {
             let v = self.block(
