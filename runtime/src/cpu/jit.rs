@@ -297,7 +297,7 @@ impl Bound<'_> {
     /// # Safety
     /// `start..end` lies inside `0..rows` of the kernel's launch, and no
     /// other thread touches those rows of the output meanwhile.
-    pub(crate) unsafe fn call(&self, start: usize, end: usize, ahead: i64) {
+    unsafe fn call(&self, start: usize, end: usize, ahead: i64) {
         // SAFETY: `bind` checked that the buffers hold what the kernel's
         // types need, and the caller keeps the rows inside them.
         unsafe { (self.kernel.func)(self.table.base(), start as i64, end as i64, ahead) }
