@@ -784,8 +784,8 @@ impl<'a> Emitter<'a> {
             };
         }
         match op {
-            UnaryOp::Neg => self.b.ins().fneg(x),
-            UnaryOp::Abs => self.b.ins().fabs(x),
+            UnaryOp::Neg => self.math(lanes).neg(x),
+            UnaryOp::Abs => self.math(lanes).abs(x),
             UnaryOp::Sqrt => self.b.ins().sqrt(x),
             UnaryOp::Recip => {
                 let one = self.math(lanes).f(1.0);
