@@ -29,7 +29,7 @@ use cranelift_codegen::ir::{
     StackSlotKind, Type, Value, types,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind};
 use kiln_ir::view::View;
 use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, Shape, UnaryOp};
@@ -1134,6 +1134,16 @@ impl<'a> Emitter<'a> {
             }
             v
         };
+        // The prologue combined into `acc` one element at a time, from `from`
+        // to the row's end.
+        let scalars = |e: &mut Self, acc: Variable, from: Value| {
+            e.counted_loop(from, n, 1, |e, j| {
+                let v = element(e, j, false);
+                let a = e.b.use_var(acc);
+                let a = e.combine(op, dtype, a, v);
+                e.b.def_var(acc, a);
+            });
+        };
         let mut from = zero;
         // A max over vectors runs `maxps` alone, where IEEE `maximum` takes
         // five instructions: NaNs are noted apart, and a row whose max comes
@@ -1238,12 +1248,7 @@ impl<'a> Emitter<'a> {
                 e.b.switch_to_block(again);
                 let exact = e.b.declare_var(types::F32);
                 e.b.def_var(exact, init);
-                e.counted_loop(zero, n, 1, |e, j| {
-                    let v = element(e, j, false);
-                    let a = e.b.use_var(exact);
-                    let a = e.combine(op, dtype, a, v);
-                    e.b.def_var(exact, a);
-                });
+                scalars(e, exact, zero);
                 let exact = e.b.use_var(exact);
                 e.b.ins().jump(join, &[exact.into()]);
                 e.b.switch_to_block(join);
@@ -1251,12 +1256,7 @@ impl<'a> Emitter<'a> {
             }
             e.b.def_var(acc, total);
         }
-        e.counted_loop(from, n, 1, |e, j| {
-            let v = element(e, j, false);
-            let a = e.b.use_var(acc);
-            let a = e.combine(op, dtype, a, v);
-            e.b.def_var(acc, a);
-        });
+        scalars(e, acc, from);
         let total = e.b.use_var(acc);
         let total = e.pin(total);
         let bases = epi_bases;
