@@ -206,9 +206,11 @@ pub(crate) unsafe fn sgemm(
                         buffer.resize(len, 0.0);
                     }
                     let packed_a = &mut buffer[..len];
-                    // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of
-                    // a are inside its buffer (read in place, none is packed).
-                    unsafe { pack_a(a, r0, mr, k0, kc, packed_a) };
+                    if !a_in_place {
+                        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc`
+                        // of a are inside its buffer.
+                        unsafe { pack_a(a, r0, mr, k0, kc, packed_a) };
+                    }
                     let (packed_a, _) = packed_a.as_chunks::<MR>();
                     for p0 in (0..panels).step_by(NC_PANELS) {
                         for t in 0..mr.div_ceil(MR) {
@@ -231,7 +233,7 @@ pub(crate) unsafe fn sgemm(
                                     unsafe { run_tile(a_rows, b_rows, b_stride, c_rows, tile) };
                                 } else {
                                     let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
-                                    // SAFETY: as above.
+                                    // SAFETY: `available()` (the contract of this function).
                                     unsafe { run_tile(a_panel, b_rows, b_stride, c_rows, tile) };
                                 }
                             }
