@@ -225,8 +225,9 @@ pub(crate) unsafe fn sgemm(
                                 let (b_rows, b_stride) = panel(d, p);
                                 if a_in_place {
                                     // SAFETY: `a_in_place`: rows of a are
-                                    // contiguous, and the tile's rows, columns
-                                    // `k0..k0 + kc`, inside its buffer.
+                                    // contiguous; the tile's rows (1 to MR of
+                                    // them), columns `k0..k0 + kc`, are inside
+                                    // its buffer.
                                     let a_rows =
                                         unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
                                     // SAFETY: `available()` (the contract of this function).
@@ -328,8 +329,11 @@ unsafe fn pack_a(a: Operand, r0: usize, mr: usize, k0: usize, kc: usize, out: &m
 trait PanelA {
     /// The depth.
     fn depth(&self) -> usize;
-    /// Element `(i, l)` for `i < MR`, `l < depth()`.
-    fn at(&self, i: usize, l: usize) -> f32;
+    /// Element `(i, l)`.
+    ///
+    /// # Safety
+    /// `i < MR` and `l < depth()`.
+    unsafe fn at(&self, i: usize, l: usize) -> f32;
     /// Hints that depth `l` (perhaps past the end) is read soon.
     fn prefetch(&self, _l: usize) {}
 }
@@ -343,7 +347,7 @@ impl PanelA for Packed<'_> {
     }
 
     #[inline(always)]
-    fn at(&self, i: usize, l: usize) -> f32 {
+    unsafe fn at(&self, i: usize, l: usize) -> f32 {
         self.0[l][i]
     }
 
@@ -368,7 +372,8 @@ impl InPlace {
     /// depth`.
     ///
     /// # Safety
-    /// `a.cols == 1`, and those elements of a lie inside its buffer.
+    /// `a.cols == 1`, `1 <= rows <= MR`, and those elements of a lie inside
+    /// its buffer.
     unsafe fn new(a: Operand, r0: usize, rows: usize, k0: usize, depth: usize) -> InPlace {
         let row = |i: usize| {
             a.ptr
@@ -387,9 +392,9 @@ impl PanelA for InPlace {
     }
 
     #[inline(always)]
-    fn at(&self, i: usize, l: usize) -> f32 {
-        // SAFETY: `l < depth` and row `i` holds `depth` elements from its
-        // pointer (the contract of `new`).
+    unsafe fn at(&self, i: usize, l: usize) -> f32 {
+        // SAFETY: `l < depth` (the caller's contract), and row `i` holds
+        // `depth` elements from its pointer (the contract of `new`).
         unsafe { *self.rows[i].add(l) }
     }
 }
@@ -422,7 +427,8 @@ fn microkernel<const R: usize, A: PanelA>(
         // assert above).
         let (b0, b1) = unsafe { (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))) };
         for (i, row) in acc.iter_mut().enumerate() {
-            let x = _mm512_set1_ps(a.at(i, l));
+            // SAFETY: `i < R <= MR` and `l < depth`.
+            let x = _mm512_set1_ps(unsafe { a.at(i, l) });
             row[0] = _mm512_fmadd_ps(x, b0, row[0]);
             row[1] = _mm512_fmadd_ps(x, b1, row[1]);
         }
