@@ -376,10 +376,18 @@ impl Math<'_, '_> {
     }
 
     /// max(x, 0) with NaN kept and -0 mapped to +0, as the interpreter says.
+    /// For f32x4 the lanes at or below zero are cleared by an and-not with
+    /// the comparison's mask (a NaN compares false and stays): one `andnps`
+    /// after the comparison, where a select takes a `blendv` of two micro-ops.
     pub fn relu(&mut self, x: Value) -> Value {
         let zero = self.f(0.0);
         let nonpositive = self.b.ins().fcmp(FloatCC::LessThanOrEqual, x, zero);
-        self.select(nonpositive, zero, x)
+        if !self.vector() {
+            return self.b.ins().select(nonpositive, zero, x);
+        }
+        let ty = self.ty;
+        let mask = self.b.ins().bitcast(ty, MemFlagsData::new(), nonpositive);
+        self.b.ins().band_not(x, mask)
     }
 }
 
