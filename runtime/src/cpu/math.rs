@@ -177,8 +177,8 @@ impl Math<'_, '_> {
         let bits = self.b.ins().iadd(e_bits, n);
         let fast = self.float_of(bits);
         // |x| > 87 as x^2 > 87^2: one constant where the absolute value takes
-        // two (rounding x^2 moves the bound by 1e-5, far inside the 0.3 of
-        // slack between 87 and where results stop being normal floats).
+        // two (rounding x^2 moves the bound by about 1e-6, far inside the 0.3
+        // of slack between 87 and where results stop being normal floats).
         let square = self.b.ins().fmul(x, x);
         let limit = self.f(87.0 * 87.0);
         let outside = self
