@@ -1155,15 +1155,19 @@ impl<'a> Emitter<'a> {
             e.b.def_var(nans, none);
             nans
         });
-        let vcombine = |e: &mut Self, a: Value, v: Value| match nans {
-            Some(nans) => {
+        let fold = |e: &mut Self, a: Value, v: Value| match nans {
+            Some(_) => e.math(true).fast_max(v, a),
+            None => e.combine(op, DType::F32, a, v),
+        };
+        // Folds a vector of the row into an accumulator, noting its NaNs.
+        let vcombine = |e: &mut Self, a: Value, v: Value| {
+            if let Some(nans) = nans {
                 let nan = e.b.ins().fcmp(FloatCC::Unordered, v, v);
                 let seen = e.b.use_var(nans);
                 let seen = e.b.ins().bor(seen, nan);
                 e.b.def_var(nans, seen);
-                e.math(true).fast_max(v, a)
             }
-            None => e.combine(op, DType::F32, a, v),
+            fold(e, a, v)
         };
         if lanes {
             // UNROLL independent vector accumulators, so that additions do not
@@ -1224,10 +1228,12 @@ impl<'a> Emitter<'a> {
                 e.b.def_var(vaccs[0], a);
                 from = n;
             }
+            // The accumulators hold no NaN (`maxps` keeps the accumulator
+            // over a NaN of the row), so folding them notes nothing.
             let mut v = e.b.use_var(vaccs[0]);
             for &vacc in &vaccs[1..] {
                 let w = e.b.use_var(vacc);
-                v = vcombine(e, v, w);
+                v = fold(e, v, w);
             }
             let mut total = e.b.ins().extractlane(v, 0);
             for lane in 1..4 {
