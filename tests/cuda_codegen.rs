@@ -148,6 +148,28 @@ fn sums_run_by_rows_or_by_columns() -> Result<()> {
     Ok(())
 }
 
+/// `x[:, 1:] @ w` reads `x` in place from element 1, so its pointer is only
+/// 4-byte aligned: the runtime tells cuBLASLt's heuristic the alignment of
+/// each real pointer (`blaslt::alignment`), never the default 256 bytes.
+#[test]
+fn an_operand_at_an_offset_is_planned_in_place_at_that_offset() -> Result<()> {
+    let x = Tensor::randn([64, 129], 0)?.slice(1, 1, 129, 1)?;
+    let y = (x.matmul(&Tensor::randn([128, 32], 1)?)? + &Tensor::randn([32], 2)?)?.relu()?;
+    let optimized = kiln::optimize("offset", &[&y], Options::default())?;
+    let kernels = kernels(&optimized.graph, &optimized);
+    let plan = codegen::matmul(&kernels[0], true).map_err(kiln::Error::from)?;
+    assert!(plan.prologues.is_empty(), "{plan:?}");
+    assert_eq!((plan.gemm.a.offset, plan.gemm.a.row_stride), (1, 129));
+    // Column-major, kiln's right operand is BLAS's A: C' (32 x 64) = w' x'.
+    let cm = plan.gemm.column_major();
+    assert_eq!(
+        (cm.m, cm.n, cm.k, cm.lda, cm.ldb, cm.ldc),
+        (32, 64, 128, 32, 129, 32)
+    );
+    assert!(!cm.transa && !cm.transb);
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 #[path = "support/random_graph.rs"]
 mod random_graph;

@@ -158,3 +158,212 @@ fn arguments<'a>(types: &[TensorType], x: &'a Data, weights: &'a Data) -> Vec<Da
         })
         .collect()
 }
+
+/// `f` on GPU 0 (matmuls in TF32) against the interpreter: NaN exactly
+/// where the interpreter has NaN, other values within `rtol` of the
+/// largest magnitude. Returns false, saying why, where there is no GPU.
+fn agrees_on_the_gpu(
+    inputs: &[Tensor],
+    rtol: f32,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<bool> {
+    if let Err(why) = gpu() {
+        eprintln!("skipped: {why}");
+        return Ok(false);
+    }
+    let on = |device: Device| -> Result<Vec<f32>> {
+        let moved: Vec<Tensor> = inputs.iter().map(|t| t.to(device)).collect::<Result<_>>()?;
+        f(&moved)?.to_vec::<f32>()
+    };
+    let (got, want) = (on(Device::Cuda(0))?, on(Device::Reference)?);
+    assert_eq!(got.len(), want.len());
+    let scale = want
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(1.0f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.is_nan(),
+            w.is_nan(),
+            "element {i}: gpu {g}, reference {w}"
+        );
+        assert!(
+            w.is_nan() || g == w || (g - w).abs() <= rtol * scale,
+            "element {i}: gpu {g}, reference {w}"
+        );
+    }
+    Ok(true)
+}
+
+/// TF32 keeps 10 mantissa bits per product: about 1e-3 of the magnitudes summed.
+const TF32: f32 = 2e-2;
+
+#[test]
+fn matmuls_of_operands_at_an_offset_run_on_the_gpu() -> Result<()> {
+    // Views read in place at element offsets 1, 129 and 3: pointers 4-byte
+    // aligned, which cuBLASLt's heuristic must be told.
+    let x = Tensor::randn([65, 129], 1)?;
+    let w = Tensor::randn([128, 100], 2)?;
+    let b = Tensor::randn([96], 3)?;
+    let inputs = [x, w, b];
+    let ran = agrees_on_the_gpu(&inputs, TF32, |t| {
+        let columns = t[0].slice(0, 0, 64, 1)?.slice(1, 1, 129, 1)?;
+        (columns.matmul(&t[1].slice(1, 3, 99, 1)?)? + &t[2])?.relu()
+    })?;
+    if ran {
+        agrees_on_the_gpu(&inputs, TF32, |t| {
+            let rows = t[0].slice(0, 1, 65, 1)?.slice(1, 0, 128, 1)?;
+            rows.matmul(&t[1])
+        })?;
+        let batched = [Tensor::randn([3, 33, 18], 4)?, Tensor::randn([17, 5], 5)?];
+        agrees_on_the_gpu(&batched, TF32, |t| t[0].slice(2, 1, 18, 1)?.matmul(&t[1]))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn relu_after_a_fused_bias_keeps_nan_as_on_the_cpu() -> Result<()> {
+    let mut x = Tensor::randn([64, 96], 1)?.to_vec::<f32>()?;
+    x[5 * 96 + 7] = f32::NAN;
+    x[9 * 96] = f32::INFINITY;
+    let inputs = [
+        Tensor::from_vec(x, [64, 96])?,
+        Tensor::randn([96, 80], 2)?,
+        Tensor::randn([80], 3)?,
+    ];
+    agrees_on_the_gpu(&inputs, TF32, |t| (t[0].matmul(&t[1])? + &t[2])?.relu())?;
+    Ok(())
+}
+
+#[test]
+fn launch_prepared_takes_one_prepare_each() -> Result<()> {
+    let d = match gpu() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(());
+        }
+    };
+    let x = Tensor::randn([8, 16], 1)?;
+    let optimized = kiln::optimize("twice", &[&(&x * 2.0f32)?.relu()?], Options::default())?;
+    let mut exec = Executable::new(optimized, d, Precision::F32)?;
+    let batch = Data::F32(x.to_vec()?);
+    let inputs = [DataRef::from(&batch)];
+    let mut out = vec![Data::zeros(DType::F32, 8 * 16)];
+    assert!(
+        exec.launch_prepared().is_err(),
+        "a launch before any prepare"
+    );
+    exec.prepare(&inputs)?;
+    exec.launch_prepared()?;
+    let again = exec.launch_prepared().err().map(|e| e.to_string());
+    assert!(
+        again
+            .as_deref()
+            .is_some_and(|e| e.contains("without a prepare")),
+        "{again:?}"
+    );
+    exec.finish(&inputs, &mut out)?;
+    exec.prepare(&inputs)?;
+    exec.launch_prepared()?;
+    exec.finish(&inputs, &mut out)?;
+    let want: Vec<f32> = x
+        .to_vec::<f32>()?
+        .iter()
+        .map(|v| (v * 2.0).max(0.0))
+        .collect();
+    assert_eq!(out[0], Data::F32(want));
+    Ok(())
+}
+
+#[test]
+fn empty_inputs_are_staged_and_run() -> Result<()> {
+    let d = match gpu() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(());
+        }
+    };
+    let x = Tensor::from_vec(Vec::<f32>::new(), [0, 4])?;
+    let y = Tensor::randn([4], 1)?;
+    let outputs = [(&x + &y)?.relu()?, (x.sum(&[0], false)? + &y)?];
+    let optimized = kiln::optimize("empty", &[&outputs[0], &outputs[1]], Options::default())?;
+    let mut exec = Executable::new(optimized.clone(), d, Precision::F32)?;
+    let data: Vec<Data> = optimized
+        .graph
+        .inputs
+        .iter()
+        .map(|ty| match ty.shape.numel() {
+            0 => Ok(Data::F32(Vec::new())),
+            _ => y.to_vec::<f32>().map(Data::F32),
+        })
+        .collect::<Result<_>>()?;
+    let inputs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
+    let want = Data::F32(y.to_vec()?);
+    let mut out = vec![Data::zeros(DType::F32, 0), Data::zeros(DType::F32, 4)];
+    exec.run_into(&inputs, &mut out)?;
+    assert_eq!(out[1], want);
+    let mut staged = vec![Data::zeros(DType::F32, 0), Data::zeros(DType::F32, 4)];
+    exec.prepare(&inputs)?;
+    exec.launch_prepared()?;
+    exec.finish(&inputs, &mut staged)?;
+    assert_eq!(staged, out);
+    Ok(())
+}
+
+#[test]
+fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
+    let d = match gpu() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(());
+        }
+    };
+    let (x, w) = (Tensor::randn([32, 48], 1)?, Tensor::randn([48, 24], 2)?);
+    let optimized = kiln::optimize("moved", &[&x.matmul(&w)?.relu()?], Options::default())?;
+    let data = [Data::F32(x.to_vec()?), Data::F32(w.to_vec()?)];
+    let run = move |mut exec: Executable| -> Result<Data> {
+        let inputs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
+        let mut out = vec![Data::zeros(DType::F32, 32 * 24)];
+        exec.run_into(&inputs, &mut out)?;
+        Ok(out.remove(0))
+    };
+    let here = run.clone()(Executable::new(
+        optimized.clone(),
+        d.clone(),
+        Precision::Tf32,
+    )?)?;
+    let exec = Executable::new(optimized, d, Precision::Tf32)?;
+    let there = std::thread::spawn(move || run(exec))
+        .join()
+        .expect("the thread returns")?;
+    assert_eq!(here, there);
+    Ok(())
+}
+
+#[test]
+fn staging_dropped_with_a_copy_in_flight_frees_safely() -> Result<()> {
+    let d = match gpu() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(());
+        }
+    };
+    let x = Tensor::randn([4096, 4096], 1)?;
+    let optimized = kiln::optimize("dropped", &[&x.relu()?], Options::default())?;
+    let batch = Data::F32(x.to_vec()?);
+    for _ in 0..3 {
+        // A 64 MiB copy is still running when the executable goes.
+        let mut exec = Executable::new(optimized.clone(), d.clone(), Precision::F32)?;
+        exec.prepare(&[DataRef::from(&batch)])?;
+    }
+    let mut exec = Executable::new(optimized, d, Precision::F32)?;
+    let mut out = vec![Data::zeros(DType::F32, 4096 * 4096)];
+    exec.run_into(&[DataRef::from(&batch)], &mut out)?;
+    let want: Vec<f32> = x.to_vec::<f32>()?.iter().map(|v| v.max(0.0)).collect();
+    assert_eq!(out[0], Data::F32(want));
+    Ok(())
+}

@@ -103,6 +103,61 @@ pub struct Gemm {
     pub b: GemmOperand,
 }
 
+/// A product as column-major BLAS (cuBLAS, cuBLASLt) takes it, in elements:
+/// `C = op(A) op(B)`, `C` being `m x n` with leading dimension `ldc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColumnMajor {
+    /// `op(A)` is `A` transposed.
+    pub transa: bool,
+    /// `op(B)` is `B` transposed.
+    pub transb: bool,
+    /// Rows of `C`.
+    pub m: usize,
+    /// Columns of `C`.
+    pub n: usize,
+    /// The shared dimension.
+    pub k: usize,
+    /// Leading dimension of `A`.
+    pub lda: usize,
+    /// Leading dimension of `B`.
+    pub ldb: usize,
+    /// Leading dimension of `C`.
+    pub ldc: usize,
+    /// Products.
+    pub batches: usize,
+    /// Between the batches of `A`, `B` and `C`.
+    pub batch_strides: [usize; 3],
+}
+
+impl Gemm {
+    /// Row-major `C = A B` is column-major `C' = B' A'` with `m' = n`,
+    /// `n' = m`: kiln's right operand is BLAS's `A`. An operand with a unit
+    /// column stride is a column-major matrix with leading dimension
+    /// `row_stride` (no transpose); a unit row stride is its transpose.
+    pub fn column_major(&self) -> ColumnMajor {
+        let layout = |o: &GemmOperand| {
+            if o.col_stride == 1 {
+                (false, o.row_stride.max(1))
+            } else {
+                (true, o.col_stride.max(1))
+            }
+        };
+        let ((transa, lda), (transb, ldb)) = (layout(&self.b), layout(&self.a));
+        ColumnMajor {
+            transa,
+            transb,
+            m: self.n,
+            n: self.m,
+            k: self.k,
+            lda,
+            ldb,
+            ldc: self.n,
+            batches: self.batches,
+            batch_strides: [self.b.batch_stride, self.a.batch_stride, self.m * self.n],
+        }
+    }
+}
+
 /// Where a GEMM operand lives and how to step through it (in elements).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GemmOperand {

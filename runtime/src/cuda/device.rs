@@ -14,8 +14,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig, sys::cublasOperation_t};
-use cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
+use cudarc::cublas::{CudaBlas, sys::cublasOperation_t};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
     PinnedHostSlice, PushKernelArg,
@@ -26,6 +25,7 @@ use kiln_ir::pass::Optimized;
 use kiln_ir::schedule::Location;
 use kiln_ir::{Data, DataRef, Op, TensorType};
 
+use super::blaslt;
 use super::codegen::{self, FLAT_THREADS, Gemm as GemmPlan, GemmEpilogue, Launch, OperandSource};
 use crate::{Error, check};
 
@@ -52,12 +52,70 @@ pub struct Device {
     arch: String,
     name: String,
     multiprocessors: u32,
-    lt: CudaBlasLT,
+    lt: blaslt::Lt,
     blas: CudaBlas,
     /// Kernels by their CUDA C: a source compiles once per device.
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Freed device buffers by size, for the next allocation of that size.
     pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+}
+
+/// The CUDA major version kiln's bindings are built for (cudarc's
+/// `cuda-13000`): the driver must support it and the libraries must be it.
+const CUDA_MAJOR: i32 = 13;
+
+/// The versions of the driver, NVRTC, cuBLAS and cuBLASLt that were loaded:
+/// an older driver or a library of another major version (cudarc also tries
+/// `.so.12`, `.so.11` and unversioned names) is an `Err` saying what was found.
+fn check_versions() -> Result<(), Error> {
+    let (mut driver_version, mut nvrtc) = (0, (0, 0));
+    let mut blas_major = 0;
+    // SAFETY: each call writes the integers it is given; the libraries are
+    // loaded (checked by the caller).
+    let (lt_version, statuses) = unsafe {
+        let d = cudarc::driver::sys::cuDriverGetVersion(&mut driver_version);
+        let n = cudarc::nvrtc::sys::nvrtcVersion(&mut nvrtc.0, &mut nvrtc.1);
+        let b = cudarc::cublas::sys::cublasGetProperty(
+            cudarc::cublas::sys::libraryPropertyType::MAJOR_VERSION,
+            &mut blas_major,
+        );
+        (
+            cudarc::cublaslt::sys::cublasLtGetVersion(),
+            (d.result().is_ok(), n.result().is_ok(), b.result().is_ok()),
+        )
+    };
+    // A call that failed reports version 0, which no check accepts.
+    let driver_version = if statuses.0 { driver_version } else { 0 };
+    // cuBLASLt's version is major * 10000 + minor * 100 + patch.
+    let libraries = [
+        ("libnvrtc", if statuses.1 { nvrtc.0 } else { 0 }),
+        ("libcublas", if statuses.2 { blas_major } else { 0 }),
+        (
+            "libcublasLt",
+            i32::try_from(lt_version / 10000).unwrap_or(0),
+        ),
+    ];
+    match version_problem(driver_version, &libraries) {
+        Some(problem) => Err(Error::Cuda(problem)),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with a driver of `driver_version` (`cuDriverGetVersion`'s
+/// 1000 * major + 10 * minor) and libraries of the given major versions.
+fn version_problem(driver_version: i32, libraries: &[(&str, i32)]) -> Option<String> {
+    if driver_version < CUDA_MAJOR * 1000 {
+        return Some(format!(
+            "the NVIDIA driver supports CUDA {}.{}; kiln needs {CUDA_MAJOR}.0 or newer",
+            driver_version / 1000,
+            driver_version % 1000 / 10
+        ));
+    }
+    libraries.iter().find(|(_, major)| *major != CUDA_MAJOR).map(|(library, major)| {
+        format!(
+            "{library} of CUDA {major} was loaded; kiln needs {library}.so.{CUDA_MAJOR} (put CUDA {CUDA_MAJOR}'s libraries first on LD_LIBRARY_PATH)"
+        )
+    })
 }
 
 /// Devices opened so far, by ordinal.
@@ -96,6 +154,7 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, Error> {
                 .into(),
         ));
     }
+    check_versions()?;
     let count = CudaContext::device_count().map_err(|e| driver("counting devices", e))?;
     if ordinal >= count.max(0) as usize {
         return Err(Error::Cuda(format!(
@@ -120,7 +179,7 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, Error> {
         name: ctx.name().map_err(|e| driver("device name", e))?,
         arch: format!("sm_{major}{minor}"),
         multiprocessors: multiprocessors.max(1) as u32,
-        lt: CudaBlasLT::new(stream.clone()).map_err(|e| driver("cuBLASLt", e))?,
+        lt: blaslt::Lt::new(&stream, major)?,
         blas: CudaBlas::new(stream.clone()).map_err(|e| driver("cuBLAS", e))?,
         ctx,
         stream,
@@ -135,6 +194,15 @@ impl Device {
     /// The device's name (`NVIDIA H100 80GB HBM3`).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Makes the device's context current on the calling thread: an
+    /// `Executable` is `Send`, and cuBLAS, cuBLASLt and raw driver calls use
+    /// the thread's current context.
+    fn bind(&self) -> Result<(), Error> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("binding the device's context to this thread", e))
     }
 
     /// The architecture kernels are compiled for (`sm_90`).
@@ -259,6 +327,7 @@ pub struct Copier {
 impl Copier {
     /// Copies the buffer once and waits for it.
     pub fn run(&mut self) -> Result<(), Error> {
+        self.from.device.bind()?;
         let stream = self.from.device.stream.clone();
         let bytes = self.from.bytes;
         let src = self.from.slice()?.slice(..bytes);
@@ -277,33 +346,6 @@ impl Copier {
     }
 }
 
-/// Device memory owned elsewhere, seen as an f32 slice for cuBLAS; never
-/// freed through this handle.
-struct Borrowed(Option<CudaSlice<f32>>);
-
-impl Borrowed {
-    fn slice(&self) -> Result<&CudaSlice<f32>, Error> {
-        self.0
-            .as_ref()
-            .ok_or_else(|| Error::Cuda("a released device view".into()))
-    }
-
-    fn slice_mut(&mut self) -> Result<&mut CudaSlice<f32>, Error> {
-        self.0
-            .as_mut()
-            .ok_or_else(|| Error::Cuda("a released device view".into()))
-    }
-}
-
-impl Drop for Borrowed {
-    fn drop(&mut self) {
-        if let Some(slice) = self.0.take() {
-            // The memory belongs to a `Buffer`: forget it without freeing.
-            slice.leak();
-        }
-    }
-}
-
 /// One launch of a compiled graph.
 // Steps are made once per compiled graph; boxing the matmul's plan would
 // only add an indirection to every run.
@@ -319,6 +361,8 @@ enum Step {
     MatMul {
         prologues: Vec<(CudaFunction, Launch)>,
         gemm: GemmPlan,
+        /// The cuBLASLt product, in TF32.
+        lt: Option<blaslt::Matmul>,
         epilogue: GemmEpilogue,
         epilogue_function: Option<CudaFunction>,
         scratch: Buffer,
@@ -349,8 +393,23 @@ struct Staging {
     /// Recorded on the copy stream after the last copy into `standby`.
     copied: Option<CudaEvent>,
     /// Recorded on the compute stream when the work that read the buffers
-    /// now in `standby` was enqueued in full.
-    released: Option<CudaEvent>,
+    /// now in `standby` was enqueued in full, and first when they were
+    /// allocated (and zeroed) there: a pooled buffer may still be read by
+    /// the work of an executable that was dropped, and a new one's zeroing
+    /// is stream-ordered; the copy stream waits for either.
+    released: CudaEvent,
+    /// Whether `standby` holds inputs that no launch has taken yet.
+    ready: bool,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // With cudarc's event tracking off, freeing pinned memory waits on
+        // nothing: a copy still reading it (or writing a standby buffer that
+        // goes back to the pool) must end first. A failure leaves nothing
+        // better to do than to free.
+        let _ = self.copy.synchronize();
+    }
 }
 
 impl Executable {
@@ -361,6 +420,7 @@ impl Executable {
         device: Arc<Device>,
         precision: Precision,
     ) -> Result<Executable, Error> {
+        device.bind()?;
         let graph = &optimized.graph;
         let mut steps = Vec::with_capacity(optimized.schedule.launches.len());
         for launch in &optimized.schedule.launches {
@@ -375,12 +435,21 @@ impl Executable {
                         .iter()
                         .map(|p| Ok((device.function(&p.code)?, p.launch)))
                         .collect::<Result<_, Error>>()?;
-                    let epilogue_function = match &plan.epilogue {
-                        GemmEpilogue::Kernel { source, .. } => Some(device.function(&source.code)?),
-                        GemmEpilogue::None | GemmEpilogue::Bias { .. } => None,
+                    let (epilogue_function, fused) = match &plan.epilogue {
+                        GemmEpilogue::Kernel { source, .. } => {
+                            (Some(device.function(&source.code)?), blaslt::Epilogue::None)
+                        }
+                        GemmEpilogue::None => (None, blaslt::Epilogue::None),
+                        GemmEpilogue::Bias { relu: false, .. } => (None, blaslt::Epilogue::Bias),
+                        GemmEpilogue::Bias { relu: true, .. } => (None, blaslt::Epilogue::BiasRelu),
                     };
+                    let g = &plan.gemm;
+                    let lt = (precision == Precision::Tf32 && g.m * g.n * g.k * g.batches > 0)
+                        .then(|| blaslt::Matmul::new(g.column_major(), fused))
+                        .transpose()?;
                     Step::MatMul {
                         prologues,
+                        lt,
                         scratch: device.alloc(plan.scratch_bytes)?,
                         gemm: plan.gemm,
                         epilogue: plan.epilogue,
@@ -448,9 +517,13 @@ impl Executable {
     pub fn upload(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
         check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        self.device.bind()?;
         let stream = self.device.stream.clone();
         for (buffer, data) in self.inputs.iter_mut().zip(inputs) {
             let bytes = host_bytes(*data);
+            if bytes.is_empty() {
+                continue;
+            }
             let mut dst = buffer
                 .slice
                 .as_mut()
@@ -481,6 +554,7 @@ impl Executable {
     pub fn prepare(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
         check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        self.device.bind()?;
         if self.staging.is_none() {
             let copy = self
                 .device
@@ -492,18 +566,30 @@ impl Executable {
             for ty in &graph.inputs {
                 let bytes = ty.shape.numel() * ty.dtype.size();
                 // SAFETY: the memory is written in full (below) before any read.
-                // Flags 0: cached host memory, fast for the CPU to write.
-                let host = unsafe { self.device.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
-                    .map_err(|e| driver("allocating pinned memory", e))?;
+                // Flags 0: cached host memory, fast for the CPU to write. At
+                // least a byte: cuMemHostAlloc of 0 bytes may leave the
+                // pointer unwritten.
+                let host = unsafe {
+                    self.device
+                        .ctx
+                        .alloc_pinned_with_flags::<u8>(bytes.max(1), 0)
+                }
+                .map_err(|e| driver("allocating pinned memory", e))?;
                 pinned.push(host);
                 standby.push(self.device.alloc(bytes)?);
             }
+            let released = self
+                .device
+                .stream
+                .record_event(None)
+                .map_err(|e| driver("recording the standby buffers' allocation", e))?;
             self.staging = Some(Staging {
                 copy,
                 pinned,
                 standby,
                 copied: None,
-                released: None,
+                released,
+                ready: false,
             });
         }
         let Some(staging) = self.staging.as_mut() else {
@@ -516,12 +602,10 @@ impl Executable {
                 .map_err(|e| driver("waiting for a copy", e))?;
         }
         // The device buffers are reused: the launch that read them must be done.
-        if let Some(released) = &staging.released {
-            staging
-                .copy
-                .wait(released)
-                .map_err(|e| driver("ordering a copy after a launch", e))?;
-        }
+        staging
+            .copy
+            .wait(&staging.released)
+            .map_err(|e| driver("ordering a copy after a launch", e))?;
         for ((host, device), data) in staging
             .pinned
             .iter_mut()
@@ -529,9 +613,13 @@ impl Executable {
             .zip(inputs)
         {
             let bytes = host_bytes(*data);
-            host.as_mut_slice()
-                .map_err(|e| driver("writing pinned memory", e))?
-                .copy_from_slice(&bytes);
+            if bytes.is_empty() {
+                continue;
+            }
+            let host = &mut host
+                .as_mut_slice()
+                .map_err(|e| driver("writing pinned memory", e))?[..bytes.len()];
+            host.copy_from_slice(&bytes);
             let mut dst = device
                 .slice
                 .as_mut()
@@ -548,28 +636,36 @@ impl Executable {
                 .record_event(None)
                 .map_err(|e| driver("recording a copy", e))?,
         );
+        staging.ready = true;
         Ok(())
     }
 
     /// Launches the graph on the inputs of the last `prepare`, without
     /// waiting for it: `prepare` the next inputs meanwhile, then `finish`.
+    /// Each `prepare` serves one launch: a second launch without one would
+    /// run on inputs from two batches ago, and is an `Err`.
     pub fn launch_prepared(&mut self) -> Result<(), Error> {
         let stream = self.device.stream.clone();
-        let Some(staging) = self.staging.as_mut() else {
-            return Err(Error::Launch("launch_prepared before prepare".into()));
+        let staging = match self.staging.as_mut() {
+            Some(s) if s.ready => s,
+            _ => {
+                return Err(Error::Launch(
+                    "launch_prepared without a prepare since the last launch".into(),
+                ));
+            }
         };
         let Some(copied) = &staging.copied else {
             return Err(Error::Launch("launch_prepared before prepare".into()));
         };
+        self.device.bind()?;
         stream
             .wait(copied)
             .map_err(|e| driver("ordering a launch after its copy", e))?;
         // Everything enqueued so far read the buffers that now go to standby.
-        staging.released = Some(
-            stream
-                .record_event(None)
-                .map_err(|e| driver("recording a launch", e))?,
-        );
+        staging.released = stream
+            .record_event(None)
+            .map_err(|e| driver("recording a launch", e))?;
+        staging.ready = false;
         std::mem::swap(&mut self.inputs, &mut staging.standby);
         self.enqueue()
     }
@@ -588,6 +684,7 @@ impl Executable {
     /// Enqueues every launch on the device's stream, reading the current
     /// input buffers.
     fn enqueue(&self) -> Result<(), Error> {
+        self.device.bind()?;
         let graph = &self.optimized.graph;
         let schedule = &self.optimized.schedule;
         for (launch, step) in schedule.launches.iter().zip(&self.steps) {
@@ -627,6 +724,7 @@ impl Executable {
                 Step::MatMul {
                     prologues,
                     gemm,
+                    lt,
                     epilogue,
                     epilogue_function,
                     scratch,
@@ -648,7 +746,7 @@ impl Executable {
                         GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
                         GemmEpilogue::None | GemmEpilogue::Bias { .. } => (out, 0),
                     };
-                    self.gemm(gemm, epilogue, &args, scratch, product)?;
+                    self.gemm(gemm, lt.as_ref(), epilogue, &args, scratch, product)?;
                     if let (GemmEpilogue::Kernel { acc, source }, Some(function)) =
                         (epilogue, epilogue_function)
                     {
@@ -678,12 +776,14 @@ impl Executable {
     /// types, checked by the caller); an output that is a graph input is
     /// copied from `inputs`, the data last uploaded.
     fn download(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        self.device.bind()?;
         let stream = &self.device.stream;
         for (data, loc) in outputs.iter_mut().zip(&self.optimized.schedule.outputs) {
             let bytes = data.len() * data.dtype().size();
             let mut host = vec![0u8; bytes];
             match loc {
                 Location::Input(i) => host.copy_from_slice(&host_bytes(inputs[*i as usize])),
+                Location::Slot(_) if bytes == 0 => {}
                 Location::Slot(s) => {
                     let src = self.slots[*s].slice()?.slice(..bytes);
                     stream
@@ -718,10 +818,11 @@ impl Executable {
     }
 
     /// The GEMM of `plan` into `product` (a buffer and a byte offset), with
-    /// cuBLASLt's epilogue when `epilogue` is one.
+    /// cuBLASLt's epilogue when `epilogue` is one (`lt`, the TF32 path).
     fn gemm(
         &self,
         plan: &GemmPlan,
+        lt: Option<&blaslt::Matmul>,
         epilogue: &GemmEpilogue,
         args: &[&Buffer],
         scratch: &Buffer,
@@ -731,6 +832,8 @@ impl Executable {
         if m == 0 || n == 0 || batches == 0 {
             return Ok(());
         }
+        // The device address of an operand, after checking that the last
+        // element the GEMM reads lies in its buffer.
         let operand = |o: &codegen::GemmOperand, rows: usize, cols: usize| {
             let (buffer, base) = match o.source {
                 OperandSource::Input(i) => (
@@ -741,104 +844,62 @@ impl Executable {
                 ),
                 OperandSource::Scratch(at) => (scratch, at),
             };
-            // The last element the GEMM reads must lie in the buffer.
             let last = o.offset
                 + (batches - 1) * o.batch_stride
                 + rows.saturating_sub(1) * o.row_stride
                 + cols.saturating_sub(1) * o.col_stride;
-            if k > 0 && base + (last + 1) * 4 > buffer.bytes {
+            if base + (last + 1) * 4 > buffer.bytes {
                 return Err(Error::Launch(format!(
                     "a GEMM operand reads element {last} of a {}-byte buffer",
                     buffer.bytes
                 )));
             }
-            Ok((buffer, base + o.offset * 4))
+            buffer.address(base + o.offset * 4)
         };
-        let (a, a_at) = operand(&plan.a, m, k)?;
-        let (b, b_at) = operand(&plan.b, k, n)?;
         let (c, c_at) = product;
         if c_at + batches * m * n * 4 > c.bytes {
             return Err(Error::Launch("the GEMM's product does not fit".into()));
         }
-        // Row-major C = A B is column-major C' = B' A' with m' = n, n' = m: the
-        // right operand goes first. A unit column stride is a column-major
-        // matrix with leading dimension row_stride (no transpose); a unit row
-        // stride is its transpose.
-        let layout = |o: &codegen::GemmOperand| {
-            if o.col_stride == 1 {
-                (false, o.row_stride.max(1) as i64)
-            } else {
-                (true, o.col_stride.max(1) as i64)
-            }
-        };
-        let ((transa, lda), (transb, ldb)) = (layout(&plan.b), layout(&plan.a));
+        let c = c.address(c_at)?;
         let stream = &self.device.stream;
-        let borrow = |buffer: &Buffer, at: usize| -> Result<Borrowed, Error> {
-            let address = buffer.address(at)?;
-            // SAFETY: the address is inside a live allocation of this device
-            // with `(bytes - at) / 4` f32 after it; `Borrowed` never frees it.
-            let slice =
-                unsafe { stream.upgrade_device_ptr::<f32>(address, (buffer.bytes - at) / 4) };
-            Ok(Borrowed(Some(slice)))
-        };
-        let (av, bv, mut cv) = (borrow(a, a_at)?, borrow(b, b_at)?, borrow(c, c_at)?);
         if k == 0 {
             // An empty sum: cuBLAS takes no k = 0 product, and none is needed.
-            let mut product = cv.slice_mut()?.slice_mut(..batches * m * n);
-            return stream
-                .memset_zeros(&mut product)
-                .map_err(|e| driver("zeroing an empty product", e));
-        }
-        let batched = batches > 1;
-        match self.precision {
-            Precision::Tf32 => {
-                let (bias, relu) = match epilogue {
-                    GemmEpilogue::Bias { bias, relu } => {
-                        let buffer = *args
-                            .get(*bias as usize)
-                            .ok_or_else(|| Error::Launch(format!("no bias input {bias}")))?;
-                        if buffer.bytes < n * 4 {
-                            return Err(Error::Launch("a bias shorter than a row".into()));
-                        }
-                        (Some(borrow(buffer, 0)?), *relu)
-                    }
-                    GemmEpilogue::None | GemmEpilogue::Kernel { .. } => (None, false),
-                };
-                let config = MatmulConfig {
-                    transa,
-                    transb,
-                    transc: false,
-                    m: n as u64,
-                    n: m as u64,
-                    k: k as u64,
-                    alpha: 1.0,
-                    lda,
-                    ldb,
-                    beta: 0.0,
-                    ldc: n as i64,
-                    stride_a: batched.then_some(plan.b.batch_stride as i64),
-                    stride_b: batched.then_some(plan.a.batch_stride as i64),
-                    stride_c: batched.then_some((m * n) as i64),
-                    stride_bias: batched.then_some(0),
-                    batch_size: batched.then_some(batches as i32),
-                };
-                // SAFETY: every matrix the configuration describes lies inside
-                // its buffer (checked above), and the product is not read by
-                // the GEMM.
-                unsafe {
-                    self.device.lt.matmul(
-                        config,
-                        bv.slice()?,
-                        av.slice()?,
-                        cv.slice_mut()?,
-                        bias.as_ref().map(Borrowed::slice).transpose()?,
-                        relu.then_some(&Activation::Relu),
-                    )
-                }
-                .map_err(|e| driver("cuBLASLt matmul", e))
+            // SAFETY: the product's bytes lie in `c`'s buffer (checked above).
+            return unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    c,
+                    0,
+                    batches * m * n * 4,
+                    stream.cu_stream(),
+                )
             }
-            Precision::F32 => {
-                if let GemmEpilogue::Bias { .. } = epilogue {
+            .map_err(|e| driver("zeroing an empty product", e));
+        }
+        let (a, b) = (operand(&plan.a, m, k)?, operand(&plan.b, k, n)?);
+        let bias = match epilogue {
+            GemmEpilogue::Bias { bias, .. } => {
+                let buffer = *args
+                    .get(*bias as usize)
+                    .ok_or_else(|| Error::Launch(format!("no bias input {bias}")))?;
+                if buffer.bytes < n * 4 {
+                    return Err(Error::Launch("a bias shorter than a row".into()));
+                }
+                Some(buffer.address(0)?)
+            }
+            GemmEpilogue::None | GemmEpilogue::Kernel { .. } => None,
+        };
+        let shape = plan.column_major();
+        match (self.precision, lt) {
+            (Precision::Tf32, Some(lt)) => {
+                // SAFETY: every matrix the product describes lies inside its
+                // buffer and the bias holds a row (checked above); the product
+                // is written to its own slot or scratch part, which no operand
+                // of the same kernel is.
+                unsafe { lt.run(&self.device.lt, stream, [b, a, c], bias) }
+            }
+            (Precision::Tf32, None) => Err(Error::Launch("a TF32 matmul with no plan".into())),
+            (Precision::F32, _) => {
+                if bias.is_some() {
                     return Err(Error::Launch("sgemm has no bias epilogue".into()));
                 }
                 let op = |t: bool| {
@@ -848,32 +909,34 @@ impl Executable {
                         cublasOperation_t::CUBLAS_OP_N
                     }
                 };
-                let gemm = GemmConfig {
-                    transa: op(transa),
-                    transb: op(transb),
-                    m: n as i32,
-                    n: m as i32,
-                    k: k as i32,
-                    alpha: 1.0f32,
-                    lda: lda as i32,
-                    ldb: ldb as i32,
-                    beta: 0.0,
-                    ldc: n as i32,
+                let (one, zero) = (1.0f32, 0.0f32);
+                let int = |v: usize| {
+                    i32::try_from(v)
+                        .map_err(|_| Error::Launch(format!("sgemm takes no dimension of {v}")))
                 };
-                let config = StridedBatchedConfig {
-                    gemm,
-                    batch_size: batches as i32,
-                    stride_a: plan.b.batch_stride as i64,
-                    stride_b: plan.a.batch_stride as i64,
-                    stride_c: (m * n) as i64,
-                };
-                // SAFETY: as for cuBLASLt above.
+                let [sa, sb, sc] = shape.batch_strides;
+                // SAFETY: as for cuBLASLt above; the handle's stream is the
+                // device's, and every pointer is a device address of its context.
                 unsafe {
-                    self.device.blas.gemm_strided_batched(
-                        config,
-                        bv.slice()?,
-                        av.slice()?,
-                        cv.slice_mut()?,
+                    cudarc::cublas::result::sgemm_strided_batched(
+                        *self.device.blas.handle(),
+                        op(shape.transa),
+                        op(shape.transb),
+                        int(shape.m)?,
+                        int(shape.n)?,
+                        int(shape.k)?,
+                        &one,
+                        b as *const f32,
+                        int(shape.lda)?,
+                        sa as i64,
+                        a as *const f32,
+                        int(shape.ldb)?,
+                        sb as i64,
+                        &zero,
+                        c as *mut f32,
+                        int(shape.ldc)?,
+                        sc as i64,
+                        int(batches)?,
                     )
                 }
                 .map_err(|e| driver("cuBLAS sgemm", e))
@@ -912,5 +975,27 @@ fn fill(data: &mut Data, bytes: &[u8]) {
                 *x = b != 0;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_problem;
+
+    #[test]
+    fn versions_are_checked_against_cuda_13() {
+        let thirteen = [("libnvrtc", 13), ("libcublas", 13), ("libcublasLt", 13)];
+        assert_eq!(version_problem(13000, &thirteen), None);
+        assert_eq!(version_problem(13020, &thirteen), None);
+        let old = version_problem(12080, &thirteen).unwrap_or_default();
+        assert!(old.contains("supports CUDA 12.8; kiln needs 13.0"), "{old}");
+        let twelve = [("libnvrtc", 13), ("libcublas", 12), ("libcublasLt", 13)];
+        let found = version_problem(13000, &twelve).unwrap_or_default();
+        assert!(
+            found.starts_with("libcublas of CUDA 12 was loaded"),
+            "{found}"
+        );
+        let failed = version_problem(0, &thirteen).unwrap_or_default();
+        assert!(failed.contains("supports CUDA 0.0"), "{failed}");
     }
 }

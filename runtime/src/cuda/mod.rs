@@ -2,6 +2,8 @@
 //! kernel IR as the CPU backend's, compiled by NVRTC to a CUBIN for the
 //! device's own architecture (feature `cuda`).
 
+#[cfg(feature = "cuda")]
+pub mod blaslt;
 pub mod codegen;
 #[cfg(feature = "cuda")]
 pub mod device;
