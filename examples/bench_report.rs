@@ -3,9 +3,10 @@
 //! by call), and printed as one JSON object per line on stdout (progress on
 //! stderr).
 //!
-//! `cargo run --release --example bench_report [-- --workload ID ... --quick --backend cpu|cuda]`
+//! `cargo run --release --example bench_report [-- --workload ID ... --quick --backend cpu|cuda|cuda-f32]`
 //!
 //! With `--backend cuda` (feature `cuda`) each workload runs on GPU 0 with its
+//! matmuls in TF32 (`cuda-f32`: IEEE f32, as `Precision::F32`) and its
 //! inputs already on the device: the time is the device's work, launches
 //! through synchronization. A `device_copy` line gives the device's own
 //! copy bandwidth, measured in the same run, to compare memory-bound
@@ -22,14 +23,34 @@ use workloads::Workload;
 struct Args {
     workloads: Vec<String>,
     quick: bool,
-    cuda: bool,
+    backend: Backend,
+}
+
+/// Where the workloads run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Cpu,
+    /// GPU 0, matmuls in TF32.
+    Cuda,
+    /// GPU 0, matmuls in IEEE f32.
+    CudaF32,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::CudaF32 => "cuda-f32",
+        }
+    }
 }
 
 fn args() -> std::result::Result<Args, String> {
     let mut args = Args {
         workloads: Vec::new(),
         quick: false,
-        cuda: false,
+        backend: Backend::Cpu,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -39,9 +60,12 @@ fn args() -> std::result::Result<Args, String> {
                 .workloads
                 .push(it.next().ok_or("--workload needs an id")?),
             "--backend" => match it.next().as_deref() {
-                Some("cpu") => {}
-                Some("cuda") if cfg!(feature = "cuda") => args.cuda = true,
-                Some("cuda") => return Err("built without feature cuda".into()),
+                Some("cpu") => args.backend = Backend::Cpu,
+                Some("cuda" | "cuda-f32") if !cfg!(feature = "cuda") => {
+                    return Err("built without feature cuda".into());
+                }
+                Some("cuda") => args.backend = Backend::Cuda,
+                Some("cuda-f32") => args.backend = Backend::CudaF32,
                 other => return Err(format!("unknown backend {other:?}")),
             },
             other => return Err(format!("unknown argument {other}")),
@@ -152,18 +176,22 @@ enum Runner {
 }
 
 impl Runner {
-    fn new(w: &Workload, fusion: bool, cuda: bool) -> Result<Runner> {
+    fn new(w: &Workload, fusion: bool, backend: Backend) -> Result<Runner> {
         let g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))?;
         #[cfg(feature = "cuda")]
-        if cuda {
+        if backend != Backend::Cpu {
             use kiln_runtime::cuda::device;
+            let precision = match backend {
+                Backend::CudaF32 => device::Precision::F32,
+                Backend::Cpu | Backend::Cuda => device::Precision::Tf32,
+            };
             return Ok(Runner::Cuda(device::Executable::new(
                 g.optimized().clone(),
                 device::device(0)?,
-                device::Precision::Tf32,
+                precision,
             )?));
         }
-        let _ = cuda;
+        let _ = backend;
         Ok(Runner::Cpu(g))
     }
 
@@ -191,24 +219,16 @@ impl Runner {
             Runner::Cuda(e) => e.optimized(),
         }
     }
-
-    fn backend(&self) -> &'static str {
-        match self {
-            Runner::Cpu(_) => "cpu",
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(_) => "cuda",
-        }
-    }
 }
 
-fn report(w: &Workload, quick: bool, cuda: bool) -> Result<()> {
+fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
     eprintln!("{} {}", w.id, w.shape);
     let inputs = w.inputs()?;
     let refs: Vec<DataRef> = inputs.iter().map(DataRef::from).collect();
     let mut checked: Option<Vec<f64>> = None;
     let mut runs = Vec::new();
     for (variant, fusion) in [("fused", true), ("unfused", false)] {
-        let mut g = Runner::new(w, fusion, cuda)?;
+        let mut g = Runner::new(w, fusion, backend)?;
         let mut outputs: Vec<Data> = g
             .optimized()
             .graph
@@ -241,7 +261,7 @@ fn report(w: &Workload, quick: bool, cuda: bool) -> Result<()> {
             "{{\"workload\":\"{}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{},\"bytes\":{},\"flops\":{},\"max_rel_err\":{err:.2e}}}",
             w.id,
             w.shape,
-            g.backend(),
+            backend.name(),
             g.optimized().schedule.kernels(),
             w.bytes,
             w.flops
@@ -303,13 +323,17 @@ fn main() -> Result<()> {
     };
     let wanted = |id: &str| args.workloads.is_empty() || args.workloads.iter().any(|w| w == id);
     #[cfg(feature = "cuda")]
-    if args.cuda {
+    if args.backend != Backend::Cpu {
         device_copy(args.quick)?;
     }
-    for w in workloads::all().iter().filter(|w| wanted(w.id)) {
-        report(w, args.quick, args.cuda)?;
+    let mut all = workloads::all();
+    if args.backend != Backend::Cpu {
+        all.extend(workloads::gpu_only());
     }
-    if wanted("compile_mlp3") && !args.cuda {
+    for w in all.iter().filter(|w| wanted(w.id)) {
+        report(w, args.quick, args.backend)?;
+    }
+    if wanted("compile_mlp3") && args.backend == Backend::Cpu {
         compile_mlp3(args.quick)?;
     }
     Ok(())

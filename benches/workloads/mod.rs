@@ -72,23 +72,7 @@ pub fn all() -> Vec<Workload> {
         (64, 784, 256),
         (4096, 784, 256),
     ] {
-        let flops = 2 * (m * k * n) as u64;
-        w.push(Workload {
-            id: "matmul",
-            shape: format!("{m}x{k}x{n}"),
-            specs: vec![f32s(&[m, k]), f32s(&[k, n])],
-            build: |t| Ok(vec![t[0].matmul(&t[1])?]),
-            bytes: 0,
-            flops,
-        });
-        w.push(Workload {
-            id: "matmul_bias_relu",
-            shape: format!("{m}x{k}x{n}"),
-            specs: vec![f32s(&[m, k]), f32s(&[k, n]), f32s(&[n])],
-            build: |t| Ok(vec![(t[0].matmul(&t[1])? + &t[2])?.relu()?]),
-            bytes: 0,
-            flops,
-        });
+        w.extend(matmuls(m, k, n));
     }
     w.push(Workload {
         id: "softmax",
@@ -134,6 +118,34 @@ pub fn all() -> Vec<Workload> {
         flops: 0,
     });
     w
+}
+
+/// `matmul` and `matmul_bias_relu` at 4096³: a GPU's size, a minute of CPU time.
+pub fn gpu_only() -> Vec<Workload> {
+    matmuls(4096, 4096, 4096).into()
+}
+
+/// `matmul` and `matmul_bias_relu` at one `MxKxN`.
+fn matmuls(m: usize, k: usize, n: usize) -> [Workload; 2] {
+    let flops = 2 * (m * k * n) as u64;
+    [
+        Workload {
+            id: "matmul",
+            shape: format!("{m}x{k}x{n}"),
+            specs: vec![f32s(&[m, k]), f32s(&[k, n])],
+            build: |t| Ok(vec![t[0].matmul(&t[1])?]),
+            bytes: 0,
+            flops,
+        },
+        Workload {
+            id: "matmul_bias_relu",
+            shape: format!("{m}x{k}x{n}"),
+            specs: vec![f32s(&[m, k]), f32s(&[k, n]), f32s(&[n])],
+            build: |t| Ok(vec![(t[0].matmul(&t[1])? + &t[2])?.relu()?]),
+            bytes: 0,
+            flops,
+        },
+    ]
 }
 
 /// The 3-layer MLP of `compile_mlp3` (784-256-256-10, batch 64, relu

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""PyTorch on the GPU beside `bench_report --backend cuda`: the same workloads
+(benches/README.md), the same seeded-normal f32 inputs, timed the same way
+(host clock around one call and a device synchronize, medians over repeated
+calls after warm-up), in torch eager and torch.compile, printed as the same
+JSON lines.
+
+    python3 benches/cuda_anchor.py [--quick]
+
+Matmuls run in TF32, as kiln's default `Precision::Tf32`, and again in IEEE
+f32 (`precision` "f32"), as kiln's `Precision::F32`.
+"""
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+QUICK = "--quick" in sys.argv
+DEV = "cuda"
+
+
+def timed(f, args, budget_s=1.0, min_reps=7, max_reps=500):
+    """Median and median absolute deviation of f(*args), synchronized."""
+    for _ in range(3):
+        f(*args)
+    torch.cuda.synchronize()
+    budget_s = 0.15 if QUICK else budget_s
+    samples = []
+    start = time.perf_counter()
+    while len(samples) < min_reps or (time.perf_counter() - start < budget_s and len(samples) < max_reps):
+        t = time.perf_counter()
+        f(*args)
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t)
+    med = statistics.median(samples)
+    return med, statistics.median(abs(s - med) for s in samples)
+
+
+def emit(workload, shape, variant, median, spread, nbytes=0, flops=0):
+    print(json.dumps({
+        "workload": workload, "shape": shape, "variant": variant, "backend": "cuda",
+        "median_s": float(f"{median:.6e}"), "spread_s": float(f"{spread:.3e}"),
+        "bytes": nbytes, "flops": flops,
+    }), flush=True)
+
+
+def inputs(*shapes):
+    g = torch.Generator(device=DEV).manual_seed(1000)
+    return [torch.randn(s, generator=g, device=DEV, dtype=torch.float32) for s in shapes]
+
+
+def both(workload, shape, f, args, nbytes=0, flops=0, suffix=""):
+    with torch.no_grad():
+        emit(workload, shape, "torch" + suffix, *timed(f, args), nbytes, flops)
+        emit(workload, shape, "torch.compile" + suffix, *timed(torch.compile(f), args), nbytes, flops)
+
+
+def main():
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name(0)
+    print(f"# {name}, torch {torch.__version__}", file=sys.stderr)
+    mib64 = 4096 * 4096 * 4
+
+    src = torch.empty(1 << 28, device=DEV)  # 1 GiB
+    dst = torch.empty_like(src)
+    emit("device_copy", "1GiB", name, *timed(lambda: dst.copy_(src), ()), 2 << 30)
+    del src, dst
+
+    both("ew_add_relu", "4096x4096", lambda a, b: torch.relu(a + b), inputs((4096, 4096), (4096, 4096)), 3 * mib64)
+    both("ew_chain", "4096x4096", lambda a, b, c: torch.relu(a * b + c) * 0.5,
+         inputs((4096, 4096), (4096, 4096), (4096, 4096)), 4 * mib64)
+    for tf32, suffix in [(True, ""), (False, " f32")]:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for m, k, n in [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+                        (64, 784, 256), (4096, 784, 256)]:
+            shape = f"{m}x{k}x{n}"
+            x, w, b = inputs((m, k), (k, n), (n,))
+            flops = 2 * m * k * n
+            both("matmul", shape, lambda x, w: x @ w, (x, w), flops=flops, suffix=suffix)
+            both("matmul_bias_relu", shape, lambda x, w, b: torch.relu(x @ w + b), (x, w, b),
+                 flops=flops, suffix=suffix)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    both("softmax", "4096x1000", lambda x: torch.softmax(x, -1), inputs((4096, 1000)), 2 * 4096 * 1000 * 4)
+    both("log_softmax", "4096x10", lambda x: torch.log_softmax(x, -1), inputs((4096, 10)))
+    for n in [1024, 4096]:
+        both("sum_axis0", f"{n}x{n}", lambda x: x.sum(0), inputs((n, n)), n * n * 4 + n * 4)
+        both("sum_all", f"{n}x{n}", lambda x: x.sum(), inputs((n, n)), n * n * 4)
+    both("small_add_relu", "256x256", lambda a, b: torch.relu(a + b), inputs((256, 256), (256, 256)),
+         3 * 256 * 256 * 4)
+
+
+if __name__ == "__main__":
+    main()

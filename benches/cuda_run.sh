@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The CUDA backend's GPU acceptance in one sitting: every op and fusion kind
+# against the interpreter on GPU 0 (tests/cpu.rs), the device tests, then
+# `bench_report --backend cuda` and PyTorch on the same workloads.
+#
+#   benches/cuda_run.sh DIR [OUT]
+#
+# DIR holds binaries built with `--features cuda` (a GPU machine needs no Rust
+# toolchain): `cpu` and `cuda_device` (from `cargo test --release --features
+# cuda --no-run`) and `bench_report`. Logs and JSON lines go to OUT.
+set -uo pipefail
+bin=$1
+out=${2:-target/cuda-run}
+mkdir -p "$out"
+# libnvrtc, libcublas and libcublasLt from PyTorch's CUDA 13 wheels.
+lib=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
+status=0
+KILN_TEST_DEVICE=cuda:0 "$bin/cpu" 2>&1 | tee "$out/tests-cpu.log" || status=1
+"$bin/cuda_device" --nocapture 2>&1 | tee "$out/tests-cuda_device.log" || status=1
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    "$bin/bench_report" --backend cuda >"$out/kiln.jsonl" || status=1
+    "$bin/bench_report" --backend cuda-f32 --workload matmul --workload matmul_bias_relu \
+        >"$out/kiln-f32.jsonl" || status=1
+    PYTHONUNBUFFERED=1 python3 benches/cuda_anchor.py >"$out/torch.jsonl" || status=1
+fi
+exit $status
