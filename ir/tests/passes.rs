@@ -247,7 +247,9 @@ fn a_transpose_moves_below_the_elementwise_ops_it_alone_reads() {
 #[test]
 fn a_reduction_with_few_outputs_splits_in_two() {
     // A sum of everything and a max over the leading axis of [4096, 1024]
-    // become 32 partial results each, then their reduction; the sum over
+    // become partial results, then their reduction: 1024 of 4096 elements
+    // (a GPU's blocks) for the one output, 32 per column for the 1024
+    // columns (already many outputs); the sum over
     // rows has 4096 outputs already, and 1021 rows (a prime) cannot be cut
     // into chunks: both stay one reduction.
     let mut g = Graph::new("split");
@@ -264,8 +266,8 @@ fn a_reduction_with_few_outputs_splits_in_two() {
     g.outputs.extend([all, cols, rows, prime]);
     insta::assert_snapshot!(after(&g, "split-reduce"), @r"
     graph @split(%0: f32[4096,1024], %1: f32[1021,1024]) -> (f32[1,1], f32[1,1024], f32[4096,1], f32[1,1024]) {
-      %2 = reshape %0 [32,131072] : f32[32,131072]
-      %3 = sum %2 axes [1] : f32[32,1]
+      %2 = reshape %0 [1024,4096] : f32[1024,4096]
+      %3 = sum %2 axes [1] : f32[1024,1]
       %4 = sum %3 axes [0] : f32[1,1]
       %5 = reshape %4 [1,1] : f32[1,1]
       %6 = reshape %0 [32,128,1024] : f32[32,128,1024]

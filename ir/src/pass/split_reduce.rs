@@ -5,9 +5,9 @@
 //! which one thread walks alone. `sum(x, axis 0)` has 4096 outputs, but a
 //! kernel splits them across threads by columns, so each thread reads a few
 //! KiB of every row: page after page that prefetchers do not follow. Split,
-//! the first kernel reads `CHUNKS` contiguous blocks of rows, one row of its
-//! output each, across threads (or GPU blocks); the second reduces `CHUNKS`
-//! values per output.
+//! the first kernel reads `CHUNKS` contiguous blocks of rows (up to
+//! `PARALLEL` where the outputs are few), one row of its output each, across
+//! threads (or GPU blocks); the second reduces those partial results.
 //!
 //! A sum's additions are reassociated: the result differs from the
 //! reference's order by rounding only, as the vector accumulators of one
@@ -36,6 +36,14 @@ const FEW_ROWS: usize = 16;
 /// few values left for the second kernel.
 const CHUNKS: usize = 32;
 
+/// Partial results enough for every block of a GPU (an H100 runs 132
+/// multiprocessors). A reduction whose kept axes give fewer is cut into up
+/// to this many chunks in all, rather than `CHUNKS`: `sum(x)` over
+/// `[4096, 4096]` in 32 chunks kept 32 of a GPU's blocks busy and read at
+/// 83 GB/s. With `MIN_CHUNK`, the second kernel reads at most one value
+/// for every 4096 the first one reads.
+const PARALLEL: usize = 1024;
+
 /// Elements of one chunk at least, so that each partial result is real work.
 const MIN_CHUNK: usize = 4096;
 
@@ -45,8 +53,9 @@ pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
 
 /// `reduce(x, axes)` over a run of adjacent axes, seen as `[outer, reduced,
 /// inner]`, as `reshape(reduce(reduce(x as [outer, c, reduced / c, inner],
-/// 2), 1))` with `c` the largest divisor of `reduced` up to `CHUNKS` that
-/// leaves `MIN_CHUNK` elements per chunk.
+/// 2), 1))` with `c` the largest divisor of `reduced` up to `CHUNKS` (or
+/// `PARALLEL / (outer * inner)` where that is more) that leaves
+/// `MIN_CHUNK` elements per chunk.
 fn split(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<Rewrite> {
     let Op::Reduce { op: reduce, axes } = op else {
         return None;
@@ -62,7 +71,8 @@ fn split(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<R
     if outer >= FEW_ROWS || outer * reduced * inner < MIN_ELEMENTS {
         return None;
     }
-    let chunks = (2..=CHUNKS)
+    let most = CHUNKS.max(PARALLEL / (outer * inner));
+    let chunks = (2..=most)
         .rev()
         .find(|&c| reduced.is_multiple_of(c) && reduced / c * inner >= MIN_CHUNK)?;
     // Size-1 axes left out, so that a reduction over everything stays one

@@ -873,9 +873,9 @@ fn reduce(
     let broadcast = kernel.out.shape == *shape;
     // One block per row when the reduced axes are innermost: reads coalesce
     // along the row. Otherwise one thread per output walks the reduced axes.
-    let innermost = reduced
-        .last()
-        .is_some_and(|r| kept.last().is_none_or(|k| k.0 < r.0) && r.0 == dims.len() - 1);
+    // Size-1 axes take no place in memory: `[c, 1]` summed over axis 0 is a row.
+    let last = (0..dims.len()).rev().find(|&a| dims[a] != 1);
+    let innermost = reduced.last().is_some_and(|r| Some(r.0) == last);
     let by_rows = innermost && length > 1;
     let mut w = Writer::new();
     w.signature(&kernel.inputs, false, kernel.out.dtype);
