@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""PyTorch on the GPU beside `bench_report --backend cuda`: the same workloads
-(benches/README.md), the same seeded-normal f32 inputs, timed the same way
-(host clock around one call and a device synchronize, medians over repeated
-calls after warm-up), in torch eager and torch.compile, printed as the same
+"""PyTorch on the GPU beside `bench_report --backend cuda`: the same workloads,
+the same seeded-normal f32 inputs, timed the same way
+(host clock around one call and a device synchronize, and the device's own
+time between CUDA events around it; medians over repeated calls after
+warm-up), in torch eager and torch.compile, printed as the same
 JSON lines.
 
     python3 benches/cuda_anchor.py [--quick]
 
 Matmuls run in TF32, as kiln's default `Precision::Tf32`, and again in IEEE
-f32 (`precision` "f32"), as kiln's `Precision::F32`.
+f32 (variants ending in " f32"), as kiln's `Precision::F32`.
 """
 
 import json
@@ -22,27 +23,38 @@ QUICK = "--quick" in sys.argv
 DEV = "cuda"
 
 
-def timed(f, args, budget_s=1.0, min_reps=7, max_reps=500):
-    """Median and median absolute deviation of f(*args), synchronized."""
-    for _ in range(3):
-        f(*args)
-    torch.cuda.synchronize()
-    budget_s = 0.15 if QUICK else budget_s
-    samples = []
-    start = time.perf_counter()
-    while len(samples) < min_reps or (time.perf_counter() - start < budget_s and len(samples) < max_reps):
-        t = time.perf_counter()
-        f(*args)
-        torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t)
+def median_and_spread(samples):
     med = statistics.median(samples)
     return med, statistics.median(abs(s - med) for s in samples)
 
 
-def emit(workload, shape, variant, median, spread, nbytes=0, flops=0):
+def timed(f, args, budget_s=1.0, min_reps=7, max_reps=500):
+    """(median, spread) of f(*args) on the host clock through a synchronize,
+    and the same of the device's own time between events around the call."""
+    for _ in range(3):
+        f(*args)
+    torch.cuda.synchronize()
+    budget_s = 0.15 if QUICK else budget_s
+    host, device = [], []
+    start = time.perf_counter()
+    while len(host) < min_reps or (time.perf_counter() - start < budget_s and len(host) < max_reps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        begin.record()
+        f(*args)
+        end.record()
+        torch.cuda.synchronize()
+        host.append(time.perf_counter() - t)
+        device.append(begin.elapsed_time(end) / 1e3)
+    return median_and_spread(host), median_and_spread(device)
+
+
+def emit(workload, shape, variant, timing, nbytes=0, flops=0):
+    (median, spread), (device, device_spread) = timing
     print(json.dumps({
         "workload": workload, "shape": shape, "variant": variant, "backend": "cuda",
         "median_s": float(f"{median:.6e}"), "spread_s": float(f"{spread:.3e}"),
+        "device_s": float(f"{device:.6e}"), "device_spread_s": float(f"{device_spread:.3e}"),
         "bytes": nbytes, "flops": flops,
     }), flush=True)
 
@@ -54,8 +66,8 @@ def inputs(*shapes):
 
 def both(workload, shape, f, args, nbytes=0, flops=0, suffix=""):
     with torch.no_grad():
-        emit(workload, shape, "torch" + suffix, *timed(f, args), nbytes, flops)
-        emit(workload, shape, "torch.compile" + suffix, *timed(torch.compile(f), args), nbytes, flops)
+        emit(workload, shape, "torch" + suffix, timed(f, args), nbytes, flops)
+        emit(workload, shape, "torch.compile" + suffix, timed(torch.compile(f), args), nbytes, flops)
 
 
 def main():
@@ -66,7 +78,7 @@ def main():
 
     src = torch.empty(1 << 28, device=DEV)  # 1 GiB
     dst = torch.empty_like(src)
-    emit("device_copy", "1GiB", name, *timed(lambda: dst.copy_(src), ()), 2 << 30)
+    emit("device_copy", "1GiB", name, timed(lambda: dst.copy_(src), ()), 2 << 30)
     del src, dst
 
     both("ew_add_relu", "4096x4096", lambda a, b: torch.relu(a + b), inputs((4096, 4096), (4096, 4096)), 3 * mib64)

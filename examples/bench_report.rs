@@ -80,11 +80,12 @@ fn args() -> std::result::Result<Args, String> {
 /// load of this shared machine falls on all of them alike: timed one after
 /// the other, fused and unfused log_softmax compared the machine's moments
 /// (0.207 against 0.144 ms in one run; 0.124 against 0.147 ms taking turns).
+/// `f` returns the device's own time for the call where there is one.
 fn time(
     quick: bool,
     variants: usize,
-    mut f: impl FnMut(usize) -> Result<()>,
-) -> Result<Vec<(f64, f64)>> {
+    mut f: impl FnMut(usize) -> Result<Option<f64>>,
+) -> Result<Vec<Timing>> {
     let (budget, min_reps) = if quick {
         (Duration::from_millis(150), 3)
     } else {
@@ -95,28 +96,56 @@ fn time(
         f(v)?;
         f(v)?;
     }
-    let mut samples = vec![Vec::new(); variants];
+    let mut host = vec![Vec::new(); variants];
+    let mut device = vec![Vec::new(); variants];
     let start = Instant::now();
     let mut round = 0;
-    while samples[0].len() < min_reps || (start.elapsed() < budget && samples[0].len() < 500) {
+    while host[0].len() < min_reps || (start.elapsed() < budget && host[0].len() < 500) {
         for k in 0..variants {
             let v = if round % 2 == 0 { k } else { variants - 1 - k };
             let t = Instant::now();
-            f(v)?;
-            samples[v].push(t.elapsed().as_secs_f64());
+            device[v].extend(f(v)?);
+            host[v].push(t.elapsed().as_secs_f64());
         }
         round += 1;
     }
-    Ok(samples
+    Ok(host
         .into_iter()
-        .map(|mut s| {
-            s.sort_by(f64::total_cmp);
-            let median = s[s.len() / 2];
-            let mut dev: Vec<f64> = s.iter().map(|x| (x - median).abs()).collect();
-            dev.sort_by(f64::total_cmp);
-            (median, dev[dev.len() / 2])
+        .zip(device)
+        .map(|(host, device)| Timing {
+            host: median_and_spread(host),
+            device: (!device.is_empty()).then(|| median_and_spread(device)),
         })
         .collect())
+}
+
+/// The times of one variant: (median, median absolute deviation) in seconds.
+struct Timing {
+    /// Around each call on the host, through the device's synchronization.
+    host: (f64, f64),
+    /// The device's own time from the first launch to the last one's end.
+    device: Option<(f64, f64)>,
+}
+
+impl Timing {
+    /// The report's fields for it: `median_s` and `spread_s` (host), then
+    /// `device_s` and `device_spread_s` where the device timed itself.
+    fn fields(&self) -> String {
+        let (median, spread) = self.host;
+        let mut text = format!("\"median_s\":{median:.6e},\"spread_s\":{spread:.3e}");
+        if let Some((median, spread)) = self.device {
+            text += &format!(",\"device_s\":{median:.6e},\"device_spread_s\":{spread:.3e}");
+        }
+        text
+    }
+}
+
+fn median_and_spread(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let median = samples[samples.len() / 2];
+    let mut dev: Vec<f64> = samples.iter().map(|x| (x - median).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    (median, dev[dev.len() / 2])
 }
 
 /// Largest error relative to the reference's scale: `|a-b| / max(|b|, 1e-3 max|b|)`.
@@ -203,12 +232,13 @@ impl Runner {
         }
     }
 
-    /// One timed call: everything on the CPU, the device's work on a GPU.
-    fn timed(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<()> {
+    /// One timed call: everything on the CPU; on a GPU the device's work,
+    /// whose own time it returns.
+    fn timed(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<Option<f64>> {
         match self {
-            Runner::Cpu(g) => g.run_into(inputs, outputs),
+            Runner::Cpu(g) => g.run_into(inputs, outputs).map(|()| None),
             #[cfg(feature = "cuda")]
-            Runner::Cuda(e) => Ok(e.launch_all()?),
+            Runner::Cuda(e) => Ok(Some(e.launch_all()?)),
         }
     }
 
@@ -256,12 +286,13 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
         let (_, g, outputs, _) = &mut runs[v];
         g.timed(&refs, outputs)
     })?;
-    for ((variant, g, _, err), (median, spread)) in runs.iter().zip(times) {
+    for ((variant, g, _, err), timing) in runs.iter().zip(times) {
         println!(
-            "{{\"workload\":\"{}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{},\"bytes\":{},\"flops\":{},\"max_rel_err\":{err:.2e}}}",
+            "{{\"workload\":\"{}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"kernels\":{},\"bytes\":{},\"flops\":{},\"max_rel_err\":{err:.2e}}}",
             w.id,
             w.shape,
             backend.name(),
+            timing.fields(),
             g.optimized().schedule.kernels(),
             w.bytes,
             w.flops
@@ -276,12 +307,13 @@ fn compile_mlp3(quick: bool) -> Result<()> {
     let mlp = workloads::Mlp3::new()?;
     let (spec, forward) = (&mlp.spec, |x: &[Tensor]| mlp.forward(x));
     let mut kernels = 0;
-    let (median, spread) = time(quick, 1, |_| {
+    let timing = time(quick, 1, |_| {
         kiln_runtime::cpu::clear_kernel_cache();
         let g = kiln::compile("mlp3", std::slice::from_ref(spec), forward)?;
         kernels = g.optimized().schedule.kernels();
-        Ok(())
-    })?[0];
+        Ok(None)
+    })?
+    .remove(0);
     let x = Tensor::randn(spec.shape.clone(), 7)?;
     let got = kiln::compile("mlp3", std::slice::from_ref(spec), forward)?.call(&[&x])?[0]
         .to_vec::<f32>()?;
@@ -291,7 +323,8 @@ fn compile_mlp3(quick: bool) -> Result<()> {
         .map(f64::from)
         .collect();
     println!(
-        "{{\"workload\":\"compile_mlp3\",\"shape\":\"64x784-256-256-10\",\"variant\":\"cold\",\"backend\":\"cpu\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":{kernels},\"bytes\":0,\"flops\":0,\"max_rel_err\":{:.2e}}}",
+        "{{\"workload\":\"compile_mlp3\",\"shape\":\"64x784-256-256-10\",\"variant\":\"cold\",\"backend\":\"cpu\",{},\"kernels\":{kernels},\"bytes\":0,\"flops\":0,\"max_rel_err\":{:.2e}}}",
+        timing.fields(),
         max_rel_err(&got, &want)
     );
     Ok(())
@@ -304,10 +337,11 @@ fn device_copy(quick: bool) -> Result<()> {
     let device = kiln_runtime::cuda::device::device(0)?;
     let bytes = 1usize << 30;
     let mut copy = device.copier(bytes)?;
-    let (median, spread) = time(quick, 1, |_| Ok(copy.run()?))?[0];
+    let timing = time(quick, 1, |_| Ok(Some(copy.run()?)))?.remove(0);
     println!(
-        "{{\"workload\":\"device_copy\",\"shape\":\"1GiB\",\"variant\":\"{}\",\"backend\":\"cuda\",\"median_s\":{median:.6e},\"spread_s\":{spread:.3e},\"kernels\":0,\"bytes\":{},\"flops\":0,\"max_rel_err\":0}}",
+        "{{\"workload\":\"device_copy\",\"shape\":\"1GiB\",\"variant\":\"{}\",\"backend\":\"cuda\",{},\"kernels\":0,\"bytes\":{},\"flops\":0,\"max_rel_err\":0}}",
         device.name(),
+        timing.fields(),
         2 * bytes
     );
     Ok(())

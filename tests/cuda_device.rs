@@ -160,8 +160,8 @@ fn arguments<'a>(types: &[TensorType], x: &'a Data, weights: &'a Data) -> Vec<Da
 }
 
 /// `f` on GPU 0 (matmuls in TF32) against the interpreter: NaN exactly
-/// where the interpreter has NaN, other values within `rtol` of the
-/// largest magnitude. Returns false, saying why, where there is no GPU.
+/// where the interpreter has NaN, zeros of its sign, other values within
+/// `rtol` of the largest magnitude. Returns false, saying why, where there is no GPU.
 fn agrees_on_the_gpu(
     inputs: &[Tensor],
     rtol: f32,
@@ -187,6 +187,13 @@ fn agrees_on_the_gpu(
             w.is_nan(),
             "element {i}: gpu {g}, reference {w}"
         );
+        if *g == 0.0 && *w == 0.0 {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "element {i}: gpu {g}, reference {w}"
+            );
+        }
         assert!(
             w.is_nan() || g == w || (g - w).abs() <= rtol * scale,
             "element {i}: gpu {g}, reference {w}"
@@ -221,15 +228,24 @@ fn matmuls_of_operands_at_an_offset_run_on_the_gpu() -> Result<()> {
     Ok(())
 }
 
+/// kiln's relu keeps NaN and turns -0 into +0 (`x > 0 ? x : +0` on
+/// non-NaN). cuBLASLt documents its RELU_BIAS epilogue only as a ReLU;
+/// this pins what the fused path computes against the interpreter.
 #[test]
-fn relu_after_a_fused_bias_keeps_nan_as_on_the_cpu() -> Result<()> {
+fn relu_after_a_fused_bias_keeps_nan_and_gives_plus_zero() -> Result<()> {
     let mut x = Tensor::randn([64, 96], 1)?.to_vec::<f32>()?;
     x[5 * 96 + 7] = f32::NAN;
     x[9 * 96] = f32::INFINITY;
+    // Row 11 is -0 throughout: with a positive w, its products and their
+    // sums are -0, and so is -0 plus a bias of -0.
+    x[11 * 96..12 * 96].fill(-0.0);
+    let w = Tensor::randn([96, 80], 2)?.abs()?;
+    let mut b = Tensor::randn([80], 3)?.to_vec::<f32>()?;
+    b[..4].fill(-0.0);
     let inputs = [
         Tensor::from_vec(x, [64, 96])?,
-        Tensor::randn([96, 80], 2)?,
-        Tensor::randn([80], 3)?,
+        w,
+        Tensor::from_vec(b, [80])?,
     ];
     agrees_on_the_gpu(&inputs, TF32, |t| (t[0].matmul(&t[1])? + &t[2])?.relu())?;
     Ok(())
