@@ -242,6 +242,15 @@ impl Runner {
         }
     }
 
+    /// Kernel launches per call (on a GPU a row group launches once).
+    fn kernels(&self) -> usize {
+        match self {
+            Runner::Cpu(g) => g.optimized().schedule.kernels(),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(e) => e.launches(),
+        }
+    }
+
     fn optimized(&self) -> &kiln::Optimized {
         match self {
             Runner::Cpu(g) => g.optimized(),
@@ -293,7 +302,7 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
             w.shape,
             backend.name(),
             timing.fields(),
-            g.optimized().schedule.kernels(),
+            g.kernels(),
             w.bytes,
             w.flops
         );

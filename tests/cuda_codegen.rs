@@ -2,7 +2,8 @@
 //! mission's patterns (relu(a+b) with 16-byte vectors, relu(x@w+b) as one
 //! cuBLASLt call with its bias+ReLU epilogue, an epilogue cuBLASLt cannot
 //! express as a kernel after the GEMM, normalized bytes as a matmul operand's
-//! prologue, softmax in two kernels, sums by rows and by columns), and with
+//! prologue, softmax as one kernel running its two row reductions in turn,
+//! sums by rows and by columns), and with
 //! feature `cuda`, every kernel of those patterns and of random graphs
 //! compiled by NVRTC to a CUBIN for sm_90 and sm_80.
 
@@ -13,6 +14,7 @@ use kiln::{DType, Options, Result, Tensor};
 use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_ir::{Graph, Op};
 use kiln_runtime::cuda::codegen::{self, GemmEpilogue};
+use kiln_runtime::rows::row_groups;
 
 /// The mission's patterns, by name.
 fn pattern(name: &str) -> Result<Vec<Tensor>> {
@@ -75,10 +77,36 @@ fn kernels(graph: &Graph, optimized: &kiln::Optimized) -> Vec<Kernel> {
         .collect()
 }
 
-/// Every kernel as printed CUDA C and launch plans, and the CUDA sources.
-fn generate(kernels: &[Kernel]) -> Result<(String, Vec<String>)> {
+/// Every kernel as printed CUDA C and launch plans, and the CUDA sources,
+/// row groups as the runtime runs them (one kernel each).
+fn generate(optimized: &kiln::Optimized) -> Result<(String, Vec<String>)> {
+    let kernels = kernels(&optimized.graph, optimized);
     let (mut text, mut sources) = (String::new(), Vec::new());
-    for (k, kernel) in kernels.iter().enumerate() {
+    for group in row_groups(&optimized.graph, &optimized.schedule) {
+        let (first, last) = (group.start, group.end - 1);
+        if let Some(source) =
+            codegen::row_group_of(optimized, group.clone()).map_err(kiln::Error::from)?
+        {
+            text += &format!(
+                "// @k{first}..@k{last} row group: {:?}\n{}",
+                source.launch, source.code
+            );
+            sources.push(source.code);
+            continue;
+        }
+        for k in group {
+            let (t, mut s) = generate_one(k, &kernels[k])?;
+            text += &t;
+            sources.append(&mut s);
+        }
+    }
+    Ok((text, sources))
+}
+
+/// Kernel `k` as printed CUDA C and launch plans, and its CUDA sources.
+fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
+    let (mut text, mut sources) = (String::new(), Vec::new());
+    {
         if let KernelKind::MatMul { .. } = kernel.kind {
             let plan = codegen::matmul(kernel, true).map_err(kiln::Error::from)?;
             for (i, p) in plan.prologues.iter().enumerate() {
@@ -109,7 +137,7 @@ fn cuda(name: &str) -> Result<(String, Vec<String>)> {
     let outputs = pattern(name)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let optimized = kiln::optimize(name, &refs, Options::default())?;
-    generate(&kernels(&optimized.graph, &optimized))
+    generate(&optimized)
 }
 
 #[test]
@@ -137,7 +165,7 @@ fn normalized_bytes_are_a_matmul_operand_prologue() -> Result<()> {
 }
 
 #[test]
-fn softmax_is_two_row_kernels() -> Result<()> {
+fn softmax_is_one_row_group_kernel() -> Result<()> {
     insta::assert_snapshot!(cuda("softmax")?.0);
     Ok(())
 }
@@ -205,7 +233,7 @@ mod nvrtc {
             for fusion in [true, false] {
                 let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {})
                     .map_err(kiln::Error::from)?;
-                sources.extend(super::generate(&super::kernels(&optimized.graph, &optimized))?.1);
+                sources.extend(super::generate(&optimized)?.1);
             }
         }
         let sources: Vec<String> = sources.into_iter().collect();

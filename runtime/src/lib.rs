@@ -1,15 +1,20 @@
 //! kiln-runtime: the backends that run fused graphs, and the only crate with
-//! `unsafe`, confined to where machine code is made and called (`cpu::jit`,
-//! the AVX-512 GEMM kernels of `cpu::sgemm`) and to device memory
-//! (`cuda::device`, `cuda::nvrtc`).
+//! `unsafe` besides the data loader's one `mmap`, confined to where machine
+//! code is made and called (`cpu::jit`, the AVX-512 GEMM kernels of
+//! `cpu::sgemm`) and to the CUDA libraries and device memory
+//! (`cuda::device`, `cuda::blaslt`, `cuda::nvrtc`).
 //!
 //! - `cpu`: kernels lowered to Cranelift IR, compiled, cached by structural
 //!   hash, and run in schedule order over an arena sized by the memory plan;
+//! - `cuda`: kernels printed as CUDA C, compiled by NVRTC, with cuBLASLt
+//!   matmuls (the runtime with feature `cuda`);
+//! - `rows`: which reductions can run row by row, for both backends;
 //! - `eval_reference`: the reference interpreter, for debugging and as the
 //!   oracle of every numeric test.
 
 pub mod cpu;
 pub mod cuda;
+pub mod rows;
 
 pub use kiln_ir::interp::eval as eval_reference;
 

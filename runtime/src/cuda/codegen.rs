@@ -13,6 +13,9 @@
 //!   reduced axes, so that neighbouring threads read neighbouring columns.
 //!   The broadcast epilogue of softmax and `x - mean(x)` runs in the same
 //!   block or thread, over the row it just reduced, while it is in cache.
+//!   A row group (`rows::row_groups`: softmax's max, then its sum of
+//!   exponentials) is one kernel whose block runs each reduction's row in
+//!   turn, so the row is read from memory once and the group launches once.
 //! - A matmul is a GEMM (cuBLASLt) between generated kernels: each computed
 //!   operand's prologue writes it into scratch first, and the epilogue is a
 //!   kernel over the product unless cuBLASLt's own bias or bias+ReLU epilogue
@@ -27,10 +30,13 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
+use std::ops::Range;
 
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use kiln_ir::pass::Optimized;
+use kiln_ir::schedule::Location;
 use kiln_ir::view::View;
-use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, Shape, TensorType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Op, ReduceOp, Scalar, Shape, TensorType, UnaryOp};
 
 use crate::Error;
 
@@ -220,6 +226,147 @@ pub fn kernel(kernel: &Kernel) -> Result<Source, Error> {
             "a matmul kernel is a plan, not one source".to_string(),
         )),
     }
+}
+
+/// The rows of a reduction kernel that runs a block of threads to each row
+/// of its output; `None` for other kernels.
+pub fn reduction_rows(kernel: &Kernel) -> Option<usize> {
+    match &kernel.kind {
+        KernelKind::Reduce { axes, shape, .. } => rows_of(shape, axes),
+        KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
+    }
+}
+
+/// A reduction over `axes` of `shape` runs a block of threads to each row
+/// (returned: how many) when its reduced axes are innermost and more than
+/// one element long: reads coalesce along the row. Otherwise one thread per
+/// output walks the reduced axes. Size-1 axes take no place in memory:
+/// `[c, 1]` summed over axis 0 is a row.
+fn rows_of(shape: &Shape, axes: &[usize]) -> Option<usize> {
+    let dims = shape.dims();
+    let last = (0..dims.len()).rev().find(|&a| dims[a] != 1);
+    let innermost = axes.iter().rev().find(|&&a| dims[a] != 1) == last.as_ref();
+    let length: usize = axes.iter().map(|&a| dims[a]).product();
+    let rows = (0..dims.len())
+        .filter(|a| !axes.contains(a))
+        .map(|a| dims[a])
+        .product();
+    (last.is_some() && innermost && length > 1).then_some(rows)
+}
+
+/// The kernel of the row group `launches` of `optimized`'s schedule
+/// (`rows::row_groups`), or `None` where it is one launch or its reductions
+/// do not all run a block to each of the same rows.
+pub fn row_group_of(
+    optimized: &Optimized,
+    launches: Range<usize>,
+) -> Result<Option<Source>, Error> {
+    let (graph, schedule) = (&optimized.graph, &optimized.schedule);
+    let mut members = Vec::new();
+    let mut rows = None;
+    for i in launches.clone() {
+        let launch = &schedule.launches[i];
+        let Op::Kernel(kernel) = &graph.node(launch.node).op else {
+            return Ok(None);
+        };
+        let Some(r) = reduction_rows(kernel) else {
+            return Ok(None);
+        };
+        if *rows.get_or_insert(r) != r {
+            return Ok(None);
+        }
+        // Inputs an earlier member writes.
+        let written: Vec<bool> = launch
+            .inputs
+            .iter()
+            .map(|loc| {
+                schedule.launches[launches.start..i]
+                    .iter()
+                    .any(|m| *loc == Location::Slot(m.output))
+            })
+            .collect();
+        members.push((kernel.as_ref(), written));
+    }
+    if members.len() < 2 {
+        return Ok(None);
+    }
+    row_group(&members).map(Some)
+}
+
+/// One kernel for a row group (`rows::row_groups`): reductions by rows over
+/// the same `rows`, each a device function called for every row in turn, a
+/// block to a row, so that softmax's max and sum read a row once from
+/// memory and launch once. `members` are the kernels with, for each of
+/// their inputs, whether an earlier member writes it. The kernel's
+/// parameters are each member's inputs, then its output, member by member.
+fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Source, Error> {
+    let mut w = Writer::new();
+    let mut rows_and_threads = None;
+    let mut params = Vec::new();
+    let mut calls = Vec::new();
+    for (m, (kernel, plain)) in members.iter().enumerate() {
+        let KernelKind::Reduce {
+            op,
+            axes,
+            shape,
+            prologue,
+        } = &kernel.kind
+        else {
+            return Err(Error::Codegen(format!(
+                "row group member {m} is not a reduction"
+            )));
+        };
+        let name = format!("kiln_row{m}");
+        let launch = reduce_into(
+            &mut w,
+            kernel,
+            *op,
+            axes,
+            shape,
+            prologue,
+            Some((&name, plain)),
+        )?;
+        let Launch::Rows { rows, threads } = launch else {
+            return Err(Error::Codegen(format!(
+                "row group member {m} is not by rows"
+            )));
+        };
+        let (group_rows, group_threads) = *rows_and_threads.get_or_insert((rows, threads));
+        if rows != group_rows {
+            return Err(Error::Codegen(format!(
+                "row group member {m} has {rows} rows, not {group_rows}"
+            )));
+        }
+        rows_and_threads = Some((rows, threads.max(group_threads)));
+        let mut args = vec!["o".to_string()];
+        for (i, t) in kernel.inputs.iter().enumerate() {
+            params.push(format!("const {}* m{m}_in{i}", ctype(t.dtype)));
+            args.push(format!("m{m}_in{i}"));
+        }
+        params.push(format!("{}* m{m}_out", ctype(kernel.out.dtype)));
+        args.push(format!("m{m}_out"));
+        calls.push(format!("{name}({});", args.join(", ")));
+    }
+    let Some((rows, threads)) = rows_and_threads else {
+        return Err(Error::Codegen("an empty row group".to_string()));
+    };
+    w.line(
+        0,
+        &format!(
+            "extern \"C\" __global__ void {ENTRY}({}) {{",
+            params.join(", ")
+        ),
+    );
+    w.line(
+        1,
+        &format!("for (long long o = blockIdx.x; o < {rows}; o += gridDim.x) {{"),
+    );
+    for call in &calls {
+        w.line(2, call);
+    }
+    w.line(1, "}");
+    w.line(0, "}");
+    Ok(w.finish(Launch::Rows { rows, threads }))
 }
 
 /// Scratch parts start at multiples of this, so `float4` accesses align.
@@ -505,6 +652,30 @@ impl Writer {
             0,
             &format!(
                 "extern \"C\" __global__ void {ENTRY}({}) {{",
+                params.join(", ")
+            ),
+        );
+    }
+
+    /// `__device__ void {name}(long long o, ...) {`: one row of a row
+    /// group. Inputs marked in `plain` lose `__restrict__` and the read-only
+    /// path it allows: an earlier function of the group wrote them in this
+    /// kernel, which non-coherent loads could miss.
+    fn row_signature(&mut self, name: &str, inputs: &[TensorType], plain: &[bool], out: DType) {
+        let mut params = vec!["const long long o".to_string()];
+        params.extend(inputs.iter().enumerate().map(|(i, t)| {
+            let restrict = if plain.get(i) == Some(&true) {
+                ""
+            } else {
+                " __restrict__"
+            };
+            format!("const {}*{restrict} in{i}", ctype(t.dtype))
+        }));
+        params.push(format!("{}* __restrict__ out", ctype(out)));
+        self.line(
+            0,
+            &format!(
+                "__device__ __forceinline__ void {name}({}) {{",
                 params.join(", ")
             ),
         );
@@ -845,6 +1016,24 @@ fn reduce(
     shape: &Shape,
     prologue: &Block,
 ) -> Result<Source, Error> {
+    let mut w = Writer::new();
+    let launch = reduce_into(&mut w, kernel, op, axes, shape, prologue, None)?;
+    Ok(w.finish(launch))
+}
+
+/// A reduction as a whole kernel, or with `row: Some((name, plain))` as a
+/// device function `name(o, inputs.., out)` that reduces row `o` alone
+/// (`None` where the reduction does not run by rows); inputs marked in
+/// `plain` are read through plain pointers, since the group writes them.
+fn reduce_into(
+    w: &mut Writer,
+    kernel: &Kernel,
+    op: ReduceOp,
+    axes: &[usize],
+    shape: &Shape,
+    prologue: &Block,
+    row: Option<(&str, &[bool])>,
+) -> Result<Launch, Error> {
     let dims = shape.dims();
     let kept: Vec<(usize, usize)> = (0..dims.len())
         .filter(|a| !axes.contains(a) && dims[*a] != 1)
@@ -871,21 +1060,24 @@ fn reduce(
     };
     // The output is the whole space (broadcast epilogue) or the reduced values.
     let broadcast = kernel.out.shape == *shape;
-    // One block per row when the reduced axes are innermost: reads coalesce
-    // along the row. Otherwise one thread per output walks the reduced axes.
-    // Size-1 axes take no place in memory: `[c, 1]` summed over axis 0 is a row.
-    let last = (0..dims.len()).rev().find(|&a| dims[a] != 1);
-    let innermost = reduced.last().is_some_and(|r| Some(r.0) == last);
-    let by_rows = innermost && length > 1;
-    let mut w = Writer::new();
-    w.signature(&kernel.inputs, false, kernel.out.dtype);
-    let (indent, lane_start, lane_step) = if by_rows {
+    let by_rows = rows_of(shape, axes).is_some();
+    let (indent, lane_start, lane_step) = if let Some((name, plain)) = row {
+        if !by_rows {
+            return Err(Error::Codegen(format!(
+                "{name}: a reduction that does not run by rows in a row group"
+            )));
+        }
+        w.row_signature(name, &kernel.inputs, plain, kernel.out.dtype);
+        (1, "threadIdx.x", "blockDim.x")
+    } else if by_rows {
+        w.signature(&kernel.inputs, false, kernel.out.dtype);
         w.line(
             1,
             &format!("for (long long o = blockIdx.x; o < {rows}; o += gridDim.x) {{"),
         );
         (2, "threadIdx.x", "blockDim.x")
     } else {
+        w.signature(&kernel.inputs, false, kernel.out.dtype);
         w.line(
             1,
             &format!(
@@ -910,13 +1102,13 @@ fn reduce(
         acc: None,
     };
     let value = w.block(indent + 1, prologue, &kernel.inputs, &element)?;
-    let combined = combine(&mut w, "acc", &value);
+    let combined = combine(w, "acc", &value);
     w.line(indent + 1, &format!("acc = {combined};"));
     w.line(indent, "}");
     if by_rows {
         let shuffle = if dtype == DType::F32 { "float" } else { "int" };
         let down = format!("({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s)");
-        let across = combine(&mut w, "acc", &down);
+        let across = combine(w, "acc", &down);
         w.line(indent, &format!("__shared__ {t} partial[32];"));
         w.line(
             indent,
@@ -978,10 +1170,13 @@ fn reduce(
         w.line(indent, "}");
     }
     if by_rows {
-        // `partial` is written again by the next row.
+        // `partial` is written again by the next row, and in a row group
+        // the next function reads what this one wrote.
         w.line(indent, "__syncthreads();");
     }
-    w.line(1, "}");
+    if row.is_none() {
+        w.line(1, "}");
+    }
     w.line(0, "}");
     let launch = if by_rows {
         let threads = length.next_multiple_of(32).clamp(32, 256) as u32;
@@ -989,7 +1184,7 @@ fn reduce(
     } else {
         Launch::Flat { steps: rows.max(1) }
     };
-    Ok(w.finish(launch))
+    Ok(launch)
 }
 
 /// The row-major flat index of coordinates `{prefix}{axis}` in `shape`

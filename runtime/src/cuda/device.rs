@@ -12,6 +12,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use cudarc::cublas::{CudaBlas, sys::cublasOperation_t};
@@ -364,12 +365,13 @@ impl Copier {
     }
 }
 
-/// One launch of a compiled graph.
+/// What runs the launches of the schedule it covers (`Executable::steps`).
 // Steps are made once per compiled graph; boxing the matmul's plan would
 // only add an indirection to every run.
 #[allow(clippy::large_enum_variant)]
 enum Step {
-    /// A generated kernel.
+    /// A generated kernel: one launch's, or a row group's (its parameters
+    /// are each launch's inputs, then its output, launch by launch).
     Kernel {
         function: CudaFunction,
         launch: Launch,
@@ -393,7 +395,8 @@ pub struct Executable {
     device: Arc<Device>,
     optimized: Optimized,
     precision: Precision,
-    steps: Vec<Step>,
+    /// Each step with the launches of the schedule it runs.
+    steps: Vec<(Range<usize>, Step)>,
     inputs: Vec<Buffer>,
     slots: Vec<Buffer>,
     outputs: Vec<TensorType>,
@@ -440,48 +443,70 @@ impl Executable {
     ) -> Result<Executable, Error> {
         device.bind()?;
         let graph = &optimized.graph;
-        let mut steps = Vec::with_capacity(optimized.schedule.launches.len());
-        for launch in &optimized.schedule.launches {
-            let Op::Kernel(kernel) = &graph.node(launch.node).op else {
-                return Err(Error::Launch(format!("{} is not a kernel", launch.node)));
-            };
-            steps.push(match kernel.kind {
-                KernelKind::MatMul { .. } => {
-                    let plan = codegen::matmul(kernel, precision == Precision::Tf32)?;
-                    let prologues = plan
-                        .prologues
-                        .iter()
-                        .map(|p| Ok((device.function(&p.code)?, p.launch)))
-                        .collect::<Result<_, Error>>()?;
-                    let (epilogue_function, fused) = match &plan.epilogue {
-                        GemmEpilogue::Kernel { source, .. } => {
-                            (Some(device.function(&source.code)?), blaslt::Epilogue::None)
+        let schedule = &optimized.schedule;
+        let kernel = |i: usize| match &graph.node(schedule.launches[i].node).op {
+            Op::Kernel(kernel) => Ok(kernel.as_ref()),
+            _ => Err(Error::Launch(format!(
+                "{} is not a kernel",
+                schedule.launches[i].node
+            ))),
+        };
+        let mut steps = Vec::with_capacity(schedule.launches.len());
+        for group in crate::rows::row_groups(graph, schedule) {
+            if let Some(source) = codegen::row_group_of(&optimized, group.clone())? {
+                let function = device.function(&source.code)?;
+                let launch = source.launch;
+                steps.push((group, Step::Kernel { function, launch }));
+                continue;
+            }
+            for i in group {
+                let kernel = kernel(i)?;
+                steps.push((
+                    i..i + 1,
+                    match kernel.kind {
+                        KernelKind::MatMul { .. } => {
+                            let plan = codegen::matmul(kernel, precision == Precision::Tf32)?;
+                            let prologues = plan
+                                .prologues
+                                .iter()
+                                .map(|p| Ok((device.function(&p.code)?, p.launch)))
+                                .collect::<Result<_, Error>>()?;
+                            let (epilogue_function, fused) = match &plan.epilogue {
+                                GemmEpilogue::Kernel { source, .. } => {
+                                    (Some(device.function(&source.code)?), blaslt::Epilogue::None)
+                                }
+                                GemmEpilogue::None => (None, blaslt::Epilogue::None),
+                                GemmEpilogue::Bias { relu: false, .. } => {
+                                    (None, blaslt::Epilogue::Bias)
+                                }
+                                GemmEpilogue::Bias { relu: true, .. } => {
+                                    (None, blaslt::Epilogue::BiasRelu)
+                                }
+                            };
+                            let g = &plan.gemm;
+                            let lt = (precision == Precision::Tf32
+                                && g.m * g.n * g.k * g.batches > 0)
+                                .then(|| blaslt::Matmul::new(g.column_major(), fused))
+                                .transpose()?;
+                            Step::MatMul {
+                                prologues,
+                                lt,
+                                scratch: device.alloc(plan.scratch_bytes)?,
+                                gemm: plan.gemm,
+                                epilogue: plan.epilogue,
+                                epilogue_function,
+                            }
                         }
-                        GemmEpilogue::None => (None, blaslt::Epilogue::None),
-                        GemmEpilogue::Bias { relu: false, .. } => (None, blaslt::Epilogue::Bias),
-                        GemmEpilogue::Bias { relu: true, .. } => (None, blaslt::Epilogue::BiasRelu),
-                    };
-                    let g = &plan.gemm;
-                    let lt = (precision == Precision::Tf32 && g.m * g.n * g.k * g.batches > 0)
-                        .then(|| blaslt::Matmul::new(g.column_major(), fused))
-                        .transpose()?;
-                    Step::MatMul {
-                        prologues,
-                        lt,
-                        scratch: device.alloc(plan.scratch_bytes)?,
-                        gemm: plan.gemm,
-                        epilogue: plan.epilogue,
-                        epilogue_function,
-                    }
-                }
-                KernelKind::Elementwise | KernelKind::Reduce { .. } => {
-                    let source = codegen::kernel(kernel)?;
-                    Step::Kernel {
-                        function: device.function(&source.code)?,
-                        launch: source.launch,
-                    }
-                }
-            });
+                        KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+                            let source = codegen::kernel(kernel)?;
+                            Step::Kernel {
+                                function: device.function(&source.code)?,
+                                launch: source.launch,
+                            }
+                        }
+                    },
+                ));
+            }
         }
         let inputs = graph
             .inputs
@@ -510,6 +535,22 @@ impl Executable {
     /// The fused graph and its schedule.
     pub fn optimized(&self) -> &Optimized {
         &self.optimized
+    }
+
+    /// Kernel launches per run: a row group is one, a matmul its operand
+    /// prologues, its GEMM and its epilogue kernel if it has one.
+    pub fn launches(&self) -> usize {
+        self.steps
+            .iter()
+            .map(|(_, step)| match step {
+                Step::Kernel { .. } => 1,
+                Step::MatMul {
+                    prologues,
+                    epilogue_function,
+                    ..
+                } => prologues.len() + 1 + usize::from(epilogue_function.is_some()),
+            })
+            .sum()
     }
 
     /// How its matmuls compute.
@@ -700,40 +741,16 @@ impl Executable {
     /// input buffers.
     fn enqueue(&self) -> Result<(), Error> {
         self.device.bind()?;
-        let graph = &self.optimized.graph;
-        let schedule = &self.optimized.schedule;
-        for (launch, step) in schedule.launches.iter().zip(&self.steps) {
-            let buffer = |loc: &Location| -> &Buffer {
-                match loc {
-                    Location::Input(i) => &self.inputs[*i as usize],
-                    Location::Slot(s) => &self.slots[*s],
-                }
-            };
-            let args: Vec<&Buffer> = launch.inputs.iter().map(buffer).collect();
-            let node = graph.node(launch.node);
-            for (b, id) in args.iter().zip(&node.inputs) {
-                let ty = &graph.node(*id).ty;
-                if b.bytes < ty.shape.numel() * ty.dtype.size() {
-                    return Err(Error::Launch(format!(
-                        "a buffer of {} bytes for {ty}",
-                        b.bytes
-                    )));
-                }
-            }
-            let out = &self.slots[launch.output];
-            if out.bytes < node.ty.shape.numel() * node.ty.dtype.size() {
-                return Err(Error::Launch(format!(
-                    "an output of {} bytes for {}",
-                    out.bytes, node.ty
-                )));
-            }
-            let mut pointers: Vec<u64> = args
-                .iter()
-                .map(|b| b.address(0))
-                .collect::<Result<_, _>>()?;
+        for (launches, step) in &self.steps {
             match step {
                 Step::Kernel { function, launch } => {
-                    pointers.push(out.address(0)?);
+                    let mut pointers = Vec::new();
+                    for i in launches.clone() {
+                        let (args, out) = self.operands(i)?;
+                        for b in args.iter().chain([&out]) {
+                            pointers.push(b.address(0)?);
+                        }
+                    }
                     self.launch(function, *launch, &pointers)?;
                 }
                 Step::MatMul {
@@ -744,6 +761,11 @@ impl Executable {
                     epilogue_function,
                     scratch,
                 } => {
+                    let (args, out) = self.operands(launches.start)?;
+                    let pointers: Vec<u64> = args
+                        .iter()
+                        .map(|b| b.address(0))
+                        .collect::<Result<_, _>>()?;
                     let operands = [&gemm.a, &gemm.b]
                         .iter()
                         .filter(|o| matches!(o.source, OperandSource::Scratch(_)))
@@ -774,6 +796,39 @@ impl Executable {
             }
         }
         Ok(())
+    }
+
+    /// The input buffers and the output buffer of launch `i`, each checked
+    /// to hold its type.
+    fn operands(&self, i: usize) -> Result<(Vec<&Buffer>, &Buffer), Error> {
+        let graph = &self.optimized.graph;
+        let launch = &self.optimized.schedule.launches[i];
+        let args: Vec<&Buffer> = launch
+            .inputs
+            .iter()
+            .map(|loc| match loc {
+                Location::Input(i) => &self.inputs[*i as usize],
+                Location::Slot(s) => &self.slots[*s],
+            })
+            .collect();
+        let node = graph.node(launch.node);
+        for (b, id) in args.iter().zip(&node.inputs) {
+            let ty = &graph.node(*id).ty;
+            if b.bytes < ty.shape.numel() * ty.dtype.size() {
+                return Err(Error::Launch(format!(
+                    "a buffer of {} bytes for {ty}",
+                    b.bytes
+                )));
+            }
+        }
+        let out = &self.slots[launch.output];
+        if out.bytes < node.ty.shape.numel() * node.ty.dtype.size() {
+            return Err(Error::Launch(format!(
+                "an output of {} bytes for {}",
+                out.bytes, node.ty
+            )));
+        }
+        Ok((args, out))
     }
 
     /// `outputs` must be buffers of the output types.
