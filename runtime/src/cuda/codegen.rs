@@ -304,7 +304,7 @@ fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Source, Error> {
     let mut rows_and_threads = None;
     let mut params = Vec::new();
     let mut calls = Vec::new();
-    for (m, (kernel, plain)) in members.iter().enumerate() {
+    for (m, (kernel, written)) in members.iter().enumerate() {
         let KernelKind::Reduce {
             op,
             axes,
@@ -324,7 +324,7 @@ fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Source, Error> {
             axes,
             shape,
             prologue,
-            Some((&name, plain)),
+            Some((&name, written)),
         )?;
         let Launch::Rows { rows, threads } = launch else {
             return Err(Error::Codegen(format!(
@@ -658,18 +658,22 @@ impl Writer {
     }
 
     /// `__device__ void {name}(long long o, ...) {`: one row of a row
-    /// group. Inputs marked in `plain` lose `__restrict__` and the read-only
-    /// path it allows: an earlier function of the group wrote them in this
-    /// kernel, which non-coherent loads could miss.
-    fn row_signature(&mut self, name: &str, inputs: &[TensorType], plain: &[bool], out: DType) {
+    /// group. Inputs marked in `written` were written by an earlier function
+    /// of the group in this kernel, by another thread: they are read as
+    /// `volatile`, from where the write went, never through `__restrict__`'s
+    /// non-coherent read-only path, a copy the compiler keeps, or a line the
+    /// multiprocessor's L1 holds from before the write. (A warp-per-row
+    /// variant reading them as plain `const` pointers after `__syncwarp`
+    /// read stale values on the H100: layer_norm's mean, rows of 3.)
+    fn row_signature(&mut self, name: &str, inputs: &[TensorType], written: &[bool], out: DType) {
         let mut params = vec!["const long long o".to_string()];
         params.extend(inputs.iter().enumerate().map(|(i, t)| {
-            let restrict = if plain.get(i) == Some(&true) {
-                ""
+            let t = ctype(t.dtype);
+            if written.get(i) == Some(&true) {
+                format!("const volatile {t}* in{i}")
             } else {
-                " __restrict__"
-            };
-            format!("const {}*{restrict} in{i}", ctype(t.dtype))
+                format!("const {t}* __restrict__ in{i}")
+            }
         }));
         params.push(format!("{}* __restrict__ out", ctype(out)));
         self.line(
@@ -1021,10 +1025,10 @@ fn reduce(
     Ok(w.finish(launch))
 }
 
-/// A reduction as a whole kernel, or with `row: Some((name, plain))` as a
+/// A reduction as a whole kernel, or with `row: Some((name, written))` as a
 /// device function `name(o, inputs.., out)` that reduces row `o` alone
 /// (`None` where the reduction does not run by rows); inputs marked in
-/// `plain` are read through plain pointers, since the group writes them.
+/// `written` are written by the group (`Writer::row_signature`).
 fn reduce_into(
     w: &mut Writer,
     kernel: &Kernel,
@@ -1061,13 +1065,13 @@ fn reduce_into(
     // The output is the whole space (broadcast epilogue) or the reduced values.
     let broadcast = kernel.out.shape == *shape;
     let by_rows = rows_of(shape, axes).is_some();
-    let (indent, lane_start, lane_step) = if let Some((name, plain)) = row {
+    let (indent, lane_start, lane_step) = if let Some((name, written)) = row {
         if !by_rows {
             return Err(Error::Codegen(format!(
                 "{name}: a reduction that does not run by rows in a row group"
             )));
         }
-        w.row_signature(name, &kernel.inputs, plain, kernel.out.dtype);
+        w.row_signature(name, &kernel.inputs, written, kernel.out.dtype);
         (1, "threadIdx.x", "blockDim.x")
     } else if by_rows {
         w.signature(&kernel.inputs, false, kernel.out.dtype);
