@@ -2,7 +2,10 @@
 //! none (no driver, no NVRTC, no such ordinal), never a panic; on a GPU,
 //! compiled graphs agree with the interpreter in both matmul precisions, and
 //! batches staged through pinned memory while the previous launch computes
-//! give the results of plain runs.
+//! give the results of plain runs. Also on a GPU: matmul operands read in
+//! place at unaligned offsets, cuBLASLt's fused ReLU against kiln's (NaN,
+//! infinities, signed zeros), one launch per `prepare`, empty inputs, an
+//! executable run on another thread, and staging dropped mid-copy.
 //! Every op and fusion kind runs on the GPU through `tests/cpu.rs` with
 //! `KILN_TEST_DEVICE=cuda:0`. GPU-only tests print why they skip.
 
