@@ -19,6 +19,11 @@ fn gpu() -> std::result::Result<std::sync::Arc<device::Device>, String> {
     device::device(0).map_err(|e| e.to_string())
 }
 
+/// The first GPU, or `None` after printing why the test skips.
+fn gpu_or_skip() -> Option<std::sync::Arc<device::Device>> {
+    gpu().map_err(|why| eprintln!("skipped: {why}")).ok()
+}
+
 #[test]
 fn a_missing_gpu_is_an_err_not_a_panic() -> Result<()> {
     let x = Tensor::randn([4, 4], 0)?;
@@ -60,12 +65,8 @@ fn mlp(x: &Tensor, w: &Tensor, b: &Tensor, w2: &Tensor) -> Result<Tensor> {
 
 #[test]
 fn compiled_graphs_agree_with_the_interpreter_in_both_precisions() -> Result<()> {
-    let d = match gpu() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
     };
     let bytes: Vec<u8> = (0..64 * 784).map(|i| (i * 37 % 256) as u8).collect();
     let x = Tensor::from_vec(bytes.clone(), [64, 784])?;
@@ -112,12 +113,8 @@ fn compiled_graphs_agree_with_the_interpreter_in_both_precisions() -> Result<()>
 
 #[test]
 fn prepared_inputs_overlap_the_previous_launch_and_give_the_same_results() -> Result<()> {
-    let d = match gpu() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
     };
     let w = Tensor::randn([64, 32], 1)?;
     let graph = |x: &Tensor| (x.cast(DType::F32)? * (1.0f32 / 255.0))?.matmul(&w)?.relu();
@@ -170,8 +167,7 @@ fn agrees_on_the_gpu(
     rtol: f32,
     f: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) -> Result<bool> {
-    if let Err(why) = gpu() {
-        eprintln!("skipped: {why}");
+    if gpu_or_skip().is_none() {
         return Ok(false);
     }
     let on = |device: Device| -> Result<Vec<f32>> {
@@ -256,12 +252,8 @@ fn relu_after_a_fused_bias_keeps_nan_and_gives_plus_zero() -> Result<()> {
 
 #[test]
 fn launch_prepared_takes_one_prepare_each() -> Result<()> {
-    let d = match gpu() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
     };
     let x = Tensor::randn([8, 16], 1)?;
     let optimized = kiln::optimize("twice", &[&(&x * 2.0f32)?.relu()?], Options::default())?;
@@ -297,12 +289,8 @@ fn launch_prepared_takes_one_prepare_each() -> Result<()> {
 
 #[test]
 fn empty_inputs_are_staged_and_run() -> Result<()> {
-    let d = match gpu() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
     };
     let x = Tensor::from_vec(Vec::<f32>::new(), [0, 4])?;
     let y = Tensor::randn([4], 1)?;
@@ -333,12 +321,8 @@ fn empty_inputs_are_staged_and_run() -> Result<()> {
 
 #[test]
 fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
-    let d = match gpu() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
     };
     let (x, w) = (Tensor::randn([32, 48], 1)?, Tensor::randn([48, 24], 2)?);
     let optimized = kiln::optimize("moved", &[&x.matmul(&w)?.relu()?], Options::default())?;
@@ -364,12 +348,8 @@ fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
 
 #[test]
 fn staging_dropped_with_a_copy_in_flight_frees_safely() -> Result<()> {
-    let d = match gpu() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
     };
     let x = Tensor::randn([4096, 4096], 1)?;
     let optimized = kiln::optimize("dropped", &[&x.relu()?], Options::default())?;

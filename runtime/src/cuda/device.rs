@@ -1,9 +1,9 @@
 //! The CUDA runtime: a device (context, stream, cuBLAS handles, the module
 //! cache), a caching allocator, and fused graphs run on the device.
 //!
-//! The one module of the CUDA backend with `unsafe` besides `nvrtc`: device
-//! memory is made and handed to generated kernels and to cuBLAS as raw
-//! pointers, and kernels are launched. Every launch is made safe by the
+//! With `nvrtc` and `blaslt`, the modules of the CUDA backend with `unsafe`:
+//! device memory is made and handed to generated kernels and to cuBLAS as
+//! raw pointers, and kernels are launched. Every launch is made safe by the
 //! checks before it: buffer lengths against the kernel's types (the
 //! generated code reads and writes only through index maps the verifier
 //! bounded), and GEMM dimensions against the buffers they stride through.
@@ -279,7 +279,7 @@ impl Device {
         let (blocks, threads) = match launch {
             Launch::Flat { steps } => {
                 // A thread per step: on the H100 relu(a + b) over [4096, 4096]
-                // took 73 us so against 76 us with the grid capped at 16
+                // took 73 us against 76 us with the grid capped at 16
                 // blocks per multiprocessor (the grid-stride loop then making
                 // each thread walk several vectors). Past the grid's limit the
                 // loop covers the rest.
