@@ -131,7 +131,10 @@ impl Matmul {
                 result::create_matrix_layout(f32, rows as u64, cols as u64, ld as i64)
                     .map_err(|e| fail("matrix layout", e))?;
             if p.batches > 1 {
-                let (count, stride) = (p.batches as i32, p.batch_strides[i] as i64);
+                let count = i32::try_from(p.batches).map_err(|_| {
+                    Error::Launch(format!("cuBLASLt takes no batch of {} products", p.batches))
+                })?;
+                let stride = p.batch_strides[i] as i64;
                 use sys::cublasLtMatrixLayoutAttribute_t as A;
                 // SAFETY: the layout was just created; each value has the
                 // type cuBLASLt documents for its attribute.
