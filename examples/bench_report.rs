@@ -342,14 +342,15 @@ fn compile_mlp3(quick: bool) -> Result<()> {
 /// GPU 0's copy bandwidth: a 1 GiB device-to-device copy, bytes read plus
 /// written per second.
 #[cfg(feature = "cuda")]
-fn device_copy(quick: bool) -> Result<()> {
+fn device_copy(quick: bool, backend: Backend) -> Result<()> {
     let device = kiln_runtime::cuda::device::device(0)?;
     let bytes = 1usize << 30;
     let mut copy = device.copier(bytes)?;
     let timing = time(quick, 1, |_| Ok(Some(copy.run()?)))?.remove(0);
     println!(
-        "{{\"workload\":\"device_copy\",\"shape\":\"1GiB\",\"variant\":\"{}\",\"backend\":\"cuda\",{},\"kernels\":0,\"bytes\":{},\"flops\":0,\"max_rel_err\":0}}",
+        "{{\"workload\":\"device_copy\",\"shape\":\"1GiB\",\"variant\":\"{}\",\"backend\":\"{}\",{},\"kernels\":0,\"bytes\":{},\"flops\":0,\"max_rel_err\":0}}",
         device.name(),
+        backend.name(),
         timing.fields(),
         2 * bytes
     );
@@ -367,7 +368,7 @@ fn main() -> Result<()> {
     let wanted = |id: &str| args.workloads.is_empty() || args.workloads.iter().any(|w| w == id);
     #[cfg(feature = "cuda")]
     if args.backend != Backend::Cpu {
-        device_copy(args.quick)?;
+        device_copy(args.quick, args.backend)?;
     }
     let mut all = workloads::all();
     if args.backend != Backend::Cpu {

@@ -106,29 +106,27 @@ fn generate(optimized: &kiln::Optimized) -> Result<(String, Vec<String>)> {
 /// Kernel `k` as printed CUDA C and launch plans, and its CUDA sources.
 fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
     let (mut text, mut sources) = (String::new(), Vec::new());
-    {
-        if let KernelKind::MatMul { .. } = kernel.kind {
-            let plan = codegen::matmul(kernel, true).map_err(kiln::Error::from)?;
-            for (i, p) in plan.prologues.iter().enumerate() {
-                text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.launch, p.code);
-                sources.push(p.code.clone());
-            }
-            text += &format!("// @k{k} gemm: {:?}\n", plan.gemm);
-            match &plan.epilogue {
-                GemmEpilogue::Kernel { acc, source } => {
-                    text += &format!(
-                        "// @k{k} epilogue, product at scratch byte {acc}: {:?}\n{}",
-                        source.launch, source.code
-                    );
-                    sources.push(source.code.clone());
-                }
-                other => text += &format!("// @k{k} epilogue: {other:?}\n"),
-            }
-        } else {
-            let source = codegen::kernel(kernel).map_err(kiln::Error::from)?;
-            text += &format!("// @k{k}: {:?}\n{}", source.launch, source.code);
-            sources.push(source.code);
+    if let KernelKind::MatMul { .. } = kernel.kind {
+        let plan = codegen::matmul(kernel, true).map_err(kiln::Error::from)?;
+        for (i, p) in plan.prologues.iter().enumerate() {
+            text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.launch, p.code);
+            sources.push(p.code.clone());
         }
+        text += &format!("// @k{k} gemm: {:?}\n", plan.gemm);
+        match &plan.epilogue {
+            GemmEpilogue::Kernel { acc, source } => {
+                text += &format!(
+                    "// @k{k} epilogue, product at scratch byte {acc}: {:?}\n{}",
+                    source.launch, source.code
+                );
+                sources.push(source.code.clone());
+            }
+            other => text += &format!("// @k{k} epilogue: {other:?}\n"),
+        }
+    } else {
+        let source = codegen::kernel(kernel).map_err(kiln::Error::from)?;
+        text += &format!("// @k{k}: {:?}\n{}", source.launch, source.code);
+        sources.push(source.code);
     }
     Ok((text, sources))
 }

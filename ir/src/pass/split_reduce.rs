@@ -40,8 +40,7 @@ const CHUNKS: usize = 32;
 /// multiprocessors). A reduction whose kept axes give fewer is cut into up
 /// to this many chunks in all, rather than `CHUNKS`: `sum(x)` over
 /// `[4096, 4096]` in 32 chunks kept 32 of a GPU's blocks busy and read at
-/// 83 GB/s. With `MIN_CHUNK`, the second kernel reads at most one value
-/// for every 4096 the first one reads.
+/// 83 GB/s. Each partial result still sums `MIN_CHUNK` elements or more.
 const PARALLEL: usize = 1024;
 
 /// Elements of one chunk at least, so that each partial result is real work.

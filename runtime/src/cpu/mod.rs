@@ -65,7 +65,7 @@ fn compile(
 pub struct Executable {
     optimized: Optimized,
     kernels: Vec<Arc<CompiledKernel>>,
-    /// Runs of launches that go row block by row block (`row_groups`).
+    /// Runs of launches that go row block by row block (`rows::row_groups`).
     groups: Vec<Range<usize>>,
     arena: Vec<Vec<u32>>,
     outputs: Vec<TensorType>,

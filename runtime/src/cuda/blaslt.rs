@@ -24,14 +24,17 @@ fn fail(what: &str, e: CublasError) -> Error {
     Error::Cuda(format!("cuBLASLt {what}: {e:?}"))
 }
 
-/// A cuBLASLt handle and the workspace its kernels may use.
+/// A cuBLASLt handle, the one stream its products run on, and the workspace
+/// they use (one at a time, in that stream's order).
 pub struct Lt {
     handle: sys::cublasLtHandle_t,
+    stream: Arc<CudaStream>,
     workspace: CudaSlice<u8>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread (cuBLASLt keeps no
-// thread-local state in it); calls on it are ordered by the stream they take.
+// thread-local state in it); every product runs on `stream`, so uses of the
+// one workspace are ordered.
 unsafe impl Send for Lt {}
 // SAFETY: as above; the handle is only read after creation.
 unsafe impl Sync for Lt {}
@@ -47,7 +50,11 @@ impl Lt {
             ))
         })?;
         let handle = result::create_handle().map_err(|e| fail("handle", e))?;
-        Ok(Lt { handle, workspace })
+        Ok(Lt {
+            handle,
+            stream: stream.clone(),
+            workspace,
+        })
     }
 }
 
@@ -92,7 +99,9 @@ pub struct Matmul {
     desc: sys::cublasLtMatmulDesc_t,
     /// The layouts of `A`, `B` and `C` (also `D`, written in place of `C`).
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    /// The alignments of `A`, `B`, `C` the algorithm was chosen for.
+    /// The alignments of `A`, `B`, `C` the algorithm was chosen for. The
+    /// bias is always a whole buffer (`codegen::bias_epilogue` takes none at
+    /// an offset), 256-byte aligned, so it needs no key here.
     chosen: Mutex<Option<([u32; 3], sys::cublasLtMatmulAlgo_t)>>,
 }
 
@@ -121,6 +130,9 @@ impl Matmul {
         let p = &product;
         let (a_rows, a_cols) = if p.transa { (p.k, p.m) } else { (p.m, p.k) };
         let (b_rows, b_cols) = if p.transb { (p.n, p.k) } else { (p.k, p.n) };
+        let count = i32::try_from(p.batches).map_err(|_| {
+            Error::Launch(format!("cuBLASLt takes no batch of {} products", p.batches))
+        })?;
         let layouts = [
             (a_rows, a_cols, p.lda),
             (b_rows, b_cols, p.ldb),
@@ -131,9 +143,6 @@ impl Matmul {
                 result::create_matrix_layout(f32, rows as u64, cols as u64, ld as i64)
                     .map_err(|e| fail("matrix layout", e))?;
             if p.batches > 1 {
-                let count = i32::try_from(p.batches).map_err(|_| {
-                    Error::Launch(format!("cuBLASLt takes no batch of {} products", p.batches))
-                })?;
                 let stride = p.batch_strides[i] as i64;
                 use sys::cublasLtMatrixLayoutAttribute_t as A;
                 // SAFETY: the layout was just created; each value has the
@@ -172,19 +181,13 @@ impl Matmul {
         Ok(matmul)
     }
 
-    /// Enqueues `C = epilogue(op(A) op(B))` on `stream` with `lt`'s handle.
+    /// Enqueues `C = epilogue(op(A) op(B))` on `lt`'s stream.
     ///
     /// # Safety
     /// `a`, `b`, `c` (and `bias` with an epilogue, `m` elements) must be
     /// device addresses of this context with every element the product
     /// describes inside a live allocation, `c` not overlapping the others.
-    pub unsafe fn run(
-        &self,
-        lt: &Lt,
-        stream: &CudaStream,
-        [a, b, c]: [u64; 3],
-        bias: Option<u64>,
-    ) -> Result<(), Error> {
+    pub unsafe fn run(&self, lt: &Lt, [a, b, c]: [u64; 3], bias: Option<u64>) -> Result<(), Error> {
         let mut chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         use sys::cublasLtMatmulDescAttributes_t as D;
         if self.epilogue != Epilogue::None {
@@ -202,6 +205,7 @@ impl Matmul {
             }
         };
         let (one, zero) = (1.0f32, 0.0f32);
+        let stream = &lt.stream;
         let (workspace, _record) = lt.workspace.device_ptr(stream);
         // SAFETY: the caller's promise for the pointers; the descriptors are
         // live, the algorithm was chosen for these layouts and alignments,

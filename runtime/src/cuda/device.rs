@@ -162,9 +162,11 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, Error> {
         )));
     }
     let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the device", e))?;
-    // SAFETY: every buffer of the device is used on its one stream only, where
-    // work runs in order; cudarc's per-use events (recorded on every pointer
-    // taken, to order work across streams) would only cost time.
+    // SAFETY: every buffer of the device is used on its one compute stream,
+    // where work runs in order, except the standby input buffers, which a
+    // copy stream writes, ordered against the compute stream by the events
+    // `Staging` records and waits on (`copied`, `released`); cudarc's per-use
+    // events (recorded on every pointer taken) would only cost time.
     unsafe { ctx.disable_event_tracking() };
     let (major, minor) = ctx
         .compute_capability()
@@ -485,9 +487,9 @@ impl Executable {
                             };
                             let g = &plan.gemm;
                             let lt = (precision == Precision::Tf32
-                                && g.m * g.n * g.k * g.batches > 0)
-                                .then(|| blaslt::Matmul::new(g.column_major(), fused))
-                                .transpose()?;
+                                && [g.m, g.n, g.k, g.batches].iter().all(|&d| d > 0))
+                            .then(|| blaslt::Matmul::new(g.column_major(), fused))
+                            .transpose()?;
                             Step::MatMul {
                                 prologues,
                                 lt,
@@ -662,6 +664,8 @@ impl Executable {
             .copy
             .wait(&staging.released)
             .map_err(|e| driver("ordering a copy after a launch", e))?;
+        // Until the copies below are all enqueued, no launch may take them.
+        staging.ready = false;
         for ((host, device), data) in staging
             .pinned
             .iter_mut()
@@ -965,7 +969,7 @@ impl Executable {
                 // buffer and the bias holds a row (checked above); the product
                 // is written to its own slot or scratch part, which no operand
                 // of the same kernel is.
-                unsafe { lt.run(&self.device.lt, stream, [b, a, c], bias) }
+                unsafe { lt.run(&self.device.lt, [b, a, c], bias) }
             }
             (Precision::Tf32, None) => Err(Error::Launch("a TF32 matmul with no plan".into())),
             (Precision::F32, _) => {
