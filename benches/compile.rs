@@ -1,4 +1,4 @@
-//! The parts of a cold compile of the 3-layer MLP of BENCHMARKS.md
+//! The parts of a cold compile of the 3-layer MLP of benches/README.md
 //! (`compile_mlp3`, 784-256-256-10, batch 64): recording it through the
 //! Tensor API, capturing it as a verified IR graph, running the whole
 //! optimizer (every pass with the verifier after each, then the schedule),

@@ -1,4 +1,4 @@
-//! Every workload of BENCHMARKS.md on the CPU backend, fused and unfused
+//! Every workload of benches/README.md on the CPU backend, fused and unfused
 //! (`Options { fusion: false }`: one kernel per primitive op), for
 //! day-to-day work with criterion's reports. Groups are `workload/cpu`, ids
 //! `fused/<shape>` and `unfused/<shape>`; compilation happens before the

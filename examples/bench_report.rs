@@ -1,4 +1,4 @@
-//! The benchmark report of BENCHMARKS.md: every workload, fused and unfused,
+//! The benchmark report of benches/README.md: every workload, fused and unfused,
 //! checked against a reference, timed (the two variants taking turns, call
 //! by call), and printed as one JSON object per line on stdout (progress on
 //! stderr).

@@ -1,4 +1,4 @@
-//! The workloads of BENCHMARKS.md, shared by the criterion benches
+//! The workloads of benches/README.md, shared by the criterion benches
 //! (`benches/fusion.rs`) and `examples/bench_report`: what each computes,
 //! its inputs (seeded normal f32), and how its throughput is counted.
 
@@ -9,7 +9,7 @@ use kiln::{DType, Data, Result, Tensor, TensorType};
 
 /// One workload at one shape.
 pub struct Workload {
-    /// The id of BENCHMARKS.md (`ew_add_relu`, `matmul`, ...).
+    /// The id of benches/README.md (`ew_add_relu`, `matmul`, ...).
     pub id: &'static str,
     /// Dims joined by `x` (`4096x4096`, matmuls `MxKxN`).
     pub shape: String,
@@ -44,7 +44,7 @@ fn f32s(dims: &[usize]) -> TensorType {
 
 const MIB64: u64 = 4096 * 4096 * 4;
 
-/// Every workload of BENCHMARKS.md except `compile_mlp3`, which times
+/// Every workload of benches/README.md except `compile_mlp3`, which times
 /// compilation itself.
 pub fn all() -> Vec<Workload> {
     let mut w = vec![
