@@ -11,6 +11,7 @@
 
 #![allow(unsafe_code)]
 
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::result::{self, CublasError};
@@ -148,12 +149,14 @@ impl Matmul {
                 // SAFETY: the layout was just created; each value has the
                 // type cuBLASLt documents for its attribute.
                 unsafe {
-                    set_layout(
+                    set(
+                        result::set_matrix_layout_attribute,
                         matmul.layouts[i],
                         A::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                         &count,
                     )?;
-                    set_layout(
+                    set(
+                        result::set_matrix_layout_attribute,
                         matmul.layouts[i],
                         A::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                         &stride,
@@ -170,12 +173,32 @@ impl Matmul {
         // SAFETY: the descriptor was just created; each value has the type
         // cuBLASLt documents for its attribute.
         unsafe {
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(p.transa))?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &i32::from(p.transb))?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &code)?;
+            set(
+                result::set_matmul_desc_attribute,
+                desc,
+                D::CUBLASLT_MATMUL_DESC_TRANSA,
+                &i32::from(p.transa),
+            )?;
+            set(
+                result::set_matmul_desc_attribute,
+                desc,
+                D::CUBLASLT_MATMUL_DESC_TRANSB,
+                &i32::from(p.transb),
+            )?;
+            set(
+                result::set_matmul_desc_attribute,
+                desc,
+                D::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                &code,
+            )?;
             if p.batches > 1 && epilogue != Epilogue::None {
                 // One bias for every batch.
-                set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &0i64)?;
+                set(
+                    result::set_matmul_desc_attribute,
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                    &0i64,
+                )?;
             }
         }
         Ok(matmul)
@@ -193,7 +216,14 @@ impl Matmul {
         if self.epilogue != Epilogue::None {
             let bias = bias.ok_or_else(|| Error::Launch("a bias epilogue with no bias".into()))?;
             // SAFETY: the descriptor is live; the attribute takes a device pointer.
-            unsafe { set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)? };
+            unsafe {
+                set(
+                    result::set_matmul_desc_attribute,
+                    self.desc,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &bias,
+                )?
+            };
         }
         let aligned = [alignment(a), alignment(b), alignment(c)];
         let algo = match *chosen {
@@ -241,27 +271,32 @@ impl Matmul {
         // SAFETY: the preference was just created; each value has the type
         // cuBLASLt documents for its attribute (u64 bytes, u32 alignments).
         unsafe {
-            set_pref(
+            set(
+                result::set_matmul_pref_attribute,
                 pref.0,
                 P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 &workspace,
             )?;
-            set_pref(
+            set(
+                result::set_matmul_pref_attribute,
                 pref.0,
                 P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                 &aligned[0],
             )?;
-            set_pref(
+            set(
+                result::set_matmul_pref_attribute,
                 pref.0,
                 P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                 &aligned[1],
             )?;
-            set_pref(
+            set(
+                result::set_matmul_pref_attribute,
                 pref.0,
                 P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                 &aligned[2],
             )?;
-            set_pref(
+            set(
+                result::set_matmul_pref_attribute,
                 pref.0,
                 P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                 &aligned[2],
@@ -308,55 +343,23 @@ impl Drop for Pref {
     }
 }
 
-/// # Safety
-/// `desc` must be live and `T` the attribute's documented type.
-unsafe fn set_desc<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attribute: sys::cublasLtMatmulDescAttributes_t,
-    value: &T,
-) -> Result<(), Error> {
-    // SAFETY: the caller's promise; `value` is valid for its size.
-    unsafe {
-        result::set_matmul_desc_attribute(
-            desc,
-            attribute,
-            (value as *const T).cast(),
-            size_of::<T>(),
-        )
-    }
-    .map_err(|e| fail(&format!("{attribute:?}"), e))
-}
+/// A `result::set_*_attribute` of cuBLASLt: descriptor, layout or preference.
+type Setter<H, A> = unsafe fn(H, A, *const c_void, usize) -> Result<(), CublasError>;
 
+/// Sets `attribute` of `handle` to `value` through `setter`.
+///
 /// # Safety
-/// `layout` must be live and `T` the attribute's documented type.
-unsafe fn set_layout<T>(
-    layout: sys::cublasLtMatrixLayout_t,
-    attribute: sys::cublasLtMatrixLayoutAttribute_t,
+/// `handle` must be live and `T` the attribute's documented type.
+unsafe fn set<H, A: std::fmt::Debug + Copy, T>(
+    setter: Setter<H, A>,
+    handle: H,
+    attribute: A,
     value: &T,
 ) -> Result<(), Error> {
     // SAFETY: the caller's promise; `value` is valid for its size.
     unsafe {
-        result::set_matrix_layout_attribute(
-            layout,
-            attribute,
-            (value as *const T).cast(),
-            size_of::<T>(),
-        )
-    }
-    .map_err(|e| fail(&format!("{attribute:?}"), e))
-}
-
-/// # Safety
-/// `pref` must be live and `T` the attribute's documented type.
-unsafe fn set_pref<T>(
-    pref: sys::cublasLtMatmulPreference_t,
-    attribute: sys::cublasLtMatmulPreferenceAttributes_t,
-    value: &T,
-) -> Result<(), Error> {
-    // SAFETY: the caller's promise; `value` is valid for its size.
-    unsafe {
-        result::set_matmul_pref_attribute(
-            pref,
+        setter(
+            handle,
             attribute,
             (value as *const T).cast(),
             size_of::<T>(),

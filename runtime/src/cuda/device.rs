@@ -275,30 +275,30 @@ impl Device {
             device: self.clone(),
         })
     }
+}
 
-    /// The grid of a generated kernel.
-    fn grid(&self, launch: Launch) -> Option<LaunchConfig> {
-        let (blocks, threads) = match launch {
-            Launch::Flat { steps } => {
-                // A thread per step: on the H100 relu(a + b) over [4096, 4096]
-                // took 73 us against 76 us with the grid capped at 16
-                // blocks per multiprocessor (the grid-stride loop then making
-                // each thread walk several vectors). Past the grid's limit the
-                // loop covers the rest.
-                let most = i32::MAX as usize;
-                (
-                    steps.div_ceil(FLAT_THREADS as usize).min(most),
-                    FLAT_THREADS,
-                )
-            }
-            Launch::Rows { rows, threads } => (rows.min(1 << 20), threads),
-        };
-        (blocks > 0).then_some(LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    }
+/// The grid of a generated kernel.
+fn grid(launch: Launch) -> Option<LaunchConfig> {
+    let (blocks, threads) = match launch {
+        Launch::Flat { steps } => {
+            // A thread per step: on the H100 relu(a + b) over [4096, 4096]
+            // took 73 us against 76 us with the grid capped at 16
+            // blocks per multiprocessor (the grid-stride loop then making
+            // each thread walk several vectors). Past the grid's limit the
+            // loop covers the rest.
+            let most = i32::MAX as usize;
+            (
+                steps.div_ceil(FLAT_THREADS as usize).min(most),
+                FLAT_THREADS,
+            )
+        }
+        Launch::Rows { rows, threads } => (rows.min(1 << 20), threads),
+    };
+    (blocks > 0).then_some(LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
 }
 
 /// Device memory that goes back to its device's pool when dropped.
@@ -876,7 +876,7 @@ impl Executable {
         launch: Launch,
         pointers: &[u64],
     ) -> Result<(), Error> {
-        let Some(config) = self.device.grid(launch) else {
+        let Some(config) = grid(launch) else {
             return Ok(());
         };
         let mut builder = self.device.stream.launch_builder(function);
