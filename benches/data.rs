@@ -127,7 +127,7 @@ fn quickstart_epoch(_: &mut Criterion) {
         .expect("the dataset is written");
     let layers = quickstart::layers().expect("the layers build");
     let mut graph = quickstart::compiled(&layers, true).expect("the graph compiles");
-    let mut logits = graph.output_buffers();
+    let mut logits = graph.output_buffers().expect("output buffers");
     let mut loader = quickstart::loader(&images, &labels).expect("the dataset maps");
     let held: Vec<Data> = loader
         .epoch(0)
@@ -144,7 +144,7 @@ fn quickstart_epoch(_: &mut Criterion) {
         t.elapsed().as_secs_f64()
     };
     let mut graph = quickstart::compiled(&layers, true).expect("the graph compiles");
-    let mut logits = graph.output_buffers();
+    let mut logits = graph.output_buffers().expect("output buffers");
     let mut from_loader = || {
         let t = Instant::now();
         let mut epoch = loader.epoch(0);

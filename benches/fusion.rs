@@ -32,7 +32,7 @@ fn bench(c: &mut Criterion) {
         for (variant, fusion) in [("fused", true), ("unfused", false)] {
             let mut g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))
                 .expect("the workload compiles");
-            let mut outputs = g.output_buffers();
+            let mut outputs = g.output_buffers().expect("output buffers");
             group.bench_function(BenchmarkId::new(variant, &w.shape), |b| {
                 b.iter(|| g.run_into(&refs, &mut outputs).expect("the workload runs"))
             });

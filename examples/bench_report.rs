@@ -17,7 +17,9 @@ mod workloads;
 
 use std::time::{Duration, Instant};
 
-use kiln::{Data, DataRef, Device, Options, Result, Tensor};
+use kiln::{
+    BackendOptions, CompiledGraph, Data, DataRef, Device, Options, Precision, Result, Tensor,
+};
 use workloads::Workload;
 
 struct Args {
@@ -61,9 +63,6 @@ fn args() -> std::result::Result<Args, String> {
                 .push(it.next().ok_or("--workload needs an id")?),
             "--backend" => match it.next().as_deref() {
                 Some("cpu") => args.backend = Backend::Cpu,
-                Some("cuda" | "cuda-f32") if !cfg!(feature = "cuda") => {
-                    return Err("built without feature cuda".into());
-                }
                 Some("cuda") => args.backend = Backend::Cuda,
                 Some("cuda-f32") => args.backend = Backend::CudaF32,
                 other => return Err(format!("unknown backend {other:?}")),
@@ -196,67 +195,37 @@ fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64
     Ok(indices.iter().map(|&i| f64::from(out[i])).collect())
 }
 
-/// Runs a compiled workload and times it: on the CPU, or on GPU 0 with the
-/// inputs uploaded once.
-enum Runner {
-    Cpu(kiln::CompiledGraph),
-    #[cfg(feature = "cuda")]
-    Cuda(kiln_runtime::cuda::device::Executable),
+/// A workload compiled for `backend` (on a GPU, GPU 0).
+fn compiled(w: &Workload, fusion: bool, backend: Backend) -> Result<CompiledGraph> {
+    let (device, precision) = match backend {
+        Backend::Cpu => (Device::Cpu, Precision::default()),
+        Backend::Cuda => (Device::Cuda(0), Precision::Tf32),
+        Backend::CudaF32 => (Device::Cuda(0), Precision::F32),
+    };
+    let backend_options = BackendOptions {
+        precision,
+        ..BackendOptions::default()
+    };
+    kiln::compile_on(
+        device,
+        w.id,
+        &w.specs,
+        Options { fusion },
+        backend_options,
+        |t| (w.build)(t),
+    )
 }
 
-impl Runner {
-    fn new(w: &Workload, fusion: bool, backend: Backend) -> Result<Runner> {
-        let g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))?;
-        #[cfg(feature = "cuda")]
-        if backend != Backend::Cpu {
-            use kiln_runtime::cuda::device;
-            let precision = match backend {
-                Backend::CudaF32 => device::Precision::F32,
-                Backend::Cpu | Backend::Cuda => device::Precision::Tf32,
-            };
-            return Ok(Runner::Cuda(device::Executable::new(
-                g.optimized().clone(),
-                device::device(0)?,
-                precision,
-            )?));
-        }
-        let _ = backend;
-        Ok(Runner::Cpu(g))
-    }
-
-    fn run(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<()> {
-        match self {
-            Runner::Cpu(g) => g.run_into(inputs, outputs),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(e) => Ok(e.run_into(inputs, outputs)?),
-        }
-    }
-
-    /// One timed call: everything on the CPU; on a GPU the device's work,
-    /// whose own time it returns.
-    fn timed(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<Option<f64>> {
-        match self {
-            Runner::Cpu(g) => g.run_into(inputs, outputs).map(|()| None),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(e) => Ok(Some(e.launch_all()?)),
-        }
-    }
-
-    /// Kernel launches per call (on a GPU a row group launches once).
-    fn kernels(&self) -> usize {
-        match self {
-            Runner::Cpu(g) => g.optimized().schedule.kernels(),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(e) => e.launches(),
-        }
-    }
-
-    fn optimized(&self) -> &kiln::Optimized {
-        match self {
-            Runner::Cpu(g) => g.optimized(),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda(e) => e.optimized(),
-        }
+/// One timed call: everything on the CPU; on a GPU the device's work on
+/// the inputs already there, whose own time it returns.
+fn timed(
+    g: &mut CompiledGraph,
+    inputs: &[DataRef<'_>],
+    outputs: &mut [Data],
+) -> Result<Option<f64>> {
+    match g.device_time()? {
+        Some(seconds) => Ok(Some(seconds)),
+        None => g.run_into(inputs, outputs).map(|()| None),
     }
 }
 
@@ -267,15 +236,9 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
     let mut checked: Option<Vec<f64>> = None;
     let mut runs = Vec::new();
     for (variant, fusion) in [("fused", true), ("unfused", false)] {
-        let mut g = Runner::new(w, fusion, backend)?;
-        let mut outputs: Vec<Data> = g
-            .optimized()
-            .graph
-            .output_types()
-            .iter()
-            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
-            .collect();
-        g.run(&refs, &mut outputs)?;
+        let mut g = compiled(w, fusion, backend)?;
+        let mut outputs = g.output_buffers()?;
+        g.run_into(&refs, &mut outputs)?;
         let got = floats(&outputs[0]);
         // Every element, except a sample of 4096 for matmuls.
         let indices: Vec<usize> = if w.id.starts_with("matmul") {
@@ -293,7 +256,7 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
     }
     let times = time(quick, runs.len(), |v| {
         let (_, g, outputs, _) = &mut runs[v];
-        g.timed(&refs, outputs)
+        timed(g, &refs, outputs)
     })?;
     for ((variant, g, _, err), timing) in runs.iter().zip(times) {
         println!(
@@ -302,7 +265,7 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
             w.shape,
             backend.name(),
             timing.fields(),
-            g.kernels(),
+            g.launches(),
             w.bytes,
             w.flops
         );

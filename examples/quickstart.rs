@@ -65,7 +65,7 @@ pub fn forward(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
 /// One epoch through the compiled graph, with what it took and the logits' checksum.
 fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> Result<()> {
     let mut graph = compiled(layers, fusion)?;
-    let mut logits = graph.output_buffers();
+    let mut logits = graph.output_buffers()?;
     let bar = ProgressBar::new((IMAGES / BATCH) as u64).with_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} batches {per_sec}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),

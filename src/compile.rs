@@ -14,53 +14,15 @@ use smallvec::SmallVec;
 use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{Data, DataRef, TensorType};
 
-use crate::tensor::{Source, capture_with_data, compile_graph};
+use kiln_runtime::{BackendOptions, Executable};
+
+use crate::backend::compile_graph;
+use crate::tensor::{Source, capture_with_data};
 use crate::{Device, Result, Tensor};
-
-/// A fused graph compiled for one device.
-pub(crate) enum Executable {
-    Cpu(kiln_runtime::cpu::Executable),
-    #[cfg(feature = "cuda")]
-    Cuda(kiln_runtime::cuda::device::Executable),
-}
-
-impl Executable {
-    pub(crate) fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<()> {
-        match self {
-            Executable::Cpu(e) => e.run_into(inputs, outputs)?,
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.run_into(inputs, outputs)?,
-        }
-        Ok(())
-    }
-
-    pub(crate) fn output_types(&self) -> &[TensorType] {
-        match self {
-            Executable::Cpu(e) => e.output_types(),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.output_types(),
-        }
-    }
-
-    pub(crate) fn output_buffers(&self) -> Vec<Data> {
-        self.output_types()
-            .iter()
-            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
-            .collect()
-    }
-
-    fn optimized(&self) -> &Optimized {
-        match self {
-            Executable::Cpu(e) => e.optimized(),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.optimized(),
-        }
-    }
-}
 
 /// A traced and compiled function of tensors.
 pub struct CompiledGraph {
-    exec: Executable,
+    exec: Box<dyn Executable>,
     /// Per graph input: a call argument (by position) or captured data.
     sources: Vec<Source>,
     specs: Vec<TensorType>,
@@ -84,16 +46,25 @@ pub fn compile_with(
     options: Options,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
-    compile_on(Device::Cpu, name, specs, options, f)
+    compile_on(
+        Device::Cpu,
+        name,
+        specs,
+        options,
+        BackendOptions::default(),
+        f,
+    )
 }
 
-/// `compile_with` for `device` (the CPU, or with feature `cuda` a GPU);
-/// `Device::Reference` only interprets and is an `Err`.
+/// `compile_with` for `device`, with the backend's own options (how a GPU's
+/// matmuls compute). On `Device::Reference` the interpreter runs the fused
+/// graph.
 pub fn compile_on(
     device: Device,
     name: &str,
     specs: &[TensorType],
     options: Options,
+    backend_options: BackendOptions,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
     let placeholders: Vec<Tensor> = specs
@@ -104,7 +75,7 @@ pub fn compile_on(
     let outputs = f(&placeholders)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let (graph, sources) = capture_with_data(name, &refs);
-    let exec = compile_graph(&graph, options, device)?;
+    let exec = compile_graph(&graph, options, backend_options, device)?;
     Ok(CompiledGraph {
         exec,
         sources,
@@ -117,7 +88,7 @@ impl CompiledGraph {
     /// or `DataRef`s such as a loader's batch) and returns fresh output
     /// buffers.
     pub fn run<'a>(&mut self, inputs: &[impl Into<DataRef<'a>> + Copy]) -> Result<Vec<Data>> {
-        let mut outputs = self.exec.output_buffers();
+        let mut outputs = self.exec.output_buffers()?;
         self.run_into(inputs, &mut outputs)?;
         Ok(outputs)
     }
@@ -130,8 +101,8 @@ impl CompiledGraph {
         outputs: &mut [Data],
     ) -> Result<()> {
         let inputs: SmallVec<[DataRef; 4]> = inputs.iter().map(|&i| i.into()).collect();
-        let args = arguments(&self.sources, &self.specs, &self.exec, &inputs)?;
-        self.exec.run_into(&args, outputs)
+        let args = arguments(&self.sources, &self.specs, self.exec.as_ref(), &inputs)?;
+        Ok(self.exec.run_into(&args, outputs)?)
     }
 
     /// Runs the graph on tensors, realizing them first.
@@ -151,8 +122,8 @@ impl CompiledGraph {
     }
 
     /// Output buffers of the right types, to pass to `run_into`.
-    pub fn output_buffers(&self) -> Vec<Data> {
-        self.exec.output_buffers()
+    pub fn output_buffers(&self) -> Result<Vec<Data>> {
+        Ok(self.exec.output_buffers()?)
     }
 
     /// The types of the inputs a call takes.
@@ -164,6 +135,19 @@ impl CompiledGraph {
     pub fn optimized(&self) -> &Optimized {
         self.exec.optimized()
     }
+
+    /// Kernel launches per call (on a GPU a row group launches once, a
+    /// matmul may launch several).
+    pub fn launches(&self) -> usize {
+        self.exec.launches()
+    }
+
+    /// For benchmarks: runs the kernels again on the inputs of the last
+    /// call and returns the device's own time for them in seconds; `None`
+    /// on the host, where a call is timed by the clock.
+    pub fn device_time(&mut self) -> Result<Option<f64>> {
+        Ok(self.exec.device_time()?)
+    }
 }
 
 /// Every graph input: the call's arguments where the trace had placeholders,
@@ -172,7 +156,7 @@ impl CompiledGraph {
 fn arguments<'a>(
     sources: &'a [Source],
     specs: &[TensorType],
-    exec: &Executable,
+    exec: &dyn Executable,
     inputs: &[DataRef<'a>],
 ) -> Result<Vec<DataRef<'a>>> {
     if inputs.len() != specs.len() {

@@ -12,11 +12,15 @@ pub enum Device {
     #[default]
     Cpu,
     /// The reference interpreter of kiln-ir: slow, exact (f64 accumulation),
-    /// and the oracle every other backend is tested against.
+    /// and the oracle every other backend is tested against. It runs the
+    /// optimized graph, as the other devices do; that the optimizer never
+    /// changes a result is checked by interpreting graphs before and after
+    /// it (`ir/tests/optimize_prop.rs`).
     Reference,
     /// NVIDIA GPU `n`: kernels printed as CUDA C, compiled by NVRTC, matmuls
-    /// through cuBLASLt (TF32). Tensors keep their values on the host between
-    /// realizes; a compiled graph keeps its intermediates on the device.
-    #[cfg(feature = "cuda")]
+    /// through cuBLASLt (TF32, or f32 as `BackendOptions::precision` says).
+    /// Tensors keep their values on the host between realizes; a compiled
+    /// graph keeps its intermediates on the device. In a kiln built without
+    /// feature `cuda` the variant still exists, and using it is an `Err`.
     Cuda(usize),
 }

@@ -26,11 +26,13 @@ pub enum Error {
         /// The placeholder's position among the compiled graph's inputs.
         index: usize,
     },
-    /// A graph compiled for a device that only interprets.
-    #[error("compile: {device:?} interprets graphs; compiled graphs run on the CPU or a GPU")]
-    Compile {
+    /// A device this build of kiln has no backend for.
+    #[error("{device:?}: kiln was built without feature `{feature}`")]
+    NotBuilt {
         /// The device asked for.
         device: crate::Device,
+        /// The cargo feature that adds its backend.
+        feature: &'static str,
     },
     /// Host data whose length does not match the shape it is given.
     #[error("{op}: {len} values do not fill shape {shape} ({} elements)", shape.numel())]

@@ -22,6 +22,7 @@
 //! `fold-views`, `fuse`, `dce`, `schedule`; a comma list; or `all`) prints
 //! the optimizer's stages, and `kiln::explain` returns the same text.
 
+mod backend;
 mod compile;
 mod composite;
 pub mod data;
@@ -37,6 +38,7 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
+pub use kiln_runtime::{BackendOptions, Precision};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.

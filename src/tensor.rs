@@ -9,11 +9,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kiln_ir::pass::{Optimized, Options, STAGES};
+use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{DType, Data, DataRef, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
 use smallvec::SmallVec;
 
-use crate::compile::Executable;
+use kiln_runtime::BackendOptions;
+
+use crate::backend::{check_built, compile_graph};
 use crate::rng::SplitMix64;
 use crate::{Device, Error, Result};
 
@@ -100,6 +102,7 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        check_built(device)?;
         let data = self.data("to", self.dtype())?;
         Ok(Tensor::on(self.0.ty.clone(), State::Ready(data), device))
     }
@@ -343,66 +346,19 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
             Source::Placeholder(index) => Err(Error::Placeholder { index }),
         })
         .collect::<Result<_>>()?;
-    let inputs: Vec<&Data> = inputs.iter().map(|d| d.as_ref()).collect();
-    let outputs = match device {
-        Device::Reference => {
-            if dump_requested("graph") {
-                eprintln!("// kiln: graph\n{graph}");
-            }
-            // The reference device evaluates the graph as captured; the
-            // optimizer runs here only to show its stages.
-            if STAGES.iter().any(|stage| dump_requested(stage)) {
-                optimize_with_dumps(&graph, Options::default())?;
-            }
-            kiln_runtime::eval_reference(&graph, &inputs)?
-        }
-        device => {
-            let refs: Vec<DataRef> = inputs.iter().map(|&d| d.into()).collect();
-            let mut exec = compile_graph(&graph, Options::default(), device)?;
-            let mut outputs = exec.output_buffers();
-            exec.run_into(&refs, &mut outputs)?;
-            outputs
-        }
-    };
+    let refs: Vec<DataRef> = inputs.iter().map(|d| d.as_ref().into()).collect();
+    let mut exec = compile_graph(
+        &graph,
+        Options::default(),
+        BackendOptions::default(),
+        device,
+    )?;
+    let mut outputs = exec.output_buffers()?;
+    exec.run_into(&refs, &mut outputs)?;
     for (tensor, data) in pending.iter().zip(outputs) {
         *tensor.state() = State::Ready(Arc::new(data));
     }
     Ok(())
-}
-
-/// Optimizes `graph`, printing the stages `KILN_DUMP` asks for.
-fn optimize_with_dumps(graph: &Graph, options: Options) -> Result<Optimized> {
-    Ok(kiln_ir::pass::optimize(
-        graph,
-        options,
-        &mut |stage, print| {
-            if dump_requested(stage) {
-                eprintln!("// kiln: {stage}\n{}", print());
-            }
-        },
-    )?)
-}
-
-/// Optimizes `graph` and compiles its kernels for `device` (kernels
-/// already compiled come from the device's cache).
-pub(crate) fn compile_graph(graph: &Graph, options: Options, device: Device) -> Result<Executable> {
-    if dump_requested("graph") {
-        eprintln!("// kiln: graph\n{graph}");
-    }
-    let optimized = optimize_with_dumps(graph, options)?;
-    Ok(match device {
-        Device::Cpu => Executable::Cpu(kiln_runtime::cpu::Executable::new(
-            optimized,
-            dump_requested("code"),
-        )?),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(n) => Executable::Cuda(kiln_runtime::cuda::device::Executable::new(
-            optimized,
-            kiln_runtime::cuda::device::device(n)?,
-            kiln_runtime::cuda::device::Precision::default(),
-        )?),
-        Device::Reference => return Err(Error::Compile { device }),
-    })
 }
 
 /// Runs kiln's optimizer on the graph behind `outputs` (as `capture` names
@@ -426,12 +382,6 @@ pub fn explain(name: &str, outputs: &[&Tensor], options: Options) -> Result<Stri
         text.push_str(&format!("\n// kiln: {stage}\n{}", print()));
     })?;
     Ok(text)
-}
-
-/// Whether `KILN_DUMP` (a comma-separated list of stages, or `all`) names `stage`.
-fn dump_requested(stage: &str) -> bool {
-    std::env::var("KILN_DUMP")
-        .is_ok_and(|v| v.split(',').any(|s| s.trim() == stage || s.trim() == "all"))
 }
 
 /// The graph that computes `outputs`, named `name`, without computing

@@ -8,7 +8,7 @@
 
 use kiln_ir::pass::{Options, optimize};
 use kiln_ir::{Data, DataRef, interp};
-use kiln_runtime::cpu::Executable;
+use kiln_runtime::{Backend, BackendOptions, cpu::Cpu};
 use proptest::prelude::*;
 
 mod support {
@@ -29,9 +29,12 @@ fn run(
     let expected = interp::eval(&graph, &refs).map_err(|e| fail(&e))?;
     let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {}).map_err(|e| fail(&e))?;
     let text = format!("{graph}\n{}", optimized.graph);
-    let mut exec = Executable::new(optimized, false).map_err(|e| fail(&e))?;
+    let mut exec = Cpu
+        .compile(optimized, BackendOptions::default())
+        .map_err(|e| fail(&e))?;
     let args: Vec<DataRef> = data.iter().map(DataRef::from).collect();
-    let got = exec.run(&args).map_err(|e| fail(&e))?;
+    let mut got = exec.output_buffers().map_err(|e| fail(&e))?;
+    exec.run_into(&args, &mut got).map_err(|e| fail(&e))?;
     Ok((expected, got, text))
 }
 

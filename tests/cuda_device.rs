@@ -44,6 +44,7 @@ fn a_missing_gpu_is_an_err_not_a_panic() -> Result<()> {
                 "double",
                 &[TensorType::new(DType::F32, [4, 4])],
                 Options::default(),
+                kiln::BackendOptions::default(),
                 |t| Ok(vec![(&t[0] * 2.0f32)?]),
             );
             assert!(compiled.is_err());

@@ -1,21 +1,24 @@
-//! kiln-runtime: the backends that run fused graphs, and the only crate with
-//! `unsafe` besides the data loader's one `mmap`, confined to where machine
-//! code is made and called (`cpu::jit`, the AVX-512 GEMM kernels of
-//! `cpu::sgemm`) and to the CUDA libraries and device memory
-//! (`cuda::device`, `cuda::blaslt`, `cuda::nvrtc`).
+//! kiln-runtime: the backends that run fused graphs.
 //!
+//! - `backend`: the contract each keeps (`Backend` compiles an `Optimized`
+//!   graph into an `Executable`), and the reference interpreter as a backend;
 //! - `cpu`: kernels lowered to Cranelift IR, compiled, cached by structural
 //!   hash, and run in schedule order over an arena sized by the memory plan;
-//! - `cuda`: kernels printed as CUDA C, compiled by NVRTC, with cuBLASLt
-//!   matmuls (the runtime with feature `cuda`);
-//! - `rows`: which reductions can run row by row, for both backends;
-//! - `eval_reference`: the reference interpreter, for debugging and as the
-//!   oracle of every numeric test.
+//! - `cuda`: kernels printed as CUDA C (always, so that they can be checked
+//!   anywhere), compiled by NVRTC and run with cuBLAS/cuBLASLt matmuls (with
+//!   feature `cuda`);
+//! - `rows`: which reductions can run row by row, for both backends.
+//!
+//! `unsafe` is confined to where machine code is made and called (the CPU
+//! backend's JIT and its AVX-512 GEMM kernels) and to the CUDA libraries and
+//! device memory; each module that holds it says so in its doc.
 
+pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod rows;
 
+pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;
 
 use kiln_ir::{DataRef, TensorType};

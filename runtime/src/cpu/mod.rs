@@ -1,186 +1,33 @@
 //! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`),
 //! compiled to machine code and called (`jit`), cached by their structural
-//! hash, and run in the order and memory plan of a schedule (`Executable`).
+//! hash (`cache`), and run in the order and memory plan of a schedule
+//! (`executable`).
 
+mod cache;
+mod executable;
 mod jit;
 mod lower;
 mod math;
 #[cfg(target_arch = "x86_64")]
 mod sgemm;
 
-use std::collections::HashMap;
-use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
-
 use kiln_ir::pass::Optimized;
-use kiln_ir::schedule::Location;
-use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
 
-use crate::{Error, check};
-use jit::{Buffer, CompiledKernel};
+use crate::Error;
+use crate::backend::{Backend, BackendOptions};
+pub use cache::{clear_kernel_cache, compiled_kernels};
+use executable::Executable;
 
-/// Every kernel compiled in this process, by its structural identity: a
-/// kernel with the same body, shapes and dtypes is never compiled twice.
-static CACHE: LazyLock<Mutex<HashMap<kiln_ir::kernel::Kernel, Arc<CompiledKernel>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The host CPU as a backend: kernels compiled by Cranelift, run on every
+/// core.
+pub struct Cpu;
 
-/// How many kernels have been compiled (cache misses) in this process.
-static COMPILED: AtomicUsize = AtomicUsize::new(0);
-
-/// The number of kernels compiled so far in this process: a cache hit adds
-/// nothing.
-pub fn compiled_kernels() -> usize {
-    COMPILED.load(Ordering::Relaxed)
-}
-
-/// Empties the kernel cache, so that the next compile is cold: for
-/// benchmarks of compile latency.
-pub fn clear_kernel_cache() {
-    CACHE.lock().unwrap_or_else(|e| e.into_inner()).clear();
-}
-
-fn compile(
-    kernel: &kiln_ir::kernel::Kernel,
-    name: &str,
-    dump: bool,
-) -> Result<Arc<CompiledKernel>, Error> {
-    // A poisoned cache only means another thread panicked mid-insert; its map is intact.
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(k) = cache.get(kernel) {
-        return Ok(k.clone());
-    }
-    let mut print = |code: &str| eprintln!("// kiln: code {name}\n{code}");
-    let compiled = Arc::new(CompiledKernel::new(
-        kernel,
-        dump.then_some(&mut print as &mut dyn FnMut(&str)),
-    )?);
-    COMPILED.fetch_add(1, Ordering::Relaxed);
-    cache.insert(kernel.clone(), compiled.clone());
-    Ok(compiled)
-}
-
-/// A fused graph compiled for the CPU: its kernels, and an arena sized by
-/// the memory plan, reused by every run.
-pub struct Executable {
-    optimized: Optimized,
-    kernels: Vec<Arc<CompiledKernel>>,
-    /// Runs of launches that go row block by row block (`rows::row_groups`).
-    groups: Vec<Range<usize>>,
-    arena: Vec<Vec<u32>>,
-    outputs: Vec<TensorType>,
-}
-
-impl Executable {
-    /// Compiles every kernel of `optimized` (or takes it from the cache);
-    /// `dump_code` prints the Cranelift IR of each kernel compiled.
-    pub fn new(optimized: Optimized, dump_code: bool) -> Result<Executable, Error> {
-        let mut kernels = Vec::with_capacity(optimized.schedule.launches.len());
-        for (k, launch) in optimized.schedule.launches.iter().enumerate() {
-            let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
-                return Err(Error::Launch(format!("launch {k} is not a kernel")));
-            };
-            kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
-        }
-        let arena = optimized
-            .schedule
-            .slots
-            .iter()
-            .map(|&bytes| vec![0u32; bytes.div_ceil(4)])
-            .collect();
-        let outputs = optimized.graph.output_types();
-        let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
-        Ok(Executable {
-            optimized,
-            kernels,
-            groups,
-            arena,
-            outputs,
-        })
-    }
-
-    /// The fused graph and its schedule.
-    pub fn optimized(&self) -> &Optimized {
-        &self.optimized
-    }
-
-    /// The types of the outputs.
-    pub fn output_types(&self) -> &[TensorType] {
-        &self.outputs
-    }
-
-    /// Zeroed buffers of the output types, for `run_into`.
-    pub fn output_buffers(&self) -> Vec<Data> {
-        self.output_types()
-            .iter()
-            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
-            .collect()
-    }
-
-    /// Runs the graph on `inputs` and returns fresh outputs.
-    pub fn run(&mut self, inputs: &[DataRef<'_>]) -> Result<Vec<Data>, Error> {
-        let mut outputs = self.output_buffers();
-        self.run_into(inputs, &mut outputs)?;
-        Ok(outputs)
-    }
-
-    /// Runs the graph on `inputs`, writing into `outputs` (of the output
-    /// types): with outputs reused, a run allocates nothing.
-    pub fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
-        let graph = &self.optimized.graph;
-        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
-        check(
-            &graph.name,
-            "output",
-            &self.outputs,
-            outputs.iter().map(DataRef::from),
-        )?;
-        // The graph output each node is written to, if any (first occurrence).
-        let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
-        let schedule = &self.optimized.schedule;
-        for group in &self.groups {
-            let mut bound = Vec::with_capacity(group.len());
-            for (launch, kernel) in schedule.launches[group.clone()]
-                .iter()
-                .zip(&self.kernels[group.clone()])
-            {
-                let node = graph.node(launch.node);
-                let args: Vec<Buffer> = node
-                    .inputs
-                    .iter()
-                    .zip(&launch.inputs)
-                    .map(|(&id, loc)| match (loc, output_of(id)) {
-                        // Inputs are read where the caller has them, outputs or not.
-                        (Location::Input(i), _) => Buffer::input(inputs[*i as usize]),
-                        (Location::Slot(_), Some(k)) => Buffer::input((&outputs[k]).into()),
-                        (Location::Slot(s), None) => Buffer::slot(&mut self.arena[*s]),
-                    })
-                    .collect();
-                let mut out = match output_of(launch.node) {
-                    Some(k) => Buffer::output(&mut outputs[k]),
-                    None => Buffer::slot(&mut self.arena[launch.output]),
-                };
-                let mut scratch = match launch.scratch {
-                    Some(s) => Buffer::slot(&mut self.arena[s]),
-                    None => Buffer::empty(),
-                };
-                let refs: Vec<&Buffer> = args.iter().collect();
-                if group.len() == 1 {
-                    kernel.run(&refs, &mut out, &mut scratch)?;
-                } else {
-                    bound.push(kernel.bind(&refs, &mut out, &mut scratch)?);
-                }
-            }
-            jit::run_rows(&bound)?;
-        }
-        // Outputs that are inputs, or that repeat an earlier output, are copies.
-        for (k, &id) in graph.outputs.iter().enumerate() {
-            match (&graph.node(id).op, output_of(id)) {
-                (Op::Input { index }, _) => outputs[k] = inputs[*index as usize].to_data(),
-                (_, Some(first)) if first != k => outputs[k] = outputs[first].clone(),
-                _ => {}
-            }
-        }
-        Ok(())
+impl Backend for Cpu {
+    fn compile(
+        &self,
+        optimized: Optimized,
+        options: BackendOptions,
+    ) -> Result<Box<dyn crate::Executable>, Error> {
+        Ok(Box::new(Executable::new(optimized, options.dump_code)?))
     }
 }

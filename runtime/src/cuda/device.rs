@@ -30,17 +30,7 @@ use super::blaslt;
 use super::codegen::{self, FLAT_THREADS, Gemm as GemmPlan, GemmEpilogue, Launch, OperandSource};
 use crate::{Error, check};
 
-/// How a matmul computes its products in f32.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// TF32 tensor cores (10-bit mantissa products, f32 sums) through
-    /// cuBLASLt, with its bias and bias+ReLU epilogues fused: fast, about
-    /// 1e-3 relative error.
-    #[default]
-    Tf32,
-    /// IEEE f32 through cuBLAS `sgemm`; epilogues are generated kernels.
-    F32,
-}
+pub use crate::backend::Precision;
 
 fn driver(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Cuda(format!("{what}: {e:?}"))

@@ -1,0 +1,125 @@
+//! The contract every backend keeps: a `Backend` compiles an optimized
+//! graph into an `Executable`, which runs it on host buffers. The CPU, the
+//! CUDA backend and the reference interpreter are reached through these two
+//! traits only.
+
+use kiln_ir::pass::Optimized;
+use kiln_ir::{Data, DataRef, TensorType};
+
+use crate::{Error, check};
+
+/// How a matmul computes its products in f32 where the backend has a choice
+/// (the CUDA backend); the CPU and the interpreter always compute in f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// TF32 tensor cores (10-bit mantissa products, f32 sums) through
+    /// cuBLASLt, with its bias and bias+ReLU epilogues fused: fast, about
+    /// 1e-3 relative error.
+    #[default]
+    Tf32,
+    /// IEEE f32 (cuBLAS `sgemm`); epilogues are generated kernels.
+    F32,
+}
+
+/// What a backend is told besides the graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BackendOptions {
+    /// How matmuls compute in f32.
+    pub precision: Precision,
+    /// Print the code generated for each kernel compiled to stderr.
+    pub dump_code: bool,
+}
+
+/// A place that runs fused graphs.
+pub trait Backend {
+    /// Compiles every kernel of `optimized` (kernels compiled before come
+    /// from the backend's cache).
+    fn compile(
+        &self,
+        optimized: Optimized,
+        options: BackendOptions,
+    ) -> Result<Box<dyn Executable>, Error>;
+}
+
+/// A fused graph compiled by a backend.
+pub trait Executable: Send {
+    /// The fused graph and its schedule.
+    fn optimized(&self) -> &Optimized;
+
+    /// The types of the outputs, in order.
+    fn output_types(&self) -> &[TensorType];
+
+    /// Buffers of the output types, to pass to `run_into`.
+    fn output_buffers(&self) -> Result<Vec<Data>, Error> {
+        Ok(self
+            .output_types()
+            .iter()
+            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
+            .collect())
+    }
+
+    /// Kernel launches per run.
+    fn launches(&self) -> usize {
+        self.optimized().schedule.kernels()
+    }
+
+    /// Runs the graph on `inputs` (of the graph's input types), writing into
+    /// `outputs` (of the output types).
+    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error>;
+
+    /// For benchmarks: runs the kernels again on the inputs of the last
+    /// `run_into` and returns the device's own time for them in seconds.
+    /// `None` where kernels run on the host: time `run_into` by the clock.
+    fn device_time(&mut self) -> Result<Option<f64>, Error> {
+        Ok(None)
+    }
+}
+
+/// The reference interpreter as a backend: it evaluates the fused graph's
+/// kernel nodes one by one, exactly (f64 accumulation), with no code
+/// generated. Slow; the oracle of every numeric test.
+pub struct Reference;
+
+impl Backend for Reference {
+    fn compile(
+        &self,
+        optimized: Optimized,
+        _options: BackendOptions,
+    ) -> Result<Box<dyn Executable>, Error> {
+        let outputs = optimized.graph.output_types();
+        Ok(Box::new(Interpreted { optimized, outputs }))
+    }
+}
+
+/// A fused graph the interpreter runs.
+struct Interpreted {
+    optimized: Optimized,
+    outputs: Vec<TensorType>,
+}
+
+impl Executable for Interpreted {
+    fn optimized(&self) -> &Optimized {
+        &self.optimized
+    }
+
+    fn output_types(&self) -> &[TensorType] {
+        &self.outputs
+    }
+
+    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        check(
+            &graph.name,
+            "output",
+            &self.outputs,
+            outputs.iter().map(DataRef::from),
+        )?;
+        let owned: Vec<Data> = inputs.iter().map(|d| d.to_data()).collect();
+        let refs: Vec<&Data> = owned.iter().collect();
+        for (out, value) in outputs.iter_mut().zip(kiln_ir::interp::eval(graph, &refs)?) {
+            *out = value;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+//! A fused graph compiled for the CPU: its kernels in schedule order, run
+//! over an arena sized by the memory plan, row group by row group.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use kiln_ir::pass::Optimized;
+use kiln_ir::schedule::Location;
+use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
+
+use super::cache::compile;
+use super::jit::{self, Buffer, CompiledKernel};
+use crate::{Error, check};
+
+/// A fused graph compiled for the CPU: its kernels, and an arena sized by
+/// the memory plan, reused by every run.
+pub(crate) struct Executable {
+    optimized: Optimized,
+    kernels: Vec<Arc<CompiledKernel>>,
+    /// Runs of launches that go row block by row block (`rows::row_groups`).
+    groups: Vec<Range<usize>>,
+    arena: Vec<Vec<u32>>,
+    outputs: Vec<TensorType>,
+}
+
+impl Executable {
+    /// Compiles every kernel of `optimized` (or takes it from the cache);
+    /// `dump_code` prints the Cranelift IR of each kernel compiled.
+    pub(crate) fn new(optimized: Optimized, dump_code: bool) -> Result<Executable, Error> {
+        let mut kernels = Vec::with_capacity(optimized.schedule.launches.len());
+        for (k, launch) in optimized.schedule.launches.iter().enumerate() {
+            let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+                return Err(Error::Launch(format!("launch {k} is not a kernel")));
+            };
+            kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
+        }
+        let arena = optimized
+            .schedule
+            .slots
+            .iter()
+            .map(|&bytes| vec![0u32; bytes.div_ceil(4)])
+            .collect();
+        let outputs = optimized.graph.output_types();
+        let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
+        Ok(Executable {
+            optimized,
+            kernels,
+            groups,
+            arena,
+            outputs,
+        })
+    }
+}
+
+impl crate::Executable for Executable {
+    fn optimized(&self) -> &Optimized {
+        &self.optimized
+    }
+
+    fn output_types(&self) -> &[TensorType] {
+        &self.outputs
+    }
+
+    /// With outputs reused, a run allocates nothing.
+    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        check(
+            &graph.name,
+            "output",
+            &self.outputs,
+            outputs.iter().map(DataRef::from),
+        )?;
+        // The graph output each node is written to, if any (first occurrence).
+        let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
+        let schedule = &self.optimized.schedule;
+        for group in &self.groups {
+            let mut bound = Vec::with_capacity(group.len());
+            for (launch, kernel) in schedule.launches[group.clone()]
+                .iter()
+                .zip(&self.kernels[group.clone()])
+            {
+                let node = graph.node(launch.node);
+                let args: Vec<Buffer> = node
+                    .inputs
+                    .iter()
+                    .zip(&launch.inputs)
+                    .map(|(&id, loc)| match (loc, output_of(id)) {
+                        // Inputs are read where the caller has them, outputs or not.
+                        (Location::Input(i), _) => Buffer::input(inputs[*i as usize]),
+                        (Location::Slot(_), Some(k)) => Buffer::input((&outputs[k]).into()),
+                        (Location::Slot(s), None) => Buffer::slot(&mut self.arena[*s]),
+                    })
+                    .collect();
+                let mut out = match output_of(launch.node) {
+                    Some(k) => Buffer::output(&mut outputs[k]),
+                    None => Buffer::slot(&mut self.arena[launch.output]),
+                };
+                let mut scratch = match launch.scratch {
+                    Some(s) => Buffer::slot(&mut self.arena[s]),
+                    None => Buffer::empty(),
+                };
+                let refs: Vec<&Buffer> = args.iter().collect();
+                if group.len() == 1 {
+                    kernel.run(&refs, &mut out, &mut scratch)?;
+                } else {
+                    bound.push(kernel.bind(&refs, &mut out, &mut scratch)?);
+                }
+            }
+            jit::run_rows(&bound)?;
+        }
+        // Outputs that are inputs, or that repeat an earlier output, are copies.
+        for (k, &id) in graph.outputs.iter().enumerate() {
+            match (&graph.node(id).op, output_of(id)) {
+                (Op::Input { index }, _) => outputs[k] = inputs[*index as usize].to_data(),
+                (_, Some(first)) if first != k => outputs[k] = outputs[first].clone(),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,74 @@
+//! Device dispatch: the one place that maps a `Device` to the backend that
+//! runs it, and `compile_graph`, which optimizes a captured graph (printing
+//! the stages `KILN_DUMP` asks for) and compiles it there. Everything else
+//! in kiln reaches a backend through `kiln_runtime::Backend` and
+//! `kiln_runtime::Executable` from here.
+
+use kiln_ir::Graph;
+use kiln_ir::pass::{Optimized, Options};
+use kiln_runtime::{Backend, BackendOptions, Executable};
+
+use crate::{Device, Result};
+
+/// The backend that runs `device`, or an `Err` where this build of kiln
+/// cannot (a GPU without feature `cuda`).
+fn backend(device: Device) -> Result<Box<dyn Backend>> {
+    Ok(match device {
+        Device::Cpu => Box::new(kiln_runtime::cpu::Cpu),
+        Device::Reference => Box::new(kiln_runtime::Reference),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => Box::new(kiln_runtime::cuda::Cuda { ordinal }),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => {
+            return Err(crate::Error::NotBuilt {
+                device,
+                feature: "cuda",
+            });
+        }
+    })
+}
+
+/// Whether this build of kiln can run `device` at all (a GPU's presence is
+/// checked when a graph is first compiled for it).
+pub(crate) fn check_built(device: Device) -> Result<()> {
+    backend(device).map(drop)
+}
+
+/// Optimizes `graph` and compiles its kernels for `device` (kernels
+/// already compiled come from the backend's cache).
+pub(crate) fn compile_graph(
+    graph: &Graph,
+    options: Options,
+    backend_options: BackendOptions,
+    device: Device,
+) -> Result<Box<dyn Executable>> {
+    let backend = backend(device)?;
+    if dump_requested("graph") {
+        eprintln!("// kiln: graph\n{graph}");
+    }
+    let optimized = optimize_with_dumps(graph, options)?;
+    let backend_options = BackendOptions {
+        dump_code: backend_options.dump_code || dump_requested("code"),
+        ..backend_options
+    };
+    Ok(backend.compile(optimized, backend_options)?)
+}
+
+/// Optimizes `graph`, printing the stages `KILN_DUMP` asks for.
+fn optimize_with_dumps(graph: &Graph, options: Options) -> Result<Optimized> {
+    Ok(kiln_ir::pass::optimize(
+        graph,
+        options,
+        &mut |stage, print| {
+            if dump_requested(stage) {
+                eprintln!("// kiln: {stage}\n{}", print());
+            }
+        },
+    )?)
+}
+
+/// Whether `KILN_DUMP` (a comma-separated list of stages, or `all`) names `stage`.
+fn dump_requested(stage: &str) -> bool {
+    std::env::var("KILN_DUMP")
+        .is_ok_and(|v| v.split(',').any(|s| s.trim() == stage || s.trim() == "all"))
+}

@@ -1,0 +1,71 @@
+//! Every device through the one backend contract: the interpreter runs
+//! compiled (fused) graphs as the CPU does, and a device this build has no
+//! backend for is an `Err` naming the feature, wherever it is used.
+
+use kiln::{BackendOptions, DType, Device, Options, Result, Tensor, TensorType};
+
+/// softmax(x @ w + b) over rows: a matmul with its epilogue and a row
+/// reduction, fused.
+fn model(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![(t[0].matmul(&t[1])? + &t[2])?.softmax(-1)?])
+}
+
+#[test]
+fn the_interpreter_runs_the_fused_graph_the_cpu_compiles() -> Result<()> {
+    let specs = [
+        TensorType::new(DType::F32, [5, 7]),
+        TensorType::new(DType::F32, [7, 3]),
+        TensorType::new(DType::F32, [3]),
+    ];
+    let x = Tensor::randn([5, 7], 1)?;
+    let w = Tensor::randn([7, 3], 2)?;
+    let b = Tensor::randn([3], 3)?;
+    let mut results = Vec::new();
+    for device in [Device::Cpu, Device::Reference] {
+        let mut g = kiln::compile_on(
+            device,
+            "model",
+            &specs,
+            Options::default(),
+            BackendOptions::default(),
+            model,
+        )?;
+        results.push((
+            g.launches(),
+            g.call(&[&x, &w, &b])?.remove(0).to_vec::<f32>()?,
+        ));
+        assert_eq!(g.device_time()?, None, "{device:?} runs on the host");
+    }
+    let ((cpu_launches, cpu), (ref_launches, interpreted)) = (&results[0], &results[1]);
+    assert_eq!(cpu_launches, ref_launches, "the same fused schedule");
+    assert!(*cpu_launches <= 3, "fused: {cpu_launches} kernels");
+    let eager = model(&[x, w, b])?.remove(0).to_vec::<f32>()?;
+    for (k, ((&c, &i), &e)) in cpu.iter().zip(interpreted).zip(&eager).enumerate() {
+        assert!(
+            (c - i).abs() <= 1e-6 && (c - e).abs() <= 1e-6,
+            "{k}: {c} {i} {e}"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_gpu_without_the_cuda_feature_is_an_error() -> Result<()> {
+    let want = "Cuda(0): kiln was built without feature `cuda`";
+    let x = Tensor::ones([2, 2], DType::F32)?;
+    let err = x.to(Device::Cuda(0)).err().map(|e| e.to_string());
+    assert_eq!(err.as_deref(), Some(want));
+    let compiled = kiln::compile_on(
+        Device::Cuda(0),
+        "double",
+        &[TensorType::new(DType::F32, [2, 2])],
+        Options::default(),
+        BackendOptions::default(),
+        |t| Ok(vec![(&t[0] * 2.0f32)?]),
+    );
+    assert_eq!(compiled.err().map(|e| e.to_string()).as_deref(), Some(want));
+    // The process goes on: the CPU still computes.
+    assert_eq!((x * 2.0f32)?.to_vec::<f32>()?, vec![2.0; 4]);
+    Ok(())
+}
