@@ -1,9 +1,28 @@
-//! The operations of the IR and their typing rules.
+//! The operations of the IR, their two layers, and their typing rules.
 //!
 //! One `Op` enum covers every operation. Every stage that gives meaning to an op
 //! (typing here, the printer, the verifier, the interpreter, later the passes
 //! and the backends) matches on it exhaustively, so a new variant is a compile
-//! error until every stage has decided what to do with it.
+//! error until every stage has decided what to do with it. The elementwise ops
+//! and the typing rules that kernel bodies share with graph ops live in
+//! `elementwise`; the rest of the typing is here.
+//!
+//! The ops come in two layers (`Op::layer`):
+//!
+//! - graph ops (`OpLayer::Graph`): what users record and what the first
+//!   optimizer stages (`simplify`, `cse`, `split-reduce`) rewrite: `Input`,
+//!   `Const`, `Unary`, `Binary`, `Where`, `Cast`, `Reshape`, `Permute`,
+//!   `Expand`, `Slice`, `Pad`, `Reduce`, `MatMul`. Each has one meaning on
+//!   tensors, so a pass that reasons about that meaning (reverse-mode
+//!   differentiation, say) can handle every one;
+//! - post-fusion ops (`OpLayer::Fused`): what the optimizer lowers a graph to,
+//!   `View` (made by `fold-views`) and `Kernel` (made by `fuse`). They say how
+//!   a backend reads and computes buffers, not what the user asked for.
+//!
+//! Both live in one enum so that one graph, one printer, one verifier and one
+//! interpreter serve every stage of the pipeline. A pass that must see graph
+//! ops only says so at its entry with `verify::verify_graph_ops`, which names
+//! the first post-fusion node it finds; `optimize` does it for its input.
 //!
 //! The IR is explicit where the user API is convenient: elementwise ops take
 //! operands of one shape and one dtype, and broadcasting is an `Expand` node
@@ -71,14 +90,43 @@ pub enum Op {
     },
     /// `[..., m, k] @ [..., k, n] -> [..., m, n]` over equal batch dims, f32.
     MatMul,
-    // Produced by the passes.
+    // The post-fusion layer, produced by the passes.
     /// A chain of movement ops folded into one index map (`fold-views`).
     View(View),
     /// A fused kernel (`fuse`); its operands are the buffers it reads.
     Kernel(Box<Kernel>),
 }
 
+/// The layer of the IR an op belongs to (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpLayer {
+    /// An op users record and the graph-level passes rewrite.
+    Graph,
+    /// An op only the optimizer makes, from `fold-views` on: `View`, `Kernel`.
+    Fused,
+}
+
 impl Op {
+    /// Which layer the op belongs to. Exhaustive, so a new op must pick one.
+    pub fn layer(&self) -> OpLayer {
+        match self {
+            Op::Input { .. }
+            | Op::Const(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast(_)
+            | Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice(_)
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::MatMul => OpLayer::Graph,
+            Op::View(_) | Op::Kernel(_) => OpLayer::Fused,
+        }
+    }
+
     /// The op's name in printed IR and in errors.
     pub fn name(&self) -> &'static str {
         match self {
