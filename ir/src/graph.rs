@@ -2,6 +2,11 @@
 //!
 //! A node only refers to nodes pushed before it, so the arena order is a
 //! topological order and every pass can walk it front to back.
+//!
+//! One `Graph` type holds both layers of ops (see `op`): what users record
+//! is a graph of graph ops, and the optimizer lowers it, stage by stage, to
+//! a graph of inputs and kernels (`pass::Optimized`). A pass that must see
+//! graph ops only checks its input with `verify::verify_graph_ops`.
 
 use std::fmt;
 

@@ -10,9 +10,10 @@
 use smallvec::SmallVec;
 
 use crate::Error;
+use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::graph::Graph;
 use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
-use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::op::Op;
 use crate::types::{DType, Data, Scalar, Shape, cast_f64, cast_int};
 use crate::verify::verify;
 use crate::view::View;

@@ -29,7 +29,7 @@
 use smallvec::SmallVec;
 
 use crate::Error;
-use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp, infer_matmul, infer_where};
 use crate::types::{DType, Scalar, Shape, TensorType};
 use crate::view::View;
 
@@ -145,20 +145,6 @@ pub enum Expr {
     Cast(u32),
 }
 
-impl ReduceOp {
-    /// The value a reduction starts from: 0 for sums, the lowest value of the
-    /// type for max (-inf for floats).
-    pub fn init(self, dtype: DType) -> Scalar {
-        match (self, dtype) {
-            (ReduceOp::Sum, dtype) => Scalar::I32(0).cast(dtype),
-            (ReduceOp::Max, DType::F32) => Scalar::F32(f32::NEG_INFINITY),
-            (ReduceOp::Max, DType::I32) => Scalar::I32(i32::MIN),
-            (ReduceOp::Max, DType::U8) => Scalar::U8(0),
-            (ReduceOp::Max, DType::Bool) => Scalar::Bool(false),
-        }
-    }
-}
-
 impl Expr {
     /// The positions of the values this one reads.
     pub fn operands(&self) -> SmallVec<[u32; 3]> {
@@ -210,16 +196,17 @@ impl Block {
                     let ty = inputs.get(*input as usize).ok_or_else(|| {
                         format!("value {i} loads input {input}, which is not declared")
                     })?;
-                    check_view(view, ty, space).map_err(|e| format!("value {i}: {e}"))?;
+                    view.check(ty, space)
+                        .map_err(|e| format!("value {i}: {e}"))?;
                     ty.dtype
                 }
                 Expr::Const(v) => v.dtype(),
                 Expr::Acc => {
                     acc.ok_or_else(|| format!("value {i} reads acc, which this block has not"))?
                 }
-                Expr::Unary(op, _) => infer_dtype(Op::Unary(*op), &args)?,
-                Expr::Binary(op, _, _) => infer_dtype(Op::Binary(*op), &args)?,
-                Expr::Where(..) => infer_dtype(Op::Where, &args)?,
+                Expr::Unary(op, _) => dtype_of(op.infer(args[0]))?,
+                Expr::Binary(op, _, _) => dtype_of(op.infer(args[0], args[1]))?,
+                Expr::Where(..) => dtype_of(infer_where(args[0], args[1], args[2]))?,
                 Expr::Cast(_) => value.dtype,
             };
             if dtype != value.dtype {
@@ -236,41 +223,9 @@ impl Block {
     }
 }
 
-fn infer_dtype(op: Op, args: &[&TensorType]) -> Result<DType, String> {
-    op.infer(args, &[])
-        .map(|t| t.dtype)
-        .map_err(|e| e.to_string())
-}
-
-/// A view must present `space` and read only inside a buffer of type `ty`,
-/// padding with a value of its dtype.
-pub(crate) fn check_view(view: &View, ty: &TensorType, space: &Shape) -> Result<(), String> {
-    if view.shape != *space {
-        return Err(format!("view {} does not present {space}", view.shape));
-    }
-    if view.strides.len() != space.rank() {
-        return Err(format!(
-            "view strides {:?} do not match {space}",
-            view.strides
-        ));
-    }
-    if let Some(mask) = &view.mask {
-        if mask.valid.len() != space.rank() {
-            return Err(format!("view mask {:?} does not match {space}", mask.valid));
-        }
-        if mask.fill.dtype() != ty.dtype {
-            return Err(format!("view pads {} with {}", ty, mask.fill));
-        }
-    }
-    if let Some((lo, hi)) = view.bounds()
-        && (lo < 0 || hi >= ty.shape.numel() as i128)
-    {
-        return Err(format!(
-            "view {view} of {} reads {lo}..={hi}, outside the buffer",
-            view.shape
-        ));
-    }
-    Ok(())
+/// The dtype a typing rule gives, or its error as the verifier reports it.
+fn dtype_of(ty: Result<TensorType, Error>) -> Result<DType, String> {
+    ty.map(|t| t.dtype).map_err(|e| e.to_string())
 }
 
 impl Kernel {
@@ -316,12 +271,10 @@ impl Kernel {
             } => {
                 prologue.check(shape, &self.inputs, None)?;
                 let dtype = prologue.dtype().unwrap_or(DType::F32);
-                let reduced = Op::Reduce {
-                    op: *op,
-                    axes: axes.clone(),
-                }
-                .infer(&[&TensorType::new(dtype, shape.clone())], &[])
-                .map_err(|e| e.to_string())?;
+                let reduced = op
+                    .infer(axes, &TensorType::new(dtype, shape.clone()))
+                    .and_then(|t| t.checked(op.name()))
+                    .map_err(|e| e.to_string())?;
                 if self.out.shape != *shape && self.out.shape.numel() != reduced.shape.numel() {
                     return Err(format!(
                         "output {} is neither the space {shape} nor the reduced {} reshaped",
@@ -341,7 +294,7 @@ impl Kernel {
                             if view.mask.is_some() {
                                 return Err("a matmul operand view is padded".to_string());
                             }
-                            check_view(view, ty, &view.shape)?;
+                            view.check(ty, &view.shape)?;
                             Ok(TensorType::new(ty.dtype, view.shape.clone()))
                         }
                         Operand::Computed { shape, block } => {
@@ -351,8 +304,8 @@ impl Kernel {
                         }
                     })
                     .collect::<Result<_, String>>()?;
-                let product = Op::MatMul
-                    .infer(&[&types[0], &types[1]], &[])
+                let product = infer_matmul(&types[0], &types[1])
+                    .and_then(|t| t.checked("matmul"))
                     .map_err(|e| e.to_string())?;
                 if product.shape.numel() != self.out.shape.numel() {
                     return Err(format!(

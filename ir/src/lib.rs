@@ -5,6 +5,7 @@
 //! This crate has no `unsafe` and links no system library: a graph can be
 //! built, printed, checked and evaluated anywhere.
 
+pub mod elementwise;
 mod error;
 pub mod graph;
 pub mod interp;
@@ -17,8 +18,10 @@ pub mod types;
 pub mod verify;
 pub mod view;
 
+pub use elementwise::{BinaryOp, ReduceOp, UnaryOp};
 pub use error::Error;
 pub use graph::{Graph, Node, NodeId};
-pub use op::{BinaryOp, Op, ReduceOp, SliceRange, UnaryOp};
+pub use op::{Op, OpLayer};
 pub use types::{DType, Data, DataRef, Element, Scalar, Shape, TensorType};
-pub use verify::verify;
+pub use verify::{verify, verify_graph_ops};
+pub use view::SliceRange;

@@ -1,9 +1,28 @@
-//! The operations of the IR and their typing rules.
+//! The operations of the IR, their two layers, and their typing rules.
 //!
 //! One `Op` enum covers every operation. Every stage that gives meaning to an op
 //! (typing here, the printer, the verifier, the interpreter, later the passes
 //! and the backends) matches on it exhaustively, so a new variant is a compile
-//! error until every stage has decided what to do with it.
+//! error until every stage has decided what to do with it. The elementwise ops
+//! and the typing rules that kernel bodies share with graph ops live in
+//! `elementwise`; the rest of the typing is here.
+//!
+//! The ops come in two layers (`Op::layer`):
+//!
+//! - graph ops (`OpLayer::Graph`): what users record and what the first
+//!   optimizer stages (`simplify`, `cse`, `split-reduce`) rewrite: `Input`,
+//!   `Const`, `Unary`, `Binary`, `Where`, `Cast`, `Reshape`, `Permute`,
+//!   `Expand`, `Slice`, `Pad`, `Reduce`, `MatMul`. Each has one meaning on
+//!   tensors, so a pass that reasons about that meaning (reverse-mode
+//!   differentiation, say) can handle every one;
+//! - post-fusion ops (`OpLayer::Fused`): what the optimizer lowers a graph to,
+//!   `View` (made by `fold-views`) and `Kernel` (made by `fuse`). They say how
+//!   a backend reads and computes buffers, not what the user asked for.
+//!
+//! Both live in one enum so that one graph, one printer, one verifier and one
+//! interpreter serve every stage of the pipeline. A pass that must see graph
+//! ops only says so at its entry with `verify::verify_graph_ops`, which names
+//! the first post-fusion node it finds; `optimize` does it for its input.
 //!
 //! The IR is explicit where the user API is convenient: elementwise ops take
 //! operands of one shape and one dtype, and broadcasting is an `Expand` node
@@ -18,95 +37,12 @@
 use smallvec::SmallVec;
 
 use crate::Error;
-use crate::kernel::{Kernel, check_view};
+pub use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
+use crate::elementwise::{infer_matmul, infer_where};
+use crate::kernel::Kernel;
 use crate::types::{DType, Scalar, Shape, TensorType};
+pub use crate::view::SliceRange;
 use crate::view::View;
-
-/// Elementwise ops of one operand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    /// -x
-    Neg,
-    /// e^x
-    Exp,
-    /// natural log; NaN below 0, -inf at 0
-    Log,
-    /// square root; NaN below 0
-    Sqrt,
-    /// 1/x
-    Recip,
-    /// max(x, 0), NaN propagates
-    Relu,
-    /// 1/(1+e^-x)
-    Sigmoid,
-    /// hyperbolic tangent
-    Tanh,
-    /// |x|
-    Abs,
-}
-
-/// Elementwise ops of two operands of the same shape and dtype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    /// a + b
-    Add,
-    /// a - b
-    Sub,
-    /// a * b
-    Mul,
-    /// a / b (floats only)
-    Div,
-    /// the larger, NaN propagates, +0 above -0
-    Max,
-    /// the smaller, NaN propagates, -0 below +0
-    Min,
-    /// a^b (floats only)
-    Pow,
-    /// a < b
-    Lt,
-    /// a <= b
-    Le,
-    /// a > b
-    Gt,
-    /// a >= b
-    Ge,
-    /// a == b
-    Eq,
-    /// a != b
-    Ne,
-}
-
-/// How a reduction combines elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Sum; 0 over an empty axis.
-    Sum,
-    /// Largest element, NaN propagates; an empty axis is an error.
-    Max,
-}
-
-/// The part of one axis that a slice keeps: `start..end` every `step`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SliceRange {
-    /// First index kept.
-    pub start: usize,
-    /// One past the last index considered; `start <= end <= dim`.
-    pub end: usize,
-    /// Distance between kept indices, at least 1.
-    pub step: usize,
-}
-
-impl SliceRange {
-    /// How many indices the range keeps.
-    pub fn len(&self) -> usize {
-        (self.end - self.start).div_ceil(self.step)
-    }
-
-    /// Whether the range keeps nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// One tensor operation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -154,128 +90,43 @@ pub enum Op {
     },
     /// `[..., m, k] @ [..., k, n] -> [..., m, n]` over equal batch dims, f32.
     MatMul,
-    // Produced by the passes.
+    // The post-fusion layer, produced by the passes.
     /// A chain of movement ops folded into one index map (`fold-views`).
     View(View),
     /// A fused kernel (`fuse`); its operands are the buffers it reads.
     Kernel(Box<Kernel>),
 }
 
-impl UnaryOp {
-    /// The name in printed IR and errors.
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Recip => "recip",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Abs => "abs",
-        }
-    }
-
-    /// The dtypes the op accepts: the sign ops take signed numbers, the
-    /// transcendental ones floats (cast integers first, as JAX asks).
-    fn accepts(self, dtype: DType) -> Result<(), &'static str> {
-        match self {
-            UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs => {
-                accept(dtype, &[DType::F32, DType::I32], "f32 or i32")
-            }
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Sqrt
-            | UnaryOp::Recip
-            | UnaryOp::Sigmoid
-            | UnaryOp::Tanh => accept(dtype, &[DType::F32], "f32"),
-        }
-    }
-}
-
-impl BinaryOp {
-    /// The name in printed IR and errors.
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Max => "max",
-            BinaryOp::Min => "min",
-            BinaryOp::Pow => "pow",
-            BinaryOp::Lt => "lt",
-            BinaryOp::Le => "le",
-            BinaryOp::Gt => "gt",
-            BinaryOp::Ge => "ge",
-            BinaryOp::Eq => "eq",
-            BinaryOp::Ne => "ne",
-        }
-    }
-
-    /// Whether the op compares and so yields bool.
-    pub fn is_comparison(self) -> bool {
-        match self {
-            BinaryOp::Lt
-            | BinaryOp::Le
-            | BinaryOp::Gt
-            | BinaryOp::Ge
-            | BinaryOp::Eq
-            | BinaryOp::Ne => true,
-            BinaryOp::Add
-            | BinaryOp::Sub
-            | BinaryOp::Mul
-            | BinaryOp::Div
-            | BinaryOp::Max
-            | BinaryOp::Min
-            | BinaryOp::Pow => false,
-        }
-    }
-
-    /// The dtypes the op accepts for its (equal) operand type.
-    fn accepts(self, dtype: DType) -> Result<(), &'static str> {
-        match self {
-            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => {
-                accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type")
-            }
-            BinaryOp::Div | BinaryOp::Pow => accept(dtype, &[DType::F32], "f32"),
-            BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
-                accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type")
-            }
-            BinaryOp::Eq | BinaryOp::Ne => Ok(()),
-        }
-    }
-}
-
-impl ReduceOp {
-    /// The name in printed IR and errors.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Max => "max",
-        }
-    }
-
-    /// Sums need an accumulating type (cast u8 and bool first); max takes any
-    /// number type.
-    fn accepts(self, dtype: DType) -> Result<(), &'static str> {
-        match self {
-            ReduceOp::Sum => accept(dtype, &[DType::F32, DType::I32], "f32 or i32"),
-            ReduceOp::Max => accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type"),
-        }
-    }
-}
-
-fn accept(dtype: DType, allowed: &[DType], expected: &'static str) -> Result<(), &'static str> {
-    if allowed.contains(&dtype) {
-        Ok(())
-    } else {
-        Err(expected)
-    }
+/// The layer of the IR an op belongs to (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpLayer {
+    /// An op users record and the graph-level passes rewrite.
+    Graph,
+    /// An op only the optimizer makes, from `fold-views` on: `View`, `Kernel`.
+    Fused,
 }
 
 impl Op {
+    /// Which layer the op belongs to. Exhaustive, so a new op must pick one.
+    pub fn layer(&self) -> OpLayer {
+        match self {
+            Op::Input { .. }
+            | Op::Const(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast(_)
+            | Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice(_)
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::MatMul => OpLayer::Graph,
+            Op::View(_) | Op::Kernel(_) => OpLayer::Fused,
+        }
+    }
+
     /// The op's name in printed IR and in errors.
     pub fn name(&self) -> &'static str {
         match self {
@@ -351,42 +202,9 @@ impl Op {
                     })
             }
             Op::Const(v) => Ok(TensorType::new(v.dtype(), Shape::scalar())),
-            Op::Unary(u) => {
-                check_dtype(op, args[0].dtype, u.accepts(args[0].dtype))?;
-                Ok(args[0].clone())
-            }
-            Op::Binary(b) => {
-                let (l, r) = (args[0], args[1]);
-                if l.dtype != r.dtype {
-                    return Err(Error::DTypeMismatch {
-                        op,
-                        lhs: l.dtype,
-                        rhs: r.dtype,
-                    });
-                }
-                same_shape(op, &l.shape, &r.shape)?;
-                check_dtype(op, l.dtype, b.accepts(l.dtype))?;
-                let dtype = if b.is_comparison() {
-                    DType::Bool
-                } else {
-                    l.dtype
-                };
-                Ok(TensorType::new(dtype, l.shape.clone()))
-            }
-            Op::Where => {
-                let (c, a, b) = (args[0], args[1], args[2]);
-                check_dtype(op, c.dtype, accept(c.dtype, &[DType::Bool], "bool"))?;
-                if a.dtype != b.dtype {
-                    return Err(Error::DTypeMismatch {
-                        op,
-                        lhs: a.dtype,
-                        rhs: b.dtype,
-                    });
-                }
-                same_shape(op, &c.shape, &a.shape)?;
-                same_shape(op, &a.shape, &b.shape)?;
-                Ok(a.clone())
-            }
+            Op::Unary(u) => u.infer(args[0]),
+            Op::Binary(b) => b.infer(args[0], args[1]),
+            Op::Where => infer_where(args[0], args[1], args[2]),
             Op::Cast(to) => Ok(TensorType::new(*to, args[0].shape.clone())),
             Op::Reshape(to) => {
                 let from = &args[0].shape;
@@ -474,93 +292,14 @@ impl Op {
                 })?;
                 Ok(TensorType::new(args[0].dtype, dims))
             }
-            Op::Reduce { op: r, axes } => {
-                let shape = &args[0].shape;
-                check_dtype(op, args[0].dtype, r.accepts(args[0].dtype))?;
-                for (i, &axis) in axes.iter().enumerate() {
-                    if axis >= shape.rank() {
-                        return Err(Error::Axis {
-                            op,
-                            axis: axis as isize,
-                            rank: shape.rank(),
-                        });
-                    }
-                    if i > 0 && axes[i - 1] >= axis {
-                        return Err(Error::Axes {
-                            op,
-                            axes: axes.to_vec(),
-                        });
-                    }
-                    if *r == ReduceOp::Max && shape.dims()[axis] == 0 {
-                        return Err(Error::EmptyReduce {
-                            op,
-                            shape: shape.clone(),
-                            axis,
-                        });
-                    }
-                }
-                let mut dims = shape.0.clone();
-                for &axis in axes {
-                    dims[axis] = 1;
-                }
-                Ok(TensorType::new(args[0].dtype, Shape(dims)))
-            }
-            Op::MatMul => {
-                let (l, r) = (args[0], args[1]);
-                if l.dtype != r.dtype {
-                    return Err(Error::DTypeMismatch {
-                        op,
-                        lhs: l.dtype,
-                        rhs: r.dtype,
-                    });
-                }
-                check_dtype(op, l.dtype, accept(l.dtype, &[DType::F32], "f32"))?;
-                let (ls, rs) = (l.shape.dims(), r.shape.dims());
-                let rank = ls.len();
-                if rank < 2
-                    || rs.len() != rank
-                    || ls[..rank - 2] != rs[..rank - 2]
-                    || ls[rank - 1] != rs[rank - 2]
-                {
-                    return Err(Error::MatMul {
-                        lhs: l.shape.clone(),
-                        rhs: r.shape.clone(),
-                    });
-                }
-                let mut dims = l.shape.0.clone();
-                dims[rank - 1] = rs[rank - 1];
-                Ok(TensorType::new(l.dtype, Shape(dims)))
-            }
+            Op::Reduce { op: r, axes } => r.infer(axes, args[0]),
+            Op::MatMul => infer_matmul(args[0], args[1]),
             Op::View(view) => {
-                check_view(view, args[0], &view.shape)
+                view.check(args[0], &view.shape)
                     .map_err(|message| Error::Malformed { op, message })?;
                 Ok(TensorType::new(args[0].dtype, view.shape.clone()))
             }
             Op::Kernel(kernel) => kernel.check(args),
         }
-    }
-}
-
-fn check_dtype(
-    op: &'static str,
-    dtype: DType,
-    accepted: Result<(), &'static str>,
-) -> Result<(), Error> {
-    accepted.map_err(|expected| Error::DType {
-        op,
-        dtype,
-        expected,
-    })
-}
-
-fn same_shape(op: &'static str, lhs: &Shape, rhs: &Shape) -> Result<(), Error> {
-    if lhs == rhs {
-        Ok(())
-    } else {
-        Err(Error::ShapeMismatch {
-            op,
-            lhs: lhs.clone(),
-            rhs: rhs.clone(),
-        })
     }
 }

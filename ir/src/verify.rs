@@ -1,9 +1,11 @@
 //! The verifier: checks the invariants every pass relies on, and runs after
 //! every stage. A failure is a compiler bug, so it carries the graph dump.
+//! `verify_graph_ops` checks the one invariant that holds only before
+//! lowering: the graph holds graph ops, no post-fusion node.
 
 use crate::Error;
 use crate::graph::Graph;
-use crate::op::Op;
+use crate::op::{Op, OpLayer};
 
 /// Checks that `graph` is well formed:
 /// - every operand refers to an earlier node (the arena is topological);
@@ -57,4 +59,24 @@ pub fn verify(graph: &Graph) -> Result<(), Error> {
         return Err(fail(format!("output {bad} is not in the graph")));
     }
     Ok(())
+}
+
+/// Checks that `graph` holds graph ops only (`OpLayer::Graph`), no `View` or
+/// `Kernel`: what a pass that works on recorded graphs may be handed. `pass`
+/// names that pass in the error, which names the first post-fusion node.
+pub fn verify_graph_ops(graph: &Graph, pass: &str) -> Result<(), Error> {
+    let Some(i) = graph
+        .nodes
+        .iter()
+        .position(|node| node.op.layer() != OpLayer::Graph)
+    else {
+        return Ok(());
+    };
+    Err(Error::Verify {
+        message: format!(
+            "{pass} takes graph ops only, but node #{i} is a {} node, which only the optimizer makes",
+            graph.nodes[i].op.name()
+        ),
+        dump: graph.to_string(),
+    })
 }

@@ -10,13 +10,17 @@
 //!
 //! Views are kept canonical so that equal index maps compare and hash equal:
 //! a size-1 axis has stride 0, and a mask that keeps everything is dropped.
+//!
+//! The movement methods here know nothing of `Op`: `fold-views` maps each
+//! movement op to one of them, and the verifier checks a view against the
+//! buffer it reads with `View::check`. `SliceRange`, the parameter of a
+//! slice, lives here for the same reason, so this module reads only `types`.
 
 use std::fmt;
 
 use smallvec::SmallVec;
 
-use crate::op::{Op, SliceRange};
-use crate::types::{Scalar, Shape};
+use crate::types::{Scalar, Shape, TensorType};
 
 /// How a kernel reads one buffer: shape, strides (0 for broadcast axes),
 /// offset, and the padding mask.
@@ -40,6 +44,29 @@ pub struct Mask {
     pub valid: SmallVec<[(usize, usize); 4]>,
     /// The value read everywhere else.
     pub fill: Scalar,
+}
+
+/// The part of one axis that a slice keeps: `start..end` every `step`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SliceRange {
+    /// First index kept.
+    pub start: usize,
+    /// One past the last index considered; `start <= end <= dim`.
+    pub end: usize,
+    /// Distance between kept indices, at least 1.
+    pub step: usize,
+}
+
+impl SliceRange {
+    /// How many indices the range keeps.
+    pub fn len(&self) -> usize {
+        (self.end - self.start).div_ceil(self.step)
+    }
+
+    /// Whether the range keeps nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl View {
@@ -101,36 +128,44 @@ impl View {
         Some((lo, hi))
     }
 
+    /// Checks that the view presents `space` and reads only inside a buffer
+    /// of type `ty`, padding with a value of its dtype. A failure is a
+    /// compiler bug, described for the verifier.
+    pub(crate) fn check(&self, ty: &TensorType, space: &Shape) -> Result<(), String> {
+        if self.shape != *space {
+            return Err(format!("view {} does not present {space}", self.shape));
+        }
+        if self.strides.len() != space.rank() {
+            return Err(format!(
+                "view strides {:?} do not match {space}",
+                self.strides
+            ));
+        }
+        if let Some(mask) = &self.mask {
+            if mask.valid.len() != space.rank() {
+                return Err(format!("view mask {:?} does not match {space}", mask.valid));
+            }
+            if mask.fill.dtype() != ty.dtype {
+                return Err(format!("view pads {} with {}", ty, mask.fill));
+            }
+        }
+        if let Some((lo, hi)) = self.bounds()
+            && (lo < 0 || hi >= ty.shape.numel() as i128)
+        {
+            return Err(format!(
+                "view {self} of {} reads {lo}..={hi}, outside the buffer",
+                self.shape
+            ));
+        }
+        Ok(())
+    }
+
     /// The fill value, when the view reads nothing but fill (a pad around an
     /// empty range, or a slice of the padding alone).
     pub fn only_fill(&self) -> Option<Scalar> {
         let mask = self.mask.as_ref()?;
         let empty = mask.valid.iter().any(|&(start, end)| start >= end);
         (empty && self.shape.numel() > 0).then_some(mask.fill)
-    }
-
-    /// The view after the movement op `op`, or `None` when the result is not
-    /// one view (a reshape across non-mergeable strides, a reshape of a padded
-    /// view, or a pad of a view padded with another value).
-    pub fn apply(&self, op: &Op) -> Option<View> {
-        let view = match op {
-            Op::Reshape(to) => self.reshape(to)?,
-            Op::Permute(perm) => self.permute(perm),
-            Op::Expand(to) => self.expand(to),
-            Op::Slice(ranges) => self.slice(ranges),
-            Op::Pad { pads, value } => self.pad(pads, *value)?,
-            Op::Input { .. }
-            | Op::Const(_)
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Where
-            | Op::Cast(_)
-            | Op::Reduce { .. }
-            | Op::MatMul
-            | Op::View(_)
-            | Op::Kernel(_) => return None,
-        };
-        Some(view.canonical())
     }
 
     /// Strides of size-1 axes are 0 and a mask that keeps everything is
@@ -154,17 +189,22 @@ impl View {
         self
     }
 
-    /// PyTorch's `view` rule: groups of axes that are contiguous among
-    /// themselves may be split and merged; anything else needs a copy.
-    fn reshape(&self, to: &Shape) -> Option<View> {
+    /// The view after a reshape to `to`, or `None` when it is not one view
+    /// (the view is padded, or its strides do not allow it). PyTorch's `view`
+    /// rule: groups of axes that are contiguous among themselves may be split
+    /// and merged; anything else needs a copy.
+    pub(crate) fn reshape(&self, to: &Shape) -> Option<View> {
         if self.mask.is_some() {
             return None;
         }
         if self.shape.numel() == 0 {
-            return Some(View {
-                offset: self.offset,
-                ..View::contiguous(to)
-            });
+            return Some(
+                View {
+                    offset: self.offset,
+                    ..View::contiguous(to)
+                }
+                .canonical(),
+            );
         }
         // Drop size-1 axes: they carry no stride, and keep the rest as (dim, stride).
         let old: SmallVec<[(usize, usize); 4]> = self
@@ -205,15 +245,19 @@ impl View {
         if new[..v].iter().any(|&d| d != 1) {
             return None;
         }
-        Some(View {
-            shape: to.clone(),
-            strides,
-            offset: self.offset,
-            mask: None,
-        })
+        Some(
+            View {
+                shape: to.clone(),
+                strides,
+                offset: self.offset,
+                mask: None,
+            }
+            .canonical(),
+        )
     }
 
-    fn permute(&self, perm: &[usize]) -> View {
+    /// The view after a permute: output axis `i` is axis `perm[i]`.
+    pub(crate) fn permute(&self, perm: &[usize]) -> View {
         View {
             shape: Shape(perm.iter().map(|&p| self.shape.dims()[p]).collect()),
             strides: perm.iter().map(|&p| self.strides[p]).collect(),
@@ -223,10 +267,12 @@ impl View {
                 fill: m.fill,
             }),
         }
+        .canonical()
     }
 
-    /// NumPy `broadcast_to`: new leading axes and size-1 axes read with stride 0.
-    fn expand(&self, to: &Shape) -> View {
+    /// The view after an expand to `to`, NumPy's `broadcast_to`: new leading
+    /// axes and size-1 axes read with stride 0.
+    pub(crate) fn expand(&self, to: &Shape) -> View {
         let lead = to.rank() - self.shape.rank();
         let mut strides: SmallVec<[usize; 4]> = SmallVec::from_elem(0, lead);
         strides.extend(self.strides.iter().copied());
@@ -246,9 +292,11 @@ impl View {
             offset: self.offset,
             mask,
         }
+        .canonical()
     }
 
-    fn slice(&self, ranges: &[SliceRange]) -> View {
+    /// The view after a slice by `ranges`, one per axis.
+    pub(crate) fn slice(&self, ranges: &[SliceRange]) -> View {
         let mut offset = self.offset;
         let mut strides = SmallVec::new();
         for (r, &s) in ranges.iter().zip(&self.strides) {
@@ -275,9 +323,12 @@ impl View {
             offset,
             mask,
         }
+        .canonical()
     }
 
-    fn pad(&self, pads: &[(usize, usize)], value: Scalar) -> Option<View> {
+    /// The view after padding every axis with `(before, after)` elements of
+    /// `value`, or `None` when the view is already padded with another value.
+    pub(crate) fn pad(&self, pads: &[(usize, usize)], value: Scalar) -> Option<View> {
         let old = match &self.mask {
             Some(m) if m.fill != value => return None,
             Some(m) => m.valid.clone(),
@@ -287,7 +338,7 @@ impl View {
         for (&(before, _), &s) in pads.iter().zip(&self.strides) {
             offset -= (before * s) as isize;
         }
-        Some(View {
+        let padded = View {
             shape: Shape(
                 pads.iter()
                     .zip(self.shape.dims())
@@ -304,7 +355,9 @@ impl View {
                     .collect(),
                 fill: value,
             }),
-        })
+        }
+        .canonical();
+        Some(padded)
     }
 
     /// Whether this view only broadcasts a contiguous buffer of `shape`: it

@@ -72,6 +72,29 @@ fn is_movement(op: &Op) -> bool {
     }
 }
 
+/// `view` after the movement op `op`, or `None` when the result is not one
+/// view (a reshape across non-mergeable strides, a reshape of a padded view,
+/// or a pad of a view padded with another value) or `op` does not move.
+fn moved(view: &View, op: &Op) -> Option<View> {
+    match op {
+        Op::Reshape(to) => view.reshape(to),
+        Op::Permute(perm) => Some(view.permute(perm)),
+        Op::Expand(to) => Some(view.expand(to)),
+        Op::Slice(ranges) => Some(view.slice(ranges)),
+        Op::Pad { pads, value } => view.pad(pads, *value),
+        Op::Input { .. }
+        | Op::Const(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Where
+        | Op::Cast(_)
+        | Op::Reduce { .. }
+        | Op::MatMul
+        | Op::View(_)
+        | Op::Kernel(_) => None,
+    }
+}
+
 /// The graph being built, and how many readers each of its nodes has.
 struct Folder {
     g: Graph,
@@ -93,14 +116,10 @@ impl Folder {
         }
         let node = self.g.node(src);
         let folded = match &node.op {
-            Op::View(view) => view.apply(op).map(|v| (node.inputs[0], v)),
+            Op::View(view) => moved(view, op).map(|v| (node.inputs[0], v)),
             _ => None,
         };
-        let own = || {
-            View::contiguous(&self.g.node(src).ty.shape)
-                .apply(op)
-                .map(|v| (src, v))
-        };
+        let own = || moved(&View::contiguous(&self.g.node(src).ty.shape), op).map(|v| (src, v));
         match folded.or_else(own) {
             Some((base, view)) => self.push_view(base, view, ty),
             // A contiguous view takes every movement op; keep the op if not, and
@@ -152,13 +171,11 @@ impl Folder {
                 SmallVec::new(),
                 TensorType::new(fill.dtype(), Shape::scalar()),
             );
-            let broadcast = View::contiguous(&Shape::scalar()).apply(&Op::Expand(ty.shape.clone()));
-            return match broadcast {
-                Some(v) if ty.shape.rank() > 0 => {
-                    self.push(Op::View(v), SmallVec::from_slice(&[c]), ty.clone())
-                }
-                _ => c,
-            };
+            if ty.shape.rank() == 0 {
+                return c;
+            }
+            let broadcast = View::contiguous(&Shape::scalar()).expand(&ty.shape);
+            return self.push(Op::View(broadcast), SmallVec::from_slice(&[c]), ty.clone());
         }
         if view.is_contiguous() && view.shape == self.g.node(base).ty.shape {
             return base;

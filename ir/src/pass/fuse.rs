@@ -39,9 +39,10 @@ use smallvec::SmallVec;
 
 use super::Options;
 use crate::Error;
+use crate::elementwise::{BinaryOp, UnaryOp};
 use crate::graph::{Graph, NodeId};
 use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
-use crate::op::{BinaryOp, Op, UnaryOp};
+use crate::op::Op;
 use crate::types::Shape;
 use crate::view::View;
 
@@ -348,9 +349,8 @@ impl<'g> Plan<'g> {
                 let broadcast = match node.op {
                     Op::Reduce { .. } => {
                         let reduced = &self.graph.node(node.inputs[0]).ty.shape;
-                        let back = View::contiguous(shape).apply(&Op::Expand(reduced.clone()));
-                        g.space == *reduced
-                            && candidates.iter().all(|c| Some(&c.2) == back.as_ref())
+                        let back = View::contiguous(shape).expand(reduced);
+                        g.space == *reduced && candidates.iter().all(|c| c.2 == back)
                     }
                     _ => false,
                 };

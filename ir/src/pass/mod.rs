@@ -5,6 +5,10 @@
 //! simplify -> cse -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
+//! The pipeline takes graph ops only (checked on entry): `simplify`, `cse`
+//! and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
+//! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
+//!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
 //! applied by `rewrite`. Rules never make the graph worse and never change a
 //! result beyond what their comment says.
@@ -16,7 +20,7 @@ use crate::graph::{Graph, Node, NodeId};
 use crate::op::Op;
 use crate::schedule::Schedule;
 use crate::types::TensorType;
-use crate::verify::verify;
+use crate::verify::{verify, verify_graph_ops};
 
 mod cse;
 mod dce;
@@ -60,16 +64,19 @@ pub struct Optimized {
     pub schedule: Schedule,
 }
 
-/// Runs the pipeline on `graph`. After every stage (and after planning, as
-/// `schedule`) `on_stage` gets the stage's name and a function that prints
-/// it: the graph, then the stage's notes (rules that fired, fusions refused
-/// and why) as `//` lines. Printing costs nothing unless asked for.
+/// Runs the pipeline on `graph`, which holds graph ops only (a `View` or
+/// `Kernel` in it is an `Err` naming the node). After every stage (and after
+/// planning, as `schedule`) `on_stage` gets the stage's name and a function
+/// that prints it: the graph, then the stage's notes (rules that fired,
+/// fusions refused and why) as `//` lines. Printing costs nothing unless
+/// asked for.
 pub fn optimize(
     graph: &Graph,
     options: Options,
     on_stage: &mut dyn FnMut(&str, &dyn Fn() -> String),
 ) -> Result<Optimized, Error> {
     verify(graph)?;
+    verify_graph_ops(graph, "optimize")?;
     let mut stage = |name: &str, (graph, notes): (Graph, Vec<String>)| -> Result<Graph, Error> {
         verify(&graph)?;
         on_stage(name, &|| {

@@ -7,9 +7,10 @@
 use smallvec::SmallVec;
 
 use super::{Rewrite, Rule};
+use crate::elementwise::{BinaryOp, UnaryOp};
 use crate::graph::{Graph, Node, NodeId};
 use crate::interp;
-use crate::op::{BinaryOp, Op, UnaryOp};
+use crate::op::Op;
 use crate::types::{Scalar, Shape, TensorType};
 
 /// The rules, tried in order on every node.

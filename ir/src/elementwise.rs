@@ -1,0 +1,339 @@
+//! The elementwise ops and the typing rules that graph nodes and kernel
+//! bodies share.
+//!
+//! `UnaryOp`, `BinaryOp` and `ReduceOp` appear both in graph ops (`Op`) and
+//! in the expressions of fused kernels (`Expr`, `KernelKind`), so their
+//! names, the dtypes they accept and their typing rules live here once. The
+//! rule for `where` is here for the same reason, and so is matmul's: a fused
+//! kernel checks its GEMM core by the graph op's rule. This module reads only
+//! `types` and `error`, which lets `view`, `kernel` and `op` build on it in
+//! one direction.
+//!
+//! The typing functions give the result type, or the user-facing error that
+//! says why the operands do not fit; `Op::infer` adds the arity and size
+//! checks that every op shares.
+
+use crate::Error;
+use crate::types::{DType, Scalar, Shape, TensorType};
+
+/// Elementwise ops of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// -x
+    Neg,
+    /// e^x
+    Exp,
+    /// natural log; NaN below 0, -inf at 0
+    Log,
+    /// square root; NaN below 0
+    Sqrt,
+    /// 1/x
+    Recip,
+    /// max(x, 0), NaN propagates
+    Relu,
+    /// 1/(1+e^-x)
+    Sigmoid,
+    /// hyperbolic tangent
+    Tanh,
+    /// |x|
+    Abs,
+}
+
+/// Elementwise ops of two operands of the same shape and dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a * b
+    Mul,
+    /// a / b (floats only)
+    Div,
+    /// the larger, NaN propagates, +0 above -0
+    Max,
+    /// the smaller, NaN propagates, -0 below +0
+    Min,
+    /// a^b (floats only)
+    Pow,
+    /// a < b
+    Lt,
+    /// a <= b
+    Le,
+    /// a > b
+    Gt,
+    /// a >= b
+    Ge,
+    /// a == b
+    Eq,
+    /// a != b
+    Ne,
+}
+
+/// How a reduction combines elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum; 0 over an empty axis.
+    Sum,
+    /// Largest element, NaN propagates; an empty axis is an error.
+    Max,
+}
+
+impl UnaryOp {
+    /// The name in printed IR and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Recip => "recip",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Abs => "abs",
+        }
+    }
+
+    /// The dtypes the op accepts: the sign ops take signed numbers, the
+    /// transcendental ones floats (cast integers first, as JAX asks).
+    fn accepts(self, dtype: DType) -> Result<(), &'static str> {
+        match self {
+            UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs => {
+                accept(dtype, &[DType::F32, DType::I32], "f32 or i32")
+            }
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Sqrt
+            | UnaryOp::Recip
+            | UnaryOp::Sigmoid
+            | UnaryOp::Tanh => accept(dtype, &[DType::F32], "f32"),
+        }
+    }
+
+    /// The result type: the operand's, when the op accepts its dtype.
+    pub fn infer(self, x: &TensorType) -> Result<TensorType, Error> {
+        check_dtype(self.name(), x.dtype, self.accepts(x.dtype))?;
+        Ok(x.clone())
+    }
+}
+
+impl BinaryOp {
+    /// The name in printed IR and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+        }
+    }
+
+    /// Whether the op compares and so yields bool.
+    pub fn is_comparison(self) -> bool {
+        match self {
+            BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge
+            | BinaryOp::Eq
+            | BinaryOp::Ne => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::Pow => false,
+        }
+    }
+
+    /// The dtypes the op accepts for its (equal) operand type.
+    fn accepts(self, dtype: DType) -> Result<(), &'static str> {
+        match self {
+            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => {
+                accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type")
+            }
+            BinaryOp::Div | BinaryOp::Pow => accept(dtype, &[DType::F32], "f32"),
+            BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
+                accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type")
+            }
+            BinaryOp::Eq | BinaryOp::Ne => Ok(()),
+        }
+    }
+
+    /// The result type of `lhs op rhs`: operands of one shape and one dtype
+    /// the op accepts; comparisons give bool.
+    pub fn infer(self, lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, Error> {
+        let op = self.name();
+        if lhs.dtype != rhs.dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: lhs.dtype,
+                rhs: rhs.dtype,
+            });
+        }
+        same_shape(op, &lhs.shape, &rhs.shape)?;
+        check_dtype(op, lhs.dtype, self.accepts(lhs.dtype))?;
+        let dtype = if self.is_comparison() {
+            DType::Bool
+        } else {
+            lhs.dtype
+        };
+        Ok(TensorType::new(dtype, lhs.shape.clone()))
+    }
+}
+
+impl ReduceOp {
+    /// The name in printed IR and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+        }
+    }
+
+    /// Sums need an accumulating type (cast u8 and bool first); max takes any
+    /// number type.
+    fn accepts(self, dtype: DType) -> Result<(), &'static str> {
+        match self {
+            ReduceOp::Sum => accept(dtype, &[DType::F32, DType::I32], "f32 or i32"),
+            ReduceOp::Max => accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type"),
+        }
+    }
+
+    /// The value a reduction starts from: 0 for sums, the lowest value of the
+    /// type for max (-inf for floats).
+    pub fn init(self, dtype: DType) -> Scalar {
+        match (self, dtype) {
+            (ReduceOp::Sum, dtype) => Scalar::I32(0).cast(dtype),
+            (ReduceOp::Max, DType::F32) => Scalar::F32(f32::NEG_INFINITY),
+            (ReduceOp::Max, DType::I32) => Scalar::I32(i32::MIN),
+            (ReduceOp::Max, DType::U8) => Scalar::U8(0),
+            (ReduceOp::Max, DType::Bool) => Scalar::Bool(false),
+        }
+    }
+
+    /// The result type of reducing `x` over `axes` (sorted, distinct, in
+    /// range; max needs every reduced axis non-empty): `x` with those axes
+    /// kept as size 1.
+    pub fn infer(self, axes: &[usize], x: &TensorType) -> Result<TensorType, Error> {
+        let op = self.name();
+        let shape = &x.shape;
+        check_dtype(op, x.dtype, self.accepts(x.dtype))?;
+        for (i, &axis) in axes.iter().enumerate() {
+            if axis >= shape.rank() {
+                return Err(Error::Axis {
+                    op,
+                    axis: axis as isize,
+                    rank: shape.rank(),
+                });
+            }
+            if i > 0 && axes[i - 1] >= axis {
+                return Err(Error::Axes {
+                    op,
+                    axes: axes.to_vec(),
+                });
+            }
+            if self == ReduceOp::Max && shape.dims()[axis] == 0 {
+                return Err(Error::EmptyReduce {
+                    op,
+                    shape: shape.clone(),
+                    axis,
+                });
+            }
+        }
+        let mut dims = shape.0.clone();
+        for &axis in axes {
+            dims[axis] = 1;
+        }
+        Ok(TensorType::new(x.dtype, Shape(dims)))
+    }
+}
+
+/// The result type of `where(cond, a, b)`: `cond` bool, `a` and `b` of one
+/// dtype, all three of one shape.
+pub fn infer_where(cond: &TensorType, a: &TensorType, b: &TensorType) -> Result<TensorType, Error> {
+    let op = "where";
+    check_dtype(op, cond.dtype, accept(cond.dtype, &[DType::Bool], "bool"))?;
+    if a.dtype != b.dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.dtype,
+            rhs: b.dtype,
+        });
+    }
+    same_shape(op, &cond.shape, &a.shape)?;
+    same_shape(op, &a.shape, &b.shape)?;
+    Ok(a.clone())
+}
+
+/// The result type of `lhs @ rhs`: `[..., m, k] @ [..., k, n] -> [..., m, n]`
+/// over equal batch dims, f32.
+pub fn infer_matmul(lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, Error> {
+    let op = "matmul";
+    if lhs.dtype != rhs.dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: lhs.dtype,
+            rhs: rhs.dtype,
+        });
+    }
+    check_dtype(op, lhs.dtype, accept(lhs.dtype, &[DType::F32], "f32"))?;
+    let (ls, rs) = (lhs.shape.dims(), rhs.shape.dims());
+    let rank = ls.len();
+    if rank < 2
+        || rs.len() != rank
+        || ls[..rank - 2] != rs[..rank - 2]
+        || ls[rank - 1] != rs[rank - 2]
+    {
+        return Err(Error::MatMul {
+            lhs: lhs.shape.clone(),
+            rhs: rhs.shape.clone(),
+        });
+    }
+    let mut dims = lhs.shape.0.clone();
+    dims[rank - 1] = rs[rank - 1];
+    Ok(TensorType::new(lhs.dtype, Shape(dims)))
+}
+
+fn accept(dtype: DType, allowed: &[DType], expected: &'static str) -> Result<(), &'static str> {
+    if allowed.contains(&dtype) {
+        Ok(())
+    } else {
+        Err(expected)
+    }
+}
+
+fn check_dtype(
+    op: &'static str,
+    dtype: DType,
+    accepted: Result<(), &'static str>,
+) -> Result<(), Error> {
+    accepted.map_err(|expected| Error::DType {
+        op,
+        dtype,
+        expected,
+    })
+}
+
+fn same_shape(op: &'static str, lhs: &Shape, rhs: &Shape) -> Result<(), Error> {
+    if lhs == rhs {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch {
+            op,
+            lhs: lhs.clone(),
+            rhs: rhs.clone(),
+        })
+    }
+}
