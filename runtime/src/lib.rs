@@ -8,12 +8,15 @@
 //!   hash, and run in schedule order over an arena sized by the memory plan;
 //! - `cuda`: kernels printed as CUDA C, compiled by NVRTC, with cuBLASLt
 //!   matmuls (the runtime with feature `cuda`);
+//! - `nest`: loop nests, a kernel's space split into rows and an inner loop
+//!   with each access's strides over them, for any backend that emits loops;
 //! - `rows`: which reductions can run row by row, for both backends;
 //! - `eval_reference`: the reference interpreter, for debugging and as the
 //!   oracle of every numeric test.
 
 pub mod cpu;
 pub mod cuda;
+pub(crate) mod nest;
 pub mod rows;
 
 pub use kiln_ir::interp::eval as eval_reference;
