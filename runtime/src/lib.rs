@@ -7,6 +7,8 @@
 //! - `cuda`: kernels printed as CUDA C (always, so that they can be checked
 //!   anywhere), compiled by NVRTC and run with cuBLAS/cuBLASLt matmuls (with
 //!   feature `cuda`);
+//! - `nest`: loop nests, a kernel's space split into rows and an inner loop
+//!   with each access's strides over them, for any backend that emits loops;
 //! - `rows`: which reductions can run row by row, for both backends.
 //!
 //! `unsafe` is confined to where machine code is made and called (the CPU
@@ -16,6 +18,7 @@
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
+pub(crate) mod nest;
 pub mod rows;
 
 pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};

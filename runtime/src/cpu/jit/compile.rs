@@ -1,0 +1,140 @@
+//! Compiling one kernel: the host ISA, a Cranelift JIT module per kernel,
+//! the kernel lowered into it (`lower`) and finalized into a function
+//! pointer, with a matmul's computed operands compiled as kernels of their
+//! own.
+
+#![allow(unsafe_code)]
+
+use std::sync::{Mutex, OnceLock};
+
+use cranelift_codegen::ir::{AbiParam, types};
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module, default_libcall_names};
+use kiln_ir::kernel::{Kernel, KernelKind, Operand};
+use kiln_ir::{DType, TensorType};
+
+use crate::Error;
+use crate::cpu::lower::{self, Launch};
+
+/// A kernel function: buffer table, first and last-plus-one row, and how
+/// many rows ahead it reads a line in advance (see `lower::signature`).
+type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64, i64);
+
+/// `pow` for the generated code, computed as the interpreter defines it.
+extern "C" fn kiln_powf(x: f32, y: f32) -> f32 {
+    (f64::from(x)).powf(f64::from(y)) as f32
+}
+
+/// The host's ISA with kiln's settings, made once.
+fn isa() -> Result<&'static OwnedTargetIsa, Error> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set =
+            |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| e.to_string());
+        set(&mut flags, "opt_level", "speed")?;
+        // cranelift-jit needs non-PIC code and absolute libcalls.
+        set(&mut flags, "is_pic", "false")?;
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        let verify = if cfg!(debug_assertions) {
+            "true"
+        } else {
+            "false"
+        };
+        set(&mut flags, "enable_verifier", verify)?;
+        let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
+        builder
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::Codegen(format!("host ISA: {e}")))
+}
+
+/// A kernel compiled to machine code, with what it takes to call it.
+pub(crate) struct CompiledKernel {
+    /// Owns the code memory `func` points into; never touched again, held
+    /// in a mutex only so the kernel can be shared between threads.
+    _module: Mutex<JITModule>,
+    pub(super) func: KernelFn,
+    pub(super) launch: Launch,
+    pub(super) kernel: Kernel,
+    /// For a matmul, each computed operand's block as an elementwise kernel
+    /// that writes the operand into scratch memory.
+    pub(super) operands: [Option<Box<CompiledKernel>>; 2],
+}
+
+impl CompiledKernel {
+    /// Lowers and compiles `kernel`; `code` receives the Cranelift IR, then
+    /// the machine code, when asked for (`KILN_DUMP=code`).
+    pub(crate) fn new(
+        kernel: &Kernel,
+        mut code: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<CompiledKernel, Error> {
+        let mut operands = [None, None];
+        if let KernelKind::MatMul { a, b } = &kernel.kind {
+            for (slot, side) in operands.iter_mut().zip([a, b]) {
+                if let Operand::Computed { shape, block } = side {
+                    let prologue = Kernel {
+                        inputs: kernel.inputs.clone(),
+                        out: TensorType::new(DType::F32, shape.clone()),
+                        kind: KernelKind::Elementwise,
+                        body: block.clone(),
+                    };
+                    let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
+                    *slot = Some(Box::new(CompiledKernel::new(&prologue, code)?));
+                }
+            }
+        }
+        let isa = isa()?;
+        let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
+        jit.symbol("kiln_powf", kiln_powf as *const u8);
+        let mut module = JITModule::new(jit);
+        let target = module.target_config();
+        let ptr = target.pointer_type();
+        let mut ctx = module.make_context();
+        ctx.func.signature = lower::signature(ptr, target.default_call_conv);
+        let mut pow_sig = module.make_signature();
+        pow_sig
+            .params
+            .extend([AbiParam::new(types::F32), AbiParam::new(types::F32)]);
+        pow_sig.returns.push(AbiParam::new(types::F32));
+        let codegen = |e: cranelift_module::ModuleError| Error::Codegen(e.to_string());
+        let pow_id = module
+            .declare_function("kiln_powf", Linkage::Import, &pow_sig)
+            .map_err(codegen)?;
+        let powf = module.declare_func_in_func(pow_id, &mut ctx.func);
+        let mut fbc = FunctionBuilderContext::new();
+        let launch = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, powf, target);
+        if let Some(code) = code.as_mut() {
+            code(&ctx.func.display().to_string());
+            ctx.set_disasm(true);
+        }
+        let id = module
+            .declare_function("kernel", Linkage::Export, &ctx.func.signature)
+            .map_err(codegen)?;
+        module.define_function(id, &mut ctx).map_err(codegen)?;
+        if let Some(code) = code {
+            // The machine code, as Cranelift emitted it.
+            let asm = ctx.compiled_code().and_then(|c| c.vcode.as_deref());
+            code(asm.unwrap_or_default());
+        }
+        module.clear_context(&mut ctx);
+        module.finalize_definitions().map_err(codegen)?;
+        let code = module.get_finalized_function(id);
+        // SAFETY: `code` is the finalized entry of a function declared with
+        // `lower::signature`, which is `KernelFn`'s ABI; `module` owns the
+        // memory and lives as long as `func` (both in `self`).
+        let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+        Ok(CompiledKernel {
+            _module: Mutex::new(module),
+            func,
+            launch,
+            kernel: kernel.clone(),
+            operands,
+        })
+    }
+}

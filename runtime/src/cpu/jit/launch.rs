@@ -1,0 +1,301 @@
+//! Launching compiled kernels: buffers checked against a kernel's types and
+//! tabled for its code, and the code called over row ranges, split across
+//! threads when the work is large, several kernels of a row group block of
+//! rows by block of rows.
+
+#![allow(unsafe_code)]
+
+use kiln_ir::kernel::KernelKind;
+use kiln_ir::{Data, DataRef};
+use rayon::prelude::*;
+
+use super::CompiledKernel;
+use crate::Error;
+
+/// Work below this many elements runs on the calling thread.
+pub(super) const PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// The bytes of the widest row of a row group that one block of rows
+/// spans: within L1 beside the rows the kernels write.
+const ROW_BLOCK_BYTES: usize = 16 << 10;
+
+impl CompiledKernel {
+    /// Checks the buffers against the kernel's types and makes the table of
+    /// pointers its code is called with.
+    pub(crate) fn bind(
+        &self,
+        inputs: &[&Buffer],
+        out: &mut Buffer,
+        scratch: &mut Buffer,
+    ) -> Result<Bound<'_>, Error> {
+        let k = &self.kernel;
+        if inputs.len() != k.inputs.len() {
+            return Err(Error::Launch(format!(
+                "kernel takes {} buffers, got {}",
+                k.inputs.len(),
+                inputs.len()
+            )));
+        }
+        for (i, (buf, ty)) in inputs.iter().zip(&k.inputs).enumerate() {
+            if buf.bytes < ty.shape.numel() * ty.dtype.size() {
+                return Err(Error::Launch(format!(
+                    "buffer {i} has {} bytes, {ty} needs more",
+                    buf.bytes
+                )));
+            }
+        }
+        if out.bytes < k.out.shape.numel() * k.out.dtype.size() {
+            return Err(Error::Launch(format!(
+                "the output has {} bytes, {} needs more",
+                out.bytes, k.out
+            )));
+        }
+        if scratch.bytes < k.scratch_bytes() {
+            return Err(Error::Launch(format!(
+                "the scratch buffer has {} bytes, the kernel needs {}",
+                scratch.bytes,
+                k.scratch_bytes()
+            )));
+        }
+        let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
+        table.push(out.ptr);
+        Ok(Bound {
+            kernel: self,
+            table: Table(table),
+        })
+    }
+
+    /// Runs the kernel over its whole range: for a matmul, its computed
+    /// operands into `scratch` and the GEMM core first; then the generated
+    /// code, split across threads in row ranges when the work is large.
+    pub(crate) fn run(
+        &self,
+        inputs: &[&Buffer],
+        out: &mut Buffer,
+        scratch: &mut Buffer,
+    ) -> Result<(), Error> {
+        let bound = self.bind(inputs, out, scratch)?;
+        match &self.kernel.kind {
+            KernelKind::MatMul { a, b } => self.run_matmul([a, b], &bound, inputs, out, scratch)?,
+            KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+                run_rows(std::slice::from_ref(&bound))?
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A kernel with the buffers of one launch checked and tabled.
+pub(crate) struct Bound<'k> {
+    kernel: &'k CompiledKernel,
+    pub(super) table: Table,
+}
+
+impl Bound<'_> {
+    /// Runs the code over rows `start..end`, reading `ahead` rows on (any
+    /// count: the code clamps the row it reads into the kernel's rows).
+    ///
+    /// # Safety
+    /// `start..end` lies inside `0..rows` of the kernel's launch, and no
+    /// other thread touches those rows of the output meanwhile.
+    pub(super) unsafe fn call(&self, start: usize, end: usize, ahead: i64) {
+        // SAFETY: `bind` checked that the buffers hold what the kernel's
+        // types need, and the caller keeps the rows inside them.
+        unsafe { (self.kernel.func)(self.table.base(), start as i64, end as i64, ahead) }
+    }
+}
+
+/// Runs the generated code of kernels over the same rows, split across
+/// threads in row ranges when the work is large. Several kernels go block
+/// of rows by block of rows: each kernel over a block, then the next kernel
+/// over it, so that the later kernels find the rows the earlier ones read
+/// still in cache. The caller has established that each kernel reads what
+/// the ones before it wrote only at its own rows (`Executable`'s row groups).
+pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
+    let Some(first) = group.first() else {
+        return Ok(());
+    };
+    let rows = first.kernel.launch.rows;
+    if let Some(b) = group.iter().find(|b| b.kernel.launch.rows != rows) {
+        return Err(Error::Launch(format!(
+            "kernels over {rows} and {} rows cannot run row by row together",
+            b.kernel.launch.rows
+        )));
+    }
+    let widest = group.iter().map(|b| b.kernel.launch.row_len).max();
+    let row_len = widest.unwrap_or(1);
+    let block = match group {
+        [_] => rows.max(1),
+        _ => (ROW_BLOCK_BYTES / (4 * row_len)).max(1),
+    };
+    // The last kernel over a block reads ahead into the next block, which
+    // the first kernel then finds in cache.
+    let ahead = if group.len() > 1 { block as i64 } else { 0 };
+    let call = |&(lo, hi): &(usize, usize)| {
+        for start in (lo..hi).step_by(block) {
+            let end = (start + block).min(hi);
+            for (i, b) in group.iter().enumerate() {
+                let ahead = if i + 1 == group.len() { ahead } else { 0 };
+                // SAFETY: `start..end` lies inside `0..rows`, the range of
+                // every kernel of the group, and a call writes only its own
+                // rows, which no other thread is given.
+                unsafe { b.call(start, end, ahead) }
+            }
+        }
+    };
+    let chunks = row_blocks(rows, row_len * group.len());
+    if chunks.len() == 1 {
+        chunks.iter().for_each(call);
+    } else {
+        chunks.par_iter().with_max_len(1).for_each(call);
+    }
+    Ok(())
+}
+
+/// Splits `rows` of `row_len` elements into contiguous ranges: one when the
+/// work is small, else a few per thread, in whole multiples of 16 rows when
+/// rows are single elements (so vector loops stay aligned to their tails).
+fn row_blocks(rows: usize, row_len: usize) -> Vec<(usize, usize)> {
+    let work = rows.saturating_mul(row_len.max(1));
+    let threads = rayon::current_num_threads();
+    if work < PARALLEL_ELEMENTS || threads == 1 || rows < 2 {
+        return vec![(0, rows)];
+    }
+    let pieces = (threads * 2).min(rows);
+    let align = if row_len == 1 { 16 } else { 1 };
+    let step = rows.div_ceil(pieces).div_ceil(align) * align;
+    (0..rows)
+        .step_by(step)
+        .map(|lo| (lo, (lo + step).min(rows)))
+        .collect()
+}
+
+/// The buffer table handed to generated code.
+pub(super) struct Table(Vec<*mut u8>);
+
+// SAFETY: the table is read-only while kernels run; the pointers it holds are
+// written only by calls that own disjoint row ranges (see `run`).
+unsafe impl Sync for Table {}
+
+impl Table {
+    fn base(&self) -> *const *mut u8 {
+        self.0.as_ptr()
+    }
+
+    /// The output buffer, last in the table.
+    pub(super) fn out(&self) -> *mut u8 {
+        self.0[self.0.len() - 1]
+    }
+}
+
+/// A buffer for one kernel call: where it is and how many bytes it holds.
+/// Made only from live Rust storage, and used only while that is borrowed.
+pub(crate) struct Buffer {
+    pub(super) ptr: *mut u8,
+    pub(super) bytes: usize,
+}
+
+impl Buffer {
+    /// A buffer the kernel reads. Generated code never writes through it.
+    pub(crate) fn input(data: DataRef<'_>) -> Buffer {
+        let (ptr, bytes) = match data {
+            DataRef::F32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            DataRef::I32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            DataRef::U8(v) => (v.as_ptr() as *mut u8, v.len()),
+            DataRef::Bool(v) => (v.as_ptr() as *mut u8, v.len()),
+        };
+        Buffer { ptr, bytes }
+    }
+
+    /// A buffer the kernel writes: a graph output.
+    pub(crate) fn output(data: &mut Data) -> Buffer {
+        let (ptr, bytes) = match data {
+            Data::F32(v) => (v.as_mut_ptr() as *mut u8, v.len() * 4),
+            Data::I32(v) => (v.as_mut_ptr() as *mut u8, v.len() * 4),
+            Data::U8(v) => (v.as_mut_ptr(), v.len()),
+            // `bool` is one byte holding 0 or 1, which is all generated code stores.
+            Data::Bool(v) => (v.as_mut_ptr() as *mut u8, v.len()),
+        };
+        Buffer { ptr, bytes }
+    }
+
+    /// An arena slot, read or written.
+    pub(crate) fn slot(words: &mut [u32]) -> Buffer {
+        Buffer {
+            ptr: words.as_mut_ptr() as *mut u8,
+            bytes: words.len() * 4,
+        }
+    }
+
+    /// No memory: the scratch of a kernel that needs none.
+    pub(crate) fn empty() -> Buffer {
+        Buffer {
+            ptr: std::ptr::NonNull::<u32>::dangling().as_ptr() as *mut u8,
+            bytes: 0,
+        }
+    }
+
+    /// `bytes` bytes from byte `at`, clamped to this buffer: callers check
+    /// the length of what they get.
+    pub(super) fn part(&self, at: usize, bytes: usize) -> Buffer {
+        let at = at.min(self.bytes);
+        Buffer {
+            ptr: self.ptr.wrapping_add(at),
+            bytes: bytes.min(self.bytes - at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::pass::{Options, optimize};
+    use kiln_ir::{DType, Data, Graph, Op, ReduceOp, Shape, TensorType, UnaryOp};
+    use smallvec::smallvec;
+
+    #[test]
+    fn reading_ahead_stays_inside_the_rows_whatever_the_count() {
+        // A sum of exponentials over rows long enough for the vector loop,
+        // whose reads ahead would land far outside `x` unclamped.
+        let (rows, len) = (7, 50);
+        let mut g = Graph::new("g");
+        let x = g.input(TensorType::new(DType::F32, Shape::new(&[rows, len])));
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let reduce = Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: smallvec![1],
+        };
+        let s = g.push(reduce, &[e]).unwrap();
+        g.outputs.push(s);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let launch = &optimized.schedule.launches[0];
+        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            panic!("the launch is a kernel")
+        };
+        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let input: Vec<f32> = (0..rows * len).map(|i| (i % 11) as f32 / 4.0).collect();
+        let sums = |ahead: i64| {
+            let mut out = Data::zeros(DType::F32, rows);
+            let x = Buffer::input(DataRef::F32(&input));
+            let bound = kernel
+                .bind(&[&x], &mut Buffer::output(&mut out), &mut Buffer::empty())
+                .unwrap();
+            // SAFETY: the rows are the kernel's own, on this thread alone.
+            unsafe { bound.call(0, rows, ahead) };
+            out
+        };
+        let want = sums(0);
+        for ahead in [
+            1,
+            3,
+            rows as i64,
+            1 << 40,
+            i64::MAX,
+            -1,
+            -(1 << 40),
+            i64::MIN,
+        ] {
+            assert_eq!(sums(ahead), want, "ahead {ahead}");
+        }
+    }
+}

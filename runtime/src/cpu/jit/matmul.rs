@@ -1,0 +1,227 @@
+//! The matmul driver: a matmul kernel's computed operands run into scratch,
+//! its operands as strided matrices, and the product by the GEMM core (kiln's
+//! AVX-512 kernels for large products where the machine has them, else the
+//! `gemm` crate), with the epilogue run over each block of rows as it is
+//! done.
+
+#![allow(unsafe_code)]
+
+use kiln_ir::DType;
+use kiln_ir::kernel::Operand;
+use kiln_ir::view::View;
+
+use super::CompiledKernel;
+use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
+use crate::Error;
+
+impl CompiledKernel {
+    /// Runs a matmul kernel over its launch's buffers (`bound`): its
+    /// computed operands into `scratch`, the GEMM core, then the epilogue.
+    pub(super) fn run_matmul(
+        &self,
+        [a, b]: [&Operand; 2],
+        bound: &Bound<'_>,
+        inputs: &[&Buffer],
+        out: &Buffer,
+        scratch: &Buffer,
+    ) -> Result<(), Error> {
+        let (k, table) = (&self.kernel, &bound.table);
+        // Computed operands lie one after the other in scratch.
+        let mut parts = Vec::with_capacity(2);
+        let mut at = 0;
+        for (side, prologue) in [a, b].into_iter().zip(&self.operands) {
+            parts.push(match (side, prologue) {
+                (Operand::Read { input, view }, _) => Strided::new(view, inputs[*input as usize]),
+                (Operand::Computed { shape, .. }, Some(prologue)) => {
+                    let bytes = shape.numel() * DType::F32.size();
+                    let mut part = scratch.part(at, bytes);
+                    at += bytes;
+                    prologue.run(inputs, &mut part, &mut Buffer::empty())?;
+                    Strided::new(&View::contiguous(shape), &part)
+                }
+                (Operand::Computed { .. }, None) => {
+                    return Err(Error::Launch(
+                        "a computed operand was not compiled".to_string(),
+                    ));
+                }
+            });
+        }
+        let (b, a) = (parts.pop(), parts.pop());
+        let (Some(a), Some(b)) = (a, b) else {
+            return Err(Error::Launch("a matmul has two operands".to_string()));
+        };
+        // Only an epilogue that does more than copy the product needs a
+        // pass: over each block of rows as the GEMM core finishes it,
+        // or over the whole product after.
+        let epilogue = k.body.values.len() > 1;
+        let (batches, m, n) = (a.batches(), a.rows, b.cols);
+        if a.cols != b.rows || batches * m * n > out.bytes / 4 {
+            return Err(Error::Launch(format!(
+                "a product of {batches} x [{m}, {}] @ [{}, {n}] does not fit {} output bytes",
+                a.cols, b.rows, out.bytes
+            )));
+        }
+        // The GEMM core splits its own work across threads (it packs the
+        // operands once for all of them); the epilogue then sweeps the
+        // output in row ranges.
+        let work = batches * m * n * a.cols.max(1);
+        let threads = if work < PARALLEL_ELEMENTS * 64 {
+            1
+        } else {
+            rayon::current_num_threads()
+        };
+        let mut pending = epilogue;
+        for batch in 0..batches {
+            let rows = |r0: usize, r1: usize| {
+                if epilogue {
+                    // SAFETY: the product's rows `r0..r1` of this batch
+                    // are rows of the epilogue's launch, finished and
+                    // touched by no other thread meanwhile.
+                    unsafe { bound.call(batch * m + r0, batch * m + r1, 0) }
+                }
+            };
+            // SAFETY: `a` and `b` read inside buffers whose lengths were
+            // checked against views the verifier bounded; the output holds
+            // every row of every batch (checked above).
+            pending &= !unsafe { gemm_block(&a, &b, table.out(), batch, threads, &rows) };
+        }
+        if pending {
+            run_rows(std::slice::from_ref(bound))?;
+        }
+        Ok(())
+    }
+}
+
+/// A matmul operand as the GEMM core takes it: element strides in place of
+/// a view.
+struct Strided {
+    ptr: *const f32,
+    offset: isize,
+    batch: Vec<(usize, isize)>,
+    rows: usize,
+    cols: usize,
+    row_stride: isize,
+    col_stride: isize,
+}
+
+// SAFETY: an operand is only read, and only while the buffers of the launch
+// that made it are borrowed by `run`.
+unsafe impl Sync for Strided {}
+
+impl Strided {
+    fn new(view: &View, buf: &Buffer) -> Strided {
+        let dims = view.shape.dims();
+        let r = dims.len();
+        Strided {
+            ptr: buf.ptr as *const f32,
+            offset: view.offset,
+            batch: dims[..r - 2]
+                .iter()
+                .zip(&view.strides)
+                .map(|(&d, &s)| (d, s as isize))
+                .collect(),
+            rows: dims[r - 2],
+            cols: dims[r - 1],
+            row_stride: view.strides[r - 2] as isize,
+            col_stride: view.strides[r - 1] as isize,
+        }
+    }
+
+    fn batches(&self) -> usize {
+        self.batch.iter().map(|b| b.0).product()
+    }
+
+    /// The element offset of batch `index`.
+    fn batch_offset(&self, mut index: usize) -> isize {
+        let mut offset = self.offset;
+        for &(dim, stride) in self.batch.iter().rev() {
+            offset += (index % dim) as isize * stride;
+            index /= dim;
+        }
+        offset
+    }
+}
+
+/// Products of at least this many multiply-adds run on kiln's AVX-512
+/// kernels where the machine has them. Paired runs on two threads against
+/// the `gemm` crate's 256-bit kernels: 2048^3 143-172 against 253-312 ms,
+/// 256^3 0.42-0.47 against 0.54-0.60 ms, 64x784x256 0.44-0.46 against
+/// 0.50-0.53 ms. Below, packing into panels costs more than the wider FMAs
+/// save: 128^3 82-85 against 69-76 us, 64^3 14-20 against 9-15 us.
+#[cfg(target_arch = "x86_64")]
+const AVX512_GEMM_WORK: usize = 1 << 23;
+
+/// `out[batch] = a[batch] @ b[batch]`, on `threads` threads: by
+/// kiln's AVX-512 kernels for large products where the machine has AVX-512,
+/// which call `finish(r0, r1)` on each block of rows as it is done (the
+/// result is then true), else by the `gemm` crate's runtime-dispatched
+/// microkernels.
+///
+/// # Safety
+/// `a` and `b` must read inside live buffers for every row and batch, and
+/// `out` must hold `batches * a.rows * b.cols` f32 that no one else writes in
+/// those rows.
+unsafe fn gemm_block(
+    a: &Strided,
+    b: &Strided,
+    out: *mut u8,
+    batch: usize,
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> bool {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if m == 0 || n == 0 {
+        return false;
+    }
+    let out = out as *mut f32;
+    // An operand with no elements (k == 0) may have any offset, even one
+    // before its buffer (a padded empty view): its address is formed without
+    // the in-bounds promise of `offset`, and the GEMM reads nothing through it.
+    let lhs = a.ptr.wrapping_offset(a.batch_offset(batch));
+    let rhs = b.ptr.wrapping_offset(b.batch_offset(batch));
+    // SAFETY: the caller guarantees that the output rows and, when k > 0,
+    // every operand element the GEMM reads lie inside their buffers.
+    unsafe {
+        let dst = out.add(batch * m * n);
+        #[cfg(target_arch = "x86_64")]
+        if m * n * k >= AVX512_GEMM_WORK && crate::cpu::sgemm::available() {
+            let operand = |ptr, s: &Strided| crate::cpu::sgemm::Operand {
+                ptr,
+                rows: s.row_stride,
+                cols: s.col_stride,
+            };
+            let c = std::slice::from_raw_parts_mut(dst, m * n);
+            let (lhs, rhs) = (operand(lhs, a), operand(rhs, b));
+            crate::cpu::sgemm::sgemm(m, n, k, lhs, rhs, c, threads, finish);
+            return true;
+        }
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            n as isize,
+            false,
+            lhs,
+            a.col_stride,
+            a.row_stride,
+            rhs,
+            b.col_stride,
+            b.row_stride,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            },
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = finish;
+    false
+}

@@ -1,0 +1,23 @@
+//! Machine code made and called: the one part of the CPU backend with
+//! `unsafe` besides the AVX-512 GEMM kernels (`sgemm`). It owns the JIT code
+//! memory, turns it into function pointers, hands raw buffer pointers to
+//! generated code and to the GEMM core, and calls them.
+//!
+//! Every call is made safe by checks first: buffer lengths against the
+//! types the kernel was compiled for, row ranges against the kernel's own
+//! range. The generated code reads and writes only through the kernel's
+//! index maps, which the verifier has proved stay inside buffers of those
+//! types, and writes only the rows it is given.
+//!
+//! - `compile`: a kernel lowered and compiled into a function pointer;
+//! - `launch`: buffers checked and tabled, and the code called over row
+//!   ranges, across threads, row group by row group;
+//! - `matmul`: a matmul's operands, the GEMM call, and its epilogue over the
+//!   product's rows.
+
+mod compile;
+mod launch;
+mod matmul;
+
+pub(crate) use compile::CompiledKernel;
+pub(crate) use launch::{Buffer, run_rows};

@@ -1,0 +1,271 @@
+//! Lowering of one kernel to a Cranelift function: the entry point, which
+//! arranges the kernel's reads and write into loop nests and picks how each
+//! block runs.
+//!
+//! Every kernel becomes `fn(buffers: *const *mut u8, start: i64, end: i64)`:
+//! `buffers` holds the input pointers then the output pointer, and the
+//! function computes the rows `start..end` of its loop nest (`crate::nest`),
+//! so that threads can split a launch into disjoint row ranges. A contiguous
+//! elementwise kernel is one flat loop whose `start..end` are element
+//! indices. Per row each read's base offset is computed once from the row's
+//! coordinates. Padded reads clamp their coordinates into the valid range
+//! (so the address is always inside the buffer) and select the fill value
+//! outside it.
+//!
+//! The inner loop runs in f32x4 with a scalar tail when the block is pure
+//! f32 arithmetic and every read is contiguous or constant along it; reads
+//! constant along the inner loop are loaded once per row. A reduction over
+//! short rows runs four rows at once instead, one per lane. Everything else
+//! runs one element at a time, with the exact scalar semantics of the
+//! interpreter.
+//!
+//! - `emit`: the emitter, its loops, addresses, loads and stores, and the
+//!   evaluation of a block at an inner index;
+//! - `ops`: one value of a block, a cast or a reduction's combine;
+//! - `elementwise`: elementwise kernels and matmul epilogues;
+//! - `reduce`: reductions, by rows, four short rows at once, or by columns.
+
+mod elementwise;
+mod emit;
+mod ops;
+mod reduce;
+
+use cranelift_codegen::ir::{
+    AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, Value, types,
+};
+use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind};
+use kiln_ir::view::View;
+use kiln_ir::{BinaryOp, DType, Scalar};
+
+use crate::nest::{Access, loads, nest};
+use emit::Emitter;
+
+/// How a lowered kernel is driven: the range of `start..end` and what one
+/// unit of it costs, for splitting across threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    /// `end` of a whole launch (`start` is 0).
+    pub rows: usize,
+    /// Elements computed per unit of the range.
+    pub row_len: usize,
+}
+
+/// The signature every kernel function has: the buffer table, the first
+/// and last-plus-one row, and `ahead`, a count of rows: a reduction's vector
+/// loop over a row reads one line per trip of the row that far ahead (0:
+/// the same row again), so that in a row group (`jit::run_rows`) the next
+/// block's rows arrive in cache while this block computes. Cranelift has no
+/// prefetch instruction; a load whose value goes unused does the same.
+pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    sig
+}
+
+/// Vectors per trip of an unrolled loop: enough independent work to keep the
+/// load and FMA units busy.
+const UNROLL: usize = 4;
+
+/// Emits the kernel into `func` and says how to launch it.
+pub(crate) fn lower(
+    kernel: &Kernel,
+    func: &mut Function,
+    fbc: &mut FunctionBuilderContext,
+    ptr: Type,
+    powf: FuncRef,
+    target: TargetFrontendConfig,
+) -> Launch {
+    let mut b = FunctionBuilder::new(func, fbc);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let params = b.block_params(entry);
+    let (table, start, end, ahead) = (params[0], params[1], params[2], params[3]);
+    let buffers = kernel.inputs.len() + 1;
+    let ptrs: Vec<Value> = (0..buffers)
+        .map(|i| {
+            b.ins().load(
+                ptr,
+                MemFlagsData::trusted(),
+                table,
+                (i * ptr.bytes() as usize) as i32,
+            )
+        })
+        .collect();
+    let out_buffer = kernel.inputs.len();
+    let space = &kernel.out.shape;
+    let mut e = Emitter {
+        b,
+        ptrs,
+        powf,
+        out_dtype: kernel.out.dtype,
+        row_lanes: false,
+        store_prologue: false,
+        ahead,
+    };
+    let launch = match &kernel.kind {
+        KernelKind::Elementwise | KernelKind::MatMul { .. } => {
+            let identity: Vec<usize> = (0..space.rank()).collect();
+            let out_view = View::contiguous(space);
+            let mut views = loads(&kernel.body);
+            views.push((out_buffer, &out_view));
+            // A matmul's product is already in the output and its epilogue reads
+            // it in place, a row of the output's last axis per unit, so that it
+            // can follow the GEMM's row blocks.
+            let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
+            let split = acc.then(|| space.rank().saturating_sub(1));
+            let nest = nest(space, &identity, split, &views);
+            e.elementwise(&kernel.body, &nest, acc, start, end)
+        }
+        KernelKind::Reduce {
+            op,
+            axes,
+            shape,
+            prologue,
+        } => {
+            let kept: Vec<usize> = (0..shape.rank()).filter(|a| !axes.contains(a)).collect();
+            let order: Vec<usize> = kept.iter().chain(axes.iter()).copied().collect();
+            let pro = nest(shape, &order, Some(kept.len()), &loads(prologue));
+            let broadcast = space == shape;
+            let out_view = View::contiguous(space);
+            // Over the whole space, an epilogue value equal to the prologue's
+            // (softmax's `exp(x - max)`) is stored by the prologue pass and read
+            // back from the output row, still in cache, instead of recomputed.
+            let mut reuse = if broadcast {
+                recomputed(prologue, &kernel.body)
+            } else {
+                None
+            };
+            // Four prologue lanes are stored as one vector: only into a contiguous row.
+            if reuse.is_some() {
+                let out_nest = nest(space, &order, Some(kept.len()), &[(out_buffer, &out_view)]);
+                if vectorizable(prologue, &pro.accesses, None)
+                    && !out_nest.accesses[0].unit_stride()
+                {
+                    reuse = None;
+                }
+            }
+            let body = match reuse {
+                Some(i) => {
+                    let mut body = kernel.body.clone();
+                    body.values[i].expr = Expr::Load {
+                        input: out_buffer as u32,
+                        view: out_view.clone(),
+                    };
+                    drop_dead_loads(&mut body);
+                    body
+                }
+                None => kernel.body.clone(),
+            };
+            let mut views = loads(&body);
+            views.push((out_buffer, &out_view));
+            let epilogue = if broadcast {
+                nest(space, &order, Some(kept.len()), &views)
+            } else {
+                let all: Vec<usize> = (0..space.rank()).collect();
+                nest(space, &all, Some(space.rank()), &views)
+            };
+            e.store_prologue = reuse.is_some();
+            e.reduce(*op, prologue, &pro, &body, &epilogue, broadcast, start, end)
+        }
+    };
+    e.b.ins().return_(&[]);
+    e.b.seal_all_blocks();
+    e.b.finalize(target);
+    launch
+}
+
+/// Makes the loads that `block`'s result does not depend on constants: a
+/// load is an instruction Cranelift keeps even when its value is unused.
+fn drop_dead_loads(block: &mut Block) {
+    let mut live = vec![false; block.values.len()];
+    if let Some(last) = live.last_mut() {
+        *last = true;
+    }
+    for i in (0..block.values.len()).rev() {
+        if live[i] {
+            for x in block.values[i].expr.operands() {
+                live[x as usize] = true;
+            }
+        }
+    }
+    for (v, live) in block.values.iter_mut().zip(live) {
+        if !live && matches!(v.expr, Expr::Load { .. }) {
+            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
+        }
+    }
+}
+
+/// The position of a value of `body` that computes exactly the prologue's
+/// result (same ops on the same loads), if it is an f32 like the output.
+fn recomputed(prologue: &Block, body: &Block) -> Option<usize> {
+    fn same(p: &Block, i: u32, b: &Block, j: u32) -> bool {
+        let (x, y) = (&p.values[i as usize], &b.values[j as usize]);
+        let operands_same = || {
+            let (xo, yo) = (x.expr.operands(), y.expr.operands());
+            xo.len() == yo.len() && xo.iter().zip(&yo).all(|(&a, &c)| same(p, a, b, c))
+        };
+        x.dtype == y.dtype
+            && match (&x.expr, &y.expr) {
+                (Expr::Load { .. }, Expr::Load { .. }) | (Expr::Const(_), Expr::Const(_)) => {
+                    x.expr == y.expr
+                }
+                (Expr::Unary(a, _), Expr::Unary(c, _)) => a == c && operands_same(),
+                (Expr::Binary(a, _, _), Expr::Binary(c, _, _)) => a == c && operands_same(),
+                (Expr::Where(..), Expr::Where(..)) | (Expr::Cast(_), Expr::Cast(_)) => {
+                    operands_same()
+                }
+                _ => false,
+            }
+    }
+    let last = prologue.values.len().checked_sub(1)? as u32;
+    if prologue.values[last as usize].dtype != DType::F32 || body.dtype() != Some(DType::F32) {
+        return None;
+    }
+    // Worth it only for a computed value, not a plain load.
+    if matches!(
+        prologue.values[last as usize].expr,
+        Expr::Load { .. } | Expr::Const(_)
+    ) {
+        return None;
+    }
+    (0..body.values.len() as u32)
+        .find(|&j| same(prologue, last, body, j))
+        .map(|j| j as usize)
+}
+
+fn clif_type(dtype: DType) -> Type {
+    match dtype {
+        DType::F32 => types::F32,
+        DType::I32 => types::I32,
+        DType::U8 | DType::Bool => types::I8,
+    }
+}
+
+/// Whether `block` can run four lanes at a time: f32 arithmetic only, with
+/// reads contiguous or constant along the inner loop.
+fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
+    let reads_ok = accesses
+        .iter()
+        .all(|a| a.row_invariant() || a.unit_stride());
+    f32_arithmetic(block) && reads_ok && out.is_none_or(Access::unit_stride)
+}
+
+/// Whether every value of `block` is f32 arithmetic that has a vector form.
+fn f32_arithmetic(block: &Block) -> bool {
+    block.values.iter().all(|v| {
+        v.dtype == DType::F32
+            && match &v.expr {
+                Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
+                Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
+                Expr::Where(..) | Expr::Cast(_) => false,
+            }
+    })
+}

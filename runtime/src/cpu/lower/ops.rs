@@ -1,0 +1,167 @@
+//! One value of a block from its operands' values, in f32, f32x4 or the
+//! integer types, with the interpreter's semantics: unary and binary ops,
+//! casts, and the combine of a reduction.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
+
+use super::emit::Emitter;
+use crate::cpu::math::{Math, int_cc};
+
+impl<'a> Emitter<'a> {
+    /// Value `i` of `block` (a constant or an op) from its operands' values.
+    pub(super) fn op(&mut self, block: &Block, i: usize, args: &[Value], lanes: bool) -> Value {
+        let v = &block.values[i];
+        let operand_dtype = |k: usize| block.values[v.expr.operands()[k] as usize].dtype;
+        match (&v.expr, args) {
+            (Expr::Const(c), _) => {
+                let s = self.scalar_const(*c);
+                if lanes {
+                    self.b.ins().splat(types::F32X4, s)
+                } else {
+                    s
+                }
+            }
+            (Expr::Unary(op, _), &[a]) => self.unary(*op, v.dtype, a, lanes),
+            (Expr::Binary(op, _, _), &[a, b]) => self.binary(*op, operand_dtype(0), a, b),
+            (Expr::Where(..), &[c, a, b]) => self.b.ins().select(c, a, b),
+            (Expr::Cast(_), &[a]) => self.cast(a, operand_dtype(0), v.dtype),
+            // Loads and `acc` are not ops; the verifier fixes every arity.
+            _ => args
+                .first()
+                .copied()
+                .unwrap_or_else(|| self.scalar_const(Scalar::F32(f32::NAN))),
+        }
+    }
+
+    pub(super) fn math(&mut self, lanes: bool) -> Math<'_, 'a> {
+        Math {
+            b: &mut self.b,
+            ty: if lanes { types::F32X4 } else { types::F32 },
+        }
+    }
+
+    /// Math in the type of `x` (f32 or f32x4).
+    fn math_of(&mut self, x: Value) -> Math<'_, 'a> {
+        let ty = self.b.func.dfg.value_type(x);
+        Math { b: &mut self.b, ty }
+    }
+
+    fn unary(&mut self, op: UnaryOp, dtype: DType, x: Value, lanes: bool) -> Value {
+        if dtype != DType::F32 {
+            // Typing admits neg, abs and relu on i32 only.
+            return match op {
+                UnaryOp::Neg => self.b.ins().ineg(x),
+                UnaryOp::Abs => self.b.ins().iabs(x),
+                _ => {
+                    let zero = self.b.ins().iconst(types::I32, 0);
+                    self.b.ins().smax(x, zero)
+                }
+            };
+        }
+        match op {
+            UnaryOp::Neg => self.math(lanes).neg(x),
+            UnaryOp::Abs => self.math(lanes).abs(x),
+            UnaryOp::Sqrt => self.b.ins().sqrt(x),
+            UnaryOp::Recip => {
+                let one = self.math(lanes).f(1.0);
+                self.b.ins().fdiv(one, x)
+            }
+            UnaryOp::Relu => self.math(lanes).relu(x),
+            UnaryOp::Exp => self.math(lanes).exp(x),
+            UnaryOp::Log => self.math(lanes).log(x),
+            UnaryOp::Tanh => self.math(lanes).tanh(x),
+            UnaryOp::Sigmoid => self.math(lanes).sigmoid(x),
+        }
+    }
+
+    /// `dtype` is the operands' type.
+    fn binary(&mut self, op: BinaryOp, dtype: DType, x: Value, y: Value) -> Value {
+        let ins = self.b.ins();
+        match dtype {
+            DType::F32 => match op {
+                BinaryOp::Add => ins.fadd(x, y),
+                BinaryOp::Sub => ins.fsub(x, y),
+                BinaryOp::Mul => ins.fmul(x, y),
+                BinaryOp::Div => ins.fdiv(x, y),
+                BinaryOp::Max => self.math_of(x).maximum(x, y),
+                BinaryOp::Min => self.math_of(x).minimum(x, y),
+                BinaryOp::Pow => {
+                    let call = self.b.ins().call(self.powf, &[x, y]);
+                    self.b.inst_results(call)[0]
+                }
+                BinaryOp::Lt => ins.fcmp(FloatCC::LessThan, x, y),
+                BinaryOp::Le => ins.fcmp(FloatCC::LessThanOrEqual, x, y),
+                BinaryOp::Gt => ins.fcmp(FloatCC::GreaterThan, x, y),
+                BinaryOp::Ge => ins.fcmp(FloatCC::GreaterThanOrEqual, x, y),
+                BinaryOp::Eq => ins.fcmp(FloatCC::Equal, x, y),
+                BinaryOp::Ne => ins.fcmp(FloatCC::NotEqual, x, y),
+            },
+            DType::I32 | DType::U8 | DType::Bool => {
+                let signed = dtype == DType::I32;
+                match op {
+                    BinaryOp::Add => ins.iadd(x, y),
+                    BinaryOp::Sub => ins.isub(x, y),
+                    BinaryOp::Mul => ins.imul(x, y),
+                    BinaryOp::Max if signed => ins.smax(x, y),
+                    BinaryOp::Max => ins.umax(x, y),
+                    BinaryOp::Min if signed => ins.smin(x, y),
+                    BinaryOp::Min => ins.umin(x, y),
+                    BinaryOp::Lt => ins.icmp(int_cc(true, false, signed), x, y),
+                    BinaryOp::Le => ins.icmp(int_cc(true, true, signed), x, y),
+                    BinaryOp::Gt => ins.icmp(int_cc(false, false, signed), x, y),
+                    BinaryOp::Ge => ins.icmp(int_cc(false, true, signed), x, y),
+                    BinaryOp::Eq => ins.icmp(IntCC::Equal, x, y),
+                    BinaryOp::Ne => ins.icmp(IntCC::NotEqual, x, y),
+                    // Typing admits div and pow on f32 only.
+                    BinaryOp::Div | BinaryOp::Pow => x,
+                }
+            }
+        }
+    }
+
+    /// `Scalar::cast` semantics: float to int truncates and saturates (NaN
+    /// to 0), int to narrower wraps, anything to bool is `!= 0`.
+    fn cast(&mut self, x: Value, from: DType, to: DType) -> Value {
+        let ins = self.b.ins();
+        match (from, to) {
+            (a, b) if a == b => x,
+            (DType::F32, DType::I32) => ins.fcvt_to_sint_sat(types::I32, x),
+            (DType::F32, DType::U8) => {
+                let i = ins.fcvt_to_sint_sat(types::I32, x);
+                let zero = self.b.ins().iconst(types::I32, 0);
+                let max = self.b.ins().iconst(types::I32, 255);
+                let i = self.b.ins().smax(i, zero);
+                let i = self.b.ins().smin(i, max);
+                self.b.ins().ireduce(types::I8, i)
+            }
+            (DType::F32, DType::Bool) => {
+                let zero = ins.f32const(0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+            }
+            (DType::I32, DType::F32) => ins.fcvt_from_sint(types::F32, x),
+            (DType::U8 | DType::Bool, DType::F32) => {
+                let i = ins.uextend(types::I32, x);
+                self.b.ins().fcvt_from_sint(types::F32, i)
+            }
+            (DType::I32, DType::U8) => ins.ireduce(types::I8, x),
+            (DType::U8 | DType::Bool, DType::I32) => ins.uextend(types::I32, x),
+            (DType::I32 | DType::U8, DType::Bool) => ins.icmp_imm_s(IntCC::NotEqual, x, 0),
+            // bool -> u8: the same 0/1 byte.
+            (DType::Bool, DType::U8) => x,
+            (_, _) => x,
+        }
+    }
+
+    pub(super) fn combine(&mut self, op: ReduceOp, dtype: DType, a: Value, x: Value) -> Value {
+        match (op, dtype) {
+            (ReduceOp::Sum, DType::F32) => self.b.ins().fadd(a, x),
+            (ReduceOp::Sum, _) => self.b.ins().iadd(a, x),
+            (ReduceOp::Max, DType::F32) => self.math_of(a).maximum(a, x),
+            (ReduceOp::Max, DType::I32) => self.b.ins().smax(a, x),
+            (ReduceOp::Max, _) => self.b.ins().umax(a, x),
+        }
+    }
+}

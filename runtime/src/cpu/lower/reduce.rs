@@ -1,0 +1,544 @@
+//! The loops of a reduction: per row, the prologue combined over the inner
+//! loop (in f32x4 with several accumulators where it can), then the
+//! epilogue once or over the row again; four short rows at once, one per
+//! lane; or, for a sum over a leading axis, blocks of output rows
+//! accumulated in place while the reduced axis is walked in memory order.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
+use cranelift_frontend::Variable;
+use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::{DType, ReduceOp};
+
+use super::emit::{Emitter, Placed, RowBase, Rows};
+use super::{Launch, UNROLL, clif_type, f32_arithmetic, vectorizable};
+use crate::nest::Nest;
+
+/// Output rows accumulated together by a sum over a leading axis: 16 KiB of
+/// f32, which stay in L1 while the reduced axis is walked, and read as 16 KiB
+/// contiguous runs of each input row (4 KiB runs measured 14% slower: every
+/// run a new page, which prefetchers do not cross).
+const COLUMN_BLOCK: i64 = 4096;
+
+/// Rows of a reduction up to this long run four at a time, one per lane:
+/// along such a row there is too little for vectors to do, and each row's
+/// chain of reduction, horizontal sum and epilogue would wait on the last.
+const SHORT_ROW: usize = 15;
+
+impl<'a> Emitter<'a> {
+    /// A reduction: per row, the prologue combined over the inner loop, then
+    /// the epilogue once (reduced output) or over the row again (broadcast).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduce(
+        &mut self,
+        op: ReduceOp,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        broadcast: bool,
+        start: Value,
+        end: Value,
+    ) -> Launch {
+        let dtype = prologue.dtype().unwrap_or(DType::F32);
+        let inner_len: usize = pro.inner.iter().product();
+        // Four rows at once, one per lane, when the prologue cannot run four
+        // inner elements at once but steps through rows contiguously (a sum
+        // over a leading axis) and the epilogue reads nothing.
+        let row_lanes = !broadcast
+            && !vectorizable(prologue, &pro.accesses, None)
+            && f32_arithmetic(prologue)
+            && f32_arithmetic(body)
+            && !body
+                .values
+                .iter()
+                .any(|v| matches!(v.expr, Expr::Load { .. }))
+            && !pro.accesses.is_empty()
+            && pro.accesses.iter().all(|a| {
+                a.fill.is_none()
+                    && a.outer
+                        .last()
+                        .is_some_and(|o| o.stride == 0 || o.stride == 1)
+            });
+        let short_rows = !row_lanes
+            && !self.store_prologue
+            && (2..=SHORT_ROW).contains(&inner_len)
+            && pro.rows >= 4
+            && f32_arithmetic(prologue)
+            && f32_arithmetic(body)
+            && pro
+                .accesses
+                .iter()
+                .chain(&epi.accesses)
+                .all(|a| a.fill.is_none());
+        let header = self.b.create_block();
+        let exit = self.b.create_block();
+        let one_row = self.b.create_block();
+        self.b.append_block_param(header, types::I64);
+        self.b.ins().jump(header, &[start.into()]);
+        self.b.switch_to_block(header);
+        let row = self.b.block_params(header)[0];
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, row, end);
+        let next = self.b.create_block();
+        self.b.ins().brif(more, next, &[], exit, &[]);
+        self.b.switch_to_block(next);
+        if row_lanes {
+            // A block of rows stays inside one run of the innermost row axis,
+            // where neighbouring rows are neighbours in memory.
+            let last = pro.accesses[0].outer.last().map_or(1, |o| o.dim) as i64;
+            let within = self.b.ins().urem_imm_s(row, last);
+            let run_end = self.b.ins().isub(row, within);
+            let run_end = self.b.ins().iadd_imm_s(run_end, last);
+            let block_end = self.b.ins().iadd_imm_s(row, COLUMN_BLOCK);
+            let block_end = self.b.ins().smin(block_end, run_end);
+            let block_end = self.b.ins().smin(block_end, end);
+            self.reduce_column_block(op, prologue, pro, body, epi, row, block_end, inner_len);
+            self.b.ins().jump(header, &[block_end.into()]);
+        } else if short_rows {
+            let four = self.b.create_block();
+            let last = self.b.ins().iadd_imm_s(row, 4);
+            let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
+            self.b.ins().brif(fits, four, &[], one_row, &[]);
+            self.b.switch_to_block(four);
+            self.reduce_four_short_rows(op, prologue, pro, body, epi, broadcast, row, inner_len);
+            self.b.ins().jump(header, &[last.into()]);
+        } else {
+            self.b.ins().jump(one_row, &[]);
+        }
+        self.b.switch_to_block(one_row);
+        self.reduce_row(
+            op, dtype, prologue, pro, body, epi, broadcast, row, inner_len,
+        );
+        let following = self.b.ins().iadd_imm_s(row, 1);
+        self.b.ins().jump(header, &[following.into()]);
+        self.b.switch_to_block(exit);
+        Launch {
+            rows: pro.rows,
+            row_len: inner_len.max(1),
+        }
+    }
+
+    /// One row of a reduction: the prologue combined over the inner loop
+    /// (four inner elements per lane group when it can), then the epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_row(
+        &mut self,
+        op: ReduceOp,
+        dtype: DType,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        broadcast: bool,
+        row: Value,
+        inner_len: usize,
+    ) {
+        let lanes = vectorizable(prologue, &pro.accesses, None);
+        let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
+        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
+        let e = self;
+        let bases = e.bases(&pro.accesses, row);
+        let zero = e.iconst(0);
+        let hoisted = e.hoist(
+            prologue,
+            &pro.accesses,
+            Rows::One(&bases),
+            zero,
+            inner_len,
+            None,
+        );
+        let pro_at = Placed {
+            block: prologue,
+            accesses: &pro.accesses,
+            rows: Rows::One(&bases),
+            hoisted: &hoisted,
+        };
+        let n = e.iconst(inner_len as i64);
+        let init = e.scalar_const(op.init(dtype));
+        let acc = e.b.declare_var(clif_type(dtype));
+        e.b.def_var(acc, init);
+        let epi_bases = e.bases(&epi.accesses, row);
+        let out_base = epi_bases[epi_bases.len() - 1];
+        let out = &epi.accesses[epi.accesses.len() - 1];
+        let store = e.store_prologue;
+        // The prologue at inner index `j` (four elements with `lanes`), also
+        // stored into the output row where the epilogue reads it back.
+        let element = |e: &mut Self, j: Value, lanes: bool| {
+            let v = e.block(pro_at, j, None, lanes);
+            if store {
+                e.store(out, out_base, j, v);
+            }
+            v
+        };
+        // The prologue combined into `acc` one element at a time, from `from`
+        // to the row's end.
+        let scalars = |e: &mut Self, acc: Variable, from: Value| {
+            e.counted_loop(from, n, 1, |e, j| {
+                let v = element(e, j, false);
+                let a = e.b.use_var(acc);
+                let a = e.combine(op, dtype, a, v);
+                e.b.def_var(acc, a);
+            });
+        };
+        let mut from = zero;
+        // A max over vectors runs `maxps` alone, where IEEE `maximum` takes
+        // five instructions: NaNs are noted apart, and a row whose max comes
+        // out zero, where `maxps` may have kept -0 over +0, is walked again.
+        let nans = (lanes && op == ReduceOp::Max && dtype == DType::F32).then(|| {
+            let none = e.b.ins().iconst(types::I32, 0);
+            let none = e.b.ins().splat(types::I32X4, none);
+            let nans = e.b.declare_var(types::I32X4);
+            e.b.def_var(nans, none);
+            nans
+        });
+        let fold = |e: &mut Self, a: Value, v: Value| match nans {
+            Some(_) => e.math(true).fast_max(v, a),
+            None => e.combine(op, DType::F32, a, v),
+        };
+        // Folds a vector of the row into an accumulator, noting its NaNs.
+        let vcombine = |e: &mut Self, a: Value, v: Value| {
+            if let Some(nans) = nans {
+                let nan = e.b.ins().fcmp(FloatCC::Unordered, v, v);
+                let seen = e.b.use_var(nans);
+                let seen = e.b.ins().bor(seen, nan);
+                e.b.def_var(nans, seen);
+            }
+            fold(e, a, v)
+        };
+        if lanes {
+            // UNROLL independent vector accumulators, so that additions do not
+            // wait on each other, then one, folded together at the end.
+            let vinit = e.b.ins().splat(types::F32X4, init);
+            let vaccs: Vec<_> = (0..UNROLL)
+                .map(|_| {
+                    let v = e.b.declare_var(types::F32X4);
+                    e.b.def_var(v, vinit);
+                    v
+                })
+                .collect();
+            // The first contiguous read, a line of it per trip read `ahead`
+            // rows on (see `signature`).
+            let ahead = prologue
+                .values
+                .iter()
+                .filter(|v| matches!(v.expr, Expr::Load { .. }))
+                .zip(&pro.accesses)
+                .find(|(_, a)| a.unit_stride())
+                .map(|(v, a)| (e.row_ahead(a, v.dtype, row, pro.rows), v.dtype));
+            from = e.counted_loop(zero, n, 4 * UNROLL as i64, |e, j| {
+                if let Some((row_ahead, dtype)) = ahead {
+                    let bytes = e.b.ins().imul_imm_s(j, dtype.size() as i64);
+                    let at = e.b.ins().iadd(row_ahead, bytes);
+                    // Without `notrap` a load stays although nothing uses it.
+                    e.b.ins().load(types::I8, MemFlagsData::new(), at, 0);
+                }
+                for (u, &vacc) in vaccs.iter().enumerate() {
+                    let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
+                    let v = element(e, j, true);
+                    let a = e.b.use_var(vacc);
+                    let a = vcombine(e, a, v);
+                    e.b.def_var(vacc, a);
+                }
+            });
+            from = e.counted_loop(from, n, 4, |e, j| {
+                let v = element(e, j, true);
+                let a = e.b.use_var(vaccs[0]);
+                let a = vcombine(e, a, v);
+                e.b.def_var(vaccs[0], a);
+            });
+            // A ragged tail of a row of at least four: one more vector over the
+            // last four elements, the lanes already counted masked to `init`.
+            let ragged = inner_len % 4;
+            if ragged != 0 && inner_len >= 4 {
+                let j = e.iconst((inner_len - 4) as i64);
+                let v = element(e, j, true);
+                let lanes: Vec<u8> = (0..4u32)
+                    .flat_map(|k| if k >= 4 - ragged as u32 { u32::MAX } else { 0 }.to_le_bytes())
+                    .collect();
+                let mask = e.b.func.dfg.constants.insert(lanes.into());
+                let mask = e.b.ins().vconst(types::I32X4, mask);
+                let mask = e.b.ins().bitcast(types::F32X4, MemFlagsData::new(), mask);
+                let v = e.b.ins().bitselect(mask, v, vinit);
+                let a = e.b.use_var(vaccs[0]);
+                let a = vcombine(e, a, v);
+                e.b.def_var(vaccs[0], a);
+                from = n;
+            }
+            // The accumulators hold no NaN (`maxps` keeps the accumulator
+            // over a NaN of the row), so folding them notes nothing.
+            let mut v = e.b.use_var(vaccs[0]);
+            for &vacc in &vaccs[1..] {
+                let w = e.b.use_var(vacc);
+                v = fold(e, v, w);
+            }
+            let mut total = e.b.ins().extractlane(v, 0);
+            for lane in 1..4 {
+                let x = e.b.ins().extractlane(v, lane);
+                total = e.combine(op, DType::F32, total, x);
+            }
+            if let Some(nans) = nans {
+                let seen = e.b.use_var(nans);
+                let any = e.b.ins().vany_true(seen);
+                let nan = e.b.ins().f32const(f32::NAN);
+                total = e.b.ins().select(any, nan, total);
+                let zero_f32 = e.b.ins().f32const(0.0);
+                let is_zero = e.b.ins().fcmp(FloatCC::Equal, total, zero_f32);
+                let (again, join) = (e.b.create_block(), e.b.create_block());
+                e.b.set_cold_block(again);
+                let max = e.b.append_block_param(join, types::F32);
+                e.b.ins().brif(is_zero, again, &[], join, &[total.into()]);
+                e.b.switch_to_block(again);
+                let exact = e.b.declare_var(types::F32);
+                e.b.def_var(exact, init);
+                scalars(e, exact, zero);
+                let exact = e.b.use_var(exact);
+                e.b.ins().jump(join, &[exact.into()]);
+                e.b.switch_to_block(join);
+                total = max;
+            }
+            e.b.def_var(acc, total);
+        }
+        scalars(e, acc, from);
+        let total = e.b.use_var(acc);
+        let total = e.pin(total);
+        let bases = epi_bases;
+        // A reduced output's epilogue runs once per row, whatever the inner extent.
+        let extent = if broadcast { inner_len } else { 1 };
+        let hoisted = e.hoist(
+            body,
+            epi_reads,
+            Rows::One(&bases),
+            zero,
+            extent,
+            Some(total),
+        );
+        let epi_at = Placed {
+            block: body,
+            accesses: epi_reads,
+            rows: Rows::One(&bases),
+            hoisted: &hoisted,
+        };
+        if broadcast {
+            let mut from = zero;
+            if epi_lanes {
+                let splat = e.b.ins().splat(types::F32X4, total);
+                for unroll in [UNROLL, 1] {
+                    from = e.counted_loop(from, n, 4 * unroll as i64, |e, j| {
+                        for u in 0..unroll {
+                            let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
+                            let v = e.block(epi_at, j, Some(splat), true);
+                            e.store(out, out_base, j, v);
+                        }
+                    });
+                }
+                // A ragged tail: the last four elements again, the overlap
+                // recomputed to the same values. Not when the epilogue reads
+                // back the output it overwrites (`store`).
+                if !inner_len.is_multiple_of(4) && inner_len >= 4 && !store {
+                    let j = e.iconst((inner_len - 4) as i64);
+                    let v = e.block(epi_at, j, Some(splat), true);
+                    e.store(out, out_base, j, v);
+                    from = n;
+                }
+            }
+            e.counted_loop(from, n, 1, |e, j| {
+                let v = e.block(epi_at, j, Some(total), false);
+                e.store(out, out_base, j, v);
+            });
+        } else {
+            let v = e.block(epi_at, zero, Some(total), false);
+            e.store(out, out_base, zero, v);
+        }
+    }
+
+    /// Rows `row..row + 4` of a reduction with short rows, one row per lane:
+    /// every read gathers the four rows' elements at one inner index, values
+    /// constant along the rows are computed once, and the results go back
+    /// to the four rows one lane at a time. f32 arithmetic, unpadded reads.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_four_short_rows(
+        &mut self,
+        op: ReduceOp,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        broadcast: bool,
+        row: Value,
+        inner_len: usize,
+    ) {
+        let rows: Vec<Value> = (0..4).map(|l| self.b.ins().iadd_imm_s(row, l)).collect();
+        let pro_bases = self.lane_pointers(&pro.accesses, &rows);
+        let epi_bases = self.lane_pointers(&epi.accesses, &rows);
+        let zero = self.iconst(0);
+        let hoisted = self.hoist(
+            prologue,
+            &pro.accesses,
+            Rows::Four(&pro_bases),
+            zero,
+            inner_len,
+            None,
+        );
+        let pro_at = Placed {
+            block: prologue,
+            accesses: &pro.accesses,
+            rows: Rows::Four(&pro_bases),
+            hoisted: &hoisted,
+        };
+        let init = self.scalar_const(op.init(DType::F32));
+        let init = self.b.ins().splat(types::F32X4, init);
+        let acc = self.b.declare_var(types::F32X4);
+        self.b.def_var(acc, init);
+        // Rows this short are walked unrolled, at constant inner indices:
+        // a loop of one vector per trip spent much of it counting (log_softmax
+        // [4096, 10] took 1.25x as long).
+        for j in 0..inner_len {
+            let j = self.iconst(j as i64);
+            let v = self.block(pro_at, j, None, true);
+            let a = self.b.use_var(acc);
+            let a = self.combine(op, DType::F32, a, v);
+            self.b.def_var(acc, a);
+        }
+        let total = self.b.use_var(acc);
+        let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
+        let hoisted = self.hoist(
+            body,
+            reads,
+            Rows::Four(&epi_bases),
+            zero,
+            inner_len,
+            Some(total),
+        );
+        let epi_at = Placed {
+            block: body,
+            accesses: reads,
+            rows: Rows::Four(&epi_bases),
+            hoisted: &hoisted,
+        };
+        let out_lanes = &epi_bases[epi_bases.len() - 1];
+        let store = |e: &mut Self, j: Value, v: Value| {
+            let inner = e.inner_bytes(&out[0], j, e.out_dtype);
+            for (lane, &base) in out_lanes.iter().enumerate() {
+                let x = e.b.ins().extractlane(v, lane as u8);
+                let addr = e.b.ins().iadd(base, inner);
+                e.b.ins()
+                    .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+            }
+        };
+        if broadcast {
+            for j in 0..inner_len {
+                let j = self.iconst(j as i64);
+                let v = self.block(epi_at, j, Some(total), true);
+                store(self, j, v);
+            }
+        } else {
+            let v = self.block(epi_at, zero, Some(total), true);
+            store(self, zero, v);
+        }
+    }
+
+    /// Rows `from..to` of a reduction whose rows are neighbours in memory (a
+    /// sum over a leading axis): the output rows accumulate in place, four
+    /// rows per vector, while the reduced axis is walked once in memory
+    /// order; then the epilogue (which reads nothing) runs on them in place.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_column_block(
+        &mut self,
+        op: ReduceOp,
+        prologue: &Block,
+        pro: &Nest,
+        body: &Block,
+        epi: &Nest,
+        from: Value,
+        to: Value,
+        inner_len: usize,
+    ) {
+        let out_ptr = self.ptrs[epi.accesses[epi.accesses.len() - 1].buffer];
+        let flags = MemFlagsData::new().with_notrap();
+        let init = self.scalar_const(op.init(DType::F32));
+        let vinit = self.b.ins().splat(types::F32X4, init);
+        let addr = |e: &mut Self, rr: Value| {
+            let bytes = e.b.ins().imul_imm_s(rr, 4);
+            e.b.ins().iadd(out_ptr, bytes)
+        };
+        self.row_span(from, to, &mut |e, rr, lanes| {
+            let a = addr(e, rr);
+            let v = if lanes { vinit } else { init };
+            e.b.ins().store(flags, v, a, 0);
+        });
+        let bases = self.bases(&pro.accesses, from);
+        let zero = self.iconst(0);
+        let n = self.iconst(inner_len as i64);
+        let none = vec![None; prologue.values.len()];
+        self.counted_loop(zero, n, 1, |e, j| {
+            // Each read's offset at (row `from`, reduced index `j`), once per
+            // `j`: Cranelift would recompute it for every vector of the span.
+            let at_j: Vec<Value> = pro
+                .accesses
+                .iter()
+                .zip(&bases)
+                .map(|(a, b)| {
+                    let (offset, _) = e.element(a, *b, j);
+                    e.pin(offset)
+                })
+                .collect();
+            e.row_span(from, to, &mut |e, rr, lanes| {
+                let d = e.b.ins().isub(rr, from);
+                let shifted: Vec<RowBase> = pro
+                    .accesses
+                    .iter()
+                    .zip(&at_j)
+                    .map(|(a, &at)| {
+                        let step = a.outer.last().map_or(0, |o| o.stride);
+                        let off = e.b.ins().imul_imm_s(d, step);
+                        RowBase {
+                            base: e.b.ins().iadd(at, off),
+                            valid: None,
+                        }
+                    })
+                    .collect();
+                e.row_lanes = true;
+                let at = Placed {
+                    block: prologue,
+                    accesses: &pro.accesses,
+                    rows: Rows::One(&shifted),
+                    hoisted: &none,
+                };
+                let v = e.block(at, zero, None, lanes);
+                e.row_lanes = false;
+                let a = addr(e, rr);
+                let ty = if lanes { types::F32X4 } else { types::F32 };
+                let acc = e.b.ins().load(ty, flags, a, 0);
+                let acc = e.combine(op, DType::F32, acc, v);
+                e.b.ins().store(flags, acc, a, 0);
+            });
+        });
+        let none = vec![None; body.values.len()];
+        self.row_span(from, to, &mut |e, rr, lanes| {
+            let a = addr(e, rr);
+            let ty = if lanes { types::F32X4 } else { types::F32 };
+            let acc = e.b.ins().load(ty, flags, a, 0);
+            let at = Placed {
+                block: body,
+                accesses: &[],
+                rows: Rows::One(&[]),
+                hoisted: &none,
+            };
+            let v = e.block(at, zero, Some(acc), lanes);
+            e.b.ins().store(flags, v, a, 0);
+        });
+    }
+
+    /// `for rr in from..to`: `UNROLL` vectors of four at a time, then four
+    /// (`lanes`), then one at a time.
+    fn row_span(&mut self, from: Value, to: Value, f: &mut dyn FnMut(&mut Self, Value, bool)) {
+        let rest = self.counted_loop(from, to, 4 * UNROLL as i64, |e, rr| {
+            for u in 0..UNROLL {
+                let at = e.b.ins().iadd_imm_s(rr, 4 * u as i64);
+                f(e, at, true);
+            }
+        });
+        let rest = self.counted_loop(rest, to, 4, |e, rr| f(e, rr, true));
+        self.counted_loop(rest, to, 1, |e, rr| f(e, rr, false));
+    }
+}

@@ -1,0 +1,158 @@
+//! Loop nests: a kernel's index space ordered and split into rows (the
+//! outer axes, one row per step of a row loop) and an inner loop, with each
+//! read and write arranged over it. Pure shape and stride arithmetic, for any
+//! backend that emits loops.
+//!
+//! The order puts a reduction's kept axes first, then its reduced axes.
+//! Size-1 axes are dropped and adjacent axes merged wherever every index map
+//! allows it, so a contiguous elementwise kernel is one flat loop. Each
+//! access keeps its own strides: its base offset at a row comes from the
+//! row's coordinates over its outer axes, and the inner loop adds
+//! `j * stride`. A padded access keeps each axis's valid range and its fill
+//! value.
+
+use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::view::View;
+use kiln_ir::{Scalar, Shape};
+
+/// One axis of a read in a loop nest: its extent, stride and valid range.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Axis {
+    /// Its extent.
+    pub(crate) dim: usize,
+    /// Elements between neighbours along it.
+    pub(crate) stride: i64,
+    /// The first valid coordinate (0 unless padded).
+    pub(crate) lo: usize,
+    /// One past the last valid coordinate (`dim` unless padded).
+    pub(crate) hi: usize,
+}
+
+/// A buffer access arranged over a loop nest.
+#[derive(Clone, Debug)]
+pub(crate) struct Access {
+    /// The buffer it reads or writes.
+    pub(crate) buffer: usize,
+    /// The element offset of coordinate zero.
+    pub(crate) offset: i64,
+    /// Its axes over the rows, outermost first.
+    pub(crate) outer: Vec<Axis>,
+    /// Its axes over the inner loop, outermost first.
+    pub(crate) inner: Vec<Axis>,
+    /// The value read outside the valid ranges, when padded.
+    pub(crate) fill: Option<Scalar>,
+}
+
+impl Access {
+    /// Constant along the inner loop: read once per row.
+    pub(crate) fn row_invariant(&self) -> bool {
+        self.inner.iter().all(|a| a.stride == 0) && (self.fill.is_none() || self.inner.is_empty())
+    }
+
+    /// Contiguous along a single inner axis.
+    pub(crate) fn unit_stride(&self) -> bool {
+        self.fill.is_none() && self.inner.len() == 1 && self.inner[0].stride == 1
+    }
+}
+
+/// A loop nest: the extents of the inner loop, and the reads and the write
+/// arranged over it. Row count is the product of the outer extents.
+pub(crate) struct Nest {
+    /// How many rows.
+    pub(crate) rows: usize,
+    /// The inner loop's extents, outermost first.
+    pub(crate) inner: Vec<usize>,
+    /// The accesses, in the order of the views given to `nest`.
+    pub(crate) accesses: Vec<Access>,
+}
+
+/// Arranges `views` (each reading `buffers[i]`) over `space` in the axis
+/// order `axes`, the first `split` of them outer (`None`: all but the last
+/// after merging); drops size-1 axes and merges neighbours on the same side
+/// that every view steps through contiguously.
+pub(crate) fn nest(
+    space: &Shape,
+    axes: &[usize],
+    split: Option<usize>,
+    views: &[(usize, &View)],
+) -> Nest {
+    let dims = space.dims();
+    let masked = views.iter().any(|(_, v)| v.mask.is_some());
+    // Positions in loop order, with the outer/inner boundary, size-1 axes dropped.
+    let mut order: Vec<(usize, bool)> = axes
+        .iter()
+        .enumerate()
+        .filter(|&(_, &a)| dims[a] != 1)
+        .map(|(p, &a)| (a, split.is_some_and(|k| p < k)))
+        .collect();
+    let axis_of = |v: &View, a: usize, dim: usize| Axis {
+        dim,
+        stride: v.strides[a] as i64,
+        lo: v.mask.as_ref().map_or(0, |m| m.valid[a].0),
+        hi: v.mask.as_ref().map_or(dims[a], |m| m.valid[a].1),
+    };
+    let mut columns: Vec<Vec<Axis>> = views
+        .iter()
+        .map(|(_, v)| order.iter().map(|&(a, _)| axis_of(v, a, dims[a])).collect())
+        .collect();
+    // The extent of every position, kept alongside the views' columns.
+    let mut extents: Vec<usize> = order.iter().map(|&(a, _)| dims[a]).collect();
+    if !masked {
+        // Merge position p into p+1 (innermost first) when every view steps through both as one.
+        let mut p = order.len().saturating_sub(1);
+        while p > 0 {
+            let same_side = order[p - 1].1 == order[p].1;
+            let mergeable = columns
+                .iter()
+                .all(|c| c[p - 1].stride == c[p].stride * c[p].dim as i64);
+            if same_side && mergeable {
+                for c in columns.iter_mut() {
+                    let outer = c.remove(p - 1);
+                    c[p - 1].dim *= outer.dim;
+                    c[p - 1].hi = c[p - 1].dim;
+                }
+                let outer = extents.remove(p - 1);
+                extents[p - 1] *= outer;
+                order.remove(p - 1);
+            }
+            p -= 1;
+        }
+    }
+    let outer_count = match split {
+        Some(_) => order.iter().filter(|o| o.1).count(),
+        None => order.len().saturating_sub(1),
+    };
+    let inner = extents[outer_count..].to_vec();
+    let rows = extents[..outer_count].iter().product();
+    let accesses = views
+        .iter()
+        .zip(columns)
+        .map(|((buffer, v), mut c)| {
+            let inner = c.split_off(outer_count);
+            Access {
+                buffer: *buffer,
+                offset: v.offset as i64,
+                outer: c,
+                inner,
+                fill: v.mask.as_ref().map(|m| m.fill),
+            }
+        })
+        .collect();
+    Nest {
+        rows,
+        inner,
+        accesses,
+    }
+}
+
+/// The loads of a block, as (buffer, view), in value order.
+pub(crate) fn loads(block: &Block) -> Vec<(usize, &View)> {
+    block
+        .values
+        .iter()
+        .filter_map(|v| match &v.expr {
+            Expr::Load { input, view } => Some((*input as usize, view)),
+            _ => None,
+        })
+        .collect()
+}
