@@ -12,13 +12,10 @@
 //! copy bandwidth, measured in the same run, to compare memory-bound
 //! workloads with.
 
-#[path = "../benches/workloads/mod.rs"]
-mod workloads;
-
 use std::time::{Duration, Instant};
 
 use kiln::{Data, DataRef, Device, Options, Result, Tensor};
-use workloads::Workload;
+use kiln_support::workloads::{self, Workload};
 
 struct Args {
     workloads: Vec<String>,
