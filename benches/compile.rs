@@ -8,10 +8,9 @@
 // criterion_group! defines a public function that cannot carry a doc comment.
 #![allow(missing_docs)]
 
-mod workloads;
-
 use criterion::{Criterion, criterion_group, criterion_main};
 use kiln::{Options, Result, Tensor};
+use kiln_support::workloads;
 
 fn bench(c: &mut Criterion) {
     let mlp = workloads::Mlp3::new().expect("seeded weights");

@@ -22,10 +22,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kiln::data::npy::{NpyArray, NpyDType, write_npy};
 use kiln::data::{ArrayDataset, DataError, DataLoader, Dataset, LoaderOptions, Mapped};
 use kiln::{Data, DataRef, TensorType};
-
-#[path = "../examples/quickstart.rs"]
-#[allow(dead_code)]
-mod quickstart;
+use kiln_support::quickstart;
 
 const ROWS: usize = 262_144;
 const ROW: usize = 4096;

@@ -9,12 +9,11 @@
 // criterion_group! defines a public function that cannot carry a doc comment.
 #![allow(missing_docs)]
 
-mod workloads;
-
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kiln::{Data, Options};
+use kiln_support::workloads;
 
 fn bench(c: &mut Criterion) {
     for w in workloads::all() {

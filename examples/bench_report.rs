@@ -12,15 +12,12 @@
 //! copy bandwidth, measured in the same run, to compare memory-bound
 //! workloads with.
 
-#[path = "../benches/workloads/mod.rs"]
-mod workloads;
-
 use std::time::{Duration, Instant};
 
 use kiln::{
     BackendOptions, CompiledGraph, Data, DataRef, Device, Options, Precision, Result, Tensor,
 };
-use workloads::Workload;
+use kiln_support::workloads::{self, Workload};
 
 struct Args {
     workloads: Vec<String>,

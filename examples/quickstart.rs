@@ -18,13 +18,13 @@ use kiln::data::{ArrayDataset, DataLoader, LoaderOptions, Zip};
 use kiln::{CompiledGraph, DType, Data, Options, Result, Tensor, TensorType};
 
 /// Images in the dataset.
-pub const IMAGES: usize = 60_000;
+const IMAGES: usize = 60_000;
 /// Images per batch.
-pub const BATCH: usize = 250;
+const BATCH: usize = 250;
 
 /// Writes the dataset unless a valid copy is already cached; returns the
 /// images' and the labels' files.
-pub fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let (x, y) = (dir.join("images.npy"), dir.join("labels.npy"));
     if ArrayDataset::npy(&x).is_ok() && ArrayDataset::npy(&y).is_ok() {
         return Ok((x, y));
@@ -52,7 +52,7 @@ pub fn dataset(dir: &Path) -> Result<(PathBuf, PathBuf)> {
 
 /// The forward pass on a batch of raw images: normalization, then three
 /// layers with relu between them.
-pub fn forward(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
+fn forward(x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
     let pixels = ((x.cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? * (1.0f32 / 0.3081);
     let mut h = pixels?.reshape([BATCH, 784])?;
     for (i, (w, b)) in layers.iter().enumerate() {
@@ -110,7 +110,7 @@ fn epoch(loader: &mut DataLoader, layers: &[(Tensor, Tensor)], fusion: bool) -> 
 
 /// The MLP's weights and biases, seeded and realized, so that a compiled
 /// graph takes them as data.
-pub fn layers() -> Result<Vec<(Tensor, Tensor)>> {
+fn layers() -> Result<Vec<(Tensor, Tensor)>> {
     let sizes = [784, 256, 256, 10];
     sizes
         .windows(2)
@@ -125,7 +125,7 @@ pub fn layers() -> Result<Vec<(Tensor, Tensor)>> {
 }
 
 /// The forward pass compiled for one batch of raw images.
-pub fn compiled(layers: &[(Tensor, Tensor)], fusion: bool) -> Result<CompiledGraph> {
+fn compiled(layers: &[(Tensor, Tensor)], fusion: bool) -> Result<CompiledGraph> {
     let spec = TensorType::new(DType::U8, [BATCH, 28, 28]);
     kiln::compile_with("mlp", &[spec], Options { fusion }, |x| {
         Ok(vec![forward(&x[0], layers)?])
@@ -133,7 +133,7 @@ pub fn compiled(layers: &[(Tensor, Tensor)], fusion: bool) -> Result<CompiledGra
 }
 
 /// A loader over the images and labels: shuffled, whole batches only.
-pub fn loader(images: &Path, labels: &Path) -> Result<DataLoader> {
+fn loader(images: &Path, labels: &Path) -> Result<DataLoader> {
     let data = Zip::new(vec![
         Box::new(ArrayDataset::npy(images)?),
         Box::new(ArrayDataset::npy(labels)?),

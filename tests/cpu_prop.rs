@@ -1,4 +1,4 @@
-//! Random graphs (see `tests/support/random_graph.rs`) optimized, compiled
+//! Random graphs (see `support/src/random_graph.rs`) optimized, compiled
 //! for the CPU and run, against the interpreter on the graph as built.
 //!
 //! Graphs of ops the CPU computes exactly must agree bit for bit (NaNs
@@ -9,12 +9,8 @@
 use kiln_ir::pass::{Options, optimize};
 use kiln_ir::{Data, DataRef, interp};
 use kiln_runtime::{Backend, BackendOptions, cpu::Cpu};
+use kiln_support::random_graph::{Mode, inputs, random_graph, same};
 use proptest::prelude::*;
-
-mod support {
-    pub mod random_graph;
-}
-use support::random_graph::{Mode, inputs, random_graph, same};
 
 fn run(
     seed: u64,

@@ -197,17 +197,12 @@ fn an_operand_at_an_offset_is_planned_in_place_at_that_offset() -> Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-#[path = "support/random_graph.rs"]
-mod random_graph;
-
-#[cfg(feature = "cuda")]
 mod nvrtc {
     use std::collections::BTreeSet;
 
     use kiln_ir::pass::{Options, optimize};
     use kiln_runtime::cuda::nvrtc;
-
-    use super::random_graph::{Mode, random_graph};
+    use kiln_support::random_graph::{Mode, random_graph};
 
     /// Every generated kernel of the patterns and of 200 random graphs
     /// compiles to a CUBIN for Hopper and for Ampere. Without libnvrtc the

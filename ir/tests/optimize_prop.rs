@@ -9,11 +9,8 @@
 
 use kiln_ir::pass::{Options, optimize};
 use kiln_ir::{Data, interp};
+use kiln_support::random_graph::{Mode, inputs, random_graph, same};
 use proptest::prelude::*;
-
-#[path = "../../tests/support/random_graph.rs"]
-mod random_graph;
-use random_graph::{Mode, inputs, random_graph, same};
 
 fn check(seed: u64, steps: usize) -> Result<(), TestCaseError> {
     let graph = random_graph(seed, steps, Mode::All);

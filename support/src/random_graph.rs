@@ -1,11 +1,9 @@
 //! Random graphs for property tests, shared by the optimizer's test
-//! (`ir/tests/optimize_prop.rs`) and the CPU backend's (`tests/cpu_prop.rs`):
-//! elementwise ops, broadcasts, identities, constants, comparisons, casts,
-//! reductions and the sum+broadcast pattern, every view, matmul; shapes full
-//! of 1s and some 0s; inputs with NaN, infinities and -0.
-
-// Each test uses the part it needs.
-#![allow(dead_code)]
+//! (`ir/tests/optimize_prop.rs`), the CPU backend's (`tests/cpu_prop.rs`) and
+//! the CUDA code generator's (`tests/cuda_codegen.rs`): elementwise ops,
+//! broadcasts, identities, constants, comparisons, casts, reductions and the
+//! sum+broadcast pattern, every view, matmul; shapes full of 1s and some 0s;
+//! inputs with NaN, infinities and -0. The same seed gives the same graph.
 
 use kiln_ir::{
     BinaryOp, DType, Data, Graph, NodeId, Op, ReduceOp, Scalar, Shape, SliceRange, TensorType,
@@ -299,6 +297,8 @@ fn random_axes(c: &mut Choices, rank: usize) -> SmallVec<[usize; 4]> {
     }
 }
 
+/// Seeded inputs for `graph`, one per graph input, with NaN, infinities and
+/// -0 among ordinary values.
 pub fn inputs(graph: &Graph, seed: u64) -> Vec<Data> {
     let mut c = Choices(seed ^ 0xDA7A);
     graph
@@ -308,6 +308,8 @@ pub fn inputs(graph: &Graph, seed: u64) -> Vec<Data> {
         .collect()
 }
 
+/// Whether two results are equal bit for bit, all NaNs counted equal (their
+/// payloads are not part of the semantics).
 pub fn same(a: &Data, b: &Data) -> bool {
     a.len() == b.len()
         && (0..a.len()).all(|i| match (a.get(i), b.get(i)) {

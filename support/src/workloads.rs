@@ -1,9 +1,7 @@
 //! The workloads of benches/README.md, shared by the criterion benches
-//! (`benches/fusion.rs`) and `examples/bench_report`: what each computes,
-//! its inputs (seeded normal f32), and how its throughput is counted.
-
-// Each bench and the report use the part they need.
-#![allow(dead_code)]
+//! (`benches/fusion.rs`, `benches/compile.rs`) and `examples/bench_report`:
+//! what each computes, its inputs (seeded normal f32), and how its
+//! throughput is counted.
 
 use kiln::{DType, Data, Result, Tensor, TensorType};
 
