@@ -27,7 +27,8 @@ use kiln_ir::schedule::Location;
 use kiln_ir::{Data, DataRef, Op, TensorType};
 
 use super::blaslt;
-use super::codegen::{self, FLAT_THREADS, Gemm as GemmPlan, GemmEpilogue, Launch, OperandSource};
+use super::codegen::{self, FLAT_THREADS, Grid};
+use super::plan::{self, Gemm as GemmPlan, GemmEpilogue, OperandSource};
 use crate::{Error, check};
 
 /// How a matmul computes its products in f32.
@@ -277,10 +278,10 @@ impl Device {
     }
 }
 
-/// The grid of a generated kernel.
-fn grid(launch: Launch) -> Option<LaunchConfig> {
-    let (blocks, threads) = match launch {
-        Launch::Flat { steps } => {
+/// The launch configuration of a generated kernel's grid.
+fn launch_config(grid: Grid) -> Option<LaunchConfig> {
+    let (blocks, threads) = match grid {
+        Grid::Flat { steps } => {
             // A thread per step: on the H100 relu(a + b) over [4096, 4096]
             // took 73 us against 76 us with the grid capped at 16
             // blocks per multiprocessor (the grid-stride loop then making
@@ -292,7 +293,7 @@ fn grid(launch: Launch) -> Option<LaunchConfig> {
                 FLAT_THREADS,
             )
         }
-        Launch::Rows { rows, threads } => (rows.min(1 << 20), threads),
+        Grid::Rows { rows, threads } => (rows.min(1 << 20), threads),
     };
     (blocks > 0).then_some(LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
@@ -374,14 +375,11 @@ impl Copier {
 enum Step {
     /// A generated kernel: one launch's, or a row group's (its parameters
     /// are each launch's inputs, then its output, launch by launch).
-    Kernel {
-        function: CudaFunction,
-        launch: Launch,
-    },
+    Kernel { function: CudaFunction, grid: Grid },
     /// Operand prologues, a GEMM, and maybe an epilogue kernel, with the
     /// scratch memory they share.
     MatMul {
-        prologues: Vec<(CudaFunction, Launch)>,
+        prologues: Vec<(CudaFunction, Grid)>,
         gemm: GemmPlan,
         /// The cuBLASLt product, in TF32.
         lt: Option<blaslt::Matmul>,
@@ -455,10 +453,10 @@ impl Executable {
         };
         let mut steps = Vec::with_capacity(schedule.launches.len());
         for group in crate::rows::row_groups(graph, schedule) {
-            if let Some(source) = codegen::row_group_of(&optimized, group.clone())? {
-                let function = device.function(&source.code)?;
-                let launch = source.launch;
-                steps.push((group, Step::Kernel { function, launch }));
+            if let Some(program) = codegen::row_group_of(&optimized, group.clone())? {
+                let function = device.function(&program.code)?;
+                let grid = program.grid;
+                steps.push((group, Step::Kernel { function, grid }));
                 continue;
             }
             for i in group {
@@ -467,16 +465,17 @@ impl Executable {
                     i..i + 1,
                     match kernel.kind {
                         KernelKind::MatMul { .. } => {
-                            let plan = codegen::matmul(kernel, precision == Precision::Tf32)?;
+                            let plan = plan::matmul(kernel, precision == Precision::Tf32)?;
                             let prologues = plan
                                 .prologues
                                 .iter()
-                                .map(|p| Ok((device.function(&p.code)?, p.launch)))
+                                .map(|p| Ok((device.function(&p.code)?, p.grid)))
                                 .collect::<Result<_, Error>>()?;
                             let (epilogue_function, fused) = match &plan.epilogue {
-                                GemmEpilogue::Kernel { source, .. } => {
-                                    (Some(device.function(&source.code)?), blaslt::Epilogue::None)
-                                }
+                                GemmEpilogue::Kernel { program, .. } => (
+                                    Some(device.function(&program.code)?),
+                                    blaslt::Epilogue::None,
+                                ),
                                 GemmEpilogue::None => (None, blaslt::Epilogue::None),
                                 GemmEpilogue::Bias { relu: false, .. } => {
                                     (None, blaslt::Epilogue::Bias)
@@ -500,10 +499,10 @@ impl Executable {
                             }
                         }
                         KernelKind::Elementwise | KernelKind::Reduce { .. } => {
-                            let source = codegen::kernel(kernel)?;
+                            let program = codegen::kernel(kernel)?;
                             Step::Kernel {
-                                function: device.function(&source.code)?,
-                                launch: source.launch,
+                                function: device.function(&program.code)?,
+                                grid: program.grid,
                             }
                         }
                     },
@@ -747,7 +746,7 @@ impl Executable {
         self.device.bind()?;
         for (launches, step) in &self.steps {
             match step {
-                Step::Kernel { function, launch } => {
+                Step::Kernel { function, grid } => {
                     let mut pointers = Vec::new();
                     for i in launches.clone() {
                         let (args, out) = self.operands(i)?;
@@ -755,7 +754,7 @@ impl Executable {
                             pointers.push(b.address(0)?);
                         }
                     }
-                    self.launch(function, *launch, &pointers)?;
+                    self.launch(function, *grid, &pointers)?;
                 }
                 Step::MatMul {
                     prologues,
@@ -778,23 +777,23 @@ impl Executable {
                             OperandSource::Input(_) => 0,
                         })
                         .collect::<Vec<_>>();
-                    for ((function, launch), at) in prologues.iter().zip(&operands) {
+                    for ((function, grid), at) in prologues.iter().zip(&operands) {
                         let mut args = pointers.clone();
                         args.push(scratch.address(*at)?);
-                        self.launch(function, *launch, &args)?;
+                        self.launch(function, *grid, &args)?;
                     }
                     let product = match epilogue {
                         GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
                         GemmEpilogue::None | GemmEpilogue::Bias { .. } => (out, 0),
                     };
                     self.gemm(gemm, lt.as_ref(), epilogue, &args, scratch, product)?;
-                    if let (GemmEpilogue::Kernel { acc, source }, Some(function)) =
+                    if let (GemmEpilogue::Kernel { acc, program }, Some(function)) =
                         (epilogue, epilogue_function)
                     {
                         let mut args = pointers.clone();
                         args.push(scratch.address(*acc)?);
                         args.push(out.address(0)?);
-                        self.launch(function, source.launch, &args)?;
+                        self.launch(function, program.grid, &args)?;
                     }
                 }
             }
@@ -870,13 +869,8 @@ impl Executable {
         Ok(())
     }
 
-    fn launch(
-        &self,
-        function: &CudaFunction,
-        launch: Launch,
-        pointers: &[u64],
-    ) -> Result<(), Error> {
-        let Some(config) = grid(launch) else {
+    fn launch(&self, function: &CudaFunction, grid: Grid, pointers: &[u64]) -> Result<(), Error> {
+        let Some(config) = launch_config(grid) else {
             return Ok(());
         };
         let mut builder = self.device.stream.launch_builder(function);
@@ -908,7 +902,7 @@ impl Executable {
         }
         // The device address of an operand, after checking that the last
         // element the GEMM reads lies in its buffer.
-        let operand = |o: &codegen::GemmOperand, rows: usize, cols: usize| {
+        let operand = |o: &plan::GemmOperand, rows: usize, cols: usize| {
             let (buffer, base) = match o.source {
                 OperandSource::Input(i) => (
                     *args
