@@ -201,7 +201,7 @@ fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64
 enum Runner {
     Cpu(kiln::CompiledGraph),
     #[cfg(feature = "cuda")]
-    Cuda(kiln_runtime::cuda::device::Executable),
+    Cuda(kiln_runtime::cuda::Executable),
 }
 
 impl Runner {
@@ -209,14 +209,14 @@ impl Runner {
         let g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))?;
         #[cfg(feature = "cuda")]
         if backend != Backend::Cpu {
-            use kiln_runtime::cuda::device;
+            use kiln_runtime::cuda;
             let precision = match backend {
-                Backend::CudaF32 => device::Precision::F32,
-                Backend::Cpu | Backend::Cuda => device::Precision::Tf32,
+                Backend::CudaF32 => cuda::Precision::F32,
+                Backend::Cpu | Backend::Cuda => cuda::Precision::Tf32,
             };
-            return Ok(Runner::Cuda(device::Executable::new(
+            return Ok(Runner::Cuda(cuda::Executable::new(
                 g.optimized().clone(),
-                device::device(0)?,
+                cuda::gpu(0)?,
                 precision,
             )?));
         }
@@ -343,7 +343,7 @@ fn compile_mlp3(quick: bool) -> Result<()> {
 /// written per second.
 #[cfg(feature = "cuda")]
 fn device_copy(quick: bool, backend: Backend) -> Result<()> {
-    let device = kiln_runtime::cuda::device::device(0)?;
+    let device = kiln_runtime::cuda::gpu(0)?;
     let bytes = 1usize << 30;
     let mut copy = device.copier(bytes)?;
     let timing = time(quick, 1, |_| Ok(Some(copy.run()?)))?.remove(0);

@@ -21,7 +21,7 @@ use crate::{Device, Result, Tensor};
 pub(crate) enum Executable {
     Cpu(kiln_runtime::cpu::Executable),
     #[cfg(feature = "cuda")]
-    Cuda(kiln_runtime::cuda::device::Executable),
+    Cuda(kiln_runtime::cuda::Executable),
 }
 
 impl Executable {

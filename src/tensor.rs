@@ -396,10 +396,10 @@ pub(crate) fn compile_graph(graph: &Graph, options: Options, device: Device) -> 
             dump_requested("code"),
         )?),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) => Executable::Cuda(kiln_runtime::cuda::device::Executable::new(
+        Device::Cuda(n) => Executable::Cuda(kiln_runtime::cuda::Executable::new(
             optimized,
-            kiln_runtime::cuda::device::device(n)?,
-            kiln_runtime::cuda::device::Precision::default(),
+            kiln_runtime::cuda::gpu(n)?,
+            kiln_runtime::cuda::Precision::default(),
         )?),
         Device::Reference => return Err(Error::Compile { device }),
     })

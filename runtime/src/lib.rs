@@ -2,7 +2,7 @@
 //! `unsafe` besides the data loader's one `mmap`, confined to where machine
 //! code is made and called (`cpu::jit`, the AVX-512 GEMM kernels of
 //! `cpu::sgemm`) and to the CUDA libraries and device memory
-//! (`cuda::device`, `cuda::blaslt`, `cuda::nvrtc`).
+//! (`cuda::{context, memory, executable, blas, blaslt, nvrtc}`).
 //!
 //! - `cpu`: kernels lowered to Cranelift IR, compiled, cached by structural
 //!   hash, and run in schedule order over an arena sized by the memory plan;
