@@ -303,7 +303,7 @@ fn compile_mlp3(quick: bool) -> Result<()> {
 /// written per second.
 #[cfg(feature = "cuda")]
 fn device_copy(quick: bool, backend: Backend) -> Result<()> {
-    let device = kiln_runtime::cuda::device::device(0)?;
+    let device = kiln_runtime::cuda::gpu(0)?;
     let bytes = 1usize << 30;
     let mut copy = device.copier(bytes)?;
     let timing = time(quick, 1, |_| Ok(Some(copy.run()?)))?.remove(0);

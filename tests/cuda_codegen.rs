@@ -13,7 +13,8 @@
 use kiln::{DType, Options, Result, Tensor};
 use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_ir::{Graph, Op};
-use kiln_runtime::cuda::codegen::{self, GemmEpilogue};
+use kiln_runtime::cuda::codegen;
+use kiln_runtime::cuda::plan::{self, GemmEpilogue};
 use kiln_runtime::rows::row_groups;
 
 /// The mission's patterns, by name.
@@ -84,14 +85,14 @@ fn generate(optimized: &kiln::Optimized) -> Result<(String, Vec<String>)> {
     let (mut text, mut sources) = (String::new(), Vec::new());
     for group in row_groups(&optimized.graph, &optimized.schedule) {
         let (first, last) = (group.start, group.end - 1);
-        if let Some(source) =
+        if let Some(program) =
             codegen::row_group_of(optimized, group.clone()).map_err(kiln::Error::from)?
         {
             text += &format!(
                 "// @k{first}..@k{last} row group: {:?}\n{}",
-                source.launch, source.code
+                program.grid, program.code
             );
-            sources.push(source.code);
+            sources.push(program.code);
             continue;
         }
         for k in group {
@@ -107,26 +108,26 @@ fn generate(optimized: &kiln::Optimized) -> Result<(String, Vec<String>)> {
 fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
     let (mut text, mut sources) = (String::new(), Vec::new());
     if let KernelKind::MatMul { .. } = kernel.kind {
-        let plan = codegen::matmul(kernel, true).map_err(kiln::Error::from)?;
+        let plan = plan::matmul(kernel, true).map_err(kiln::Error::from)?;
         for (i, p) in plan.prologues.iter().enumerate() {
-            text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.launch, p.code);
+            text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.grid, p.code);
             sources.push(p.code.clone());
         }
         text += &format!("// @k{k} gemm: {:?}\n", plan.gemm);
         match &plan.epilogue {
-            GemmEpilogue::Kernel { acc, source } => {
+            GemmEpilogue::Kernel { acc, program } => {
                 text += &format!(
                     "// @k{k} epilogue, product at scratch byte {acc}: {:?}\n{}",
-                    source.launch, source.code
+                    program.grid, program.code
                 );
-                sources.push(source.code.clone());
+                sources.push(program.code.clone());
             }
             other => text += &format!("// @k{k} epilogue: {other:?}\n"),
         }
     } else {
-        let source = codegen::kernel(kernel).map_err(kiln::Error::from)?;
-        text += &format!("// @k{k}: {:?}\n{}", source.launch, source.code);
-        sources.push(source.code);
+        let program = codegen::kernel(kernel).map_err(kiln::Error::from)?;
+        text += &format!("// @k{k}: {:?}\n{}", program.grid, program.code);
+        sources.push(program.code);
     }
     Ok((text, sources))
 }
@@ -183,7 +184,7 @@ fn an_operand_at_an_offset_is_planned_in_place_at_that_offset() -> Result<()> {
     let y = (x.matmul(&Tensor::randn([128, 32], 1)?)? + &Tensor::randn([32], 2)?)?.relu()?;
     let optimized = kiln::optimize("offset", &[&y], Options::default())?;
     let kernels = kernels(&optimized.graph, &optimized);
-    let plan = codegen::matmul(&kernels[0], true).map_err(kiln::Error::from)?;
+    let plan = plan::matmul(&kernels[0], true).map_err(kiln::Error::from)?;
     assert!(plan.prologues.is_empty(), "{plan:?}");
     assert_eq!((plan.gemm.a.offset, plan.gemm.a.row_stride), (1, 129));
     // Column-major, kiln's right operand is BLAS's A: C' (32 x 64) = w' x'.

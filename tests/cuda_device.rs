@@ -12,15 +12,16 @@
 #![cfg(feature = "cuda")]
 
 use kiln::{DType, Data, DataRef, Device, Options, Result, Tensor, TensorType};
-use kiln_runtime::cuda::device::{self, Executable, Precision};
+use kiln_runtime::cuda::{self, Executable};
+use kiln_runtime::{Executable as _, Precision};
 
 /// The first GPU, or why there is none.
-fn gpu() -> std::result::Result<std::sync::Arc<device::Device>, String> {
-    device::device(0).map_err(|e| e.to_string())
+fn gpu() -> std::result::Result<std::sync::Arc<cuda::Gpu>, String> {
+    cuda::gpu(0).map_err(|e| e.to_string())
 }
 
 /// The first GPU, or `None` after printing why the test skips.
-fn gpu_or_skip() -> Option<std::sync::Arc<device::Device>> {
+fn gpu_or_skip() -> Option<std::sync::Arc<cuda::Gpu>> {
     gpu().map_err(|why| eprintln!("skipped: {why}")).ok()
 }
 
@@ -50,7 +51,7 @@ fn a_missing_gpu_is_an_err_not_a_panic() -> Result<()> {
             assert!(compiled.is_err());
         }
         Ok(d) => {
-            let err = device::device(1 << 20).err().map(|e| e.to_string());
+            let err = cuda::gpu(1 << 20).err().map(|e| e.to_string());
             assert!(err.is_some_and(|e| e.contains("no device")), "{}", d.name());
         }
     }

@@ -1,14 +1,43 @@
-//! The CUDA backend: kernels printed as CUDA C (`codegen`) from the same
-//! kernel IR as the CPU backend's, compiled by NVRTC to a CUBIN for the
-//! device's own architecture (feature `cuda`).
+//! The CUDA backend: kernels printed as CUDA C from the same kernel IR as
+//! the CPU backend's, compiled by NVRTC to a CUBIN for the device's own
+//! architecture, with matmuls through cuBLASLt or cuBLAS (the runtime with
+//! feature `cuda`; the code generation is always built, for its tests).
+//!
+//! - `codegen`: the CUDA C of elementwise, reduction and row-group kernels;
+//! - `plan`: a matmul as prologue kernels, a GEMM and an epilogue;
+//! - `context`: a GPU opened (`gpu`), its stream, library handles and
+//!   compiled kernels;
+//! - `memory`: the caching allocator, device buffers and pinned staging;
+//! - `executable`: a fused graph compiled for a GPU, and its runs;
+//! - `blaslt`, `blas`: the GEMM through cuBLASLt (TF32) or cuBLAS (f32);
+//! - `nvrtc`: CUDA C to CUBIN.
+//!
+//! `context`, `memory`, `executable`, `blas`, `blaslt` and `nvrtc` are the
+//! modules of the CUDA backend with `unsafe`: device memory is made and
+//! handed to generated kernels and to the BLAS libraries as raw pointers,
+//! and kernels are launched.
 
+#[cfg(feature = "cuda")]
+mod blas;
 #[cfg(feature = "cuda")]
 pub mod blaslt;
 pub mod codegen;
 #[cfg(feature = "cuda")]
-pub mod device;
+mod context;
+#[cfg(feature = "cuda")]
+mod executable;
+#[cfg(feature = "cuda")]
+mod memory;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod plan;
+
+#[cfg(feature = "cuda")]
+pub use context::{Gpu, gpu};
+#[cfg(feature = "cuda")]
+pub use executable::Executable;
+#[cfg(feature = "cuda")]
+pub use memory::Copier;
 
 /// GPU `ordinal` as a backend.
 #[cfg(feature = "cuda")]
@@ -24,38 +53,11 @@ impl crate::Backend for Cuda {
         optimized: kiln_ir::pass::Optimized,
         options: crate::BackendOptions,
     ) -> Result<Box<dyn crate::Executable>, crate::Error> {
-        let gpu = device::device(self.ordinal)?;
-        Ok(Box::new(device::Executable::new(
+        let gpu = gpu(self.ordinal)?;
+        Ok(Box::new(Executable::new(
             optimized,
             gpu,
             options.precision,
         )?))
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl crate::Executable for device::Executable {
-    fn optimized(&self) -> &kiln_ir::pass::Optimized {
-        device::Executable::optimized(self)
-    }
-
-    fn output_types(&self) -> &[kiln_ir::TensorType] {
-        device::Executable::output_types(self)
-    }
-
-    fn launches(&self) -> usize {
-        device::Executable::launches(self)
-    }
-
-    fn run_into(
-        &mut self,
-        inputs: &[kiln_ir::DataRef<'_>],
-        outputs: &mut [kiln_ir::Data],
-    ) -> Result<(), crate::Error> {
-        device::Executable::run_into(self, inputs, outputs)
-    }
-
-    fn device_time(&mut self) -> Result<Option<f64>, crate::Error> {
-        self.launch_all().map(Some)
     }
 }

@@ -1,0 +1,120 @@
+//! Elementwise kernels: a grid-stride loop over the output. When the output
+//! is f32 every step computes four elements: reads of a contiguous f32
+//! buffer at the output's own index are 16-byte `float4` loads, the result
+//! is one `float4` store, and a scalar loop does the tail. Other reads
+//! compute their index from the output coordinates. A matmul's prologues
+//! and epilogue kernel are elementwise kernels too.
+
+use std::collections::BTreeSet;
+
+use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::{DType, TensorType};
+
+use super::writer::{Element, Writer, axes_of};
+use super::{Grid, Program};
+use crate::Error;
+
+/// An elementwise kernel computing `body` over `out`; with `acc`, it also
+/// reads the product of a matmul as `acc[i]`.
+pub(crate) fn elementwise(
+    inputs: &[TensorType],
+    acc: Option<()>,
+    body: &Block,
+    out: &TensorType,
+) -> Result<Program, Error> {
+    let n = out.shape.numel();
+    let mut w = Writer::new();
+    w.signature(inputs, acc.is_some(), out.dtype);
+    let dims = axes_of(&out.shape);
+    let strided = body
+        .values
+        .iter()
+        .any(|v| matches!(&v.expr, Expr::Load { view, .. } if !view.is_contiguous()));
+    let vector = out.dtype == DType::F32 && n >= 4;
+    let step = "(long long)gridDim.x * blockDim.x";
+    let first = "(long long)blockIdx.x * blockDim.x + threadIdx.x";
+    let scalar_from = if vector {
+        // Four elements per step: contiguous f32 reads as float4, one float4 store.
+        w.line(1, &format!("const long long vectors = {};", n / 4));
+        w.line(
+            1,
+            &format!("for (long long q = {first}; q < vectors; q += {step}) {{"),
+        );
+        let contiguous: BTreeSet<u32> = body
+            .values
+            .iter()
+            .filter_map(|v| match &v.expr {
+                Expr::Load { input, view }
+                    if view.is_contiguous() && inputs[*input as usize].dtype == DType::F32 =>
+                {
+                    Some(*input)
+                }
+                _ => None,
+            })
+            .collect();
+        for input in &contiguous {
+            w.line(
+                2,
+                &format!("const float4 l{input} = reinterpret_cast<const float4*>(in{input})[q];"),
+            );
+        }
+        if acc.is_some() {
+            w.line(
+                2,
+                "const float4 a4 = reinterpret_cast<const float4*>(acc)[q];",
+            );
+        }
+        let mut results = Vec::new();
+        for lane in ['x', 'y', 'z', 'w'] {
+            let (suffix, index, coords) =
+                (format!("_{lane}"), format!("i_{lane}"), format!("c{lane}_"));
+            let offset = "xyzw".find(lane).unwrap_or(0);
+            w.line(2, &format!("const long long {index} = 4 * q + {offset};"));
+            if strided {
+                w.coords(2, &coords, &index, &dims);
+            }
+            let acc_lane = format!("a4.{lane}");
+            let element = Element {
+                suffix: &suffix,
+                index: &index,
+                coords: &coords,
+                lane: Some(lane),
+                acc: acc.map(|_| acc_lane.as_str()),
+            };
+            results.push(w.block(2, body, inputs, &element)?);
+        }
+        w.line(
+            2,
+            &format!(
+                "reinterpret_cast<float4*>(out)[q] = make_float4({});",
+                results.join(", ")
+            ),
+        );
+        w.line(1, "}");
+        format!("vectors * 4 + {first}")
+    } else {
+        first.to_string()
+    };
+    w.line(
+        1,
+        &format!("for (long long i = {scalar_from}; i < {n}; i += {step}) {{"),
+    );
+    if strided {
+        w.coords(2, "c", "i", &dims);
+    }
+    let element = Element {
+        suffix: "",
+        index: "i",
+        coords: "c",
+        lane: None,
+        acc: acc.map(|_| "acc[i]"),
+    };
+    let result = w.block(2, body, inputs, &element)?;
+    w.line(2, &format!("out[i] = {result};"));
+    w.line(1, "}");
+    w.line(0, "}");
+    let steps = if vector { n / 4 } else { n };
+    Ok(w.finish(Grid::Flat {
+        steps: steps.max(1),
+    }))
+}

@@ -1,0 +1,242 @@
+//! Reduction kernels. A reduction runs one block per output when the
+//! reduced axes are the innermost (threads stride along the row, then a
+//! warp-shuffle and shared-memory block reduction), else one thread per
+//! output walking the reduced axes, so that neighbouring threads read
+//! neighbouring columns. The broadcast epilogue of softmax and
+//! `x - mean(x)` runs in the same block or thread, over the row it just
+//! reduced, while it is in cache. A reduction by rows can also be written
+//! as a device function of one row, for a row group (`row_group`).
+
+use kiln_ir::kernel::{Block, Kernel, KernelKind};
+use kiln_ir::{DType, ReduceOp, Shape};
+
+use super::writer::{Element, Writer, axes_of, ctype, literal, wrap};
+use super::{Grid, Program};
+use crate::Error;
+
+/// The rows of a reduction kernel that runs a block of threads to each row
+/// of its output; `None` for other kernels.
+pub fn reduction_rows(kernel: &Kernel) -> Option<usize> {
+    match &kernel.kind {
+        KernelKind::Reduce { axes, shape, .. } => rows_of(shape, axes),
+        KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
+    }
+}
+
+/// A reduction over `axes` of `shape` runs a block of threads to each row
+/// (returned: how many) when its reduced axes are innermost and more than
+/// one element long: reads coalesce along the row. Otherwise one thread per
+/// output walks the reduced axes. Size-1 axes take no place in memory:
+/// `[c, 1]` summed over axis 0 is a row.
+fn rows_of(shape: &Shape, axes: &[usize]) -> Option<usize> {
+    let dims = shape.dims();
+    let last = (0..dims.len()).rev().find(|&a| dims[a] != 1);
+    let innermost = axes.iter().rev().find(|&&a| dims[a] != 1) == last.as_ref();
+    let length: usize = axes.iter().map(|&a| dims[a]).product();
+    let rows = (0..dims.len())
+        .filter(|a| !axes.contains(a))
+        .map(|a| dims[a])
+        .product();
+    (last.is_some() && innermost && length > 1).then_some(rows)
+}
+
+/// A reduction kernel: the prologue over `shape` combined along `axes`,
+/// then the body over the output.
+pub(super) fn reduce(
+    kernel: &Kernel,
+    op: ReduceOp,
+    axes: &[usize],
+    shape: &Shape,
+    prologue: &Block,
+) -> Result<Program, Error> {
+    let mut w = Writer::new();
+    let grid = reduce_into(&mut w, kernel, op, axes, shape, prologue, None)?;
+    Ok(w.finish(grid))
+}
+
+/// A reduction as a whole kernel, or with `row: Some((name, written))` as a
+/// device function `name(o, inputs.., out)` that reduces row `o` alone
+/// (`None` where the reduction does not run by rows); inputs marked in
+/// `written` are written by the group (`Writer::row_signature`).
+pub(super) fn reduce_into(
+    w: &mut Writer,
+    kernel: &Kernel,
+    op: ReduceOp,
+    axes: &[usize],
+    shape: &Shape,
+    prologue: &Block,
+    row: Option<(&str, &[bool])>,
+) -> Result<Grid, Error> {
+    let dims = shape.dims();
+    let kept: Vec<(usize, usize)> = (0..dims.len())
+        .filter(|a| !axes.contains(a) && dims[*a] != 1)
+        .map(|a| (a, dims[a]))
+        .collect();
+    let reduced: Vec<(usize, usize)> = axes
+        .iter()
+        .filter(|&&a| dims[a] != 1)
+        .map(|&a| (a, dims[a]))
+        .collect();
+    let rows: usize = kept.iter().map(|k| k.1).product();
+    let length: usize = reduced.iter().map(|r| r.1).product();
+    let dtype = prologue.dtype().unwrap_or(DType::F32);
+    let t = ctype(dtype);
+    let init = literal(op.init(dtype));
+    let combine = |w: &mut Writer, a: &str, b: &str| match (op, dtype) {
+        (ReduceOp::Sum, DType::F32) => format!("{a} + {b}"),
+        (ReduceOp::Sum, ty) => wrap(&format!("(long long){a} + (long long){b}"), ty),
+        (ReduceOp::Max, DType::F32) => {
+            w.helpers.insert("kiln_max");
+            format!("kiln_max({a}, {b})")
+        }
+        (ReduceOp::Max, _) => format!("{a} > {b} ? {a} : {b}"),
+    };
+    // The output is the whole space (broadcast epilogue) or the reduced values.
+    let broadcast = kernel.out.shape == *shape;
+    let by_rows = rows_of(shape, axes).is_some();
+    let (indent, lane_start, lane_step) = if let Some((name, written)) = row {
+        if !by_rows {
+            return Err(Error::Codegen(format!(
+                "{name}: a reduction that does not run by rows in a row group"
+            )));
+        }
+        w.row_signature(name, &kernel.inputs, written, kernel.out.dtype);
+        (1, "threadIdx.x", "blockDim.x")
+    } else if by_rows {
+        w.signature(&kernel.inputs, false, kernel.out.dtype);
+        w.line(
+            1,
+            &format!("for (long long o = blockIdx.x; o < {rows}; o += gridDim.x) {{"),
+        );
+        (2, "threadIdx.x", "blockDim.x")
+    } else {
+        w.signature(&kernel.inputs, false, kernel.out.dtype);
+        w.line(
+            1,
+            &format!(
+                "for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < {rows}; o += (long long)gridDim.x * blockDim.x) {{"
+            ),
+        );
+        (2, "0", "1")
+    };
+    w.coords(indent, "c", "o", &kept);
+    w.line(indent, &format!("{t} acc = {init};"));
+    w.line(
+        indent,
+        &format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{"),
+    );
+    w.coords(indent + 1, "c", "r", &reduced);
+    let space_index = flat_index(shape, "c");
+    let element = Element {
+        suffix: "",
+        index: &space_index,
+        coords: "c",
+        lane: None,
+        acc: None,
+    };
+    let value = w.block(indent + 1, prologue, &kernel.inputs, &element)?;
+    let combined = combine(w, "acc", &value);
+    w.line(indent + 1, &format!("acc = {combined};"));
+    w.line(indent, "}");
+    if by_rows {
+        let shuffle = if dtype == DType::F32 { "float" } else { "int" };
+        let down = format!("({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s)");
+        let across = combine(w, "acc", &down);
+        w.line(indent, &format!("__shared__ {t} partial[32];"));
+        w.line(
+            indent,
+            &format!("for (int s = 16; s > 0; s >>= 1) acc = {across};"),
+        );
+        w.line(
+            indent,
+            "if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;",
+        );
+        w.line(indent, "__syncthreads();");
+        w.line(indent, "if (threadIdx.x < 32) {");
+        w.line(
+            indent + 1,
+            &format!("acc = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : {init};"),
+        );
+        w.line(
+            indent + 1,
+            &format!("for (int s = 16; s > 0; s >>= 1) acc = {across};"),
+        );
+        w.line(indent + 1, "if (threadIdx.x == 0) partial[0] = acc;");
+        w.line(indent, "}");
+        w.line(indent, "__syncthreads();");
+        w.line(indent, "acc = partial[0];");
+    }
+    if broadcast {
+        // The body over the row just reduced, `acc` broadcast along it.
+        w.line(
+            indent,
+            &format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{"),
+        );
+        w.coords(indent + 1, "c", "r", &reduced);
+        let element = Element {
+            suffix: "",
+            index: &space_index,
+            coords: "c",
+            lane: None,
+            acc: Some("acc"),
+        };
+        let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
+        w.line(indent + 1, &format!("out[{space_index}] = {result};"));
+        w.line(indent, "}");
+    } else {
+        // Output element `o` reads combined value `o`, at its own coordinates.
+        if by_rows {
+            w.line(indent, "if (threadIdx.x == 0) {");
+        } else {
+            w.line(indent, "{");
+        }
+        w.coords(indent + 1, "e", "o", &axes_of(&kernel.out.shape));
+        let element = Element {
+            suffix: "",
+            index: "o",
+            coords: "e",
+            lane: None,
+            acc: Some("acc"),
+        };
+        let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
+        w.line(indent + 1, &format!("out[o] = {result};"));
+        w.line(indent, "}");
+    }
+    if by_rows {
+        // `partial` is written again by the next row, and in a row group
+        // the next function reads what this one wrote.
+        w.line(indent, "__syncthreads();");
+    }
+    if row.is_none() {
+        w.line(1, "}");
+    }
+    w.line(0, "}");
+    let grid = if by_rows {
+        let threads = length.next_multiple_of(32).clamp(32, 256) as u32;
+        Grid::Rows { rows, threads }
+    } else {
+        Grid::Flat { steps: rows.max(1) }
+    };
+    Ok(grid)
+}
+
+/// The row-major flat index of coordinates `{prefix}{axis}` in `shape`
+/// (size-1 axes have none and add nothing).
+fn flat_index(shape: &Shape, prefix: &str) -> String {
+    let strides = shape.strides();
+    let terms: Vec<String> = shape
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|&(_, &d)| d != 1)
+        .map(|(a, _)| match strides[a] {
+            1 => format!("{prefix}{a}"),
+            s => format!("{prefix}{a} * {s}"),
+        })
+        .collect();
+    if terms.is_empty() {
+        "0".to_string()
+    } else {
+        terms.join(" + ")
+    }
+}

@@ -1,0 +1,399 @@
+//! The C text that every generated kernel is made of: C types and
+//! literals, the helper functions a kernel uses (emitted once, before it),
+//! kernel and row-function signatures, coordinates from a flat index, and
+//! a block of values (loads through views, casts, unary and binary ops)
+//! with the interpreter's semantics.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::view::View;
+use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType, UnaryOp};
+
+use super::{ENTRY, Grid, Program};
+use crate::Error;
+
+/// The C type of a dtype.
+pub(super) fn ctype(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float",
+        DType::I32 => "int",
+        DType::U8 => "unsigned char",
+        DType::Bool => "bool",
+    }
+}
+
+/// A constant as C, exact: floats print in their shortest round-trip form.
+pub(super) fn literal(c: Scalar) -> String {
+    match c {
+        Scalar::F32(v) if v.is_finite() => format!("{v:?}f"),
+        Scalar::F32(v) => format!("__int_as_float(0x{:08x})", v.to_bits()),
+        Scalar::I32(v) if v == i32::MIN => "(-2147483647 - 1)".to_string(),
+        Scalar::I32(v) => v.to_string(),
+        Scalar::U8(v) => format!("(unsigned char){v}"),
+        Scalar::Bool(v) => v.to_string(),
+    }
+}
+
+/// Helper functions, emitted before the kernel when used.
+const HELPERS: [(&str, &str); 4] = [
+    (
+        "kiln_max",
+        "// IEEE maximum: NaN if either is, +0 above -0.
+__device__ __forceinline__ float kiln_max(float a, float b) {
+  if (a != a || b != b) return __int_as_float(0x7fc00000);
+  if (a == b) return __float_as_int(a) < 0 ? b : a;
+  return a > b ? a : b;
+}
+",
+    ),
+    (
+        "kiln_min",
+        "__device__ __forceinline__ float kiln_min(float a, float b) { return -kiln_max(-a, -b); }
+",
+    ),
+    (
+        "kiln_f2i",
+        "// Saturating, NaN to 0, as Rust's `as`.
+__device__ __forceinline__ int kiln_f2i(float x) {
+  return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? (-2147483647 - 1) : (int)x;
+}
+",
+    ),
+    (
+        "kiln_f2u8",
+        "__device__ __forceinline__ unsigned char kiln_f2u8(float x) {
+  return x != x ? 0 : x >= 255.0f ? 255 : x <= 0.0f ? 0 : (unsigned char)x;
+}
+",
+    ),
+];
+
+/// How the values of one block are named and where its loads and `acc` come
+/// from, for one element.
+pub(super) struct Element<'a> {
+    /// Suffix of every value's name (a vector lane's, or empty).
+    pub(super) suffix: &'a str,
+    /// The element's flat index in the block's space.
+    pub(super) index: &'a str,
+    /// Prefix of its coordinate variables.
+    pub(super) coords: &'a str,
+    /// The vector lane (`x`, `y`, `z`, `w`) whose `float4` loads serve
+    /// contiguous f32 reads.
+    pub(super) lane: Option<char>,
+    /// The expression of `acc`.
+    pub(super) acc: Option<&'a str>,
+}
+
+/// Writes generated code and remembers the helpers it used.
+pub(super) struct Writer {
+    code: String,
+    /// The `HELPERS` it used, by name.
+    pub(super) helpers: BTreeSet<&'static str>,
+}
+
+impl Writer {
+    pub(super) fn new() -> Writer {
+        Writer {
+            code: String::new(),
+            helpers: BTreeSet::new(),
+        }
+    }
+
+    pub(super) fn line(&mut self, indent: usize, text: &str) {
+        let _ = writeln!(self.code, "{:indent$}{text}", "", indent = indent * 2);
+    }
+
+    /// The finished program: helpers, then the kernel.
+    pub(super) fn finish(self, grid: Grid) -> Program {
+        let mut code = String::new();
+        for (name, text) in HELPERS {
+            if self.helpers.contains(name) {
+                code.push_str(text);
+            }
+        }
+        code.push_str(&self.code);
+        Program { code, grid }
+    }
+
+    /// `extern "C" __global__ void kiln_kernel(...) {`.
+    pub(super) fn signature(&mut self, inputs: &[TensorType], acc: bool, out: DType) {
+        let mut params: Vec<String> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("const {}* __restrict__ in{i}", ctype(t.dtype)))
+            .collect();
+        if acc {
+            params.push("const float* __restrict__ acc".to_string());
+        }
+        params.push(format!("{}* __restrict__ out", ctype(out)));
+        self.line(
+            0,
+            &format!(
+                "extern \"C\" __global__ void {ENTRY}({}) {{",
+                params.join(", ")
+            ),
+        );
+    }
+
+    /// `__device__ void {name}(long long o, ...) {`: one row of a row
+    /// group. Inputs marked in `written` were written by an earlier function
+    /// of the group in this kernel, by another thread: they are read as
+    /// `volatile`, from where the write went, never through `__restrict__`'s
+    /// non-coherent read-only path, a copy the compiler keeps, or a line the
+    /// multiprocessor's L1 holds from before the write. (A warp-per-row
+    /// variant reading them as plain `const` pointers after `__syncwarp`
+    /// read stale values on the H100: layer_norm's mean, rows of 3.)
+    pub(super) fn row_signature(
+        &mut self,
+        name: &str,
+        inputs: &[TensorType],
+        written: &[bool],
+        out: DType,
+    ) {
+        let mut params = vec!["const long long o".to_string()];
+        params.extend(inputs.iter().enumerate().map(|(i, t)| {
+            let t = ctype(t.dtype);
+            if written.get(i) == Some(&true) {
+                format!("const volatile {t}* in{i}")
+            } else {
+                format!("const {t}* __restrict__ in{i}")
+            }
+        }));
+        params.push(format!("{}* __restrict__ out", ctype(out)));
+        self.line(
+            0,
+            &format!(
+                "__device__ __forceinline__ void {name}({}) {{",
+                params.join(", ")
+            ),
+        );
+    }
+
+    /// `const long long {prefix}{axis} = ...;` for every axis of `dims`
+    /// from the flat index `index` (row-major over `dims`).
+    pub(super) fn coords(
+        &mut self,
+        indent: usize,
+        prefix: &str,
+        index: &str,
+        dims: &[(usize, usize)],
+    ) {
+        let mut inner = 1usize;
+        for (k, &(axis, dim)) in dims.iter().enumerate().rev() {
+            let q = if inner == 1 {
+                index.to_string()
+            } else {
+                format!("{index} / {inner}")
+            };
+            let expr = if k == 0 { q } else { format!("({q}) % {dim}") };
+            self.line(indent, &format!("const long long {prefix}{axis} = {expr};"));
+            inner *= dim;
+        }
+    }
+
+    /// The values of `block` for one element; returns the result's name.
+    pub(super) fn block(
+        &mut self,
+        indent: usize,
+        block: &Block,
+        inputs: &[TensorType],
+        at: &Element,
+    ) -> Result<String, Error> {
+        let name = |k: u32| format!("v{k}{}", at.suffix);
+        for (k, value) in block.values.iter().enumerate() {
+            let ty = value.dtype;
+            let operand_type = |x: u32| block.values[x as usize].dtype;
+            let expr = match &value.expr {
+                Expr::Load { input, view } => {
+                    let dtype = inputs
+                        .get(*input as usize)
+                        .map(|t| t.dtype)
+                        .ok_or_else(|| Error::Codegen(format!("no input {input}")))?;
+                    self.load(*input, view, dtype, at)
+                }
+                Expr::Const(c) => literal(*c),
+                Expr::Acc => at
+                    .acc
+                    .ok_or_else(|| Error::Codegen("acc outside a reduction or matmul".into()))?
+                    .to_string(),
+                Expr::Unary(op, x) => self.unary(*op, &name(*x), ty)?,
+                Expr::Binary(op, x, y) => {
+                    self.binary(*op, &name(*x), &name(*y), operand_type(*x))?
+                }
+                Expr::Where(c, x, y) => format!("{} ? {} : {}", name(*c), name(*x), name(*y)),
+                Expr::Cast(x) => self.cast(&name(*x), operand_type(*x), ty),
+            };
+            self.line(
+                indent,
+                &format!("const {} {} = {expr};", ctype(ty), name(k as u32)),
+            );
+        }
+        Ok(name(block.values.len().saturating_sub(1) as u32))
+    }
+
+    /// A read of input `input` through `view`.
+    fn load(&mut self, input: u32, view: &View, dtype: DType, at: &Element) -> String {
+        if view.is_contiguous() {
+            return match at.lane {
+                Some(lane) if dtype == DType::F32 => format!("l{input}.{lane}"),
+                _ => format!("in{input}[{}]", at.index),
+            };
+        }
+        let mut index = if view.offset == 0 {
+            String::new()
+        } else {
+            view.offset.to_string()
+        };
+        for (axis, &stride) in view.strides.iter().enumerate() {
+            if stride != 0 {
+                if !index.is_empty() {
+                    index.push_str(" + ");
+                }
+                let _ = write!(index, "{}{axis} * {stride}", at.coords);
+            }
+        }
+        if index.is_empty() {
+            index.push('0');
+        }
+        let read = format!("in{input}[{index}]");
+        let Some(mask) = &view.mask else {
+            return read;
+        };
+        let dims = view.shape.dims();
+        let conditions: Vec<String> = mask
+            .valid
+            .iter()
+            .enumerate()
+            .filter(|&(a, &(lo, hi))| (lo, hi) != (0, dims[a]))
+            .map(|(a, &(lo, hi))| {
+                let c = format!("{}{a}", at.coords);
+                match (lo, hi) {
+                    (0, hi) => format!("{c} < {hi}"),
+                    (lo, hi) if hi == dims[a] => format!("{c} >= {lo}"),
+                    (lo, hi) => format!("{c} >= {lo} && {c} < {hi}"),
+                }
+            })
+            .collect();
+        if conditions.is_empty() {
+            return read;
+        }
+        format!(
+            "({}) ? {read} : {}",
+            conditions.join(" && "),
+            literal(mask.fill)
+        )
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: &str, ty: DType) -> Result<String, Error> {
+        if ty == DType::F32 {
+            return Ok(match op {
+                UnaryOp::Neg => format!("-{x}"),
+                UnaryOp::Exp => format!("expf({x})"),
+                UnaryOp::Log => format!("logf({x})"),
+                UnaryOp::Sqrt => format!("sqrtf({x})"),
+                UnaryOp::Recip => format!("1.0f / {x}"),
+                // NaN stays NaN; -0 and everything below 0 become +0.
+                UnaryOp::Relu => format!("({x} > 0.0f || {x} != {x}) ? {x} : 0.0f"),
+                UnaryOp::Sigmoid => format!("1.0f / (1.0f + expf(-{x}))"),
+                UnaryOp::Tanh => format!("tanhf({x})"),
+                UnaryOp::Abs => format!("fabsf({x})"),
+            });
+        }
+        let wide = format!("(long long){x}");
+        Ok(match op {
+            UnaryOp::Neg => wrap(&format!("-{wide}"), ty),
+            UnaryOp::Abs => wrap(&format!("({x} < 0 ? -{wide} : {wide})"), ty),
+            UnaryOp::Relu => format!("{x} > 0 ? {x} : 0"),
+            _ => {
+                return Err(Error::Codegen(format!(
+                    "{} of {ty} is not typed",
+                    op.name()
+                )));
+            }
+        })
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: &str, y: &str, ty: DType) -> Result<String, Error> {
+        let infix = |sign: &str| format!("{x} {sign} {y}");
+        if op.is_comparison() {
+            return Ok(match op {
+                BinaryOp::Lt => infix("<"),
+                BinaryOp::Le => infix("<="),
+                BinaryOp::Gt => infix(">"),
+                BinaryOp::Ge => infix(">="),
+                BinaryOp::Eq => infix("=="),
+                _ => infix("!="),
+            });
+        }
+        if ty == DType::F32 {
+            return Ok(match op {
+                BinaryOp::Add => infix("+"),
+                BinaryOp::Sub => infix("-"),
+                BinaryOp::Mul => infix("*"),
+                BinaryOp::Div => infix("/"),
+                BinaryOp::Max => {
+                    self.helpers.insert("kiln_max");
+                    format!("kiln_max({x}, {y})")
+                }
+                BinaryOp::Min => {
+                    self.helpers.extend(["kiln_max", "kiln_min"]);
+                    format!("kiln_min({x}, {y})")
+                }
+                BinaryOp::Pow => format!("(float)pow((double){x}, (double){y})"),
+                _ => return Err(Error::Codegen(format!("{} is not arithmetic", op.name()))),
+            });
+        }
+        let wide = |sign: &str| wrap(&format!("(long long){x} {sign} (long long){y}"), ty);
+        Ok(match op {
+            BinaryOp::Add => wide("+"),
+            BinaryOp::Sub => wide("-"),
+            BinaryOp::Mul => wide("*"),
+            BinaryOp::Max => format!("{x} > {y} ? {x} : {y}"),
+            BinaryOp::Min => format!("{x} < {y} ? {x} : {y}"),
+            _ => {
+                return Err(Error::Codegen(format!(
+                    "{} of {ty} is not typed",
+                    op.name()
+                )));
+            }
+        })
+    }
+
+    fn cast(&mut self, x: &str, from: DType, to: DType) -> String {
+        match (from, to) {
+            (a, b) if a == b => x.to_string(),
+            (_, DType::Bool) => format!("{x} != 0"),
+            (DType::F32, DType::I32) => {
+                self.helpers.insert("kiln_f2i");
+                format!("kiln_f2i({x})")
+            }
+            (DType::F32, DType::U8) => {
+                self.helpers.insert("kiln_f2u8");
+                format!("kiln_f2u8({x})")
+            }
+            (_, to) => format!("({}){x}", ctype(to)),
+        }
+    }
+}
+
+/// An integer result computed in `long long`, wrapped to `ty`.
+pub(super) fn wrap(wide: &str, ty: DType) -> String {
+    match ty {
+        DType::I32 => format!("(int)(unsigned int)({wide})"),
+        DType::U8 => format!("(unsigned char)({wide})"),
+        _ => format!("({wide}) != 0"),
+    }
+}
+
+/// The dims of `shape` as (axis, extent), size-1 axes dropped.
+pub(super) fn axes_of(shape: &Shape) -> Vec<(usize, usize)> {
+    shape
+        .dims()
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, d)| d != 1)
+        .collect()
+}

@@ -1,0 +1,241 @@
+//! A GPU opened for kiln: the checks that its driver and libraries are
+//! there and of CUDA 13, its context and compute stream, its cuBLAS and
+//! cuBLASLt handles, the kernels compiled for it (by their CUDA C), and
+//! timing by events on its stream.
+
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::{blaslt, codegen};
+use crate::Error;
+
+/// A failed driver or library call, saying what it was doing.
+pub(super) fn driver(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Cuda(format!("{what}: {e:?}"))
+}
+
+/// One GPU: its context and stream, cuBLAS handles, and every module loaded.
+pub struct Gpu {
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
+    arch: String,
+    name: String,
+    pub(super) lt: blaslt::Lt,
+    pub(super) blas: CudaBlas,
+    /// Kernels by their CUDA C: a source compiles once per device.
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Freed device buffers by size, for the next allocation of that size.
+    pub(super) pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+}
+
+/// The CUDA major version kiln's bindings are built for (cudarc's
+/// `cuda-13000`): the driver must support it and the libraries must be it.
+const CUDA_MAJOR: i32 = 13;
+
+/// The versions of the driver, NVRTC, cuBLAS and cuBLASLt that were loaded:
+/// an older driver or a library of another major version (cudarc also tries
+/// `.so.12`, `.so.11` and unversioned names) is an `Err` saying what was found.
+fn check_versions() -> Result<(), Error> {
+    let (mut driver_version, mut nvrtc) = (0, (0, 0));
+    let mut blas_major = 0;
+    // SAFETY: each call writes the integers it is given; the libraries are
+    // loaded (checked by the caller).
+    let (lt_version, statuses) = unsafe {
+        let d = cudarc::driver::sys::cuDriverGetVersion(&mut driver_version);
+        let n = cudarc::nvrtc::sys::nvrtcVersion(&mut nvrtc.0, &mut nvrtc.1);
+        let b = cudarc::cublas::sys::cublasGetProperty(
+            cudarc::cublas::sys::libraryPropertyType::MAJOR_VERSION,
+            &mut blas_major,
+        );
+        (
+            cudarc::cublaslt::sys::cublasLtGetVersion(),
+            (d.result().is_ok(), n.result().is_ok(), b.result().is_ok()),
+        )
+    };
+    // A call that failed reports version 0, which no check accepts.
+    let driver_version = if statuses.0 { driver_version } else { 0 };
+    // cuBLASLt's version is major * 10000 + minor * 100 + patch.
+    let libraries = [
+        ("libnvrtc", if statuses.1 { nvrtc.0 } else { 0 }),
+        ("libcublas", if statuses.2 { blas_major } else { 0 }),
+        (
+            "libcublasLt",
+            i32::try_from(lt_version / 10000).unwrap_or(0),
+        ),
+    ];
+    match version_problem(driver_version, &libraries) {
+        Some(problem) => Err(Error::Cuda(problem)),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with a driver of `driver_version` (`cuDriverGetVersion`'s
+/// 1000 * major + 10 * minor) and libraries of the given major versions.
+fn version_problem(driver_version: i32, libraries: &[(&str, i32)]) -> Option<String> {
+    if driver_version < CUDA_MAJOR * 1000 {
+        return Some(format!(
+            "the NVIDIA driver supports CUDA {}.{}; kiln needs {CUDA_MAJOR}.0 or newer",
+            driver_version / 1000,
+            driver_version % 1000 / 10
+        ));
+    }
+    libraries.iter().find(|(_, major)| *major != CUDA_MAJOR).map(|(library, major)| {
+        format!(
+            "{library} of CUDA {major} was loaded; kiln needs {library}.so.{CUDA_MAJOR} (put CUDA {CUDA_MAJOR}'s libraries first on LD_LIBRARY_PATH)"
+        )
+    })
+}
+
+/// GPUs opened so far, by ordinal.
+static GPUS: LazyLock<Mutex<HashMap<usize, Arc<Gpu>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// GPU `ordinal`, opened once per process. No driver, no device, no NVRTC or
+/// no cuBLAS is an `Err` saying which (cudarc panics on a missing library;
+/// each is checked first).
+pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
+    let mut gpus = GPUS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = gpus.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    // SAFETY: each only tries to dlopen its library.
+    let (cuda, lt, blas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::cublaslt::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    if !cuda {
+        return Err(Error::Cuda(
+            "libcuda.so is not loadable: no NVIDIA driver on this machine".into(),
+        ));
+    }
+    if !super::nvrtc::available() {
+        return Err(Error::Cuda(
+            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH)".into(),
+        ));
+    }
+    if !lt || !blas {
+        return Err(Error::Cuda(
+            "libcublasLt.so.13 or libcublas.so.13 is not on the library path (LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    check_versions()?;
+    let count = CudaContext::device_count().map_err(|e| driver("counting devices", e))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(Error::Cuda(format!(
+            "no device {ordinal}: this machine has {count}"
+        )));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the device", e))?;
+    // SAFETY: every buffer of the device is used on its one compute stream,
+    // where work runs in order, except the standby input buffers, which a
+    // copy stream writes, ordered against the compute stream by the events
+    // `Staging` records and waits on (`copied`, `released`); cudarc's per-use
+    // events (recorded on every pointer taken) would only cost time.
+    unsafe { ctx.disable_event_tracking() };
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| driver("compute capability", e))?;
+    let stream = ctx.default_stream();
+    let d = Arc::new(Gpu {
+        name: ctx.name().map_err(|e| driver("device name", e))?,
+        arch: format!("sm_{major}{minor}"),
+        lt: blaslt::Lt::new(&stream, major)?,
+        blas: CudaBlas::new(stream.clone()).map_err(|e| driver("cuBLAS", e))?,
+        ctx,
+        stream,
+        functions: Mutex::new(HashMap::new()),
+        pool: Mutex::new(HashMap::new()),
+    });
+    gpus.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+impl Gpu {
+    /// The device's name (`NVIDIA H100 80GB HBM3`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `enqueue` between two events on the device's stream, waits for
+    /// the second, and returns the device's time between them in seconds.
+    pub(super) fn timed(&self, enqueue: impl FnOnce() -> Result<(), Error>) -> Result<f64, Error> {
+        self.bind()?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = || {
+            self.stream
+                .record_event(timing)
+                .map_err(|e| driver("recording a timing event", e))
+        };
+        let start = event()?;
+        enqueue()?;
+        let end = event()?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(|e| driver("running on the device", e))?;
+        Ok(f64::from(ms) / 1e3)
+    }
+
+    /// Makes the device's context current on the calling thread: an
+    /// `Executable` is `Send`, and cuBLAS, cuBLASLt and raw driver calls use
+    /// the thread's current context.
+    pub(super) fn bind(&self) -> Result<(), Error> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("binding the device's context to this thread", e))
+    }
+
+    /// The architecture kernels are compiled for (`sm_90`).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The kernel of `code`, compiled to a CUBIN for this device once.
+    pub(super) fn function(&self, code: &str) -> Result<CudaFunction, Error> {
+        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = functions.get(code) {
+            return Ok(f.clone());
+        }
+        let cubin = super::nvrtc::compile(code, &self.arch)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| driver("loading a module", e))?;
+        let f = module
+            .load_function(codegen::ENTRY)
+            .map_err(|e| driver("loading a kernel", e))?;
+        functions.insert(code.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_problem;
+
+    #[test]
+    fn versions_are_checked_against_cuda_13() {
+        let thirteen = [("libnvrtc", 13), ("libcublas", 13), ("libcublasLt", 13)];
+        assert_eq!(version_problem(13000, &thirteen), None);
+        assert_eq!(version_problem(13020, &thirteen), None);
+        let old = version_problem(12080, &thirteen).unwrap_or_default();
+        assert!(old.contains("supports CUDA 12.8; kiln needs 13.0"), "{old}");
+        let twelve = [("libnvrtc", 13), ("libcublas", 12), ("libcublasLt", 13)];
+        let found = version_problem(13000, &twelve).unwrap_or_default();
+        assert!(
+            found.starts_with("libcublas of CUDA 12 was loaded"),
+            "{found}"
+        );
+        let failed = version_problem(0, &thirteen).unwrap_or_default();
+        assert!(failed.contains("supports CUDA 0.0"), "{failed}");
+    }
+}
