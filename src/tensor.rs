@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln_ir::pass::{Optimized, Options};
-use kiln_ir::{DType, Data, DataRef, Element, Graph, NodeId, Op, Scalar, Shape, TensorType};
+use kiln_ir::{
+    DType, Data, DataRef, Element, Graph, NodeId, Op, Scalar, Shape, TensorType, try_capacity,
+};
 use smallvec::SmallVec;
 
 use kiln_runtime::BackendOptions;
@@ -135,15 +137,22 @@ impl Tensor {
 
     /// A tensor holding `data` in row-major order under `shape`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
-        let ty = TensorType::new(T::DTYPE, shape).checked("from_vec")?;
-        if data.len() != ty.shape.numel() {
+        let ty = Tensor::filled_by("from_vec", T::DTYPE, data.len(), shape.into())?;
+        Ok(Tensor::ready(ty, T::into_data(data)))
+    }
+
+    /// The type of `len` values of `dtype` under `shape`, or the `Err` of
+    /// `op` where they do not fill it or it is too large.
+    fn filled_by(op: &'static str, dtype: DType, len: usize, shape: Shape) -> Result<TensorType> {
+        let ty = TensorType::new(dtype, shape).checked(op)?;
+        if len != ty.shape.numel() {
             return Err(Error::DataLength {
-                op: "from_vec",
-                len: data.len(),
+                op,
+                len,
                 shape: ty.shape,
             });
         }
-        Ok(Tensor::ready(ty, T::into_data(data)))
+        Ok(ty)
     }
 
     /// A tensor of data already computed, whose length matches `ty`.
@@ -153,7 +162,10 @@ impl Tensor {
 
     /// A tensor holding a copy of `data` in row-major order under `shape`.
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
-        Tensor::from_vec(data.to_vec(), shape)
+        let ty = Tensor::filled_by("from_slice", T::DTYPE, data.len(), shape.into())?;
+        let mut copy = try_capacity(data.len()).map_err(|e| e.in_op("from_slice", &ty))?;
+        copy.extend_from_slice(data);
+        Ok(Tensor::ready(ty, T::into_data(copy)))
     }
 
     /// A rank-0 tensor of `value`. Lazy: it is a constant in the graph.
@@ -212,8 +224,10 @@ impl Tensor {
         mut draw: impl FnMut(&mut SplitMix64) -> f32,
     ) -> Result<Tensor> {
         let ty = TensorType::new(DType::F32, shape).checked(op)?;
+        let n = ty.shape.numel();
+        let mut values = try_capacity(n).map_err(|e| e.in_op(op, &ty))?;
         let mut rng = SplitMix64::new(seed);
-        let values = (0..ty.shape.numel()).map(|_| draw(&mut rng)).collect();
+        values.extend((0..n).map(|_| draw(&mut rng)));
         Ok(Tensor::ready(ty, Data::F32(values)))
     }
 
@@ -347,13 +361,21 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let refs: Vec<DataRef> = inputs.iter().map(|d| d.as_ref().into()).collect();
-    let mut exec = compile_graph(
-        &graph,
-        Options::default(),
-        BackendOptions::default(),
-        device,
-    )?;
-    let mut outputs = exec.output_buffers()?;
+    // The results' memory first, so that a result too large for it is an
+    // `Err` naming its op before anything is compiled.
+    let mut outputs = pending
+        .iter()
+        .map(|t| {
+            let ty = &t.0.ty;
+            let op = match &*t.state() {
+                State::Lazy { op, .. } => op.name(),
+                State::Ready(_) | State::Placeholder(_) => "realize",
+            };
+            Data::zeros(ty.dtype, ty.shape.numel()).map_err(|e| e.in_op(op, ty).into())
+        })
+        .collect::<Result<Vec<Data>>>()?;
+    let backend_options = BackendOptions::default();
+    let mut exec = compile_graph(&graph, Options::default(), backend_options, device)?;
     exec.run_into(&refs, &mut outputs)?;
     for (tensor, data) in pending.iter().zip(outputs) {
         *tensor.state() = State::Ready(Arc::new(data));

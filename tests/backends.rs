@@ -69,3 +69,77 @@ fn a_gpu_without_the_cuda_feature_is_an_error() -> Result<()> {
     assert_eq!((x * 2.0f32)?.to_vec::<f32>()?, vec![2.0; 4]);
     Ok(())
 }
+
+/// 2^50 f32 values: 4 PiB, addressable but more than any machine has.
+const HUGE: [usize; 3] = [1 << 20, 1 << 20, 1 << 10];
+const HUGE_BYTES: &str = "4503599627370496 bytes";
+
+fn huge() -> TensorType {
+    TensorType::new(DType::F32, HUGE)
+}
+
+/// The process goes on after each: a small tensor still computes.
+fn still_computes() -> Result<()> {
+    let x = Tensor::from_slice(&[1.0f32, -2.0], [2])?;
+    assert_eq!(x.relu()?.to_vec::<f32>()?, vec![1.0, 0.0]);
+    Ok(())
+}
+
+#[test]
+fn a_constructor_out_of_memory_is_an_error() -> Result<()> {
+    for (op, made) in [
+        ("randn", Tensor::randn(HUGE, 0)),
+        ("rand", Tensor::rand(HUGE, 0)),
+    ] {
+        let want = format!("{op}: out of memory: {HUGE_BYTES} for {}", huge());
+        assert_eq!(made.err().map(|e| e.to_string()), Some(want));
+    }
+    still_computes()
+}
+
+#[test]
+fn realizing_a_result_out_of_memory_is_an_error() -> Result<()> {
+    let y = Tensor::zeros(HUGE, DType::F32)?.exp()?;
+    let want = format!("exp: out of memory: {HUGE_BYTES} for {}", huge());
+    assert_eq!(y.to_vec::<f32>().err().map(|e| e.to_string()), Some(want));
+    still_computes()
+}
+
+#[test]
+fn the_interpreter_out_of_memory_is_an_error() -> Result<()> {
+    // A small result, but the interpreter materializes every value on the
+    // way: the fused kernel's 4 PiB of exponentials.
+    let zero = Tensor::scalar(0.0f32).to(Device::Reference)?;
+    let total = zero.expand(HUGE)?.exp()?.sum_all()?;
+    let err = total.to_scalar::<f32>().err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.starts_with("kernel: out of memory: ")
+                && e.contains(&format!("{HUGE_BYTES} for evaluating f32["))),
+        "{err:?}"
+    );
+    still_computes()
+}
+
+#[test]
+fn a_compiled_graph_out_of_memory_is_an_error() -> Result<()> {
+    // Its result: outputs are made per call (or once, by `output_buffers`).
+    let sums = kiln::compile("sums", &[huge()], |t| Ok(vec![t[0].exp()?]))?;
+    let want = format!("sums: out of memory: {HUGE_BYTES} for output 0, {}", huge());
+    assert_eq!(
+        sums.output_buffers().err().map(|e| e.to_string()),
+        Some(want)
+    );
+    // An intermediate: the arena is made when the graph is compiled. The
+    // exponentials feed a matmul, so they are written out first.
+    let w = Tensor::ones([1 << 10, 1], DType::F32)?;
+    let compiled = kiln::compile("project", &[huge()], |t| Ok(vec![t[0].exp()?.matmul(&w)?]));
+    let err = compiled.err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.starts_with("project: out of memory: ")
+                && e.contains(" bytes for intermediate buffer ")),
+        "{err:?}"
+    );
+    still_computes()
+}

@@ -93,7 +93,7 @@ fn compiled_graphs_agree_with_the_interpreter_in_both_precisions() -> Result<()>
             })
             .collect::<Result<_>>()?;
         let refs: Vec<DataRef> = inputs.iter().map(DataRef::from).collect();
-        let mut out = vec![Data::zeros(DType::F32, 64 * 10)];
+        let mut out = vec![Data::zeros(DType::F32, 64 * 10).unwrap()];
         exec.run_into(&refs, &mut out)?;
         let Data::F32(got) = &out[0] else {
             panic!("f32 logits");
@@ -141,9 +141,9 @@ fn prepared_inputs_overlap_the_previous_launch_and_give_the_same_results() -> Re
         if let Some(next) = batches.get(i + 1) {
             piped.prepare(&arguments(&types, next, &weights))?;
         }
-        let mut got = vec![Data::zeros(DType::F32, 16 * 32)];
+        let mut got = vec![Data::zeros(DType::F32, 16 * 32).unwrap()];
         piped.finish(&arguments(&types, batch, &weights), &mut got)?;
-        let mut want = vec![Data::zeros(DType::F32, 16 * 32)];
+        let mut want = vec![Data::zeros(DType::F32, 16 * 32).unwrap()];
         plain.run_into(&arguments(&types, batch, &weights), &mut want)?;
         assert_eq!(got, want, "batch {i}");
     }
@@ -262,7 +262,7 @@ fn launch_prepared_takes_one_prepare_each() -> Result<()> {
     let mut exec = Executable::new(optimized, d, Precision::F32)?;
     let batch = Data::F32(x.to_vec()?);
     let inputs = [DataRef::from(&batch)];
-    let mut out = vec![Data::zeros(DType::F32, 8 * 16)];
+    let mut out = vec![Data::zeros(DType::F32, 8 * 16).unwrap()];
     assert!(
         exec.launch_prepared().is_err(),
         "a launch before any prepare"
@@ -310,10 +310,16 @@ fn empty_inputs_are_staged_and_run() -> Result<()> {
         .collect::<Result<_>>()?;
     let inputs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
     let want = Data::F32(y.to_vec()?);
-    let mut out = vec![Data::zeros(DType::F32, 0), Data::zeros(DType::F32, 4)];
+    let mut out = vec![
+        Data::zeros(DType::F32, 0).unwrap(),
+        Data::zeros(DType::F32, 4).unwrap(),
+    ];
     exec.run_into(&inputs, &mut out)?;
     assert_eq!(out[1], want);
-    let mut staged = vec![Data::zeros(DType::F32, 0), Data::zeros(DType::F32, 4)];
+    let mut staged = vec![
+        Data::zeros(DType::F32, 0).unwrap(),
+        Data::zeros(DType::F32, 4).unwrap(),
+    ];
     exec.prepare(&inputs)?;
     exec.launch_prepared()?;
     exec.finish(&inputs, &mut staged)?;
@@ -331,7 +337,7 @@ fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
     let data = [Data::F32(x.to_vec()?), Data::F32(w.to_vec()?)];
     let run = move |mut exec: Executable| -> Result<Data> {
         let inputs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
-        let mut out = vec![Data::zeros(DType::F32, 32 * 24)];
+        let mut out = vec![Data::zeros(DType::F32, 32 * 24).unwrap()];
         exec.run_into(&inputs, &mut out)?;
         Ok(out.remove(0))
     };
@@ -362,7 +368,7 @@ fn staging_dropped_with_a_copy_in_flight_frees_safely() -> Result<()> {
         exec.prepare(&[DataRef::from(&batch)])?;
     }
     let mut exec = Executable::new(optimized, d, Precision::F32)?;
-    let mut out = vec![Data::zeros(DType::F32, 4096 * 4096)];
+    let mut out = vec![Data::zeros(DType::F32, 4096 * 4096).unwrap()];
     exec.run_into(&[DataRef::from(&batch)], &mut out)?;
     let want: Vec<f32> = x.to_vec::<f32>()?.iter().map(|v| v.max(0.0)).collect();
     assert_eq!(out[0], Data::F32(want));

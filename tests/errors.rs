@@ -184,7 +184,7 @@ fn data_and_reads() {
     );
     assert_eq!(
         message(Tensor::from_slice(&[1u8, 2], [3])),
-        "from_vec: 2 values do not fill shape [3] (3 elements)"
+        "from_slice: 2 values do not fill shape [3] (3 elements)"
     );
     let x = ones(&[2, 2]);
     let err = x.to_scalar::<f32>().unwrap_err().to_string();

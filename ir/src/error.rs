@@ -92,6 +92,16 @@ pub enum Error {
         /// Right operand's shape.
         rhs: Shape,
     },
+    /// A buffer the allocator could not give.
+    #[error("{op}: out of memory: {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// The operation, or the graph, that needed it.
+        op: String,
+        /// What the buffer was for: its type, or which buffer.
+        what: String,
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// A result with more bytes than an address space holds.
     #[error("{op}: the result of shape {shape} is too large to address")]
     TooLarge {

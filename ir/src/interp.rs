@@ -14,7 +14,7 @@ use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::graph::Graph;
 use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use crate::op::Op;
-use crate::types::{DType, Data, Scalar, Shape, cast_f64, cast_int};
+use crate::types::{DType, Data, OutOfMemory, Scalar, Shape, cast_f64, cast_int, try_vec};
 use crate::verify::verify;
 use crate::view::View;
 
@@ -46,7 +46,7 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
         let out = &node.ty;
         let n = out.shape.numel();
         let value = match &node.op {
-            Op::Input { index } => inputs[*index as usize].clone(),
+            Op::Input { index } => Ok(inputs[*index as usize].clone()),
             Op::Const(v) => Data::from_fn(v.dtype(), 1, |_| *v),
             Op::Unary(op) => {
                 let x = arg(0);
@@ -70,7 +70,7 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
                 let x = arg(0);
                 Data::from_fn(*to, n, |i| x.get(i).cast(*to))
             }
-            Op::Reshape(_) => arg(0).clone(),
+            Op::Reshape(_) => Ok(arg(0).clone()),
             Op::Permute(perm) => {
                 let in_strides = arg_shape(0).strides();
                 let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
@@ -123,7 +123,9 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
                 let args: Vec<&Data> = node.inputs.iter().map(|id| &values[id.index()]).collect();
                 kernel(k, &args)
             }
-        };
+        }
+        // A kernel allocates working values of other types on the way.
+        .map_err(|e| e.in_op(node.op.name(), format_args!("evaluating {out}")))?;
         values.push(value);
     }
     Ok(graph
@@ -148,7 +150,7 @@ fn dot(coords: &[usize], strides: &[usize]) -> usize {
 }
 
 /// A view: output element at `coords` is input element `index(coords)`.
-fn gather(x: &Data, out: &Shape, index: impl Fn(&[usize]) -> usize) -> Data {
+fn gather(x: &Data, out: &Shape, index: impl Fn(&[usize]) -> usize) -> Result<Data, OutOfMemory> {
     Data::from_fn(x.dtype(), out.numel(), |i| x.get(index(&unravel(i, out))))
 }
 
@@ -289,7 +291,13 @@ fn compare(op: BinaryOp, x: f64, y: f64) -> bool {
 
 /// Accumulates every input element into the output element it reduces to, in
 /// f64 for floats and i64 for integers, then rounds or wraps once.
-fn reduce(op: ReduceOp, axes: &[usize], x: &Data, from: &Shape, out: &Shape) -> Data {
+fn reduce(
+    op: ReduceOp,
+    axes: &[usize],
+    x: &Data,
+    from: &Shape,
+    out: &Shape,
+) -> Result<Data, OutOfMemory> {
     let dtype = x.dtype();
     let out_strides = out.strides();
     let target = |i: usize| -> usize {
@@ -304,7 +312,7 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Data, from: &Shape, out: &Shape) -> 
             ReduceOp::Sum => 0.0,
             ReduceOp::Max => f64::NEG_INFINITY,
         };
-        let mut acc = vec![init; out.numel()];
+        let mut acc = try_vec(out.numel(), init)?;
         for i in 0..from.numel() {
             let (t, v) = (target(i), x.get(i).to_f64());
             acc[t] = match op {
@@ -318,7 +326,7 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Data, from: &Shape, out: &Shape) -> 
             ReduceOp::Sum => 0,
             ReduceOp::Max => i64::MIN,
         };
-        let mut acc = vec![init; out.numel()];
+        let mut acc = try_vec(out.numel(), init)?;
         for i in 0..from.numel() {
             let (t, v) = (target(i), x.get(i).to_f64() as i64);
             acc[t] = match op {
@@ -331,7 +339,7 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Data, from: &Shape, out: &Shape) -> 
 }
 
 /// `[.., m, k] @ [.., k, n]` over equal batch dims, accumulating in f64.
-fn matmul(a: &Data, b: &Data, ls: &Shape, rs: &Shape, out: &Shape) -> Data {
+fn matmul(a: &Data, b: &Data, ls: &Shape, rs: &Shape, out: &Shape) -> Result<Data, OutOfMemory> {
     let r = ls.rank();
     let (m, k, n) = (ls.dims()[r - 2], ls.dims()[r - 1], rs.dims()[r - 1]);
     Data::from_fn(DType::F32, out.numel(), |i| {
@@ -355,7 +363,7 @@ fn read(x: &Data, view: &View, coords: &[usize]) -> Scalar {
 }
 
 /// The elements `view` presents, densely.
-fn materialize(x: &Data, view: &View) -> Data {
+fn materialize(x: &Data, view: &View) -> Result<Data, OutOfMemory> {
     Data::from_fn(x.dtype(), view.shape.numel(), |i| {
         read(x, view, &unravel(i, &view.shape))
     })
@@ -365,7 +373,7 @@ fn materialize(x: &Data, view: &View) -> Data {
 /// by value with the scalar semantics of the graph ops, reductions and
 /// products accumulate as the graph-level ops do, so a fused kernel and the
 /// ops it replaces agree exactly.
-fn kernel(k: &Kernel, args: &[&Data]) -> Data {
+fn kernel(k: &Kernel, args: &[&Data]) -> Result<Data, OutOfMemory> {
     let space = &k.out.shape;
     match &k.kind {
         // The verifier admits `acc` only in reduction and matmul bodies.
@@ -376,12 +384,12 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Data {
             shape,
             prologue,
         } => {
-            let values = block(prologue, shape, args, &|_| Scalar::Bool(false));
+            let values = block(prologue, shape, args, &|_| Scalar::Bool(false))?;
             let mut reduced = shape.clone();
             for &a in axes {
                 reduced.0[a] = 1;
             }
-            let acc = reduce(*op, axes, &values, shape, &reduced);
+            let acc = reduce(*op, axes, &values, shape, &reduced)?;
             let strides = reduced.strides();
             let out_strides = space.strides();
             // Over the whole space, a reduced axis reads the one combined value;
@@ -408,8 +416,8 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Data {
                     block(b, shape, args, &|_| Scalar::F32(0.0))
                 }
             };
-            let (lhs, rhs) = (operand(a), operand(b));
-            let product = matmul(&lhs, &rhs, a.shape(), b.shape(), space);
+            let (lhs, rhs) = (operand(a)?, operand(b)?);
+            let product = matmul(&lhs, &rhs, a.shape(), b.shape(), space)?;
             let strides = space.strides();
             block(&k.body, space, args, &|coords| {
                 product.get(dot(coords, &strides))
@@ -419,7 +427,12 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Data {
 }
 
 /// `b` evaluated at every index of `space`.
-fn block(b: &Block, space: &Shape, args: &[&Data], acc: &dyn Fn(&[usize]) -> Scalar) -> Data {
+fn block(
+    b: &Block,
+    space: &Shape,
+    args: &[&Data],
+    acc: &dyn Fn(&[usize]) -> Scalar,
+) -> Result<Data, OutOfMemory> {
     let dtype = b.dtype().unwrap_or(DType::F32);
     let mut values: Vec<Scalar> = Vec::with_capacity(b.values.len());
     Data::from_fn(dtype, space.numel(), |i| {

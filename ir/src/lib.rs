@@ -22,6 +22,8 @@ pub use elementwise::{BinaryOp, ReduceOp, UnaryOp};
 pub use error::Error;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{Op, OpLayer};
-pub use types::{DType, Data, DataRef, Element, Scalar, Shape, TensorType};
+pub use types::{
+    DType, Data, DataRef, Element, OutOfMemory, Scalar, Shape, TensorType, try_capacity, try_vec,
+};
 pub use verify::{verify, verify_graph_ops};
 pub use view::SliceRange;

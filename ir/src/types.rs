@@ -415,31 +415,79 @@ impl Data {
         }
     }
 
-    /// `n` zeros (false for bool) of `dtype`.
-    pub fn zeros(dtype: DType, n: usize) -> Data {
-        match dtype {
-            DType::F32 => Data::F32(vec![0.0; n]),
-            DType::I32 => Data::I32(vec![0; n]),
-            DType::U8 => Data::U8(vec![0; n]),
-            DType::Bool => Data::Bool(vec![false; n]),
-        }
+    /// `n` zeros (false for bool) of `dtype`, or the bytes that could not be
+    /// had.
+    pub fn zeros(dtype: DType, n: usize) -> Result<Data, OutOfMemory> {
+        Ok(match dtype {
+            DType::F32 => Data::F32(try_vec(n, 0.0)?),
+            DType::I32 => Data::I32(try_vec(n, 0)?),
+            DType::U8 => Data::U8(try_vec(n, 0)?),
+            DType::Bool => Data::Bool(try_vec(n, false)?),
+        })
     }
 
-    /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`.
-    pub fn from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> Scalar) -> Data {
-        fn build<T: Element>(n: usize, mut f: impl FnMut(usize) -> Scalar) -> Vec<T> {
+    /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`,
+    /// or the bytes that could not be had.
+    pub fn from_fn(
+        dtype: DType,
+        n: usize,
+        f: impl FnMut(usize) -> Scalar,
+    ) -> Result<Data, OutOfMemory> {
+        fn build<T: Element>(
+            n: usize,
+            mut f: impl FnMut(usize) -> Scalar,
+        ) -> Result<Vec<T>, OutOfMemory> {
+            let mut v = try_capacity(n)?;
             // `cast` to T's own dtype always yields T, so the default is never used.
-            (0..n)
-                .map(|i| T::from_scalar(f(i).cast(T::DTYPE)).unwrap_or_default())
-                .collect()
+            v.extend((0..n).map(|i| T::from_scalar(f(i).cast(T::DTYPE)).unwrap_or_default()));
+            Ok(v)
         }
-        match dtype {
-            DType::F32 => Data::F32(build(n, f)),
-            DType::I32 => Data::I32(build(n, f)),
-            DType::U8 => Data::U8(build(n, f)),
-            DType::Bool => Data::Bool(build(n, f)),
+        Ok(match dtype {
+            DType::F32 => Data::F32(build(n, f)?),
+            DType::I32 => Data::I32(build(n, f)?),
+            DType::U8 => Data::U8(build(n, f)?),
+            DType::Bool => Data::Bool(build(n, f)?),
+        })
+    }
+}
+
+/// Memory the allocator could not give: the bytes asked for. Every buffer
+/// of values kiln allocates (constructors, interpreters, backends) goes
+/// through `try_capacity`, so that running out of memory is an `Err`, not
+/// an abort; `in_op` gives it the op and the type it was for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// The bytes asked for.
+    pub bytes: usize,
+}
+
+impl OutOfMemory {
+    /// The error of `op` failing to allocate a value described by `what`
+    /// (its type, or which buffer).
+    pub fn in_op(self, op: impl Into<String>, what: impl fmt::Display) -> Error {
+        Error::OutOfMemory {
+            op: op.into(),
+            what: what.to_string(),
+            bytes: self.bytes,
         }
     }
+}
+
+/// An empty vector with room for `n` elements, or the bytes that could not
+/// be had.
+pub fn try_capacity<T>(n: usize) -> Result<Vec<T>, OutOfMemory> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| OutOfMemory {
+        bytes: n.saturating_mul(size_of::<T>()),
+    })?;
+    Ok(v)
+}
+
+/// `n` copies of `value`, or the bytes that could not be had.
+pub fn try_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>, OutOfMemory> {
+    let mut v = try_capacity(n)?;
+    v.resize(n, value);
+    Ok(v)
 }
 
 /// Elements borrowed from storage kiln does not own (a `Data`, or rows of a

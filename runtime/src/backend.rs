@@ -49,13 +49,17 @@ pub trait Executable: Send {
     /// The types of the outputs, in order.
     fn output_types(&self) -> &[TensorType];
 
-    /// Buffers of the output types, to pass to `run_into`.
+    /// Buffers of the output types, to pass to `run_into`; an `Err` naming
+    /// the graph, the output and the bytes where memory runs out.
     fn output_buffers(&self) -> Result<Vec<Data>, Error> {
-        Ok(self
-            .output_types()
-            .iter()
-            .map(|t| Data::zeros(t.dtype, t.shape.numel()))
-            .collect())
+        let name = &self.optimized().graph.name;
+        let buffer = |(k, t): (usize, &TensorType)| {
+            Data::zeros(t.dtype, t.shape.numel()).map_err(|e| {
+                e.in_op(name.as_str(), format_args!("output {k}, {t}"))
+                    .into()
+            })
+        };
+        self.output_types().iter().enumerate().map(buffer).collect()
     }
 
     /// Kernel launches per run.

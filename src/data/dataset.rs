@@ -40,7 +40,8 @@ pub trait Dataset: Send + Sync {
             .enumerate()
             .map(|(f, ty)| {
                 let n = ty.shape.numel();
-                let mut data = Data::zeros(ty.dtype, n);
+                let mut data = Data::zeros(ty.dtype, n)
+                    .map_err(|e| DataError::out_of_memory(e, "Dataset::get", &ty))?;
                 match &mut data {
                     Data::F32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
                     Data::I32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
@@ -48,7 +49,7 @@ pub trait Dataset: Send + Sync {
                     Data::Bool(v) => {
                         let mut bytes = vec![0u8; n];
                         self.read(index, f, &mut bytes)?;
-                        *v = bytes.iter().map(|&b| b != 0).collect();
+                        v.iter_mut().zip(&bytes).for_each(|(v, &b)| *v = b != 0);
                     }
                 }
                 Ok(Tensor::from_data(ty, data))

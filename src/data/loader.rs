@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kiln_ir::{DType, Data, DataRef};
+use kiln_ir::{DType, Data, DataRef, OutOfMemory};
 
 use super::{DataError, Dataset, Mapped};
 use crate::rng::SplitMix64;
@@ -466,10 +466,16 @@ fn read_items(
             .zip(mapped)
             .zip(pool.iter_mut())
             .map(|((f, view), free)| match view {
-                Some(view) => Field::Mapped(view.clone()),
-                None => Field::Owned(fit(free.pop(), f.dtype, f.shape.numel() * job.items.len())),
+                Some(view) => Ok(Field::Mapped(view.clone())),
+                None => {
+                    let n = f.shape.numel() * job.items.len();
+                    fit(free.pop(), f.dtype, n).map(Field::Owned).map_err(|e| {
+                        let what = format_args!("batch {} of {n} values of {}", job.index, f.dtype);
+                        DataError::out_of_memory(e, "data loader", what)
+                    })
+                }
             })
-            .collect()
+            .collect::<Result<_, DataError>>()?
     };
     let mut items = Vec::with_capacity(job.items.len());
     let mut skipped = 0;
@@ -529,9 +535,11 @@ fn read_items(
     })
 }
 
-/// `buffer` resized to `n` elements of `dtype`, or a new one.
-fn fit(buffer: Option<Data>, dtype: DType, n: usize) -> Data {
-    match buffer {
+/// `buffer` resized to `n` elements of `dtype`, or a new one. A recycled
+/// buffer held a full batch before (`truncate` keeps its capacity), so
+/// resizing it allocates nothing.
+fn fit(buffer: Option<Data>, dtype: DType, n: usize) -> Result<Data, OutOfMemory> {
+    Ok(match buffer {
         Some(Data::F32(mut v)) if dtype == DType::F32 => {
             v.resize(n, 0.0);
             Data::F32(v)
@@ -548,8 +556,8 @@ fn fit(buffer: Option<Data>, dtype: DType, n: usize) -> Data {
             v.resize(n, false);
             Data::Bool(v)
         }
-        _ => Data::zeros(dtype, n),
-    }
+        _ => Data::zeros(dtype, n)?,
+    })
 }
 
 fn truncate(data: &mut Data, n: usize) {

@@ -53,6 +53,16 @@ pub enum DataError {
         /// The panic's message.
         message: String,
     },
+    /// Memory for an item or a batch could not be had.
+    #[error("{op}: out of memory: {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What was reading.
+        op: &'static str,
+        /// What the buffer was for.
+        what: String,
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// The file's contents are not what its format requires.
     #[error("{}: at byte {offset}: {message}", path.display())]
     Format {
@@ -66,6 +76,18 @@ pub enum DataError {
 }
 
 impl DataError {
+    pub(crate) fn out_of_memory(
+        e: kiln_ir::OutOfMemory,
+        op: &'static str,
+        what: impl std::fmt::Display,
+    ) -> DataError {
+        DataError::OutOfMemory {
+            op,
+            what: what.to_string(),
+            bytes: e.bytes,
+        }
+    }
+
     pub(crate) fn io(path: &Path, e: &std::io::Error) -> DataError {
         DataError::Io {
             path: path.to_path_buf(),

@@ -409,7 +409,8 @@ impl NpyArray {
             *first = end - start;
         }
         let dtype = self.header.dtype;
-        let mut data = Data::zeros(dtype.dtype(), dims.iter().product());
+        let ty = TensorType::new(dtype.dtype(), dims);
+        let mut data = Data::zeros(ty.dtype, ty.shape.numel()).map_err(|e| e.in_op("rows", &ty))?;
         match &mut data {
             Data::F32(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::I32(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
@@ -420,9 +421,6 @@ impl NpyArray {
                 }
             }
         }
-        Ok(Tensor::from_data(
-            TensorType::new(dtype.dtype(), dims),
-            data,
-        ))
+        Ok(Tensor::from_data(ty, data))
     }
 }

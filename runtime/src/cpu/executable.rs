@@ -34,12 +34,32 @@ impl Executable {
             };
             kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
         }
-        let arena = optimized
-            .schedule
+        // Graph outputs are written straight into the caller's buffers: a
+        // slot that only they and no intermediate or scratch use needs no
+        // memory here.
+        let schedule = &optimized.schedule;
+        let mut used = vec![false; schedule.slots.len()];
+        for launch in &schedule.launches {
+            if !optimized.graph.outputs.contains(&launch.node) {
+                used[launch.output] = true;
+            }
+            if let Some(s) = launch.scratch {
+                used[s] = true;
+            }
+        }
+        let arena = schedule
             .slots
             .iter()
-            .map(|&bytes| vec![0u32; bytes.div_ceil(4)])
-            .collect();
+            .zip(&used)
+            .enumerate()
+            .map(|(s, (&bytes, &used))| {
+                let words = if used { bytes.div_ceil(4) } else { 0 };
+                kiln_ir::try_vec(words, 0u32).map_err(|e| {
+                    let what = format_args!("intermediate buffer {s}");
+                    e.in_op(optimized.graph.name.as_str(), what).into()
+                })
+            })
+            .collect::<Result<_, Error>>()?;
         let outputs = optimized.graph.output_types();
         let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
         Ok(Executable {

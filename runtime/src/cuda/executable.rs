@@ -432,9 +432,13 @@ impl Executable {
     fn download(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
         self.gpu.bind()?;
         let stream = &self.gpu.stream;
-        for (data, loc) in outputs.iter_mut().zip(&self.optimized.schedule.outputs) {
+        let locations = outputs.iter_mut().zip(&self.optimized.schedule.outputs);
+        for (k, (data, loc)) in locations.enumerate() {
             let bytes = data.len() * data.dtype().size();
-            let mut host = vec![0u8; bytes];
+            let mut host = kiln_ir::try_vec(bytes, 0u8).map_err(|e| {
+                let what = format_args!("a host copy of output {k}");
+                Error::from(e.in_op(self.optimized.graph.name.as_str(), what))
+            })?;
             match loc {
                 Location::Input(i) => host.copy_from_slice(&host_bytes(inputs[*i as usize])),
                 Location::Slot(_) if bytes == 0 => {}

@@ -275,7 +275,7 @@ mod tests {
         let kernel = CompiledKernel::new(kernel, None).unwrap();
         let input: Vec<f32> = (0..rows * len).map(|i| (i % 11) as f32 / 4.0).collect();
         let sums = |ahead: i64| {
-            let mut out = Data::zeros(DType::F32, rows);
+            let mut out = Data::zeros(DType::F32, rows).unwrap();
             let x = Buffer::input(DataRef::F32(&input));
             let bound = kernel
                 .bind(&[&x], &mut Buffer::output(&mut out), &mut Buffer::empty())
