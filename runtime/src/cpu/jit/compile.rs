@@ -17,7 +17,7 @@ use kiln_ir::kernel::{Kernel, KernelKind, Operand};
 use kiln_ir::{DType, TensorType};
 
 use crate::Error;
-use crate::cpu::lower::{self, Launch};
+use crate::cpu::lower::{self, RowRange};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
 /// many rows ahead it reads a line in advance (see `lower::signature`).
@@ -60,7 +60,7 @@ pub(crate) struct CompiledKernel {
     /// in a mutex only so the kernel can be shared between threads.
     _module: Mutex<JITModule>,
     pub(super) func: KernelFn,
-    pub(super) launch: Launch,
+    pub(super) range: RowRange,
     pub(super) kernel: Kernel,
     /// For a matmul, each computed operand's block as an elementwise kernel
     /// that writes the operand into scratch memory.
@@ -108,7 +108,7 @@ impl CompiledKernel {
             .map_err(codegen)?;
         let powf = module.declare_func_in_func(pow_id, &mut ctx.func);
         let mut fbc = FunctionBuilderContext::new();
-        let launch = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, powf, target);
+        let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, powf, target);
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());
             ctx.set_disasm(true);
@@ -132,7 +132,7 @@ impl CompiledKernel {
         Ok(CompiledKernel {
             _module: Mutex::new(module),
             func,
-            launch,
+            range,
             kernel: kernel.clone(),
             operands,
         })

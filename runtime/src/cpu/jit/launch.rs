@@ -115,14 +115,14 @@ pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
     let Some(first) = group.first() else {
         return Ok(());
     };
-    let rows = first.kernel.launch.rows;
-    if let Some(b) = group.iter().find(|b| b.kernel.launch.rows != rows) {
+    let rows = first.kernel.range.rows;
+    if let Some(b) = group.iter().find(|b| b.kernel.range.rows != rows) {
         return Err(Error::Launch(format!(
             "kernels over {rows} and {} rows cannot run row by row together",
-            b.kernel.launch.rows
+            b.kernel.range.rows
         )));
     }
-    let widest = group.iter().map(|b| b.kernel.launch.row_len).max();
+    let widest = group.iter().map(|b| b.kernel.range.row_len).max();
     let row_len = widest.unwrap_or(1);
     let block = match group {
         [_] => rows.max(1),

@@ -7,7 +7,7 @@ use kiln_ir::DType;
 use kiln_ir::kernel::Block;
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
-use super::{Launch, UNROLL, vectorizable};
+use super::{RowRange, UNROLL, vectorizable};
 use crate::nest::{Access, Nest};
 
 impl<'a> Emitter<'a> {
@@ -19,7 +19,7 @@ impl<'a> Emitter<'a> {
         acc_in_place: bool,
         start: Value,
         end: Value,
-    ) -> Launch {
+    ) -> RowRange {
         let (reads, out) = nest.accesses.split_at(nest.accesses.len() - 1);
         let out = &out[0];
         // Flat: one merged axis, and the range is over elements.
@@ -37,7 +37,7 @@ impl<'a> Emitter<'a> {
             };
             let out_base = bases[bases.len() - 1];
             self.inner_loop(at, out, out_base, start, end, lanes, acc_in_place);
-            Launch {
+            RowRange {
                 rows: nest.inner[0],
                 row_len: 1,
             }
@@ -57,7 +57,7 @@ impl<'a> Emitter<'a> {
                 let out_base = bases[bases.len() - 1];
                 e.inner_loop(at, out, out_base, zero, n, lanes, acc_in_place);
             });
-            Launch {
+            RowRange {
                 rows: nest.rows,
                 row_len: inner_len,
             }

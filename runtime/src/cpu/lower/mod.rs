@@ -45,7 +45,7 @@ use emit::Emitter;
 /// How a lowered kernel is driven: the range of `start..end` and what one
 /// unit of it costs, for splitting across threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Launch {
+pub(crate) struct RowRange {
     /// `end` of a whole launch (`start` is 0).
     pub rows: usize,
     /// Elements computed per unit of the range.
@@ -81,7 +81,7 @@ pub(crate) fn lower(
     ptr: Type,
     powf: FuncRef,
     target: TargetFrontendConfig,
-) -> Launch {
+) -> RowRange {
     let mut b = FunctionBuilder::new(func, fbc);
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
@@ -110,7 +110,7 @@ pub(crate) fn lower(
         store_prologue: false,
         ahead,
     };
-    let launch = match &kernel.kind {
+    let range = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
             let identity: Vec<usize> = (0..space.rank()).collect();
             let out_view = View::contiguous(space);
@@ -179,7 +179,7 @@ pub(crate) fn lower(
     e.b.ins().return_(&[]);
     e.b.seal_all_blocks();
     e.b.finalize(target);
-    launch
+    range
 }
 
 /// Makes the loads that `block`'s result does not depend on constants: a

@@ -11,7 +11,7 @@ use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, ReduceOp};
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
-use super::{Launch, UNROLL, clif_type, f32_arithmetic, vectorizable};
+use super::{RowRange, UNROLL, clif_type, f32_arithmetic, vectorizable};
 use crate::nest::Nest;
 
 /// Output rows accumulated together by a sum over a leading axis: 16 KiB of
@@ -39,7 +39,7 @@ impl<'a> Emitter<'a> {
         broadcast: bool,
         start: Value,
         end: Value,
-    ) -> Launch {
+    ) -> RowRange {
         let dtype = prologue.dtype().unwrap_or(DType::F32);
         let inner_len: usize = pro.inner.iter().product();
         // Four rows at once, one per lane, when the prologue cannot run four
@@ -112,7 +112,7 @@ impl<'a> Emitter<'a> {
         let following = self.b.ins().iadd_imm_s(row, 1);
         self.b.ins().jump(header, &[following.into()]);
         self.b.switch_to_block(exit);
-        Launch {
+        RowRange {
             rows: pro.rows,
             row_len: inner_len.max(1),
         }
