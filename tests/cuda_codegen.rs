@@ -197,6 +197,36 @@ fn an_operand_at_an_offset_is_planned_in_place_at_that_offset() -> Result<()> {
     Ok(())
 }
 
+/// Batch axes that step as one stride are read in place, with that stride;
+/// batch axes swapped by a permute do not, and the operand is copied into
+/// scratch by a prologue first.
+#[test]
+fn batch_axes_are_one_stride_or_a_copy() -> Result<()> {
+    let w = Tensor::randn([2, 3, 5, 6], 1)?;
+    let plan_of = |x: Tensor| -> Result<plan::MatMulPlan> {
+        let y = x.matmul(&w)?;
+        let optimized = kiln::optimize("batch", &[&y], Options::default())?;
+        let kernels = kernels(&optimized.graph, &optimized);
+        plan::matmul(&kernels[0], true).map_err(kiln::Error::from)
+    };
+    let in_place = plan_of(Tensor::randn([2, 3, 4, 5], 0)?)?;
+    assert!(in_place.prologues.is_empty(), "{in_place:?}");
+    assert_eq!(in_place.gemm.batches, 6);
+    assert_eq!(
+        (in_place.gemm.a.batch_stride, in_place.gemm.b.batch_stride),
+        (20, 30)
+    );
+    let swapped = plan_of(Tensor::randn([3, 2, 4, 5], 0)?.permute(&[1, 0, 2, 3])?)?;
+    assert_eq!(swapped.prologues.len(), 1, "{swapped:?}");
+    assert_eq!(swapped.gemm.a.batch_stride, 20);
+    assert_eq!(
+        swapped.gemm.a.source,
+        plan::OperandSource::Scratch(0),
+        "{swapped:?}"
+    );
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 mod nvrtc {
     use std::collections::BTreeSet;

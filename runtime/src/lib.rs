@@ -8,7 +8,8 @@
 //!   anywhere), compiled by NVRTC and run with cuBLAS/cuBLASLt matmuls (with
 //!   feature `cuda`);
 //! - `nest`: loop nests, a kernel's space split into rows and an inner loop
-//!   with each access's strides over them, for any backend that emits loops;
+//!   with each access's strides over them, and a reduction's rows, for both
+//!   backends;
 //! - `rows`: which reductions can run row by row, for both backends.
 //!
 //! `unsafe` is confined to where machine code is made and called (the CPU

@@ -10,6 +10,10 @@
 //! row's coordinates over its outer axes, and the inner loop adds
 //! `j * stride`. A padded access keeps each axis's valid range and its fill
 //! value.
+//!
+//! The same facts without merging, for a backend that indexes each axis by
+//! its own coordinate (CUDA C): which axes take a place in memory
+//! (`placed_axes`), and a reduction's rows and row elements (`Reduction`).
 
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::view::View;
@@ -64,6 +68,56 @@ pub(crate) struct Nest {
     pub(crate) inner: Vec<usize>,
     /// The accesses, in the order of the views given to `nest`.
     pub(crate) accesses: Vec<Access>,
+}
+
+/// A reduction's index space as a loop nest lays it out: one row per
+/// coordinate of the kept axes, the reduced axes along the row. Size-1 axes
+/// are left out of both.
+pub(crate) struct Reduction {
+    /// The kept axes, in order, as (axis, extent).
+    pub(crate) kept: Vec<(usize, usize)>,
+    /// The reduced axes, in the order given, as (axis, extent).
+    pub(crate) reduced: Vec<(usize, usize)>,
+}
+
+impl Reduction {
+    /// The reduction of `space` over `axes`.
+    pub(crate) fn new(space: &Shape, axes: &[usize]) -> Reduction {
+        Reduction {
+            kept: placed_axes(space, (0..space.rank()).filter(|a| !axes.contains(a))),
+            reduced: placed_axes(space, axes.iter().copied()),
+        }
+    }
+
+    /// How many rows: the product of the kept extents.
+    pub(crate) fn rows(&self) -> usize {
+        self.kept.iter().map(|k| k.1).product()
+    }
+
+    /// Elements per row: the product of the reduced extents.
+    pub(crate) fn row_len(&self) -> usize {
+        self.reduced.iter().map(|r| r.1).product()
+    }
+
+    /// `views` arranged over `space` (the reduction's space, or its
+    /// broadcast output) in this order, the kept axes outer.
+    pub(crate) fn nest(&self, space: &Shape, views: &[(usize, &View)]) -> Nest {
+        let order: Vec<usize> = self.kept.iter().chain(&self.reduced).map(|a| a.0).collect();
+        nest(space, &order, Some(self.kept.len()), views)
+    }
+}
+
+/// `axes` of `space`, in the order given, as (axis, extent), less the size-1
+/// ones: they take no place in memory and no loop steps along them.
+pub(crate) fn placed_axes(
+    space: &Shape,
+    axes: impl IntoIterator<Item = usize>,
+) -> Vec<(usize, usize)> {
+    let dims = space.dims();
+    axes.into_iter()
+        .filter(|&a| dims[a] != 1)
+        .map(|a| (a, dims[a]))
+        .collect()
 }
 
 /// Arranges `views` (each reading `buffers[i]`) over `space` in the axis
@@ -155,4 +209,31 @@ pub(crate) fn loads(block: &Block) -> Vec<(usize, &View)> {
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reduction's rows are its kept axes and its row its reduced ones,
+    /// size-1 axes in neither; its nest merges what the reads allow.
+    #[test]
+    fn a_reduction_is_rows_of_kept_axes_over_its_reduced_ones() {
+        let space = Shape::new(&[4, 1, 3, 5]);
+        let r = Reduction::new(&space, &[2, 1]);
+        assert_eq!(r.kept, [(0, 4), (3, 5)]);
+        assert_eq!(r.reduced, [(2, 3)]);
+        assert_eq!((r.rows(), r.row_len()), (20, 3));
+        let view = View::contiguous(&space);
+        let n = r.nest(&space, &[(0, &view)]);
+        assert_eq!((n.rows, n.inner.as_slice()), (20, &[3][..]));
+        let strides = |axes: &[Axis]| axes.iter().map(|a| a.stride).collect::<Vec<_>>();
+        assert_eq!(strides(&n.accesses[0].outer), [15, 1]);
+        assert_eq!(strides(&n.accesses[0].inner), [5]);
+        let all = Reduction::new(&space, &[0, 1, 2, 3]);
+        assert!(all.kept.is_empty());
+        assert_eq!((all.rows(), all.row_len()), (1, 60));
+        let merged = all.nest(&space, &[(0, &view)]);
+        assert_eq!((merged.rows, merged.inner.as_slice()), (1, &[60][..]));
+    }
 }

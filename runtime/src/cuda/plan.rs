@@ -12,6 +12,7 @@ use kiln_ir::{BinaryOp, DType, Shape, TensorType, UnaryOp};
 
 use super::codegen::{self, Program};
 use crate::Error;
+use crate::nest::nest;
 
 /// What a matmul kernel runs: prologues for its computed operands, the
 /// GEMM, then the epilogue.
@@ -257,18 +258,15 @@ fn strided(view: &View, source: OperandSource) -> Option<GemmOperand> {
     if !leading {
         return None;
     }
-    // Batch axes, outermost first, must be one stride: s[i] = s[i+1] * d[i+1].
-    let batch: Vec<(usize, usize)> = d[..r - 2]
-        .iter()
-        .zip(&view.strides)
-        .filter(|(dim, _)| **dim != 1)
-        .map(|(&dim, &s)| (dim, s))
-        .collect();
-    let batch_stride = batch.last().map_or(0, |b| b.1);
-    let merges = batch.windows(2).all(|w| w[0].1 == w[1].1 * w[1].0);
-    if !merges {
+    // The batch axes must be one stride: a loop nest over them alone merges
+    // them into one axis.
+    let batch_axes: Vec<usize> = (0..r - 2).collect();
+    let batch = nest(&view.shape, &batch_axes, Some(r - 2), &[(0, view)]);
+    let batch = &batch.accesses[0].outer;
+    if batch.len() > 1 {
         return None;
     }
+    let batch_stride = batch.first().map_or(0, |b| b.stride as usize);
     Some(GemmOperand {
         source,
         offset: view.offset as usize,

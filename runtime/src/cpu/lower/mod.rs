@@ -39,7 +39,7 @@ use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind};
 use kiln_ir::view::View;
 use kiln_ir::{BinaryOp, DType, Scalar};
 
-use crate::nest::{Access, loads, nest};
+use crate::nest::{Access, Reduction, loads, nest};
 use emit::Emitter;
 
 /// How a lowered kernel is driven: the range of `start..end` and what one
@@ -130,9 +130,8 @@ pub(crate) fn lower(
             shape,
             prologue,
         } => {
-            let kept: Vec<usize> = (0..shape.rank()).filter(|a| !axes.contains(a)).collect();
-            let order: Vec<usize> = kept.iter().chain(axes.iter()).copied().collect();
-            let pro = nest(shape, &order, Some(kept.len()), &loads(prologue));
+            let reduction = Reduction::new(shape, axes);
+            let pro = reduction.nest(shape, &loads(prologue));
             let broadcast = space == shape;
             let out_view = View::contiguous(space);
             // Over the whole space, an epilogue value equal to the prologue's
@@ -145,7 +144,7 @@ pub(crate) fn lower(
             };
             // Four prologue lanes are stored as one vector: only into a contiguous row.
             if reuse.is_some() {
-                let out_nest = nest(space, &order, Some(kept.len()), &[(out_buffer, &out_view)]);
+                let out_nest = reduction.nest(space, &[(out_buffer, &out_view)]);
                 if vectorizable(prologue, &pro.accesses, None)
                     && !out_nest.accesses[0].unit_stride()
                 {
@@ -167,7 +166,7 @@ pub(crate) fn lower(
             let mut views = loads(&body);
             views.push((out_buffer, &out_view));
             let epilogue = if broadcast {
-                nest(space, &order, Some(kept.len()), &views)
+                reduction.nest(space, &views)
             } else {
                 let all: Vec<usize> = (0..space.rank()).collect();
                 nest(space, &all, Some(space.rank()), &views)

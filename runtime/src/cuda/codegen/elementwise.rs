@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, TensorType};
 
-use super::writer::{Element, Writer, axes_of};
+use super::writer::{Element, Writer};
 use super::{Grid, Program};
 use crate::Error;
+use crate::nest::placed_axes;
 
 /// An elementwise kernel computing `body` over `out`; with `acc`, it also
 /// reads the product of a matmul as `acc[i]`.
@@ -25,7 +26,7 @@ pub(crate) fn elementwise(
     let n = out.shape.numel();
     let mut w = Writer::new();
     w.signature(inputs, acc.is_some(), out.dtype);
-    let dims = axes_of(&out.shape);
+    let dims = placed_axes(&out.shape, 0..out.shape.rank());
     let strided = body
         .values
         .iter()

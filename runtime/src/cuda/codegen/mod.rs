@@ -12,7 +12,8 @@
 //!   the three share.
 //!
 //! The matmul's prologue and epilogue kernels are elementwise kernels that
-//! `plan` asks for.
+//! `plan` asks for. Which axes a kernel steps along and a reduction's rows
+//! come from `crate::nest`, as the CPU backend's loops do.
 //!
 //! Values follow the interpreter's semantics: IEEE f32 arithmetic with no
 //! contraction into FMA (compiled with `--fmad=false`), NaN-propagating

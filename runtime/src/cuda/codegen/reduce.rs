@@ -10,34 +10,32 @@
 use kiln_ir::kernel::{Block, Kernel, KernelKind};
 use kiln_ir::{DType, ReduceOp, Shape};
 
-use super::writer::{Element, Writer, axes_of, ctype, literal, wrap};
+use super::writer::{Element, Writer, ctype, literal, wrap};
 use super::{Grid, Program};
 use crate::Error;
+use crate::nest::{Reduction, placed_axes};
 
 /// The rows of a reduction kernel that runs a block of threads to each row
 /// of its output; `None` for other kernels.
 pub fn reduction_rows(kernel: &Kernel) -> Option<usize> {
     match &kernel.kind {
-        KernelKind::Reduce { axes, shape, .. } => rows_of(shape, axes),
+        KernelKind::Reduce { axes, shape, .. } => {
+            let reduction = Reduction::new(shape, axes);
+            by_rows(shape, &reduction).then(|| reduction.rows())
+        }
         KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
     }
 }
 
-/// A reduction over `axes` of `shape` runs a block of threads to each row
-/// (returned: how many) when its reduced axes are innermost and more than
-/// one element long: reads coalesce along the row. Otherwise one thread per
-/// output walks the reduced axes. Size-1 axes take no place in memory:
-/// `[c, 1]` summed over axis 0 is a row.
-fn rows_of(shape: &Shape, axes: &[usize]) -> Option<usize> {
-    let dims = shape.dims();
-    let last = (0..dims.len()).rev().find(|&a| dims[a] != 1);
-    let innermost = axes.iter().rev().find(|&&a| dims[a] != 1) == last.as_ref();
-    let length: usize = axes.iter().map(|&a| dims[a]).product();
-    let rows = (0..dims.len())
-        .filter(|a| !axes.contains(a))
-        .map(|a| dims[a])
-        .product();
-    (last.is_some() && innermost && length > 1).then_some(rows)
+/// A reduction of `shape` runs a block of threads to each row when its
+/// reduced axes are innermost and more than one element long: reads
+/// coalesce along the row. Otherwise one thread per output walks the
+/// reduced axes. Size-1 axes take no place in memory: `[c, 1]` summed over
+/// axis 0 is a row.
+fn by_rows(shape: &Shape, reduction: &Reduction) -> bool {
+    let last = placed_axes(shape, 0..shape.rank()).last().map(|a| a.0);
+    let innermost = reduction.reduced.last().map(|a| a.0) == last;
+    last.is_some() && innermost && reduction.row_len() > 1
 }
 
 /// A reduction kernel: the prologue over `shape` combined along `axes`,
@@ -67,18 +65,9 @@ pub(super) fn reduce_into(
     prologue: &Block,
     row: Option<(&str, &[bool])>,
 ) -> Result<Grid, Error> {
-    let dims = shape.dims();
-    let kept: Vec<(usize, usize)> = (0..dims.len())
-        .filter(|a| !axes.contains(a) && dims[*a] != 1)
-        .map(|a| (a, dims[a]))
-        .collect();
-    let reduced: Vec<(usize, usize)> = axes
-        .iter()
-        .filter(|&&a| dims[a] != 1)
-        .map(|&a| (a, dims[a]))
-        .collect();
-    let rows: usize = kept.iter().map(|k| k.1).product();
-    let length: usize = reduced.iter().map(|r| r.1).product();
+    let reduction = Reduction::new(shape, axes);
+    let (kept, reduced) = (&reduction.kept, &reduction.reduced);
+    let (rows, length) = (reduction.rows(), reduction.row_len());
     let dtype = prologue.dtype().unwrap_or(DType::F32);
     let t = ctype(dtype);
     let init = literal(op.init(dtype));
@@ -93,7 +82,7 @@ pub(super) fn reduce_into(
     };
     // The output is the whole space (broadcast epilogue) or the reduced values.
     let broadcast = kernel.out.shape == *shape;
-    let by_rows = rows_of(shape, axes).is_some();
+    let by_rows = by_rows(shape, &reduction);
     let (indent, lane_start, lane_step) = if let Some((name, written)) = row {
         if !by_rows {
             return Err(Error::Codegen(format!(
@@ -119,13 +108,13 @@ pub(super) fn reduce_into(
         );
         (2, "0", "1")
     };
-    w.coords(indent, "c", "o", &kept);
+    w.coords(indent, "c", "o", kept);
     w.line(indent, &format!("{t} acc = {init};"));
     w.line(
         indent,
         &format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{"),
     );
-    w.coords(indent + 1, "c", "r", &reduced);
+    w.coords(indent + 1, "c", "r", reduced);
     let space_index = flat_index(shape, "c");
     let element = Element {
         suffix: "",
@@ -172,7 +161,7 @@ pub(super) fn reduce_into(
             indent,
             &format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{"),
         );
-        w.coords(indent + 1, "c", "r", &reduced);
+        w.coords(indent + 1, "c", "r", reduced);
         let element = Element {
             suffix: "",
             index: &space_index,
@@ -190,7 +179,8 @@ pub(super) fn reduce_into(
         } else {
             w.line(indent, "{");
         }
-        w.coords(indent + 1, "e", "o", &axes_of(&kernel.out.shape));
+        let out = &kernel.out.shape;
+        w.coords(indent + 1, "e", "o", &placed_axes(out, 0..out.rank()));
         let element = Element {
             suffix: "",
             index: "o",
@@ -224,11 +214,8 @@ pub(super) fn reduce_into(
 /// (size-1 axes have none and add nothing).
 fn flat_index(shape: &Shape, prefix: &str) -> String {
     let strides = shape.strides();
-    let terms: Vec<String> = shape
-        .dims()
-        .iter()
-        .enumerate()
-        .filter(|&(_, &d)| d != 1)
+    let terms: Vec<String> = placed_axes(shape, 0..shape.rank())
+        .into_iter()
         .map(|(a, _)| match strides[a] {
             1 => format!("{prefix}{a}"),
             s => format!("{prefix}{a} * {s}"),

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::view::View;
-use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Scalar, TensorType, UnaryOp};
 
 use super::{ENTRY, Grid, Program};
 use crate::Error;
@@ -385,15 +385,4 @@ pub(super) fn wrap(wide: &str, ty: DType) -> String {
         DType::U8 => format!("(unsigned char)({wide})"),
         _ => format!("({wide}) != 0"),
     }
-}
-
-/// The dims of `shape` as (axis, extent), size-1 axes dropped.
-pub(super) fn axes_of(shape: &Shape) -> Vec<(usize, usize)> {
-    shape
-        .dims()
-        .iter()
-        .copied()
-        .enumerate()
-        .filter(|&(_, d)| d != 1)
-        .collect()
 }
