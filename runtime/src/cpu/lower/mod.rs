@@ -41,6 +41,7 @@ use kiln_ir::{BinaryOp, DType, Scalar};
 
 use crate::nest::{Access, Reduction, loads, nest};
 use emit::Emitter;
+use reduce::Reduce;
 
 /// How a lowered kernel is driven: the range of `start..end` and what one
 /// unit of it costs, for splitting across threads.
@@ -172,7 +173,15 @@ pub(crate) fn lower(
                 nest(space, &all, Some(space.rank()), &views)
             };
             e.store_prologue = reuse.is_some();
-            e.reduce(*op, prologue, &pro, &body, &epilogue, broadcast, start, end)
+            let reduce = Reduce {
+                op: *op,
+                prologue,
+                pro: &pro,
+                body: &body,
+                epi: &epilogue,
+                broadcast,
+            };
+            e.reduce(reduce, start, end)
         }
     };
     e.b.ins().return_(&[]);

@@ -25,21 +25,31 @@ const COLUMN_BLOCK: i64 = 4096;
 /// chain of reduction, horizontal sum and epilogue would wait on the last.
 const SHORT_ROW: usize = 15;
 
+/// A reduction kernel as lowered: its op, the prologue block and its loop
+/// nest, the epilogue block and its nest, and whether the epilogue runs
+/// over the whole row again (`broadcast`) or once per row.
+#[derive(Clone, Copy)]
+pub(super) struct Reduce<'k> {
+    pub op: ReduceOp,
+    pub prologue: &'k Block,
+    pub pro: &'k Nest,
+    pub body: &'k Block,
+    pub epi: &'k Nest,
+    pub broadcast: bool,
+}
+
 impl<'a> Emitter<'a> {
     /// A reduction: per row, the prologue combined over the inner loop, then
     /// the epilogue once (reduced output) or over the row again (broadcast).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn reduce(
-        &mut self,
-        op: ReduceOp,
-        prologue: &Block,
-        pro: &Nest,
-        body: &Block,
-        epi: &Nest,
-        broadcast: bool,
-        start: Value,
-        end: Value,
-    ) -> RowRange {
+    pub(super) fn reduce(&mut self, r: Reduce, start: Value, end: Value) -> RowRange {
+        let Reduce {
+            prologue,
+            pro,
+            body,
+            epi,
+            broadcast,
+            ..
+        } = r;
         let dtype = prologue.dtype().unwrap_or(DType::F32);
         let inner_len: usize = pro.inner.iter().product();
         // Four rows at once, one per lane, when the prologue cannot run four
@@ -92,7 +102,7 @@ impl<'a> Emitter<'a> {
             let block_end = self.b.ins().iadd_imm_s(row, COLUMN_BLOCK);
             let block_end = self.b.ins().smin(block_end, run_end);
             let block_end = self.b.ins().smin(block_end, end);
-            self.reduce_column_block(op, prologue, pro, body, epi, row, block_end, inner_len);
+            self.reduce_column_block(r, row, block_end, inner_len);
             self.b.ins().jump(header, &[block_end.into()]);
         } else if short_rows {
             let four = self.b.create_block();
@@ -100,15 +110,13 @@ impl<'a> Emitter<'a> {
             let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
             self.b.ins().brif(fits, four, &[], one_row, &[]);
             self.b.switch_to_block(four);
-            self.reduce_four_short_rows(op, prologue, pro, body, epi, broadcast, row, inner_len);
+            self.reduce_four_short_rows(r, row, inner_len);
             self.b.ins().jump(header, &[last.into()]);
         } else {
             self.b.ins().jump(one_row, &[]);
         }
         self.b.switch_to_block(one_row);
-        self.reduce_row(
-            op, dtype, prologue, pro, body, epi, broadcast, row, inner_len,
-        );
+        self.reduce_row(r, dtype, row, inner_len);
         let following = self.b.ins().iadd_imm_s(row, 1);
         self.b.ins().jump(header, &[following.into()]);
         self.b.switch_to_block(exit);
@@ -120,19 +128,15 @@ impl<'a> Emitter<'a> {
 
     /// One row of a reduction: the prologue combined over the inner loop
     /// (four inner elements per lane group when it can), then the epilogue.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_row(
-        &mut self,
-        op: ReduceOp,
-        dtype: DType,
-        prologue: &Block,
-        pro: &Nest,
-        body: &Block,
-        epi: &Nest,
-        broadcast: bool,
-        row: Value,
-        inner_len: usize,
-    ) {
+    fn reduce_row(&mut self, r: Reduce, dtype: DType, row: Value, inner_len: usize) {
+        let Reduce {
+            op,
+            prologue,
+            pro,
+            body,
+            epi,
+            broadcast,
+        } = r;
         let lanes = vectorizable(prologue, &pro.accesses, None);
         let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
         let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
@@ -355,18 +359,15 @@ impl<'a> Emitter<'a> {
     /// every read gathers the four rows' elements at one inner index, values
     /// constant along the rows are computed once, and the results go back
     /// to the four rows one lane at a time. f32 arithmetic, unpadded reads.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_four_short_rows(
-        &mut self,
-        op: ReduceOp,
-        prologue: &Block,
-        pro: &Nest,
-        body: &Block,
-        epi: &Nest,
-        broadcast: bool,
-        row: Value,
-        inner_len: usize,
-    ) {
+    fn reduce_four_short_rows(&mut self, r: Reduce, row: Value, inner_len: usize) {
+        let Reduce {
+            op,
+            prologue,
+            pro,
+            body,
+            epi,
+            broadcast,
+        } = r;
         let rows: Vec<Value> = (0..4).map(|l| self.b.ins().iadd_imm_s(row, l)).collect();
         let pro_bases = self.lane_pointers(&pro.accesses, &rows);
         let epi_bases = self.lane_pointers(&epi.accesses, &rows);
@@ -441,18 +442,15 @@ impl<'a> Emitter<'a> {
     /// sum over a leading axis): the output rows accumulate in place, four
     /// rows per vector, while the reduced axis is walked once in memory
     /// order; then the epilogue (which reads nothing) runs on them in place.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_column_block(
-        &mut self,
-        op: ReduceOp,
-        prologue: &Block,
-        pro: &Nest,
-        body: &Block,
-        epi: &Nest,
-        from: Value,
-        to: Value,
-        inner_len: usize,
-    ) {
+    fn reduce_column_block(&mut self, r: Reduce, from: Value, to: Value, inner_len: usize) {
+        let Reduce {
+            op,
+            prologue,
+            pro,
+            body,
+            epi,
+            ..
+        } = r;
         let out_ptr = self.ptrs[epi.accesses[epi.accesses.len() - 1].buffer];
         let flags = MemFlagsData::new().with_notrap();
         let init = self.scalar_const(op.init(DType::F32));
