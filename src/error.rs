@@ -34,6 +34,24 @@ pub enum Error {
         /// The cargo feature that adds its backend.
         feature: &'static str,
     },
+    /// An optimizer given parameters, gradients or state that do not fit.
+    #[error("{op}: {message}")]
+    Optimizer {
+        /// The optimizer.
+        op: &'static str,
+        /// What does not fit.
+        message: String,
+    },
+    /// A compiled step's new state that does not match its state.
+    #[error("compile_step: state {index} must be {expected}, got {got}")]
+    StepState {
+        /// The state tensor's position.
+        index: usize,
+        /// What the state holds.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
     /// Host data whose length does not match the shape it is given.
     #[error("{op}: {len} values do not fill shape {shape} ({} elements)", shape.numel())]
     DataLength {

@@ -29,8 +29,10 @@ pub mod data;
 mod device;
 mod error;
 mod ops;
+pub mod optim;
 mod overload;
 mod rng;
+mod step;
 mod tensor;
 
 pub use compile::{CompiledGraph, compile, compile_on, compile_with};
@@ -39,6 +41,7 @@ pub use error::{Error, Result};
 pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
 pub use kiln_runtime::{BackendOptions, Precision};
+pub use step::{CompiledStep, compile_step};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.

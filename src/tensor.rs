@@ -258,6 +258,11 @@ impl Tensor {
         self.0.ty.dtype
     }
 
+    /// The type: element type and shape.
+    pub fn ty(&self) -> &TensorType {
+        &self.0.ty
+    }
+
     /// The device that realizes the tensor.
     pub fn device(&self) -> Device {
         self.0.device

@@ -426,6 +426,21 @@ impl Data {
         })
     }
 
+    /// A copy, or the bytes that could not be had.
+    pub fn try_clone(&self) -> Result<Data, OutOfMemory> {
+        fn copy<T: Clone>(v: &[T]) -> Result<Vec<T>, OutOfMemory> {
+            let mut c = try_capacity(v.len())?;
+            c.extend_from_slice(v);
+            Ok(c)
+        }
+        Ok(match self {
+            Data::F32(v) => Data::F32(copy(v)?),
+            Data::I32(v) => Data::I32(copy(v)?),
+            Data::U8(v) => Data::U8(copy(v)?),
+            Data::Bool(v) => Data::Bool(copy(v)?),
+        })
+    }
+
     /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`,
     /// or the bytes that could not be had.
     pub fn from_fn(

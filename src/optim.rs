@@ -1,0 +1,223 @@
+//! Optimizers as graph ops: an update is recorded like any computation, so
+//! in a compiled step each parameter's update fuses with the rest of the
+//! step (into the kernel that computes its gradient where the fuser can)
+//! and nothing runs outside the graph.
+//!
+//! An optimizer's state is a list of tensors (`state`), carried from step to
+//! step by `kiln::compile_step` with the parameters; `update` takes the
+//! parameters, their gradients and the state, and returns the new
+//! parameters and the new state. Hyperparameters are constants of the
+//! traced graph. The formulas are PyTorch's (`torch.optim.SGD`,
+//! `torch.optim.AdamW`), so that a model trained in either moves the same way.
+
+use crate::{DType, Error, Result, Tensor};
+
+/// An update rule for a list of parameters.
+pub trait Optimizer {
+    /// The initial state for `params`.
+    fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>>;
+
+    /// One step: the new parameters and the new state.
+    fn update(
+        &self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        state: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)>;
+}
+
+/// Stochastic gradient descent with momentum, Nesterov momentum and weight
+/// decay (L2, added to the gradient), as `torch.optim.SGD` with no
+/// dampening.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sgd {
+    /// The learning rate.
+    pub lr: f32,
+    /// The momentum factor; 0 keeps no state.
+    pub momentum: f32,
+    /// Nesterov momentum (needs `momentum > 0`).
+    pub nesterov: bool,
+    /// The L2 penalty's factor.
+    pub weight_decay: f32,
+}
+
+impl Sgd {
+    /// Plain SGD at learning rate `lr`.
+    pub fn new(lr: f32) -> Sgd {
+        Sgd {
+            lr,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+impl Optimizer for Sgd {
+    /// One momentum buffer of zeros per parameter, or nothing without
+    /// momentum. (PyTorch starts the buffer at the first gradient; with no
+    /// dampening, starting from zeros gives the same buffer.)
+    fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>> {
+        if self.momentum == 0.0 {
+            return Ok(Vec::new());
+        }
+        params.iter().map(|p| zeros_like(p)).collect()
+    }
+
+    fn update(
+        &self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        state: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        check_counts("Sgd", params, grads, state, self.state_len(params))?;
+        let mut new_params = Vec::with_capacity(params.len());
+        let mut new_state = Vec::with_capacity(state.len());
+        for (k, (p, g)) in params.iter().zip(grads).enumerate() {
+            let mut g = g.clone();
+            if self.weight_decay != 0.0 {
+                g = (g + (p * self.weight_decay)?)?;
+            }
+            if self.momentum != 0.0 {
+                let buf = ((&state[k] * self.momentum)? + &g)?;
+                g = if self.nesterov {
+                    (g + (&buf * self.momentum)?)?
+                } else {
+                    buf.clone()
+                };
+                new_state.push(buf);
+            }
+            new_params.push((p - (g * self.lr)?)?);
+        }
+        Ok((new_params, new_state))
+    }
+}
+
+impl Sgd {
+    fn state_len(&self, params: &[Tensor]) -> usize {
+        if self.momentum == 0.0 {
+            0
+        } else {
+            params.len()
+        }
+    }
+}
+
+/// Adam with decoupled weight decay, as `torch.optim.AdamW`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    /// The learning rate.
+    pub lr: f32,
+    /// The first moment's decay.
+    pub beta1: f32,
+    /// The second moment's decay.
+    pub beta2: f32,
+    /// Added to the second moment's root.
+    pub eps: f32,
+    /// The decoupled weight decay's factor (times `lr`).
+    pub weight_decay: f32,
+}
+
+impl AdamW {
+    /// AdamW at learning rate `lr` with PyTorch's defaults: betas (0.9,
+    /// 0.999), eps 1e-8, weight decay 0.01.
+    pub fn new(lr: f32) -> AdamW {
+        AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+impl Optimizer for AdamW {
+    /// The step count (a scalar f32, 0), then the first moments, then the
+    /// second moments (zeros like each parameter).
+    fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let mut state = vec![Tensor::scalar(0.0f32)];
+        for _moment in 0..2 {
+            for p in params {
+                state.push(zeros_like(p)?);
+            }
+        }
+        Ok(state)
+    }
+
+    fn update(
+        &self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        state: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        let n = params.len();
+        check_counts("AdamW", params, grads, state, 1 + 2 * n)?;
+        let t = (&state[0] + 1.0f32)?;
+        // The bias corrections, folded into one step size per step.
+        let correction1 = (1.0f32 - Tensor::scalar(self.beta1).pow(&t)?)?;
+        let correction2 = (1.0f32 - Tensor::scalar(self.beta2).pow(&t)?)?;
+        let step_size = ((correction2.sqrt()? / correction1)? * self.lr)?;
+        let correction2_root = correction2.sqrt()?;
+        let mut new_params = Vec::with_capacity(n);
+        let mut new_m = Vec::with_capacity(n);
+        let mut new_v = Vec::with_capacity(n);
+        for (k, (p, g)) in params.iter().zip(grads).enumerate() {
+            let (m, v) = (&state[1 + k], &state[1 + n + k]);
+            let m = ((m * self.beta1)? + (g * (1.0 - self.beta1))?)?;
+            let v = ((v * self.beta2)? + (g.square()? * (1.0 - self.beta2))?)?;
+            // p (1 - lr wd) - lr m̂ / (sqrt(v̂) + eps), with m̂ = m / c1 and
+            // v̂ = v / c2: lr m̂ / (sqrt(v̂) + eps) = step_size m / (sqrt(v) + eps sqrt(c2)).
+            let decayed = (p * (1.0 - self.lr * self.weight_decay))?;
+            let denominator = (v.sqrt()? + (&correction2_root * self.eps)?)?;
+            let p = (decayed - ((&m * &step_size)? / denominator)?)?;
+            new_params.push(p);
+            new_m.push(m);
+            new_v.push(v);
+        }
+        let mut new_state = vec![t];
+        new_state.extend(new_m);
+        new_state.extend(new_v);
+        Ok((new_params, new_state))
+    }
+}
+
+/// Zeros of `p`'s type, lazily.
+fn zeros_like(p: &Tensor) -> Result<Tensor> {
+    Tensor::zeros(p.shape().clone(), p.dtype())
+}
+
+/// One gradient per parameter, every parameter f32, and the state the
+/// optimizer made.
+fn check_counts(
+    op: &'static str,
+    params: &[Tensor],
+    grads: &[Tensor],
+    state: &[Tensor],
+    state_len: usize,
+) -> Result<()> {
+    let mismatch = |message: String| Err(Error::Optimizer { op, message });
+    if grads.len() != params.len() {
+        return mismatch(format!(
+            "{} parameters, {} gradients",
+            params.len(),
+            grads.len()
+        ));
+    }
+    if state.len() != state_len {
+        return mismatch(format!(
+            "expected {state_len} state tensors, got {}",
+            state.len()
+        ));
+    }
+    for (k, (p, g)) in params.iter().zip(grads).enumerate() {
+        if p.dtype() != DType::F32 || g.ty() != p.ty() {
+            return mismatch(format!(
+                "parameter {k} is {} and its gradient {}; both must be the same f32 type",
+                p.ty(),
+                g.ty()
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! Optimizers against PyTorch's formulas written out in f64, step by step,
+//! eagerly and inside compiled steps; and what a compiled step does with the
+//! state it carries.
+
+use kiln::optim::{AdamW, Optimizer, Sgd};
+use kiln::{DType, Data, Options, Result, Tensor, TensorType};
+
+/// Parameters and a gradient per step, of awkward sizes.
+fn initial() -> Result<Vec<Tensor>> {
+    Ok(vec![Tensor::randn([7, 3], 1)?, Tensor::randn([5], 2)?])
+}
+
+fn grads(step: u64) -> Result<Vec<Tensor>> {
+    Ok(vec![
+        Tensor::randn([7, 3], 100 + step)?,
+        Tensor::randn([5], 200 + step)?,
+    ])
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_vec::<f32>()
+        .expect("realizes")
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// `torch.optim.SGD` (no dampening) on one parameter, in f64.
+fn sgd_reference(o: &Sgd, p: &mut [f64], buf: &mut [f64], g: &[f64]) {
+    for i in 0..p.len() {
+        let mut d = g[i] + f64::from(o.weight_decay) * p[i];
+        if o.momentum != 0.0 {
+            buf[i] = f64::from(o.momentum) * buf[i] + d;
+            d = if o.nesterov {
+                d + f64::from(o.momentum) * buf[i]
+            } else {
+                buf[i]
+            };
+        }
+        p[i] -= f64::from(o.lr) * d;
+    }
+}
+
+/// `torch.optim.AdamW` on one parameter at step `t` (from 1), in f64.
+fn adamw_reference(o: &AdamW, t: i32, p: &mut [f64], m: &mut [f64], v: &mut [f64], g: &[f64]) {
+    let (b1, b2) = (f64::from(o.beta1), f64::from(o.beta2));
+    let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+    for i in 0..p.len() {
+        p[i] *= 1.0 - f64::from(o.lr) * f64::from(o.weight_decay);
+        m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+        let denominator = (v[i] / c2).sqrt() + f64::from(o.eps);
+        p[i] -= f64::from(o.lr) * (m[i] / c1) / denominator;
+    }
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+/// Five steps of `optimizer`, eagerly and in a compiled step (each step's
+/// gradients as arguments), against `reference` run on the same values.
+fn check(
+    optimizer: &impl Optimizer,
+    mut reference: impl FnMut(usize, &mut [f64], &[f64]),
+) -> Result<()> {
+    let params = initial()?;
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let mut want: Vec<Vec<f64>> = params.iter().map(values).collect();
+    // Eager.
+    let (mut p, mut state) = (params.clone(), optimizer.state(&refs)?);
+    for step in 0..5 {
+        (p, state) = optimizer.update(&p, &grads(step)?, &state)?;
+        for (k, w) in want.iter_mut().enumerate() {
+            reference(k, w, &values(&grads(step)?[k]));
+        }
+    }
+    for (k, (p, w)) in p.iter().zip(&want).enumerate() {
+        assert_close(&format!("eager parameter {k}"), &values(p), w);
+    }
+    // Compiled: the state is the parameters, then the optimizer's.
+    let mut carried: Vec<Tensor> = params.clone();
+    carried.extend(optimizer.state(&refs)?);
+    let carried_refs: Vec<&Tensor> = carried.iter().collect();
+    let specs: Vec<TensorType> = params.iter().map(|p| p.ty().clone()).collect();
+    let n = params.len();
+    let mut compiled = kiln::compile_step(
+        "optimize",
+        &carried_refs,
+        &specs,
+        Options::default(),
+        |state, grads| {
+            let (p, opt) = state.split_at(n);
+            let (new_p, new_opt) = optimizer.update(p, grads, opt)?;
+            Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
+        },
+    )?;
+    for step in 0..5 {
+        let g: Vec<Data> = grads(step)?
+            .iter()
+            .map(|g| Data::F32(g.to_vec::<f32>().expect("realizes")))
+            .collect();
+        let g: Vec<&Data> = g.iter().collect();
+        assert!(compiled.run(&g)?.is_empty());
+    }
+    let state = compiled.state()?;
+    for (k, w) in want.iter().enumerate() {
+        assert_close(&format!("compiled parameter {k}"), &values(&state[k]), w);
+    }
+    // The tensors the step started from are the caller's, untouched.
+    for (k, p) in params.iter().enumerate() {
+        assert_eq!(
+            values(p),
+            values(&initial()?[k]),
+            "parameter {k} was written"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn sgd_follows_pytorch() -> Result<()> {
+    for (momentum, nesterov, weight_decay) in [
+        (0.0, false, 0.0),
+        (0.9, false, 0.0),
+        (0.9, true, 1e-2),
+        (0.0, false, 1e-2),
+    ] {
+        let o = Sgd {
+            lr: 0.1,
+            momentum,
+            nesterov,
+            weight_decay,
+        };
+        let mut bufs: Vec<Vec<f64>> = vec![vec![0.0; 21], vec![0.0; 5]];
+        check(&o, |k, p, g| sgd_reference(&o, p, &mut bufs[k], g))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn adamw_follows_pytorch() -> Result<()> {
+    let o = AdamW {
+        lr: 0.05,
+        ..AdamW::new(0.05)
+    };
+    let mut moments: Vec<(Vec<f64>, Vec<f64>, i32)> = vec![
+        (vec![0.0; 21], vec![0.0; 21], 0),
+        (vec![0.0; 5], vec![0.0; 5], 0),
+    ];
+    check(&o, |k, p, g| {
+        let (m, v, t) = &mut moments[k];
+        *t += 1;
+        adamw_reference(&o, *t, p, m, v, g);
+    })
+}
+
+#[test]
+fn a_step_carries_its_state_and_lets_it_be_read_and_written() -> Result<()> {
+    // x <- x + a, with the sum of x as output: the state is x.
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3])?;
+    let spec = TensorType::new(DType::F32, [3]);
+    let mut step = kiln::compile_step("accumulate", &[&x], &[spec], Options::default(), |s, a| {
+        let next = (&s[0] + &a[0])?;
+        Ok((vec![next.sum_all()?], vec![next]))
+    })?;
+    let a = Data::F32(vec![1.0, 1.0, 1.0]);
+    assert_eq!(step.run(&[&a])?, [Data::F32(vec![9.0])]);
+    assert_eq!(step.run(&[&a])?, [Data::F32(vec![12.0])]);
+    assert_eq!(step.state()?[0].to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+    // The caller's tensor keeps its value; a state read out is a copy.
+    assert_eq!(x.to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
+    let read = step.state()?.remove(0);
+    step.run(&[&a])?;
+    assert_eq!(read.to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+    // Written back, the state goes on from the new value.
+    step.set_state(0, &Tensor::from_slice(&[0.0f32, 0.0, 0.0], [3])?)?;
+    assert_eq!(step.run(&[&a])?, [Data::F32(vec![3.0])]);
+    let wrong = step.set_state(0, &Tensor::from_slice(&[0.0f32; 2], [2])?);
+    assert_eq!(
+        wrong.err().map(|e| e.to_string()).as_deref(),
+        Some("compile_step: state 0 must be f32[3], got f32[2]")
+    );
+    Ok(())
+}
+
+#[test]
+fn a_new_state_of_another_type_is_an_error() {
+    let x = Tensor::from_slice(&[1.0f32, 2.0], [2]).expect("fills");
+    let spec = TensorType::new(DType::F32, [2]);
+    let made = kiln::compile_step("bad", &[&x], &[spec], Options::default(), |s, _| {
+        Ok((Vec::new(), vec![s[0].sum_all()?]))
+    });
+    assert_eq!(
+        made.err().map(|e| e.to_string()).as_deref(),
+        Some("compile_step: state 0 must be f32[2], got f32[]")
+    );
+}
