@@ -6,7 +6,7 @@
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
-use crate::{Error, check};
+use crate::{Error, check_run};
 
 /// How a matmul computes its products in f32 where the backend has a choice
 /// (the CUDA backend); the CPU and the interpreter always compute in f32.
@@ -112,13 +112,7 @@ impl Executable for Interpreted {
 
     fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
-        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
-        check(
-            &graph.name,
-            "output",
-            &self.outputs,
-            outputs.iter().map(DataRef::from),
-        )?;
+        check_run(graph, &self.outputs, inputs, outputs)?;
         let owned: Vec<Data> = inputs.iter().map(|d| d.to_data()).collect();
         let refs: Vec<&Data> = owned.iter().collect();
         for (out, value) in outputs.iter_mut().zip(kiln_ir::interp::eval(graph, &refs)?) {

@@ -71,6 +71,19 @@ pub enum Error {
     },
 }
 
+/// A run's buffers: `inputs` of the graph's input types, `outputs` of its
+/// output types.
+pub(crate) fn check_run(
+    graph: &kiln_ir::Graph,
+    output_types: &[TensorType],
+    inputs: &[DataRef<'_>],
+    outputs: &[kiln_ir::Data],
+) -> Result<(), Error> {
+    check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+    let outputs = outputs.iter().map(DataRef::from);
+    check(&graph.name, "output", output_types, outputs)
+}
+
 /// Each buffer must be of the declared type.
 pub(crate) fn check<'a>(
     graph: &str,

@@ -10,7 +10,7 @@ use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
 
 use super::cache::compile;
 use super::jit::{self, Buffer, CompiledKernel};
-use crate::{Error, check};
+use crate::{Error, check_run};
 
 /// A fused graph compiled for the CPU: its kernels, and an arena sized by
 /// the memory plan, reused by every run.
@@ -84,13 +84,7 @@ impl crate::Executable for Executable {
     /// With outputs reused, a run allocates nothing.
     fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
-        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
-        check(
-            &graph.name,
-            "output",
-            &self.outputs,
-            outputs.iter().map(DataRef::from),
-        )?;
+        check_run(graph, &self.outputs, inputs, outputs)?;
         // The graph output each node is written to, if any (first occurrence).
         let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
         let schedule = &self.optimized.schedule;
