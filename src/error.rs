@@ -96,4 +96,14 @@ pub enum Error {
         /// The tensor's shape.
         shape: Shape,
     },
+    /// An axis too long for i32 indices to name every position of it.
+    #[error("{op}: axis {axis} has {len} elements, more than i32 indices can name")]
+    AxisTooLong {
+        /// The operation.
+        op: &'static str,
+        /// The axis, counted from the front.
+        axis: usize,
+        /// Its length.
+        len: usize,
+    },
 }

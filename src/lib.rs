@@ -28,6 +28,7 @@ mod composite;
 pub mod data;
 mod device;
 mod error;
+mod index;
 mod ops;
 pub mod optim;
 mod overload;
