@@ -106,4 +106,12 @@ pub enum Error {
         /// Its length.
         len: usize,
     },
+    /// Setting a model's parameters by name from values that do not fit it.
+    #[error("parameter '{name}': {message}")]
+    Parameter {
+        /// The parameter, or the value's name where no parameter has it.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
 }

@@ -29,6 +29,7 @@ pub mod data;
 mod device;
 mod error;
 mod index;
+pub mod nn;
 mod ops;
 pub mod optim;
 mod overload;

@@ -158,18 +158,11 @@ impl ArrayDataset {
         let view = tensors
             .tensor(name)
             .map_err(|e| fail(format!("tensor '{name}': {e}")))?;
-        let stored = match view.dtype() {
-            Dtype::F32 => NpyDType::F32,
-            Dtype::F64 => NpyDType::F64,
-            Dtype::I32 => NpyDType::I32,
-            Dtype::I64 => NpyDType::I64,
-            Dtype::U8 => NpyDType::U8,
-            Dtype::BOOL => NpyDType::Bool,
-            other => {
-                return Err(fail(format!(
-                    "tensor '{name}' has unsupported dtype {other:?}"
-                )));
-            }
+        let Some(stored) = stored_dtype(view.dtype()) else {
+            return Err(fail(format!(
+                "tensor '{name}' has unsupported dtype {:?}",
+                view.dtype()
+            )));
         };
         // The view borrows the mapping: its offset is where its bytes start.
         let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
@@ -202,6 +195,20 @@ impl ArrayDataset {
             row_bytes: row.iter().product::<usize>() * stored.size(),
         })
     }
+}
+
+/// How kiln reads elements stored as safetensors' `dtype`: the dtypes it
+/// holds, and f64 and i64 narrowed as in `.npy` files; `None` for the rest.
+pub(crate) fn stored_dtype(dtype: Dtype) -> Option<NpyDType> {
+    Some(match dtype {
+        Dtype::F32 => NpyDType::F32,
+        Dtype::F64 => NpyDType::F64,
+        Dtype::I32 => NpyDType::I32,
+        Dtype::I64 => NpyDType::I64,
+        Dtype::U8 => NpyDType::U8,
+        Dtype::BOOL => NpyDType::Bool,
+        _ => return None,
+    })
 }
 
 impl Dataset for ArrayDataset {

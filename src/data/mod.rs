@@ -13,6 +13,7 @@ mod loader;
 pub mod npy;
 pub mod record;
 
+pub(crate) use dataset::stored_dtype;
 pub use dataset::{ArrayDataset, Dataset, Mapped, Zip};
 pub use loader::{Batch, DataLoader, Epoch, Field, LoaderOptions, Metrics, OnError};
 
@@ -98,7 +99,7 @@ impl DataError {
 
 /// Opens the file at `path` read-only and maps it into memory.
 #[allow(unsafe_code)]
-fn map(path: &Path) -> Result<memmap2::Mmap, DataError> {
+pub(crate) fn map(path: &Path) -> Result<memmap2::Mmap, DataError> {
     let file = std::fs::File::open(path).map_err(|e| DataError::io(path, &e))?;
     // SAFETY: the mapping is read-only and kiln reads it only as bytes, for
     // which every bit pattern is valid. memmap2 cannot rule out another

@@ -1,0 +1,210 @@
+//! `Linear`, `LayerNorm` and `Mlp`: parameters in public fields, seeded
+//! initialization as PyTorch's, named for saving and for setting by name.
+
+use std::collections::HashMap;
+
+use crate::rng::SplitMix64;
+use crate::{Error, Result, Tensor};
+
+/// `y = x @ weight + bias`.
+///
+/// The weight is `[in, out]`, as JAX and Flax store it and as kiln's
+/// quickstart and benchmarks always have: the forward pass is a matmul with
+/// no transpose. PyTorch stores `[out, in]` and multiplies by the
+/// transpose; a weight from a PyTorch checkpoint goes in as `w.t()`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// f32 `[in, out]`.
+    pub weight: Tensor,
+    /// f32 `[out]`.
+    pub bias: Tensor,
+}
+
+impl Linear {
+    /// A layer from `inputs` to `outputs` features, initialized as
+    /// PyTorch's `nn.Linear`: weight and bias uniform in
+    /// `[-1/sqrt(inputs), 1/sqrt(inputs))` (Kaiming-uniform with
+    /// `a = sqrt(5)`), drawn from `seed`, weight first.
+    pub fn new(inputs: usize, outputs: usize, seed: u64) -> Result<Linear> {
+        Linear::drawn(inputs, outputs, &mut SplitMix64::new(seed))
+    }
+
+    fn drawn(inputs: usize, outputs: usize, rng: &mut SplitMix64) -> Result<Linear> {
+        // PyTorch's bound, and 0 for a layer with no inputs, as it uses.
+        let bound = if inputs == 0 {
+            0.0
+        } else {
+            1.0 / (inputs as f32).sqrt()
+        };
+        let mut uniform = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
+                .collect()
+        };
+        Ok(Linear {
+            weight: Tensor::from_vec(uniform(inputs * outputs), [inputs, outputs])?,
+            bias: Tensor::from_vec(uniform(outputs), [outputs])?,
+        })
+    }
+
+    /// `x @ weight + bias` for `x` of shape `[.., in]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.matmul(&self.weight)?.add(&self.bias)
+    }
+
+    /// `weight` and `bias`, by name.
+    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
+        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
+    }
+
+    /// `weight` and `bias`, by name, to be replaced.
+    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
+        ]
+    }
+}
+
+/// Layer normalization over the last axis with a learned scale and shift
+/// (`Tensor::layer_norm`).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    /// f32 `[features]`, initially ones.
+    pub weight: Tensor,
+    /// f32 `[features]`, initially zeros.
+    pub bias: Tensor,
+    /// Added to the variance: 1e-5, as PyTorch's default.
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    /// Normalization of `features` features, the identity scale and shift.
+    pub fn new(features: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: Tensor::from_vec(vec![1.0f32; features], [features])?,
+            bias: Tensor::from_vec(vec![0.0f32; features], [features])?,
+            eps: 1e-5,
+        })
+    }
+
+    /// `x` normalized over its last axis, scaled and shifted.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+
+    /// `weight` and `bias`, by name.
+    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
+        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
+    }
+
+    /// `weight` and `bias`, by name, to be replaced.
+    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
+        ]
+    }
+}
+
+/// Linear layers with relu between them (none after the last).
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    /// The layers, input first.
+    pub layers: Vec<Linear>,
+}
+
+impl Mlp {
+    /// Layers between consecutive `sizes` (`[784, 256, 10]`: two layers),
+    /// each initialized as `Linear::new`, all drawn from one stream of `seed`.
+    pub fn new(sizes: &[usize], seed: u64) -> Result<Mlp> {
+        let mut rng = SplitMix64::new(seed);
+        let layers = sizes
+            .windows(2)
+            .map(|pair| Linear::drawn(pair[0], pair[1], &mut rng))
+            .collect::<Result<_>>()?;
+        Ok(Mlp { layers })
+    }
+
+    /// The layers applied in order, relu between them.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&h)?;
+            if i + 1 < self.layers.len() {
+                h = h.relu()?;
+            }
+        }
+        Ok(h)
+    }
+
+    /// Every layer's parameters, named `layers.{i}.weight` and `layers.{i}.bias`.
+    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut all = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, t) in layer.parameters() {
+                all.push((format!("layers.{i}.{name}"), t));
+            }
+        }
+        all
+    }
+
+    /// Every layer's parameters, named as `parameters` names them, to be replaced.
+    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut all = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            for (name, t) in layer.parameters_mut() {
+                all.push((format!("layers.{i}.{name}"), t));
+            }
+        }
+        all
+    }
+}
+
+/// Replaces each of `targets` by the value of the same name in `values`
+/// (`nn::load`'s result, or a training step's new parameters):
+/// `set_parameters(mlp.parameters_mut(), nn::load(path)?)`. Every target
+/// needs exactly one value of its dtype and shape, and every value a
+/// target; otherwise nothing is replaced and the `Err` names the parameter.
+pub fn set_parameters(
+    targets: Vec<(String, &mut Tensor)>,
+    values: impl IntoIterator<Item = (String, Tensor)>,
+) -> Result<()> {
+    let fail = |name: &str, message: String| Error::Parameter {
+        name: name.to_string(),
+        message,
+    };
+    let mut by_name: HashMap<String, Tensor> = HashMap::new();
+    for (name, value) in values {
+        if by_name.contains_key(&name) {
+            return Err(fail(&name, "given twice".into()));
+        }
+        by_name.insert(name, value);
+    }
+    let mut pairs = Vec::with_capacity(targets.len());
+    for (name, target) in targets {
+        let value = by_name
+            .remove(&name)
+            .ok_or_else(|| fail(&name, "no value given".into()))?;
+        if value.dtype() != target.dtype() || value.shape() != target.shape() {
+            return Err(fail(
+                &name,
+                format!(
+                    "a value of {}{} for a parameter of {}{}",
+                    value.dtype(),
+                    value.shape(),
+                    target.dtype(),
+                    target.shape()
+                ),
+            ));
+        }
+        pairs.push((target, value));
+    }
+    if let Some(name) = by_name.keys().min() {
+        return Err(fail(name, "is not a parameter of the model".into()));
+    }
+    for (target, value) in pairs {
+        *target = value;
+    }
+    Ok(())
+}
