@@ -49,3 +49,35 @@ fn the_classes_are_balanced_and_interleaved() -> Result<()> {
     assert_eq!(last_thousand, [100; 10]);
     Ok(())
 }
+
+#[test]
+fn a_subset_is_a_split_of_the_items() -> Result<()> {
+    use kiln::data::Subset;
+    use std::sync::Arc;
+    let (images, labels) = digits()?;
+    let (images, labels): (Arc<dyn Dataset>, Arc<dyn Dataset>) =
+        (Arc::new(images), Arc::new(labels));
+    let test = Subset::new(labels.clone(), 4000..5000)?;
+    assert_eq!(test.len(), 1000);
+    assert_eq!(test.get(7)?[0].to_scalar::<i32>()?, 7);
+    let train_images = Subset::new(images.clone(), 0..4000)?;
+    assert_eq!(
+        train_images.get(3999)?[0].to_vec::<u8>()?,
+        images.get(3999)?[0].to_vec::<u8>()?
+    );
+    // Rows read in place through the subset are those of the whole.
+    let mapped = Subset::new(images.clone(), 10..20)?.mapped(0, 2..4);
+    let whole = images.mapped(0, 12..14);
+    assert!(whole.is_some(), "npy rows are read in place");
+    assert_eq!(
+        mapped.map(|m| m.data().to_data()),
+        whole.map(|m| m.data().to_data())
+    );
+    let err = Subset::new(labels, 4000..5001).err().map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some("subset: items 4000..5001 of a dataset of 5000 items")
+    );
+    assert!(test.get(1000).is_err());
+    Ok(())
+}

@@ -321,3 +321,53 @@ impl Dataset for Zip {
         self.parts[p].mapped(f, items)
     }
 }
+
+/// A contiguous run of another dataset's items, such as a train or test
+/// split: item `i` is item `range.start + i` of the whole.
+pub struct Subset {
+    whole: Arc<dyn Dataset>,
+    range: Range<usize>,
+}
+
+impl Subset {
+    /// The items `range` of `whole`, which must lie inside it.
+    pub fn new(whole: Arc<dyn Dataset>, range: Range<usize>) -> Result<Subset, DataError> {
+        if range.start > range.end || range.end > whole.len() {
+            return Err(DataError::Mismatch {
+                message: format!(
+                    "subset: items {range:?} of a dataset of {} items",
+                    whole.len()
+                ),
+            });
+        }
+        Ok(Subset { whole, range })
+    }
+}
+
+impl Dataset for Subset {
+    fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    fn fields(&self) -> Vec<TensorType> {
+        self.whole.fields()
+    }
+
+    fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        if index >= self.len() {
+            return Err(DataError::Mismatch {
+                message: format!("subset: no item {index} of {}", self.len()),
+            });
+        }
+        self.whole.read(self.range.start + index, field, out)
+    }
+
+    fn mapped(&self, field: usize, items: Range<usize>) -> Option<Mapped> {
+        if items.end > self.len() {
+            return None;
+        }
+        let start = self.range.start;
+        self.whole
+            .mapped(field, start + items.start..start + items.end)
+    }
+}

@@ -14,7 +14,7 @@ pub mod npy;
 pub mod record;
 
 pub(crate) use dataset::stored_dtype;
-pub use dataset::{ArrayDataset, Dataset, Mapped, Zip};
+pub use dataset::{ArrayDataset, Dataset, Mapped, Subset, Zip};
 pub use loader::{Batch, DataLoader, Epoch, Field, LoaderOptions, Metrics, OnError};
 
 use std::path::{Path, PathBuf};
