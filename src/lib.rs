@@ -21,6 +21,11 @@
 //! `KILN_DUMP=fuse` (or any optimizer stage: `simplify`, `cse`, `split-reduce`,
 //! `fold-views`, `fuse`, `dce`, `schedule`; a comma list; or `all`) prints
 //! the optimizer's stages, and `kiln::explain` returns the same text.
+//!
+//! `kiln::grad` differentiates a loss with respect to tensors, in reverse
+//! mode, by appending the backward pass to the same lazy graph: the
+//! gradients are tensors like any other, and the forward and backward
+//! passes fuse together when they are realized or compiled.
 
 mod backend;
 mod compile;
@@ -28,6 +33,7 @@ mod composite;
 pub mod data;
 mod device;
 mod error;
+mod grad;
 mod index;
 pub mod nn;
 mod ops;
@@ -40,6 +46,7 @@ mod tensor;
 pub use compile::{CompiledGraph, compile, compile_on, compile_with};
 pub use device::Device;
 pub use error::{Error, Result};
+pub use grad::{grad, value_and_grad};
 pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
 pub use kiln_runtime::{BackendOptions, Precision};

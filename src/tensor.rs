@@ -429,8 +429,17 @@ pub(crate) enum Source {
 
 /// `capture`, also returning where each graph input's value comes from.
 pub(crate) fn capture_with_data(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<Source>) {
+    let (graph, inputs, _) = capture_nodes(name, outputs);
+    (graph, inputs)
+}
+
+/// `capture_with_data`, also returning the tensor behind every node, by
+/// arena index: how `grad` builds the nodes it appends as tensors whose
+/// operands are the user's own.
+pub(crate) fn capture_nodes(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<Source>, Vec<Tensor>) {
     let mut graph = Graph::new(name);
     let mut inputs = Vec::new();
+    let mut nodes = Vec::new();
     let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
     // Iterative post-order walk: deep graphs (a long chain built in a loop)
     // must not overflow the stack.
@@ -462,7 +471,8 @@ pub(crate) fn capture_with_data(name: &str, outputs: &[&Tensor]) -> (Graph, Vec<
             }
         };
         ids.insert(key, id);
+        nodes.push(tensor);
     }
     graph.outputs = outputs.iter().map(|t| ids[&Arc::as_ptr(&t.0)]).collect();
-    (graph, inputs)
+    (graph, inputs, nodes)
 }

@@ -188,6 +188,27 @@ pub enum Error {
         /// What was given.
         got: String,
     },
+    /// A gradient asked of, or with respect to, a value that has none: one
+    /// of an integer or bool type.
+    #[error(
+        "grad: the {op} node that makes the {role} gives {dtype}; only f32 values have gradients"
+    )]
+    NoGradient {
+        /// `loss` or `value to differentiate`.
+        role: &'static str,
+        /// The op that made the value.
+        op: &'static str,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// A loss of more than one element (or none).
+    #[error("grad: the loss must be one value, but the {op} node that makes it has shape {shape}")]
+    LossShape {
+        /// The op that made the loss.
+        op: &'static str,
+        /// Its shape.
+        shape: Shape,
+    },
     /// A view or kernel that a pass built wrong: a compiler bug.
     #[error("{op}: {message}")]
     Malformed {

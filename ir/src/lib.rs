@@ -1,12 +1,14 @@
 //! kiln-ir: the graph IR of kiln and everything that is pure data and
 //! transformation: ops and their typing rules, the graph arena, the printed
-//! form, the verifier and the reference interpreter.
+//! form, the verifier, the reference interpreter, reverse-mode
+//! differentiation and the optimizer's passes.
 //!
 //! This crate has no `unsafe` and links no system library: a graph can be
 //! built, printed, checked and evaluated anywhere.
 
 pub mod elementwise;
 mod error;
+pub mod grad;
 pub mod graph;
 pub mod interp;
 pub mod kernel;
@@ -20,6 +22,7 @@ pub mod view;
 
 pub use elementwise::{BinaryOp, ReduceOp, UnaryOp};
 pub use error::Error;
+pub use grad::grad;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{Op, OpLayer};
 pub use types::{

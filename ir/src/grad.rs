@@ -1,0 +1,571 @@
+//! Reverse-mode differentiation as a graph transform: `grad` appends to a
+//! graph the nodes that compute the gradients of a scalar loss, made of
+//! ordinary graph ops, so that the optimizer and the fuser compile the
+//! forward and the backward pass together as one graph.
+//!
+//! The walk goes once over the arena from the loss back to the front. A
+//! node gets a gradient (the cotangent of its value, of its shape) when it
+//! lies on a path from a value to differentiate to the loss through f32
+//! values; its rule turns that gradient into one contribution per operand
+//! that is on such a path too, and the contributions of a node's readers
+//! are summed (`add`). No other node is built: nothing for operands that
+//! lead to no value asked for (the data fed to a network), nothing after
+//! the loss.
+//!
+//! The rules, by op (`dy` the node's gradient, `y` its value):
+//!
+//! - `neg`: `-dy`; `exp`: `dy * y`; `log`: `dy / x`; `sqrt`: `dy * 0.5 / y`;
+//!   `recip`: `-(dy * y * y)`; `sigmoid`: `dy * y * (1 - y)`;
+//!   `tanh`: `dy * (1 - y * y)`;
+//! - `relu`: `dy` where `x > 0`, else 0 (0 at 0, as JAX and PyTorch);
+//!   `abs`: `dy * sign(x)`, 0 at 0 (as PyTorch; JAX gives `dy` there):
+//!   the mean of the two one-sided slopes, what a central difference sees;
+//! - `add`: `dy, dy`; `sub`: `dy, -dy`; `mul`: `dy * b, dy * a`;
+//!   `div`: `q = dy / b`, then `q, -(q * y)`;
+//!   `pow`: `dy * b * a^(b-1)` (0 where `b == 0`) and `dy * y * log(a)`
+//!   (0 where `a == 0`), both as JAX writes them;
+//! - `max`, `min` (binary): `dy` to the operand equal to the result, split
+//!   evenly (`dy / 2` each) when both are, as JAX's balanced rule; none where
+//!   the result is NaN;
+//! - comparisons, `where`'s condition, casts from or to an integer or bool,
+//!   and every integer or bool value: no gradient (such values are never on
+//!   a path that carries one); `where`: `dy` to the taken branch, 0 to the
+//!   other; a cast from f32 to f32: `dy`;
+//! - views: `reshape`: reshape back; `permute`: the inverse permutation;
+//!   `expand`: summed back to the operand's shape (`sum_to`, the one place
+//!   that undoes broadcasting: every elementwise op's operands are
+//!   explicitly expanded in the IR); `pad`: the slice of the unpadded part;
+//!   `slice`: a zero-filled scatter (for a step above 1, each kept element
+//!   is followed by `step - 1` zeros by a reshape, a pad and a reshape back;
+//!   then a pad puts the block in place);
+//! - reductions: `sum`: `dy` expanded back over the reduced axes; `max`:
+//!   `dy` to the elements equal to the maximum, split evenly among ties
+//!   (`dy / count`), as JAX; none in a row whose maximum is NaN;
+//! - `matmul` (batched too): `dy @ b^T` and `a^T @ dy`, transposing the
+//!   last two axes; broadcast batch axes are `expand` nodes in the IR, so
+//!   their sums come from `expand`'s rule.
+//!
+//! Where a fused rule would be cheaper. The composites of kiln's API
+//! (softmax, log_softmax, layer_norm, gelu, cross_entropy, mse_loss) are
+//! recorded as primitives, so they differentiate through their parts, and
+//! the result is exact up to rounding. Their hand-derived rules need fewer
+//! row reductions: softmax's `y * (dy - sum(dy * y))` needs one, while the
+//! chain through `exp(x - max) * recip(sum)` needs three (the product with
+//! the exponentials for the sum's gradient, the gradient of the max, and
+//! the count of its ties), and a compare; log_softmax's `dy - softmax *
+//! sum(dy)` likewise; cross_entropy's `(softmax - one_hot) / batch` needs
+//! none beyond the forward's. The gradient that reaches the max of
+//! softmax's shift is zero in exact arithmetic (softmax does not change when
+//! its input is shifted); JAX stops it with `stop_gradient`, kiln computes
+//! it, at the cost of one reduction and a residue of rounding. These extra
+//! reductions run over `[rows, classes]`, which fuse with the elementwise
+//! work around them and are small next to a network's matmuls, so kiln
+//! adds no fused rule: one would need a graph op per composite (which every
+//! stage would then handle) or a matcher for their node patterns. Should a
+//! profile show them, a `softmax` graph op with the rule above is the place
+//! to start.
+
+use smallvec::{SmallVec, smallvec};
+
+use crate::Error;
+use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
+use crate::graph::{Graph, Node, NodeId};
+use crate::op::Op;
+use crate::types::{DType, Scalar, Shape};
+use crate::verify::{verify, verify_graph_ops};
+use crate::view::SliceRange;
+
+/// Appends to `graph` the nodes that compute the gradient of `loss` with
+/// respect to each node of `wrt`, and returns them in order (of the shapes of
+/// the `wrt` nodes). The loss must be an f32 value of one element (any rank);
+/// every `wrt` node must be f32. A `wrt` node the loss does not depend on gets
+/// zeros, as in JAX. The graph's outputs are left as they are.
+///
+/// `graph` must hold graph ops only; a graph the optimizer has fused is an
+/// `Err` naming its first post-fusion node, and so is a loss or `wrt` value
+/// of an integer or bool type (naming the op that made it) or a loss of more
+/// than one element. On `Err` the graph is unchanged.
+pub fn grad(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>, Error> {
+    verify_graph_ops(graph, "grad")?;
+    verify(graph)?;
+    let in_graph = |id: NodeId, role: &str| {
+        if id.index() < graph.nodes.len() {
+            Ok(())
+        } else {
+            Err(Error::Verify {
+                message: format!("grad: the {role} {id} is not in the graph"),
+                dump: graph.to_string(),
+            })
+        }
+    };
+    in_graph(loss, "loss")?;
+    let loss_node = graph.node(loss);
+    check_float(loss_node, "loss")?;
+    if loss_node.ty.shape.numel() != 1 {
+        return Err(Error::LossShape {
+            op: loss_node.op.name(),
+            shape: loss_node.ty.shape.clone(),
+        });
+    }
+    for &w in wrt {
+        in_graph(w, "value to differentiate")?;
+        check_float(graph.node(w), "value to differentiate")?;
+    }
+    let len = graph.nodes.len();
+    let grads = backward(graph, loss, wrt);
+    if grads.is_err() {
+        graph.nodes.truncate(len);
+    }
+    grads
+}
+
+/// The `Err` for a `role` value that is not f32.
+fn check_float(node: &Node, role: &'static str) -> Result<(), Error> {
+    if node.ty.dtype.is_float() {
+        return Ok(());
+    }
+    Err(Error::NoGradient {
+        role,
+        op: node.op.name(),
+        dtype: node.ty.dtype,
+    })
+}
+
+/// The walk from the loss back to the front (see the module doc).
+fn backward(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>, Error> {
+    let n = loss.index() + 1;
+    // Whether a node depends, through f32 values only, on a value asked for.
+    let mut needs = vec![false; n];
+    for w in wrt.iter().filter(|w| w.index() < n) {
+        needs[w.index()] = true;
+    }
+    for i in 0..n {
+        let node = &graph.nodes[i];
+        needs[i] =
+            needs[i] || (node.ty.dtype.is_float() && node.inputs.iter().any(|x| needs[x.index()]));
+    }
+    let mut grads: Vec<Option<NodeId>> = vec![None; n];
+    if needs[loss.index()] {
+        let shape = graph.node(loss).ty.shape.clone();
+        grads[loss.index()] = Some(full(graph, 1.0, &shape)?);
+    }
+    for i in (0..n).rev() {
+        let Some(dy) = grads[i] else { continue };
+        let node = graph.nodes[i].clone();
+        let want: SmallVec<[bool; 3]> = node.inputs.iter().map(|x| needs[x.index()]).collect();
+        let contributions = rule(graph, &node, NodeId(i as u32), dy, &want)?;
+        for (k, dx) in contributions.into_iter().enumerate() {
+            let (Some(dx), true) = (dx, want[k]) else {
+                continue;
+            };
+            let x = node.inputs[k].index();
+            grads[x] = Some(match grads[x] {
+                None => dx,
+                Some(sum) => binary(graph, BinaryOp::Add, sum, dx)?,
+            });
+        }
+    }
+    wrt.iter()
+        .map(|&w| match grads.get(w.index()).copied().flatten() {
+            Some(g) => Ok(g),
+            None => {
+                let shape = graph.node(w).ty.shape.clone();
+                full(graph, 0.0, &shape)
+            }
+        })
+        .collect()
+}
+
+/// The contribution of node `y`'s gradient `dy` to each operand (`None`:
+/// none). `want` says which operands need one; the others may get `None`.
+fn rule(
+    g: &mut Graph,
+    node: &Node,
+    y: NodeId,
+    dy: NodeId,
+    want: &[bool],
+) -> Result<SmallVec<[Option<NodeId>; 3]>, Error> {
+    let x = |k: usize| node.inputs[k];
+    let shape_of = |g: &Graph, k: usize| g.node(node.inputs[k]).ty.shape.clone();
+    Ok(match &node.op {
+        Op::Input { .. } | Op::Const(_) => SmallVec::new(),
+        Op::Unary(op) => smallvec![Some(unary_rule(g, *op, x(0), y, dy)?)],
+        Op::Binary(op) => binary_rule(g, *op, x(0), x(1), y, dy, want)?,
+        Op::Where => {
+            let zero = full(g, 0.0, &node.ty.shape)?;
+            let on_true = want[1]
+                .then(|| push(g, Op::Where, &[x(0), dy, zero]))
+                .transpose()?;
+            let on_false = want[2]
+                .then(|| push(g, Op::Where, &[x(0), zero, dy]))
+                .transpose()?;
+            smallvec![None, on_true, on_false]
+        }
+        // Reached only from f32 to f32: every other cast has an integer or
+        // bool on one side, which carries no gradient.
+        Op::Cast(_) => smallvec![Some(dy)],
+        Op::Reshape(_) => {
+            let from = shape_of(g, 0);
+            smallvec![Some(reshape(g, dy, &from)?)]
+        }
+        Op::Permute(perm) => {
+            let mut inverse: SmallVec<[usize; 4]> = SmallVec::from_elem(0, perm.len());
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            smallvec![Some(push(g, Op::Permute(inverse), &[dy])?)]
+        }
+        Op::Expand(_) => {
+            let from = shape_of(g, 0);
+            smallvec![Some(sum_to(g, dy, &from)?)]
+        }
+        Op::Slice(ranges) => {
+            let from = shape_of(g, 0);
+            smallvec![Some(scatter(g, dy, ranges, &from)?)]
+        }
+        Op::Pad { pads, .. } => {
+            let from = shape_of(g, 0);
+            let ranges = pads
+                .iter()
+                .zip(from.dims())
+                .map(|(&(before, _), &d)| SliceRange {
+                    start: before,
+                    end: before + d,
+                    step: 1,
+                })
+                .collect();
+            smallvec![Some(push(g, Op::Slice(ranges), &[dy])?)]
+        }
+        Op::Reduce {
+            op: ReduceOp::Sum, ..
+        } => {
+            let from = shape_of(g, 0);
+            smallvec![Some(push(g, Op::Expand(from), &[dy])?)]
+        }
+        Op::Reduce {
+            op: ReduceOp::Max,
+            axes,
+        } => smallvec![Some(max_rule(g, axes, x(0), y, dy)?)],
+        Op::MatMul => {
+            let da = want[0]
+                .then(|| {
+                    let bt = transpose(g, x(1))?;
+                    push(g, Op::MatMul, &[dy, bt])
+                })
+                .transpose()?;
+            let db = want[1]
+                .then(|| {
+                    let at = transpose(g, x(0))?;
+                    push(g, Op::MatMul, &[at, dy])
+                })
+                .transpose()?;
+            smallvec![da, db]
+        }
+        // `grad` checked on entry that the graph holds graph ops only.
+        Op::View(_) | Op::Kernel(_) => {
+            return Err(Error::Verify {
+                message: format!("grad: node {y} is a {} node", node.op.name()),
+                dump: g.to_string(),
+            });
+        }
+    })
+}
+
+/// The gradient of `y = op(x)`.
+fn unary_rule(
+    g: &mut Graph,
+    op: UnaryOp,
+    x: NodeId,
+    y: NodeId,
+    dy: NodeId,
+) -> Result<NodeId, Error> {
+    use BinaryOp::{Div, Gt, Lt, Mul, Sub};
+    match op {
+        UnaryOp::Neg => unary(g, UnaryOp::Neg, dy),
+        UnaryOp::Exp => binary(g, Mul, dy, y),
+        UnaryOp::Log => binary(g, Div, dy, x),
+        UnaryOp::Sqrt => {
+            let half = scale(g, dy, 0.5)?;
+            binary(g, Div, half, y)
+        }
+        UnaryOp::Recip => {
+            let yy = binary(g, Mul, y, y)?;
+            let product = binary(g, Mul, dy, yy)?;
+            unary(g, UnaryOp::Neg, product)
+        }
+        UnaryOp::Relu => {
+            let zero = like(g, 0.0, x)?;
+            let positive = binary(g, Gt, x, zero)?;
+            push(g, Op::Where, &[positive, dy, zero])
+        }
+        UnaryOp::Sigmoid => {
+            let one = like(g, 1.0, y)?;
+            let rest = binary(g, Sub, one, y)?;
+            let slope = binary(g, Mul, y, rest)?;
+            binary(g, Mul, dy, slope)
+        }
+        UnaryOp::Tanh => {
+            let one = like(g, 1.0, y)?;
+            let yy = binary(g, Mul, y, y)?;
+            let slope = binary(g, Sub, one, yy)?;
+            binary(g, Mul, dy, slope)
+        }
+        UnaryOp::Abs => {
+            // sign(x) = (x > 0) - (x < 0): 0 at 0 and at NaN.
+            let zero = like(g, 0.0, x)?;
+            let positive = binary(g, Gt, x, zero)?;
+            let negative = binary(g, Lt, x, zero)?;
+            let (p, n) = (cast_f32(g, positive)?, cast_f32(g, negative)?);
+            let sign = binary(g, Sub, p, n)?;
+            binary(g, Mul, dy, sign)
+        }
+    }
+}
+
+/// The gradients of `y = a op b` for the operands that `want` them.
+fn binary_rule(
+    g: &mut Graph,
+    op: BinaryOp,
+    a: NodeId,
+    b: NodeId,
+    y: NodeId,
+    dy: NodeId,
+    want: &[bool],
+) -> Result<SmallVec<[Option<NodeId>; 3]>, Error> {
+    use BinaryOp::{Div, Eq, Mul};
+    let each = |g: &mut Graph,
+                f: &dyn Fn(&mut Graph, usize) -> Result<NodeId, Error>|
+     -> Result<SmallVec<[Option<NodeId>; 3]>, Error> {
+        (0..2)
+            .map(|k| want[k].then(|| f(g, k)).transpose())
+            .collect()
+    };
+    match op {
+        BinaryOp::Add => Ok(smallvec![Some(dy), Some(dy)]),
+        BinaryOp::Sub => {
+            let neg = want[1].then(|| unary(g, UnaryOp::Neg, dy)).transpose()?;
+            Ok(smallvec![Some(dy), neg])
+        }
+        BinaryOp::Mul => each(g, &|g, k| binary(g, Mul, dy, [b, a][k])),
+        BinaryOp::Div => {
+            let q = binary(g, Div, dy, b)?;
+            let db = want[1]
+                .then(|| {
+                    let qy = binary(g, Mul, q, y)?;
+                    unary(g, UnaryOp::Neg, qy)
+                })
+                .transpose()?;
+            Ok(smallvec![Some(q), db])
+        }
+        BinaryOp::Max | BinaryOp::Min => {
+            // JAX's balanced rule: all of `dy` to the operand equal to the
+            // result, half to each when both are.
+            let ta = binary(g, Eq, a, y)?;
+            let tb = binary(g, Eq, b, y)?;
+            let half = scale(g, dy, 0.5)?;
+            let zero = like(g, 0.0, dy)?;
+            each(g, &|g, k| {
+                let (mine, other) = [(ta, tb), (tb, ta)][k];
+                let share = push(g, Op::Where, &[other, half, dy])?;
+                push(g, Op::Where, &[mine, share, zero])
+            })
+        }
+        BinaryOp::Pow => each(g, &|g, k| {
+            let zero = like(g, 0.0, a)?;
+            let slope = if k == 0 {
+                // b * a^(b-1), and 0 where b == 0 (not 0 * a^-1, NaN at a == 0).
+                let one = like(g, 1.0, b)?;
+                let b1 = binary(g, BinaryOp::Sub, b, one)?;
+                let p = binary(g, BinaryOp::Pow, a, b1)?;
+                let bp = binary(g, Mul, b, p)?;
+                let b_zero = binary(g, Eq, b, zero)?;
+                push(g, Op::Where, &[b_zero, zero, bp])?
+            } else {
+                // y * log(a), with log(1) = 0 standing in where a == 0.
+                let one = like(g, 1.0, a)?;
+                let a_zero = binary(g, Eq, a, zero)?;
+                let safe = push(g, Op::Where, &[a_zero, one, a])?;
+                let log = unary(g, UnaryOp::Log, safe)?;
+                binary(g, Mul, y, log)?
+            };
+            binary(g, Mul, dy, slope)
+        }),
+        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
+            Ok(smallvec![None, None])
+        }
+    }
+}
+
+/// The gradient of `y = max(x)` over `axes`: `dy` shared evenly among the
+/// elements equal to the maximum.
+fn max_rule(
+    g: &mut Graph,
+    axes: &[usize],
+    x: NodeId,
+    y: NodeId,
+    dy: NodeId,
+) -> Result<NodeId, Error> {
+    let from = g.node(x).ty.shape.clone();
+    let ye = push(g, Op::Expand(from.clone()), &[y])?;
+    let hit = binary(g, BinaryOp::Eq, x, ye)?;
+    let ones = cast_f32(g, hit)?;
+    let count = push(
+        g,
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: SmallVec::from_slice(axes),
+        },
+        &[ones],
+    )?;
+    let share = binary(g, BinaryOp::Div, dy, count)?;
+    let share = push(g, Op::Expand(from), &[share])?;
+    let zero = like(g, 0.0, x)?;
+    push(g, Op::Where, &[hit, share, zero])
+}
+
+/// `dy` summed over the axes that `expand` broadcast to reach its shape from
+/// `from`, then reshaped to `from`: the one place broadcasting is undone.
+fn sum_to(g: &mut Graph, dy: NodeId, from: &Shape) -> Result<NodeId, Error> {
+    let to = g.node(dy).ty.shape.clone();
+    let lead = to.rank() - from.rank();
+    let axes: SmallVec<[usize; 4]> = (0..to.rank())
+        .filter(|&a| to.dims()[a] != 1 && (a < lead || from.dims()[a - lead] == 1))
+        .collect();
+    let summed = if axes.is_empty() {
+        dy
+    } else {
+        let op = Op::Reduce {
+            op: ReduceOp::Sum,
+            axes,
+        };
+        push(g, op, &[dy])?
+    };
+    reshape(g, summed, from)
+}
+
+/// The gradient of a slice: `dy` scattered into zeros of shape `from` at the
+/// positions the slice kept.
+fn scatter(
+    g: &mut Graph,
+    dy: NodeId,
+    ranges: &[SliceRange],
+    from: &Shape,
+) -> Result<NodeId, Error> {
+    let lens: SmallVec<[usize; 4]> = ranges.iter().map(SliceRange::len).collect();
+    if lens.contains(&0) {
+        return full(g, 0.0, from);
+    }
+    // Axes whose kept elements are apart: each is followed by `step - 1`
+    // zeros, by splitting the axis as [len, 1], padding the new axis to
+    // [len, step], merging it back and cutting the zeros after the last.
+    let strided = |a: usize| ranges[a].step > 1 && lens[a] > 1;
+    let mut cur = dy;
+    if (0..ranges.len()).any(strided) {
+        let mut split = Vec::new();
+        let mut pads = SmallVec::new();
+        for (a, r) in ranges.iter().enumerate() {
+            split.push(lens[a]);
+            pads.push((0, 0));
+            if strided(a) {
+                split.push(1);
+                pads.push((0, r.step - 1));
+            }
+        }
+        cur = reshape(g, cur, &Shape::new(&split))?;
+        cur = push(g, pad_op(pads), &[cur])?;
+        let merged: Vec<usize> = (0..ranges.len())
+            .map(|a| {
+                if strided(a) {
+                    lens[a] * ranges[a].step
+                } else {
+                    lens[a]
+                }
+            })
+            .collect();
+        cur = reshape(g, cur, &Shape::new(&merged))?;
+        let cut = (0..ranges.len())
+            .map(|a| SliceRange {
+                start: 0,
+                end: extent(ranges, &lens, a),
+                step: 1,
+            })
+            .collect();
+        cur = push(g, Op::Slice(cut), &[cur])?;
+    }
+    let pads: SmallVec<[(usize, usize); 4]> = (0..ranges.len())
+        .map(|a| {
+            let start = ranges[a].start;
+            (start, from.dims()[a] - start - extent(ranges, &lens, a))
+        })
+        .collect();
+    if pads.iter().all(|&p| p == (0, 0)) {
+        return Ok(cur);
+    }
+    push(g, pad_op(pads), &[cur])
+}
+
+/// How many elements of axis `a` a slice spans, from its first kept element
+/// to its last.
+fn extent(ranges: &[SliceRange], lens: &[usize], a: usize) -> usize {
+    (lens[a] - 1) * ranges[a].step + 1
+}
+
+fn pad_op(pads: SmallVec<[(usize, usize); 4]>) -> Op {
+    Op::Pad {
+        pads,
+        value: Scalar::F32(0.0),
+    }
+}
+
+/// The last two axes of `x` swapped.
+fn transpose(g: &mut Graph, x: NodeId) -> Result<NodeId, Error> {
+    let rank = g.node(x).ty.shape.rank();
+    let mut perm: SmallVec<[usize; 4]> = (0..rank).collect();
+    perm.swap(rank - 1, rank - 2);
+    push(g, Op::Permute(perm), &[x])
+}
+
+fn push(g: &mut Graph, op: Op, inputs: &[NodeId]) -> Result<NodeId, Error> {
+    g.push(op, inputs)
+}
+
+fn unary(g: &mut Graph, op: UnaryOp, x: NodeId) -> Result<NodeId, Error> {
+    push(g, Op::Unary(op), &[x])
+}
+
+fn binary(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, Error> {
+    push(g, Op::Binary(op), &[a, b])
+}
+
+/// `x * v`.
+fn scale(g: &mut Graph, x: NodeId, v: f32) -> Result<NodeId, Error> {
+    let k = like(g, v, x)?;
+    binary(g, BinaryOp::Mul, x, k)
+}
+
+fn cast_f32(g: &mut Graph, x: NodeId) -> Result<NodeId, Error> {
+    push(g, Op::Cast(DType::F32), &[x])
+}
+
+/// `x` under shape `to` (itself when it has that shape already).
+fn reshape(g: &mut Graph, x: NodeId, to: &Shape) -> Result<NodeId, Error> {
+    if &g.node(x).ty.shape == to {
+        return Ok(x);
+    }
+    push(g, Op::Reshape(to.clone()), &[x])
+}
+
+/// The f32 constant `v` broadcast to `shape`.
+fn full(g: &mut Graph, v: f32, shape: &Shape) -> Result<NodeId, Error> {
+    let k = push(g, Op::Const(Scalar::F32(v)), &[])?;
+    if shape.rank() == 0 {
+        return Ok(k);
+    }
+    push(g, Op::Expand(shape.clone()), &[k])
+}
+
+/// The f32 constant `v` of `x`'s shape.
+fn like(g: &mut Graph, v: f32, x: NodeId) -> Result<NodeId, Error> {
+    let shape = g.node(x).ty.shape.clone();
+    full(g, v, &shape)
+}

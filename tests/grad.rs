@@ -1,0 +1,293 @@
+//! `kiln::grad` and `kiln::value_and_grad`: the composites' gradients
+//! against central finite differences on the interpreter
+//! (`kiln_support::gradcheck`, which states the tolerance), and what the
+//! front end promises: lazy gradients that share the forward pass, that
+//! trace once inside `kiln::compile`, zeros for tensors the loss does not
+//! read, and errors that name the op.
+
+use kiln::{
+    BackendOptions, DType, Data, Device, Options, Result, Tensor, TensorType, capture, compile,
+    compile_on, grad, realize, value_and_grad,
+};
+use kiln_support::gradcheck::{self, Rng};
+use proptest::prelude::*;
+
+fn f32s(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims)
+}
+
+fn floats(data: &Data) -> Vec<f32> {
+    match data {
+        Data::F32(v) => v.clone(),
+        other => panic!("expected f32 data, got {other:?}"),
+    }
+}
+
+/// Checks the gradients of `sum(f(inputs) * r)` with respect to every input
+/// against finite differences of `f`, both compiled for the interpreter
+/// (`Device::Reference`) with the inputs as placeholders, so that each
+/// difference is one run, not a new trace.
+fn check(
+    inputs: &[(&[usize], Vec<f32>)],
+    seed: u64,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> std::result::Result<(), String> {
+    let specs: Vec<TensorType> = inputs.iter().map(|(d, _)| f32s(d)).collect();
+    let on_reference =
+        |name: &str, specs: &[TensorType], body: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>| {
+            compile_on(
+                Device::Reference,
+                name,
+                specs,
+                Options::default(),
+                BackendOptions::default(),
+                body,
+            )
+            .map_err(|e| e.to_string())
+        };
+    let mut forward = on_reference("f", &specs, &|p| Ok(vec![f(p)?]))?;
+    let y_type = forward.optimized().graph.output_types()[0].clone();
+    let r = Rng(seed).fill(y_type.shape.numel(), |rng| rng.uniform(-1.0, 1.0));
+    let n = inputs.len();
+    let mut with_r = specs.clone();
+    with_r.push(y_type);
+    let mut backward = on_reference("df", &with_r, &|p| {
+        let loss = f(&p[..n])?.mul(&p[n])?.sum_all()?;
+        grad(&loss, &p[..n].iter().collect::<Vec<_>>())
+    })?;
+    let mut args: Vec<Data> = inputs.iter().map(|(_, v)| Data::F32(v.clone())).collect();
+    args.push(Data::F32(r.clone()));
+    let refs: Vec<&Data> = args.iter().collect();
+    let analytic: Vec<Vec<f32>> = backward
+        .run(&refs)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(floats)
+        .collect();
+    let values: Vec<Vec<f32>> = inputs.iter().map(|(_, v)| v.clone()).collect();
+    let wrt: Vec<usize> = (0..n).collect();
+    gradcheck::check(&values, &wrt, &r, &analytic, |point| {
+        let data: Vec<Data> = point.iter().map(|v| Data::F32(v.clone())).collect();
+        let refs: Vec<&Data> = data.iter().collect();
+        let out = forward.run(&refs).map_err(|e| e.to_string())?;
+        Ok(floats(&out[0]))
+    })
+}
+
+/// One composite on random awkward shapes.
+fn composite_case(seed: u64) -> std::result::Result<(), String> {
+    let mut rng = Rng(seed);
+    let dim = |rng: &mut Rng| [1, 2, 3, 5, 7][rng.below(5)];
+    let (rows, cols) = (dim(&mut rng), dim(&mut rng));
+    let values = |n: usize, rng: &mut Rng| rng.fill(n, |r| r.uniform(-2.0, 2.0));
+    let x = values(rows * cols, &mut rng);
+    let shape = [rows, cols];
+    let kind = rng.below(7);
+    let result = match kind {
+        0 => {
+            let axis = [-1, 0][rng.below(2)];
+            check(&[(&shape, x)], seed, |p| p[0].softmax(axis))
+        }
+        1 => {
+            let axis = [-1, 0][rng.below(2)];
+            check(&[(&shape, x)], seed, |p| p[0].log_softmax(axis))
+        }
+        2 => {
+            // Normalization bends on the scale of a row's spread, so rows
+            // are spread well beyond a difference's step: 3 or more values
+            // about 0.7 apart (a row of two normalizes to about (-1, 1)
+            // whatever its values).
+            let cols = [3, 5, 7][rng.below(3)];
+            let shape = [rows, cols];
+            let mut x = Vec::new();
+            for _ in 0..rows {
+                let mut order: Vec<usize> = (0..cols).collect();
+                for i in (1..cols).rev() {
+                    order.swap(i, rng.below(i + 1));
+                }
+                x.extend(
+                    order
+                        .iter()
+                        .map(|&k| (k as f32 - cols as f32 / 2.0) * 0.7 + rng.uniform(-0.2, 0.2)),
+                );
+            }
+            let (w, b) = (values(cols, &mut rng), values(cols, &mut rng));
+            check(&[(&shape, x), (&[cols], w), (&[cols], b)], seed, |p| {
+                p[0].layer_norm(&p[1], &p[2], 1e-5)
+            })
+        }
+        3 => check(&[(&shape, x)], seed, |p| p[0].gelu()),
+        4 => {
+            let targets: Vec<i32> = (0..rows).map(|_| rng.below(cols) as i32).collect();
+            let targets = Tensor::from_vec(targets, [rows]).map_err(|e| e.to_string())?;
+            check(&[(&shape, x)], seed, |p| p[0].cross_entropy(&targets))
+        }
+        5 => {
+            // The target broadcast along the rows: its gradient sums them.
+            let t = values(cols, &mut rng);
+            check(&[(&shape, x), (&[cols], t)], seed, |p| p[0].mse_loss(&p[1]))
+        }
+        _ => {
+            // A small network through several composites at once.
+            let w = values(cols * 3, &mut rng);
+            check(&[(&shape, x), (&[cols, 3], w)], seed, |p| {
+                p[0].matmul(&p[1])?.gelu()?.log_softmax(-1)
+            })
+        }
+    };
+    result.map_err(|e| format!("case {kind}: {e}"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn composites_match_differences(seed in any::<u64>()) {
+        composite_case(seed).map_err(TestCaseError::fail)?;
+    }
+}
+
+fn t(values: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(values, shape).expect("values fill the shape")
+}
+
+/// How many nodes of `op`'s kind the graph behind `outputs` holds.
+fn count(outputs: &[&Tensor], op: &str) -> usize {
+    let graph = capture("count", outputs);
+    graph.nodes.iter().filter(|n| n.op.name() == op).count()
+}
+
+#[test]
+fn gradients_are_lazy_tensors_that_share_the_forward_pass() -> Result<()> {
+    let x = t(&[1.0, -2.0, 0.5, 3.0, -1.0, 2.0], &[2, 3]);
+    let w = t(&[0.5, -1.0, 1.0, 0.25, -0.5, 2.0], &[3, 2]);
+    let h = x.matmul(&w)?.relu()?;
+    let loss = h.sum_all()?;
+    let (loss, grads) = value_and_grad(&loss, &[&w])?;
+    let dw = &grads[0];
+    assert!(!dw.is_realized() && !loss.is_realized());
+    // Users keep computing with the gradient: an SGD step, still lazy.
+    let stepped = w.sub(&dw.mul(&Tensor::scalar(0.1f32))?)?;
+    // One forward matmul shared by the loss and the step, one for dW and
+    // none for dx, which nobody asked for.
+    assert_eq!(count(&[&loss, &stepped], "matmul"), 2);
+    realize(&[&loss, &stepped])?;
+    // h = relu(x @ w) = relu([[-1.75, -0.5], [-0.5, 0.75]]).
+    assert_eq!(loss.to_scalar::<f32>()?, 0.75);
+    // dW = x^T @ (h > 0): only h[1][1] is positive, so column 1 is x's row 1.
+    let want = [0.0, 3.0, 0.0, -1.0, 0.0, 2.0];
+    assert_eq!(dw.to_vec::<f32>()?, want);
+    let expect: Vec<f32> = [0.5, -1.0, 1.0, 0.25, -0.5, 2.0]
+        .iter()
+        .zip(want)
+        .map(|(w, g): (&f32, f32)| w - g * 0.1)
+        .collect();
+    assert_eq!(stepped.to_vec::<f32>()?, expect);
+    Ok(())
+}
+
+#[test]
+fn a_compiled_training_step_traces_once_and_matches_eager_gradients() -> Result<()> {
+    // Fit y = 2x + 1 by full-batch gradient descent; the weights go in and
+    // come out as values of the compiled step.
+    let xs: Vec<f32> = (0..8).map(|i| i as f32 / 4.0 - 1.0).collect();
+    let ys: Vec<f32> = xs.iter().map(|x| 2.0 * x + 1.0).collect();
+    let (x, y) = (t(&xs, &[8, 1]), t(&ys, &[8, 1]));
+    let mut traces = 0;
+    let mut step = compile("step", &[f32s(&[1, 1]), f32s(&[1])], |p| {
+        traces += 1;
+        let loss = x.matmul(&p[0])?.add(&p[1])?.mse_loss(&y)?;
+        let (loss, g) = value_and_grad(&loss, &[&p[0], &p[1]])?;
+        let lr = Tensor::scalar(0.3f32);
+        Ok(vec![
+            loss,
+            p[0].sub(&g[0].mul(&lr)?)?,
+            p[1].sub(&g[1].mul(&lr)?)?,
+        ])
+    })?;
+    let (mut w, mut b) = (t(&[0.0], &[1, 1]), t(&[0.0], &[1]));
+    // The first step's gradients as the eager API computes them.
+    let eager_loss = x.matmul(&w)?.add(&b)?.mse_loss(&y)?;
+    let eager = grad(&eager_loss, &[&w, &b])?;
+    let mut losses = Vec::new();
+    for i in 0..60 {
+        let out = step.call(&[&w, &b])?;
+        if i == 0 {
+            let lr = 0.3f32;
+            let dw = -out[1].to_scalar::<f32>()? / lr;
+            let db = -out[2].to_scalar::<f32>()? / lr;
+            let (ew, eb) = (eager[0].to_scalar::<f32>()?, eager[1].to_scalar::<f32>()?);
+            assert!((dw - ew).abs() <= 1e-5 * ew.abs() && (db - eb).abs() <= 1e-5 * eb.abs());
+        }
+        losses.push(out[0].to_scalar::<f32>()?);
+        (w, b) = (out[1].clone(), out[2].clone());
+    }
+    assert_eq!(traces, 1);
+    assert!(losses[59] < 1e-4 * losses[0], "{losses:?}");
+    assert!((w.to_scalar::<f32>()? - 2.0).abs() < 1e-2);
+    assert!((b.to_scalar::<f32>()? - 1.0).abs() < 1e-2);
+    Ok(())
+}
+
+#[test]
+fn tensors_the_loss_does_not_read_get_zeros() -> Result<()> {
+    let x = t(&[1.0, 2.0], &[2]);
+    let unused = t(&[5.0; 6], &[2, 3]);
+    let g = grad(&x.square()?.sum_all()?, &[&unused, &x])?;
+    assert_eq!(g[0].dims(), [2, 3]);
+    assert_eq!(g[0].to_vec::<f32>()?, [0.0; 6]);
+    assert_eq!(g[1].to_vec::<f32>()?, [2.0, 4.0]);
+    Ok(())
+}
+
+#[test]
+fn a_realized_tensor_is_a_constant_to_grad() -> Result<()> {
+    let w = t(&[3.0], &[1]);
+    let h = w.mul(&w)?;
+    h.realize()?;
+    // h has forgotten that it came from w.
+    let g = grad(&h.sum_all()?, &[&w, &h])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [0.0]);
+    assert_eq!(g[1].to_vec::<f32>()?, [1.0]);
+    Ok(())
+}
+
+#[test]
+fn values_without_gradients_are_errors_that_name_the_op() -> Result<()> {
+    let x = t(&[1.0, 2.0], &[2]);
+    let labels = Tensor::from_vec(vec![1i32, 0], [2])?;
+    let as_int = x.cast(DType::I32)?;
+    let loss = x.sum_all()?;
+    let errors = [
+        grad(&loss, &[&labels]),
+        grad(&loss, &[&as_int]),
+        grad(&x.square()?, &[&x]),
+        grad(&x.sum_all()?.gt(&Tensor::scalar(0.0f32))?, &[&x]),
+    ];
+    let text: Vec<String> = errors
+        .iter()
+        .map(|e| e.as_ref().expect_err("no gradient").to_string())
+        .collect();
+    assert_eq!(
+        text,
+        [
+            "grad: the input node that makes the value to differentiate gives i32; only f32 values have gradients",
+            "grad: the cast node that makes the value to differentiate gives i32; only f32 values have gradients",
+            "grad: the loss must be one value, but the mul node that makes it has shape [2]",
+            "grad: the gt node that makes the loss gives bool; only f32 values have gradients",
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn gradients_of_long_chains_do_not_overflow_the_stack() -> Result<()> {
+    let x = t(&[0.5], &[1]);
+    let mut y = x.clone();
+    for _ in 0..20_000 {
+        y = y.mul(&Tensor::scalar(1.0f32))?;
+    }
+    let g = grad(&y.sum_all()?, &[&x])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [1.0]);
+    Ok(())
+}
