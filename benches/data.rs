@@ -7,7 +7,7 @@
 //! shuffled batches are always gathered. The file is written once into
 //! `target/kiln-cache`.
 //!
-//! Then the quickstart's epoch: the compiled MLP fed by the loader, against
+//! Then an MLP's epoch (`kiln_support::mlp_epoch`): the compiled MLP fed by the loader, against
 //! the same compiled graph over the same batches already in memory.
 
 // criterion_group! defines a public function that cannot carry a doc comment.
@@ -22,7 +22,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kiln::data::npy::{NpyArray, NpyDType, write_npy};
 use kiln::data::{ArrayDataset, DataError, DataLoader, Dataset, LoaderOptions, Mapped};
 use kiln::{Data, DataRef, TensorType};
-use kiln_support::quickstart;
+use kiln_support::mlp_epoch;
 
 const ROWS: usize = 262_144;
 const ROW: usize = 4096;
@@ -110,22 +110,22 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// Epoch pairs timed for the quickstart comparison.
+/// Epoch pairs timed for the epoch comparison.
 const PAIRS: usize = 15;
 
-/// The quickstart's epoch fed by the loader against the same compiled graph
+/// An MLP's epoch fed by the loader against the same compiled graph
 /// over the same batches held in memory. The two run in alternating pairs,
 /// each pair in alternating order, and the ratio is taken per pair: on a
 /// shared machine whose speed drifts, timing one variant for seconds and
 /// then the other would compare the drift. Prints the medians and the
 /// quartiles of the per-pair ratio.
-fn quickstart_epoch(_: &mut Criterion) {
-    let (images, labels) = quickstart::dataset(&PathBuf::from("target/kiln-cache/quickstart"))
+fn mlp_epoch(_: &mut Criterion) {
+    let (images, labels) = mlp_epoch::dataset(&PathBuf::from("target/kiln-cache/mlp_epoch"))
         .expect("the dataset is written");
-    let layers = quickstart::layers().expect("the layers build");
-    let mut graph = quickstart::compiled(&layers, true).expect("the graph compiles");
+    let layers = mlp_epoch::layers().expect("the layers build");
+    let mut graph = mlp_epoch::compiled(&layers, true).expect("the graph compiles");
     let mut logits = graph.output_buffers().expect("output buffers");
-    let mut loader = quickstart::loader(&images, &labels).expect("the dataset maps");
+    let mut loader = mlp_epoch::loader(&images, &labels).expect("the dataset maps");
     let held: Vec<Data> = loader
         .epoch(0)
         .map(|b| b.map(|b| b.fields[0].data().to_data()))
@@ -140,7 +140,7 @@ fn quickstart_epoch(_: &mut Criterion) {
         }
         t.elapsed().as_secs_f64()
     };
-    let mut graph = quickstart::compiled(&layers, true).expect("the graph compiles");
+    let mut graph = mlp_epoch::compiled(&layers, true).expect("the graph compiles");
     let mut logits = graph.output_buffers().expect("output buffers");
     let mut from_loader = || {
         let t = Instant::now();
@@ -175,7 +175,7 @@ fn quickstart_epoch(_: &mut Criterion) {
     }
     let q = |v: &[f64], f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
     println!(
-        "data/quickstart_epoch: in memory {:.1} ms, loader {:.1} ms (medians of {PAIRS}); loader / in memory per pair: median {:.3}, quartiles {:.3}..{:.3}",
+        "data/mlp_epoch: in memory {:.1} ms, loader {:.1} ms (medians of {PAIRS}); loader / in memory per pair: median {:.3}, quartiles {:.3}..{:.3}",
         q(&memory, 0.5) * 1e3,
         q(&loaded, 0.5) * 1e3,
         q(&ratios, 0.5),
@@ -184,5 +184,5 @@ fn quickstart_epoch(_: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench, quickstart_epoch);
+criterion_group!(benches, bench, mlp_epoch);
 criterion_main!(benches);
