@@ -1,0 +1,294 @@
+//! The loop nest of kiln's GEMM cores, generic over an ISA's micro-kernel
+//! (`Kernel`): `C = A B`, A and B read through any strides, C row-major.
+//!
+//! For each block of at most `KC` along k (blocks of even depth), B's block
+//! is packed once into `NR`-column panels (or, for products with few rows,
+//! read where it lies); the rows of C are cut into blocks of at most `MC`
+//! rows, shared evenly between threads, each task packing its rows of A into
+//! `MR`-row panels (or, when they are contiguous and spread over the cache's
+//! sets, reading them in place). A task walks B's panels in groups of
+//! `NC_PANELS` (a group stays in L2): each panel of A passes over every panel
+//! of the group, so it is read from the nearest caches while B's panels
+//! stream past it, both prefetched a few steps ahead of use by the
+//! micro-kernel (measured 1.2-1.3x faster than without on Cascade Lake).
+//! Each block of rows of C is handed to the caller's `finish` as soon as its
+//! last depth block is done, on the thread that computed it.
+//!
+//! `unsafe` here is the reads of B in place and the calls of the packing
+//! and of the micro-kernels, whose contracts the loop nest keeps.
+
+#![allow(unsafe_code)]
+
+use rayon::prelude::*;
+
+use super::Operand;
+use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
+
+/// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
+/// depth block, and the blocking sized for its registers and caches.
+pub(super) trait Kernel<const MR: usize, const NR: usize> {
+    /// Depth of a block at most: every tile of C is read and written once
+    /// per depth block, so deeper blocks cost less traffic in C.
+    const KC: usize;
+    /// Rows of C per task at most: the packed A block (`MC x KC`) and a
+    /// group of B panels (`KC x NR * NC_PANELS`) share the L2.
+    const MC: usize;
+    /// Panels of B walked by every panel of A before the next group.
+    const NC_PANELS: usize;
+    /// Farthest apart (in elements) the rows of B may be to be read in
+    /// place: rows further apart map onto few cache sets.
+    const IN_PLACE_ROWS: usize;
+    /// The heights of the micro-kernel's variants are multiples of this:
+    /// with one block of rows per thread, blocks are cut at its multiples.
+    const ROW_UNIT: usize;
+
+    /// The top `tile.rows` rows of an `MR x NR` tile of C from rows of A and
+    /// rows of `NR` elements of B, `b_stride` apart (one per depth step of
+    /// `a`); only `tile.rows x tile.cols` of it is written.
+    ///
+    /// # Safety
+    /// The CPU has the ISA's features.
+    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile);
+}
+
+/// Where a tile of C lies in a row block, and how much of it is real.
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    /// Of its first element in the row block.
+    pub offset: usize,
+    /// Between its rows.
+    pub stride: usize,
+    /// Rows to write, 1 to `MR`.
+    pub rows: usize,
+    /// Columns to write, 1 to `NR`.
+    pub cols: usize,
+    /// Add to what C holds (a depth block after the first) instead of
+    /// overwriting it.
+    pub accumulate: bool,
+}
+
+/// `c[i * n + j] = sum over l of a(i, l) b(l, j)` for `i < m`, `j < n`, by
+/// kernel `K`, on up to `threads` threads; `finish(r0, r1)` runs on the
+/// thread that computed rows `r0..r1` of c as soon as they are done, once for
+/// each of a partition of `0..m`, while they are still in its cache.
+///
+/// # Safety
+/// The CPU has `K`'s ISA, and `a(i, l)` for `i < m, l < k` and `b(l, j)` for
+/// `l < k, j < n` must lie inside live buffers.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: &mut [f32],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    if k == 0 {
+        c[..m * n].fill(0.0);
+        finish(0, m);
+        return;
+    }
+    let panels = n.div_ceil(NR);
+    // B is read where it lies when its rows are contiguous, close together,
+    // and A has at most MC rows: then each panel serves a few tiles only,
+    // and packing it would cost about as much as it saves. The
+    // ragged last panel is packed all the same: reading its NR columns would
+    // pass the end of B's row.
+    let in_place =
+        b.cols == 1 && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows) && m <= K::MC;
+    let first_packed = if in_place { n / NR } else { 0 };
+    // A is read where it lies when its rows are contiguous and do not
+    // crowd into a few cache sets: packing costs about a tenth of a product
+    // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
+    // place is as fast as packed with many (1000³); but rows 4 KiB apart all
+    // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
+    let a_in_place = a.cols == 1 && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
+    let depth = k.div_ceil(k.div_ceil(K::KC));
+    // Depth blocks `(k0, kc)`, in groups that run as one parallel region:
+    // B's blocks of a group are packed together first, then each task walks
+    // its rows through all of them. Read in place, B packs little, and one
+    // group saves a dispatch and a barrier per block; packed, each block is
+    // its own group, so that its panels stay in cache for every row block.
+    let blocks_of_k: Vec<(usize, usize)> = (0..k)
+        .step_by(depth)
+        .map(|k0| (k0, depth.min(k - k0)))
+        .collect();
+    let groups: Vec<&[(usize, usize)]> = if in_place {
+        vec![&blocks_of_k]
+    } else {
+        blocks_of_k.chunks(1).collect()
+    };
+    // A group's packed panels, depth block after depth block, in this
+    // thread's buffer (taken for the call, so that a nested call would
+    // make its own).
+    let packed_width = (panels - first_packed) * NR;
+    let packed_len = packed_width * if in_place { k } else { depth };
+    let mut packed_b_buffer = PACKED_B.take();
+    let packed_b = aligned(&mut packed_b_buffer, packed_len);
+    // Row blocks: at most MC rows, as many per thread, tiles shared as
+    // evenly as they go (block sizes differ by one tile at most). With one
+    // block per thread, a thread's time is its block's, so the blocks are
+    // cut at multiples of the kernel's row unit instead, and the last tile
+    // of a block runs the kernel of its height: with 12-row tiles and a unit
+    // of 4, 64 rows are 2 x (12 + 12 + 8), not 36 + 28 with a 12-row kernel
+    // on the 4 left.
+    let tiles = m.div_ceil(MR);
+    let blocks = (threads * tiles.div_ceil(threads * (K::MC / MR))).min(tiles);
+    let unit = if blocks <= threads { K::ROW_UNIT } else { MR };
+    let units = m.div_ceil(unit);
+    let bounds: Vec<usize> = (0..=blocks)
+        .map(|i| (i * units / blocks * unit).min(m))
+        .collect();
+    let last_group = groups.len() - 1;
+    for (g, group) in groups.into_iter().enumerate() {
+        let k_first = group[0].0;
+        let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
+        let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
+        // Every depth block's panels, each `kc x NR`.
+        let mut jobs: Vec<(usize, usize, &mut [f32])> =
+            Vec::with_capacity(group.len() * (panels - first_packed));
+        let mut rest = &mut *packed_b;
+        for &(k0, kc) in group {
+            for p in first_packed..panels {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(NR * kc);
+                jobs.push((k0, p, head));
+                rest = tail;
+            }
+        }
+        let pack = |(k0, p, panel): (usize, usize, &mut [f32])| {
+            // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
+            // its buffer (the contract of this function).
+            unsafe { pack_b::<NR>(b, k0, p, n, panel) }
+        };
+        if threads > 1 {
+            jobs.into_par_iter().for_each(pack);
+        } else {
+            jobs.into_iter().for_each(pack);
+        }
+        let packed_b = &*packed_b;
+        // Panel `p` of depth block `d`: its rows and their distance. (`b` is
+        // taken whole, by reference: its pointer alone is not `Sync`.)
+        let b = &b;
+        let panel = |d: usize, p: usize| -> (&[f32], usize) {
+            let (k0, kc) = group[d];
+            if p < first_packed {
+                let stride = b.rows as usize;
+                // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie `stride`
+                // apart in one buffer, and columns `p * NR..(p + 1) * NR`
+                // are inside each (`p < n / NR`); the slice runs from the
+                // first of them to the last.
+                let rows = unsafe {
+                    std::slice::from_raw_parts(
+                        b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                        (kc - 1) * stride + NR,
+                    )
+                };
+                (rows, stride)
+            } else {
+                let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
+                (&packed_b[at..at + NR * kc], NR)
+            }
+        };
+        let block = |(r0, c_rows): (usize, &mut [f32])| {
+            let mr = c_rows.len() / n;
+            PACKED_A.with_borrow_mut(|buffer| {
+                for (d, &(k0, kc)) in group.iter().enumerate() {
+                    let len = if a_in_place {
+                        0
+                    } else {
+                        mr.div_ceil(MR) * MR * kc
+                    };
+                    let packed_a = aligned(buffer, len);
+                    if !a_in_place {
+                        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc`
+                        // of a are inside its buffer.
+                        unsafe { pack_a::<MR>(a, r0, mr, k0, kc, packed_a) };
+                    }
+                    let (packed_a, _) = packed_a.as_chunks::<MR>();
+                    for p0 in (0..panels).step_by(K::NC_PANELS) {
+                        for t in 0..mr.div_ceil(MR) {
+                            for p in p0..panels.min(p0 + K::NC_PANELS) {
+                                let tile = Tile {
+                                    offset: t * MR * n + p * NR,
+                                    stride: n,
+                                    rows: MR.min(mr - t * MR),
+                                    cols: NR.min(n - p * NR),
+                                    accumulate: k0 > 0,
+                                };
+                                let (b_rows, b_stride) = panel(d, p);
+                                if a_in_place {
+                                    // SAFETY: `a_in_place`: rows of a are
+                                    // contiguous; the tile's rows (1 to MR of
+                                    // them), columns `k0..k0 + kc`, are inside
+                                    // its buffer.
+                                    let a_rows =
+                                        unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
+                                    // SAFETY: the CPU has K's ISA (the contract
+                                    // of this function).
+                                    unsafe { K::tile(a_rows, b_rows, b_stride, c_rows, tile) };
+                                } else {
+                                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
+                                    // SAFETY: the CPU has K's ISA (the contract
+                                    // of this function).
+                                    unsafe { K::tile(a_panel, b_rows, b_stride, c_rows, tile) };
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+            if g == last_group {
+                finish(r0, r0 + mr);
+            }
+        };
+        let mut rest = &mut c[..m * n];
+        let mut row_blocks = Vec::with_capacity(blocks);
+        for w in bounds.windows(2) {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * n);
+            row_blocks.push((w[0], head));
+            rest = tail;
+        }
+        if threads > 1 {
+            row_blocks.into_par_iter().with_max_len(1).for_each(block);
+        } else {
+            row_blocks.into_iter().for_each(block);
+        }
+    }
+    PACKED_B.set(packed_b_buffer);
+}
+
+thread_local! {
+    /// Each thread's packed rows of A, kept from call to call: packing
+    /// writes every element the microkernel reads, so reuse needs no
+    /// clearing.
+    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The calling thread's packed panels of B, kept from call to call as
+    /// `PACKED_A` is: a fresh zeroed buffer cost 256³ a tenth of its time.
+    static PACKED_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `len` elements of `buffer` (grown as needed) from a 64-byte boundary:
+/// a row of a packed panel then never straddles two cache lines (a large
+/// allocation starts 16 bytes past a page boundary).
+fn aligned(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    const LINE: usize = 64 / size_of::<f32>();
+    if buffer.len() < len + LINE {
+        buffer.resize(len + LINE, 0.0);
+    }
+    let skip = buffer.as_ptr().align_offset(64).min(LINE);
+    &mut buffer[skip..skip + len]
+}
+
+/// Whether `MR` rows `lda` elements apart start in enough of L1's 64 sets
+/// (of 64-byte lines, 4 KiB round) that reading them in place leaves room
+/// in each set, 8 lines, for the `b_lines` lines of B read beside them.
+fn spread_over_sets<const MR: usize>(lda: isize, b_lines: usize) -> bool {
+    let mut rows_in_set = [0usize; 64];
+    for i in 0..MR {
+        rows_in_set[(i * lda.unsigned_abs() * 4 / 64) % 64] += 1;
+    }
+    rows_in_set.iter().all(|&rows| rows + b_lines <= 8)
+}
