@@ -31,30 +31,35 @@ impl Kernel<MR, NR> for Avx2 {
     const KC: usize = 512;
     const MC: usize = 16 * MR;
     const NC_PANELS: usize = 8;
-    const IN_PLACE_ROWS: usize = 512;
+    const IN_PLACE_ROWS: usize = 0;
     /// Kernels of 2, 4 and 6 rows.
     const ROW_UNIT: usize = 2;
 
-    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
+    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
         let kernel = match tile.rows {
             ..=2 => microkernel::<2, A>,
             3..=4 => microkernel::<4, A>,
             _ => microkernel::<MR, A>,
         };
-        // SAFETY: AVX2 and FMA are there (the contract of this function).
+        // SAFETY: AVX2 and FMA are there, and the tile is this caller's (the
+        // contract of this function).
         unsafe { kernel(a, b, b_stride, c, tile) }
     }
 }
 
 /// The top `R` rows (2, 4 or `MR`) of an `MR x NR` tile of C from rows of A
 /// and `kc` rows of `NR` elements of B, `b_stride` apart; only `tile.rows x
-/// tile.cols` of it is written.
+/// tile.cols` of it is written, from `c` on.
+///
+/// # Safety
+/// The tile's elements of `c` are valid for reads and writes that no one
+/// else makes meanwhile.
 #[target_feature(enable = "avx2,fma")]
-fn microkernel<const R: usize, A: PanelA<MR>>(
+unsafe fn microkernel<const R: usize, A: PanelA<MR>>(
     a: A,
     b: &[f32],
     b_stride: usize,
-    c: &mut [f32],
+    c: *mut f32,
     tile: Tile,
 ) {
     let depth = a.depth();
@@ -65,7 +70,7 @@ fn microkernel<const R: usize, A: PanelA<MR>>(
     // The tile of C is read (or written) only after the depth loop: its
     // lines are asked for now, so that they are in L1 by then.
     for i in 0..tile.rows.min(R) {
-        let start = c.as_ptr().wrapping_add(tile.offset + i * tile.stride);
+        let start = c.wrapping_add(tile.offset + i * tile.stride);
         _mm_prefetch::<_MM_HINT_T0>(start.cast::<i8>());
         _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(NR - 1).cast::<i8>());
     }
@@ -86,8 +91,12 @@ fn microkernel<const R: usize, A: PanelA<MR>>(
         }
     }
     for (i, row) in acc.iter().take(tile.rows).enumerate() {
-        let start = tile.offset + i * tile.stride;
-        let out = &mut c[start..start + tile.cols];
+        // SAFETY: row `i` of the tile, `tile.cols` elements from `c`'s
+        // `tile.offset + i * tile.stride`-th, is the caller's (the contract
+        // of this function).
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(c.add(tile.offset + i * tile.stride), tile.cols)
+        };
         if let Ok(out) = <&mut [f32; NR]>::try_from(&mut *out) {
             for (half, &v) in row.iter().enumerate() {
                 let lanes = out[8 * half..].as_mut_ptr();

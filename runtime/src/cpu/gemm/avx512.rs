@@ -41,26 +41,31 @@ impl Kernel<MR, NR> for Avx512 {
     /// Kernels of 4, 8 and 12 rows.
     const ROW_UNIT: usize = 4;
 
-    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile) {
+    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
         let kernel = match tile.rows {
             ..=4 => microkernel::<4, A>,
             5..=8 => microkernel::<8, A>,
             _ => microkernel::<MR, A>,
         };
-        // SAFETY: AVX-512 is there (the contract of this function).
+        // SAFETY: AVX-512 is there, and the tile is this caller's (the
+        // contract of this function).
         unsafe { kernel(a, b, b_stride, c, tile) }
     }
 }
 
 /// The top `R` rows (4, 8 or `MR`) of an `MR x NR` tile of C from rows of A
 /// and `kc` rows of `NR` elements of B, `b_stride` apart; only `tile.rows x
-/// tile.cols` of it is written.
+/// tile.cols` of it is written, from `c` on.
+///
+/// # Safety
+/// The tile's elements of `c` are valid for reads and writes that no one
+/// else makes meanwhile.
 #[target_feature(enable = "avx512f")]
-fn microkernel<const R: usize, A: PanelA<MR>>(
+unsafe fn microkernel<const R: usize, A: PanelA<MR>>(
     a: A,
     b: &[f32],
     b_stride: usize,
-    c: &mut [f32],
+    c: *mut f32,
     tile: Tile,
 ) {
     let depth = a.depth();
@@ -91,8 +96,12 @@ fn microkernel<const R: usize, A: PanelA<MR>>(
         lane_mask(tile.cols.saturating_sub(16)),
     ];
     for (i, row) in acc.iter().take(tile.rows).enumerate() {
-        let start = tile.offset + i * tile.stride;
-        let out = &mut c[start..start + tile.cols];
+        // SAFETY: row `i` of the tile, `tile.cols` elements from `c`'s
+        // `tile.offset + i * tile.stride`-th, is the caller's (the contract
+        // of this function).
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(c.add(tile.offset + i * tile.stride), tile.cols)
+        };
         for (half, (&v, &mask)) in row.iter().zip(&masks).enumerate() {
             if mask == 0 {
                 continue;

@@ -19,6 +19,8 @@
 
 #![allow(unsafe_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use rayon::prelude::*;
 
 use super::Operand;
@@ -44,17 +46,18 @@ pub(super) trait Kernel<const MR: usize, const NR: usize> {
 
     /// The top `tile.rows` rows of an `MR x NR` tile of C from rows of A and
     /// rows of `NR` elements of B, `b_stride` apart (one per depth step of
-    /// `a`); only `tile.rows x tile.cols` of it is written.
+    /// `a`); only `tile.rows x tile.cols` of it is written, from `c` on.
     ///
     /// # Safety
-    /// The CPU has the ISA's features.
-    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: &mut [f32], tile: Tile);
+    /// The CPU has the ISA's features, and the tile's elements of `c` are
+    /// valid for reads and writes that no one else makes meanwhile.
+    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile);
 }
 
-/// Where a tile of C lies in a row block, and how much of it is real.
+/// Where a tile of C lies, and how much of it is real.
 #[derive(Clone, Copy)]
 pub(super) struct Tile {
-    /// Of its first element in the row block.
+    /// Of its first element from C's.
     pub offset: usize,
     /// Between its rows.
     pub stride: usize,
@@ -68,9 +71,10 @@ pub(super) struct Tile {
 }
 
 /// `c[i * n + j] = sum over l of a(i, l) b(l, j)` for `i < m`, `j < n`, by
-/// kernel `K`, on up to `threads` threads; `finish(r0, r1)` runs on the
-/// thread that computed rows `r0..r1` of c as soon as they are done, once for
-/// each of a partition of `0..m`, while they are still in its cache.
+/// kernel `K`, on up to `threads` threads; `finish(r0, r1)` runs as soon as
+/// rows `r0..r1` of c are done, once for each of a partition of `0..m`, on
+/// the thread that computed them (or the last of those that did), while
+/// they are still in its cache.
 ///
 /// # Safety
 /// The CPU has `K`'s ISA, and `a(i, l)` for `i < m, l < k` and `b(l, j)` for
@@ -86,20 +90,12 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) {
+    let c = &mut c[..m * n];
     if k == 0 {
-        c[..m * n].fill(0.0);
+        c.fill(0.0);
         finish(0, m);
         return;
     }
-    let panels = n.div_ceil(NR);
-    // B is read where it lies when its rows are contiguous, close together,
-    // and A has at most MC rows: then each panel serves a few tiles only,
-    // and packing it would cost about as much as it saves. The
-    // ragged last panel is packed all the same: reading its NR columns would
-    // pass the end of B's row.
-    let in_place =
-        b.cols == 1 && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows) && m <= K::MC;
-    let first_packed = if in_place { n / NR } else { 0 };
     // A is read where it lies when its rows are contiguous and do not
     // crowd into a few cache sets: packing costs about a tenth of a product
     // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
@@ -107,23 +103,83 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
     let a_in_place = a.cols == 1 && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
     let depth = k.div_ceil(k.div_ceil(K::KC));
-    // Depth blocks `(k0, kc)`, in groups that run as one parallel region:
-    // B's blocks of a group are packed together first, then each task walks
-    // its rows through all of them. Read in place, B packs little, and one
-    // group saves a dispatch and a barrier per block; packed, each block is
-    // its own group, so that its panels stay in cache for every row block.
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
         .step_by(depth)
         .map(|k0| (k0, depth.min(k - k0)))
         .collect();
+    let product = Product {
+        a,
+        a_in_place,
+        b,
+        n,
+        c: C(c.as_mut_ptr()),
+    };
+    // B is read where it lies when its rows are contiguous, close together,
+    // and A has at most MC rows: then each panel serves a few tiles only,
+    // and packing it would cost about as much as it saves.
+    let b_in_place =
+        b.cols == 1 && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows) && m <= K::MC;
+    // SAFETY (both calls): the contract of this function; `c` is borrowed
+    // for the call, and holds `m * n` elements.
+    if !b_in_place && threads > 1 && m <= K::MC && n.div_ceil(NR) >= 2 * threads {
+        unsafe { by_columns::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
+    } else {
+        unsafe { by_rows::<MR, NR, K>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
+    }
+}
+
+/// What every task of a product reads, and where it writes.
+struct Product {
+    a: Operand,
+    a_in_place: bool,
+    b: Operand,
+    n: usize,
+    c: C,
+}
+
+/// The product's first element: tasks write disjoint tiles of it.
+#[derive(Clone, Copy)]
+struct C(*mut f32);
+
+// SAFETY: tasks write through it only to the tiles they own, while the
+// caller of `sgemm` holds the product borrowed.
+unsafe impl Sync for C {}
+unsafe impl Send for C {}
+
+/// The product with the rows of C cut into blocks shared between threads,
+/// each walking every panel of B. B's depth blocks are packed once, by
+/// every thread together, before the row blocks run over them.
+///
+/// # Safety
+/// The contract of `sgemm`, and no one else touches C meanwhile.
+unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    product: &Product,
+    m: usize,
+    blocks_of_k: &[(usize, usize)],
+    in_place: bool,
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    let (b, n) = (product.b, product.n);
+    let panels = n.div_ceil(NR);
+    // Read in place, B's ragged last panel is packed all the same: reading
+    // its NR columns would pass the end of B's row.
+    let first_packed = if in_place { n / NR } else { 0 };
+    // Depth blocks in groups that run as one parallel region: B's blocks
+    // of a group are packed together first, then each task walks its rows
+    // through all of them. Read in place, B packs little, and one group
+    // saves a dispatch and a barrier per block; packed, each block is its
+    // own group, so that its panels stay in cache for every row block.
     let groups: Vec<&[(usize, usize)]> = if in_place {
-        vec![&blocks_of_k]
+        vec![blocks_of_k]
     } else {
         blocks_of_k.chunks(1).collect()
     };
     // A group's packed panels, depth block after depth block, in this
     // thread's buffer (taken for the call, so that a nested call would
     // make its own).
+    let depth = blocks_of_k[0].1;
+    let k = blocks_of_k.iter().map(|&(_, kc)| kc).sum::<usize>();
     let packed_width = (panels - first_packed) * NR;
     let packed_len = packed_width * if in_place { k } else { depth };
     let mut packed_b_buffer = PACKED_B.take();
@@ -139,8 +195,11 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     let blocks = (threads * tiles.div_ceil(threads * (K::MC / MR))).min(tiles);
     let unit = if blocks <= threads { K::ROW_UNIT } else { MR };
     let units = m.div_ceil(unit);
-    let bounds: Vec<usize> = (0..=blocks)
-        .map(|i| (i * units / blocks * unit).min(m))
+    let bounds: Vec<(usize, usize)> = (0..blocks)
+        .map(|i| {
+            let row = |i: usize| (i * units / blocks * unit).min(m);
+            (row(i), row(i + 1))
+        })
         .collect();
     let last_group = groups.len() - 1;
     for (g, group) in groups.into_iter().enumerate() {
@@ -160,7 +219,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         }
         let pack = |(k0, p, panel): (usize, usize, &mut [f32])| {
             // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
-            // its buffer (the contract of this function).
+            // its buffer (the contract of `sgemm`).
             unsafe { pack_b::<NR>(b, k0, p, n, panel) }
         };
         if threads > 1 {
@@ -169,95 +228,164 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             jobs.into_iter().for_each(pack);
         }
         let packed_b = &*packed_b;
-        // Panel `p` of depth block `d`: its rows and their distance. (`b` is
-        // taken whole, by reference: its pointer alone is not `Sync`.)
+        // (`b` is taken whole, by reference: its pointer alone is not
+        // `Sync`.)
         let b = &b;
-        let panel = |d: usize, p: usize| -> (&[f32], usize) {
-            let (k0, kc) = group[d];
-            if p < first_packed {
-                let stride = b.rows as usize;
-                // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie `stride`
-                // apart in one buffer, and columns `p * NR..(p + 1) * NR`
-                // are inside each (`p < n / NR`); the slice runs from the
-                // first of them to the last.
-                let rows = unsafe {
-                    std::slice::from_raw_parts(
-                        b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
-                        (kc - 1) * stride + NR,
-                    )
-                };
-                (rows, stride)
-            } else {
-                let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
-                (&packed_b[at..at + NR * kc], NR)
-            }
-        };
-        let block = |(r0, c_rows): (usize, &mut [f32])| {
-            let mr = c_rows.len() / n;
-            PACKED_A.with_borrow_mut(|buffer| {
-                for (d, &(k0, kc)) in group.iter().enumerate() {
-                    let len = if a_in_place {
-                        0
-                    } else {
-                        mr.div_ceil(MR) * MR * kc
-                    };
-                    let packed_a = aligned(buffer, len);
-                    if !a_in_place {
-                        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc`
-                        // of a are inside its buffer.
-                        unsafe { pack_a::<MR>(a, r0, mr, k0, kc, packed_a) };
-                    }
-                    let (packed_a, _) = packed_a.as_chunks::<MR>();
-                    for p0 in (0..panels).step_by(K::NC_PANELS) {
-                        for t in 0..mr.div_ceil(MR) {
-                            for p in p0..panels.min(p0 + K::NC_PANELS) {
-                                let tile = Tile {
-                                    offset: t * MR * n + p * NR,
-                                    stride: n,
-                                    rows: MR.min(mr - t * MR),
-                                    cols: NR.min(n - p * NR),
-                                    accumulate: k0 > 0,
-                                };
-                                let (b_rows, b_stride) = panel(d, p);
-                                if a_in_place {
-                                    // SAFETY: `a_in_place`: rows of a are
-                                    // contiguous; the tile's rows (1 to MR of
-                                    // them), columns `k0..k0 + kc`, are inside
-                                    // its buffer.
-                                    let a_rows =
-                                        unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
-                                    // SAFETY: the CPU has K's ISA (the contract
-                                    // of this function).
-                                    unsafe { K::tile(a_rows, b_rows, b_stride, c_rows, tile) };
-                                } else {
-                                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
-                                    // SAFETY: the CPU has K's ISA (the contract
-                                    // of this function).
-                                    unsafe { K::tile(a_panel, b_rows, b_stride, c_rows, tile) };
-                                }
-                            }
+        let block = |&(r0, r1): &(usize, usize)| {
+            PACKED_A.with_borrow_mut(|packed_a| {
+                for &(k0, kc) in group {
+                    // Panel `p` of this depth block: its rows and their
+                    // distance.
+                    let panel = |p: usize| -> (&[f32], usize) {
+                        if p < first_packed {
+                            let stride = b.rows as usize;
+                            // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
+                            // `stride` apart in one buffer, and columns `p *
+                            // NR..(p + 1) * NR` are inside each (`p < n /
+                            // NR`); the slice runs from the first of them to
+                            // the last.
+                            let rows = unsafe {
+                                std::slice::from_raw_parts(
+                                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                                    (kc - 1) * stride + NR,
+                                )
+                            };
+                            (rows, stride)
+                        } else {
+                            let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
+                            (&packed_b[at..at + NR * kc], NR)
                         }
-                    }
+                    };
+                    // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
+                    // this task's alone.
+                    unsafe {
+                        block::<MR, NR, K>(product, r0..r1, (k0, kc), 0..panels, panel, packed_a)
+                    };
                 }
             });
             if g == last_group {
-                finish(r0, r0 + mr);
+                finish(r0, r1);
             }
         };
-        let mut rest = &mut c[..m * n];
-        let mut row_blocks = Vec::with_capacity(blocks);
-        for w in bounds.windows(2) {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * n);
-            row_blocks.push((w[0], head));
-            rest = tail;
-        }
         if threads > 1 {
-            row_blocks.into_par_iter().with_max_len(1).for_each(block);
+            bounds.par_iter().with_max_len(1).for_each(block);
         } else {
-            row_blocks.into_iter().for_each(block);
+            bounds.iter().for_each(block);
         }
     }
     PACKED_B.set(packed_b_buffer);
+}
+
+/// The product, of few rows, with the panels of B shared between threads,
+/// each packing its own panels, depth block by depth block, and walking
+/// every row of A over them: each thread reads a part of B only, and no
+/// thread waits for another until the end.
+///
+/// # Safety
+/// The contract of `sgemm`, and no one else touches C meanwhile.
+unsafe fn by_columns<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    product: &Product,
+    m: usize,
+    blocks_of_k: &[(usize, usize)],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    let (b, n) = (product.b, product.n);
+    let panels = n.div_ceil(NR);
+    let ranges: Vec<std::ops::Range<usize>> = (0..threads)
+        .map(|i| i * panels / threads..(i + 1) * panels / threads)
+        .collect();
+    // The rows are done when every range is: the last task to end runs
+    // `finish` over them (after the others' writes, which its increment
+    // acquires).
+    let done = AtomicUsize::new(0);
+    ranges.into_par_iter().with_max_len(1).for_each(|range| {
+        let mut packed_b_buffer = PACKED_B.take();
+        PACKED_A.with_borrow_mut(|packed_a| {
+            for &(k0, kc) in blocks_of_k {
+                let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
+                for (panel, p) in packed_b.chunks_exact_mut(NR * kc).zip(range.clone()) {
+                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
+                    // inside its buffer (the contract of `sgemm`).
+                    unsafe { pack_b::<NR>(b, k0, p, n, panel) };
+                }
+                let packed_b = &*packed_b;
+                let panel = |p: usize| -> (&[f32], usize) {
+                    let at = (p - range.start) * NR * kc;
+                    (&packed_b[at..at + NR * kc], NR)
+                };
+                // SAFETY: the contract of `sgemm`; columns of this range's
+                // panels are this task's alone.
+                unsafe {
+                    block::<MR, NR, K>(product, 0..m, (k0, kc), range.clone(), panel, packed_a)
+                };
+            }
+        });
+        PACKED_B.set(packed_b_buffer);
+        if done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+            finish(0, m);
+        }
+    });
+}
+
+/// Rows `rows` of C over one depth block `(k0, kc)` and panels `panels` of
+/// B (each `panel(p)`: its rows and their distance): A's rows packed into
+/// `packed_a` (or read in place), then each group of `NC_PANELS` panels
+/// walked by every tile of rows.
+///
+/// # Safety
+/// The contract of `sgemm`, and no one else touches these rows and panels'
+/// columns of C meanwhile.
+unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    product: &Product,
+    rows: std::ops::Range<usize>,
+    (k0, kc): (usize, usize),
+    panels: std::ops::Range<usize>,
+    panel: impl Fn(usize) -> (&'b [f32], usize),
+    packed_a: &mut Vec<f32>,
+) {
+    let (a, n) = (product.a, product.n);
+    let (r0, mr) = (rows.start, rows.len());
+    let len = if product.a_in_place {
+        0
+    } else {
+        mr.div_ceil(MR) * MR * kc
+    };
+    let packed_a = aligned(packed_a, len);
+    if !product.a_in_place {
+        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
+        // inside its buffer (the contract of `sgemm`).
+        unsafe { pack_a::<MR>(a, r0, mr, k0, kc, packed_a) };
+    }
+    let (packed_a, _) = packed_a.as_chunks::<MR>();
+    for p0 in panels.clone().step_by(K::NC_PANELS) {
+        for t in 0..mr.div_ceil(MR) {
+            for p in p0..panels.end.min(p0 + K::NC_PANELS) {
+                let tile = Tile {
+                    offset: (r0 + t * MR) * n + p * NR,
+                    stride: n,
+                    rows: MR.min(mr - t * MR),
+                    cols: NR.min(n - p * NR),
+                    accumulate: k0 > 0,
+                };
+                let (b_rows, b_stride) = panel(p);
+                let c = product.c.0;
+                if product.a_in_place {
+                    // SAFETY: `a_in_place`: rows of a are contiguous; the
+                    // tile's rows (1 to MR of them), columns `k0..k0 + kc`,
+                    // are inside its buffer.
+                    let a_rows = unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
+                    // SAFETY: the CPU has K's ISA; the tile lies in C, whose
+                    // rows and columns here are this caller's alone.
+                    unsafe { K::tile(a_rows, b_rows, b_stride, c, tile) };
+                } else {
+                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
+                    // SAFETY: as above.
+                    unsafe { K::tile(a_panel, b_rows, b_stride, c, tile) };
+                }
+            }
+        }
+    }
 }
 
 thread_local! {
