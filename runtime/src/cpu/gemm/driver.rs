@@ -40,6 +40,12 @@ pub(super) trait Kernel<const MR: usize, const NR: usize> {
     /// Farthest apart (in elements) the rows of B may be to be read in
     /// place: rows further apart map onto few cache sets.
     const IN_PLACE_ROWS: usize;
+    /// Products of at most this many rows (when B is packed) share B's
+    /// panels between threads, each packing its own and walking every row
+    /// of A over them without waiting for the others; larger products
+    /// share their rows, each thread reading all of B, packed once by all
+    /// of them together before each depth block.
+    const SPLIT_COLUMNS: usize;
     /// The heights of the micro-kernel's variants are multiples of this:
     /// with one block of rows per thread, blocks are cut at its multiples.
     const ROW_UNIT: usize;
@@ -121,7 +127,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         b.cols == 1 && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows) && m <= K::MC;
     // SAFETY (both calls): the contract of this function; `c` is borrowed
     // for the call, and holds `m * n` elements.
-    if !b_in_place && threads > 1 && m <= K::MC && n.div_ceil(NR) >= 2 * threads {
+    if !b_in_place && threads > 1 && m <= K::SPLIT_COLUMNS && n.div_ceil(NR) >= 2 * threads {
         unsafe { by_columns::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
     } else {
         unsafe { by_rows::<MR, NR, K>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
@@ -206,21 +212,22 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         let k_first = group[0].0;
         let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
         let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
-        // Every depth block's panels, each `kc x NR`.
-        let mut jobs: Vec<(usize, usize, &mut [f32])> =
-            Vec::with_capacity(group.len() * (panels - first_packed));
+        // Every depth block's panels, each `kc x NR`, packed in runs of
+        // up to `PACK_PANELS` of them.
+        let mut jobs: Vec<((usize, usize), usize, &mut [f32])> = Vec::new();
         let mut rest = &mut *packed_b;
         for &(k0, kc) in group {
-            for p in first_packed..panels {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(NR * kc);
-                jobs.push((k0, p, head));
+            for p in (first_packed..panels).step_by(PACK_PANELS) {
+                let run = PACK_PANELS.min(panels - p);
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(run * NR * kc);
+                jobs.push(((k0, kc), p, head));
                 rest = tail;
             }
         }
-        let pack = |(k0, p, panel): (usize, usize, &mut [f32])| {
-            // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are inside
-            // its buffer (the contract of `sgemm`).
-            unsafe { pack_b::<NR>(b, k0, p, n, panel) }
+        let pack = |(depth, p, panels): ((usize, usize), usize, &mut [f32])| {
+            // SAFETY: the depth block's rows and columns `..n` of b are
+            // inside its buffer (the contract of `sgemm`).
+            unsafe { pack_b::<NR>(b, depth, p, n, panels) }
         };
         if threads > 1 {
             jobs.into_par_iter().for_each(pack);
@@ -276,10 +283,11 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     PACKED_B.set(packed_b_buffer);
 }
 
-/// The product, of few rows, with the panels of B shared between threads,
-/// each packing its own panels, depth block by depth block, and walking
-/// every row of A over them: each thread reads a part of B only, and no
-/// thread waits for another until the end.
+/// The product with the panels of B shared between threads, each packing
+/// its own panels, depth block by depth block, and walking every block of
+/// rows of A over them: each thread reads a part of B only, and no thread
+/// waits for another (a block of rows is finished by the last thread to
+/// pass it).
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -295,36 +303,56 @@ unsafe fn by_columns<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     let ranges: Vec<std::ops::Range<usize>> = (0..threads)
         .map(|i| i * panels / threads..(i + 1) * panels / threads)
         .collect();
-    // The rows are done when every range is: the last task to end runs
-    // `finish` over them (after the others' writes, which its increment
-    // acquires).
-    let done = AtomicUsize::new(0);
+    // Blocks of at most MC rows, tiles shared evenly between them.
+    let tiles = m.div_ceil(MR);
+    let blocks = tiles.div_ceil(K::MC / MR);
+    let bounds: Vec<(usize, usize)> = (0..blocks)
+        .map(|i| {
+            let row = |i: usize| (i * tiles / blocks * MR).min(m);
+            (row(i), row(i + 1))
+        })
+        .collect();
+    // A block of rows is done when every range has passed it in the last
+    // depth block: the last task to get there runs `finish` over it (after
+    // the others' writes, which its increment acquires).
+    let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
+    let last = blocks_of_k.len() - 1;
     ranges.into_par_iter().with_max_len(1).for_each(|range| {
         let mut packed_b_buffer = PACKED_B.take();
         PACKED_A.with_borrow_mut(|packed_a| {
-            for &(k0, kc) in blocks_of_k {
+            for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
                 let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
-                for (panel, p) in packed_b.chunks_exact_mut(NR * kc).zip(range.clone()) {
+                let runs = packed_b.chunks_mut(PACK_PANELS * NR * kc);
+                for (panels, p) in runs.zip(range.clone().step_by(PACK_PANELS)) {
                     // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
                     // inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_b::<NR>(b, k0, p, n, panel) };
+                    unsafe { pack_b::<NR>(b, (k0, kc), p, n, panels) };
                 }
                 let packed_b = &*packed_b;
                 let panel = |p: usize| -> (&[f32], usize) {
                     let at = (p - range.start) * NR * kc;
                     (&packed_b[at..at + NR * kc], NR)
                 };
-                // SAFETY: the contract of `sgemm`; columns of this range's
-                // panels are this task's alone.
-                unsafe {
-                    block::<MR, NR, K>(product, 0..m, (k0, kc), range.clone(), panel, packed_a)
-                };
+                for (&(r0, r1), done) in bounds.iter().zip(&done) {
+                    // SAFETY: the contract of `sgemm`; columns of this
+                    // range's panels are this task's alone.
+                    unsafe {
+                        block::<MR, NR, K>(
+                            product,
+                            r0..r1,
+                            (k0, kc),
+                            range.clone(),
+                            panel,
+                            packed_a,
+                        )
+                    };
+                    if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                        finish(r0, r1);
+                    }
+                }
             }
         });
         PACKED_B.set(packed_b_buffer);
-        if done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
-            finish(0, m);
-        }
     });
 }
 
@@ -387,6 +415,10 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         }
     }
 }
+
+/// Panels of B packed together, row by row of B: a few lines of each row
+/// read at once, and as many written.
+const PACK_PANELS: usize = 8;
 
 thread_local! {
     /// Each thread's packed rows of A, kept from call to call: packing
