@@ -40,3 +40,12 @@ impl Backend for Cpu {
 pub fn gemm_path() -> Result<&'static str, Error> {
     gemm::isa().map(gemm::Isa::name)
 }
+
+/// Every GEMM path, from the fastest down, and whether this CPU runs it:
+/// the values `KILN_CPU_ISA` takes.
+pub fn gemm_paths() -> Vec<(&'static str, bool)> {
+    gemm::Isa::ALL
+        .into_iter()
+        .map(|isa| (isa.name(), isa.available()))
+        .collect()
+}

@@ -71,10 +71,15 @@ impl CompiledKernel {
         } else {
             rayon::current_num_threads()
         };
+        // The epilogue takes each block of rows as the GEMM core finishes it
+        // when its launch's rows are the product's: a launch of one row is
+        // over elements instead (a product of one row, bias and relu, had
+        // the epilogue on its first element only), and runs after.
+        let by_rows = epilogue && self.range.rows == batches * m && self.range.row_len == n;
         let mut pending = epilogue;
         for batch in 0..batches {
             let rows = |r0: usize, r1: usize| {
-                if epilogue {
+                if by_rows {
                     // SAFETY: the product's rows `r0..r1` of this batch
                     // are rows of the epilogue's launch, finished and
                     // touched by no other thread meanwhile.
@@ -85,7 +90,8 @@ impl CompiledKernel {
             // buffers whose lengths were checked against views the verifier
             // bounded; the output holds every row of every batch (checked
             // above).
-            pending &= !unsafe { gemm_block(isa, &a, &b, table.out(), batch, threads, &rows) };
+            let finished = unsafe { gemm_block(isa, &a, &b, table.out(), batch, threads, &rows) };
+            pending &= !(finished && by_rows);
         }
         if pending {
             run_rows(std::slice::from_ref(bound))?;
