@@ -332,6 +332,9 @@ fn main() -> Result<()> {
     let mut all = workloads::all();
     if args.backend != Backend::Cpu {
         all.extend(workloads::gpu_only());
+    } else {
+        // Which GEMM core the matmuls run on (`KILN_CPU_ISA` forces one).
+        eprintln!("cpu GEMM path: {}", kiln_runtime::cpu::gemm_path()?);
     }
     for w in all.iter().filter(|w| wanted(w.id)) {
         report(w, args.quick, args.backend)?;
