@@ -317,9 +317,11 @@ unsafe fn by_columns<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     let ranges: Vec<std::ops::Range<usize>> = (0..threads)
         .map(|i| i * panels / threads..(i + 1) * panels / threads)
         .collect();
-    // Blocks of at most MC rows, tiles shared evenly between them.
+    // Blocks of at most MC rows, tiles shared evenly between them, and at
+    // least one per thread (where there are the tiles), so that threads
+    // finish blocks in turns to the end.
     let tiles = m.div_ceil(MR);
-    let blocks = tiles.div_ceil(K::MC / MR);
+    let blocks = tiles.div_ceil(K::MC / MR).max(threads.min(tiles));
     let bounds: Vec<(usize, usize)> = (0..blocks)
         .map(|i| {
             let row = |i: usize| (i * tiles / blocks * MR).min(m);
