@@ -2,17 +2,20 @@
 //! (`Kernel`): `C = A B`, A and B read through any strides, C row-major.
 //!
 //! For each block of at most `KC` along k (blocks of even depth), B's block
-//! is packed once into `NR`-column panels (or, for products with few rows,
-//! read where it lies); the rows of C are cut into blocks of at most `MC`
-//! rows, shared evenly between threads, each task packing its rows of A into
-//! `MR`-row panels (or, when they are contiguous and spread over the cache's
-//! sets, reading them in place). A task walks B's panels in groups of
-//! `NC_PANELS` (a group stays in L2): each panel of A passes over every panel
-//! of the group, so it is read from the nearest caches while B's panels
-//! stream past it, both prefetched a few steps ahead of use by the
+//! is packed into `NR`-column panels (or, for products with few rows, read
+//! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
+//! panels (or, when they are contiguous and spread over the cache's sets,
+//! read in place). Threads share a product by rows (`by_rows`: each takes
+//! blocks of rows and walks every panel of B, packed once by all threads
+//! together before each depth block) or by panels (`by_panels`: each packs
+//! its own panels of B and walks every block of rows over them, with no
+//! barrier between depth blocks). A task walks its panels of B in groups
+//! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
+//! panel of the group, so it is read from the nearest caches while B's
+//! panels stream past it, prefetched a few steps ahead of use by the
 //! micro-kernel (measured 1.2-1.3x faster than without on Cascade Lake).
-//! Each block of rows of C is handed to the caller's `finish` as soon as its
-//! last depth block is done, on the thread that computed it.
+//! Each block of rows of C is handed to the caller's `finish` as soon as
+//! its last depth block is done, on the (last) thread that computed it.
 //!
 //! `unsafe` here is the reads of B in place and the calls of the packing
 //! and of the micro-kernels, whose contracts the loop nest keeps.
@@ -133,7 +136,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // bias and relu; 784x250x256 with A stored transposed 1.05x).
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
-    let by_panels = !b_in_place
+    let share_panels = !b_in_place
         && threads > 1
         && m <= K::SPLIT_COLUMNS
         && panels >= 2 * threads
@@ -141,8 +144,8 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         && largest_share(panels) <= largest_share(tiles);
     // SAFETY (both calls): the contract of this function; `c` is borrowed
     // for the call, and holds `m * n` elements.
-    if by_panels {
-        unsafe { by_columns::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
+    if share_panels {
+        unsafe { by_panels::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
     } else {
         unsafe { by_rows::<MR, NR, K>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
     }
@@ -305,7 +308,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
-unsafe fn by_columns<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     product: &Product,
     m: usize,
     blocks_of_k: &[(usize, usize)],
