@@ -164,15 +164,14 @@ fn floats(d: &Data) -> &[f32] {
 /// f64 dot products for matmuls (the interpreter would take minutes), the
 /// reference interpreter for everything else.
 fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64>> {
-    if w.id.starts_with("matmul") {
+    if let Some(p) = w.product {
         let (a, b) = (floats(&inputs[0]), floats(&inputs[1]));
-        let (k, n) = (w.specs[0].shape.dims()[1], w.specs[1].shape.dims()[1]);
         return Ok(indices
             .iter()
             .map(|&i| {
-                let (r, c) = (i / n, i % n);
-                let dot: f64 = (0..k)
-                    .map(|p| f64::from(a[r * k + p]) * f64::from(b[p * n + c]))
+                let (r, c) = (i / p.n, i % p.n);
+                let dot: f64 = (0..p.k)
+                    .map(|l| f64::from(p.a(a, r, l)) * f64::from(p.b(b, l, c)))
                     .sum();
                 match inputs.get(2) {
                     Some(bias) => (dot + f64::from(floats(bias)[c])).max(0.0),
@@ -238,7 +237,7 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
         g.run_into(&refs, &mut outputs)?;
         let got = floats(&outputs[0]);
         // Every element, except a sample of 4096 for matmuls.
-        let indices: Vec<usize> = if w.id.starts_with("matmul") {
+        let indices: Vec<usize> = if w.product.is_some() {
             (0..4096).map(|i| (i * 7919) % got.len()).collect()
         } else {
             (0..got.len()).collect()
@@ -333,6 +332,9 @@ fn main() -> Result<()> {
     let mut all = workloads::all();
     if args.backend != Backend::Cpu {
         all.extend(workloads::gpu_only());
+    } else {
+        // Which GEMM core the matmuls run on (`KILN_CPU_ISA` forces one).
+        eprintln!("cpu GEMM path: {}", kiln_runtime::cpu::gemm_path()?);
     }
     for w in all.iter().filter(|w| wanted(w.id)) {
         report(w, args.quick, args.backend)?;

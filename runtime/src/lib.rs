@@ -13,7 +13,7 @@
 //! - `rows`: which reductions can run row by row, for both backends.
 //!
 //! `unsafe` is confined to where machine code is made and called (the CPU
-//! backend's JIT and its AVX-512 GEMM kernels) and to the CUDA libraries and
+//! backend's JIT and its GEMM cores) and to the CUDA libraries and
 //! device memory; each module that holds it says so in its doc.
 
 pub mod backend;
@@ -40,6 +40,10 @@ pub enum Error {
     /// failed.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// An environment variable kiln reads holds a value it cannot honour
+    /// (`KILN_CPU_ISA` naming no GEMM path, or one the CPU lacks).
+    #[error("environment: {0}")]
+    Environment(String),
     /// A kernel was launched with buffers that do not fit it: a runtime bug.
     #[error("launch: {0}")]
     Launch(String),

@@ -19,6 +19,53 @@ pub struct Workload {
     pub bytes: u64,
     /// Flops counted for GFLOP/s (0 when not reported that way).
     pub flops: u64,
+    /// For `matmul` and `matmul_bias_relu`: the product's dims and how its
+    /// operands are stored, which the f64 reference reads them by.
+    pub product: Option<Product>,
+}
+
+/// The dims of a product `A · B` (`A: [m, k]`, `B: [k, n]`) and how its
+/// operands are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Product {
+    /// Rows of A and of the product.
+    pub m: usize,
+    /// The depth.
+    pub k: usize,
+    /// Columns of B and of the product.
+    pub n: usize,
+    /// How A and B are stored.
+    pub layout: Layout,
+}
+
+/// How a product's operands are stored: the three products of a training
+/// step's linear layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `A: [m, k]`, `B: [k, n]`: the forward `x · w`.
+    AB,
+    /// A's input holds `[k, m]`: the weight gradient `xᵀ · dy`.
+    AtB,
+    /// B's input holds `[n, k]`: the input gradient `dy · wᵀ`.
+    ABt,
+}
+
+impl Product {
+    /// Element `(i, l)` of A from A's input values.
+    pub fn a(&self, a: &[f32], i: usize, l: usize) -> f32 {
+        match self.layout {
+            Layout::AtB => a[l * self.m + i],
+            Layout::AB | Layout::ABt => a[i * self.k + l],
+        }
+    }
+
+    /// Element `(l, j)` of B from B's input values.
+    pub fn b(&self, b: &[f32], l: usize, j: usize) -> f32 {
+        match self.layout {
+            Layout::ABt => b[j * self.k + l],
+            Layout::AB | Layout::AtB => b[l * self.n + j],
+        }
+    }
 }
 
 impl Workload {
@@ -53,6 +100,7 @@ pub fn all() -> Vec<Workload> {
             build: |t| Ok(vec![(&t[0] + &t[1])?.relu()?]),
             bytes: 3 * MIB64,
             flops: 0,
+            product: None,
         },
         Workload {
             id: "ew_chain",
@@ -61,6 +109,7 @@ pub fn all() -> Vec<Workload> {
             build: |t| Ok(vec![(((&t[0] * &t[1])? + &t[2])?.relu()? * 0.5f32)?]),
             bytes: 4 * MIB64,
             flops: 0,
+            product: None,
         },
     ];
     for (m, k, n) in [
@@ -70,8 +119,14 @@ pub fn all() -> Vec<Workload> {
         (64, 784, 256),
         (4096, 784, 256),
     ] {
-        w.extend(matmuls(m, k, n));
+        w.extend(matmuls(m, k, n, Layout::AB));
     }
+    // The first layer of the training step of the MLP 784-256-256-10 at
+    // batch 250: forward `x · w`, the weight gradient `xᵀ · dy`, the input
+    // gradient `dy · wᵀ`.
+    w.extend(matmuls(250, 784, 256, Layout::AB));
+    w.extend(matmuls(784, 250, 256, Layout::AtB));
+    w.extend(matmuls(250, 256, 784, Layout::ABt));
     w.push(Workload {
         id: "softmax",
         shape: "4096x1000".into(),
@@ -79,6 +134,7 @@ pub fn all() -> Vec<Workload> {
         build: |t| Ok(vec![t[0].softmax(-1)?]),
         bytes: 2 * 4096 * 1000 * 4,
         flops: 0,
+        product: None,
     });
     w.push(Workload {
         id: "log_softmax",
@@ -87,6 +143,7 @@ pub fn all() -> Vec<Workload> {
         build: |t| Ok(vec![t[0].log_softmax(-1)?]),
         bytes: 0,
         flops: 0,
+        product: None,
     });
     for n in [1024, 4096] {
         let input = (n * n * 4) as u64;
@@ -97,6 +154,7 @@ pub fn all() -> Vec<Workload> {
             build: |t| Ok(vec![t[0].sum(&[0], false)?]),
             bytes: input + (n * 4) as u64,
             flops: 0,
+            product: None,
         });
         w.push(Workload {
             id: "sum_all",
@@ -105,6 +163,7 @@ pub fn all() -> Vec<Workload> {
             build: |t| Ok(vec![t[0].sum_all()?]),
             bytes: input,
             flops: 0,
+            product: None,
         });
     }
     w.push(Workload {
@@ -114,34 +173,52 @@ pub fn all() -> Vec<Workload> {
         build: |t| Ok(vec![(&t[0] + &t[1])?.relu()?]),
         bytes: 3 * 256 * 256 * 4,
         flops: 0,
+        product: None,
     });
     w
 }
 
 /// `matmul` and `matmul_bias_relu` at 4096³: a GPU's size, a minute of CPU time.
 pub fn gpu_only() -> Vec<Workload> {
-    matmuls(4096, 4096, 4096).into()
+    matmuls(4096, 4096, 4096, Layout::AB).into()
 }
 
-/// `matmul` and `matmul_bias_relu` at one `MxKxN`.
-fn matmuls(m: usize, k: usize, n: usize) -> [Workload; 2] {
+/// `matmul` and `matmul_bias_relu` at one `MxKxN`, its operands stored as
+/// `layout` says (the shape then ends in ` AtB` or ` ABt`).
+fn matmuls(m: usize, k: usize, n: usize, layout: Layout) -> [Workload; 2] {
+    let product = Some(Product { m, k, n, layout });
+    let (shape, a, b) = match layout {
+        Layout::AB => (format!("{m}x{k}x{n}"), [m, k], [k, n]),
+        Layout::AtB => (format!("{m}x{k}x{n} AtB"), [k, m], [k, n]),
+        Layout::ABt => (format!("{m}x{k}x{n} ABt"), [m, k], [n, k]),
+    };
     let flops = 2 * (m * k * n) as u64;
     [
         Workload {
             id: "matmul",
-            shape: format!("{m}x{k}x{n}"),
-            specs: vec![f32s(&[m, k]), f32s(&[k, n])],
-            build: |t| Ok(vec![t[0].matmul(&t[1])?]),
+            shape: shape.clone(),
+            specs: vec![f32s(&a), f32s(&b)],
+            build: match layout {
+                Layout::AB => |t| Ok(vec![t[0].matmul(&t[1])?]),
+                Layout::AtB => |t| Ok(vec![t[0].t()?.matmul(&t[1])?]),
+                Layout::ABt => |t| Ok(vec![t[0].matmul(&t[1].t()?)?]),
+            },
             bytes: 0,
             flops,
+            product,
         },
         Workload {
             id: "matmul_bias_relu",
-            shape: format!("{m}x{k}x{n}"),
-            specs: vec![f32s(&[m, k]), f32s(&[k, n]), f32s(&[n])],
-            build: |t| Ok(vec![(t[0].matmul(&t[1])? + &t[2])?.relu()?]),
+            shape,
+            specs: vec![f32s(&a), f32s(&b), f32s(&[n])],
+            build: match layout {
+                Layout::AB => |t| Ok(vec![(t[0].matmul(&t[1])? + &t[2])?.relu()?]),
+                Layout::AtB => |t| Ok(vec![(t[0].t()?.matmul(&t[1])? + &t[2])?.relu()?]),
+                Layout::ABt => |t| Ok(vec![(t[0].matmul(&t[1].t()?)? + &t[2])?.relu()?]),
+            },
             bytes: 0,
             flops,
+            product,
         },
     ]
 }

@@ -5,11 +5,10 @@
 
 mod cache;
 mod executable;
+mod gemm;
 mod jit;
 mod lower;
 mod math;
-#[cfg(target_arch = "x86_64")]
-mod sgemm;
 
 use kiln_ir::pass::Optimized;
 
@@ -28,6 +27,25 @@ impl Backend for Cpu {
         optimized: Optimized,
         options: BackendOptions,
     ) -> Result<Box<dyn crate::Executable>, Error> {
+        // A `KILN_CPU_ISA` that cannot be honoured fails here, before any
+        // work.
+        gemm::isa()?;
         Ok(Box::new(Executable::new(optimized, options.dump_code)?))
     }
+}
+
+/// The GEMM path this process's matmuls take: `avx512` or `avx2` (kiln's
+/// cores), or `generic` (the `gemm` crate); the fastest the CPU runs unless
+/// `KILN_CPU_ISA` names another.
+pub fn gemm_path() -> Result<&'static str, Error> {
+    gemm::isa().map(gemm::Isa::name)
+}
+
+/// Every GEMM path, from the fastest down, and whether this CPU runs it:
+/// the values `KILN_CPU_ISA` takes.
+pub fn gemm_paths() -> Vec<(&'static str, bool)> {
+    gemm::Isa::ALL
+        .into_iter()
+        .map(|isa| (isa.name(), isa.available()))
+        .collect()
 }

@@ -1,8 +1,7 @@
 //! The matmul driver: a matmul kernel's computed operands run into scratch,
-//! its operands as strided matrices, and the product by the GEMM core (kiln's
-//! AVX-512 kernels for large products where the machine has them, else the
-//! `gemm` crate), with the epilogue run over each block of rows as it is
-//! done.
+//! its operands as strided matrices, and the product batch by batch by the
+//! GEMM path of this process (`cpu::gemm`), with the epilogue run over each
+//! block of rows as kiln's cores finish it, or over the product after.
 
 #![allow(unsafe_code)]
 
@@ -13,6 +12,7 @@ use kiln_ir::view::View;
 use super::CompiledKernel;
 use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
 use crate::Error;
+use crate::cpu::gemm::{self, Isa};
 
 impl CompiledKernel {
     /// Runs a matmul kernel over its launch's buffers (`bound`): its
@@ -26,6 +26,7 @@ impl CompiledKernel {
         scratch: &Buffer,
     ) -> Result<(), Error> {
         let (k, table) = (&self.kernel, &bound.table);
+        let isa = gemm::isa()?;
         // Computed operands lie one after the other in scratch.
         let mut parts = Vec::with_capacity(2);
         let mut at = 0;
@@ -70,20 +71,27 @@ impl CompiledKernel {
         } else {
             rayon::current_num_threads()
         };
+        // The epilogue takes each block of rows as the GEMM core finishes it
+        // when its launch's rows are the product's: a launch of one row is
+        // over elements instead (a product of one row, bias and relu, had
+        // the epilogue on its first element only), and runs after.
+        let by_rows = epilogue && self.range.rows == batches * m && self.range.row_len == n;
         let mut pending = epilogue;
         for batch in 0..batches {
             let rows = |r0: usize, r1: usize| {
-                if epilogue {
+                if by_rows {
                     // SAFETY: the product's rows `r0..r1` of this batch
                     // are rows of the epilogue's launch, finished and
                     // touched by no other thread meanwhile.
                     unsafe { bound.call(batch * m + r0, batch * m + r1, 0) }
                 }
             };
-            // SAFETY: `a` and `b` read inside buffers whose lengths were
-            // checked against views the verifier bounded; the output holds
-            // every row of every batch (checked above).
-            pending &= !unsafe { gemm_block(&a, &b, table.out(), batch, threads, &rows) };
+            // SAFETY: `isa` came from `gemm::isa`; `a` and `b` read inside
+            // buffers whose lengths were checked against views the verifier
+            // bounded; the output holds every row of every batch (checked
+            // above).
+            let finished = unsafe { gemm_block(isa, &a, &b, table.out(), batch, threads, &rows) };
+            pending &= !(finished && by_rows);
         }
         if pending {
             run_rows(std::slice::from_ref(bound))?;
@@ -142,26 +150,16 @@ impl Strided {
     }
 }
 
-/// Products of at least this many multiply-adds run on kiln's AVX-512
-/// kernels where the machine has them. Paired runs on two threads against
-/// the `gemm` crate's 256-bit kernels: 2048^3 143-172 against 253-312 ms,
-/// 256^3 0.42-0.47 against 0.54-0.60 ms, 64x784x256 0.44-0.46 against
-/// 0.50-0.53 ms. Below, packing into panels costs more than the wider FMAs
-/// save: 128^3 82-85 against 69-76 us, 64^3 14-20 against 9-15 us.
-#[cfg(target_arch = "x86_64")]
-const AVX512_GEMM_WORK: usize = 1 << 23;
-
-/// `out[batch] = a[batch] @ b[batch]`, on `threads` threads: by
-/// kiln's AVX-512 kernels for large products where the machine has AVX-512,
-/// which call `finish(r0, r1)` on each block of rows as it is done (the
-/// result is then true), else by the `gemm` crate's runtime-dispatched
-/// microkernels.
+/// `out[batch] = a[batch] @ b[batch]`, on `threads` threads, by the GEMM
+/// path `isa`; true when it called `finish(r0, r1)` on each block of rows
+/// as it was done.
 ///
 /// # Safety
-/// `a` and `b` must read inside live buffers for every row and batch, and
-/// `out` must hold `batches * a.rows * b.cols` f32 that no one else writes in
-/// those rows.
+/// `isa` must be available, `a` and `b` must read inside live buffers for
+/// every row and batch, and `out` must hold `batches * a.rows * b.cols` f32
+/// that no one else writes in those rows.
 unsafe fn gemm_block(
+    isa: Isa,
     a: &Strided,
     b: &Strided,
     out: *mut u8,
@@ -173,55 +171,18 @@ unsafe fn gemm_block(
     if m == 0 || n == 0 {
         return false;
     }
-    let out = out as *mut f32;
     // An operand with no elements (k == 0) may have any offset, even one
     // before its buffer (a padded empty view): its address is formed without
     // the in-bounds promise of `offset`, and the GEMM reads nothing through it.
-    let lhs = a.ptr.wrapping_offset(a.batch_offset(batch));
-    let rhs = b.ptr.wrapping_offset(b.batch_offset(batch));
+    let operand = |s: &Strided| gemm::Operand {
+        ptr: s.ptr.wrapping_offset(s.batch_offset(batch)),
+        rows: s.row_stride,
+        cols: s.col_stride,
+    };
     // SAFETY: the caller guarantees that the output rows and, when k > 0,
     // every operand element the GEMM reads lie inside their buffers.
     unsafe {
-        let dst = out.add(batch * m * n);
-        #[cfg(target_arch = "x86_64")]
-        if m * n * k >= AVX512_GEMM_WORK && crate::cpu::sgemm::available() {
-            let operand = |ptr, s: &Strided| crate::cpu::sgemm::Operand {
-                ptr,
-                rows: s.row_stride,
-                cols: s.col_stride,
-            };
-            let c = std::slice::from_raw_parts_mut(dst, m * n);
-            let (lhs, rhs) = (operand(lhs, a), operand(rhs, b));
-            crate::cpu::sgemm::sgemm(m, n, k, lhs, rhs, c, threads, finish);
-            return true;
-        }
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            1,
-            n as isize,
-            false,
-            lhs,
-            a.col_stride,
-            a.row_stride,
-            rhs,
-            b.col_stride,
-            b.row_stride,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            if threads > 1 {
-                gemm::Parallelism::Rayon(threads)
-            } else {
-                gemm::Parallelism::None
-            },
-        );
+        let c = std::slice::from_raw_parts_mut((out as *mut f32).add(batch * m * n), m * n);
+        gemm::gemm(isa, m, n, k, operand(a), operand(b), c, threads, finish)
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = finish;
-    false
 }

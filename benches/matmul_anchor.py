@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""numpy (OpenBLAS) and jax.jit on the matmul workloads of README.md, every
+shape and layout bench_report has (the training-step products `AtB` and `ABt`
+included, which ../shared/anchors/bench_anchors.py lacks), on that script's
+inputs and threads: three warm-up calls, then calls for a second, printed as
+JSON lines in bench_report's form (median and median absolute deviation),
+`variant` naming the framework.
+
+  ../shared/anchors/.venv/bin/python benches/matmul_anchor.py [--frameworks numpy,jax]
+
+Run it right after bench_report, in the same sitting.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "anchors"))
+import bench_anchors as ba  # noqa: E402  (sets the thread environment first)
+import numpy as np  # noqa: E402
+
+# (M, K, N, layout) as in support/src/workloads.rs.
+SHAPES = [(256, 256, 256, ""), (1024, 1024, 1024, ""), (2048, 2048, 2048, ""), (64, 784, 256, ""),
+          (4096, 784, 256, ""), (250, 784, 256, ""), (784, 250, 256, "AtB"), (250, 256, 784, "ABt")]
+
+
+def stored(m, k, n, layout):
+    """The inputs' shapes as stored."""
+    a = (k, m) if layout == "AtB" else (m, k)
+    b = (n, k) if layout == "ABt" else (k, n)
+    return a, b
+
+
+def operands(x, w, layout):
+    return (x.T if layout == "AtB" else x), (w.T if layout == "ABt" else w)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frameworks", default="numpy,jax")
+    ap.add_argument("--budget", type=float, default=1.0)
+    args = ap.parse_args()
+    for name in args.frameworks.split(","):
+        if name == "numpy":
+            wrap, put, sync, label = (lambda f: f), (lambda x: x), (lambda r: r), "numpy"
+        elif name == "jax":
+            import jax
+            wrap, put, label = jax.jit, jax.device_put, "jax.jit"
+            sync = lambda r: r.block_until_ready()  # noqa: E731
+        else:
+            sys.exit(f"unknown framework {name}")
+        for (m, k, n, layout) in SHAPES:
+            a, b = stored(m, k, n, layout)
+            x, w, bias = ba.gen_inputs([a, b, (n,)], ba.SEED)
+            xa, wb = operands(x.astype(np.float64), w.astype(np.float64), layout)
+            ref = xa @ wb
+            plain = wrap(lambda x, w, layout=layout: operands(x, w, layout)[0] @ operands(x, w, layout)[1])
+            fused = wrap(lambda x, w, b, layout=layout:
+                         np_or_jnp(name).maximum(operands(x, w, layout)[0] @ operands(x, w, layout)[1] + b, 0))
+            shape = f"{m}x{k}x{n}" + (f" {layout}" if layout else "")
+            for workload, f, ins, want in [("matmul", plain, [x, w], ref),
+                                           ("matmul_bias_relu", fused, [x, w, bias], np.maximum(ref + bias, 0))]:
+                dx = [put(v) for v in ins]
+                got = np.asarray(sync(f(*dx)))
+                err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+                times = timed(lambda: sync(f(*dx)), args.budget)
+                med = statistics.median(times)
+                mad = statistics.median(abs(t - med) for t in times)
+                print(json.dumps(dict(workload=workload, shape=shape, variant=label, backend="cpu",
+                                      median_s=med, spread_s=mad, flops=2 * m * k * n, max_rel_err=err)),
+                      flush=True)
+
+
+def timed(call, budget):
+    for _ in range(3):
+        call()
+    times = []
+    start = time.perf_counter()
+    while len(times) < 5 or (time.perf_counter() - start < budget and len(times) < 2000):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def np_or_jnp(name):
+    if name == "jax":
+        import jax.numpy as jnp
+        return jnp
+    return np
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,489 @@
+//! The loop nest of kiln's GEMM cores, generic over an ISA's micro-kernel
+//! (`Kernel`): `C = A B`, A and B read through any strides, C row-major.
+//!
+//! For each block of at most `KC` along k (blocks of even depth), B's block
+//! is packed into `NR`-column panels (or, for products with few rows, read
+//! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
+//! panels (or, when they are contiguous and spread over the cache's sets,
+//! read in place). Threads share a product by rows (`by_rows`: each takes
+//! blocks of rows and walks every panel of B, packed once by all threads
+//! together before each depth block) or by panels (`by_panels`: each packs
+//! its own panels of B and walks every block of rows over them, with no
+//! barrier between depth blocks). A task walks its panels of B in groups
+//! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
+//! panel of the group, so it is read from the nearest caches while B's
+//! panels stream past it, prefetched a few steps ahead of use by the
+//! micro-kernel (measured 1.2-1.3x faster than without on Cascade Lake).
+//! Each block of rows of C is handed to the caller's `finish` as soon as
+//! its last depth block is done, on the (last) thread that computed it.
+//!
+//! `unsafe` here is the reads of B in place and the calls of the packing
+//! and of the micro-kernels, whose contracts the loop nest keeps.
+
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+
+use super::Operand;
+use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
+
+/// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
+/// depth block, and the blocking sized for its registers and caches.
+pub(super) trait Kernel<const MR: usize, const NR: usize> {
+    /// Depth of a block at most: every tile of C is read and written once
+    /// per depth block, so deeper blocks cost less traffic in C.
+    const KC: usize;
+    /// Rows of C per task at most: the packed A block (`MC x KC`) and a
+    /// group of B panels (`KC x NR * NC_PANELS`) share the L2.
+    const MC: usize;
+    /// Panels of B walked by every panel of A before the next group.
+    const NC_PANELS: usize;
+    /// Farthest apart (in elements) the rows of B may be to be read in
+    /// place: rows further apart map onto few cache sets.
+    const IN_PLACE_ROWS: usize;
+    /// Products of at most this many rows (when B is packed) share B's
+    /// panels between threads, each packing its own and walking every row
+    /// of A over them without waiting for the others; larger products
+    /// share their rows, each thread reading all of B, packed once by all
+    /// of them together before each depth block.
+    const SPLIT_COLUMNS: usize;
+    /// The heights of the micro-kernel's variants are multiples of this:
+    /// with one block of rows per thread, blocks are cut at its multiples.
+    const ROW_UNIT: usize;
+
+    /// The top `tile.rows` rows of an `MR x NR` tile of C from rows of A and
+    /// rows of `NR` elements of B, `b_stride` apart (one per depth step of
+    /// `a`); only `tile.rows x tile.cols` of it is written, from `c` on.
+    ///
+    /// # Safety
+    /// The CPU has the ISA's features, and the tile's elements of `c` are
+    /// valid for reads and writes that no one else makes meanwhile.
+    unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile);
+}
+
+/// Where a tile of C lies, and how much of it is real.
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    /// Of its first element from C's.
+    pub offset: usize,
+    /// Between its rows.
+    pub stride: usize,
+    /// Rows to write, 1 to `MR`.
+    pub rows: usize,
+    /// Columns to write, 1 to `NR`.
+    pub cols: usize,
+    /// Add to what C holds (a depth block after the first) instead of
+    /// overwriting it.
+    pub accumulate: bool,
+}
+
+/// `c[i * n + j] = sum over l of a(i, l) b(l, j)` for `i < m`, `j < n`, by
+/// kernel `K`, on up to `threads` threads; `finish(r0, r1)` runs as soon as
+/// rows `r0..r1` of c are done, once for each of a partition of `0..m`, on
+/// the thread that computed them (or the last of those that did), while
+/// they are still in its cache.
+///
+/// # Safety
+/// The CPU has `K`'s ISA, and `a(i, l)` for `i < m, l < k` and `b(l, j)` for
+/// `l < k, j < n` must lie inside live buffers.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: &mut [f32],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    let c = &mut c[..m * n];
+    if k == 0 {
+        c.fill(0.0);
+        finish(0, m);
+        return;
+    }
+    // A is read where it lies when its rows are contiguous and do not
+    // crowd into a few cache sets: packing costs about a tenth of a product
+    // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
+    // place is as fast as packed with many (1000³); but rows 4 KiB apart all
+    // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
+    let a_in_place = a.cols == 1 && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
+    let depth = k.div_ceil(k.div_ceil(K::KC));
+    let blocks_of_k: Vec<(usize, usize)> = (0..k)
+        .step_by(depth)
+        .map(|k0| (k0, depth.min(k - k0)))
+        .collect();
+    let product = Product {
+        a,
+        a_in_place,
+        b,
+        n,
+        c: C(c.as_mut_ptr()),
+    };
+    // B is read where it lies when its rows are contiguous, close together,
+    // and A has at most MC rows: then each panel serves a few tiles only,
+    // and packing it would cost about as much as it saves.
+    let b_in_place =
+        b.cols == 1 && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows) && m <= K::MC;
+    // Sharing B's panels, every thread packs all of A that it does not
+    // read in place, and the threads' shares are whole panels; sharing
+    // rows, B is packed once and the shares are whole tiles. Panels are
+    // shared where A costs little to pack again and they split as evenly
+    // as tiles (250x256x784, 49 panels, took 1.03x as long by panels with
+    // bias and relu; 784x250x256 with A stored transposed 1.05x).
+    let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
+    let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
+    let share_panels = !b_in_place
+        && threads > 1
+        && m <= K::SPLIT_COLUMNS
+        && panels >= 2 * threads
+        && (a_in_place || m <= K::MC)
+        && largest_share(panels) <= largest_share(tiles);
+    // SAFETY (both calls): the contract of this function; `c` is borrowed
+    // for the call, and holds `m * n` elements.
+    if share_panels {
+        unsafe { by_panels::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
+    } else {
+        unsafe { by_rows::<MR, NR, K>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
+    }
+}
+
+/// What every task of a product reads, and where it writes.
+struct Product {
+    a: Operand,
+    a_in_place: bool,
+    b: Operand,
+    n: usize,
+    c: C,
+}
+
+/// The product's first element: tasks write disjoint tiles of it.
+#[derive(Clone, Copy)]
+struct C(*mut f32);
+
+// SAFETY: tasks write through it only to the tiles they own, while the
+// caller of `sgemm` holds the product borrowed.
+unsafe impl Sync for C {}
+unsafe impl Send for C {}
+
+/// The product with the rows of C cut into blocks shared between threads,
+/// each walking every panel of B. B's depth blocks are packed once, by
+/// every thread together, before the row blocks run over them.
+///
+/// # Safety
+/// The contract of `sgemm`, and no one else touches C meanwhile.
+unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    product: &Product,
+    m: usize,
+    blocks_of_k: &[(usize, usize)],
+    in_place: bool,
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    let (b, n) = (product.b, product.n);
+    let panels = n.div_ceil(NR);
+    // Read in place, B's ragged last panel is packed all the same: reading
+    // its NR columns would pass the end of B's row.
+    let first_packed = if in_place { n / NR } else { 0 };
+    // Depth blocks in groups that run as one parallel region: B's blocks
+    // of a group are packed together first, then each task walks its rows
+    // through all of them. Read in place, B packs little, and one group
+    // saves a dispatch and a barrier per block; packed, each block is its
+    // own group, so that its panels stay in cache for every row block.
+    let groups: Vec<&[(usize, usize)]> = if in_place {
+        vec![blocks_of_k]
+    } else {
+        blocks_of_k.chunks(1).collect()
+    };
+    // A group's packed panels, depth block after depth block, in this
+    // thread's buffer (taken for the call, so that a nested call would
+    // make its own).
+    let depth = blocks_of_k[0].1;
+    let k = blocks_of_k.iter().map(|&(_, kc)| kc).sum::<usize>();
+    let packed_width = (panels - first_packed) * NR;
+    let packed_len = packed_width * if in_place { k } else { depth };
+    let mut packed_b_buffer = PACKED_B.take();
+    let packed_b = aligned(&mut packed_b_buffer, packed_len);
+    // Row blocks: at most MC rows, as many per thread, tiles shared as
+    // evenly as they go (block sizes differ by one tile at most). With one
+    // block per thread, a thread's time is its block's, so the blocks are
+    // cut at multiples of the kernel's row unit instead, and the last tile
+    // of a block runs the kernel of its height: with 12-row tiles and a unit
+    // of 4, 64 rows are 2 x (12 + 12 + 8), not 36 + 28 with a 12-row kernel
+    // on the 4 left.
+    let tiles = m.div_ceil(MR);
+    let blocks = (threads * tiles.div_ceil(threads * (K::MC / MR))).min(tiles);
+    let unit = if blocks <= threads { K::ROW_UNIT } else { MR };
+    let units = m.div_ceil(unit);
+    let bounds: Vec<(usize, usize)> = (0..blocks)
+        .map(|i| {
+            let row = |i: usize| (i * units / blocks * unit).min(m);
+            (row(i), row(i + 1))
+        })
+        .collect();
+    let last_group = groups.len() - 1;
+    for (g, group) in groups.into_iter().enumerate() {
+        let k_first = group[0].0;
+        let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
+        let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
+        // Every depth block's panels, each `kc x NR`, packed in runs of
+        // up to `PACK_PANELS` of them.
+        let mut jobs: Vec<((usize, usize), usize, &mut [f32])> = Vec::new();
+        let mut rest = &mut *packed_b;
+        for &(k0, kc) in group {
+            for p in (first_packed..panels).step_by(PACK_PANELS) {
+                let run = PACK_PANELS.min(panels - p);
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(run * NR * kc);
+                jobs.push(((k0, kc), p, head));
+                rest = tail;
+            }
+        }
+        let pack = |(depth, p, panels): ((usize, usize), usize, &mut [f32])| {
+            // SAFETY: the depth block's rows and columns `..n` of b are
+            // inside its buffer (the contract of `sgemm`).
+            unsafe { pack_b::<NR>(b, depth, p, n, panels) }
+        };
+        if threads > 1 {
+            jobs.into_par_iter().for_each(pack);
+        } else {
+            jobs.into_iter().for_each(pack);
+        }
+        let packed_b = &*packed_b;
+        // (`b` is taken whole, by reference: its pointer alone is not
+        // `Sync`.)
+        let b = &b;
+        let block = |&(r0, r1): &(usize, usize)| {
+            PACKED_A.with_borrow_mut(|packed_a| {
+                for &(k0, kc) in group {
+                    // Panel `p` of this depth block: its rows and their
+                    // distance.
+                    let panel = |p: usize| -> (&[f32], usize) {
+                        if p < first_packed {
+                            let stride = b.rows as usize;
+                            // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
+                            // `stride` apart in one buffer, and columns `p *
+                            // NR..(p + 1) * NR` are inside each (`p < n /
+                            // NR`); the slice runs from the first of them to
+                            // the last.
+                            let rows = unsafe {
+                                std::slice::from_raw_parts(
+                                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                                    (kc - 1) * stride + NR,
+                                )
+                            };
+                            (rows, stride)
+                        } else {
+                            let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
+                            (&packed_b[at..at + NR * kc], NR)
+                        }
+                    };
+                    // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
+                    // this task's alone.
+                    unsafe {
+                        block::<MR, NR, K>(product, r0..r1, (k0, kc), 0..panels, panel, packed_a)
+                    };
+                }
+            });
+            if g == last_group {
+                finish(r0, r1);
+            }
+        };
+        if threads > 1 {
+            bounds.par_iter().with_max_len(1).for_each(block);
+        } else {
+            bounds.iter().for_each(block);
+        }
+    }
+    PACKED_B.set(packed_b_buffer);
+}
+
+/// The product with the panels of B shared between threads, each packing
+/// its own panels, depth block by depth block, and walking every block of
+/// rows of A over them: each thread reads a part of B only, and no thread
+/// waits for another (a block of rows is finished by the last thread to
+/// pass it).
+///
+/// # Safety
+/// The contract of `sgemm`, and no one else touches C meanwhile.
+unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    product: &Product,
+    m: usize,
+    blocks_of_k: &[(usize, usize)],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    let (b, n) = (product.b, product.n);
+    let panels = n.div_ceil(NR);
+    let ranges: Vec<std::ops::Range<usize>> = (0..threads)
+        .map(|i| i * panels / threads..(i + 1) * panels / threads)
+        .collect();
+    // Blocks of at most MC rows, tiles shared evenly between them, and at
+    // least one per thread (where there are the tiles), so that threads
+    // finish blocks in turns to the end.
+    let tiles = m.div_ceil(MR);
+    let blocks = tiles.div_ceil(K::MC / MR).max(threads.min(tiles));
+    let bounds: Vec<(usize, usize)> = (0..blocks)
+        .map(|i| {
+            let row = |i: usize| (i * tiles / blocks * MR).min(m);
+            (row(i), row(i + 1))
+        })
+        .collect();
+    // A block of rows is done when every range has passed it in the last
+    // depth block: the last task to get there runs `finish` over it (after
+    // the others' writes, which its increment acquires).
+    let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
+    let last = blocks_of_k.len() - 1;
+    ranges
+        .into_par_iter()
+        .with_max_len(1)
+        .enumerate()
+        .for_each(|(t, range)| {
+            let mut packed_b_buffer = PACKED_B.take();
+            PACKED_A.with_borrow_mut(|packed_a| {
+                for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
+                    let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
+                    let runs = packed_b.chunks_mut(PACK_PANELS * NR * kc);
+                    for (panels, p) in runs.zip(range.clone().step_by(PACK_PANELS)) {
+                        // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
+                        // inside its buffer (the contract of `sgemm`).
+                        unsafe { pack_b::<NR>(b, (k0, kc), p, n, panels) };
+                    }
+                    let packed_b = &*packed_b;
+                    let panel = |p: usize| -> (&[f32], usize) {
+                        let at = (p - range.start) * NR * kc;
+                        (&packed_b[at..at + NR * kc], NR)
+                    };
+                    // Every other thread, and every other depth block, walks
+                    // the blocks of rows backwards: in the last depth block
+                    // threads then pass a block last in turns, so that each
+                    // finishes about its share of them (walked all the same
+                    // way, a thread a little behind the other finished every
+                    // block, and 784x250x256 with bias and relu took 1.05x as
+                    // long), and a depth block starts on the rows of C the last
+                    // one ended on, still in cache.
+                    let mut order: Vec<_> = bounds.iter().zip(&done).collect();
+                    if (t + d) % 2 == 1 {
+                        order.reverse();
+                    }
+                    for (&(r0, r1), done) in order {
+                        // SAFETY: the contract of `sgemm`; columns of this
+                        // range's panels are this task's alone.
+                        unsafe {
+                            block::<MR, NR, K>(
+                                product,
+                                r0..r1,
+                                (k0, kc),
+                                range.clone(),
+                                panel,
+                                packed_a,
+                            )
+                        };
+                        if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                            finish(r0, r1);
+                        }
+                    }
+                }
+            });
+            PACKED_B.set(packed_b_buffer);
+        });
+}
+
+/// Rows `rows` of C over one depth block `(k0, kc)` and panels `panels` of
+/// B (each `panel(p)`: its rows and their distance): A's rows packed into
+/// `packed_a` (or read in place), then each group of `NC_PANELS` panels
+/// walked by every tile of rows.
+///
+/// # Safety
+/// The contract of `sgemm`, and no one else touches these rows and panels'
+/// columns of C meanwhile.
+unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    product: &Product,
+    rows: std::ops::Range<usize>,
+    (k0, kc): (usize, usize),
+    panels: std::ops::Range<usize>,
+    panel: impl Fn(usize) -> (&'b [f32], usize),
+    packed_a: &mut Vec<f32>,
+) {
+    let (a, n) = (product.a, product.n);
+    let (r0, mr) = (rows.start, rows.len());
+    let len = if product.a_in_place {
+        0
+    } else {
+        mr.div_ceil(MR) * MR * kc
+    };
+    let packed_a = aligned(packed_a, len);
+    if !product.a_in_place {
+        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
+        // inside its buffer (the contract of `sgemm`).
+        unsafe { pack_a::<MR>(a, r0, mr, k0, kc, packed_a) };
+    }
+    let (packed_a, _) = packed_a.as_chunks::<MR>();
+    for p0 in panels.clone().step_by(K::NC_PANELS) {
+        for t in 0..mr.div_ceil(MR) {
+            for p in p0..panels.end.min(p0 + K::NC_PANELS) {
+                let tile = Tile {
+                    offset: (r0 + t * MR) * n + p * NR,
+                    stride: n,
+                    rows: MR.min(mr - t * MR),
+                    cols: NR.min(n - p * NR),
+                    accumulate: k0 > 0,
+                };
+                let (b_rows, b_stride) = panel(p);
+                let c = product.c.0;
+                if product.a_in_place {
+                    // SAFETY: `a_in_place`: rows of a are contiguous; the
+                    // tile's rows (1 to MR of them), columns `k0..k0 + kc`,
+                    // are inside its buffer.
+                    let a_rows = unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
+                    // SAFETY: the CPU has K's ISA; the tile lies in C, whose
+                    // rows and columns here are this caller's alone.
+                    unsafe { K::tile(a_rows, b_rows, b_stride, c, tile) };
+                } else {
+                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
+                    // SAFETY: as above.
+                    unsafe { K::tile(a_panel, b_rows, b_stride, c, tile) };
+                }
+            }
+        }
+    }
+}
+
+/// Panels of B packed together, row by row of B: a few lines of each row
+/// read at once, and as many written.
+const PACK_PANELS: usize = 8;
+
+thread_local! {
+    /// Each thread's packed rows of A, kept from call to call: packing
+    /// writes every element the microkernel reads, so reuse needs no
+    /// clearing.
+    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The calling thread's packed panels of B, kept from call to call as
+    /// `PACKED_A` is: a fresh zeroed buffer cost 256³ a tenth of its time.
+    static PACKED_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `len` elements of `buffer` (grown as needed) from a 64-byte boundary:
+/// a row of a packed panel then never straddles two cache lines (a large
+/// allocation starts 16 bytes past a page boundary).
+fn aligned(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    const LINE: usize = 64 / size_of::<f32>();
+    if buffer.len() < len + LINE {
+        buffer.resize(len + LINE, 0.0);
+    }
+    let skip = buffer.as_ptr().align_offset(64).min(LINE);
+    &mut buffer[skip..skip + len]
+}
+
+/// Whether `MR` rows `lda` elements apart start in enough of L1's 64 sets
+/// (of 64-byte lines, 4 KiB round) that reading them in place leaves room
+/// in each set, 8 lines, for the `b_lines` lines of B read beside them.
+fn spread_over_sets<const MR: usize>(lda: isize, b_lines: usize) -> bool {
+    let mut rows_in_set = [0usize; 64];
+    for i in 0..MR {
+        rows_in_set[(i * lda.unsigned_abs() * 4 / 64) % 64] += 1;
+    }
+    rows_in_set.iter().all(|&rows| rows + b_lines <= 8)
+}

@@ -1,0 +1,225 @@
+//! kiln's f32 GEMM for the CPU backend's matmuls: `C = A B`, A and B read
+//! through any strides (so transposed operands need no copy), C row-major,
+//! and the path that computes it.
+//!
+//! - `driver`: the loop nest of kiln's own cores (cache blocking, packing,
+//!   threads, the epilogue handed each block of rows as it finishes),
+//!   generic over a micro-kernel;
+//! - `panel`: packed panels of B and A, and rows of A read where they lie;
+//! - `avx512`, `avx2`: the micro-kernels, 12 x 32 in zmm and 6 x 16 in ymm
+//!   registers.
+//!
+//! The path: kiln's AVX-512 core where the CPU has AVX-512, else its
+//! AVX2+FMA core where it has those, else (and for products too small for
+//! packing to pay) the `gemm` crate, which dispatches on the CPU itself.
+//! The environment variable `KILN_CPU_ISA` forces a path, so that every one
+//! is tested and timed on any machine that has it: `avx512`, `avx2`, or
+//! `generic` (the `gemm` crate for every product). It is read once per
+//! process; a value that names no path, or a path this CPU lacks, is an
+//! `Error::Environment` from every compile and run on the CPU, rather than
+//! a quiet fallback that would mislabel a benchmark.
+
+#![allow(unsafe_code)]
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod driver;
+#[cfg(target_arch = "x86_64")]
+mod panel;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests;
+
+use std::sync::OnceLock;
+
+use crate::Error;
+
+/// The environment variable that forces a GEMM path.
+pub(crate) const ISA_VARIABLE: &str = "KILN_CPU_ISA";
+
+/// A GEMM path, from the fastest down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// kiln's AVX-512 core.
+    Avx512,
+    /// kiln's AVX2+FMA core.
+    Avx2,
+    /// The `gemm` crate.
+    Generic,
+}
+
+impl Isa {
+    /// Every path, from the fastest down.
+    pub(crate) const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Generic];
+
+    /// Its name in `KILN_CPU_ISA`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Generic => "generic",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub(crate) fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            Isa::Generic => true,
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Generic
+        }
+    }
+}
+
+/// The path this process's matmuls take: the fastest this CPU runs, or the
+/// one `KILN_CPU_ISA` names.
+pub(crate) fn isa() -> Result<Isa, Error> {
+    static ISA: OnceLock<Result<Isa, String>> = OnceLock::new();
+    ISA.get_or_init(|| choose(std::env::var_os(ISA_VARIABLE).as_deref()))
+        .clone()
+        .map_err(Error::Environment)
+}
+
+/// The path for a value of `KILN_CPU_ISA` (unset or empty: the fastest).
+fn choose(value: Option<&std::ffi::OsStr>) -> Result<Isa, String> {
+    let fastest = || Isa::ALL.into_iter().find(|isa| isa.available());
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(fastest().unwrap_or(Isa::Generic));
+    };
+    let names = || Isa::ALL.map(Isa::name).join(", ");
+    let isa = Isa::ALL
+        .into_iter()
+        .find(|isa| value == isa.name())
+        .ok_or_else(|| {
+            format!(
+                "{ISA_VARIABLE}={value:?} names no GEMM path (one of {})",
+                names()
+            )
+        })?;
+    if !isa.available() {
+        return Err(format!(
+            "{ISA_VARIABLE}={}: this CPU lacks it (it runs {})",
+            isa.name(),
+            Isa::ALL
+                .into_iter()
+                .filter(|isa| isa.available())
+                .map(Isa::name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(isa)
+}
+
+/// An operand: element `(i, j)` at `ptr + i * rows + j * cols`.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand {
+    pub ptr: *const f32,
+    pub rows: isize,
+    pub cols: isize,
+}
+
+// SAFETY: an operand is only read, while the caller of `gemm` keeps its
+// buffer alive (the contract of `gemm`).
+unsafe impl Sync for Operand {}
+unsafe impl Send for Operand {}
+
+/// Products of at least this many multiply-adds run on kiln's AVX-512
+/// core. Paired runs on two threads against the `gemm` crate's 256-bit
+/// kernels (Cascade Lake): 2048^3 143-172 against 253-312 ms, 256^3
+/// 0.42-0.47 against 0.54-0.60 ms, 64x784x256 0.44-0.46 against 0.50-0.53
+/// ms. Below, packing into panels costs more than the wider FMAs save:
+/// 128^3 82-85 against 69-76 us, 64^3 14-20 against 9-15 us.
+#[cfg(target_arch = "x86_64")]
+const AVX512_WORK: usize = 1 << 23;
+
+/// Products of at least this many multiply-adds run on kiln's AVX2 core.
+/// Against the `gemm` crate on one Zen 3 core (GFLOP/s): 160³ 150 against
+/// 149, 192³ 163 against 160, 32x784x256 122 against 111; below, 128³ 127
+/// against 131, 64³ 78 against 83, 128x512x10 49 against 57.
+#[cfg(target_arch = "x86_64")]
+const AVX2_WORK: usize = 1 << 22;
+
+/// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
+/// `threads` threads: by `isa`'s core for products large enough for it,
+/// which calls `finish(r0, r1)` on each block of rows as it is done (the
+/// result is then true), else by the `gemm` crate.
+///
+/// # Safety
+/// `isa` must be available, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
+/// `l < k, j < n` must lie inside live buffers (when `k > 0`), and `c` must
+/// hold `m * n` elements.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: &mut [f32],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Avx512 if m * n * k >= AVX512_WORK => {
+            // SAFETY: the contract of this function.
+            unsafe {
+                driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
+                    m, n, k, a, b, c, threads, finish,
+                );
+            }
+            return true;
+        }
+        Isa::Avx2 if m * n * k >= AVX2_WORK => {
+            // SAFETY: the contract of this function.
+            unsafe {
+                driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
+                    m, n, k, a, b, c, threads, finish,
+                );
+            }
+            return true;
+        }
+        _ => {}
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (isa, finish);
+    // SAFETY: the operands' elements and c's `m * n` lie inside live
+    // buffers (the contract of this function).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.ptr,
+            a.cols,
+            a.rows,
+            b.ptr,
+            b.cols,
+            b.rows,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            },
+        );
+    }
+    false
+}

@@ -1,0 +1,219 @@
+//! The operands of a micro-kernel: panels of B packed `NR` columns wide,
+//! and a tile's rows of A, packed `MR` to a column or read where they lie.
+//! ISA-independent: the micro-kernels read them through `PanelA` and plain
+//! slices.
+//!
+//! `unsafe` here is the reads through the caller's strides and pointers.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+
+use super::Operand;
+
+/// Panels `p0..` of rows `k0..k0 + kc` of b, as many as `out` holds, one
+/// after the other: panel `p` holds columns `p * NR..` up to `n`, `kc x NR`
+/// row-major, zero past column `n`.
+///
+/// # Safety
+/// Those elements of b must lie inside its buffer.
+pub(super) unsafe fn pack_b<const NR: usize>(
+    b: Operand,
+    (k0, kc): (usize, usize),
+    p0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let first = b
+        .ptr
+        .wrapping_offset(k0 as isize * b.rows + (p0 * NR) as isize * b.cols);
+    if b.cols == 1 {
+        // Rows of b contiguous: each read once, in order, its stretch of
+        // every panel written (a panel at a time, each row a line apart,
+        // read rows a few KiB apart and made packing 1024³ cost 2.4% of
+        // the product).
+        for l in 0..kc {
+            let row = first.wrapping_offset(l as isize * b.rows);
+            for (q, panel) in out.chunks_exact_mut(NR * kc).enumerate() {
+                let cols = NR.min(n - (p0 + q) * NR);
+                let to = &mut panel[l * NR..(l + 1) * NR];
+                // SAFETY: elements (k0 + l, (p0 + q) * NR..) of b, `cols` of
+                // them, adjacent.
+                let from = unsafe { std::slice::from_raw_parts(row.add(q * NR), cols) };
+                if let (Ok(to), Ok(from)) = (
+                    <&mut [f32; NR]>::try_from(&mut *to),
+                    <&[f32; NR]>::try_from(from),
+                ) {
+                    *to = *from;
+                } else {
+                    to[..cols].copy_from_slice(from);
+                    to[cols..].fill(0.0);
+                }
+            }
+        }
+        return;
+    }
+    for (q, panel) in out.chunks_exact_mut(NR * kc).enumerate() {
+        let cols = NR.min(n - (p0 + q) * NR);
+        let first = first.wrapping_offset((q * NR) as isize * b.cols);
+        let (rows, _) = panel.as_chunks_mut::<NR>();
+        if b.rows == 1 {
+            // b stored transposed: each column of the panel lies contiguous,
+            // read in order and written down the panel.
+            for j in 0..cols {
+                let column = first.wrapping_offset(j as isize * b.cols);
+                for (l, row) in rows.iter_mut().enumerate() {
+                    // SAFETY: element (k0 + l, (p0 + q) * NR + j) of b.
+                    row[j] = unsafe { *column.add(l) };
+                }
+            }
+            for row in rows.iter_mut() {
+                row[cols..].fill(0.0);
+            }
+        } else {
+            for (l, row) in rows.iter_mut().enumerate() {
+                let start = first.wrapping_offset(l as isize * b.rows);
+                for (j, x) in row[..cols].iter_mut().enumerate() {
+                    // SAFETY: element (k0 + l, (p0 + q) * NR + j) of b.
+                    *x = unsafe { *start.offset(j as isize * b.cols) };
+                }
+                row[cols..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// Rows `r0..r0 + mr` of a, columns `k0..k0 + kc`, as `MR`-row panels, each
+/// `kc x MR` (column of the panel after column), zero past row `mr`.
+///
+/// # Safety
+/// Those elements of a must lie inside its buffer.
+pub(super) unsafe fn pack_a<const MR: usize>(
+    a: Operand,
+    r0: usize,
+    mr: usize,
+    k0: usize,
+    kc: usize,
+    out: &mut [f32],
+) {
+    for (t, panel) in out.chunks_exact_mut(MR * kc).enumerate() {
+        let rows = MR.min(mr - t * MR);
+        let first = a
+            .ptr
+            .wrapping_offset((r0 + t * MR) as isize * a.rows + k0 as isize * a.cols);
+        let (columns, _) = panel.as_chunks_mut::<MR>();
+        if a.rows == 1 && rows == MR {
+            // a stored transposed: a column of the panel lies contiguous.
+            for (l, column) in columns.iter_mut().enumerate() {
+                // SAFETY: elements (r0 + t * MR.., k0 + l) of a, adjacent.
+                *column = unsafe {
+                    first
+                        .offset(l as isize * a.cols)
+                        .cast::<[f32; MR]>()
+                        .read_unaligned()
+                };
+            }
+        } else if a.cols == 1 && rows == MR {
+            // Rows of a contiguous: read side by side, one element each per
+            // column of the panel.
+            let row: [*const f32; MR] =
+                std::array::from_fn(|i| first.wrapping_offset(i as isize * a.rows));
+            for (l, column) in columns.iter_mut().enumerate() {
+                for (x, row) in column.iter_mut().zip(&row) {
+                    // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside its buffer.
+                    *x = unsafe { *row.add(l) };
+                }
+            }
+        } else {
+            for (l, column) in columns.iter_mut().enumerate() {
+                let start = first.wrapping_offset(l as isize * a.cols);
+                for (i, x) in column[..rows].iter_mut().enumerate() {
+                    // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside its buffer.
+                    *x = unsafe { *start.offset(i as isize * a.rows) };
+                }
+                column[rows..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// A tile's rows of A along one depth block: element `(i, l)`, row `i` of
+/// the tile at depth `l`.
+pub(super) trait PanelA<const MR: usize> {
+    /// The depth.
+    fn depth(&self) -> usize;
+    /// Element `(i, l)`.
+    ///
+    /// # Safety
+    /// `i < MR` and `l < depth()`.
+    unsafe fn at(&self, i: usize, l: usize) -> f32;
+    /// Hints that depth `l` (perhaps past the end) is read soon.
+    fn prefetch(&self, _l: usize) {}
+}
+
+/// A packed panel, `kc x MR`, column after column.
+pub(super) struct Packed<'a, const MR: usize>(pub &'a [[f32; MR]]);
+
+impl<const MR: usize> PanelA<MR> for Packed<'_, MR> {
+    fn depth(&self) -> usize {
+        self.0.len()
+    }
+
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, l: usize) -> f32 {
+        self.0[l][i]
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, l: usize) {
+        // Prefetches only hint: an address past the panel's end is harmless.
+        let ahead = self.0.as_ptr().wrapping_add(l).cast::<i8>();
+        // SAFETY: `_mm_prefetch` reads nothing; x86-64 has SSE.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+    }
+}
+
+/// `MR` rows of A read where they lie, each `depth` contiguous elements.
+pub(super) struct InPlace<const MR: usize> {
+    rows: [*const f32; MR],
+    depth: usize,
+}
+
+impl<const MR: usize> InPlace<MR> {
+    /// Rows `r0..r0 + rows` of a (`rows <= MR`, the rest standing in for
+    /// rows past the tile, whose results are not stored), columns `k0..k0 +
+    /// depth`.
+    ///
+    /// # Safety
+    /// `a.cols == 1`, `1 <= rows <= MR`, and those elements of a lie inside
+    /// its buffer.
+    pub(super) unsafe fn new(
+        a: Operand,
+        r0: usize,
+        rows: usize,
+        k0: usize,
+        depth: usize,
+    ) -> InPlace<MR> {
+        let row = |i: usize| {
+            a.ptr
+                .wrapping_offset((r0 + i.min(rows - 1)) as isize * a.rows + k0 as isize)
+        };
+        InPlace {
+            rows: std::array::from_fn(row),
+            depth,
+        }
+    }
+}
+
+impl<const MR: usize> PanelA<MR> for InPlace<MR> {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, l: usize) -> f32 {
+        // SAFETY: `l < depth` (the caller's contract), and row `i` holds
+        // `depth` elements from its pointer (the contract of `new`).
+        unsafe { *self.rows[i].add(l) }
+    }
+}

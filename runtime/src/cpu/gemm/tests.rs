@@ -1,0 +1,159 @@
+//! kiln's GEMM cores on their own, each the CPU has, against a plain
+//! product in f64: tile edges, depth blocks, strides, threads, and the
+//! rows handed to `finish`; and how `KILN_CPU_ISA` is read.
+
+use std::ffi::OsStr;
+
+use super::*;
+
+/// Products of awkward shapes and strides (a transposed, b broadcast
+/// along k) against a plain triple loop in f64, on every core this CPU
+/// runs; the cores the CPU lacks are skipped with a line saying so.
+#[test]
+fn cores_agree_with_a_plain_product() {
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        if !isa.available() {
+            eprintln!("skipped: this CPU has no {}", isa.name());
+            continue;
+        }
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (3, 7, 5),
+            (13, 300, 33),
+            (12, 256, 32),
+            (6, 64, 16),
+            (50, 513, 1027),
+            (200, 64, 17),
+            (300, 1100, 70),
+            // B read in place over several depth blocks, with and without a
+            // ragged packed panel; row blocks ending in short tiles.
+            (64, 1100, 96),
+            (90, 600, 50),
+            (8, 70, 40),
+            (97, 33, 1),
+            (1, 600, 300),
+        ] {
+            check(isa, m, k, n);
+        }
+    }
+}
+
+/// `isa`'s core at one shape, with each layout of A and padding of B.
+fn check(isa: Isa, m: usize, k: usize, n: usize) {
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 104_729) % 89) as f32 / 11.0 - 4.0)
+        .collect();
+    // a row-major or stored transposed ([k, m]); b row-major, its rows `pad`
+    // elements apart beyond their length (a slice of wider rows), or stored
+    // transposed ([n, k]).
+    let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+    let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+    let transposed = Operand {
+        ptr: at.as_ptr(),
+        rows: 1,
+        cols: m as isize,
+    };
+    let row_major = Operand {
+        ptr: a.as_ptr(),
+        rows: k as isize,
+        cols: 1,
+    };
+    for (threads, pad, a_op) in [
+        (1, 0, transposed),
+        (2, 0, transposed),
+        (2, 3, row_major),
+        (1, 0, row_major),
+        (2, usize::MAX, row_major),
+    ] {
+        let (b_values, b_op);
+        if pad == usize::MAX {
+            b_op = Operand {
+                ptr: bt.as_ptr(),
+                rows: 1,
+                cols: k as isize,
+            };
+        } else {
+            let stride = n + pad;
+            b_values = (0..k * stride)
+                .map(|i| {
+                    if i % stride < n {
+                        b[i / stride * n + i % stride]
+                    } else {
+                        f32::NAN
+                    }
+                })
+                .collect::<Vec<f32>>();
+            b_op = Operand {
+                ptr: b_values.as_ptr(),
+                rows: stride as isize,
+                cols: 1,
+            };
+        }
+        let mut c = vec![f32::NAN; m * n];
+        let finished = std::sync::Mutex::new(Vec::new());
+        let finish = |r0, r1| finished.lock().expect("unpoisoned").push((r0, r1));
+        // SAFETY: `isa` is available; both operands index inside their
+        // vectors.
+        unsafe {
+            match isa {
+                Isa::Avx512 => driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
+                    m, n, k, a_op, b_op, &mut c, threads, &finish,
+                ),
+                Isa::Avx2 => driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
+                    m, n, k, a_op, b_op, &mut c, threads, &finish,
+                ),
+                Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
+            }
+        }
+        let what = format!("{} {m}x{k}x{n} threads {threads} pad {pad}", isa.name());
+        // `finish` saw a partition of the rows.
+        let mut finished = finished.into_inner().expect("unpoisoned");
+        finished.sort_unstable();
+        let mut next = 0;
+        for (r0, r1) in finished {
+            assert_eq!(r0, next, "{what}: rows finished");
+            next = r1;
+        }
+        assert_eq!(next, m, "{what}: rows finished");
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|l| f64::from(a[i * k + l]) * f64::from(b[l * n + j]))
+                    .sum();
+                let got = f64::from(c[i * n + j]);
+                let scale: f64 = (0..k)
+                    .map(|l| f64::from(a[i * k + l] * b[l * n + j]).abs())
+                    .sum();
+                assert!(
+                    (got - want).abs() <= 1e-6 * scale.max(1.0),
+                    "{what} at ({i},{j}): {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_variable_names_a_path_the_cpu_has() {
+    let fastest = Isa::ALL.into_iter().find(|isa| isa.available());
+    assert_eq!(choose(None), Ok(fastest.unwrap_or(Isa::Generic)));
+    assert_eq!(choose(Some(OsStr::new(""))), choose(None));
+    assert_eq!(choose(Some(OsStr::new("generic"))), Ok(Isa::Generic));
+    for isa in Isa::ALL {
+        let chosen = choose(Some(OsStr::new(isa.name())));
+        if isa.available() {
+            assert_eq!(chosen, Ok(isa));
+        } else {
+            let message = chosen.expect_err("a path this CPU lacks");
+            assert!(message.contains("this CPU lacks it"), "{message}");
+        }
+    }
+    let message = choose(Some(OsStr::new("avx3"))).expect_err("no such path");
+    assert_eq!(
+        message,
+        "KILN_CPU_ISA=\"avx3\" names no GEMM path (one of avx512, avx2, generic)"
+    );
+}

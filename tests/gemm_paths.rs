@@ -1,0 +1,149 @@
+//! Every GEMM path of the CPU backend that this machine runs (kiln's AVX-512
+//! core, its AVX2+FMA core, the `gemm` crate) against the reference
+//! interpreter: products large enough for kiln's cores, of awkward shapes
+//! (1 along each axis, ragged tiles and depth blocks), operands read
+//! transposed, batched and broadcast, and fused epilogues.
+//!
+//! `products` runs on the path this process takes (the fastest, unless
+//! `KILN_CPU_ISA` names one); `every_other_path` runs `products` again in a
+//! child process of this test binary for each other path the CPU has,
+//! forced by `KILN_CPU_ISA`, and says which it skips and why.
+
+use std::process::Command;
+
+use kiln::{Device, Result, Tensor};
+
+/// Compares element by element within `|a - b| <= max(1e-6 max(|a|, |b|),
+/// 4 k eps 16)`: f32 sums of `k` products of normal values, each below 16
+/// but for a few in a million.
+fn check(what: &str, inputs: &[Tensor], k: usize, f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let run = |device: Device| -> Result<Vec<f32>> {
+        let on: Vec<Tensor> = inputs.iter().map(|t| t.to(device)).collect::<Result<_>>()?;
+        f(&on)?.to_vec::<f32>()
+    };
+    let (cpu, reference) = match (run(Device::Cpu), run(Device::Reference)) {
+        (Ok(cpu), Ok(reference)) => (cpu, reference),
+        (cpu, reference) => panic!(
+            "{what}: cpu {:?}, reference {:?}",
+            cpu.err(),
+            reference.err()
+        ),
+    };
+    assert_eq!(cpu.len(), reference.len(), "{what}: lengths");
+    let atol = 4.0 * k as f64 * f64::from(f32::EPSILON) * 16.0;
+    for (i, (&a, &b)) in cpu.iter().zip(&reference).enumerate() {
+        let (a, b) = (f64::from(a), f64::from(b));
+        assert!(
+            (a - b).abs() <= (1e-6 * a.abs().max(b.abs())).max(atol),
+            "{what}: element {i}: cpu {a:e}, reference {b:e}"
+        );
+    }
+}
+
+fn randn(dims: &[usize], seed: u64) -> Result<Tensor> {
+    Tensor::randn(dims, seed)
+}
+
+#[test]
+fn products() -> Result<()> {
+    let path = kiln_runtime::cpu::gemm_path()?;
+    eprintln!("GEMM path: {path}");
+    // (m, k, n): each at least 2^23 multiply-adds, so that kiln's cores take
+    // it; 1 along each axis; tiles and panels ragged; several depth blocks.
+    for (m, k, n) in [
+        (1, 2900, 2900),
+        (2900, 2900, 1),
+        (2050, 1, 4100),
+        (517, 131, 129),
+        (7, 1031, 1163),
+        (97, 1100, 101),
+        (250, 784, 256),
+    ] {
+        let (a, b, bias) = (randn(&[m, k], 1)?, randn(&[k, n], 2)?, randn(&[n], 3)?);
+        let shape = format!("{m}x{k}x{n} on {path}");
+        check(&format!("a@b {shape}"), &[a.clone(), b.clone()], k, |t| {
+            t[0].matmul(&t[1])
+        });
+        check(
+            &format!("relu(a@b+bias) {shape}"),
+            &[a.clone(), b.clone(), bias.clone()],
+            k,
+            |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
+        );
+        // The same product from operands stored transposed: Aᵀ·B (a weight
+        // gradient), A·Bᵀ (an input gradient), and both.
+        let (at, bt) = (contiguous(&a.t()?)?, contiguous(&b.t()?)?);
+        check(
+            &format!("at.T@b {shape}"),
+            &[at.clone(), b.clone()],
+            k,
+            |t| t[0].t()?.matmul(&t[1]),
+        );
+        check(
+            &format!("relu(a@bt.T+bias) {shape}"),
+            &[a.clone(), bt.clone(), bias],
+            k,
+            |t| (t[0].matmul(&t[1].t()?)? + &t[2])?.relu(),
+        );
+        check(&format!("at.T@bt.T {shape}"), &[at, bt], k, |t| {
+            t[0].t()?.matmul(&t[1].t()?)
+        });
+    }
+    // Batches, each product large enough for kiln's cores: both operands
+    // batched, B broadcast over A's batches, and A read transposed.
+    let (a, b) = (randn(&[3, 150, 200], 4)?, randn(&[3, 200, 301], 5)?);
+    check(
+        &format!("batched a@b on {path}"),
+        &[a.clone(), b],
+        200,
+        |t| t[0].matmul(&t[1]),
+    );
+    let (w, bias) = (randn(&[200, 301], 6)?, randn(&[301], 7)?);
+    check(
+        &format!("batched relu(a@w+bias) on {path}"),
+        &[a, w, bias],
+        200,
+        |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
+    );
+    let (at, b) = (randn(&[2, 200, 150], 8)?, randn(&[2, 200, 300], 9)?);
+    check(&format!("batched at.T@b on {path}"), &[at, b], 200, |t| {
+        t[0].transpose(-1, -2)?.matmul(&t[1])
+    });
+    Ok(())
+}
+
+/// `t`'s values laid out anew, row-major.
+fn contiguous(t: &Tensor) -> Result<Tensor> {
+    Tensor::from_vec(t.to_vec::<f32>()?, t.shape().clone())
+}
+
+#[test]
+fn every_other_path() -> Result<()> {
+    let this = kiln_runtime::cpu::gemm_path()?;
+    for (path, available) in kiln_runtime::cpu::gemm_paths() {
+        if path == this {
+            continue;
+        }
+        if !available {
+            eprintln!("skipped: the GEMM path {path} (this CPU lacks it)");
+            continue;
+        }
+        let test = std::env::current_exe().expect("this test's binary");
+        let out = Command::new(test)
+            .args(["products", "--exact", "--nocapture", "--test-threads=1"])
+            .env("KILN_CPU_ISA", path)
+            .output()
+            .expect("the test binary runs again");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "products on {path}:\n{stdout}\n{stderr}"
+        );
+        assert!(stderr.contains(&format!("GEMM path: {path}")), "{stderr}");
+        eprintln!("products on {path}: ok");
+    }
+    Ok(())
+}
