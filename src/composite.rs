@@ -9,16 +9,19 @@ impl Tensor {
     /// Softmax along `axis`: `exp(x - max) * (1 / sum(exp(x - max)))`, stable
     /// for large inputs. One reciprocal per row and a multiply per element,
     /// as PyTorch computes it: a division per element costs several
-    /// multiplies, for at most one ulp of difference.
+    /// multiplies, for at most one ulp of difference. The max is detached,
+    /// as in JAX: the result does not depend on it, so neither does the
+    /// gradient (see `kiln_ir::grad`).
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let shifted = self.sub(&self.max(&[axis], true)?.detach()?)?;
         let e = shifted.exp()?;
         e.mul(&e.sum(&[axis], true)?.recip()?)
     }
 
-    /// Log of the softmax along `axis`: `x - max - log(sum(exp(x - max)))`.
+    /// Log of the softmax along `axis`: `x - max - log(sum(exp(x - max)))`,
+    /// the max detached as in `softmax`.
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
-        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let shifted = self.sub(&self.max(&[axis], true)?.detach()?)?;
         shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?)
     }
 
@@ -86,11 +89,18 @@ impl Tensor {
             }
             .into());
         }
-        let classes = Tensor::arange(0, self.dims()[1] as i32);
-        let one_hot = targets.unsqueeze(1)?.eq(&classes)?.cast(DType::F32)?;
-        let picked = one_hot.mul(&self.log_softmax(1)?)?.sum(&[1], false)?;
-        // Each valid row has exactly one match; an invalid one has none and 0/0 is NaN.
-        let matches = one_hot.sum(&[1], false)?;
-        picked.neg()?.div(&matches)?.mean_all()
+        let (batch, classes) = (self.dims()[0], self.dims()[1] as i32);
+        let labels = targets.unsqueeze(1)?;
+        let one_hot = labels.eq(&Tensor::arange(0, classes))?.cast(DType::F32)?;
+        // Each row weighs -1/batch; a row whose index matches no class
+        // weighs NaN, which its zero one-hot row cannot cancel. One sum over
+        // the whole batch, with nothing reduced per row first.
+        let valid = labels.ge(&Tensor::scalar(0i32))?;
+        let nan = Tensor::scalar(f32::NAN);
+        let weight = valid.where_cond(&Tensor::scalar(-1.0 / batch as f32), &nan)?;
+        let weight = labels
+            .lt(&Tensor::scalar(classes))?
+            .where_cond(&weight, &nan)?;
+        one_hot.mul(&self.log_softmax(1)?)?.mul(&weight)?.sum_all()
     }
 }

@@ -68,6 +68,13 @@ impl Tensor {
         self.unary(UnaryOp::Abs)
     }
 
+    /// The same value, through which `kiln::grad` passes no gradient
+    /// (PyTorch's `detach`, JAX's `stop_gradient`). It costs nothing: the
+    /// optimizer removes it once gradients are taken.
+    pub fn detach(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Detach)
+    }
+
     /// x*x
     pub fn square(&self) -> Result<Tensor> {
         self.mul(self)

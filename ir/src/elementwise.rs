@@ -37,6 +37,9 @@ pub enum UnaryOp {
     Tanh,
     /// |x|
     Abs,
+    /// x itself, through which no gradient flows (JAX's `stop_gradient`,
+    /// PyTorch's `detach`); `simplify` removes it before fusion.
+    Detach,
 }
 
 /// Elementwise ops of two operands of the same shape and dtype.
@@ -92,6 +95,7 @@ impl UnaryOp {
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Tanh => "tanh",
             UnaryOp::Abs => "abs",
+            UnaryOp::Detach => "detach",
         }
     }
 
@@ -99,6 +103,7 @@ impl UnaryOp {
     /// transcendental ones floats (cast integers first, as JAX asks).
     fn accepts(self, dtype: DType) -> Result<(), &'static str> {
         match self {
+            UnaryOp::Detach => Ok(()),
             UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs => {
                 accept(dtype, &[DType::F32, DType::I32], "f32 or i32")
             }

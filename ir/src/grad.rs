@@ -17,7 +17,9 @@
 //! - `neg`: `-dy`; `exp`: `dy * y`; `log`: `dy / x`; `sqrt`: `dy * 0.5 / y`;
 //!   `recip`: `-(dy * y * y)`; `sigmoid`: `dy * y * (1 - y)`;
 //!   `tanh`: `dy * (1 - y * y)`;
-//! - `relu`: `dy` where `x > 0`, else 0 (0 at 0, as JAX and PyTorch);
+//! - `relu`: `dy` where `y > 0` (exactly where `x > 0`: 0 at 0, as JAX and
+//!   PyTorch), read from the output so that the input need not be kept;
+//!   `detach`: nothing flows through it;
 //!   `abs`: `dy * sign(x)`, 0 at 0 (as PyTorch; JAX gives `dy` there):
 //!   the mean of the two one-sided slopes, what a central difference sees;
 //! - `add`: `dy, dy`; `sub`: `dy, -dy`; `mul`: `dy * b, dy * a`;
@@ -48,22 +50,17 @@
 //! Where a fused rule would be cheaper. The composites of kiln's API
 //! (softmax, log_softmax, layer_norm, gelu, cross_entropy, mse_loss) are
 //! recorded as primitives, so they differentiate through their parts, and
-//! the result is exact up to rounding. Their hand-derived rules need fewer
-//! row reductions: softmax's `y * (dy - sum(dy * y))` needs one, while the
-//! chain through `exp(x - max) * recip(sum)` needs three (the product with
-//! the exponentials for the sum's gradient, the gradient of the max, and
-//! the count of its ties), and a compare; log_softmax's `dy - softmax *
-//! sum(dy)` likewise; cross_entropy's `(softmax - one_hot) / batch` needs
-//! none beyond the forward's. The gradient that reaches the max of
-//! softmax's shift is zero in exact arithmetic (softmax does not change when
-//! its input is shifted); JAX stops it with `stop_gradient`, kiln computes
-//! it, at the cost of one reduction and a residue of rounding. These extra
-//! reductions run over `[rows, classes]`, which fuse with the elementwise
-//! work around them and are small next to a network's matmuls, so kiln
-//! adds no fused rule: one would need a graph op per composite (which every
-//! stage would then handle) or a matcher for their node patterns. Should a
-//! profile show them, a `softmax` graph op with the rule above is the place
-//! to start.
+//! the result is exact up to rounding. Softmax and log_softmax detach the
+//! max they shift by, as JAX does: the gradient that would reach it is zero
+//! in exact arithmetic (the result does not change when the input is
+//! shifted), and computing it would cost a reduction, a count of ties and a
+//! residue of rounding. What is left is one row reduction beyond the
+//! forward's, as in the hand-derived rules (softmax's `y * (dy - sum(dy *
+//! y))`, log_softmax's `dy - softmax * sum(dy)`), and it fuses as a
+//! sum+broadcast kernel. cross_entropy's `(softmax - one_hot) / batch`
+//! would need none; the one it pays runs over `[rows, classes]`, small next
+//! to a network's matmuls, so kiln adds no fused rule: one would need a
+//! graph op per composite, which every stage would then handle.
 
 use smallvec::{SmallVec, smallvec};
 
@@ -141,8 +138,11 @@ fn backward(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeI
     }
     for i in 0..n {
         let node = &graph.nodes[i];
-        needs[i] =
-            needs[i] || (node.ty.dtype.is_float() && node.inputs.iter().any(|x| needs[x.index()]));
+        let detached = node.op == Op::Unary(UnaryOp::Detach);
+        needs[i] = needs[i]
+            || (node.ty.dtype.is_float()
+                && !detached
+                && node.inputs.iter().any(|x| needs[x.index()]));
     }
     let mut grads: Vec<Option<NodeId>> = vec![None; n];
     if needs[loss.index()] {
@@ -294,8 +294,11 @@ fn unary_rule(
             unary(g, UnaryOp::Neg, product)
         }
         UnaryOp::Relu => {
-            let zero = like(g, 0.0, x)?;
-            let positive = binary(g, Gt, x, zero)?;
+            // `y > 0` exactly when `x > 0` (NaN fails both): reading the
+            // output lets the input die in the kernel that computes both,
+            // a matmul's epilogue, instead of being stored for the backward pass.
+            let zero = like(g, 0.0, y)?;
+            let positive = binary(g, Gt, y, zero)?;
             push(g, Op::Where, &[positive, dy, zero])
         }
         UnaryOp::Sigmoid => {
@@ -303,6 +306,11 @@ fn unary_rule(
             let rest = binary(g, Sub, one, y)?;
             let slope = binary(g, Mul, y, rest)?;
             binary(g, Mul, dy, slope)
+        }
+        // `backward` gives detached values no gradient; were it asked, none flows.
+        UnaryOp::Detach => {
+            let shape = g.node(x).ty.shape.clone();
+            full(g, 0.0, &shape)
         }
         UnaryOp::Tanh => {
             let one = like(g, 1.0, y)?;

@@ -170,6 +170,9 @@ fn num(x: Scalar) -> Num {
 }
 
 fn unary(op: UnaryOp, x: Scalar) -> Scalar {
+    if op == UnaryOp::Detach {
+        return x;
+    }
     let dtype = x.dtype();
     let v = match num(x) {
         Num::Float(v) => v,
@@ -178,7 +181,8 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
             UnaryOp::Neg => return cast_int(-v, dtype),
             UnaryOp::Abs => return cast_int(v.abs(), dtype),
             UnaryOp::Relu => return cast_int(v.max(0), dtype),
-            UnaryOp::Exp
+            UnaryOp::Detach
+            | UnaryOp::Exp
             | UnaryOp::Log
             | UnaryOp::Sqrt
             | UnaryOp::Recip
@@ -202,6 +206,7 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
         UnaryOp::Tanh => v.tanh(),
         UnaryOp::Abs => v.abs(),
+        UnaryOp::Detach => v,
     };
     cast_f64(r, dtype)
 }

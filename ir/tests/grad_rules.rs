@@ -132,6 +132,23 @@ fn relu_and_abs_have_slope_zero_at_zero() {
 }
 
 #[test]
+fn no_gradient_flows_through_detach() {
+    // sum(detach(x) * x + detach(x)): d/dx is detach(x) alone, x's value.
+    let x = [1.5f32, -2.0, 0.0];
+    let grads = gradients_of_sum(&[(&[3], &x)], |g, ids| {
+        let d = op(g, Op::Unary(UnaryOp::Detach), &[ids[0]]);
+        let p = op(g, Op::Binary(BinaryOp::Mul), &[d, ids[0]]);
+        op(g, Op::Binary(BinaryOp::Add), &[p, d])
+    });
+    assert_eq!(grads, [x.to_vec()]);
+    // A detached loss has no gradient at all: zeros, as for an unread value.
+    let grads = gradients_of_sum(&[(&[3], &x)], |g, ids| {
+        op(g, Op::Unary(UnaryOp::Detach), &[ids[0]])
+    });
+    assert_eq!(grads, [vec![0.0; 3]]);
+}
+
+#[test]
 fn unread_values_get_zeros_and_intermediate_values_their_gradient() {
     let mut g = Graph::new("t");
     let x = g.input(f32s(&[3]));

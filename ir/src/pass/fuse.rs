@@ -22,10 +22,12 @@
 //!   stored instead: it is the epilogue of that kernel.
 //!
 //! Everything else is materialized: the outputs, the other matmul operands,
-//! values read by several kernels, values read through a non-broadcast view. One
-//! exception keeps cheap values unstored: an elementwise op that is cheap
-//! (no transcendental, no division) and reads only graph inputs and
-//! constants is recomputed in every kernel that reads it. Constants are
+//! values read by several kernels, values read through a non-broadcast view.
+//! Exceptions keep values of graph inputs and constants alone unstored,
+//! recomputed in every kernel that reads them: cheap elementwise ops (no
+//! transcendental, no division) over inputs, constants and other such ops
+//! (a one-hot row of labels), and any such value of one element (an
+//! optimizer's bias corrections, computed once per launch). Constants are
 //! inlined everywhere, except where padding or a matmul needs them as a
 //! buffer. Each refusal is noted (`not fused: %7 has 2 readers in different
 //! kernels`).
@@ -88,6 +90,9 @@ struct Plan<'g> {
     transparent: Vec<bool>,
     /// Elementwise work on graph inputs and constants alone.
     input_fed: Vec<bool>,
+    /// Input-fed values recomputed in every kernel that reads them, as cheap
+    /// as a load (see the module doc).
+    cheap: Vec<bool>,
     members: Vec<Vec<Membership>>,
     inline: Vec<bool>,
     root_of: Vec<Option<usize>>,
@@ -132,6 +137,7 @@ impl<'g> Plan<'g> {
             graph,
             transparent,
             input_fed: vec![false; n],
+            cheap: vec![false; n],
             members: (0..n).map(|_| Vec::new()).collect(),
             inline: vec![false; n],
             root_of: vec![None; n],
@@ -145,6 +151,7 @@ impl<'g> Plan<'g> {
                 }
                 _ => false,
             };
+            plan.cheap[i] = plan.input_fed[i] && plan.recomputable(i);
         }
         plan
     }
@@ -301,7 +308,7 @@ impl<'g> Plan<'g> {
         let readers = live.len();
         match &node.op {
             Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
-                if groups.len() > 1 && !self.cheap(i) {
+                if groups.len() > 1 && !self.cheap[i] {
                     return Err(format!("has {readers} readers in different kernels"));
                 }
                 if candidates
@@ -378,20 +385,22 @@ impl<'g> Plan<'g> {
         }
     }
 
-    /// Whether recomputing node `i` in each of its readers costs less than
-    /// storing it: one cheap op over graph inputs and constants.
-    fn cheap(&self, i: usize) -> bool {
-        let cheap_op = match self.graph.nodes[i].op {
+    /// Whether recomputing input-fed node `i` in each of its readers costs
+    /// less than storing it: it is one element, or a cheap op over graph
+    /// inputs, constants and values that are themselves cheap.
+    fn recomputable(&self, i: usize) -> bool {
+        let node = &self.graph.nodes[i];
+        let cheap_op = match node.op {
             Op::Unary(u) => matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs),
             Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
             Op::Where | Op::Cast(_) => true,
             _ => false,
         };
-        cheap_op
-            && self
-                .operands(i)
-                .iter()
-                .all(|(p, _)| matches!(self.graph.nodes[*p].op, Op::Input { .. } | Op::Const(_)))
+        let cheap_operand = |p: usize| {
+            matches!(self.graph.nodes[p].op, Op::Input { .. } | Op::Const(_)) || self.cheap[p]
+        };
+        node.ty.shape.numel() == 1
+            || (cheap_op && self.operands(i).iter().all(|(p, _)| cheap_operand(*p)))
     }
 
     /// The fused graph: the inputs, then one kernel node per group, in order.

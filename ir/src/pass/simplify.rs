@@ -36,6 +36,10 @@ const RULES: &[Rule] = &[
         apply: neg_neg,
     }, // -(-x) -> x
     Rule {
+        name: "detach",
+        apply: detach,
+    }, // detach(x) -> x: gradients are taken before optimizing
+    Rule {
         name: "relu-relu",
         apply: relu_relu,
     }, // relu(relu(x)) -> relu(x)
@@ -168,6 +172,10 @@ fn neg_neg(g: &mut Graph, op: &Op, inputs: &[NodeId], _: &TensorType) -> Option<
         (Op::Unary(UnaryOp::Neg), Op::Unary(UnaryOp::Neg)) => Some(Rewrite::To(inner.inputs[0])),
         _ => None,
     }
+}
+
+fn detach(_: &mut Graph, op: &Op, inputs: &[NodeId], _: &TensorType) -> Option<Rewrite> {
+    (*op == Op::Unary(UnaryOp::Detach)).then(|| Rewrite::To(inputs[0]))
 }
 
 fn relu_relu(g: &mut Graph, op: &Op, inputs: &[NodeId], _: &TensorType) -> Option<Rewrite> {

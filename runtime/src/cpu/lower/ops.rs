@@ -53,6 +53,7 @@ impl<'a> Emitter<'a> {
         if dtype != DType::F32 {
             // Typing admits neg, abs and relu on i32 only.
             return match op {
+                UnaryOp::Detach => x,
                 UnaryOp::Neg => self.b.ins().ineg(x),
                 UnaryOp::Abs => self.b.ins().iabs(x),
                 _ => {
@@ -62,6 +63,7 @@ impl<'a> Emitter<'a> {
             };
         }
         match op {
+            UnaryOp::Detach => x,
             UnaryOp::Neg => self.math(lanes).neg(x),
             UnaryOp::Abs => self.math(lanes).abs(x),
             UnaryOp::Sqrt => self.b.ins().sqrt(x),

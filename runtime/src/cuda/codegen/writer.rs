@@ -289,6 +289,7 @@ impl Writer {
     fn unary(&mut self, op: UnaryOp, x: &str, ty: DType) -> Result<String, Error> {
         if ty == DType::F32 {
             return Ok(match op {
+                UnaryOp::Detach => x.to_string(),
                 UnaryOp::Neg => format!("-{x}"),
                 UnaryOp::Exp => format!("expf({x})"),
                 UnaryOp::Log => format!("logf({x})"),
@@ -303,6 +304,7 @@ impl Writer {
         }
         let wide = format!("(long long){x}");
         Ok(match op {
+            UnaryOp::Detach => x.to_string(),
             UnaryOp::Neg => wrap(&format!("-{wide}"), ty),
             UnaryOp::Abs => wrap(&format!("({x} < 0 ? -{wide} : {wide})"), ty),
             UnaryOp::Relu => format!("{x} > 0 ? {x} : 0"),
