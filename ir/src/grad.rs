@@ -262,7 +262,7 @@ fn rule(
             smallvec![da, db]
         }
         // `grad` checked on entry that the graph holds graph ops only.
-        Op::View(_) | Op::Kernel(_) => {
+        Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => {
             return Err(Error::Verify {
                 message: format!("grad: node {y} is a {} node", node.op.name()),
                 dump: g.to_string(),

@@ -40,7 +40,10 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
         }
     }
     let mut values: Vec<Data> = Vec::with_capacity(graph.nodes.len());
+    // The side outputs of each kernel node, by node.
+    let mut sides: Vec<Vec<Data>> = Vec::with_capacity(graph.nodes.len());
     for node in &graph.nodes {
+        let mut side = Vec::new();
         let arg = |k: usize| &values[node.inputs[k].index()];
         let arg_shape = |k: usize| &graph.node(node.inputs[k]).ty.shape;
         let out = &node.ty;
@@ -121,12 +124,18 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
             Op::View(view) => materialize(arg(0), view),
             Op::Kernel(k) => {
                 let args: Vec<&Data> = node.inputs.iter().map(|id| &values[id.index()]).collect();
-                kernel(k, &args)
+                kernel(k, &args).map(|mut all| {
+                    side = all.split_off(1);
+                    all.swap_remove(0)
+                })
             }
+            // `verify` checked that the operand is a kernel with this side output.
+            Op::SideOutput(k) => sides[node.inputs[0].index()][*k as usize].try_clone(),
         }
         // A kernel allocates working values of other types on the way.
         .map_err(|e| e.in_op(node.op.name(), format_args!("evaluating {out}")))?;
         values.push(value);
+        sides.push(side);
     }
     Ok(graph
         .outputs
@@ -378,11 +387,22 @@ fn materialize(x: &Data, view: &View) -> Result<Data, OutOfMemory> {
 /// by value with the scalar semantics of the graph ops, reductions and
 /// products accumulate as the graph-level ops do, so a fused kernel and the
 /// ops it replaces agree exactly.
-fn kernel(k: &Kernel, args: &[&Data]) -> Result<Data, OutOfMemory> {
+/// Returns the output, then the side outputs in order.
+fn kernel(k: &Kernel, args: &[&Data]) -> Result<Vec<Data>, OutOfMemory> {
     let space = &k.out.shape;
+    let last = k.body.values.len().saturating_sub(1);
+    let results: Vec<usize> = std::iter::once(last)
+        .chain(k.side.iter().map(|s| s.value as usize))
+        .collect();
+    let body = |acc: &dyn Fn(&[usize]) -> Scalar| -> Result<Vec<Data>, OutOfMemory> {
+        results
+            .iter()
+            .map(|&r| block_value(&k.body, r, space, args, acc))
+            .collect()
+    };
     match &k.kind {
         // The verifier admits `acc` only in reduction and matmul bodies.
-        KernelKind::Elementwise => block(&k.body, space, args, &|_| Scalar::Bool(false)),
+        KernelKind::Elementwise => body(&|_| Scalar::Bool(false)),
         KernelKind::Reduce {
             op,
             axes,
@@ -411,7 +431,7 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Result<Data, OutOfMemory> {
                 };
                 acc.get(flat)
             };
-            block(&k.body, space, args, &at)
+            body(&at)
         }
         KernelKind::MatMul { a, b } => {
             let operand = |o: &Operand| match o {
@@ -424,21 +444,30 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Result<Data, OutOfMemory> {
             let (lhs, rhs) = (operand(a)?, operand(b)?);
             let product = matmul(&lhs, &rhs, a.shape(), b.shape(), space)?;
             let strides = space.strides();
-            block(&k.body, space, args, &|coords| {
-                product.get(dot(coords, &strides))
-            })
+            body(&|coords| product.get(dot(coords, &strides)))
         }
     }
 }
 
-/// `b` evaluated at every index of `space`.
+/// `b`'s result evaluated at every index of `space`.
 fn block(
     b: &Block,
     space: &Shape,
     args: &[&Data],
     acc: &dyn Fn(&[usize]) -> Scalar,
 ) -> Result<Data, OutOfMemory> {
-    let dtype = b.dtype().unwrap_or(DType::F32);
+    block_value(b, b.values.len().saturating_sub(1), space, args, acc)
+}
+
+/// Value `result` of `b` evaluated at every index of `space`.
+fn block_value(
+    b: &Block,
+    result: usize,
+    space: &Shape,
+    args: &[&Data],
+    acc: &dyn Fn(&[usize]) -> Scalar,
+) -> Result<Data, OutOfMemory> {
+    let dtype = b.values.get(result).map_or(DType::F32, |v| v.dtype);
     let mut values: Vec<Scalar> = Vec::with_capacity(b.values.len());
     Data::from_fn(dtype, space.numel(), |i| {
         let coords = unravel(i, space);
@@ -462,8 +491,8 @@ fn block(
             };
             values.push(r);
         }
-        // The verifier rejects empty blocks.
-        values.last().copied().unwrap_or(Scalar::Bool(false))
+        // The verifier rejects empty blocks and keeps `result` inside.
+        values.get(result).copied().unwrap_or(Scalar::Bool(false))
     })
 }
 

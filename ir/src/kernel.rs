@@ -20,6 +20,13 @@
 //!   before the product: the cast and normalization of the images that feed
 //!   a first layer.
 //!
+//! An elementwise or matmul kernel may write side outputs besides its
+//! output: values of its body stored at every output index as the output is
+//! (of its dtype and element count), each a buffer of its own. An
+//! optimizer's update writes the new parameter and its moments this way,
+//! in the epilogue of the product that computes the gradient. A graph node
+//! `Op::SideOutput(k)` reading the kernel's node stands for side output `k`.
+//!
 //! Bodies are small expression DAGs (`Block`) in which every value is
 //! computed from earlier ones, each rounded to its dtype exactly as the
 //! graph-level op would be, so a fused kernel computes the same numbers as
@@ -45,6 +52,18 @@ pub struct Kernel {
     /// The value at each output index: the whole computation of an
     /// elementwise kernel, the epilogue of the others.
     pub body: Block,
+    /// More buffers written at every output index, in order.
+    pub side: Vec<SideOutput>,
+}
+
+/// A value of a kernel's body, stored in a buffer of its own at every index
+/// of the kernel's output.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SideOutput {
+    /// The buffer's type: the output's dtype and element count.
+    pub ty: TensorType,
+    /// The position of the stored value in the body.
+    pub value: u32,
 }
 
 /// What a kernel iterates over before its body.
@@ -319,6 +338,21 @@ impl Kernel {
         self.body.check(&self.out.shape, &self.inputs, acc)?;
         if self.body.dtype() != Some(self.out.dtype) {
             return Err(format!("the body does not yield {}", self.out.dtype));
+        }
+        if !self.side.is_empty() && matches!(self.kind, KernelKind::Reduce { .. }) {
+            return Err("a reduction has side outputs".to_string());
+        }
+        for (k, side) in self.side.iter().enumerate() {
+            let dtype = self.body.values.get(side.value as usize).map(|v| v.dtype);
+            if dtype != Some(self.out.dtype)
+                || side.ty.dtype != self.out.dtype
+                || side.ty.shape.numel() != self.out.shape.numel()
+            {
+                return Err(format!(
+                    "side output {k} ({}, value {}) is not a value of the output's dtype and size {}",
+                    side.ty, side.value, self.out
+                ));
+            }
         }
         Ok(())
     }

@@ -95,6 +95,9 @@ pub enum Op {
     View(View),
     /// A fused kernel (`fuse`); its operands are the buffers it reads.
     Kernel(Box<Kernel>),
+    /// Side output `k` of the kernel node that is its one operand (`fuse`);
+    /// typed by that kernel, not by its operand's type (see `verify`).
+    SideOutput(u32),
 }
 
 /// The layer of the IR an op belongs to (see the module doc).
@@ -123,7 +126,7 @@ impl Op {
             | Op::Pad { .. }
             | Op::Reduce { .. }
             | Op::MatMul => OpLayer::Graph,
-            Op::View(_) | Op::Kernel(_) => OpLayer::Fused,
+            Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => OpLayer::Fused,
         }
     }
 
@@ -145,6 +148,7 @@ impl Op {
             Op::MatMul => "matmul",
             Op::View(_) => "view",
             Op::Kernel(_) => "kernel",
+            Op::SideOutput(_) => "side_output",
         }
     }
 
@@ -160,7 +164,8 @@ impl Op {
             | Op::Slice(_)
             | Op::Pad { .. }
             | Op::Reduce { .. }
-            | Op::View(_) => 1,
+            | Op::View(_)
+            | Op::SideOutput(_) => 1,
             Op::Binary(_) | Op::MatMul => 2,
             Op::Where => 3,
             Op::Kernel(k) => k.inputs.len(),
@@ -300,6 +305,11 @@ impl Op {
                 Ok(TensorType::new(args[0].dtype, view.shape.clone()))
             }
             Op::Kernel(kernel) => kernel.check(args),
+            // `verify` types it from the kernel node it reads.
+            Op::SideOutput(_) => Err(Error::Malformed {
+                op,
+                message: "a side output is typed by its kernel, not by an operand".to_string(),
+            }),
         }
     }
 }

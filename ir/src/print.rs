@@ -129,6 +129,7 @@ impl fmt::Display for Graph {
                 }
                 Op::Reduce { axes, .. } => write!(line, " axes {}", compact(axes))?,
                 Op::View(view) => write!(line, " {view}")?,
+                Op::SideOutput(k) => write!(line, " {k}")?,
                 Op::Kernel(k) => {
                     let line = format!("  %{} = kernel @k{kernels}", number[i]);
                     kernels += 1;
@@ -211,6 +212,9 @@ fn print_kernel(
     }
     let result = print_block(f, &k.body, &k.out.shape, operands, next)?;
     writeln!(f, "    yield %{result}")?;
+    for side in &k.side {
+        writeln!(f, "    side %{} : {}", next + side.value as usize, side.ty)?;
+    }
     f.write_str("  }\n")
 }
 

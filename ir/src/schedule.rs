@@ -30,6 +30,9 @@ pub struct Launch {
     pub inputs: Vec<Location>,
     /// The slot it writes.
     pub output: usize,
+    /// The slots of its side outputs, in order, and the `SideOutput` nodes
+    /// that stand for them.
+    pub side: Vec<(NodeId, usize)>,
     /// The slot of its working memory, if it needs any.
     pub scratch: Option<usize>,
     /// The slots whose last reader this launch is, free after it.
@@ -52,9 +55,16 @@ impl Schedule {
     /// returns), or returns the node that is neither.
     pub fn plan(graph: &Graph) -> Result<Schedule, NodeId> {
         let n = graph.nodes.len();
-        // The last launch (by node position) that reads each value.
+        // The last launch (by node position) that reads each value; a side
+        // output node is no launch, and no reader of its kernel's output.
         let mut last_read = vec![None; n];
+        // The side output nodes of each kernel node, in order.
+        let mut side_nodes: Vec<Vec<(u32, NodeId)>> = vec![Vec::new(); n];
         for (i, node) in graph.nodes.iter().enumerate() {
+            if let (Op::SideOutput(k), [kernel]) = (&node.op, node.inputs.as_slice()) {
+                side_nodes[kernel.index()].push((*k, NodeId(i as u32)));
+                continue;
+            }
             for id in &node.inputs {
                 last_read[id.index()] = Some(i);
             }
@@ -79,6 +89,26 @@ impl Schedule {
                     let bytes = node.ty.shape.numel() * node.ty.dtype.size();
                     let output = take_slot(&mut slots, &mut free, bytes);
                     location[i] = Some(Location::Slot(output));
+                    let mut side = Vec::with_capacity(kernel.side.len());
+                    for (k, s) in kernel.side.iter().enumerate() {
+                        // `fuse` gives every side output one node.
+                        let id = side_nodes[i]
+                            .iter()
+                            .find(|(j, _)| *j as usize == k)
+                            .map(|&(_, id)| id);
+                        let slot = take_slot(
+                            &mut slots,
+                            &mut free,
+                            s.ty.shape.numel() * s.ty.dtype.size(),
+                        );
+                        match id {
+                            Some(id) => {
+                                location[id.index()] = Some(Location::Slot(slot));
+                                side.push((id, slot));
+                            }
+                            None => return Err(NodeId(i as u32)),
+                        }
+                    }
                     let scratch = match kernel.scratch_bytes() {
                         0 => None,
                         bytes => Some(take_slot(&mut slots, &mut free, bytes)),
@@ -101,10 +131,13 @@ impl Schedule {
                         node: NodeId(i as u32),
                         inputs,
                         output,
+                        side,
                         scratch,
                         frees,
                     });
                 }
+                // Placed by its kernel's launch.
+                Op::SideOutput(_) if location[i].is_some() => {}
                 _ => return Err(NodeId(i as u32)),
             }
         }
@@ -170,6 +203,15 @@ impl Schedule {
                 node.ty,
                 node.ty.shape.numel() * node.ty.dtype.size()
             );
+            for (id, slot) in &launch.side {
+                let ty = &graph.node(*id).ty;
+                let bytes = ty.shape.numel() * ty.dtype.size();
+                let _ = write!(
+                    out,
+                    ", %{} -> slot {slot} ({bytes} bytes)",
+                    number[id.index()]
+                );
+            }
             if let Some(s) = launch.scratch {
                 let _ = write!(out, ", scratch slot {s}");
             }

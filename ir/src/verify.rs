@@ -9,7 +9,8 @@ use crate::op::{Op, OpLayer};
 
 /// Checks that `graph` is well formed:
 /// - every operand refers to an earlier node (the arena is topological);
-/// - every node's stored type is what its op infers from its operands;
+/// - every node's stored type is what its op infers from its operands (a
+///   side output's, what its kernel declares);
 /// - every declared input has exactly one `Input` node;
 /// - every output is in the arena.
 pub fn verify(graph: &Graph) -> Result<(), Error> {
@@ -30,10 +31,17 @@ pub fn verify(graph: &Graph) -> Result<(), Error> {
             .iter()
             .map(|id| &graph.nodes[id.index()].ty)
             .collect();
-        let ty = node
-            .op
-            .infer(&args, &graph.inputs)
-            .map_err(|e| fail(format!("node #{i} is ill-typed: {e}")))?;
+        let ty = match (&node.op, node.inputs.as_slice()) {
+            (Op::SideOutput(k), [kernel]) => match &graph.nodes[kernel.index()].op {
+                Op::Kernel(kernel) => kernel.side.get(*k as usize).map(|s| s.ty.clone()),
+                _ => None,
+            }
+            .ok_or_else(|| fail(format!("node #{i} is side output {k} of no kernel")))?,
+            _ => node
+                .op
+                .infer(&args, &graph.inputs)
+                .map_err(|e| fail(format!("node #{i} is ill-typed: {e}")))?,
+        };
         if ty != node.ty {
             return Err(fail(format!(
                 "node #{i} ({}) is stored as {} but its operands make it {ty}",

@@ -68,7 +68,8 @@ fn is_movement(op: &Op) -> bool {
         | Op::Reduce { .. }
         | Op::MatMul
         | Op::View(_)
-        | Op::Kernel(_) => false,
+        | Op::Kernel(_)
+        | Op::SideOutput(_) => false,
     }
 }
 
@@ -91,7 +92,8 @@ fn moved(view: &View, op: &Op) -> Option<View> {
         | Op::Reduce { .. }
         | Op::MatMul
         | Op::View(_)
-        | Op::Kernel(_) => None,
+        | Op::Kernel(_)
+        | Op::SideOutput(_) => None,
     }
 }
 

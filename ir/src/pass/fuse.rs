@@ -21,6 +21,12 @@
 //!   matmul's kernel. An operand computed from a reduction or a matmul is
 //!   stored instead: it is the epilogue of that kernel.
 //!
+//! A graph output that is elementwise and read only by one kernel at that
+//! kernel's own index (the new moments an optimizer's update reads) is
+//! computed inside that kernel and stored as a side output of it, unless
+//! the kernel is a reduction's: so an update writes the parameter and its
+//! optimizer state in one pass, in the epilogue of the gradient's product.
+//!
 //! Everything else is materialized: the outputs, the other matmul operands,
 //! values read by several kernels, values read through a non-broadcast view.
 //! Exceptions keep values of graph inputs and constants alone unstored,
@@ -43,7 +49,7 @@ use super::Options;
 use crate::Error;
 use crate::elementwise::{BinaryOp, UnaryOp};
 use crate::graph::{Graph, NodeId};
-use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand, SideOutput};
 use crate::op::Op;
 use crate::types::Shape;
 use crate::view::View;
@@ -73,6 +79,8 @@ struct Group {
     root: usize,
     core: Option<usize>,
     space: Shape,
+    /// Graph outputs computed in the body and stored besides the root.
+    side: Vec<usize>,
 }
 
 /// A node `consumer` reading another node as its operand `slot`, through
@@ -215,7 +223,9 @@ impl<'g> Plan<'g> {
             if live.is_empty() && !output[i] {
                 continue;
             }
-            let decision = if output[i] {
+            let decision = if output[i] && options.fusion {
+                self.side_output(i, &live)
+            } else if output[i] {
                 Err("is a graph output".to_string())
             } else if let Op::Const(_) = node.op {
                 self.constant(&live)
@@ -230,6 +240,9 @@ impl<'g> Plan<'g> {
                     for m in &members {
                         if matches!(node.op, Op::Reduce { .. } | Op::MatMul) {
                             self.groups[m.group].core = Some(i);
+                        }
+                        if output[i] {
+                            self.groups[m.group].side.push(i);
                         }
                     }
                     self.members[i] = members;
@@ -261,6 +274,7 @@ impl<'g> Plan<'g> {
             root: i,
             core,
             space: node.ty.shape.clone(),
+            side: Vec::new(),
         });
     }
 
@@ -284,6 +298,41 @@ impl<'g> Plan<'g> {
             }
         }
         Ok(out)
+    }
+
+    /// Graph output `i` as a side output of the one kernel that reads it, at
+    /// that kernel's own index, or why it is a kernel's output of its own.
+    fn side_output(&self, i: usize, live: &[&Edge]) -> Result<Vec<Membership>, String> {
+        let refused = || Err("is a graph output".to_string());
+        let node = &self.graph.nodes[i];
+        if !matches!(
+            node.op,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
+        ) {
+            return refused();
+        }
+        let candidates = self.candidates(live)?;
+        let Some(&(group, _, ref place)) = candidates.first() else {
+            return refused();
+        };
+        let g = &self.groups[group];
+        let at_own_index = candidates
+            .iter()
+            .all(|c| c.0 == group && c.1 == Role::Main && c.2 == *place)
+            && *place == View::contiguous(&g.space)
+            && place.is_broadcast_of(&node.ty.shape)
+            && node.ty.shape.numel() == g.space.numel();
+        let reduction = g
+            .core
+            .is_some_and(|c| matches!(self.graph.nodes[c].op, Op::Reduce { .. }));
+        if !at_own_index || reduction || node.ty.dtype != self.graph.nodes[g.root].ty.dtype {
+            return refused();
+        }
+        Ok(vec![Membership {
+            group,
+            role: Role::Main,
+            places: vec![place.clone()],
+        }])
     }
 
     /// A constant is inlined unless it is read through padding or by a matmul.
@@ -348,6 +397,9 @@ impl<'g> Plan<'g> {
                 if candidates.iter().any(|c| c.1 == Role::Prologue) {
                     return Err("feeds the prologue of a reduction".to_string());
                 }
+                if matches!(node.op, Op::Reduce { .. }) && !g.side.is_empty() {
+                    return Err("would be a reduction in a kernel with side outputs".to_string());
+                }
                 let shape = &node.ty.shape;
                 // The epilogue over the output itself (or a reshape adding or
                 // dropping size-1 axes), or over the reduced space, broadcast back.
@@ -378,7 +430,8 @@ impl<'g> Plan<'g> {
             | Op::Expand(_)
             | Op::Slice(_)
             | Op::Pad { .. }
-            | Op::Kernel(_) => Err(format!(
+            | Op::Kernel(_)
+            | Op::SideOutput(_) => Err(format!(
                 "is a {} node, which fusion does not take",
                 node.op.name()
             )),
@@ -428,8 +481,13 @@ impl<'g> Plan<'g> {
                             .ok_or_else(|| internal(format!("node #{r} is read but not a buffer")))
                     })
                     .collect::<Result<_, _>>()?;
-                map[i] =
-                    Some(out.push_typed(Op::Kernel(Box::new(kernel)), inputs, node.ty.clone()));
+                let id = out.push_typed(Op::Kernel(Box::new(kernel)), inputs, node.ty.clone());
+                map[i] = Some(id);
+                for (k, &s) in self.groups[group].side.iter().enumerate() {
+                    let ty = graph.nodes[s].ty.clone();
+                    let op = Op::SideOutput(k as u32);
+                    map[s] = Some(out.push_typed(op, SmallVec::from_elem(id, 1), ty));
+                }
             }
         }
         out.outputs = graph
@@ -490,6 +548,19 @@ impl Builder<'_, '_> {
             Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
         };
         let mut body = Block::default();
+        // The side outputs first, so that the root's value comes last.
+        let mut side = Vec::with_capacity(g.side.len());
+        for &s in &g.side {
+            let place = plan.members[s]
+                .iter()
+                .find(|m| m.group == self.group)
+                .and_then(|m| m.places.first())
+                .ok_or_else(|| internal(format!("side output #{s} has no place")))?;
+            side.push(SideOutput {
+                ty: plan.graph.nodes[s].ty.clone(),
+                value: self.emit(&mut body, Role::Main, s, place)?,
+            });
+        }
         self.emit(
             &mut body,
             Role::Main,
@@ -505,6 +576,7 @@ impl Builder<'_, '_> {
             out: root.ty.clone(),
             kind,
             body,
+            side,
         })
     }
 

@@ -43,6 +43,11 @@ impl Executable {
             if !optimized.graph.outputs.contains(&launch.node) {
                 used[launch.output] = true;
             }
+            for (id, slot) in &launch.side {
+                if !optimized.graph.outputs.contains(id) {
+                    used[*slot] = true;
+                }
+            }
             if let Some(s) = launch.scratch {
                 used[s] = true;
             }
@@ -110,15 +115,23 @@ impl crate::Executable for Executable {
                     Some(k) => Buffer::output(&mut outputs[k]),
                     None => Buffer::slot(&mut self.arena[launch.output]),
                 };
+                let mut side: Vec<Buffer> = launch
+                    .side
+                    .iter()
+                    .map(|&(id, slot)| match output_of(id) {
+                        Some(k) => Buffer::output(&mut outputs[k]),
+                        None => Buffer::slot(&mut self.arena[slot]),
+                    })
+                    .collect();
                 let mut scratch = match launch.scratch {
                     Some(s) => Buffer::slot(&mut self.arena[s]),
                     None => Buffer::empty(),
                 };
                 let refs: Vec<&Buffer> = args.iter().collect();
                 if group.len() == 1 {
-                    kernel.run(&refs, &mut out, &mut scratch)?;
+                    kernel.run(&refs, &mut out, &mut side, &mut scratch)?;
                 } else {
-                    bound.push(kernel.bind(&refs, &mut out, &mut scratch)?);
+                    bound.push(kernel.bind(&refs, &mut out, &mut side, &mut scratch)?);
                 }
             }
             jit::run_rows(&bound)?;

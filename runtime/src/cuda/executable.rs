@@ -128,6 +128,13 @@ impl crate::Executable for Executable {
     }
 }
 
+/// The buffers one launch reads and writes.
+struct Operands<'a> {
+    args: Vec<&'a Buffer>,
+    out: &'a Buffer,
+    side: Vec<&'a Buffer>,
+}
+
 impl Executable {
     /// Generates, compiles (or takes from the device's cache) and plans
     /// every kernel of `optimized` for `gpu`.
@@ -330,8 +337,8 @@ impl Executable {
                 Step::Kernel { function, grid } => {
                     let mut pointers = Vec::new();
                     for i in launches.clone() {
-                        let (args, out) = self.operands(i)?;
-                        for b in args.iter().chain([&out]) {
+                        let Operands { args, out, side } = self.operands(i)?;
+                        for b in args.iter().chain([&out]).chain(&side) {
                             pointers.push(b.address(0)?);
                         }
                     }
@@ -345,7 +352,7 @@ impl Executable {
                     epilogue_function,
                     scratch,
                 } => {
-                    let (args, out) = self.operands(launches.start)?;
+                    let Operands { args, out, side } = self.operands(launches.start)?;
                     let pointers: Vec<u64> = args
                         .iter()
                         .map(|b| b.address(0))
@@ -374,6 +381,9 @@ impl Executable {
                         let mut args = pointers.clone();
                         args.push(scratch.address(*acc)?);
                         args.push(out.address(0)?);
+                        for b in &side {
+                            args.push(b.address(0)?);
+                        }
                         self.launch(function, program.grid, &args)?;
                     }
                 }
@@ -382,9 +392,8 @@ impl Executable {
         Ok(())
     }
 
-    /// The input buffers and the output buffer of launch `i`, each checked
-    /// to hold its type.
-    fn operands(&self, i: usize) -> Result<(Vec<&Buffer>, &Buffer), Error> {
+    /// The buffers of launch `i`, each checked to hold its type.
+    fn operands(&self, i: usize) -> Result<Operands<'_>, Error> {
         let graph = &self.optimized.graph;
         let launch = &self.optimized.schedule.launches[i];
         let args: Vec<&Buffer> = launch
@@ -406,13 +415,22 @@ impl Executable {
             }
         }
         let out = &self.slots[launch.output];
-        if out.bytes < node.ty.shape.numel() * node.ty.dtype.size() {
-            return Err(Error::Launch(format!(
-                "an output of {} bytes for {}",
-                out.bytes, node.ty
-            )));
+        let side: Vec<&Buffer> = launch.side.iter().map(|&(_, s)| &self.slots[s]).collect();
+        let outs = std::iter::once((out, launch.node)).chain(
+            side.iter()
+                .copied()
+                .zip(launch.side.iter().map(|&(id, _)| id)),
+        );
+        for (b, id) in outs {
+            let ty = &graph.node(id).ty;
+            if b.bytes < ty.shape.numel() * ty.dtype.size() {
+                return Err(Error::Launch(format!(
+                    "an output of {} bytes for {ty}",
+                    b.bytes
+                )));
+            }
         }
-        Ok((args, out))
+        Ok(Operands { args, out, side })
     }
 
     /// `outputs` must be buffers of the output types.

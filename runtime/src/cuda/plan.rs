@@ -189,13 +189,21 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
         };
         let shape = o.shape().clone();
         let out = TensorType::new(DType::F32, shape.clone());
-        prologues.push(codegen::elementwise(&kernel.inputs, None, &block, &out)?);
+        prologues.push(codegen::elementwise(
+            &kernel.inputs,
+            None,
+            &block,
+            &out,
+            &[],
+        )?);
         let at = scratch;
         scratch = (scratch + shape.numel() * 4).next_multiple_of(SCRATCH_ALIGN);
         Ok(contiguous_operand(&shape, at))
     };
     let (a, b) = (operand(a)?, operand(b)?);
-    let epilogue = match bias_epilogue(&kernel.body, &kernel.out.shape, n) {
+    // cuBLASLt's epilogues write one output: side outputs need the kernel.
+    let lt_epilogue = bias_epilogue(&kernel.body, &kernel.out.shape, n);
+    let epilogue = match lt_epilogue.filter(|_| kernel.side.is_empty()) {
         // With k = 0 the product is zeros, which the runtime writes itself;
         // cuBLASLt's epilogue comes with a GEMM, so a bias needs the kernel.
         Some(e) if (fused && k > 0) || e == GemmEpilogue::None => e,
@@ -204,7 +212,13 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
             scratch += kernel.out.shape.numel() * 4;
             GemmEpilogue::Kernel {
                 acc,
-                program: codegen::elementwise(&kernel.inputs, Some(()), &kernel.body, &kernel.out)?,
+                program: codegen::elementwise(
+                    &kernel.inputs,
+                    Some(()),
+                    &kernel.body,
+                    &kernel.out,
+                    &kernel.side,
+                )?,
             }
         }
     };

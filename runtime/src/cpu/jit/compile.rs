@@ -83,6 +83,7 @@ impl CompiledKernel {
                         out: TensorType::new(DType::F32, shape.clone()),
                         kind: KernelKind::Elementwise,
                         body: block.clone(),
+                        side: Vec::new(),
                     };
                     let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
                     *slot = Some(Box::new(CompiledKernel::new(&prologue, code)?));

@@ -21,11 +21,13 @@ const ROW_BLOCK_BYTES: usize = 16 << 10;
 
 impl CompiledKernel {
     /// Checks the buffers against the kernel's types and makes the table of
-    /// pointers its code is called with.
+    /// pointers its code is called with: the inputs, the output, the side
+    /// outputs.
     pub(crate) fn bind(
         &self,
         inputs: &[&Buffer],
         out: &mut Buffer,
+        side: &mut [Buffer],
         scratch: &mut Buffer,
     ) -> Result<Bound<'_>, Error> {
         let k = &self.kernel;
@@ -50,6 +52,21 @@ impl CompiledKernel {
                 out.bytes, k.out
             )));
         }
+        if side.len() != k.side.len() {
+            return Err(Error::Launch(format!(
+                "kernel writes {} side outputs, got {} buffers",
+                k.side.len(),
+                side.len()
+            )));
+        }
+        for (i, (buf, s)) in side.iter().zip(&k.side).enumerate() {
+            if buf.bytes < s.ty.shape.numel() * s.ty.dtype.size() {
+                return Err(Error::Launch(format!(
+                    "side output {i} has {} bytes, {} needs more",
+                    buf.bytes, s.ty
+                )));
+            }
+        }
         if scratch.bytes < k.scratch_bytes() {
             return Err(Error::Launch(format!(
                 "the scratch buffer has {} bytes, the kernel needs {}",
@@ -59,9 +76,13 @@ impl CompiledKernel {
         }
         let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
         table.push(out.ptr);
+        table.extend(side.iter().map(|b| b.ptr));
         Ok(Bound {
             kernel: self,
-            table: Table(table),
+            table: Table {
+                pointers: table,
+                out: inputs.len(),
+            },
         })
     }
 
@@ -72,9 +93,10 @@ impl CompiledKernel {
         &self,
         inputs: &[&Buffer],
         out: &mut Buffer,
+        side: &mut [Buffer],
         scratch: &mut Buffer,
     ) -> Result<(), Error> {
-        let bound = self.bind(inputs, out, scratch)?;
+        let bound = self.bind(inputs, out, side, scratch)?;
         match &self.kernel.kind {
             KernelKind::MatMul { a, b } => self.run_matmul([a, b], &bound, inputs, out, scratch)?,
             KernelKind::Elementwise | KernelKind::Reduce { .. } => {
@@ -170,8 +192,11 @@ fn row_blocks(rows: usize, row_len: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// The buffer table handed to generated code.
-pub(super) struct Table(Vec<*mut u8>);
+/// The buffer table handed to generated code, and where the output is in it.
+pub(super) struct Table {
+    pointers: Vec<*mut u8>,
+    out: usize,
+}
 
 // SAFETY: the table is read-only while kernels run; the pointers it holds are
 // written only by calls that own disjoint row ranges (see `run`).
@@ -179,12 +204,12 @@ unsafe impl Sync for Table {}
 
 impl Table {
     fn base(&self) -> *const *mut u8 {
-        self.0.as_ptr()
+        self.pointers.as_ptr()
     }
 
-    /// The output buffer, last in the table.
+    /// The output buffer, after the inputs.
     pub(super) fn out(&self) -> *mut u8 {
-        self.0[self.0.len() - 1]
+        self.pointers[self.out]
     }
 }
 
@@ -278,7 +303,12 @@ mod tests {
             let mut out = Data::zeros(DType::F32, rows).unwrap();
             let x = Buffer::input(DataRef::F32(&input));
             let bound = kernel
-                .bind(&[&x], &mut Buffer::output(&mut out), &mut Buffer::empty())
+                .bind(
+                    &[&x],
+                    &mut Buffer::output(&mut out),
+                    &mut [],
+                    &mut Buffer::empty(),
+                )
                 .unwrap();
             // SAFETY: the rows are the kernel's own, on this thread alone.
             unsafe { bound.call(0, rows, ahead) };

@@ -37,7 +37,7 @@ impl CompiledKernel {
                     let bytes = shape.numel() * DType::F32.size();
                     let mut part = scratch.part(at, bytes);
                     at += bytes;
-                    prologue.run(inputs, &mut part, &mut Buffer::empty())?;
+                    prologue.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
                     Strided::new(&View::contiguous(shape), &part)
                 }
                 (Operand::Computed { .. }, None) => {

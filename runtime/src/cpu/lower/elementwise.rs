@@ -86,16 +86,14 @@ impl<'a> Emitter<'a> {
                     for u in 0..unroll {
                         let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
                         let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
-                        let v = e.block(body, j, acc, true);
-                        e.store(out, out_base, j, v);
+                        e.store_body(body, (out, out_base), j, acc, true);
                     }
                 });
             }
         }
         self.counted_loop(from, to, 1, |e, j| {
             let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, false));
-            let v = e.block(body, j, acc, false);
-            e.store(out, out_base, j, v);
+            e.store_body(body, (out, out_base), j, acc, false);
         });
     }
 }

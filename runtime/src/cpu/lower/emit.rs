@@ -28,6 +28,9 @@ pub(super) struct Emitter<'a> {
     pub(super) store_prologue: bool,
     /// The kernel's `ahead` parameter (see `signature`).
     pub(super) ahead: Value,
+    /// The side outputs: their buffers and their values in the body, stored
+    /// with the output (`store_body`).
+    pub(super) side: Vec<(usize, u32)>,
 }
 
 /// Where a block's reads are positioned: at one row, or at four rows at
@@ -332,6 +335,45 @@ impl<'a> Emitter<'a> {
 
     /// The result of `at`'s block at inner index `j`.
     pub(super) fn block(&mut self, at: Placed, j: Value, acc: Option<Value>, lanes: bool) -> Value {
+        let values = self.block_values(at, j, acc, lanes);
+        // The verifier rejects empty blocks.
+        values.last().copied().unwrap_or(j)
+    }
+
+    /// `at`'s result at inner index `j` stored into `out` at `j`, and the
+    /// kernel's side values into their buffers at the same element.
+    pub(super) fn store_body(
+        &mut self,
+        at: Placed,
+        (out, out_base): (&Access, RowBase),
+        j: Value,
+        acc: Option<Value>,
+        lanes: bool,
+    ) {
+        let values = self.block_values(at, j, acc, lanes);
+        let Some(&result) = values.last() else {
+            return;
+        };
+        let (offset, _) = self.element(out, out_base, j);
+        let stores: Vec<(usize, Value)> = std::iter::once((out.buffer, result))
+            .chain(self.side.iter().map(|&(b, v)| (b, values[v as usize])))
+            .collect();
+        for (buffer, x) in stores {
+            let addr = self.address(buffer, offset, self.out_dtype);
+            self.b
+                .ins()
+                .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+        }
+    }
+
+    /// Every value of `at`'s block at inner index `j`.
+    fn block_values(
+        &mut self,
+        at: Placed,
+        j: Value,
+        acc: Option<Value>,
+        lanes: bool,
+    ) -> Vec<Value> {
         let Placed {
             block,
             accesses,
@@ -362,8 +404,7 @@ impl<'a> Emitter<'a> {
             k += usize::from(is_load);
             values.push(r);
         }
-        // The verifier rejects empty blocks.
-        values.last().copied().unwrap_or(j)
+        values
     }
 
     /// The accesses positioned at `row`, their base offsets pinned before

@@ -3,7 +3,8 @@
 //! block runs.
 //!
 //! Every kernel becomes `fn(buffers: *const *mut u8, start: i64, end: i64)`:
-//! `buffers` holds the input pointers then the output pointer, and the
+//! `buffers` holds the input pointers, the output pointer, then the side
+//! outputs' (stored with the output by elementwise and matmul kernels), and the
 //! function computes the rows `start..end` of its loop nest (`crate::nest`),
 //! so that threads can split a launch into disjoint row ranges. A contiguous
 //! elementwise kernel is one flat loop whose `start..end` are element
@@ -89,7 +90,7 @@ pub(crate) fn lower(
     b.switch_to_block(entry);
     let params = b.block_params(entry);
     let (table, start, end, ahead) = (params[0], params[1], params[2], params[3]);
-    let buffers = kernel.inputs.len() + 1;
+    let buffers = kernel.inputs.len() + 1 + kernel.side.len();
     let ptrs: Vec<Value> = (0..buffers)
         .map(|i| {
             b.ins().load(
@@ -110,6 +111,9 @@ pub(crate) fn lower(
         row_lanes: false,
         store_prologue: false,
         ahead,
+        side: (0..kernel.side.len())
+            .map(|k| (out_buffer + 1 + k, kernel.side[k].value))
+            .collect(),
     };
     let range = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {

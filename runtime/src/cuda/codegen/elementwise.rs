@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::kernel::{Block, Expr, SideOutput};
 use kiln_ir::{DType, TensorType};
 
 use super::writer::{Element, Writer};
@@ -15,17 +15,20 @@ use super::{Grid, Program};
 use crate::Error;
 use crate::nest::placed_axes;
 
-/// An elementwise kernel computing `body` over `out`; with `acc`, it also
-/// reads the product of a matmul as `acc[i]`.
+/// An elementwise kernel computing `body` over `out`, and storing the
+/// `side` values of the body with it (parameters `side0`, ... after `out`,
+/// of `out`'s dtype); with `acc`, it also reads the product of a matmul as
+/// `acc[i]`.
 pub(crate) fn elementwise(
     inputs: &[TensorType],
     acc: Option<()>,
     body: &Block,
     out: &TensorType,
+    side: &[SideOutput],
 ) -> Result<Program, Error> {
     let n = out.shape.numel();
     let mut w = Writer::new();
-    w.signature(inputs, acc.is_some(), out.dtype);
+    w.signature(inputs, acc.is_some(), out.dtype, side.len());
     let dims = placed_axes(&out.shape, 0..out.shape.rank());
     let strided = body
         .values
@@ -91,6 +94,19 @@ pub(crate) fn elementwise(
                 results.join(", ")
             ),
         );
+        for (k, s) in side.iter().enumerate() {
+            let lanes: Vec<String> = "xyzw"
+                .chars()
+                .map(|l| format!("v{}_{l}", s.value))
+                .collect();
+            w.line(
+                2,
+                &format!(
+                    "reinterpret_cast<float4*>(side{k})[q] = make_float4({});",
+                    lanes.join(", ")
+                ),
+            );
+        }
         w.line(1, "}");
         format!("vectors * 4 + {first}")
     } else {
@@ -112,6 +128,9 @@ pub(crate) fn elementwise(
     };
     let result = w.block(2, body, inputs, &element)?;
     w.line(2, &format!("out[i] = {result};"));
+    for (k, s) in side.iter().enumerate() {
+        w.line(2, &format!("side{k}[i] = v{};", s.value));
+    }
     w.line(1, "}");
     w.line(0, "}");
     let steps = if vector { n / 4 } else { n };

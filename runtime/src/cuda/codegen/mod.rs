@@ -73,7 +73,13 @@ pub enum Grid {
 /// The CUDA C of an elementwise or reduction kernel.
 pub fn kernel(kernel: &Kernel) -> Result<Program, Error> {
     match &kernel.kind {
-        KernelKind::Elementwise => elementwise(&kernel.inputs, None, &kernel.body, &kernel.out),
+        KernelKind::Elementwise => elementwise(
+            &kernel.inputs,
+            None,
+            &kernel.body,
+            &kernel.out,
+            &kernel.side,
+        ),
         KernelKind::Reduce {
             op,
             axes,

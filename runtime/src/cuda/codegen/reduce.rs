@@ -92,14 +92,14 @@ pub(super) fn reduce_into(
         w.row_signature(name, &kernel.inputs, written, kernel.out.dtype);
         (1, "threadIdx.x", "blockDim.x")
     } else if by_rows {
-        w.signature(&kernel.inputs, false, kernel.out.dtype);
+        w.signature(&kernel.inputs, false, kernel.out.dtype, 0);
         w.line(
             1,
             &format!("for (long long o = blockIdx.x; o < {rows}; o += gridDim.x) {{"),
         );
         (2, "threadIdx.x", "blockDim.x")
     } else {
-        w.signature(&kernel.inputs, false, kernel.out.dtype);
+        w.signature(&kernel.inputs, false, kernel.out.dtype, 0);
         w.line(
             1,
             &format!(

@@ -117,8 +117,9 @@ impl Writer {
         Program { code, grid }
     }
 
-    /// `extern "C" __global__ void kiln_kernel(...) {`.
-    pub(super) fn signature(&mut self, inputs: &[TensorType], acc: bool, out: DType) {
+    /// `extern "C" __global__ void kiln_kernel(...) {`: the inputs, `acc`
+    /// if asked, the output and `side` side outputs of its type.
+    pub(super) fn signature(&mut self, inputs: &[TensorType], acc: bool, out: DType, side: usize) {
         let mut params: Vec<String> = inputs
             .iter()
             .enumerate()
@@ -128,6 +129,7 @@ impl Writer {
             params.push("const float* __restrict__ acc".to_string());
         }
         params.push(format!("{}* __restrict__ out", ctype(out)));
+        params.extend((0..side).map(|k| format!("{}* __restrict__ side{k}", ctype(out))));
         self.line(
             0,
             &format!(
