@@ -20,7 +20,8 @@
 //!   before the product: the cast and normalization of the images that feed
 //!   a first layer.
 //!
-//! An elementwise or matmul kernel may write side outputs besides its
+//! A kernel whose epilogue runs over its output (every kind but a
+//! reduction broadcast back over its space) may write side outputs besides its
 //! output: values of its body stored at every output index as the output is
 //! (of its dtype and element count), each a buffer of its own. An
 //! optimizer's update writes the new parameter and its moments this way,
@@ -339,8 +340,11 @@ impl Kernel {
         if self.body.dtype() != Some(self.out.dtype) {
             return Err(format!("the body does not yield {}", self.out.dtype));
         }
-        if !self.side.is_empty() && matches!(self.kind, KernelKind::Reduce { .. }) {
-            return Err("a reduction has side outputs".to_string());
+        if let KernelKind::Reduce { shape, .. } = &self.kind
+            && !self.side.is_empty()
+            && self.out.shape == *shape
+        {
+            return Err("a reduction broadcast back over its space has side outputs".to_string());
         }
         for (k, side) in self.side.iter().enumerate() {
             let dtype = self.body.values.get(side.value as usize).map(|v| v.dtype);

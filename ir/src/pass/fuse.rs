@@ -24,8 +24,9 @@
 //! A graph output that is elementwise and read only by one kernel at that
 //! kernel's own index (the new moments an optimizer's update reads) is
 //! computed inside that kernel and stored as a side output of it, unless
-//! the kernel is a reduction's: so an update writes the parameter and its
-//! optimizer state in one pass, in the epilogue of the gradient's product.
+//! the kernel's epilogue runs over a reduction's whole space: so an update
+//! writes the parameter and its optimizer state in one pass, in the
+//! epilogue of the product or the sum that computes the gradient.
 //!
 //! Everything else is materialized: the outputs, the other matmul operands,
 //! values read by several kernels, values read through a non-broadcast view.
@@ -322,10 +323,10 @@ impl<'g> Plan<'g> {
             && *place == View::contiguous(&g.space)
             && place.is_broadcast_of(&node.ty.shape)
             && node.ty.shape.numel() == g.space.numel();
-        let reduction = g
+        let broadcast = g
             .core
-            .is_some_and(|c| matches!(self.graph.nodes[c].op, Op::Reduce { .. }));
-        if !at_own_index || reduction || node.ty.dtype != self.graph.nodes[g.root].ty.dtype {
+            .is_some_and(|c| self.broadcast_reduction(c, &g.space));
+        if !at_own_index || broadcast || node.ty.dtype != self.graph.nodes[g.root].ty.dtype {
             return refused();
         }
         Ok(vec![Membership {
@@ -333,6 +334,14 @@ impl<'g> Plan<'g> {
             role: Role::Main,
             places: vec![place.clone()],
         }])
+    }
+
+    /// Whether node `c` is a reduction whose epilogue would run over `space`
+    /// as the space it reduces (broadcast back): such a kernel has no side
+    /// outputs.
+    fn broadcast_reduction(&self, c: usize, space: &Shape) -> bool {
+        let node = &self.graph.nodes[c];
+        matches!(node.op, Op::Reduce { .. }) && self.graph.node(node.inputs[0]).ty.shape == *space
     }
 
     /// A constant is inlined unless it is read through padding or by a matmul.
@@ -397,8 +406,8 @@ impl<'g> Plan<'g> {
                 if candidates.iter().any(|c| c.1 == Role::Prologue) {
                     return Err("feeds the prologue of a reduction".to_string());
                 }
-                if matches!(node.op, Op::Reduce { .. }) && !g.side.is_empty() {
-                    return Err("would be a reduction in a kernel with side outputs".to_string());
+                if !g.side.is_empty() && self.broadcast_reduction(i, &g.space) {
+                    return Err("would be broadcast in a kernel with side outputs".to_string());
                 }
                 let shape = &node.ty.shape;
                 // The epilogue over the output itself (or a reshape adding or

@@ -55,7 +55,10 @@ impl<'a> Emitter<'a> {
         // Four rows at once, one per lane, when the prologue cannot run four
         // inner elements at once but steps through rows contiguously (a sum
         // over a leading axis) and the epilogue reads nothing.
+        // Side outputs are stored one row at a time (`reduce_row`).
+        let one_at_a_time = !self.side.is_empty();
         let row_lanes = !broadcast
+            && !one_at_a_time
             && !vectorizable(prologue, &pro.accesses, None)
             && f32_arithmetic(prologue)
             && f32_arithmetic(body)
@@ -71,6 +74,7 @@ impl<'a> Emitter<'a> {
                         .is_some_and(|o| o.stride == 0 || o.stride == 1)
             });
         let short_rows = !row_lanes
+            && !one_at_a_time
             && !self.store_prologue
             && (2..=SHORT_ROW).contains(&inner_len)
             && pro.rows >= 4
@@ -350,8 +354,7 @@ impl<'a> Emitter<'a> {
                 e.store(out, out_base, j, v);
             });
         } else {
-            let v = e.block(epi_at, zero, Some(total), false);
-            e.store(out, out_base, zero, v);
+            e.store_body(epi_at, (out, out_base), zero, Some(total), false);
         }
     }
 

@@ -92,14 +92,14 @@ pub(super) fn reduce_into(
         w.row_signature(name, &kernel.inputs, written, kernel.out.dtype);
         (1, "threadIdx.x", "blockDim.x")
     } else if by_rows {
-        w.signature(&kernel.inputs, false, kernel.out.dtype, 0);
+        w.signature(&kernel.inputs, false, kernel.out.dtype, kernel.side.len());
         w.line(
             1,
             &format!("for (long long o = blockIdx.x; o < {rows}; o += gridDim.x) {{"),
         );
         (2, "threadIdx.x", "blockDim.x")
     } else {
-        w.signature(&kernel.inputs, false, kernel.out.dtype, 0);
+        w.signature(&kernel.inputs, false, kernel.out.dtype, kernel.side.len());
         w.line(
             1,
             &format!(
@@ -190,6 +190,10 @@ pub(super) fn reduce_into(
         };
         let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
         w.line(indent + 1, &format!("out[o] = {result};"));
+        // Only a reduced output has side outputs (`Kernel::check`).
+        for (k, s) in kernel.side.iter().enumerate() {
+            w.line(indent + 1, &format!("side{k}[o] = v{};", s.value));
+        }
         w.line(indent, "}");
     }
     if by_rows {
