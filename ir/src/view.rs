@@ -382,23 +382,45 @@ impl View {
         self.offset == 0 && self.mask.is_none() && kept(self.shape.dims(), &self.strides) == own
     }
 
-    /// The view that reads through `self` at the index `outer` gives, where
-    /// `outer` is a broadcast of `self`'s shape (`outer.is_broadcast_of`).
-    /// The axes of `self` with more than one element appear in `outer`, in
-    /// order, as its axes with a nonzero stride; every other axis of `outer`
-    /// repeats.
-    pub fn under(&self, outer: &View) -> View {
-        let mut inner = self
+    /// Whether this view reads a contiguous buffer of `shape` as a broadcast
+    /// does (`is_broadcast_of`) but with the axes in any order: a transpose
+    /// of a broadcast. A value of `shape` read this way can be recomputed at
+    /// the reader's index too, its own index being a permutation of it.
+    pub fn is_permuted_broadcast_of(&self, shape: &Shape) -> bool {
+        let mut kept: SmallVec<[(usize, usize); 4]> = self
             .shape
             .dims()
             .iter()
-            .enumerate()
-            .filter(|(_, d)| **d != 1)
-            .map(|(a, _)| a);
+            .zip(&self.strides)
+            .filter(|(d, s)| **d != 1 && **s != 0)
+            .map(|(&d, &s)| (d, s))
+            .collect();
+        let mut own: SmallVec<[(usize, usize); 4]> = shape
+            .dims()
+            .iter()
+            .zip(shape.strides())
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, s)| (d, s))
+            .collect();
+        kept.sort_unstable();
+        own.sort_unstable();
+        self.offset == 0 && self.mask.is_none() && kept == own
+    }
+
+    /// The view that reads through `self` at the index `outer` gives, where
+    /// `outer` is a broadcast of `self`'s shape, its axes in any order
+    /// (`outer.is_permuted_broadcast_of`). Each axis of `outer` with more
+    /// than one element and a nonzero stride is the axis of `self` of that
+    /// extent and that stride in `self`'s row-major layout; every other axis
+    /// of `outer` repeats.
+    pub fn under(&self, outer: &View) -> View {
+        let dims = self.shape.dims();
+        let own = self.shape.strides();
+        let axis_of = |d: usize, s: usize| (0..dims.len()).find(|&a| dims[a] == d && own[a] == s);
         let mut strides = SmallVec::new();
         let mut valid = SmallVec::new();
         for (&d, &s) in outer.shape.dims().iter().zip(&outer.strides) {
-            match (d != 1 && s != 0).then(|| inner.next()).flatten() {
+            match (d != 1 && s != 0).then(|| axis_of(d, s)).flatten() {
                 Some(a) => {
                     strides.push(self.strides[a]);
                     valid.push(self.mask.as_ref().map_or((0, d), |m| m.valid[a]));

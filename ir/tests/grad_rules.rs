@@ -280,7 +280,7 @@ fn the_backward_pass_of_a_layer_is_graph_ops() {
       %10 = expand %9 [2,4] : f32[2,4]
       %11 = const 0.0 : f32[]
       %12 = expand %11 [2,4] : f32[2,4]
-      %13 = gt %5, %12 : bool[2,4]
+      %13 = gt %6, %12 : bool[2,4]
       %14 = where %13, %10, %12 : f32[2,4]
       %15 = sum %14 axes [0] : f32[1,4]
       %16 = reshape %15 [4] : f32[4]

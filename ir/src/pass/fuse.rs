@@ -5,8 +5,9 @@
 //! (is computed inside it, never stored) when:
 //!
 //! - it is elementwise, all its readers are in one kernel, and each reads it
-//!   directly or through a broadcast (`View::is_broadcast_of`), so the reader's
-//!   index maps onto the node's own index;
+//!   directly or through a broadcast or a transpose of one
+//!   (`View::is_permuted_broadcast_of`), so the reader's index maps onto
+//!   the node's own index;
 //! - or it is a reduction or a matmul read by one kernel that has no core yet,
 //!   directly (its epilogue) or, for a reduction, broadcast back along the
 //!   reduced axes over the space it reduced (the sum+broadcast pattern:
@@ -26,7 +27,9 @@
 //! computed inside that kernel and stored as a side output of it, unless
 //! the kernel's epilogue runs over a reduction's whole space: so an update
 //! writes the parameter and its optimizer state in one pass, in the
-//! epilogue of the product or the sum that computes the gradient.
+//! epilogue of the product or the sum that computes the gradient. And a
+//! one-element output computed from graph inputs alone (an optimizer's step
+//! count) is stored beside an earlier one-element kernel's (the loss).
 //!
 //! Everything else is materialized: the outputs, the other matmul operands,
 //! values read by several kernels, values read through a non-broadcast view.
@@ -52,7 +55,7 @@ use crate::elementwise::{BinaryOp, UnaryOp};
 use crate::graph::{Graph, NodeId};
 use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand, SideOutput};
 use crate::op::Op;
-use crate::types::Shape;
+use crate::types::{DType, Shape};
 use crate::view::View;
 
 /// Where in a kernel a value is computed.
@@ -256,9 +259,66 @@ impl<'g> Plan<'g> {
                 }
             }
         }
+        if options.fusion {
+            self.host_scalars(&edges);
+        }
         // Decided from the outputs back; read in graph order.
         notes.reverse();
         notes
+    }
+
+    /// Moves each graph output of one element computed from graph inputs
+    /// and constants alone (an optimizer's step count, `t + 1`), a kernel of
+    /// its own so far, into an earlier kernel of one element (the loss) as a
+    /// side output, when that kernel comes before every kernel that reads it.
+    fn host_scalars(&mut self, edges: &[Vec<Edge>]) {
+        let graph = self.graph;
+        for own in 0..self.groups.len() {
+            let r = self.groups[own].root;
+            let node = &graph.nodes[r];
+            let alone = self.root_of[r] == Some(own)
+                && self.groups[own].core.is_none()
+                && self.input_fed[r]
+                && node.ty.shape.numel() == 1
+                && matches!(
+                    node.op,
+                    Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
+                )
+                && self
+                    .operands(r)
+                    .iter()
+                    .all(|(p, _)| matches!(graph.nodes[*p].op, Op::Input { .. } | Op::Const(_)));
+            if !alone {
+                continue;
+            }
+            // The first kernel (by its root's position) that reads the value.
+            let first_reader = edges[r]
+                .iter()
+                .flat_map(|e| &self.members[e.consumer])
+                .map(|m| self.groups[m.group].root)
+                .min()
+                .unwrap_or(usize::MAX);
+            let host = (0..self.groups.len()).find(|&h| {
+                let g = &self.groups[h];
+                h != own
+                    && self.root_of[g.root] == Some(h)
+                    && g.root < first_reader
+                    && g.space.numel() == 1
+                    && self.may_host(h, node.ty.dtype)
+                    && !g
+                        .core
+                        .is_some_and(|c| self.broadcast_reduction(c, &g.space))
+            });
+            if let Some(h) = host {
+                self.root_of[r] = None;
+                self.members[r] = vec![Membership {
+                    group: h,
+                    role: Role::Main,
+                    places: vec![View::contiguous(&self.groups[h].space)],
+                }];
+                self.groups[h].side.push(r);
+            }
+        }
     }
 
     /// Makes node `i` the output of a kernel of its own.
@@ -326,7 +386,7 @@ impl<'g> Plan<'g> {
         let broadcast = g
             .core
             .is_some_and(|c| self.broadcast_reduction(c, &g.space));
-        if !at_own_index || broadcast || node.ty.dtype != self.graph.nodes[g.root].ty.dtype {
+        if !at_own_index || broadcast || !self.may_host(group, node.ty.dtype) {
             return refused();
         }
         Ok(vec![Membership {
@@ -334,6 +394,12 @@ impl<'g> Plan<'g> {
             role: Role::Main,
             places: vec![place.clone()],
         }])
+    }
+
+    /// Whether kernel `group` may store side outputs of `dtype`: those of
+    /// its output only.
+    fn may_host(&self, group: usize, dtype: DType) -> bool {
+        self.graph.nodes[self.groups[group].root].ty.dtype == dtype
     }
 
     /// Whether node `c` is a reduction whose epilogue would run over `space`
@@ -371,9 +437,11 @@ impl<'g> Plan<'g> {
                 }
                 if candidates
                     .iter()
-                    .any(|(_, _, place)| !place.is_broadcast_of(&node.ty.shape))
+                    .any(|(_, _, place)| !place.is_permuted_broadcast_of(&node.ty.shape))
                 {
-                    return Err("is read through a view that is not a broadcast".to_string());
+                    return Err(
+                        "is read through a view that is not a broadcast or a transpose".to_string(),
+                    );
                 }
                 let mut members: Vec<Membership> = Vec::new();
                 for (group, role, place) in candidates {
@@ -471,10 +539,16 @@ impl<'g> Plan<'g> {
         let mut out = Graph::new(graph.name.clone());
         out.inputs = graph.inputs.clone();
         let mut map: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
+        // Inputs first: a side output may be read before its kernel's root
+        // comes in the arena, and a host kernel may come before an input it reads.
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Input { .. } = node.op {
                 map[i] = Some(out.push_typed(node.op.clone(), SmallVec::new(), node.ty.clone()));
-            } else if let Some(group) = self.root_of[i] {
+            }
+        }
+        for i in 0..graph.nodes.len() {
+            let node = &graph.nodes[i];
+            if let Some(group) = self.root_of[i] {
                 let mut b = Builder {
                     plan: self,
                     group,
@@ -557,7 +631,12 @@ impl Builder<'_, '_> {
             Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
         };
         let mut body = Block::default();
-        // The side outputs first, so that the root's value comes last.
+        let result = self.emit(
+            &mut body,
+            Role::Main,
+            g.root,
+            &View::contiguous(&root.ty.shape),
+        )?;
         let mut side = Vec::with_capacity(g.side.len());
         for &s in &g.side {
             let place = plan.members[s]
@@ -570,12 +649,11 @@ impl Builder<'_, '_> {
                 value: self.emit(&mut body, Role::Main, s, place)?,
             });
         }
-        self.emit(
-            &mut body,
-            Role::Main,
-            g.root,
-            &View::contiguous(&root.ty.shape),
-        )?;
+        // The result is the last value: a side value computed after it, or
+        // a view's root that is its source's value, is followed by a copy.
+        if result as usize + 1 != body.values.len() {
+            body.push(Expr::Cast(result), root.ty.dtype);
+        }
         Ok(Kernel {
             inputs: self
                 .reads
