@@ -26,14 +26,15 @@ const COLUMN_BLOCK: i64 = 4096;
 /// chain of reduction, horizontal sum and epilogue would wait on the last.
 const SHORT_ROW: usize = 15;
 
-/// Rows of a reduction from this long (16 KiB of f32) are read as `UNROLL`
+/// Rows of a reduction from this long (32 KiB of f32) are read as `UNROLL`
 /// segments at once, a vector of each per trip: a core keeps more lines in
 /// flight from several streams than from one. Summing 64 MiB on two Zen 3
 /// cores in rows of 64 KiB, in C: 16-byte loads in one stream per core 42
 /// GB/s, in two 50, in four 53 (32-byte loads in one stream 50); kiln's
 /// sum_all 4096² went from 1.67 to 1.35 ms. Shorter rows come from cache,
-/// where order is moot.
-const LONG_ROW: usize = 4096;
+/// where order is moot or worse (sum_all 1024², rows of 4096, took 1.2x as
+/// long read in segments).
+const LONG_ROW: usize = 8192;
 
 /// A reduction kernel as lowered: its op, the prologue block and its loop
 /// nest, the epilogue block and its nest, and whether the epilogue runs
@@ -273,10 +274,11 @@ impl<'a> Emitter<'a> {
                 (4, 4 * UNROLL, n)
             };
             let last = e.counted_loop(zero, trips, step as i64, |e, j| {
-                if let Some((row_ahead, dtype)) = ahead {
-                    // A line ahead per trip, 4 UNROLL elements.
-                    let scale = dtype.size() * 4 * UNROLL / step;
-                    let bytes = e.b.ins().imul_imm_s(j, scale as i64);
+                // Rows read in segments read no line ahead: alone in a launch
+                // (`ahead` 0) the line is one of the row's own, ahead of its
+                // segments, and sum_all 4096² took 1.79 ms against 1.35.
+                if let Some((row_ahead, dtype)) = ahead.filter(|_| segment == 4) {
+                    let bytes = e.b.ins().imul_imm_s(j, dtype.size() as i64);
                     let at = e.b.ins().iadd(row_ahead, bytes);
                     // Without `notrap` a load stays although nothing uses it.
                     e.b.ins().load(types::I8, MemFlagsData::new(), at, 0);
