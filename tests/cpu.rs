@@ -699,6 +699,46 @@ fn transcendentals_stay_within_their_bounds() -> Result<()> {
     Ok(())
 }
 
+/// Sums of exponentials over long rows (on AVX2 machines a call of 256-bit
+/// code, over the output row or chunks of 1024 on the stack) with ragged
+/// ends, and rows that leave exp's fast range: -inf, values spread over
+/// +-200, a NaN, nothing but -inf, +inf.
+#[test]
+fn sums_of_exponentials_over_long_rows_agree() -> Result<()> {
+    let soft = Tol {
+        rtol: 2e-6,
+        atol: 1e-7,
+    };
+    let log_soft = Tol {
+        rtol: 2e-6,
+        atol: 2e-6,
+    };
+    for n in [32, 33, 1000, 2500] {
+        let mut v = Tensor::randn([7, n], 46)?.to_vec::<f32>()?;
+        for (j, x) in v.iter_mut().enumerate() {
+            let (row, k) = (j / n, j % n);
+            match row {
+                1 if k % 5 == 0 => *x = f32::NEG_INFINITY,
+                2 => *x = (k * 7919 % 401) as f32 - 200.0,
+                3 if k == n / 2 => *x = f32::NAN,
+                4 => *x = f32::NEG_INFINITY,
+                5 if k == n - 1 => *x = f32::INFINITY,
+                _ => {}
+            }
+        }
+        let x = Tensor::from_vec(v, [7, n])?;
+        let one = std::slice::from_ref(&x);
+        check(&format!("softmax [7,{n}]"), one, soft, |t| t[0].softmax(-1))?;
+        check(&format!("log_softmax [7,{n}]"), one, log_soft, |t| {
+            t[0].log_softmax(-1)
+        })?;
+        check(&format!("sum(exp(x)) [7,{n}]"), one, soft, |t| {
+            t[0].exp()?.sum(&[1], false)
+        })?;
+    }
+    Ok(())
+}
+
 #[test]
 fn compiled_graphs_replay_and_reject_wrong_inputs() -> Result<()> {
     let w = Tensor::randn([16, 4], 1)?;

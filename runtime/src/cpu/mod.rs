@@ -1,10 +1,13 @@
-//! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`),
+//! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`,
+//! with `exp_row`, a 256-bit exp over a row that the code calls),
 //! compiled to machine code and called (`jit`), cached by their structural
 //! hash (`cache`), and run in the order and memory plan of a schedule
 //! (`executable`).
 
 mod cache;
 mod executable;
+#[cfg(target_arch = "x86_64")]
+mod exp_row;
 mod gemm;
 mod jit;
 mod lower;

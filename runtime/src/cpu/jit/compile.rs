@@ -18,6 +18,8 @@ use kiln_ir::{DType, TensorType};
 
 use crate::Error;
 use crate::cpu::lower::{self, RowRange};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::{exp_row, gemm};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
 /// many rows ahead it reads a line in advance (see `lower::signature`).
@@ -26,6 +28,17 @@ type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64, i64);
 /// `pow` for the generated code, computed as the interpreter defines it.
 extern "C" fn kiln_powf(x: f32, y: f32) -> f32 {
     (f64::from(x)).powf(f64::from(y)) as f32
+}
+
+/// The name of the 256-bit exp over a row (`exp_row`) where generated code
+/// calls it: where the CPU has AVX2 and FMA, unless `KILN_CPU_ISA` is
+/// `generic`, which keeps every exp in the generated code.
+fn exp_sum_symbol() -> Result<Option<&'static str>, Error> {
+    #[cfg(target_arch = "x86_64")]
+    if gemm::isa()? != gemm::Isa::Generic && exp_row::available() {
+        return Ok(Some(exp_row::SYMBOL));
+    }
+    Ok(None)
 }
 
 /// The host's ISA with kiln's settings, made once.
@@ -93,6 +106,8 @@ impl CompiledKernel {
         let isa = isa()?;
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
         jit.symbol("kiln_powf", kiln_powf as *const u8);
+        #[cfg(target_arch = "x86_64")]
+        jit.symbol(exp_row::SYMBOL, exp_row::kiln_exp_sum as *const u8);
         let mut module = JITModule::new(jit);
         let target = module.target_config();
         let ptr = target.pointer_type();
@@ -108,8 +123,22 @@ impl CompiledKernel {
             .declare_function("kiln_powf", Linkage::Import, &pow_sig)
             .map_err(codegen)?;
         let powf = module.declare_func_in_func(pow_id, &mut ctx.func);
+        let exp_sum = match exp_sum_symbol()? {
+            Some(symbol) => {
+                let mut sig = module.make_signature();
+                sig.params
+                    .extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
+                sig.returns.push(AbiParam::new(types::F32));
+                let id = module
+                    .declare_function(symbol, Linkage::Import, &sig)
+                    .map_err(codegen)?;
+                Some(module.declare_func_in_func(id, &mut ctx.func))
+            }
+            None => None,
+        };
         let mut fbc = FunctionBuilderContext::new();
-        let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, powf, target);
+        let calls = lower::Calls { powf, exp_sum };
+        let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, calls, target);
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());
             ctx.set_disasm(true);

@@ -5,20 +5,20 @@
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
+    InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
 };
 use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, Scalar};
 
-use super::clif_type;
+use super::{Calls, clif_type};
 use crate::nest::{Access, Axis};
 
 /// Builds the loops of one kernel.
 pub(super) struct Emitter<'a> {
     pub(super) b: FunctionBuilder<'a>,
     pub(super) ptrs: Vec<Value>,
-    pub(super) powf: FuncRef,
+    pub(super) calls: Calls,
     pub(super) out_dtype: DType,
     /// While set, the four lanes of a vector are four consecutive rows (see
     /// `reduce_column_block`), not four consecutive inner elements.

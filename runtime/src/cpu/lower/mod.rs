@@ -24,10 +24,12 @@
 //!   evaluation of a block at an inner index;
 //! - `ops`: one value of a block, a cast or a reduction's combine;
 //! - `elementwise`: elementwise kernels and matmul epilogues;
-//! - `reduce`: reductions, by rows, four short rows at once, or by columns.
+//! - `reduce`: reductions, by rows, four short rows at once, or by columns;
+//! - `exp_sum`: a row's sum of exponentials by a call of 256-bit code.
 
 mod elementwise;
 mod emit;
+mod exp_sum;
 mod ops;
 mod reduce;
 
@@ -75,13 +77,22 @@ pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
 /// load and FMA units busy.
 const UNROLL: usize = 4;
 
+/// The host functions generated code calls.
+#[derive(Clone, Copy)]
+pub(crate) struct Calls {
+    /// `pow`, as the interpreter computes it.
+    pub powf: FuncRef,
+    /// `kiln_exp_sum` (`cpu::exp_row`), where the CPU runs it.
+    pub exp_sum: Option<FuncRef>,
+}
+
 /// Emits the kernel into `func` and says how to launch it.
 pub(crate) fn lower(
     kernel: &Kernel,
     func: &mut Function,
     fbc: &mut FunctionBuilderContext,
     ptr: Type,
-    powf: FuncRef,
+    calls: Calls,
     target: TargetFrontendConfig,
 ) -> RowRange {
     let mut b = FunctionBuilder::new(func, fbc);
@@ -106,7 +117,7 @@ pub(crate) fn lower(
     let mut e = Emitter {
         b,
         ptrs,
-        powf,
+        calls,
         out_dtype: kernel.out.dtype,
         row_lanes: false,
         store_prologue: false,

@@ -91,7 +91,7 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Max => self.math_of(x).maximum(x, y),
                 BinaryOp::Min => self.math_of(x).minimum(x, y),
                 BinaryOp::Pow => {
-                    let call = self.b.ins().call(self.powf, &[x, y]);
+                    let call = self.b.ins().call(self.calls.powf, &[x, y]);
                     self.b.inst_results(call)[0]
                 }
                 BinaryOp::Lt => ins.fcmp(FloatCC::LessThan, x, y),
