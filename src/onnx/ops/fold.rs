@@ -46,7 +46,12 @@ pub(super) fn fold(node: &Node) -> Result<Option<Vec<Value>>> {
             .attributes
             .iter()
             .any(|a| a.name == "to" && a.i == code::INT64);
-    if arrays.is_empty() || !(any_i64 || to_i64) || (any_float && !to_i64) {
+    // Logic on the bools that folded comparisons made stays folded too.
+    let all_bool = arrays
+        .iter()
+        .all(|a| matches!(a.values, Values::Kiln(Data::Bool(_))));
+    let logic = all_bool && matches!(node.op(), "Not" | "And" | "Or" | "Xor");
+    if arrays.is_empty() || !(any_i64 || to_i64 || logic) || (any_float && !to_i64) {
         return Ok(None);
     }
     let bound = given.iter().any(|v| matches!(v, Value::Bound(_)));
@@ -108,6 +113,13 @@ pub(super) fn fold(node: &Node) -> Result<Option<Vec<Value>>> {
         "Greater" => compare(node, |a, b| a > b)?,
         "GreaterOrEqual" => compare(node, |a, b| a >= b)?,
         "Where" => where_(node)?,
+        "Not" => {
+            let x = host(node, 0)?;
+            bools(x.dims, x.v.iter().map(|&b| b == 0).collect())
+        }
+        "And" => compare(node, |a, b| a != 0 && b != 0)?,
+        "Or" => compare(node, |a, b| a != 0 || b != 0)?,
+        "Xor" => compare(node, |a, b| (a != 0) != (b != 0))?,
         "Range" => range(node)?,
         _ => return Ok(None),
     };
@@ -310,11 +322,17 @@ fn zip(node: &Node, f: impl Fn(i64, i64) -> Option<i64>) -> Result<Array> {
 
 fn compare(node: &Node, f: fn(i64, i64) -> bool) -> Result<Array> {
     let (dims, v) = broadcast_all(node, 2)?;
-    let out = v[0].iter().zip(&v[1]).map(|(&a, &b)| f(a, b)).collect();
-    Ok(Array {
+    Ok(bools(
         dims,
-        values: Values::Kiln(Data::Bool(out)),
-    })
+        v[0].iter().zip(&v[1]).map(|(&a, &b)| f(a, b)).collect(),
+    ))
+}
+
+fn bools(dims: Vec<usize>, values: Vec<bool>) -> Array {
+    Array {
+        dims,
+        values: Values::Kiln(Data::Bool(values)),
+    }
 }
 
 fn where_(node: &Node) -> Result<Array> {

@@ -22,6 +22,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "ReduceSumSquare" => Kind::SumSquare,
         "ReduceLogSum" => Kind::LogSum,
         "ReduceLogSumExp" => Kind::LogSumExp,
+        "GlobalAveragePool" | "GlobalMaxPool" => return Some(global_pool(node)),
         _ => return None,
     };
     Some(reduce(node, kind))
@@ -122,4 +123,14 @@ fn min(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
         }
         DType::Bool => min(&x.cast(DType::U8)?, axes, keep)?.cast(DType::Bool),
     }
+}
+
+/// The mean or max over every spatial axis (2 onwards), kept as size 1.
+fn global_pool(node: &Node) -> Result<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let spatial: Vec<isize> = (2..x.rank() as isize).collect();
+    one(match node.op() {
+        "GlobalMaxPool" => max(&x, &spatial, true)?,
+        _ => x.mean(&spatial, true)?,
+    })
 }

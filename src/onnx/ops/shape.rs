@@ -24,6 +24,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "Split" => split(node),
         "Tile" => tile(node),
         "Pad" => pad(node),
+        "CenterCropPad" => center_crop_pad(node),
         "Gather" => gather(node),
         "GatherElements" => gather_elements(node),
         "DepthToSpace" => depth_to_space(node),
@@ -622,4 +623,31 @@ fn eye_like(node: &Node) -> Result<Vec<Value>> {
     let k = node.attr_int("k", 0)?.clamp(-(1 << 30), 1 << 30) as i32;
     let on = diagonal_offset(&dims)?.eq(&Tensor::scalar(k))?;
     one(on.where_cond(&scalar(1.0, dtype), &scalar(0.0, dtype))?)
+}
+
+/// Each axis cropped or zero-padded to its target length about its
+/// centre; an odd difference puts the extra element at the end.
+fn center_crop_pad(node: &Node) -> Result<Vec<Value>> {
+    let mut x = node.tensor(0)?;
+    let targets = sizes(node, &node.ints(1)?)?;
+    let list = match node.attr_ints("axes")? {
+        Some(a) => axes(node, &a, x.rank())?,
+        None => (0..x.rank()).collect(),
+    };
+    if targets.len() != list.len() {
+        return Err(node.invalid(format!("{} lengths for {} axes", targets.len(), list.len())));
+    }
+    for (&a, &want) in list.iter().zip(&targets) {
+        let dim = x.dims()[a];
+        if want < dim {
+            let start = (dim - want) / 2;
+            x = x.slice(a as isize, start, start + want, 1)?;
+        } else if want > dim {
+            let mut pads = vec![(0, 0); x.rank()];
+            let before = (want - dim) / 2;
+            pads[a] = (before, want - dim - before);
+            x = x.pad(&pads, Scalar::I32(0).cast(x.dtype()))?;
+        }
+    }
+    one(x)
 }
