@@ -12,8 +12,14 @@ if [ -f "$stamp" ]; then
     exit 0
 fi
 mkdir -p "$dest/wheel"
+# pip of this Python, or of a virtual environment where it has none.
+pip=(python3 -m pip)
+if ! python3 -m pip --version >/dev/null 2>&1; then
+    python3 -m venv "$dest/venv"
+    pip=("$dest/venv/bin/python" -m pip)
+fi
 # One pinned wheel, whatever this machine's Python: only its data is used.
-python3 -m pip download "onnx==$version" --no-deps --only-binary=:all: \
+"${pip[@]}" download "onnx==$version" --no-deps --only-binary=:all: \
     --platform manylinux_2_28_x86_64 --python-version 3.11 \
     --quiet --disable-pip-version-check -d "$dest/wheel"
 wheel=$(ls "$dest/wheel"/onnx-"$version"-*.whl | head -n 1)
