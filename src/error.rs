@@ -19,6 +19,9 @@ pub enum Error {
     /// A data file that cannot be read or is corrupt.
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    /// An ONNX model that cannot be read, or that needs what kiln lacks.
+    #[error(transparent)]
+    Onnx(#[from] crate::onnx::OnnxError),
     /// Realizing a value that depends on a placeholder of `kiln::compile`
     /// outside the compiled graph.
     #[error("realize: the value depends on placeholder input {index} of a compiled graph")]

@@ -36,6 +36,7 @@ mod error;
 mod grad;
 mod index;
 pub mod nn;
+pub mod onnx;
 mod ops;
 pub mod optim;
 mod overload;

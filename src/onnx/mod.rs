@@ -1,0 +1,283 @@
+//! `kiln::onnx`: ONNX models in, as kiln graphs.
+//!
+//! `Model::load` reads a `.onnx` file; `Model::compile` traces its graph
+//! into kiln ops (through `kiln::compile_on`) with the initializers as
+//! constants and the graph inputs as the compiled graph's inputs. Each ONNX
+//! node becomes kiln's existing graph ops and composites (`ops`); a node
+//! kiln cannot express, an attribute it does not read, or a data type it
+//! does not hold is an `OnnxError::Unsupported` naming the node, the op and
+//! what is missing, never a panic and never a silently different answer.
+//!
+//! ONNX passes shapes, axes and indices as INT64 tensors. kiln has no i64
+//! dtype, so i64 values exist only as constants known when the model is
+//! traced: initializers, `Constant` nodes, `Shape` of a static shape, the
+//! few shape computations `fold` folds, and graph inputs the caller binds
+//! to values (`Feed::Constant`: kiln compiles for static shapes, so a
+//! shape passed as an input must be known anyway). An i64 value that would
+//! have to be computed on at run time is refused.
+//!
+//! The protobuf is decoded by a small reader of the wire format (`wire`)
+//! and of the messages kiln reads (`proto`), not by generated code: no
+//! `protoc`, no build script and no dependency (so no cargo feature is
+//! needed and `cargo test --workspace` covers it), a reader that skips
+//! every field kiln does not use, and errors that name the file, the byte
+//! offset and the message where a truncated or corrupt file breaks, which
+//! prost's `DecodeError` cannot. The field numbers are those of onnx.proto
+//! of onnx 1.22.0; the conformance run (`tests/onnx_node.rs`) decodes every
+//! model and tensor of that release's backend tests.
+
+mod graph;
+mod ops;
+mod proto;
+mod tensor;
+mod wire;
+
+use std::path::Path;
+
+use kiln_ir::TensorType;
+use kiln_ir::pass::Options;
+use kiln_runtime::BackendOptions;
+
+use crate::{CompiledGraph, Device, Error, Result};
+
+pub use tensor::{Array, Values};
+
+/// What can be wrong with an ONNX file, or be missing in kiln to run it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OnnxError {
+    /// The file could not be read.
+    #[error("{file}: {message}")]
+    Io {
+        /// The file.
+        file: String,
+        /// The system's message.
+        message: String,
+    },
+    /// The file is not a valid protobuf of the expected message.
+    #[error("{file}: byte {offset}: {message}")]
+    Decode {
+        /// The file.
+        file: String,
+        /// Where the broken record starts.
+        offset: usize,
+        /// What is wrong, naming the message.
+        message: String,
+    },
+    /// A tensor whose type or storage kiln cannot read.
+    #[error("{file}: tensor '{name}' is unsupported: {what}")]
+    Tensor {
+        /// The file.
+        file: String,
+        /// The tensor's name.
+        name: String,
+        /// What kiln lacks.
+        what: String,
+    },
+    /// A graph whose inputs, outputs or structure kiln cannot run.
+    #[error("{file}: unsupported: {what}")]
+    Graph {
+        /// The file.
+        file: String,
+        /// What kiln lacks.
+        what: String,
+    },
+    /// A node kiln cannot express: its op, an attribute, an input's type.
+    #[error("{file}: node {node} ({op}): unsupported: {what}")]
+    Unsupported {
+        /// The file.
+        file: String,
+        /// The node's name, or its index and first output.
+        node: String,
+        /// The op type.
+        op: String,
+        /// What kiln lacks.
+        what: String,
+    },
+    /// A node that breaks ONNX's rules (a missing input, a bad attribute),
+    /// or the kiln error its ops raised.
+    #[error("{file}: node {node} ({op}): {message}")]
+    Node {
+        /// The file.
+        file: String,
+        /// The node's name, or its index and first output.
+        node: String,
+        /// The op type.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A graph output kiln computed with another type or shape than the
+    /// model declares: a mistake in kiln's mapping of some op.
+    #[error("{file}: {message}")]
+    Output {
+        /// The file.
+        file: String,
+        /// What differs.
+        message: String,
+    },
+    /// Feeds that do not fit the graph's inputs.
+    #[error("{file}: {message}")]
+    Feed {
+        /// The file.
+        file: String,
+        /// What does not fit.
+        message: String,
+    },
+}
+
+impl OnnxError {
+    /// Whether the error says kiln lacks something (an op, an attribute,
+    /// a dtype), as opposed to a broken file or a mistake.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(
+            self,
+            OnnxError::Tensor { .. } | OnnxError::Graph { .. } | OnnxError::Unsupported { .. }
+        )
+    }
+}
+
+/// How one graph input is given to `Model::compile`.
+#[derive(Clone, Debug)]
+pub enum Feed {
+    /// An input of the compiled graph, of this type, given at each call.
+    Input(TensorType),
+    /// A value fixed now: how a shape, axes or indices passed as an INT64
+    /// input reach kiln, which holds i64 only as constants.
+    Constant(Array),
+}
+
+/// A graph input as the model declares it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputInfo {
+    /// The input's name.
+    pub name: String,
+    /// The ONNX name of its element type (`FLOAT`, `INT64`, ...), or what
+    /// else it is (`a sequence`).
+    pub dtype: String,
+    /// Whether it is a tensor (not a sequence, map or optional).
+    pub tensor: bool,
+    /// The kiln type, where the element type is kiln's and every
+    /// dimension is fixed.
+    pub ty: Option<TensorType>,
+}
+
+/// An ONNX model, decoded.
+pub struct Model {
+    proto: proto::ModelProto,
+    file: String,
+}
+
+impl Model {
+    /// Reads and decodes a `.onnx` file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        let path = path.as_ref();
+        let bytes = read(path)?;
+        Model::from_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Decodes a model from its bytes; `file` names it in errors.
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Model> {
+        let proto = proto::model(bytes).map_err(|e| decode_error(file, e))?;
+        Ok(Model {
+            proto,
+            file: file.to_string(),
+        })
+    }
+
+    /// The graph's inputs, in order, without the initializers that old
+    /// models also list as inputs.
+    pub fn inputs(&self) -> Vec<InputInfo> {
+        graph::real_inputs(&self.proto.graph)
+            .map(|v| InputInfo {
+                name: v.name.clone(),
+                dtype: graph::type_name(&v.ty),
+                tensor: matches!(v.ty, proto::ValueType::Tensor { .. }),
+                ty: graph::static_type(&v.ty),
+            })
+            .collect()
+    }
+
+    /// The op types the graph's nodes use, each once, in order of first use.
+    pub fn op_types(&self) -> Vec<String> {
+        let mut ops: Vec<String> = Vec::new();
+        for node in &self.proto.graph.nodes {
+            if !ops.contains(&node.op_type) {
+                ops.push(node.op_type.clone());
+            }
+        }
+        ops
+    }
+
+    /// The names of the graph's outputs, in order.
+    pub fn output_names(&self) -> Vec<String> {
+        let outputs = &self.proto.graph.outputs;
+        outputs.iter().map(|v| v.name.clone()).collect()
+    }
+
+    /// Compiles the graph for the CPU with fusion on; `feeds` gives every
+    /// input (see `inputs`), and the compiled graph takes those fed as
+    /// `Feed::Input`, in order.
+    pub fn compile(&self, feeds: &[Feed]) -> Result<CompiledGraph> {
+        self.compile_on(Device::Cpu, feeds, Options::default())
+    }
+
+    /// `compile` for `device` with explicit optimizer options.
+    pub fn compile_on(
+        &self,
+        device: Device,
+        feeds: &[Feed],
+        options: Options,
+    ) -> Result<CompiledGraph> {
+        let specs: Vec<TensorType> = feeds
+            .iter()
+            .filter_map(|f| match f {
+                Feed::Input(ty) => Some(ty.clone()),
+                Feed::Constant(_) => None,
+            })
+            .collect();
+        let name = match self.proto.graph.name.as_str() {
+            "" => "onnx",
+            name => name,
+        };
+        crate::compile_on(
+            device,
+            name,
+            &specs,
+            options,
+            BackendOptions::default(),
+            |placeholders| graph::trace(&self.proto, &self.file, feeds, placeholders),
+        )
+    }
+}
+
+/// Reads a `.pb` file of one `TensorProto`, as ONNX's tests store their
+/// inputs and expected outputs.
+pub fn read_array(path: impl AsRef<Path>) -> Result<Array> {
+    let path = path.as_ref();
+    let file = path.display().to_string();
+    let bytes = read(path)?;
+    let proto = proto::tensor_at(&bytes, 0).map_err(|e| decode_error(&file, e))?;
+    Ok(tensor::array(&proto, &file)?)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        OnnxError::Io {
+            file: path.display().to_string(),
+            message: e.to_string(),
+        }
+        .into()
+    })
+}
+
+fn decode_error(file: &str, e: wire::DecodeError) -> Error {
+    OnnxError::Decode {
+        file: file.to_string(),
+        offset: e.offset,
+        message: e.message,
+    }
+    .into()
+}
+
+#[cfg(test)]
+mod tests;

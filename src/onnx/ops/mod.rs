@@ -1,0 +1,76 @@
+//! ONNX ops as kiln ops: each family's mappings, and the dispatch by op
+//! type. A mapping reads the node's inputs and attributes through `Node`
+//! and returns one value per output; what it cannot express exactly is an
+//! unsupported `Err`, never an approximation beyond ONNX's tolerances.
+
+mod constant;
+mod elementwise;
+mod fold;
+mod nn;
+mod reduce;
+mod shape;
+
+use kiln_ir::{DType, Scalar};
+
+use super::graph::{Node, Value};
+use crate::ops::normalize_axis;
+use crate::{Result, Tensor};
+
+/// The values the node computes, one per output.
+pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
+    let domain = node.proto.domain.as_str();
+    if !matches!(domain, "" | "ai.onnx") {
+        return Err(node.unsupported(format!("ops of domain '{domain}'")));
+    }
+    if let Some(values) = fold::fold(node)? {
+        return Ok(values);
+    }
+    let converted = constant::convert(node)
+        .or_else(|| elementwise::convert(node))
+        .or_else(|| shape::convert(node))
+        .or_else(|| reduce::convert(node))
+        .or_else(|| nn::convert(node));
+    match converted {
+        Some(values) => values,
+        None => Err(node.unsupported("kiln has no mapping for this op")),
+    }
+}
+
+/// One tensor as the node's only output.
+fn one(t: Tensor) -> Result<Vec<Value>> {
+    Ok(vec![Value::Tensor(t)])
+}
+
+/// An ONNX axis (negative counts from the end) checked against `rank`.
+fn axis(node: &Node, axis: i64, rank: usize) -> Result<usize> {
+    let a = isize::try_from(axis).map_err(|_| node.invalid(format!("axis {axis}")))?;
+    normalize_axis("onnx", a, rank)
+        .map_err(|_| node.invalid(format!("axis {axis} is outside rank {rank}")))
+}
+
+/// ONNX axes, each normalized against `rank`.
+fn axes(node: &Node, list: &[i64], rank: usize) -> Result<Vec<usize>> {
+    list.iter().map(|&a| axis(node, a, rank)).collect()
+}
+
+/// A rank-0 constant of `dtype` holding `value` (converted as `cast` does).
+fn scalar(value: f64, dtype: DType) -> Tensor {
+    let s = match dtype {
+        DType::F32 => Scalar::F32(value as f32),
+        _ => Scalar::I32(value as i32).cast(dtype),
+    };
+    Tensor::scalar(s)
+}
+
+/// The element count of `dims`.
+fn numel(dims: &[usize]) -> usize {
+    dims.iter().product()
+}
+
+/// An i32 ramp `0..len` along `axis` of a tensor of rank `rank`, the other
+/// axes of size 1: a position index to compare against.
+fn ramp(len: usize, axis: usize, rank: usize) -> Result<Tensor> {
+    let mut dims = vec![1; rank];
+    dims[axis] = len;
+    Tensor::from_vec((0..len as i32).collect::<Vec<i32>>(), dims)
+}

@@ -1,0 +1,245 @@
+//! ONNX tensors on the host: `TensorProto` payloads converted to `Array`s
+//! of kiln's dtypes, plus i64, which ONNX uses for every shape, axis and
+//! index and which kiln holds only as constants known when a model is
+//! loaded (it has no i64 dtype to compute in).
+
+use kiln_ir::{DType, Data, Shape, TensorType};
+
+use super::OnnxError;
+use super::proto::TensorProto;
+use crate::Tensor;
+
+/// The `TensorProto.DataType` numbers of onnx.proto.
+pub(super) mod code {
+    pub const FLOAT: i64 = 1;
+    pub const UINT8: i64 = 2;
+    pub const INT32: i64 = 6;
+    pub const INT64: i64 = 7;
+    pub const BOOL: i64 = 9;
+}
+
+/// The name onnx.proto gives a `DataType` number, for errors.
+pub(super) fn dtype_name(code: i64) -> &'static str {
+    const NAMES: [&str; 27] = [
+        "UNDEFINED",
+        "FLOAT",
+        "UINT8",
+        "INT8",
+        "UINT16",
+        "INT16",
+        "INT32",
+        "INT64",
+        "STRING",
+        "BOOL",
+        "FLOAT16",
+        "DOUBLE",
+        "UINT32",
+        "UINT64",
+        "COMPLEX64",
+        "COMPLEX128",
+        "BFLOAT16",
+        "FLOAT8E4M3FN",
+        "FLOAT8E4M3FNUZ",
+        "FLOAT8E5M2",
+        "FLOAT8E5M2FNUZ",
+        "UINT4",
+        "INT4",
+        "FLOAT4E2M1",
+        "FLOAT8E8M0",
+        "UINT2",
+        "INT2",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .copied()
+        .unwrap_or("an unknown data type")
+}
+
+/// The kiln dtype of an ONNX `DataType`, or `None` where kiln has none.
+pub(super) fn kiln_dtype(code: i64) -> Option<DType> {
+    match code {
+        code::FLOAT => Some(DType::F32),
+        code::INT32 => Some(DType::I32),
+        code::UINT8 => Some(DType::U8),
+        code::BOOL => Some(DType::Bool),
+        _ => None,
+    }
+}
+
+/// The `DataType` number of a kiln dtype.
+pub(super) fn onnx_code(dtype: DType) -> i64 {
+    match dtype {
+        DType::F32 => code::FLOAT,
+        DType::I32 => code::INT32,
+        DType::U8 => code::UINT8,
+        DType::Bool => code::BOOL,
+    }
+}
+
+/// Elements of an ONNX tensor held on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    /// One of kiln's own dtypes.
+    Kiln(Data),
+    /// ONNX's INT64: shapes, axes and indices, held as constants.
+    I64(Vec<i64>),
+}
+
+/// A tensor of an ONNX file on the host: an initializer, a `Constant`, a
+/// test's input or expected output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Array {
+    /// The dimensions, outermost first.
+    pub dims: Vec<usize>,
+    /// The elements in row-major order.
+    pub values: Values,
+}
+
+impl Array {
+    /// The ONNX `DataType` number of the elements.
+    pub fn onnx_dtype(&self) -> i64 {
+        match &self.values {
+            Values::Kiln(d) => onnx_code(d.dtype()),
+            Values::I64(_) => code::INT64,
+        }
+    }
+
+    /// The ONNX name of the element type (`FLOAT`, `INT64`, ...).
+    pub fn dtype_name(&self) -> &'static str {
+        dtype_name(self.onnx_dtype())
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match &self.values {
+            Values::Kiln(d) => d.len(),
+            Values::I64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An i64 array.
+    pub(super) fn i64(dims: Vec<usize>, values: Vec<i64>) -> Array {
+        Array {
+            dims,
+            values: Values::I64(values),
+        }
+    }
+
+    /// The integers held, whatever their integer type; `None` for floats
+    /// and bools.
+    pub(super) fn ints(&self) -> Option<Vec<i64>> {
+        match &self.values {
+            Values::I64(v) => Some(v.clone()),
+            Values::Kiln(Data::I32(v)) => Some(v.iter().map(|&x| i64::from(x)).collect()),
+            Values::Kiln(Data::U8(v)) => Some(v.iter().map(|&x| i64::from(x)).collect()),
+            Values::Kiln(_) => None,
+        }
+    }
+
+    /// The array as a kiln tensor, or `None` for i64, which kiln cannot hold.
+    pub fn to_tensor(&self) -> Option<Tensor> {
+        match &self.values {
+            Values::Kiln(d) => Some(Tensor::from_data(
+                TensorType::new(d.dtype(), Shape::new(&self.dims)),
+                d.clone(),
+            )),
+            Values::I64(_) => None,
+        }
+    }
+}
+
+/// Converts a decoded `TensorProto` of `file` to an `Array`: its payload
+/// comes from `raw_data` (little-endian) or from the typed field that
+/// onnx.proto names for its `DataType`.
+pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
+    let invalid = |message: String| OnnxError::Decode {
+        file: file.to_string(),
+        offset: t.offset,
+        message: format!("TensorProto '{}': {message}", t.name),
+    };
+    let unsupported = |what: String| OnnxError::Tensor {
+        file: file.to_string(),
+        name: t.name.clone(),
+        what,
+    };
+    if t.external {
+        return Err(unsupported("its data is stored outside the file".into()));
+    }
+    if t.segment {
+        return Err(unsupported("it is a segment of a larger tensor".into()));
+    }
+    let dims = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| invalid(format!("negative dimension {d}"))))
+        .collect::<Result<Vec<usize>, _>>()?;
+    let n = Shape::new(&dims)
+        .checked_numel()
+        .ok_or_else(|| invalid(format!("dimensions {dims:?} overflow")))?;
+    let ty = t.data_type;
+    let values = match &t.raw_data {
+        Some(raw) => {
+            let size = match ty {
+                code::FLOAT | code::INT32 => 4,
+                code::INT64 => 8,
+                code::UINT8 | code::BOOL => 1,
+                _ => 0,
+            };
+            if size != 0 && raw.len() != n.saturating_mul(size) {
+                return Err(invalid(format!(
+                    "{} bytes of raw data for {n} elements of {}",
+                    raw.len(),
+                    dtype_name(ty)
+                )));
+            }
+            match ty {
+                code::FLOAT => Values::Kiln(Data::F32(
+                    raw.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                )),
+                code::INT32 => Values::Kiln(Data::I32(
+                    raw.chunks_exact(4)
+                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                )),
+                code::INT64 => Values::I64(
+                    raw.chunks_exact(8)
+                        .map(|c| {
+                            i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+                        })
+                        .collect(),
+                ),
+                code::UINT8 => Values::Kiln(Data::U8(raw.clone())),
+                code::BOOL => Values::Kiln(Data::Bool(raw.iter().map(|&b| b != 0).collect())),
+                _ => return Err(unsupported(format!("its type is {}", dtype_name(ty)))),
+            }
+        }
+        None => match ty {
+            code::FLOAT => Values::Kiln(Data::F32(t.float_data.clone())),
+            // int32_data holds INT32, UINT8 and BOOL, one value per element.
+            code::INT32 => {
+                Values::Kiln(Data::I32(t.int32_data.iter().map(|&v| v as i32).collect()))
+            }
+            code::UINT8 => Values::Kiln(Data::U8(t.int32_data.iter().map(|&v| v as u8).collect())),
+            code::BOOL => Values::Kiln(Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect())),
+            code::INT64 => Values::I64(t.int64_data.clone()),
+            _ => return Err(unsupported(format!("its type is {}", dtype_name(ty)))),
+        },
+    };
+    let array = Array { dims, values };
+    if array.len() != n {
+        return Err(invalid(format!(
+            "{} values for dimensions {:?}",
+            array.len(),
+            array.dims
+        )));
+    }
+    Ok(array)
+}

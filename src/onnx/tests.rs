@@ -1,0 +1,269 @@
+//! Unit tests of the ONNX frontend on models written here byte by byte:
+//! the error paths (a corrupt or truncated file, an unknown op, an
+//! unread attribute, INT64 data) and a few graphs against the interpreter.
+
+use kiln_ir::{DType, Data, TensorType};
+
+use super::{Feed, Model, OnnxError};
+use crate::{Device, Error, Options, Result, Tensor};
+
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A length-delimited field.
+fn field(number: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    varint(u64::from(number) << 3 | 2, &mut out);
+    varint(payload.len() as u64, &mut out);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A varint field.
+fn int(number: u32, v: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    varint(u64::from(number) << 3, &mut out);
+    varint(v as u64, &mut out);
+    out
+}
+
+fn string(number: u32, s: &str) -> Vec<u8> {
+    field(number, s.as_bytes())
+}
+
+/// A `ValueInfoProto` of a tensor of `elem_type` and `dims`.
+fn value_info(name: &str, elem_type: i64, dims: &[i64]) -> Vec<u8> {
+    let shape: Vec<u8> = dims.iter().flat_map(|&d| field(1, &int(1, d))).collect();
+    let tensor = [int(1, elem_type), field(2, &shape)].concat();
+    [string(1, name), field(2, &field(1, &tensor))].concat()
+}
+
+/// A `NodeProto`.
+fn node(op: &str, inputs: &[&str], outputs: &[&str], attributes: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    inputs.iter().for_each(|i| out.extend(string(1, i)));
+    outputs.iter().for_each(|o| out.extend(string(2, o)));
+    out.extend(string(4, op));
+    attributes.iter().for_each(|a| out.extend(field(5, a)));
+    out
+}
+
+/// An INT attribute.
+fn attr_int(name: &str, v: i64) -> Vec<u8> {
+    [string(1, name), int(3, v), int(20, 2)].concat()
+}
+
+/// An INT64 initializer.
+fn initializer_i64(name: &str, values: &[i64]) -> Vec<u8> {
+    let mut packed = Vec::new();
+    values.iter().for_each(|&v| varint(v as u64, &mut packed));
+    [
+        int(1, values.len() as i64),
+        int(2, 7),
+        field(7, &packed),
+        string(8, name),
+    ]
+    .concat()
+}
+
+/// A model of opset 17 with these parts of its graph.
+fn model(nodes: &[Vec<u8>], inits: &[Vec<u8>], inputs: &[Vec<u8>], outputs: &[Vec<u8>]) -> Vec<u8> {
+    let mut graph = Vec::new();
+    nodes.iter().for_each(|n| graph.extend(field(1, n)));
+    graph.extend(string(2, "g"));
+    inits.iter().for_each(|t| graph.extend(field(5, t)));
+    inputs.iter().for_each(|v| graph.extend(field(11, v)));
+    outputs.iter().for_each(|v| graph.extend(field(12, v)));
+    let opset = [string(1, ""), int(2, 17)].concat();
+    [int(1, 8), field(7, &graph), field(8, &opset)].concat()
+}
+
+/// A model computing `y = relu(x)` of f32[2, 3].
+fn relu_model() -> Vec<u8> {
+    model(
+        &[node("Relu", &["x"], &["y"], &[])],
+        &[],
+        &[value_info("x", 1, &[2, 3])],
+        &[value_info("y", 1, &[2, 3])],
+    )
+}
+
+fn onnx_error(result: Result<impl Sized>) -> OnnxError {
+    match result {
+        Err(Error::Onnx(e)) => e,
+        Err(other) => panic!("expected an ONNX error, got {other}"),
+        Ok(_) => panic!("expected an error"),
+    }
+}
+
+fn f32_input(dims: &[usize]) -> Feed {
+    Feed::Input(TensorType::new(DType::F32, dims))
+}
+
+/// Runs the model on `x` on the CPU and on the interpreter; both must agree.
+fn run(bytes: &[u8], feeds: &[Feed], x: &Tensor) -> Result<Vec<f32>> {
+    let model = Model::from_bytes(bytes, "test.onnx")?;
+    let mut results = Vec::new();
+    for device in [Device::Cpu, Device::Reference] {
+        let mut compiled = model.compile_on(device, feeds, Options::default())?;
+        results.push(compiled.call(&[x])?[0].to_vec::<f32>()?);
+    }
+    assert_eq!(results[0], results[1], "the CPU and the interpreter differ");
+    Ok(results.remove(0))
+}
+
+#[test]
+fn a_relu_model_runs_on_the_cpu_and_the_interpreter() -> Result<()> {
+    let x = Tensor::from_vec(vec![-1.0f32, 2.0, -3.0, 4.0, 0.5, -0.0], [2, 3])?;
+    let y = run(&relu_model(), &[f32_input(&[2, 3])], &x)?;
+    assert_eq!(y, [0.0, 2.0, 0.0, 4.0, 0.5, 0.0]);
+    Ok(())
+}
+
+#[test]
+fn a_truncated_model_names_the_file_and_the_offset() {
+    let bytes = relu_model();
+    let cut = &bytes[..bytes.len() - 5];
+    match onnx_error(Model::from_bytes(cut, "cut.onnx")) {
+        OnnxError::Decode {
+            file,
+            offset,
+            message,
+        } => {
+            assert_eq!(file, "cut.onnx");
+            assert!(offset <= cut.len(), "offset {offset} within the file");
+            assert!(message.contains("truncated"), "{message}");
+        }
+        other => panic!("expected a decode error, got {other}"),
+    }
+}
+
+#[test]
+fn garbage_is_a_decode_error_not_a_panic() {
+    for bytes in [
+        &[0xffu8; 16][..],
+        &[0x0f, 0x01],
+        &[0x3a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+    ] {
+        let e = onnx_error(Model::from_bytes(bytes, "junk.onnx"));
+        assert!(matches!(e, OnnxError::Decode { .. }), "{e}");
+        assert!(!e.is_unsupported());
+    }
+}
+
+#[test]
+fn a_missing_file_is_an_io_error_naming_it() {
+    let e = onnx_error(Model::load("/nonexistent/model.onnx"));
+    assert!(e.to_string().contains("/nonexistent/model.onnx"), "{e}");
+}
+
+#[test]
+fn an_unknown_op_names_the_node_and_the_op() {
+    let bytes = model(
+        &[node("Frobnicate", &["x"], &["y"], &[])],
+        &[],
+        &[value_info("x", 1, &[2])],
+        &[value_info("y", 1, &[2])],
+    );
+    let compiled = Model::from_bytes(&bytes, "f.onnx").and_then(|m| m.compile(&[f32_input(&[2])]));
+    let e = onnx_error(compiled);
+    assert!(e.is_unsupported());
+    let text = e.to_string();
+    assert!(
+        text.contains("Frobnicate") && text.contains("'y'"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_attribute_no_mapping_reads_is_refused() {
+    let bytes = model(
+        &[node("Relu", &["x"], &["y"], &[attr_int("frob", 1)])],
+        &[],
+        &[value_info("x", 1, &[2])],
+        &[value_info("y", 1, &[2])],
+    );
+    let compiled = Model::from_bytes(&bytes, "a.onnx").and_then(|m| m.compile(&[f32_input(&[2])]));
+    let e = onnx_error(compiled);
+    assert!(
+        e.is_unsupported() && e.to_string().contains("attribute 'frob'"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_reshape_takes_its_shape_from_an_int64_initializer() -> Result<()> {
+    let bytes = model(
+        &[node("Reshape", &["x", "shape"], &["y"], &[])],
+        &[initializer_i64("shape", &[3, -1])],
+        &[value_info("x", 1, &[2, 3])],
+        &[value_info("y", 1, &[3, 2])],
+    );
+    let x = Tensor::from_vec((0..6).map(|i| i as f32).collect(), [2, 3])?;
+    let y = run(&bytes, &[f32_input(&[2, 3])], &x)?;
+    assert_eq!(y, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    Ok(())
+}
+
+#[test]
+fn int64_inputs_must_be_bound_and_are_never_computed_on() -> Result<()> {
+    // y = x + x over INT64: kiln has no i64 to compute in.
+    let bytes = model(
+        &[node("Add", &["x", "x"], &["y"], &[])],
+        &[],
+        &[value_info("x", 7, &[2])],
+        &[value_info("y", 7, &[2])],
+    );
+    let m = Model::from_bytes(&bytes, "i.onnx")?;
+    assert_eq!(m.inputs()[0].dtype, "INT64");
+    let e = onnx_error(m.compile(&[Feed::Input(TensorType::new(DType::I32, [2]))]));
+    assert!(e.is_unsupported(), "{e}");
+    let bound = Feed::Constant(super::Array::i64(vec![2], vec![1, 2]));
+    let e = onnx_error(m.compile(&[bound]));
+    assert!(e.is_unsupported() && e.to_string().contains("INT64"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn a_bad_feed_count_is_an_error() {
+    let m = Model::from_bytes(&relu_model(), "r.onnx").expect("decodes");
+    let e = onnx_error(m.compile(&[]));
+    assert!(
+        !e.is_unsupported() && e.to_string().contains("0 feeds"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_tensor_of_the_wrong_length_is_a_decode_error() {
+    // FLOAT [3] with 4 bytes of raw data.
+    let t = [int(1, 3), int(2, 1), field(9, &[0; 4]), string(8, "w")].concat();
+    let proto = super::proto::tensor_at(&t, 0).expect("decodes");
+    let e = super::tensor::array(&proto, "t.pb").expect_err("4 bytes for 3 floats");
+    assert!(matches!(e, OnnxError::Decode { .. }), "{e}");
+    assert!(e.to_string().contains("'w'"), "{e}");
+}
+
+#[test]
+fn float_tensors_read_from_raw_and_typed_fields_alike() {
+    let raw: Vec<u8> = [1.5f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let typed: Vec<u8> = raw.clone();
+    let a = [int(1, 2), int(2, 1), field(9, &raw)].concat();
+    let b = [int(1, 2), int(2, 1), field(4, &typed)].concat();
+    for bytes in [a, b] {
+        let proto = super::proto::tensor_at(&bytes, 0).expect("decodes");
+        let array = super::tensor::array(&proto, "t.pb").expect("converts");
+        assert_eq!(
+            array.values,
+            super::Values::Kiln(Data::F32(vec![1.5, -2.0]))
+        );
+    }
+}
