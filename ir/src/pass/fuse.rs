@@ -273,24 +273,28 @@ impl<'g> Plan<'g> {
     /// side output, when that kernel comes before every kernel that reads it.
     fn host_scalars(&mut self, edges: &[Vec<Edge>]) {
         let graph = self.graph;
-        for own in 0..self.groups.len() {
+        let alone: Vec<bool> = (0..self.groups.len())
+            .map(|own| {
+                let r = self.groups[own].root;
+                let node = &graph.nodes[r];
+                self.root_of[r] == Some(own)
+                    && self.groups[own].core.is_none()
+                    && self.input_fed[r]
+                    && node.ty.shape.numel() == 1
+                    && matches!(
+                        node.op,
+                        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
+                    )
+                    && self
+                        .operands(r)
+                        .iter()
+                        .all(|(p, _)| matches!(graph.nodes[*p].op, Op::Input { .. } | Op::Const(_)))
+            })
+            .collect();
+        // Only a kernel that stays is a host.
+        for own in (0..self.groups.len()).filter(|&g| alone[g]) {
             let r = self.groups[own].root;
             let node = &graph.nodes[r];
-            let alone = self.root_of[r] == Some(own)
-                && self.groups[own].core.is_none()
-                && self.input_fed[r]
-                && node.ty.shape.numel() == 1
-                && matches!(
-                    node.op,
-                    Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
-                )
-                && self
-                    .operands(r)
-                    .iter()
-                    .all(|(p, _)| matches!(graph.nodes[*p].op, Op::Input { .. } | Op::Const(_)));
-            if !alone {
-                continue;
-            }
             // The first kernel (by its root's position) that reads the value.
             let first_reader = edges[r]
                 .iter()
@@ -300,7 +304,7 @@ impl<'g> Plan<'g> {
                 .unwrap_or(usize::MAX);
             let host = (0..self.groups.len()).find(|&h| {
                 let g = &self.groups[h];
-                h != own
+                !alone[h]
                     && self.root_of[g.root] == Some(h)
                     && g.root < first_reader
                     && g.space.numel() == 1

@@ -185,6 +185,7 @@ mod tests {
             .run(
                 &[&input],
                 &mut Buffer::output(&mut out),
+                &mut [],
                 &mut Buffer::empty(),
             )
             .unwrap();
