@@ -51,11 +51,37 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
             let x = randn(&[4096, 1000], 0)?;
             vec![x.sum(&[1], false)?, x.sum(&[0], false)?, x.sum_all()?]
         }
+        // A training step of an MLP 32-16-4: side outputs in products' and
+        // sums' epilogues (the parameters and their optimizer state).
+        "sgd_step" | "adamw_step" => {
+            use kiln::optim::{AdamW, Optimizer, Sgd};
+            let sgd = Sgd {
+                momentum: 0.9,
+                ..Sgd::new(0.1)
+            };
+            let adamw = AdamW::new(1e-3);
+            let optimizer: &dyn Optimizer = if name == "sgd_step" { &sgd } else { &adamw };
+            let params = [
+                randn(&[32, 16], 1)?,
+                randn(&[16], 2)?,
+                randn(&[16, 4], 3)?,
+                randn(&[4], 4)?,
+            ];
+            let x = randn(&[8, 32], 5)?;
+            let labels = Tensor::from_vec((0..8).map(|i| i % 4).collect::<Vec<i32>>(), [8])?;
+            let hidden = (x.matmul(&params[0])? + &params[1])?.relu()?;
+            let loss = (hidden.matmul(&params[2])? + &params[3])?.cross_entropy(&labels)?;
+            let refs: Vec<&Tensor> = params.iter().collect();
+            let grads = kiln::grad(&loss, &refs)?;
+            let state = optimizer.state(&refs)?;
+            let (new, state) = optimizer.update(&params, &grads, &state)?;
+            std::iter::once(loss).chain(new).chain(state).collect()
+        }
         other => panic!("no pattern {other}"),
     })
 }
 
-const PATTERNS: [&str; 7] = [
+const PATTERNS: [&str; 9] = [
     "relu_add",
     "matmul_bias_relu",
     "matmul_bias_scale_tanh",
@@ -63,6 +89,8 @@ const PATTERNS: [&str; 7] = [
     "softmax",
     "log_softmax",
     "sums",
+    "sgd_step",
+    "adamw_step",
 ];
 
 /// The kernels of a fused graph, in launch order.
@@ -160,6 +188,16 @@ fn other_epilogues_are_a_kernel_after_the_gemm() -> Result<()> {
 #[test]
 fn normalized_bytes_are_a_matmul_operand_prologue() -> Result<()> {
     insta::assert_snapshot!(cuda("normalized_matmul")?.0);
+    Ok(())
+}
+
+#[test]
+fn an_update_stores_the_parameter_and_its_moments_beside_the_output() -> Result<()> {
+    let (text, _) = cuda("adamw_step")?;
+    // The first layer's weight: its gradient's product, then an epilogue
+    // kernel writing the new weight and both moments.
+    assert!(text.contains("float* __restrict__ side1"), "{text}");
+    assert!(text.contains("side1[i] = "), "{text}");
     Ok(())
 }
 
