@@ -7,7 +7,7 @@ use kiln_ir::DType;
 use kiln_ir::kernel::Block;
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
-use super::{RowRange, UNROLL, vectorizable};
+use super::{RowRange, UNROLL, vectorizable_hoisted};
 use crate::nest::{Access, Nest};
 
 impl<'a> Emitter<'a> {
@@ -24,11 +24,11 @@ impl<'a> Emitter<'a> {
         let out = &out[0];
         // Flat: one merged axis, and the range is over elements.
         let flat = nest.rows == 1 && nest.inner.len() == 1;
-        let lanes = vectorizable(body, reads, Some(out));
         if flat {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
             let hoisted = self.hoist(body, reads, Rows::One(&bases), zero, nest.inner[0], None);
+            let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
             let at = Placed {
                 block: body,
                 accesses: reads,
@@ -47,6 +47,7 @@ impl<'a> Emitter<'a> {
                 let bases = e.bases(&nest.accesses, row);
                 let zero = e.iconst(0);
                 let hoisted = e.hoist(body, reads, Rows::One(&bases), zero, inner_len, None);
+                let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
                 let n = e.iconst(inner_len as i64);
                 let at = Placed {
                     block: body,

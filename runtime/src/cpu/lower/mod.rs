@@ -283,12 +283,34 @@ fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> boo
 
 /// Whether every value of `block` is f32 arithmetic that has a vector form.
 fn f32_arithmetic(block: &Block) -> bool {
-    block.values.iter().all(|v| {
-        v.dtype == DType::F32
-            && match &v.expr {
-                Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
-                Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
-                Expr::Where(..) | Expr::Cast(_) => false,
-            }
-    })
+    block.values.iter().all(f32_lane_op)
+}
+
+/// Whether `v` is f32 arithmetic that has a vector form.
+fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
+    v.dtype == DType::F32
+        && match &v.expr {
+            Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
+            Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
+            Expr::Where(..) | Expr::Cast(_) => false,
+        }
+}
+
+/// `vectorizable`, where the values `hoisted` holds are computed once per
+/// row as scalars and splat: those need only be f32 (an optimizer's bias
+/// correction, a `pow` of the step count, leaves its update in vectors).
+fn vectorizable_hoisted(
+    block: &Block,
+    accesses: &[Access],
+    out: &Access,
+    hoisted: &[Option<Value>],
+) -> bool {
+    let values_ok = block.values.iter().zip(hoisted).all(|(v, h)| match h {
+        Some(_) => v.dtype == DType::F32,
+        None => f32_lane_op(v),
+    });
+    let reads_ok = accesses
+        .iter()
+        .all(|a| a.row_invariant() || a.unit_stride());
+    values_ok && reads_ok && out.unit_stride()
 }
