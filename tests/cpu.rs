@@ -636,6 +636,76 @@ fn fusion_kinds_agree() -> Result<()> {
 }
 
 #[test]
+fn side_outputs_of_products_and_sums_agree() -> Result<()> {
+    use kiln::{BackendOptions, Options, TensorType};
+    // A momentum update fused into the kernel computing its gradient: the
+    // epilogue of a column sum (a bias's gradient) and of a product with A
+    // transposed (a weight's), each storing the momentum beside the new
+    // parameter. Awkward sizes: vector tails, one row, thread splits.
+    for (rows, cols, k) in [
+        (1, 1, 1),
+        (3, 7, 5),
+        (50, 13, 9),
+        (1027, 5, 3),
+        (37, 1027, 6),
+    ] {
+        let dims: [&[usize]; 6] = [
+            &[rows, cols],
+            &[cols],
+            &[cols],
+            &[rows, k],
+            &[k, cols],
+            &[k, cols],
+        ];
+        let inputs: Vec<Tensor> = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| input(d, 60 + i as u64, false))
+            .collect::<Result<_>>()?;
+        let specs: Vec<TensorType> = inputs.iter().map(|t| t.ty().clone()).collect();
+        let update = |t: &[Tensor]| -> Result<Vec<Tensor>> {
+            let momentum = |m: &Tensor, g: &Tensor| (m * 0.9f32)? + g;
+            let bias_m = momentum(&t[1], &t[0].sum(&[0], false)?)?;
+            let bias = (&t[2] - &(&bias_m * 0.1f32)?)?;
+            let weight_m = momentum(&t[4], &t[3].t()?.matmul(&t[0])?)?;
+            let weight = (&t[5] - &(&weight_m * 0.1f32)?)?;
+            Ok(vec![bias_m, bias, weight_m, weight])
+        };
+        let compile = |device| {
+            let options = BackendOptions::default();
+            kiln::compile_on(
+                device,
+                "update",
+                &specs,
+                Options::default(),
+                options,
+                update,
+            )
+        };
+        let mut tested = compile(device())?;
+        assert_eq!(
+            tested.launches(),
+            2,
+            "[{rows},{cols}] x {k}: a sum and a product"
+        );
+        let data: Vec<Data> = inputs.iter().map(data).collect::<Result<_>>()?;
+        let refs: Vec<&Data> = data.iter().collect();
+        let got = tested.run(&refs)?;
+        let want = compile(Device::Reference)?.run(&refs)?;
+        let tols = [
+            sum_tol(rows, 8.0),
+            sum_tol(rows, 8.0),
+            product_tol(rows, 16.0),
+            product_tol(rows, 16.0),
+        ];
+        for (i, ((a, b), tol)) in got.iter().zip(&want).zip(tols).enumerate() {
+            compare(&format!("[{rows},{cols}] x {k}: output {i}"), a, b, tol);
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn transcendentals_stay_within_their_bounds() -> Result<()> {
     // Every 97th f32 bit pattern of each sign: the whole range, subnormals included.
     let mut values: Vec<f32> = (0..u32::MAX / 97)

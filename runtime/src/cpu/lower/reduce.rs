@@ -65,18 +65,13 @@ impl<'a> Emitter<'a> {
         let inner_len: usize = pro.inner.iter().product();
         // Four rows at once, one per lane, when the prologue cannot run four
         // inner elements at once but steps through rows contiguously (a sum
-        // over a leading axis) and the epilogue reads nothing.
-        // Side outputs are stored one row at a time (`reduce_row`).
-        let one_at_a_time = !self.side.is_empty();
+        // over a leading axis) and the output is f32 (its rows accumulate in
+        // place); the epilogue then runs in lanes too, or one row at a time
+        // where it reads or stores more (`reduce_column_block`).
         let row_lanes = !broadcast
-            && !one_at_a_time
             && !vectorizable(prologue, &pro.accesses, None)
             && f32_arithmetic(prologue)
-            && f32_arithmetic(body)
-            && !body
-                .values
-                .iter()
-                .any(|v| matches!(v.expr, Expr::Load { .. }))
+            && self.out_dtype == DType::F32
             && !pro.accesses.is_empty()
             && pro.accesses.iter().all(|a| {
                 a.fill.is_none()
@@ -84,8 +79,9 @@ impl<'a> Emitter<'a> {
                         .last()
                         .is_some_and(|o| o.stride == 0 || o.stride == 1)
             });
+        // Side outputs are stored one row at a time.
         let short_rows = !row_lanes
-            && !one_at_a_time
+            && self.side.is_empty()
             && !self.store_prologue
             && (2..=SHORT_ROW).contains(&inner_len)
             && pro.rows >= 4
@@ -497,7 +493,7 @@ impl<'a> Emitter<'a> {
     /// Rows `from..to` of a reduction whose rows are neighbours in memory (a
     /// sum over a leading axis): the output rows accumulate in place, four
     /// rows per vector, while the reduced axis is walked once in memory
-    /// order; then the epilogue (which reads nothing) runs on them in place.
+    /// order; then the epilogue runs on them in place.
     fn reduce_column_block(&mut self, r: Reduce, from: Value, to: Value, inner_len: usize) {
         let Reduce {
             op,
@@ -568,18 +564,44 @@ impl<'a> Emitter<'a> {
             });
         });
         let none = vec![None; body.values.len()];
-        self.row_span(from, to, &mut |e, rr, lanes| {
+        // An epilogue of arithmetic alone runs four rows at a time on the
+        // sums in place; one that reads (an optimizer's state) or stores
+        // side outputs, one row at a time, its reads placed at the row.
+        let in_lanes = f32_arithmetic(body)
+            && self.side.is_empty()
+            && !body
+                .values
+                .iter()
+                .any(|v| matches!(v.expr, Expr::Load { .. }));
+        if in_lanes {
+            self.row_span(from, to, &mut |e, rr, lanes| {
+                let a = addr(e, rr);
+                let ty = if lanes { types::F32X4 } else { types::F32 };
+                let acc = e.b.ins().load(ty, flags, a, 0);
+                let at = Placed {
+                    block: body,
+                    accesses: &[],
+                    rows: Rows::One(&[]),
+                    hoisted: &none,
+                };
+                let v = e.block(at, zero, Some(acc), lanes);
+                e.b.ins().store(flags, v, a, 0);
+            });
+            return;
+        }
+        let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
+        self.counted_loop(from, to, 1, |e, rr| {
+            let bases = e.bases(&epi.accesses, rr);
             let a = addr(e, rr);
-            let ty = if lanes { types::F32X4 } else { types::F32 };
-            let acc = e.b.ins().load(ty, flags, a, 0);
+            let acc = e.b.ins().load(types::F32, flags, a, 0);
             let at = Placed {
                 block: body,
-                accesses: &[],
-                rows: Rows::One(&[]),
+                accesses: reads,
+                rows: Rows::One(&bases),
                 hoisted: &none,
             };
-            let v = e.block(at, zero, Some(acc), lanes);
-            e.b.ins().store(flags, v, a, 0);
+            let out_base = bases[bases.len() - 1];
+            e.store_body(at, (&out[0], out_base), zero, Some(acc), false);
         });
     }
 
