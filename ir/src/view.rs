@@ -365,21 +365,7 @@ impl View {
     /// A value read this way can be recomputed inside its reader, because the
     /// reader's index maps onto the value's own index without a reshape.
     pub fn is_broadcast_of(&self, shape: &Shape) -> bool {
-        let kept = |dims: &[usize], strides: &[usize]| -> SmallVec<[(usize, usize); 4]> {
-            dims.iter()
-                .zip(strides)
-                .filter(|(d, s)| **d != 1 && **s != 0)
-                .map(|(&d, &s)| (d, s))
-                .collect()
-        };
-        let own: SmallVec<[(usize, usize); 4]> = shape
-            .dims()
-            .iter()
-            .zip(shape.strides())
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, s)| (d, s))
-            .collect();
-        self.offset == 0 && self.mask.is_none() && kept(self.shape.dims(), &self.strides) == own
+        self.offset == 0 && self.mask.is_none() && self.read_axes() == contiguous_axes(shape)
     }
 
     /// Whether this view reads a contiguous buffer of `shape` as a broadcast
@@ -387,24 +373,19 @@ impl View {
     /// of a broadcast. A value of `shape` read this way can be recomputed at
     /// the reader's index too, its own index being a permutation of it.
     pub fn is_permuted_broadcast_of(&self, shape: &Shape) -> bool {
-        let mut kept: SmallVec<[(usize, usize); 4]> = self
-            .shape
-            .dims()
-            .iter()
-            .zip(&self.strides)
-            .filter(|(d, s)| **d != 1 && **s != 0)
-            .map(|(&d, &s)| (d, s))
-            .collect();
-        let mut own: SmallVec<[(usize, usize); 4]> = shape
-            .dims()
-            .iter()
-            .zip(shape.strides())
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, s)| (d, s))
-            .collect();
-        kept.sort_unstable();
+        let (mut read, mut own) = (self.read_axes(), contiguous_axes(shape));
+        read.sort_unstable();
         own.sort_unstable();
-        self.offset == 0 && self.mask.is_none() && kept == own
+        self.offset == 0 && self.mask.is_none() && read == own
+    }
+
+    /// The (extent, stride) of each axis that moves through the source: more
+    /// than one element and a nonzero stride.
+    fn read_axes(&self) -> SmallVec<[(usize, usize); 4]> {
+        let dims = self.shape.dims().iter().zip(&self.strides);
+        dims.filter(|(d, s)| **d != 1 && **s != 0)
+            .map(|(&d, &s)| (d, s))
+            .collect()
     }
 
     /// The view that reads through `self` at the index `outer` gives, where
@@ -442,6 +423,15 @@ impl View {
         }
         .canonical()
     }
+}
+
+/// The (extent, stride) of each axis of more than one element of a
+/// contiguous buffer of `shape`.
+fn contiguous_axes(shape: &Shape) -> SmallVec<[(usize, usize); 4]> {
+    let dims = shape.dims().iter().zip(shape.strides());
+    dims.filter(|(d, _)| **d != 1)
+        .map(|(&d, s)| (d, s))
+        .collect()
 }
 
 /// The index map without the shape, which the printed IR shows in the type:

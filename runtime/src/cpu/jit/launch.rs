@@ -6,7 +6,7 @@
 #![allow(unsafe_code)]
 
 use kiln_ir::kernel::KernelKind;
-use kiln_ir::{Data, DataRef};
+use kiln_ir::{Data, DataRef, TensorType};
 use rayon::prelude::*;
 
 use super::CompiledKernel;
@@ -38,20 +38,6 @@ impl CompiledKernel {
                 inputs.len()
             )));
         }
-        for (i, (buf, ty)) in inputs.iter().zip(&k.inputs).enumerate() {
-            if buf.bytes < ty.shape.numel() * ty.dtype.size() {
-                return Err(Error::Launch(format!(
-                    "buffer {i} has {} bytes, {ty} needs more",
-                    buf.bytes
-                )));
-            }
-        }
-        if out.bytes < k.out.shape.numel() * k.out.dtype.size() {
-            return Err(Error::Launch(format!(
-                "the output has {} bytes, {} needs more",
-                out.bytes, k.out
-            )));
-        }
         if side.len() != k.side.len() {
             return Err(Error::Launch(format!(
                 "kernel writes {} side outputs, got {} buffers",
@@ -59,13 +45,12 @@ impl CompiledKernel {
                 side.len()
             )));
         }
+        for (i, (buf, ty)) in inputs.iter().zip(&k.inputs).enumerate() {
+            fits(format_args!("buffer {i}"), buf, ty)?;
+        }
+        fits(format_args!("the output"), out, &k.out)?;
         for (i, (buf, s)) in side.iter().zip(&k.side).enumerate() {
-            if buf.bytes < s.ty.shape.numel() * s.ty.dtype.size() {
-                return Err(Error::Launch(format!(
-                    "side output {i} has {} bytes, {} needs more",
-                    buf.bytes, s.ty
-                )));
-            }
+            fits(format_args!("side output {i}"), buf, &s.ty)?;
         }
         if scratch.bytes < k.scratch_bytes() {
             return Err(Error::Launch(format!(
@@ -105,6 +90,17 @@ impl CompiledKernel {
         }
         Ok(())
     }
+}
+
+/// Whether `buf` holds a `ty`; `what` names it in the error.
+fn fits(what: std::fmt::Arguments, buf: &Buffer, ty: &TensorType) -> Result<(), Error> {
+    if buf.bytes < ty.shape.numel() * ty.dtype.size() {
+        return Err(Error::Launch(format!(
+            "{what} has {} bytes, {ty} needs more",
+            buf.bytes
+        )));
+    }
+    Ok(())
 }
 
 /// A kernel with the buffers of one launch checked and tabled.
