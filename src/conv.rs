@@ -24,7 +24,7 @@
 //! four lanes at a time, where a masked read is a scalar load and a select.
 //! (Nothing in the IR asks for a buffer by name; this is the one way.)
 
-use kiln_ir::DType;
+use kiln_ir::{DType, Scalar};
 
 use crate::{Error, Result, Tensor};
 
@@ -33,6 +33,10 @@ use crate::{Error, Result, Tensor};
 /// elementwise chain: the chain reads every window once per output channel
 /// and holds every term in one kernel.
 const DIRECT_TERMS: usize = 64;
+
+/// Above this many elements a pooling window is taken along the width,
+/// then along the height (see `pool`).
+const SEPARATE_POOL: usize = 25;
 
 /// The window of a pooling op over the two spatial axes of NCHW data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,8 +163,8 @@ fn spatial(
     Ok([axis(0)?, axis(1)?])
 }
 
-/// Checks that `t` is f32 NCHW-like data of rank 4.
-fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
+/// Checks that `t` is NCHW-like data of rank 4, of f32 if `f32_only`.
+fn check_4d(op: &'static str, t: &Tensor, f32_only: bool) -> Result<()> {
     if t.rank() != 4 {
         return Err(Error::Rank {
             op,
@@ -168,7 +172,7 @@ fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
             rank: 4,
         });
     }
-    if t.dtype() != DType::F32 {
+    if f32_only && t.dtype() != DType::F32 {
         return Err(kiln_ir::Error::DType {
             op,
             dtype: t.dtype(),
@@ -182,7 +186,7 @@ fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
 /// `x` padded with `fill` on its spatial axes (the ceil-mode extra
 /// included) and stored once (see the module doc), with a trailing axis of
 /// one that the windows drop again.
-fn padded(x: &Tensor, axes: &[Axis; 2], fill: f32) -> Result<Tensor> {
+fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
     let [h, w] = axes;
     let pads = [
         (0, 0),
@@ -243,8 +247,8 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d";
-        check_4d(OP, self)?;
-        check_4d(OP, weight)?;
+        check_4d(OP, self, true)?;
+        check_4d(OP, weight, true)?;
         let (x, w) = (self.dims(), weight.dims());
         let (c, o, cg) = (x[1], w[0], w[1]);
         let mismatch = |message: String| {
@@ -278,7 +282,7 @@ impl Tensor {
             )));
         }
         let axes = spatial(OP, self, [w[2], w[3]], stride, padding, dilation, false)?;
-        let wins = windows(&padded(self, &axes, 0.0)?, &axes)?;
+        let wins = windows(&padded(self, &axes, Scalar::F32(0.0))?, &axes)?;
         let og = o / groups;
         let terms = cg * wins.len();
         let y = if terms <= DIRECT_TERMS && (groups == 1 || og == 1) {
@@ -292,16 +296,27 @@ impl Tensor {
         }
     }
 
-    /// Max pooling of NCHW f32 data over `window`: `[N, C, out_h, out_w]`.
-    /// Padding reads as -inf, so it never wins; NaN propagates.
+    /// Max pooling of NCHW data (f32, i32 or u8) over `window`: `[N, C,
+    /// out_h, out_w]`. Padding reads as the dtype's least value (-inf for
+    /// f32), so it never wins; NaN propagates.
     pub fn max_pool2d(&self, window: &Pool2d) -> Result<Tensor> {
         const OP: &str = "max_pool2d";
-        check_4d(OP, self)?;
+        let least = match self.dtype() {
+            DType::F32 => Scalar::F32(f32::NEG_INFINITY),
+            DType::I32 => Scalar::I32(i32::MIN),
+            DType::U8 => Scalar::U8(0),
+            DType::Bool => {
+                return Err(kiln_ir::Error::DType {
+                    op: OP,
+                    dtype: DType::Bool,
+                    expected: "f32, i32 or u8",
+                }
+                .into());
+            }
+        };
+        check_4d(OP, self, false)?;
         let axes = pool_axes(OP, self, window)?;
-        let wins = windows(&padded(self, &axes, f32::NEG_INFINITY)?, &axes)?;
-        wins[1..]
-            .iter()
-            .try_fold(wins[0].clone(), |acc, w| acc.maximum(w))
+        pool(&padded(self, &axes, least)?, &axes, Tensor::maximum)
     }
 
     /// Average pooling of NCHW f32 data over `window`: `[N, C, out_h,
@@ -310,12 +325,9 @@ impl Tensor {
     /// input and its asked padding (a ceil-mode window's overhang never counts).
     pub fn avg_pool2d(&self, window: &Pool2d, count_include_pad: bool) -> Result<Tensor> {
         const OP: &str = "avg_pool2d";
-        check_4d(OP, self)?;
+        check_4d(OP, self, true)?;
         let axes = pool_axes(OP, self, window)?;
-        let wins = windows(&padded(self, &axes, 0.0)?, &axes)?;
-        let sum = wins[1..]
-            .iter()
-            .try_fold(wins[0].clone(), |acc, w| acc.add(w))?;
+        let sum = pool(&padded(self, &axes, Scalar::F32(0.0))?, &axes, Tensor::add)?;
         let dims = self.dims();
         // The counts depend on the shapes alone: computed here, one per output position.
         let counts = |a: &Axis, len: usize| -> Vec<usize> {
@@ -390,29 +402,55 @@ fn multiply_and_sum(wins: &[Tensor], weight: &Tensor, groups: usize) -> Result<T
             terms.push(x.mul(&flat.slice(1, col, col + 1, 1)?.reshape([1, o, 1, 1])?)?);
         }
     }
-    tree_sum(terms)
+    tree(terms, Tensor::add)
 }
 
-/// The sum of `terms` added pairwise, a tree of depth log2(n) rather than
-/// a chain of n: the additions of one output element do not wait on each
-/// other, so a vector unit runs them side by side.
-fn tree_sum(mut terms: Vec<Tensor>) -> Result<Tensor> {
+/// `terms` combined pairwise by `f`, a tree of depth log2(n) rather than
+/// a chain of n: the operations of one output element do not wait on each
+/// other, so a vector unit runs them side by side, and a window of
+/// thousands of elements is no deeper a graph than one of ten.
+fn tree(mut terms: Vec<Tensor>, f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
     while terms.len() > 1 {
         let mut next = Vec::with_capacity(terms.len().div_ceil(2));
         let mut it = terms.into_iter();
         while let Some(a) = it.next() {
             next.push(match it.next() {
-                Some(b) => a.add(&b)?,
+                Some(b) => f(&a, &b)?,
                 None => a,
             });
         }
         terms = next;
     }
-    // A weight has at least one channel and kernel position (checked when
-    // the windows were made), so there is a term.
+    // Every window has at least one element (checked when it was made), so
+    // there is a term.
     terms
         .pop()
-        .ok_or_else(|| window_error("conv2d", "a weight with no elements".to_string()))
+        .ok_or_else(|| window_error("conv2d", "a window with no elements".to_string()))
+}
+
+/// Pooling by `f` over the windows of `xp`: at once for a small window; for
+/// a large one along the width first, the rows' results stored, then along
+/// the height, `kh + kw` operations an output instead of `kh * kw`.
+fn pool(
+    xp: &Tensor,
+    [h, w]: &[Axis; 2],
+    f: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Copy,
+) -> Result<Tensor> {
+    if h.kernel * w.kernel <= SEPARATE_POOL {
+        return tree(windows(xp, &[*h, *w])?, f);
+    }
+    let d = xp.dims();
+    let rows = Axis {
+        kernel: 1,
+        stride: 1,
+        dilation: 1,
+        pad: (0, 0),
+        extra: 0,
+        out: d[2],
+    };
+    let across = tree(windows(xp, &[rows, *w])?, f)?;
+    let cols = Axis { out: w.out, ..rows };
+    tree(windows(&across.unsqueeze(-1)?, &[*h, cols])?, f)
 }
 
 /// The convolution as im2col and the GEMM: per image and group, the matrix
@@ -429,20 +467,16 @@ fn im2col_gemm(
     let n = wins[0].dims()[0];
     let p = axes[0].out * axes[1].out;
     let rows = k * cg;
-    let mut col: Option<Tensor> = None;
+    let mut parts = Vec::with_capacity(k);
     for (j, win) in wins.iter().enumerate() {
         // Rows `j * cg..` of the matrix: the window's channels, each over the
         // output positions, zero elsewhere; the sum places every window.
-        let part = win.reshape([n, groups, cg, p])?.pad(
+        parts.push(win.reshape([n, groups, cg, p])?.pad(
             &[(0, 0), (0, 0), (j * cg, rows - (j + 1) * cg), (0, 0)],
             0.0f32,
-        )?;
-        col = Some(match col {
-            None => part,
-            Some(c) => c.add(&part)?,
-        });
+        )?);
     }
-    let col = col.ok_or_else(|| window_error("conv2d", "a weight with no elements".to_string()))?;
+    let col = tree(parts, Tensor::add)?;
     // Weight columns in the rows' order, (k, c).
     let wm = weight
         .reshape([groups, o / groups, cg, k])?

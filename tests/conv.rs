@@ -376,13 +376,11 @@ fn pool_case(dims: [usize; 4], p: Pool2d, seed: u64) -> Result<()> {
         &pool_loop(dims, &x, &p, None),
         &|t| t[0].max_pool2d(&p),
     )?;
-    if p.dilation == [1, 1] {
-        for include in [false, true] {
-            let want = pool_loop(dims, &x, &p, Some(include));
-            check_all(&format!("avg {include} {p:?}"), &inputs, &want, &|t| {
-                t[0].avg_pool2d(&p, include)
-            })?;
-        }
+    for include in [false, true] {
+        let want = pool_loop(dims, &x, &p, Some(include));
+        check_all(&format!("avg {include} {p:?}"), &inputs, &want, &|t| {
+            t[0].avg_pool2d(&p, include)
+        })?;
     }
     Ok(())
 }
@@ -432,6 +430,21 @@ fn pooling_ceil_mode_and_dilation() -> Result<()> {
             ..Pool2d::new([2, 3])
         },
         15,
+    )
+}
+
+#[test]
+fn pooling_large_windows_along_width_then_height() -> Result<()> {
+    pool_case(
+        [2, 2, 20, 23],
+        Pool2d {
+            stride: [3, 2],
+            padding: [(2, 1), (0, 4)],
+            dilation: [2, 3],
+            ceil_mode: true,
+            ..Pool2d::new([6, 5])
+        },
+        16,
     )
 }
 
