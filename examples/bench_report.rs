@@ -164,6 +164,12 @@ fn floats(d: &Data) -> &[f32] {
 /// f64 dot products for matmuls (the interpreter would take minutes), the
 /// reference interpreter for everything else.
 fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64>> {
+    if w.id == "conv2d_bias_relu" {
+        return Ok(indices
+            .iter()
+            .map(|&i| conv_bias_relu_at(inputs, i))
+            .collect());
+    }
     if let Some(p) = w.product {
         let (a, b) = (floats(&inputs[0]), floats(&inputs[1]));
         return Ok(indices
@@ -189,6 +195,27 @@ fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64
         .collect::<Result<_>>()?;
     let out = (w.build)(&tensors)?.remove(0).to_vec::<f32>()?;
     Ok(indices.iter().map(|&i| f64::from(out[i])).collect())
+}
+
+/// Element `i` of `conv2d_bias_relu` (x [64,3,32,32], w [32,3,3,3], b
+/// [32], stride 1, padding 1) by the definition, in f64.
+fn conv_bias_relu_at(inputs: &[Data], i: usize) -> f64 {
+    let (x, w, b) = (floats(&inputs[0]), floats(&inputs[1]), floats(&inputs[2]));
+    let (n, o, r, c) = (i / (32 * 1024), i / 1024 % 32, i / 32 % 32, i % 32);
+    let mut acc = f64::from(b[o]);
+    for ch in 0..3 {
+        for kh in 0..3 {
+            for kw in 0..3 {
+                let (y, xx) = ((r + kh) as isize - 1, (c + kw) as isize - 1);
+                if (0..32).contains(&y) && (0..32).contains(&xx) {
+                    let xv = x[((n * 3 + ch) * 32 + y as usize) * 32 + xx as usize];
+                    let wv = w[((o * 3 + ch) * 3 + kh) * 3 + kw];
+                    acc += f64::from(xv) * f64::from(wv);
+                }
+            }
+        }
+    }
+    acc.max(0.0)
 }
 
 /// A workload compiled for `backend` (on a GPU, GPU 0).
@@ -236,8 +263,8 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
         let mut outputs = g.output_buffers()?;
         g.run_into(&refs, &mut outputs)?;
         let got = floats(&outputs[0]);
-        // Every element, except a sample of 4096 for matmuls.
-        let indices: Vec<usize> = if w.product.is_some() {
+        // Every element, except a sample of 4096 for matmuls and convolutions.
+        let indices: Vec<usize> = if w.product.is_some() || w.id == "conv2d_bias_relu" {
             (0..4096).map(|i| (i * 7919) % got.len()).collect()
         } else {
             (0..got.len()).collect()

@@ -109,6 +109,15 @@ pub enum Error {
         /// Its length.
         len: usize,
     },
+    /// A convolution or pooling whose operands or window do not fit: the
+    /// message names the shapes.
+    #[error("{op}: {message}")]
+    Window {
+        /// The operation.
+        op: &'static str,
+        /// What does not fit, with the shapes involved.
+        message: String,
+    },
     /// Setting a model's parameters by name from values that do not fit it.
     #[error("parameter '{name}': {message}")]
     Parameter {

@@ -30,6 +30,7 @@
 mod backend;
 mod compile;
 mod composite;
+mod conv;
 pub mod data;
 mod device;
 mod error;
@@ -45,6 +46,7 @@ mod step;
 mod tensor;
 
 pub use compile::{CompiledGraph, compile, compile_on, compile_with};
+pub use conv::Pool2d;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use grad::{grad, value_and_grad};

@@ -147,6 +147,45 @@ proptest! {
     }
 }
 
+/// Convolutions by both of their forms and pooling, differentiated through
+/// their windows: stride, dilation, padding on one side, groups, bias.
+#[test]
+fn convolution_and_pooling_match_differences() {
+    let mut rng = Rng(19);
+    let mut values = |n: usize| rng.fill(n, |r| r.uniform(-1.0, 1.0));
+    let x = values(2 * 4 * 6 * 5);
+    let x_shape: &[usize] = &[2, 4, 6, 5];
+    // Four channels in two groups: the multiply-and-sum.
+    let (w, b) = (values(6 * 2 * 3 * 2), values(6));
+    check(
+        &[(x_shape, x.clone()), (&[6, 2, 3, 2], w), (&[6], b)],
+        1,
+        |p| p[0].conv2d(&p[1], Some(&p[2]), [2, 1], [(1, 0), (0, 2)], [1, 2], 2),
+    )
+    .unwrap();
+    // 8 channels x 9 positions: above the multiply-and-sum's limit, im2col and the GEMM.
+    let (x8, w) = (values(8 * 5 * 4), values(3 * 8 * 3 * 3));
+    check(&[(&[1, 8, 5, 4], x8), (&[3, 8, 3, 3], w)], 2, |p| {
+        p[0].conv2d(&p[1], None, [1, 1], [(1, 1), (0, 1)], [1, 1], 1)
+    })
+    .unwrap();
+    let window = kiln::Pool2d {
+        stride: [2, 1],
+        padding: [(1, 0), (0, 1)],
+        ceil_mode: true,
+        ..kiln::Pool2d::new([2, 3])
+    };
+    check(&[(x_shape, x.clone())], 3, |p| {
+        p[0].avg_pool2d(&window, false)
+    })
+    .unwrap();
+    // Distinct values a step apart, so that no difference moves a maximum.
+    let spread: Vec<f32> = (0..x.len())
+        .map(|i| ((i * 37) % x.len()) as f32 * 0.1)
+        .collect();
+    check(&[(x_shape, spread)], 4, |p| p[0].max_pool2d(&window)).unwrap();
+}
+
 fn t(values: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_slice(values, shape).expect("values fill the shape")
 }

@@ -167,6 +167,18 @@ pub fn all() -> Vec<Workload> {
         });
     }
     w.push(Workload {
+        id: "conv2d_bias_relu",
+        shape: "64x3x32x32-32x3x3".into(),
+        specs: vec![f32s(&[64, 3, 32, 32]), f32s(&[32, 3, 3, 3]), f32s(&[32])],
+        build: |t| {
+            let y = t[0].conv2d(&t[1], Some(&t[2]), [1, 1], [(1, 1); 2], [1, 1], 1)?;
+            Ok(vec![y.relu()?])
+        },
+        bytes: 0,
+        flops: 2 * 64 * 32 * 32 * 32 * 27,
+        product: None,
+    });
+    w.push(Workload {
         id: "small_add_relu",
         shape: "256x256".into(),
         specs: vec![f32s(&[256, 256]), f32s(&[256, 256])],

@@ -4,6 +4,7 @@
 //! unsupported `Err`, never an approximation beyond ONNX's tolerances.
 
 mod constant;
+mod conv;
 mod elementwise;
 mod fold;
 mod nn;
@@ -29,7 +30,8 @@ pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
         .or_else(|| elementwise::convert(node))
         .or_else(|| shape::convert(node))
         .or_else(|| reduce::convert(node))
-        .or_else(|| nn::convert(node));
+        .or_else(|| nn::convert(node))
+        .or_else(|| conv::convert(node));
     match converted {
         Some(values) => values,
         None => Err(node.unsupported("kiln has no mapping for this op")),

@@ -1,0 +1,486 @@
+//! 2-D convolution and pooling over NCHW f32 tensors, as composites of the
+//! graph's movement and elementwise ops (and its matmul), so that the
+//! optimizer fuses them and `kiln::grad` differentiates them like any other
+//! composite.
+//!
+//! Every form reads the input through sliding windows: the input padded on
+//! its two spatial axes and sliced with the stride, one slice per kernel
+//! position `(kh, kw)` (a view, never a copy of the window). Pooling
+//! combines the slices elementwise (max, or sum times one over the count).
+//! A convolution is either
+//!
+//! - a multiply-and-sum: one elementwise chain over the output of
+//!   `w[o, c, kh, kw] * window[c, kh, kw]` for every input channel and
+//!   kernel position, bias and whatever follows (relu) in the same
+//!   kernel; for small `channels x kernel` (a first layer, a depthwise
+//!   convolution), where it is one pass over memory; or
+//! - im2col and the GEMM: the windows stored as the rows of one matrix per
+//!   image and group, and the weights times it, for larger ones.
+//!
+//! The padded input is stored once before the windows read it. A padded
+//! view cannot be reshaped (`fold-views` keeps it a node of its own and
+//! `fuse` copies it), so a reshape adding an axis of one makes it a buffer:
+//! each window then reads it without a mask, which the CPU backend does
+//! four lanes at a time, where a masked read is a scalar load and a select.
+//! (Nothing in the IR asks for a buffer by name; this is the one way.)
+
+use kiln_ir::{DType, Scalar};
+
+use crate::{Error, Result, Tensor};
+
+/// Above this many products per output (`channels per group x kernel
+/// positions`), a convolution is im2col and the GEMM rather than one
+/// elementwise chain: the chain reads every window once per output channel
+/// and holds every term in one kernel.
+const DIRECT_TERMS: usize = 64;
+
+/// Above this many elements a pooling window is taken along the width,
+/// then along the height (see `pool`).
+const SEPARATE_POOL: usize = 25;
+
+/// The window of a pooling op over the two spatial axes of NCHW data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2d {
+    /// The window's height and width.
+    pub kernel: [usize; 2],
+    /// Steps between windows along height and width.
+    pub stride: [usize; 2],
+    /// `(before, after)` padding of height and width; the padding never
+    /// wins a max and, unless asked, never counts in an average.
+    pub padding: [(usize, usize); 2],
+    /// Steps between the window's elements along height and width.
+    pub dilation: [usize; 2],
+    /// Round the output size up (a last, partial window) instead of down.
+    pub ceil_mode: bool,
+}
+
+impl Pool2d {
+    /// A window of `kernel` stepping by its own size, no padding, no dilation.
+    pub fn new(kernel: [usize; 2]) -> Pool2d {
+        Pool2d {
+            kernel,
+            stride: kernel,
+            padding: [(0, 0); 2],
+            dilation: [1, 1],
+            ceil_mode: false,
+        }
+    }
+}
+
+/// One spatial axis of a sliding window: where its windows start and how
+/// many there are.
+#[derive(Clone, Copy, Debug)]
+struct Axis {
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    /// Padding before and after, as asked.
+    pad: (usize, usize),
+    /// Padding after the asked padding that only a ceil-mode last window reaches.
+    extra: usize,
+    /// The number of windows.
+    out: usize,
+}
+
+impl Axis {
+    /// The windows of `len` input elements, or the reason there are none.
+    fn new(
+        len: usize,
+        kernel: usize,
+        stride: usize,
+        pad: (usize, usize),
+        dilation: usize,
+        ceil_mode: bool,
+    ) -> std::result::Result<Axis, String> {
+        if kernel == 0 || stride == 0 || dilation == 0 {
+            return Err(format!(
+                "kernel {kernel}, stride {stride} and dilation {dilation} must be at least 1"
+            ));
+        }
+        let padded = len + pad.0 + pad.1;
+        let span = dilation * (kernel - 1) + 1;
+        if span > padded {
+            return Err(format!(
+                "a kernel of {kernel} (dilation {dilation}) spans {span} elements, more than the {padded} of the padded input"
+            ));
+        }
+        let mut out = match ceil_mode {
+            true => (padded - span).div_ceil(stride) + 1,
+            false => (padded - span) / stride + 1,
+        };
+        // A last window must start inside the input or its leading padding
+        // (PyTorch's and ONNX's rule for ceil mode).
+        if ceil_mode && (out - 1) * stride >= len + pad.0 {
+            out -= 1;
+        }
+        let extra = ((out - 1) * stride + span).saturating_sub(padded);
+        Ok(Axis {
+            kernel,
+            stride,
+            dilation,
+            pad,
+            extra,
+            out,
+        })
+    }
+
+    /// Input positions (counted from the start of the padded input) that
+    /// window `o` reads at kernel position `k`.
+    fn position(&self, o: usize, k: usize) -> usize {
+        o * self.stride + k * self.dilation
+    }
+}
+
+fn window_error(op: &'static str, message: String) -> Error {
+    Error::Window { op, message }
+}
+
+/// The two spatial axes of `x` (NCHW) under a window, checked.
+fn spatial(
+    op: &'static str,
+    x: &Tensor,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [(usize, usize); 2],
+    dilation: [usize; 2],
+    ceil_mode: bool,
+) -> Result<[Axis; 2]> {
+    let dims = x.dims();
+    let axis = |a: usize| {
+        Axis::new(
+            dims[2 + a],
+            kernel[a],
+            stride[a],
+            padding[a],
+            dilation[a],
+            ceil_mode,
+        )
+        .map_err(|m| {
+            let name = ["height", "width"][a];
+            window_error(op, format!("input {}: {name}: {m}", x.shape()))
+        })
+    };
+    Ok([axis(0)?, axis(1)?])
+}
+
+/// Checks that `t` is NCHW-like data of rank 4, of f32 if `f32_only`.
+fn check_4d(op: &'static str, t: &Tensor, f32_only: bool) -> Result<()> {
+    if t.rank() != 4 {
+        return Err(Error::Rank {
+            op,
+            shape: t.shape().clone(),
+            rank: 4,
+        });
+    }
+    if f32_only && t.dtype() != DType::F32 {
+        return Err(kiln_ir::Error::DType {
+            op,
+            dtype: t.dtype(),
+            expected: "f32",
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// `x` padded with `fill` on its spatial axes (the ceil-mode extra
+/// included) and stored once (see the module doc), with a trailing axis of
+/// one that the windows drop again.
+fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
+    let [h, w] = axes;
+    let pads = [
+        (0, 0),
+        (0, 0),
+        (h.pad.0, h.pad.1 + h.extra),
+        (w.pad.0, w.pad.1 + w.extra),
+    ];
+    let p = x.pad(&pads, fill)?;
+    let mut d = p.dims().to_vec();
+    // A padded view cannot take this reshape, so `fold-views` keeps the
+    // padding a node of its own, read through by the windows' views, and
+    // `fuse` stores it. A window that dropped the axis without slicing
+    // would be the padded view itself again, read with its mask.
+    d.push(1);
+    p.reshape(d)
+}
+
+/// The windows of the padded input `xp` (`[N, C, H, W, 1]`), one
+/// `[N, C, out_h, out_w]` view per kernel position, row-major over `(kh, kw)`.
+fn windows(xp: &Tensor, [h, w]: &[Axis; 2]) -> Result<Vec<Tensor>> {
+    let d = xp.dims();
+    let mut out = Vec::with_capacity(h.kernel * w.kernel);
+    for kh in 0..h.kernel {
+        let rows = xp.slice(
+            2,
+            h.position(0, kh),
+            h.position(h.out - 1, kh) + 1,
+            h.stride,
+        )?;
+        for kw in 0..w.kernel {
+            let win = rows.slice(
+                3,
+                w.position(0, kw),
+                w.position(w.out - 1, kw) + 1,
+                w.stride,
+            )?;
+            out.push(win.reshape([d[0], d[1], h.out, w.out])?);
+        }
+    }
+    Ok(out)
+}
+
+impl Tensor {
+    /// 2-D convolution of NCHW f32 data with OIHW weights
+    /// (`[out_channels, in_channels / groups, kh, kw]`), PyTorch's and ONNX's
+    /// `Conv`: `stride` and `dilation` along height and width, `padding` as
+    /// zeros `(before, after)` each, input and output channels split into
+    /// `groups` (`groups == in_channels` is a depthwise convolution), and an
+    /// optional `bias` of `[out_channels]`. The result is
+    /// `[N, out_channels, out_h, out_w]`.
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: [usize; 2],
+        padding: [(usize, usize); 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<Tensor> {
+        const OP: &str = "conv2d";
+        check_4d(OP, self, true)?;
+        check_4d(OP, weight, true)?;
+        let (x, w) = (self.dims(), weight.dims());
+        let (c, o, cg) = (x[1], w[0], w[1]);
+        let mismatch = |message: String| {
+            window_error(
+                OP,
+                format!(
+                    "input {} and weight {}: {message}",
+                    self.shape(),
+                    weight.shape()
+                ),
+            )
+        };
+        if groups == 0 || c % groups != 0 || o % groups != 0 {
+            return Err(mismatch(format!(
+                "{groups} groups do not divide {c} input and {o} output channels"
+            )));
+        }
+        if c / groups != cg {
+            return Err(mismatch(format!(
+                "{c} input channels in {groups} groups are {} per group, the weight takes {cg}",
+                c / groups
+            )));
+        }
+        if let Some(b) = bias
+            && (b.dims() != [o] || b.dtype() != DType::F32)
+        {
+            return Err(mismatch(format!(
+                "the bias must be f32 [{o}], got {} {}",
+                b.dtype(),
+                b.shape()
+            )));
+        }
+        let axes = spatial(OP, self, [w[2], w[3]], stride, padding, dilation, false)?;
+        let wins = windows(&padded(self, &axes, Scalar::F32(0.0))?, &axes)?;
+        let og = o / groups;
+        let terms = cg * wins.len();
+        let y = if terms <= DIRECT_TERMS && (groups == 1 || og == 1) {
+            multiply_and_sum(&wins, weight, groups)?
+        } else {
+            im2col_gemm(&wins, weight, groups, &axes)?
+        };
+        match bias {
+            Some(b) => y.add(&b.reshape([1, o, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+
+    /// Max pooling of NCHW data (f32, i32 or u8) over `window`: `[N, C,
+    /// out_h, out_w]`. Padding reads as the dtype's least value (-inf for
+    /// f32), so it never wins; NaN propagates.
+    pub fn max_pool2d(&self, window: &Pool2d) -> Result<Tensor> {
+        const OP: &str = "max_pool2d";
+        let least = match self.dtype() {
+            DType::F32 => Scalar::F32(f32::NEG_INFINITY),
+            DType::I32 => Scalar::I32(i32::MIN),
+            DType::U8 => Scalar::U8(0),
+            DType::Bool => {
+                return Err(kiln_ir::Error::DType {
+                    op: OP,
+                    dtype: DType::Bool,
+                    expected: "f32, i32 or u8",
+                }
+                .into());
+            }
+        };
+        check_4d(OP, self, false)?;
+        let axes = pool_axes(OP, self, window)?;
+        pool(&padded(self, &axes, least)?, &axes, Tensor::maximum)
+    }
+
+    /// Average pooling of NCHW f32 data over `window`: `[N, C, out_h,
+    /// out_w]`. Each window's sum is divided by the number of input elements
+    /// it covers, or with `count_include_pad` by the number it covers in the
+    /// input and its asked padding (a ceil-mode window's overhang never counts).
+    pub fn avg_pool2d(&self, window: &Pool2d, count_include_pad: bool) -> Result<Tensor> {
+        const OP: &str = "avg_pool2d";
+        check_4d(OP, self, true)?;
+        let axes = pool_axes(OP, self, window)?;
+        let sum = pool(&padded(self, &axes, Scalar::F32(0.0))?, &axes, Tensor::add)?;
+        let dims = self.dims();
+        // The counts depend on the shapes alone: computed here, one per output position.
+        let counts = |a: &Axis, len: usize| -> Vec<usize> {
+            let (lo, hi) = match count_include_pad {
+                true => (0, len + a.pad.0 + a.pad.1),
+                false => (a.pad.0, a.pad.0 + len),
+            };
+            (0..a.out)
+                .map(|o| {
+                    (0..a.kernel)
+                        .filter(|&k| (lo..hi).contains(&a.position(o, k)))
+                        .count()
+                })
+                .collect()
+        };
+        let (ch, cw) = (counts(&axes[0], dims[2]), counts(&axes[1], dims[3]));
+        let scale: Vec<f32> = ch
+            .iter()
+            .flat_map(|&a| cw.iter().map(move |&b| 1.0 / (a * b) as f32))
+            .collect();
+        if scale.iter().all(|&s| s == scale[0]) {
+            return sum.mul(&Tensor::scalar(scale[0]));
+        }
+        sum.mul(&Tensor::from_vec(scale, [1, 1, axes[0].out, axes[1].out])?)
+    }
+}
+
+fn pool_axes(op: &'static str, x: &Tensor, p: &Pool2d) -> Result<[Axis; 2]> {
+    for a in 0..2 {
+        // Padding as wide as the window would make windows of padding alone.
+        if p.padding[a].0 >= p.kernel[a].max(1) || p.padding[a].1 >= p.kernel[a].max(1) {
+            return Err(window_error(
+                op,
+                format!(
+                    "input {}: padding {:?} must be smaller than the kernel {:?}",
+                    x.shape(),
+                    p.padding,
+                    p.kernel
+                ),
+            ));
+        }
+    }
+    spatial(
+        op,
+        x,
+        p.kernel,
+        p.stride,
+        p.padding,
+        p.dilation,
+        p.ceil_mode,
+    )
+}
+
+/// The convolution as one elementwise chain: the sum over input channels
+/// `c` of a group and kernel positions `k` of `w[o, c, k] * window_k[c]`,
+/// broadcast over the output. With one group every output channel reads
+/// every input channel; with one output channel per group (depthwise),
+/// output channel `o` reads input channels `o * cg + c`, a strided slice.
+fn multiply_and_sum(wins: &[Tensor], weight: &Tensor, groups: usize) -> Result<Tensor> {
+    let w = weight.dims();
+    let (o, cg, k) = (w[0], w[1], wins.len());
+    let flat = weight.reshape([o, cg * k])?;
+    let mut terms = Vec::with_capacity(cg * k);
+    for c in 0..cg {
+        for (j, win) in wins.iter().enumerate() {
+            // [N, 1, oh, ow] broadcast over output channels, or [N, groups, oh, ow].
+            let x = match groups {
+                1 => win.slice(1, c, c + 1, 1)?,
+                _ => win.slice(1, c, win.dims()[1], cg)?,
+            };
+            let col = c * k + j;
+            terms.push(x.mul(&flat.slice(1, col, col + 1, 1)?.reshape([1, o, 1, 1])?)?);
+        }
+    }
+    tree(terms, Tensor::add)
+}
+
+/// `terms` combined pairwise by `f`, a tree of depth log2(n) rather than
+/// a chain of n: the operations of one output element do not wait on each
+/// other, so a vector unit runs them side by side, and a window of
+/// thousands of elements is no deeper a graph than one of ten.
+fn tree(mut terms: Vec<Tensor>, f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    while terms.len() > 1 {
+        let mut next = Vec::with_capacity(terms.len().div_ceil(2));
+        let mut it = terms.into_iter();
+        while let Some(a) = it.next() {
+            next.push(match it.next() {
+                Some(b) => f(&a, &b)?,
+                None => a,
+            });
+        }
+        terms = next;
+    }
+    // Every window has at least one element (checked when it was made), so
+    // there is a term.
+    terms
+        .pop()
+        .ok_or_else(|| window_error("conv2d", "a window with no elements".to_string()))
+}
+
+/// Pooling by `f` over the windows of `xp`: at once for a small window; for
+/// a large one along the width first, the rows' results stored, then along
+/// the height, `kh + kw` operations an output instead of `kh * kw`.
+fn pool(
+    xp: &Tensor,
+    [h, w]: &[Axis; 2],
+    f: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Copy,
+) -> Result<Tensor> {
+    if h.kernel * w.kernel <= SEPARATE_POOL {
+        return tree(windows(xp, &[*h, *w])?, f);
+    }
+    let d = xp.dims();
+    let rows = Axis {
+        kernel: 1,
+        stride: 1,
+        dilation: 1,
+        pad: (0, 0),
+        extra: 0,
+        out: d[2],
+    };
+    let across = tree(windows(xp, &[rows, *w])?, f)?;
+    let cols = Axis { out: w.out, ..rows };
+    tree(windows(&across.unsqueeze(-1)?, &[*h, cols])?, f)
+}
+
+/// The convolution as im2col and the GEMM: per image and group, the matrix
+/// whose row `(k, c)` is window `k` of channel `c` flattened over the
+/// output positions, multiplied by the weights as `[out/groups, k * cg]`.
+fn im2col_gemm(
+    wins: &[Tensor],
+    weight: &Tensor,
+    groups: usize,
+    axes: &[Axis; 2],
+) -> Result<Tensor> {
+    let w = weight.dims();
+    let (o, cg, k) = (w[0], w[1], wins.len());
+    let n = wins[0].dims()[0];
+    let p = axes[0].out * axes[1].out;
+    let rows = k * cg;
+    let mut parts = Vec::with_capacity(k);
+    for (j, win) in wins.iter().enumerate() {
+        // Rows `j * cg..` of the matrix: the window's channels, each over the
+        // output positions, zero elsewhere; the sum places every window.
+        parts.push(win.reshape([n, groups, cg, p])?.pad(
+            &[(0, 0), (0, 0), (j * cg, rows - (j + 1) * cg), (0, 0)],
+            0.0f32,
+        )?);
+    }
+    let col = tree(parts, Tensor::add)?;
+    // Weight columns in the rows' order, (k, c).
+    let wm = weight
+        .reshape([groups, o / groups, cg, k])?
+        .permute(&[0, 1, 3, 2])?
+        .reshape([groups, o / groups, rows])?;
+    wm.matmul(&col)?.reshape([n, o, axes[0].out, axes[1].out])
+}
