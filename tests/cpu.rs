@@ -809,6 +809,24 @@ fn sums_of_exponentials_over_long_rows_agree() -> Result<()> {
     Ok(())
 }
 
+/// Long rows scaled by their own max (on AVX2 machines the max and the
+/// product by calls of 256-bit code, the product reading the input row):
+/// exact, with ragged ends and the NaN, infinities and zeros `input` puts
+/// in.
+#[test]
+fn long_rows_scaled_by_their_max_agree_exactly() -> Result<()> {
+    for n in [32, 33, 50, 1027] {
+        let x = input(&[5, n], 47, true)?;
+        check(
+            &format!("x * max(x) [5,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].mul(&t[0].max(&[1], true)?),
+        )?;
+    }
+    Ok(())
+}
+
 #[test]
 fn compiled_graphs_replay_and_reject_wrong_inputs() -> Result<()> {
     let w = Tensor::randn([16, 4], 1)?;

@@ -1,4 +1,4 @@
-//! e^x over a row in place, with the row's sum, in 256-bit AVX2+FMA
+//! e^(x - shift) over a row, with the row's sum, in 256-bit AVX2+FMA
 //! vectors, for generated code to call: the reduction `sum(exp(...))` of
 //! softmax, log_softmax and logsumexp spends most of its time in exp, and
 //! Cranelift emits 128-bit vectors only, so its own exp takes twice the
@@ -12,54 +12,90 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m256, __m256i, _CMP_NLE_UQ, _mm256_add_epi32, _mm256_add_ps, _mm256_castps_si256,
-    _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
-    _mm256_min_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srai_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
-    _mm256_sub_ps,
+    __m256, __m256i, _CMP_NLE_UQ, _MM_HINT_T0, _mm_prefetch, _mm256_add_epi32, _mm256_add_ps,
+    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
+    _mm256_max_ps, _mm256_min_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srai_epi32, _mm256_storeu_ps,
+    _mm256_sub_epi32, _mm256_sub_ps,
 };
 
 /// The name generated code calls `kiln_exp_sum` by.
 pub(crate) const SYMBOL: &str = "kiln_exp_sum";
 
-/// Whether this CPU runs `kiln_exp_sum`.
+/// Whether this CPU runs `kiln_exp_sum` (and `row_ops`' functions).
 pub(crate) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
-/// Replaces `data[0..n]` by its exponentials and returns their sum (in an
-/// order of its own). Called by generated code only where `available()`,
-/// with a row it owns.
-pub(crate) extern "C" fn kiln_exp_sum(data: *mut f32, n: i64) -> f32 {
+/// Stores `e^(src[j] - shift)` to `dst[j]` for `j < n` (no store where
+/// `dst` is null) and returns their sum (in an order of its own), reading a
+/// line at `ahead` (unless null) per 16 elements, as the generated loops
+/// do (`lower::signature`). `src` may be `dst`. The subtraction is the
+/// generated code's `x - max`, one f32 operation, so the exponent's argument
+/// has the same bits; a shift of 0 leaves every argument as it is. Called
+/// by generated code only where `available()`, with rows it owns.
+pub(crate) extern "C" fn kiln_exp_sum(
+    src: *const f32,
+    shift: f32,
+    dst: *mut f32,
+    n: i64,
+    ahead: *const u8,
+) -> f32 {
+    let n = n.max(0) as usize;
     // SAFETY: generated code calls this only where the CPU has AVX2 and FMA
-    // (`available`), with `n` elements at `data` that only it touches.
-    unsafe { exp_sum(data, n.max(0) as usize) }
+    // (`available`), with `n` elements at `src` to read and, unless null,
+    // at `dst` to write, which only it touches meanwhile.
+    unsafe {
+        if dst.is_null() {
+            exp_sum::<false>(src, shift, dst, n, ahead)
+        } else {
+            exp_sum::<true>(src, shift, dst, n, ahead)
+        }
+    }
 }
 
-/// `kiln_exp_sum` itself: four vectors of eight at a time with four sums,
-/// then one, then the last few through a vector on the stack.
+/// `kiln_exp_sum` itself, storing the exponentials where `STORE`: four
+/// vectors of eight at a time with four sums, then one, then the last few
+/// through a vector on the stack.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `data..data + n` is this caller's to read and
-/// write.
+/// The CPU has AVX2 and FMA; `src..src + n` is readable and, where
+/// `STORE`, `dst..dst + n` this caller's to write (`src` itself or apart).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum(data: *mut f32, n: usize) -> f32 {
+unsafe fn exp_sum<const STORE: bool>(
+    src: *const f32,
+    shift: f32,
+    dst: *mut f32,
+    n: usize,
+    ahead: *const u8,
+) -> f32 {
+    let shift = splat(shift);
     let mut sums = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    // SAFETY (every access below): `i + 8 <= n`, inside the caller's row.
+    // SAFETY (every access below): `i + 8 <= n`, inside the caller's row; a
+    // prefetch never faults.
     while i + 32 <= n {
+        if !ahead.is_null() {
+            let line = ahead.wrapping_add(4 * i).cast::<i8>();
+            _mm_prefetch::<_MM_HINT_T0>(line);
+            _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64));
+        }
         for (u, sum) in sums.iter_mut().enumerate() {
-            let at = unsafe { data.add(i + 8 * u) };
-            let e = exp8(unsafe { _mm256_loadu_ps(at) });
-            unsafe { _mm256_storeu_ps(at, e) };
+            let x = unsafe { _mm256_loadu_ps(src.add(i + 8 * u)) };
+            let e = exp8(_mm256_sub_ps(x, shift));
+            if STORE {
+                unsafe { _mm256_storeu_ps(dst.add(i + 8 * u), e) };
+            }
             *sum = _mm256_add_ps(*sum, e);
         }
         i += 32;
     }
     while i + 8 <= n {
-        let at = unsafe { data.add(i) };
-        let e = exp8(unsafe { _mm256_loadu_ps(at) });
-        unsafe { _mm256_storeu_ps(at, e) };
+        let x = unsafe { _mm256_loadu_ps(src.add(i)) };
+        let e = exp8(_mm256_sub_ps(x, shift));
+        if STORE {
+            unsafe { _mm256_storeu_ps(dst.add(i), e) };
+        }
         sums[0] = _mm256_add_ps(sums[0], e);
         i += 8;
     }
@@ -75,11 +111,14 @@ unsafe fn exp_sum(data: *mut f32, n: usize) -> f32 {
         let rest = n - i;
         let mut tail = [0f32; 8];
         // SAFETY: `rest` elements from `i` are inside the row, and `tail`
-        // holds eight; the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(data.add(i), tail.as_mut_ptr(), rest) };
-        let e = exp8(unsafe { _mm256_loadu_ps(tail.as_ptr()) });
+        // holds eight; the stack is apart from both rows.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(i), tail.as_mut_ptr(), rest) };
+        let x = unsafe { _mm256_loadu_ps(tail.as_ptr()) };
+        let e = exp8(_mm256_sub_ps(x, shift));
         unsafe { _mm256_storeu_ps(tail.as_mut_ptr(), e) };
-        unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), data.add(i), rest) };
+        if STORE {
+            unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), dst.add(i), rest) };
+        }
         total += tail[..rest].iter().sum::<f32>();
     }
     total
@@ -211,7 +250,8 @@ mod tests {
                 break;
             }
             let row = &mut got[at..(at + len).min(values.len())];
-            kiln_exp_sum(row.as_mut_ptr(), row.len() as i64);
+            let p = row.as_mut_ptr();
+            kiln_exp_sum(p, 0.0, p, row.len() as i64, std::ptr::null());
             at += row.len();
         }
         let mut worst = (0.0f64, 0.0f32);
@@ -240,15 +280,31 @@ mod tests {
     }
 
     #[test]
-    fn exp_sum_sums_what_it_stores() {
+    fn exp_sum_sums_what_it_stores_from_its_shifted_source() {
         if !available() {
             eprintln!("skipped: this CPU lacks AVX2 or FMA");
             return;
         }
         for len in [0, 1, 7, 8, 9, 31, 32, 33, 1000, 1027] {
-            let mut row: Vec<f32> = (0..len).map(|i| (i % 23) as f32 / 4.0 - 3.0).collect();
-            let sum = kiln_exp_sum(row.as_mut_ptr(), len as i64);
-            let exact: f64 = row.iter().map(|&e| f64::from(e)).sum();
+            let src: Vec<f32> = (0..len).map(|i| (i % 23) as f32 / 4.0 - 1.5).collect();
+            let shift = 1.5f32;
+            let mut dst = vec![f32::NAN; len];
+            let ahead = src.as_ptr().cast::<u8>();
+            let sum = kiln_exp_sum(src.as_ptr(), shift, dst.as_mut_ptr(), len as i64, ahead);
+            // The same exponentials as in place from the shifted row.
+            let mut want: Vec<f32> = src.iter().map(|&x| x - shift).collect();
+            let p = want.as_mut_ptr();
+            let in_place = kiln_exp_sum(p, 0.0, p, len as i64, std::ptr::null());
+            assert_eq!(sum.to_bits(), in_place.to_bits(), "length {len}");
+            let same = dst
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "length {len}: exponentials differ");
+            // Without a destination, the sum alone.
+            let alone = kiln_exp_sum(src.as_ptr(), shift, std::ptr::null_mut(), len as i64, ahead);
+            assert_eq!(sum.to_bits(), alone.to_bits(), "length {len}");
+            let exact: f64 = dst.iter().map(|&e| f64::from(e)).sum();
             let err = (f64::from(sum) - exact).abs();
             assert!(
                 err <= 1e-6 * exact.max(1.0),

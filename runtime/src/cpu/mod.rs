@@ -1,5 +1,6 @@
 //! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`,
-//! with `exp_row`, a 256-bit exp over a row that the code calls),
+//! with `exp_row` and `row_ops`, 256-bit exp, max and scale over a row
+//! that the code calls),
 //! compiled to machine code and called (`jit`), cached by their structural
 //! hash (`cache`), and run in the order and memory plan of a schedule
 //! (`executable`).
@@ -12,6 +13,8 @@ mod gemm;
 mod jit;
 mod lower;
 mod math;
+#[cfg(target_arch = "x86_64")]
+mod row_ops;
 
 use kiln_ir::pass::Optimized;
 

@@ -14,8 +14,9 @@
 //! packing to pay) the `gemm` crate, which dispatches on the CPU itself.
 //! The environment variable `KILN_CPU_ISA` forces a path, so that every one
 //! is tested and timed on any machine that has it: `avx512`, `avx2`, or
-//! `generic` (the `gemm` crate for every product, and every exp in the
-//! generated code rather than `cpu::exp_row`'s 256-bit one). It is read once per
+//! `generic` (the `gemm` crate for every product, and every row in the
+//! generated code rather than the 256-bit row functions of `cpu::exp_row`
+//! and `cpu::row_ops`). It is read once per
 //! process; a value that names no path, or a path this CPU lacks, is an
 //! `Error::Environment` from every compile and run on the CPU, rather than
 //! a quiet fallback that would mislabel a benchmark.

@@ -19,7 +19,7 @@ use kiln_ir::{DType, TensorType};
 use crate::Error;
 use crate::cpu::lower::{self, RowRange};
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::{exp_row, gemm};
+use crate::cpu::{exp_row, gemm, row_ops};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
 /// many rows ahead it reads a line in advance (see `lower::signature`).
@@ -30,15 +30,15 @@ extern "C" fn kiln_powf(x: f32, y: f32) -> f32 {
     (f64::from(x)).powf(f64::from(y)) as f32
 }
 
-/// The name of the 256-bit exp over a row (`exp_row`) where generated code
-/// calls it: where the CPU has AVX2 and FMA, unless `KILN_CPU_ISA` is
-/// `generic`, which keeps every exp in the generated code.
-fn exp_sum_symbol() -> Result<Option<&'static str>, Error> {
+/// Whether generated code calls the 256-bit row functions (`exp_row`,
+/// `row_ops`): where the CPU has AVX2 and FMA, unless `KILN_CPU_ISA` is
+/// `generic`, which keeps every row in the generated code.
+fn row_calls() -> Result<bool, Error> {
     #[cfg(target_arch = "x86_64")]
     if gemm::isa()? != gemm::Isa::Generic && exp_row::available() {
-        return Ok(Some(exp_row::SYMBOL));
+        return Ok(true);
     }
-    Ok(None)
+    Ok(false)
 }
 
 /// The host's ISA with kiln's settings, made once.
@@ -107,37 +107,39 @@ impl CompiledKernel {
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
         jit.symbol("kiln_powf", kiln_powf as *const u8);
         #[cfg(target_arch = "x86_64")]
-        jit.symbol(exp_row::SYMBOL, exp_row::kiln_exp_sum as *const u8);
+        {
+            jit.symbol(exp_row::SYMBOL, exp_row::kiln_exp_sum as *const u8);
+            jit.symbol(row_ops::MAX_SYMBOL, row_ops::kiln_max_row as *const u8);
+            jit.symbol(row_ops::SCALE_SYMBOL, row_ops::kiln_scale_row as *const u8);
+        }
         let mut module = JITModule::new(jit);
         let target = module.target_config();
         let ptr = target.pointer_type();
         let mut ctx = module.make_context();
         ctx.func.signature = lower::signature(ptr, target.default_call_conv);
-        let mut pow_sig = module.make_signature();
-        pow_sig
-            .params
-            .extend([AbiParam::new(types::F32), AbiParam::new(types::F32)]);
-        pow_sig.returns.push(AbiParam::new(types::F32));
         let codegen = |e: cranelift_module::ModuleError| Error::Codegen(e.to_string());
-        let pow_id = module
-            .declare_function("kiln_powf", Linkage::Import, &pow_sig)
-            .map_err(codegen)?;
-        let powf = module.declare_func_in_func(pow_id, &mut ctx.func);
-        let exp_sum = match exp_sum_symbol()? {
-            Some(symbol) => {
-                let mut sig = module.make_signature();
-                sig.params
-                    .extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
-                sig.returns.push(AbiParam::new(types::F32));
-                let id = module
-                    .declare_function(symbol, Linkage::Import, &sig)
-                    .map_err(codegen)?;
-                Some(module.declare_func_in_func(id, &mut ctx.func))
-            }
-            None => None,
+        let mut import = |name: &str, params: &[types::Type], ret: Option<types::Type>| {
+            let mut sig = module.make_signature();
+            sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+            sig.returns.extend(ret.map(AbiParam::new));
+            let id = module
+                .declare_function(name, Linkage::Import, &sig)
+                .map_err(codegen)?;
+            Ok::<_, Error>(module.declare_func_in_func(id, &mut ctx.func))
+        };
+        let powf = import("kiln_powf", &[types::F32, types::F32], Some(types::F32))?;
+        let rows = if row_calls()? {
+            let (f, n) = (types::F32, types::I64);
+            Some(lower::RowCalls {
+                exp_sum: import("kiln_exp_sum", &[ptr, f, ptr, n, ptr], Some(f))?,
+                max: import("kiln_max_row", &[ptr, n], Some(f))?,
+                scale: import("kiln_scale_row", &[ptr, f, ptr, n], None)?,
+            })
+        } else {
+            None
         };
         let mut fbc = FunctionBuilderContext::new();
-        let calls = lower::Calls { powf, exp_sum };
+        let calls = lower::Calls { powf, rows };
         let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, calls, target);
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());

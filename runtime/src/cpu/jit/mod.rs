@@ -1,6 +1,6 @@
 //! Machine code made and called: the one part of the CPU backend with
-//! `unsafe` besides the GEMM cores (`gemm`) and the AVX2 exp that generated
-//! code calls (`exp_row`). It owns the JIT code
+//! `unsafe` besides the GEMM cores (`gemm`) and the AVX2 row functions that
+//! generated code calls (`exp_row`, `row_ops`). It owns the JIT code
 //! memory, turns it into function pointers, hands raw buffer pointers to
 //! generated code and to the GEMM core, and calls them.
 //!

@@ -1,8 +1,9 @@
 //! A row's sum of exponentials by a call of `kiln_exp_sum` (`cpu::exp_row`,
-//! 256-bit AVX2 vectors): the exponent's argument computed here in f32x4
-//! and staged where the call reads it, in the output row when the prologue
-//! is stored there (softmax), else in chunks on the stack (log_softmax,
-//! logsumexp).
+//! 256-bit AVX2 vectors), storing them to the output row when the prologue
+//! is stored there (softmax). An argument `x - max` (softmax, log_softmax,
+//! logsumexp) or `x` goes to the call, which subtracts; another is computed
+//! here in f32x4 and staged where the call reads it, in the output row or
+//! in chunks on the stack.
 //!
 //! Why a call: softmax 4096x1000 on two Zen 3 cores is bound by exp, not
 //! memory (two threads take half the time of one), and Cranelift's f32x4
@@ -15,17 +16,12 @@
 use cranelift_codegen::ir::{
     FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
 };
-use kiln_ir::DType;
-use kiln_ir::UnaryOp;
 use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::{BinaryOp, DType, UnaryOp};
 
 use super::UNROLL;
 use super::emit::{Emitter, Placed, RowBase};
 use crate::nest::Access;
-
-/// Rows at least this long sum their exponentials by the call: shorter ones
-/// spend more on it than on their exps.
-pub(super) const EXP_SUM_MIN: usize = 32;
 
 /// Elements of the argument staged on the stack per call: 4 KiB, in L1.
 const CHUNK: usize = 1024;
@@ -40,8 +36,10 @@ pub(super) fn exp_argument(block: &Block) -> Option<usize> {
 
 impl Emitter<'_> {
     /// The sum over a row of `e^at`, `at` evaluated at inner indices
-    /// `0..len`: staged in the output row `out` (which then holds the
-    /// exponentials), or without one in chunks on the stack. `ahead`: the
+    /// `0..len`, with the exponentials stored to the output row `out` where
+    /// given. An argument `x - c` or `x` (`x` a contiguous f32 row, `c`
+    /// constant along it) goes to the call as it is; another is staged,
+    /// into `out`, or without one in chunks on the stack. `ahead`: the
     /// address of a row ahead, and its element type, read a line per 16
     /// elements (see `lower::signature`).
     pub(super) fn exp_sum_row(
@@ -52,18 +50,35 @@ impl Emitter<'_> {
         len: usize,
         ahead: Option<(Value, DType)>,
     ) -> Value {
-        let zero = self.iconst(0);
-        let call = |e: &mut Self, dst: Value, len: usize| {
-            let len = e.iconst(len as i64);
-            let call = e.b.ins().call(exp_sum, &[dst, len]);
+        let ptr = self.b.func.dfg.value_type(self.ptrs[0]);
+        let null = self.b.ins().iconst(ptr, 0);
+        let call = |e: &mut Self, args: [Value; 4], ahead: Value| {
+            let [src, shift, dst, len] = args;
+            let call = e.b.ins().call(exp_sum, &[src, shift, dst, len, ahead]);
             e.b.inst_results(call)[0]
         };
-        if let Some((out, base)) = out {
-            let (offset, _) = self.element(out, base, zero);
-            let bytes = self.b.ins().imul_imm_s(offset, 4);
-            let dst = self.b.ins().iadd(self.ptrs[out.buffer], bytes);
+        let last = at.block.values.len() - 1;
+        let direct = self.row_op_constant(at, last, BinaryOp::Sub).or_else(|| {
+            let row = self.contiguous_row(at, last)?;
+            Some((row, self.b.ins().f32const(0.0)))
+        });
+        let dst = out.map(|(out, base)| self.row_address(out, base, DType::F32));
+        if let Some((src, shift)) = direct {
+            // The call reads the line ahead where it is a line per 16
+            // elements, as its own row's.
+            let ahead = match ahead {
+                Some((row_ahead, DType::F32)) => row_ahead,
+                _ => null,
+            };
+            let n = self.iconst(len as i64);
+            return call(self, [src, shift, dst.unwrap_or(null), n], ahead);
+        }
+        let zero = self.iconst(0);
+        let no_shift = self.b.ins().f32const(0.0);
+        if let Some(dst) = dst {
             self.stage(at, zero, len, dst, ahead);
-            return call(self, dst, len);
+            let n = self.iconst(len as i64);
+            return call(self, [dst, no_shift, dst, n], null);
         }
         let chunk = len.min(CHUNK);
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(
@@ -71,14 +86,14 @@ impl Emitter<'_> {
             (chunk * 4) as u32,
             4,
         ));
-        let ptr = self.b.func.dfg.value_type(self.ptrs[0]);
-        let dst = self.b.ins().stack_addr(ptr, slot, 0);
+        let staged = self.b.ins().stack_addr(ptr, slot, 0);
         let total = self.b.declare_var(types::F32);
         let none = self.b.ins().f32const(0.0);
         self.b.def_var(total, none);
         let add = |e: &mut Self, from: Value, len: usize| {
-            e.stage(at, from, len, dst, ahead);
-            let s = call(e, dst, len);
+            e.stage(at, from, len, staged, ahead);
+            let n = e.iconst(len as i64);
+            let s = call(e, [staged, no_shift, null, n], null);
             let t = e.b.use_var(total);
             let t = e.b.ins().fadd(t, s);
             e.b.def_var(total, t);

@@ -25,13 +25,16 @@
 //! - `ops`: one value of a block, a cast or a reduction's combine;
 //! - `elementwise`: elementwise kernels and matmul epilogues;
 //! - `reduce`: reductions, by rows, four short rows at once, or by columns;
-//! - `exp_sum`: a row's sum of exponentials by a call of 256-bit code.
+//! - `exp_sum`: a row's sum of exponentials by a call of 256-bit code;
+//! - `row_call`: a row's max, and an epilogue scaling a row, by calls of
+//!   256-bit code, and how a block is matched to a row function's form.
 
 mod elementwise;
 mod emit;
 mod exp_sum;
 mod ops;
 mod reduce;
+mod row_call;
 
 use cranelift_codegen::ir::{
     AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, Value, types,
@@ -82,8 +85,19 @@ const UNROLL: usize = 4;
 pub(crate) struct Calls {
     /// `pow`, as the interpreter computes it.
     pub powf: FuncRef,
-    /// `kiln_exp_sum` (`cpu::exp_row`), where the CPU runs it.
-    pub exp_sum: Option<FuncRef>,
+    /// The 256-bit row functions, where the CPU runs them.
+    pub rows: Option<RowCalls>,
+}
+
+/// The 256-bit row functions generated code calls on long rows.
+#[derive(Clone, Copy)]
+pub(crate) struct RowCalls {
+    /// `kiln_exp_sum` (`cpu::exp_row`): `(src, shift, dst, n, ahead) -> sum`.
+    pub exp_sum: FuncRef,
+    /// `kiln_max_row` (`cpu::row_ops`): `(src, n) -> max`.
+    pub max: FuncRef,
+    /// `kiln_scale_row` (`cpu::row_ops`): `(src, c, dst, n)`.
+    pub scale: FuncRef,
 }
 
 /// Emits the kernel into `func` and says how to launch it.

@@ -11,7 +11,8 @@ use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, ReduceOp};
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
-use super::exp_sum::{EXP_SUM_MIN, exp_argument};
+use super::exp_sum::exp_argument;
+use super::row_call::ROW_CALL_MIN;
 use super::{RowRange, UNROLL, clif_type, f32_arithmetic, vectorizable};
 use crate::nest::Nest;
 
@@ -233,14 +234,23 @@ impl<'a> Emitter<'a> {
         } else {
             None
         };
-        // A sum of exponentials over a long enough row: by a call, in 256-bit
-        // vectors (`exp_sum`).
-        let exp_call = e
+        // A long enough row's sum of exponentials, or max of a plain read:
+        // by a call, in 256-bit vectors (`exp_sum`, `row_call`).
+        let row_calls = e
             .calls
-            .exp_sum
-            .filter(|_| lanes && op == ReduceOp::Sum && inner_len >= EXP_SUM_MIN)
+            .rows
+            .filter(|_| lanes && dtype == DType::F32 && inner_len >= ROW_CALL_MIN);
+        let exp_call = row_calls
+            .filter(|_| op == ReduceOp::Sum)
             .zip(exp_argument(prologue));
-        if let Some((exp_sum, a)) = exp_call {
+        let max_call = row_calls
+            .filter(|_| op == ReduceOp::Max && !store)
+            .and_then(|calls| e.max_row(calls.max, pro_at, inner_len));
+        if let Some(max) = max_call {
+            e.b.def_var(acc, max);
+            from = n;
+        } else if let Some((calls, a)) = exp_call {
+            let exp_sum = calls.exp_sum;
             let argument = Block {
                 values: prologue.values[..=a].to_vec(),
             };
@@ -375,7 +385,17 @@ impl<'a> Emitter<'a> {
             rows: Rows::One(&bases),
             hoisted: &hoisted,
         };
-        if broadcast {
+        // An epilogue scaling a long enough row: by a call, in 256-bit vectors.
+        let scaled = broadcast
+            && epi_lanes
+            && e.side.is_empty()
+            && inner_len >= ROW_CALL_MIN
+            && e.calls
+                .rows
+                .is_some_and(|calls| e.scale_row(calls.scale, epi_at, (out, out_base), inner_len));
+        if scaled {
+            // The call stored the row.
+        } else if broadcast {
             let mut from = zero;
             if epi_lanes {
                 let splat = e.b.ins().splat(types::F32X4, total);

@@ -1,0 +1,119 @@
+//! Rows handed to the 256-bit row functions (`cpu::exp_row`,
+//! `cpu::row_ops`): which blocks have a row function's form (a contiguous
+//! f32 row of one read, and a number constant along it), and the calls
+//! for a row's max and for an epilogue that scales a row.
+//!
+//! Why calls: Cranelift emits 128-bit vectors only. With softmax's exp in
+//! a 256-bit call, its other passes (the max, staging `x - max` for the
+//! call, and the scale by 1/sum) took about 0.4 of its time in cache; in
+//! 256-bit code they take half the instructions, and the staging pass goes.
+//! Softmax 4096x1000 on Zen 3: one thread 3.79 -> 2.33 ms (what C with
+//! every pass in 256-bit vectors takes), two 1.89-2.04 -> 1.17-1.32 ms. A
+//! call is made once per row, where the vector registers it does not
+//! preserve cost little, and only on rows of `ROW_CALL_MIN` and more.
+
+use cranelift_codegen::ir::{FuncRef, InstBuilder, Value};
+use kiln_ir::kernel::Expr;
+use kiln_ir::{BinaryOp, DType, Scalar};
+
+use super::emit::{Emitter, Placed, RowBase, Rows};
+use crate::nest::Access;
+
+/// Rows at least this long go to a row function: shorter ones spend more
+/// on the call than on their elements.
+pub(super) const ROW_CALL_MIN: usize = 32;
+
+impl Emitter<'_> {
+    /// The address of `access`'s first element in the row at `base`.
+    pub(super) fn row_address(&mut self, access: &Access, base: RowBase, dtype: DType) -> Value {
+        let zero = self.iconst(0);
+        let (offset, _) = self.element(access, base, zero);
+        let bytes = self.b.ins().imul_imm_s(offset, dtype.size() as i64);
+        self.b.ins().iadd(self.ptrs[access.buffer], bytes)
+    }
+
+    /// The address of the row that value `i` of `at`'s block reads, where
+    /// it is an f32 read contiguous along the row.
+    pub(super) fn contiguous_row(&mut self, at: Placed, i: usize) -> Option<Value> {
+        let Rows::One(bases) = at.rows else {
+            return None;
+        };
+        let v = &at.block.values[i];
+        if !matches!(v.expr, Expr::Load { .. }) || v.dtype != DType::F32 || at.hoisted[i].is_some()
+        {
+            return None;
+        }
+        let k = at.block.values[..i]
+            .iter()
+            .filter(|v| matches!(v.expr, Expr::Load { .. }))
+            .count();
+        let access = &at.accesses[k];
+        access
+            .unit_stride()
+            .then(|| self.row_address(access, bases[k], DType::F32))
+    }
+
+    /// Value `i` of `at`'s block as one f32 for the whole row: hoisted, or
+    /// a constant.
+    fn row_constant(&mut self, at: Placed, i: usize) -> Option<Value> {
+        match (at.hoisted[i], &at.block.values[i].expr) {
+            (Some(h), _) => Some(h),
+            (None, Expr::Const(Scalar::F32(c))) => Some(self.b.ins().f32const(*c)),
+            _ => None,
+        }
+    }
+
+    /// `(row, c)` where value `i` of `at`'s block is `row[j] op c` (or, for
+    /// an `op` that commutes, `c op row[j]`).
+    pub(super) fn row_op_constant(
+        &mut self,
+        at: Placed,
+        i: usize,
+        op: BinaryOp,
+    ) -> Option<(Value, Value)> {
+        let Expr::Binary(o, x, y) = at.block.values[i].expr else {
+            return None;
+        };
+        if o != op {
+            return None;
+        }
+        let (x, y) = (x as usize, y as usize);
+        let commutes = matches!(op, BinaryOp::Add | BinaryOp::Mul);
+        let pair = |e: &mut Self, r: usize, c: usize| {
+            let row = e.contiguous_row(at, r)?;
+            e.row_constant(at, c).map(|c| (row, c))
+        };
+        pair(self, x, y).or_else(|| commutes.then(|| pair(self, y, x)).flatten())
+    }
+
+    /// The max of a row by `kiln_max_row`, where `at`'s block is a plain
+    /// contiguous f32 read of `len` elements.
+    pub(super) fn max_row(&mut self, max: FuncRef, at: Placed, len: usize) -> Option<Value> {
+        let last = at.block.values.len().checked_sub(1)?;
+        let src = self.contiguous_row(at, last)?;
+        let n = self.iconst(len as i64);
+        let call = self.b.ins().call(max, &[src, n]);
+        Some(self.b.inst_results(call)[0])
+    }
+
+    /// An epilogue `out[j] = row[j] * c` over the row by `kiln_scale_row`,
+    /// where `at`'s block has that form; false where it has not.
+    pub(super) fn scale_row(
+        &mut self,
+        scale: FuncRef,
+        at: Placed,
+        (out, out_base): (&Access, RowBase),
+        len: usize,
+    ) -> bool {
+        let Some(last) = at.block.values.len().checked_sub(1) else {
+            return false;
+        };
+        let Some((src, c)) = self.row_op_constant(at, last, BinaryOp::Mul) else {
+            return false;
+        };
+        let dst = self.row_address(out, out_base, DType::F32);
+        let n = self.iconst(len as i64);
+        self.b.ins().call(scale, &[src, c, dst, n]);
+        true
+    }
+}
