@@ -90,6 +90,11 @@ impl Tensor {
             .into());
         }
         let (batch, classes) = (self.dims()[0], self.dims()[1] as i32);
+        // A mean over no rows, or of rows no index can pick, is NaN (as
+        // PyTorch's); the weighed sum below would give 0 over nothing.
+        if batch == 0 || classes == 0 {
+            return Ok(Tensor::scalar(f32::NAN));
+        }
         let labels = targets.unsqueeze(1)?;
         let one_hot = labels.eq(&Tensor::arange(0, classes))?.cast(DType::F32)?;
         // Each row weighs -1/batch; a row whose index matches no class

@@ -256,6 +256,29 @@ fn layer_norm_gelu_and_losses() -> Result<()> {
     // A class index out of range poisons the loss instead of skipping the row.
     let bad = Tensor::from_vec(vec![0i32, 3], [2])?;
     assert!(logits.cross_entropy(&bad)?.to_scalar::<f32>()?.is_nan());
+    let negative = Tensor::from_vec(vec![-1i32, 0], [2])?;
+    assert!(
+        logits
+            .cross_entropy(&negative)?
+            .to_scalar::<f32>()?
+            .is_nan()
+    );
+    // A mean over no rows, or over rows with no class to pick, is NaN too.
+    let no_rows = Tensor::zeros([0, 3], kiln::DType::F32)?;
+    let no_targets = Tensor::from_vec(Vec::<i32>::new(), [0])?;
+    assert!(
+        no_rows
+            .cross_entropy(&no_targets)?
+            .to_scalar::<f32>()?
+            .is_nan()
+    );
+    let no_classes = Tensor::zeros([2, 0], kiln::DType::F32)?;
+    assert!(
+        no_classes
+            .cross_entropy(&negative)?
+            .to_scalar::<f32>()?
+            .is_nan()
+    );
     Ok(())
 }
 

@@ -639,9 +639,10 @@ fn fusion_kinds_agree() -> Result<()> {
 fn side_outputs_of_products_and_sums_agree() -> Result<()> {
     use kiln::{BackendOptions, Options, TensorType};
     // A momentum update fused into the kernel computing its gradient: the
-    // epilogue of a column sum (a bias's gradient) and of a product with A
-    // transposed (a weight's), each storing the momentum beside the new
-    // parameter. Awkward sizes: vector tails, one row, thread splits.
+    // epilogue of a column sum (a bias's gradient), of a row sum and of a
+    // product with A transposed (a weight's), each storing the momentum
+    // beside the new parameter. Awkward sizes: vector tails, one row,
+    // thread splits.
     for (rows, cols, k) in [
         (1, 1, 1),
         (3, 7, 5),
@@ -649,13 +650,15 @@ fn side_outputs_of_products_and_sums_agree() -> Result<()> {
         (1027, 5, 3),
         (37, 1027, 6),
     ] {
-        let dims: [&[usize]; 6] = [
+        let dims: [&[usize]; 8] = [
             &[rows, cols],
             &[cols],
             &[cols],
             &[rows, k],
             &[k, cols],
             &[k, cols],
+            &[rows],
+            &[rows],
         ];
         let inputs: Vec<Tensor> = dims
             .iter()
@@ -669,7 +672,9 @@ fn side_outputs_of_products_and_sums_agree() -> Result<()> {
             let bias = (&t[2] - &(&bias_m * 0.1f32)?)?;
             let weight_m = momentum(&t[4], &t[3].t()?.matmul(&t[0])?)?;
             let weight = (&t[5] - &(&weight_m * 0.1f32)?)?;
-            Ok(vec![bias_m, bias, weight_m, weight])
+            let row_m = momentum(&t[6], &t[0].sum(&[1], false)?)?;
+            let row = (&t[7] - &(&row_m * 0.1f32)?)?;
+            Ok(vec![bias_m, bias, weight_m, weight, row_m, row])
         };
         let compile = |device| {
             let options = BackendOptions::default();
@@ -685,8 +690,8 @@ fn side_outputs_of_products_and_sums_agree() -> Result<()> {
         let mut tested = compile(device())?;
         assert_eq!(
             tested.launches(),
-            2,
-            "[{rows},{cols}] x {k}: a sum and a product"
+            3,
+            "[{rows},{cols}] x {k}: two sums and a product"
         );
         let data: Vec<Data> = inputs.iter().map(data).collect::<Result<_>>()?;
         let refs: Vec<&Data> = data.iter().collect();
@@ -697,6 +702,8 @@ fn side_outputs_of_products_and_sums_agree() -> Result<()> {
             sum_tol(rows, 8.0),
             product_tol(rows, 16.0),
             product_tol(rows, 16.0),
+            sum_tol(cols, 8.0),
+            sum_tol(cols, 8.0),
         ];
         for (i, ((a, b), tol)) in got.iter().zip(&want).zip(tols).enumerate() {
             compare(&format!("[{rows},{cols}] x {k}: output {i}"), a, b, tol);

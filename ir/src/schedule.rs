@@ -51,8 +51,8 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Plans `graph`, a fused graph (inputs and kernels only, as `optimize`
-    /// returns), or returns the node that is neither.
+    /// Plans `graph`, a fused graph (inputs, kernels and their side outputs
+    /// only, as `optimize` returns), or returns the node that is none of them.
     pub fn plan(graph: &Graph) -> Result<Schedule, NodeId> {
         let n = graph.nodes.len();
         // The last launch (by node position) that reads each value; a side

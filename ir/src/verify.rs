@@ -11,6 +11,7 @@ use crate::op::{Op, OpLayer};
 /// - every operand refers to an earlier node (the arena is topological);
 /// - every node's stored type is what its op infers from its operands (a
 ///   side output's, what its kernel declares);
+/// - every side output of a kernel has exactly one node;
 /// - every declared input has exactly one `Input` node;
 /// - every output is in the arena.
 pub fn verify(graph: &Graph) -> Result<(), Error> {
@@ -54,6 +55,25 @@ pub fn verify(graph: &Graph) -> Result<(), Error> {
             if std::mem::replace(&mut input_seen[index as usize], true) {
                 return Err(fail(format!("input {index} has more than one node")));
             }
+        }
+    }
+    // Each side output of a kernel has exactly one node.
+    let mut side_nodes: Vec<Vec<u32>> = vec![Vec::new(); graph.nodes.len()];
+    for node in &graph.nodes {
+        if let (Op::SideOutput(k), [kernel]) = (&node.op, node.inputs.as_slice()) {
+            side_nodes[kernel.index()].push(*k);
+        }
+    }
+    for (i, (node, mut nodes)) in graph.nodes.iter().zip(side_nodes).enumerate() {
+        let side = match &node.op {
+            Op::Kernel(k) => k.side.len() as u32,
+            _ => 0,
+        };
+        nodes.sort_unstable();
+        if !nodes.iter().copied().eq(0..side) {
+            return Err(fail(format!(
+                "node #{i} has {side} side outputs but side output nodes {nodes:?}"
+            )));
         }
     }
     if let Some(missing) = input_seen.iter().position(|seen| !seen) {

@@ -28,8 +28,9 @@ pub fn row_groups(graph: &Graph, schedule: &Schedule) -> Vec<Range<usize>> {
 
 /// Whether launch `next` can run row block by row block after `group`.
 fn joins(graph: &Graph, schedule: &Schedule, group: &Range<usize>, next: usize) -> bool {
-    // A kernel with side outputs runs alone: what the group wrote is read
-    // through side output nodes too, and row functions have no side buffers.
+    // A kernel with side outputs runs alone: `joins` follows what the group
+    // wrote by launch outputs and kernel nodes, not side output nodes, and
+    // CUDA's row functions take no side buffers.
     let reduction = |i: usize| match &graph.node(schedule.launches[i].node).op {
         Op::Kernel(k) if k.side.is_empty() => match &k.kind {
             KernelKind::Reduce {

@@ -1,4 +1,5 @@
-//! Fusion: groups the graph's ops into kernels, each computing one buffer.
+//! Fusion: groups the graph's ops into kernels, each computing one buffer
+//! and, where the rules below allow, side outputs beside it.
 //!
 //! Nodes are decided from the outputs back, so every reader of a node is
 //! decided before the node itself. A node joins the kernel of its readers
@@ -102,8 +103,8 @@ struct Plan<'g> {
     transparent: Vec<bool>,
     /// Elementwise work on graph inputs and constants alone.
     input_fed: Vec<bool>,
-    /// Input-fed values recomputed in every kernel that reads them, as cheap
-    /// as a load (see the module doc).
+    /// Input-fed values recomputed in every kernel that reads them rather
+    /// than stored: cheap ops, or one element (see the module doc).
     cheap: Vec<bool>,
     members: Vec<Vec<Membership>>,
     inline: Vec<bool>,
@@ -281,14 +282,14 @@ impl<'g> Plan<'g> {
                     && self.groups[own].core.is_none()
                     && self.input_fed[r]
                     && node.ty.shape.numel() == 1
-                    && matches!(
-                        node.op,
-                        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
-                    )
-                    && self
-                        .operands(r)
-                        .iter()
-                        .all(|(p, _)| matches!(graph.nodes[*p].op, Op::Input { .. } | Op::Const(_)))
+                    && elementwise(&node.op)
+                    // Inputs, and constants inlined (not a kernel of their own,
+                    // which might come after the host).
+                    && self.operands(r).iter().all(|(p, _)| match graph.nodes[*p].op {
+                        Op::Input { .. } => true,
+                        Op::Const(_) => self.inline[*p],
+                        _ => false,
+                    })
             })
             .collect();
         // Only a kernel that stays is a host.
@@ -370,10 +371,7 @@ impl<'g> Plan<'g> {
     fn side_output(&self, i: usize, live: &[&Edge]) -> Result<Vec<Membership>, String> {
         let refused = || Err("is a graph output".to_string());
         let node = &self.graph.nodes[i];
-        if !matches!(
-            node.op,
-            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_)
-        ) {
+        if !elementwise(&node.op) {
             return refused();
         }
         let candidates = self.candidates(live)?;
@@ -537,7 +535,8 @@ impl<'g> Plan<'g> {
             || (cheap_op && self.operands(i).iter().all(|(p, _)| cheap_operand(*p)))
     }
 
-    /// The fused graph: the inputs, then one kernel node per group, in order.
+    /// The fused graph: the inputs, then one kernel node per group, in order,
+    /// each followed by the nodes of its side outputs.
     fn build(&self) -> Result<Graph, Error> {
         let graph = self.graph;
         let mut out = Graph::new(graph.name.clone());
@@ -584,6 +583,11 @@ impl<'g> Plan<'g> {
             .collect::<Result<_, _>>()?;
         Ok(out)
     }
+}
+
+/// Whether `op` is elementwise: computed at an index from its operands there.
+fn elementwise(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
 }
 
 fn internal(message: String) -> Error {
@@ -653,8 +657,8 @@ impl Builder<'_, '_> {
                 value: self.emit(&mut body, Role::Main, s, place)?,
             });
         }
-        // The result is the last value: a side value computed after it, or
-        // a view's root that is its source's value, is followed by a copy.
+        // The result is the last value: after a side value the root does not
+        // read (a hosted scalar's), a copy of it.
         if result as usize + 1 != body.values.len() {
             body.push(Expr::Cast(result), root.ty.dtype);
         }

@@ -199,7 +199,12 @@ impl<'a> Emitter<'a> {
 
     pub(super) fn store(&mut self, access: &Access, row: RowBase, j: Value, x: Value) {
         let (offset, _) = self.element(access, row, j);
-        let addr = self.address(access.buffer, offset, self.out_dtype);
+        self.store_at(access.buffer, offset, x);
+    }
+
+    /// `x` stored at element `offset` of output buffer `buffer`.
+    fn store_at(&mut self, buffer: usize, offset: Value, x: Value) {
+        let addr = self.address(buffer, offset, self.out_dtype);
         self.b
             .ins()
             .store(MemFlagsData::new().with_notrap(), x, addr, 0);
@@ -359,10 +364,7 @@ impl<'a> Emitter<'a> {
             .chain(self.side.iter().map(|&(b, v)| (b, values[v as usize])))
             .collect();
         for (buffer, x) in stores {
-            let addr = self.address(buffer, offset, self.out_dtype);
-            self.b
-                .ins()
-                .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+            self.store_at(buffer, offset, x);
         }
     }
 

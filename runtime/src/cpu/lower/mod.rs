@@ -4,7 +4,7 @@
 //!
 //! Every kernel becomes `fn(buffers: *const *mut u8, start: i64, end: i64)`:
 //! `buffers` holds the input pointers, the output pointer, then the side
-//! outputs' (stored with the output by elementwise and matmul kernels), and the
+//! outputs' (stored with the output, at the same element), and the
 //! function computes the rows `start..end` of its loop nest (`crate::nest`),
 //! so that threads can split a launch into disjoint row ranges. A contiguous
 //! elementwise kernel is one flat loop whose `start..end` are element

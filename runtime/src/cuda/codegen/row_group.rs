@@ -29,7 +29,9 @@ pub fn row_group_of(
         let Op::Kernel(kernel) = &graph.node(launch.node).op else {
             return Ok(None);
         };
-        let Some(r) = reduction_rows(kernel) else {
+        // `rows::row_groups` keeps kernels with side outputs alone; row
+        // functions have no side buffers.
+        let Some(r) = reduction_rows(kernel).filter(|_| kernel.side.is_empty()) else {
             return Ok(None);
         };
         if *rows.get_or_insert(r) != r {
