@@ -46,7 +46,7 @@
 //! A view node that cannot be folded into its reader (it is an output, is
 //! read by another view, or pads a matmul operand) is a copy kernel.
 
-use std::collections::HashMap;
+mod build;
 
 use smallvec::SmallVec;
 
@@ -54,7 +54,6 @@ use super::Options;
 use crate::Error;
 use crate::elementwise::{BinaryOp, UnaryOp};
 use crate::graph::{Graph, NodeId};
-use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand, SideOutput};
 use crate::op::Op;
 use crate::types::{DType, Shape};
 use crate::view::View;
@@ -534,229 +533,9 @@ impl<'g> Plan<'g> {
         node.ty.shape.numel() == 1
             || (cheap_op && self.operands(i).iter().all(|(p, _)| cheap_operand(*p)))
     }
-
-    /// The fused graph: the inputs, then one kernel node per group, in order,
-    /// each followed by the nodes of its side outputs.
-    fn build(&self) -> Result<Graph, Error> {
-        let graph = self.graph;
-        let mut out = Graph::new(graph.name.clone());
-        out.inputs = graph.inputs.clone();
-        let mut map: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
-        // Inputs first: a side output may be read before its kernel's root
-        // comes in the arena, and a host kernel may come before an input it reads.
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if let Op::Input { .. } = node.op {
-                map[i] = Some(out.push_typed(node.op.clone(), SmallVec::new(), node.ty.clone()));
-            }
-        }
-        for i in 0..graph.nodes.len() {
-            let node = &graph.nodes[i];
-            if let Some(group) = self.root_of[i] {
-                let mut b = Builder {
-                    plan: self,
-                    group,
-                    reads: Vec::new(),
-                    memo: HashMap::new(),
-                };
-                let kernel = b.kernel()?;
-                let inputs = b
-                    .reads
-                    .iter()
-                    .map(|&r| {
-                        map[r]
-                            .ok_or_else(|| internal(format!("node #{r} is read but not a buffer")))
-                    })
-                    .collect::<Result<_, _>>()?;
-                let id = out.push_typed(Op::Kernel(Box::new(kernel)), inputs, node.ty.clone());
-                map[i] = Some(id);
-                for (k, &s) in self.groups[group].side.iter().enumerate() {
-                    let ty = graph.nodes[s].ty.clone();
-                    let op = Op::SideOutput(k as u32);
-                    map[s] = Some(out.push_typed(op, SmallVec::from_elem(id, 1), ty));
-                }
-            }
-        }
-        out.outputs = graph
-            .outputs
-            .iter()
-            .map(|id| map[id.index()].ok_or_else(|| internal(format!("output {id} has no kernel"))))
-            .collect::<Result<_, _>>()?;
-        Ok(out)
-    }
 }
 
 /// Whether `op` is elementwise: computed at an index from its operands there.
 fn elementwise(op: &Op) -> bool {
     matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
-}
-
-fn internal(message: String) -> Error {
-    Error::Malformed {
-        op: "fuse",
-        message,
-    }
-}
-
-/// Builds the kernel of one group.
-struct Builder<'p, 'g> {
-    plan: &'p Plan<'g>,
-    group: usize,
-    /// The nodes read as buffers, in kernel input order.
-    reads: Vec<usize>,
-    memo: HashMap<(usize, Role, View), u32>,
-}
-
-impl Builder<'_, '_> {
-    fn kernel(&mut self) -> Result<Kernel, Error> {
-        let plan = self.plan;
-        let g = &plan.groups[self.group];
-        let root = &plan.graph.nodes[g.root];
-        let kind = match g.core.map(|c| (c, &plan.graph.nodes[c].op)) {
-            None => KernelKind::Elementwise,
-            Some((c, Op::Reduce { op, axes })) => {
-                let Some((p, view)) = plan.operands(c).into_iter().next() else {
-                    return Err(internal("a reduction has no operand".to_string()));
-                };
-                let mut prologue = Block::default();
-                self.emit(&mut prologue, Role::Prologue, p, &view)?;
-                KernelKind::Reduce {
-                    op: *op,
-                    axes: axes.clone(),
-                    shape: view.shape.clone(),
-                    prologue,
-                }
-            }
-            Some((c, Op::MatMul)) => {
-                let mut sides = SmallVec::<[Operand; 2]>::new();
-                for (side, (p, view)) in plan.operands(c).into_iter().enumerate() {
-                    sides.push(self.operand(side as u8, p, view)?);
-                }
-                match <[Operand; 2]>::try_from(sides.into_vec()) {
-                    Ok([a, b]) => KernelKind::MatMul { a, b },
-                    Err(_) => return Err(internal("a matmul has two operands".to_string())),
-                }
-            }
-            Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
-        };
-        let mut body = Block::default();
-        let result = self.emit(
-            &mut body,
-            Role::Main,
-            g.root,
-            &View::contiguous(&root.ty.shape),
-        )?;
-        let mut side = Vec::with_capacity(g.side.len());
-        for &s in &g.side {
-            let place = plan.members[s]
-                .iter()
-                .find(|m| m.group == self.group)
-                .and_then(|m| m.places.first())
-                .ok_or_else(|| internal(format!("side output #{s} has no place")))?;
-            side.push(SideOutput {
-                ty: plan.graph.nodes[s].ty.clone(),
-                value: self.emit(&mut body, Role::Main, s, place)?,
-            });
-        }
-        // The result is the last value: after a side value the root does not
-        // read (a hosted scalar's), a copy of it.
-        if result as usize + 1 != body.values.len() {
-            body.push(Expr::Cast(result), root.ty.dtype);
-        }
-        Ok(Kernel {
-            inputs: self
-                .reads
-                .iter()
-                .map(|&r| plan.graph.nodes[r].ty.clone())
-                .collect(),
-            out: root.ty.clone(),
-            kind,
-            body,
-            side,
-        })
-    }
-
-    /// Matmul operand `side`, node `p` read through `view`: computed by a
-    /// block when `p` joined the operand's prologue, else read.
-    fn operand(&mut self, side: u8, p: usize, view: View) -> Result<Operand, Error> {
-        let role = Role::Operand(side);
-        let plan = self.plan;
-        let member = plan.members[p]
-            .iter()
-            .any(|m| m.group == self.group && m.role == role);
-        if !plan.inline[p] && !member {
-            return Ok(Operand::Read {
-                input: self.read(p),
-                view,
-            });
-        }
-        let mut block = Block::default();
-        self.emit(&mut block, role, p, &view)?;
-        Ok(Operand::Computed {
-            shape: view.shape,
-            block,
-        })
-    }
-
-    /// The kernel input index of buffer node `p`.
-    fn read(&mut self, p: usize) -> u32 {
-        let index = self.reads.iter().position(|&r| r == p).unwrap_or_else(|| {
-            self.reads.push(p);
-            self.reads.len() - 1
-        });
-        index as u32
-    }
-
-    /// The value of node `n` at the block's index, `place` mapping `n`'s own
-    /// shape onto the block's space.
-    fn emit(
-        &mut self,
-        block: &mut Block,
-        role: Role,
-        n: usize,
-        place: &View,
-    ) -> Result<u32, Error> {
-        let key = (n, role, place.clone());
-        if let Some(&v) = self.memo.get(&key) {
-            return Ok(v);
-        }
-        let plan = self.plan;
-        let node = &plan.graph.nodes[n];
-        let member = plan.members[n]
-            .iter()
-            .any(|m| m.group == self.group && m.role == role);
-        let dtype = node.ty.dtype;
-        let v = if plan.groups[self.group].core == Some(n) && role == Role::Main {
-            block.push(Expr::Acc, dtype)
-        } else if plan.inline[n] || member {
-            let mut args: SmallVec<[u32; 3]> = SmallVec::new();
-            for (p, view) in plan.operands(n) {
-                args.push(self.emit(block, role, p, &view.under(place))?);
-            }
-            let expr = match (&node.op, args.as_slice()) {
-                (Op::Const(c), []) => Expr::Const(*c),
-                (Op::Unary(u), &[x]) => Expr::Unary(*u, x),
-                (Op::Binary(b), &[x, y]) => Expr::Binary(*b, x, y),
-                (Op::Where, &[c, x, y]) => Expr::Where(c, x, y),
-                (Op::Cast(_), &[x]) => Expr::Cast(x),
-                // A computed view is its source read through it.
-                (Op::View(_), &[x]) => {
-                    self.memo.insert(key, x);
-                    return Ok(x);
-                }
-                (op, _) => return Err(internal(format!("a {} node cannot be inlined", op.name()))),
-            };
-            block.push(expr, dtype)
-        } else {
-            let input = self.read(n);
-            block.push(
-                Expr::Load {
-                    input,
-                    view: place.clone(),
-                },
-                dtype,
-            )
-        };
-        self.memo.insert(key, v);
-        Ok(v)
-    }
 }
