@@ -1,7 +1,8 @@
 //! One pass, one rule at a time: the graph after the stage, as inline
 //! snapshots, for every simplify rule, CSE, the split of large reductions,
 //! view folding and the fusion decisions that the mission's patterns do not
-//! show (refusals, the cheap recompute, copies of views that cannot fold).
+//! show (refusals, the cheap recompute, copies of views that cannot fold,
+//! side outputs and where they are refused).
 
 use kiln_ir::pass::{Options, optimize};
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, TensorType, UnaryOp};
@@ -281,4 +282,73 @@ fn a_reduction_with_few_outputs_splits_in_two() {
     // split-reduce: split-reduce x2
     // split-reduce: stopped at a fixpoint
     ");
+}
+
+/// Kernel launches and side output nodes of `graph` fused.
+fn kernels_and_sides(graph: &Graph) -> (usize, usize) {
+    let optimized = optimize(graph, Options::default(), &mut |_, _| {})
+        .expect("the pipeline accepts the graph");
+    let sides = optimized
+        .graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::SideOutput(_)))
+        .count();
+    (optimized.schedule.kernels(), sides)
+}
+
+#[test]
+fn an_output_read_at_its_readers_own_index_is_a_side_output() {
+    // m = 0.9 x and p = x - m, both outputs: one kernel writes both.
+    let mut g = Graph::new("momentum");
+    let x = g.input(f32s(&[3, 5]));
+    let c = constant(&mut g, 0.9, &[3, 5]);
+    let m = push(&mut g, Op::Binary(BinaryOp::Mul), &[x, c]);
+    let p = push(&mut g, Op::Binary(BinaryOp::Sub), &[x, m]);
+    g.outputs = vec![m, p];
+    assert_eq!(kernels_and_sides(&g), (1, 1));
+}
+
+#[test]
+fn an_output_read_elsewhere_than_its_readers_index_is_a_kernel_of_its_own() {
+    // Read through a transpose, or by a sum's prologue: stored by its own kernel.
+    let mut g = Graph::new("elsewhere");
+    let x = g.input(f32s(&[3, 4]));
+    let y = g.input(f32s(&[4, 3]));
+    let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let t = push(&mut g, Op::Permute(SmallVec::from_slice(&[1, 0])), &[e]);
+    let p = push(&mut g, Op::Binary(BinaryOp::Add), &[t, y]);
+    g.outputs = vec![e, p];
+    assert_eq!(kernels_and_sides(&g), (2, 0));
+    let mut g = Graph::new("summed");
+    let x = g.input(f32s(&[3, 4]));
+    let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let sum = Op::Reduce {
+        op: ReduceOp::Sum,
+        axes: SmallVec::from_slice(&[0, 1]),
+    };
+    let s = push(&mut g, sum, &[e]);
+    g.outputs = vec![e, s];
+    assert_eq!(kernels_and_sides(&g), (2, 0));
+}
+
+#[test]
+fn a_one_element_output_of_inputs_is_stored_beside_an_earlier_scalar_kernel() {
+    // A loss, then a step count t + 1 read by a later update: the count is
+    // written by the loss's kernel, not a kernel of its own.
+    let mut g = Graph::new("count");
+    let x = g.input(f32s(&[5]));
+    let t = g.input(f32s(&[]));
+    let sum = Op::Reduce {
+        op: ReduceOp::Sum,
+        axes: SmallVec::from_slice(&[0]),
+    };
+    let loss = push(&mut g, sum, &[x]);
+    let one = constant(&mut g, 1.0, &[]);
+    let next = push(&mut g, Op::Binary(BinaryOp::Add), &[t, one]);
+    let scale = push(&mut g, Op::Expand(Shape::new(&[5])), &[next]);
+    let e = push(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let update = push(&mut g, Op::Binary(BinaryOp::Mul), &[e, scale]);
+    g.outputs = vec![loss, next, update];
+    assert_eq!(kernels_and_sides(&g), (2, 1));
 }
