@@ -289,10 +289,16 @@ fn clif_type(dtype: DType) -> Type {
 /// Whether `block` can run four lanes at a time: f32 arithmetic only, with
 /// reads contiguous or constant along the inner loop.
 fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
+    f32_arithmetic(block) && lanes_read(accesses, out)
+}
+
+/// Whether every read is contiguous or constant along the inner loop, and
+/// the write (if any) contiguous.
+fn lanes_read(accesses: &[Access], out: Option<&Access>) -> bool {
     let reads_ok = accesses
         .iter()
         .all(|a| a.row_invariant() || a.unit_stride());
-    f32_arithmetic(block) && reads_ok && out.is_none_or(Access::unit_stride)
+    reads_ok && out.is_none_or(Access::unit_stride)
 }
 
 /// Whether every value of `block` is f32 arithmetic that has a vector form.
@@ -323,8 +329,5 @@ fn vectorizable_hoisted(
         Some(_) => v.dtype == DType::F32,
         None => f32_lane_op(v),
     });
-    let reads_ok = accesses
-        .iter()
-        .all(|a| a.row_invariant() || a.unit_stride());
-    values_ok && reads_ok && out.unit_stride()
+    values_ok && lanes_read(accesses, Some(out))
 }
