@@ -246,6 +246,16 @@ impl Tensor {
         Tensor::lazy(Op::Slice(ranges), &[self])
     }
 
+    /// Sliding windows of `size` elements along `axis`, `step` apart, as a
+    /// view (PyTorch's `unfold`): the axis becomes the windows' starts and a
+    /// new last axis of `size` walks each window, so element `[.., i, ..,
+    /// j]` is `self[.., i * step + j, ..]`. Windows overlap where `step <
+    /// size`; none is copied.
+    pub fn unfold(&self, axis: isize, size: usize, step: usize) -> Result<Tensor> {
+        let axis = normalize_axis("unfold", axis, self.rank())?;
+        Tensor::lazy(Op::Unfold { axis, size, step }, &[self])
+    }
+
     /// `(before, after)` elements of `value` added around each axis.
     pub fn pad(&self, pads: &[(usize, usize)], value: impl Into<Scalar>) -> Result<Tensor> {
         Tensor::lazy(

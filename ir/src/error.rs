@@ -150,6 +150,20 @@ pub enum Error {
         /// Step.
         step: usize,
     },
+    /// Windows that do not fit their axis.
+    #[error(
+        "unfold: windows of {size} every {step} do not fit axis {axis} of shape {shape} (size and step at least 1, size at most the axis)"
+    )]
+    Unfold {
+        /// The operand's shape.
+        shape: Shape,
+        /// The axis.
+        axis: usize,
+        /// Elements per window.
+        size: usize,
+        /// Distance between window starts.
+        step: usize,
+    },
     /// An op given the wrong number of operands.
     #[error("{op}: expected {expected} operands, got {got}")]
     Arity {

@@ -223,6 +223,10 @@ fn rule(
             let from = shape_of(g, 0);
             smallvec![Some(scatter(g, dy, ranges, &from)?)]
         }
+        Op::Unfold { axis, size, step } => {
+            let from = shape_of(g, 0);
+            smallvec![Some(unfold_rule(g, dy, (*axis, *size, *step), &from)?)]
+        }
         Op::Pad { pads, .. } => {
             let from = shape_of(g, 0);
             let ranges = pads
@@ -449,6 +453,72 @@ fn sum_to(g: &mut Graph, dy: NodeId, from: &Shape) -> Result<NodeId, Error> {
         push(g, op, &[dy])?
     };
     reshape(g, summed, from)
+}
+
+/// The gradient of an unfold: each position `j` within the windows is a
+/// slice of the input along the axis (starting at `j`, `step` apart), so
+/// `dy` at `j` scatters back as that slice's gradient, and the `size`
+/// scatters add up where windows overlap.
+fn unfold_rule(
+    g: &mut Graph,
+    dy: NodeId,
+    (axis, size, step): (usize, usize, usize),
+    from: &Shape,
+) -> Result<NodeId, Error> {
+    let out = g.node(dy).ty.shape.clone();
+    let (rank, windows) = (from.rank(), out.dims()[axis]);
+    let mut terms = Vec::with_capacity(size);
+    for j in 0..size {
+        let mut at: SmallVec<[SliceRange; 4]> = out
+            .dims()
+            .iter()
+            .map(|&d| SliceRange {
+                start: 0,
+                end: d,
+                step: 1,
+            })
+            .collect();
+        at[rank] = SliceRange {
+            start: j,
+            end: j + 1,
+            step: 1,
+        };
+        let dy_j = push(g, Op::Slice(at), &[dy])?;
+        let dy_j = reshape(g, dy_j, &Shape::new(&out.dims()[..rank]))?;
+        let kept: SmallVec<[SliceRange; 4]> = from
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(a, &d)| match a == axis {
+                true => SliceRange {
+                    start: j,
+                    end: j + (windows - 1) * step + 1,
+                    step,
+                },
+                false => SliceRange {
+                    start: 0,
+                    end: d,
+                    step: 1,
+                },
+            })
+            .collect();
+        terms.push(scatter(g, dy_j, &kept, from)?);
+    }
+    // Pairwise, so that a wide window is a shallow graph.
+    while terms.len() > 1 {
+        let mut next = Vec::with_capacity(terms.len().div_ceil(2));
+        for pair in terms.chunks(2) {
+            next.push(match pair {
+                &[a, b] => binary(g, BinaryOp::Add, a, b)?,
+                _ => pair[0],
+            });
+        }
+        terms = next;
+    }
+    terms.pop().ok_or_else(|| Error::Malformed {
+        op: "unfold",
+        message: "windows of no elements".to_string(),
+    })
 }
 
 /// The gradient of a slice: `dy` scattered into zeros of shape `from` at the

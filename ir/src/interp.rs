@@ -101,6 +101,17 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
                     starts.zip(&strides).map(|(c, &s)| c * s).sum()
                 })
             }
+            Op::Unfold { axis, step, .. } => {
+                let strides = arg_shape(0).strides();
+                let (axis, step) = (*axis, *step);
+                gather(arg(0), &out.shape, |coords| {
+                    // The last coordinate walks the window along `axis`.
+                    let (within, rest) = coords.split_last().unwrap_or((&0, coords));
+                    let mut flat = dot(rest, &strides);
+                    flat += (rest[axis] * (step - 1) + within) * strides[axis];
+                    flat
+                })
+            }
             Op::Pad { pads, value } => {
                 let from = arg_shape(0);
                 let strides = from.strides();

@@ -73,6 +73,20 @@ pub enum Op {
     Expand(Shape),
     /// A strided sub-range of every axis.
     Slice(SmallVec<[SliceRange; 4]>),
+    /// Sliding windows along `axis`: that axis becomes the windows' starts
+    /// (`(dim - size) / step + 1` of them, `step` apart) and a last axis of
+    /// `size` walks each window, so that output `[.., i, .., j]` reads input
+    /// `[.., i * step + j, ..]`. Windows overlap where `step < size`: one
+    /// view of the input (PyTorch's `Tensor.unfold`), the im2col matrix of a
+    /// convolution without a copy.
+    Unfold {
+        /// The windowed axis.
+        axis: usize,
+        /// Elements per window, at least 1 and at most the axis.
+        size: usize,
+        /// Distance between window starts, at least 1.
+        step: usize,
+    },
     /// `(before, after)` elements of `value` added around every axis.
     Pad {
         /// Padding per axis.
@@ -123,6 +137,7 @@ impl Op {
             | Op::Permute(_)
             | Op::Expand(_)
             | Op::Slice(_)
+            | Op::Unfold { .. }
             | Op::Pad { .. }
             | Op::Reduce { .. }
             | Op::MatMul => OpLayer::Graph,
@@ -143,6 +158,7 @@ impl Op {
             Op::Permute(_) => "permute",
             Op::Expand(_) => "expand",
             Op::Slice(_) => "slice",
+            Op::Unfold { .. } => "unfold",
             Op::Pad { .. } => "pad",
             Op::Reduce { op, .. } => op.name(),
             Op::MatMul => "matmul",
@@ -162,6 +178,7 @@ impl Op {
             | Op::Permute(_)
             | Op::Expand(_)
             | Op::Slice(_)
+            | Op::Unfold { .. }
             | Op::Pad { .. }
             | Op::Reduce { .. }
             | Op::View(_)
@@ -269,6 +286,29 @@ impl Op {
                 }
                 let dims: Vec<usize> = ranges.iter().map(SliceRange::len).collect();
                 Ok(TensorType::new(args[0].dtype, dims))
+            }
+            Op::Unfold { axis, size, step } => {
+                let shape = &args[0].shape;
+                let dims = shape.dims();
+                if *axis >= dims.len() {
+                    return Err(Error::Axis {
+                        op,
+                        axis: *axis as isize,
+                        rank: dims.len(),
+                    });
+                }
+                if *size == 0 || *step == 0 || *size > dims[*axis] {
+                    return Err(Error::Unfold {
+                        shape: shape.clone(),
+                        axis: *axis,
+                        size: *size,
+                        step: *step,
+                    });
+                }
+                let mut out = dims.to_vec();
+                out[*axis] = (dims[*axis] - size) / step + 1;
+                out.push(*size);
+                Ok(TensorType::new(args[0].dtype, out))
             }
             Op::Pad { pads, value } => {
                 let shape = &args[0].shape;

@@ -123,6 +123,9 @@ impl fmt::Display for Graph {
                         .collect();
                     write!(line, " [{}]", parts.join(","))?;
                 }
+                Op::Unfold { axis, size, step } => {
+                    write!(line, " axis {axis} size {size} step {step}")?
+                }
                 Op::Pad { pads, value } => {
                     let parts: Vec<String> = pads.iter().map(|(b, a)| format!("{b}:{a}")).collect();
                     write!(line, " [{}] {value}", parts.join(","))?;

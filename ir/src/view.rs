@@ -326,6 +326,38 @@ impl View {
         .canonical()
     }
 
+    /// The view after an unfold of `axis` into windows of `size` elements,
+    /// `step` apart (`Op::Unfold`), or `None` when that axis is padded: its
+    /// valid part would not be a range of window starts and offsets.
+    pub(crate) fn unfold(&self, axis: usize, size: usize, step: usize) -> Option<View> {
+        let dim = self.shape.dims()[axis];
+        let mut mask = self.mask.clone();
+        if let Some(m) = &mut mask {
+            let (start, end) = m.valid[axis];
+            if start != 0 || end < dim {
+                return None;
+            }
+            let windows = (dim - size) / step + 1;
+            m.valid[axis] = (0, windows);
+            m.valid.push((0, size));
+        }
+        let mut shape = self.shape.dims().to_vec();
+        shape[axis] = (dim - size) / step + 1;
+        shape.push(size);
+        let mut strides = self.strides.clone();
+        strides[axis] *= step;
+        strides.push(self.strides[axis]);
+        Some(
+            View {
+                shape: Shape(shape.into()),
+                strides,
+                offset: self.offset,
+                mask,
+            }
+            .canonical(),
+        )
+    }
+
     /// The view after padding every axis with `(before, after)` elements of
     /// `value`, or `None` when the view is already padded with another value.
     pub(crate) fn pad(&self, pads: &[(usize, usize)], value: Scalar) -> Option<View> {

@@ -361,6 +361,28 @@ fn view_case(seed: u64) -> Result<(), TestCaseError> {
     c.check(y)
 }
 
+/// Windows along one or two axes, overlapping (step below the size),
+/// touching or apart, then a random view: every input element read by
+/// zero, one or several windows.
+fn unfold_case(seed: u64) -> Result<(), TestCaseError> {
+    let mut c = Case::new(seed);
+    let rank = 1 + c.rng.below(3);
+    let dims: Vec<usize> = (0..rank).map(|_| 1 + c.rng.below(6)).collect();
+    let x = c.input(&dims, |rng| rng.uniform(-2.0, 2.0));
+    let mut y = x;
+    for _ in 0..1 + c.rng.below(2) {
+        let axis = c.rng.below(rank);
+        let d = c.g.node(y).ty.shape.dims()[axis];
+        let size = 1 + c.rng.below(d);
+        let step = 1 + c.rng.below(3);
+        y = c.push(Op::Unfold { axis, size, step }, &[y]);
+    }
+    if c.rng.below(2) == 0 {
+        y = random_view(&mut c, y);
+    }
+    c.check(y)
+}
+
 fn reduce_case(seed: u64) -> Result<(), TestCaseError> {
     let mut c = Case::new(seed);
     let op = [ReduceOp::Sum, ReduceOp::Max][c.rng.below(2)];
@@ -447,6 +469,11 @@ proptest! {
     #[test]
     fn view_rules_match_differences(seed in any::<u64>()) {
         view_case(seed)?;
+    }
+
+    #[test]
+    fn unfold_rule_matches_differences(seed in any::<u64>()) {
+        unfold_case(seed)?;
     }
 
     #[test]

@@ -352,6 +352,35 @@ fn slice_with_steps() {
 }
 
 #[test]
+fn unfold_reads_overlapping_windows() {
+    // Windows of 3 every 2 along the last axis of [2, 7]: starts 0, 2, 4.
+    let op = Op::Unfold {
+        axis: 1,
+        size: 3,
+        step: 2,
+    };
+    let (out, shape) = run(op, &[(iota(14), &[2, 7])]);
+    assert_eq!(shape.dims(), &[2, 3, 3]);
+    assert_f32(
+        &out,
+        &[
+            0.0, 1.0, 2.0, 2.0, 3.0, 4.0, 4.0, 5.0, 6.0, //
+            7.0, 8.0, 9.0, 9.0, 10.0, 11.0, 11.0, 12.0, 13.0,
+        ],
+    );
+    // Along a leading axis the window axis still comes last: [3, 2] by 2
+    // every 1 is [2, 2, 2], element (i, j, w) = x[i + w, j].
+    let op = Op::Unfold {
+        axis: 0,
+        size: 2,
+        step: 1,
+    };
+    let (out, shape) = run(op, &[(iota(6), &[3, 2])]);
+    assert_eq!(shape.dims(), &[2, 2, 2]);
+    assert_f32(&out, &[0.0, 2.0, 1.0, 3.0, 2.0, 4.0, 3.0, 5.0]);
+}
+
+#[test]
 fn pad_fills_around() {
     let op = Op::Pad {
         pads: smallvec![(1, 0), (0, 2)],

@@ -1,11 +1,11 @@
 //! Movement ops become index maps: every chain of reshape, permute, expand,
-//! slice and pad over a value becomes one `View` node on that value, which
+//! slice, unfold and pad over a value becomes one `View` node on that value, which
 //! `fuse` turns into the read of the kernel that consumes it. Nothing is
 //! copied unless a kernel needs it.
 //!
 //! Where a movement op cannot join the view below it (a reshape across axes
-//! whose strides do not merge, a reshape of a padded view, padding with a
-//! second value), the view below stays a node of its own and the new view
+//! whose strides do not merge, a reshape of a padded view, windows along a
+//! padded axis, padding with a second value), the view below stays a node of its own and the new view
 //! reads it; `fuse` materializes such a view as a copy.
 //!
 //! A reshape or permute (which moves elements without repeating or dropping
@@ -58,7 +58,12 @@ pub(crate) fn run(graph: &Graph) -> Graph {
 
 fn is_movement(op: &Op) -> bool {
     match op {
-        Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice(_) | Op::Pad { .. } => true,
+        Op::Reshape(_)
+        | Op::Permute(_)
+        | Op::Expand(_)
+        | Op::Slice(_)
+        | Op::Unfold { .. }
+        | Op::Pad { .. } => true,
         Op::Input { .. }
         | Op::Const(_)
         | Op::Unary(_)
@@ -75,13 +80,15 @@ fn is_movement(op: &Op) -> bool {
 
 /// `view` after the movement op `op`, or `None` when the result is not one
 /// view (a reshape across non-mergeable strides, a reshape of a padded view,
-/// or a pad of a view padded with another value) or `op` does not move.
+/// an unfold along a padded axis, or a pad of a view padded with another
+/// value) or `op` does not move.
 fn moved(view: &View, op: &Op) -> Option<View> {
     match op {
         Op::Reshape(to) => view.reshape(to),
         Op::Permute(perm) => Some(view.permute(perm)),
         Op::Expand(to) => Some(view.expand(to)),
         Op::Slice(ranges) => Some(view.slice(ranges)),
+        Op::Unfold { axis, size, step } => view.unfold(*axis, *size, *step),
         Op::Pad { pads, value } => view.pad(pads, *value),
         Op::Input { .. }
         | Op::Const(_)

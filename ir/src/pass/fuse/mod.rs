@@ -507,6 +507,7 @@ impl<'g> Plan<'g> {
             | Op::Permute(_)
             | Op::Expand(_)
             | Op::Slice(_)
+            | Op::Unfold { .. }
             | Op::Pad { .. }
             | Op::Kernel(_)
             | Op::SideOutput(_) => Err(format!(
