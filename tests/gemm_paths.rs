@@ -106,9 +106,26 @@ fn products() -> Result<()> {
         |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
     );
     let (at, b) = (randn(&[2, 200, 150], 8)?, randn(&[2, 200, 300], 9)?);
-    check(&format!("batched at.T@b on {path}"), &[at, b], 200, |t| {
+    check(&format!("batched at.T@b on {path}"), &[at.clone(), b.clone()], 200, |t| {
         t[0].transpose(-1, -2)?.matmul(&t[1])
     });
+    // The epilogue over a reshape of the product (a convolution's NCHW
+    // output, each row of the product split in two axes), its bias one per
+    // row, and over a reshape that splits the rows instead.
+    let bias = randn(&[150, 1, 1], 10)?;
+    check(
+        &format!("relu(reshape(at.T@b)+bias) on {path}"),
+        &[at.clone(), b.clone(), bias],
+        200,
+        |t| (t[0].transpose(-1, -2)?.matmul(&t[1])?.reshape([2, 150, 20, 15])? + &t[2])?.relu(),
+    );
+    let bias = randn(&[10, 1, 1], 11)?;
+    check(
+        &format!("relu(reshape(at.T@b)+bias) by rows on {path}"),
+        &[at, b, bias],
+        200,
+        |t| (t[0].transpose(-1, -2)?.matmul(&t[1])?.reshape([2, 10, 15, 300])? + &t[2])?.relu(),
+    );
     Ok(())
 }
 

@@ -193,7 +193,7 @@ impl View {
     /// (the view is padded, or its strides do not allow it). PyTorch's `view`
     /// rule: groups of axes that are contiguous among themselves may be split
     /// and merged; anything else needs a copy.
-    pub(crate) fn reshape(&self, to: &Shape) -> Option<View> {
+    pub fn reshape(&self, to: &Shape) -> Option<View> {
         if self.mask.is_some() {
             return None;
         }

@@ -480,9 +480,19 @@ impl<'g> Plan<'g> {
                 }
                 let shape = &node.ty.shape;
                 // The epilogue over the output itself (or a reshape adding or
-                // dropping size-1 axes), or over the reduced space, broadcast back.
+                // dropping size-1 axes; for a product, any reshape, element
+                // `i` reading product `i`: a convolution's product lands in
+                // NCHW order as `[N, groups, O / groups, H * W]`), or over
+                // the reduced space, broadcast back.
+                let reshaped = |place: &View| {
+                    matches!(node.op, Op::MatMul)
+                        && place.is_contiguous()
+                        && place.shape.numel() == shape.numel()
+                };
                 let direct = g.space.numel() == shape.numel()
-                    && candidates.iter().all(|c| c.2.is_broadcast_of(shape));
+                    && candidates
+                        .iter()
+                        .all(|c| c.2.is_broadcast_of(shape) || reshaped(&c.2));
                 let broadcast = match node.op {
                     Op::Reduce { .. } => {
                         let reduced = &self.graph.node(node.inputs[0]).ty.shape;

@@ -41,9 +41,10 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind};
+use kiln_ir::elementwise::infer_matmul;
+use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use kiln_ir::view::View;
-use kiln_ir::{BinaryOp, DType, Scalar};
+use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType};
 
 use crate::nest::{Access, Reduction, loads, nest};
 use emit::Emitter;
@@ -100,6 +101,28 @@ pub(crate) struct RowCalls {
     pub scale: FuncRef,
 }
 
+/// For a matmul whose output reshapes the product (a convolution's
+/// `[N, O, H, W]` from `[N, groups, O / groups, H * W]`), the product's
+/// shape and the epilogue with every read reshaped to it; `None` when the
+/// output is the product's shape already or a read does not reshape.
+fn product_rows(kernel: &Kernel) -> Option<(Shape, Block)> {
+    let KernelKind::MatMul { a, b } = &kernel.kind else {
+        return None;
+    };
+    let operand = |o: &Operand| TensorType::new(DType::F32, o.shape().clone());
+    let product = infer_matmul(&operand(a), &operand(b)).ok()?.shape;
+    if product == kernel.out.shape || product.numel() != kernel.out.shape.numel() {
+        return None;
+    }
+    let mut body = kernel.body.clone();
+    for value in &mut body.values {
+        if let Expr::Load { view, .. } = &mut value.expr {
+            *view = view.reshape(&product)?;
+        }
+    }
+    Some((product, body))
+}
+
 /// Emits the kernel into `func` and says how to launch it.
 pub(crate) fn lower(
     kernel: &Kernel,
@@ -142,9 +165,16 @@ pub(crate) fn lower(
     };
     let range = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
+            // An epilogue over a reshape of the product runs over the
+            // product's own shape where its reads allow, so that its rows
+            // are the product's and follow the GEMM's row blocks.
+            let product = product_rows(kernel);
+            let (space, body) = product
+                .as_ref()
+                .map_or((space, &kernel.body), |(s, b)| (s, b));
             let identity: Vec<usize> = (0..space.rank()).collect();
             let out_view = View::contiguous(space);
-            let mut views = loads(&kernel.body);
+            let mut views = loads(body);
             views.push((out_buffer, &out_view));
             // A matmul's product is already in the output and its epilogue reads
             // it in place, a row of the output's last axis per unit, so that it
@@ -152,7 +182,7 @@ pub(crate) fn lower(
             let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
             let split = acc.then(|| space.rank().saturating_sub(1));
             let nest = nest(space, &identity, split, &views);
-            e.elementwise(&kernel.body, &nest, acc, start, end)
+            e.elementwise(body, &nest, acc, start, end)
         }
         KernelKind::Reduce {
             op,
