@@ -126,6 +126,27 @@ fn products() -> Result<()> {
         200,
         |t| (t[0].transpose(-1, -2)?.matmul(&t[1])?.reshape([2, 10, 15, 300])? + &t[2])?.relu(),
     );
+    // Operands whose axes merge without one stride, read where they lie
+    // (`Operand::Merged`): B's rows, B's columns, A's rows; then many
+    // small products, which run side by side.
+    let (a, x) = (randn(&[3, 70, 24], 12)?, randn(&[3, 4, 37, 6], 13)?);
+    check(&format!("a@merged rows on {path}"), &[a, x], 24, |t| {
+        let rows = t[1].permute(&[0, 3, 1, 2])?.reshape([3, 24, 37])?;
+        t[0].matmul(&rows)
+    });
+    let (a, x) = (randn(&[2, 31, 41], 14)?, randn(&[2, 41, 9, 35], 15)?);
+    check(&format!("a@merged columns on {path}"), &[a, x], 41, |t| {
+        let cols = t[1].permute(&[0, 1, 3, 2])?.reshape([2, 41, 315])?;
+        t[0].matmul(&cols)
+    });
+    let (x, b) = (randn(&[5, 67, 3, 40], 16)?, randn(&[120, 33], 17)?);
+    check(&format!("merged rows@b on {path}"), &[x, b], 120, |t| {
+        t[0].permute(&[1, 0, 2, 3])?.reshape([67, 5, 120])?.reshape([335, 120])?.matmul(&t[1])
+    });
+    let (a, b, bias) = (randn(&[8, 9], 18)?, randn(&[64, 9, 30], 19)?, randn(&[8, 1], 20)?);
+    check(&format!("many small relu(a@b+bias) on {path}"), &[a, b, bias], 9, |t| {
+        (t[0].matmul(&t[1])? + &t[2])?.relu()
+    });
     Ok(())
 }
 

@@ -446,7 +446,10 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Result<Vec<Data>, OutOfMemory> {
         }
         KernelKind::MatMul { a, b } => {
             let operand = |o: &Operand| match o {
-                Operand::Read { input, view } => materialize(args[*input as usize], view),
+                // A merged view's elements in row-major order are the operand's.
+                Operand::Read { input, view } | Operand::Merged { input, view, .. } => {
+                    materialize(args[*input as usize], view)
+                }
                 // The verifier keeps `acc` out of operand blocks.
                 Operand::Computed { shape, block: b } => {
                     block(b, shape, args, &|_| Scalar::F32(0.0))

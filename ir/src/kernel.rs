@@ -106,6 +106,20 @@ pub enum Operand {
         /// How: the operand's shape with any strides.
         view: View,
     },
+    /// Kernel input `input` read through an unmasked view whose elements, in
+    /// row-major order, are the operand of `shape`: each axis of `shape` is
+    /// a run of the view's axes (`View::runs`). One strided view cannot
+    /// present such an operand, the windows of a convolution
+    /// (`[N, C, kh, kw, oh, ow]` as `[N, C * kh * kw, oh * ow]`), but it is
+    /// read where it lies all the same.
+    Merged {
+        /// The kernel input it reads.
+        input: u32,
+        /// How, over a finer shape than the operand's.
+        view: View,
+        /// The operand's shape.
+        shape: Shape,
+    },
     /// `block` evaluated at every index of `shape` (f32), before the product.
     Computed {
         /// The operand's shape.
@@ -120,7 +134,7 @@ impl Operand {
     pub fn shape(&self) -> &Shape {
         match self {
             Operand::Read { view, .. } => &view.shape,
-            Operand::Computed { shape, .. } => shape,
+            Operand::Merged { shape, .. } | Operand::Computed { shape, .. } => shape,
         }
     }
 }
@@ -316,6 +330,22 @@ impl Kernel {
                             }
                             view.check(ty, &view.shape)?;
                             Ok(TensorType::new(ty.dtype, view.shape.clone()))
+                        }
+                        Operand::Merged { input, view, shape } => {
+                            let ty = self.inputs.get(*input as usize).ok_or_else(|| {
+                                format!("matmul reads input {input}, which is not declared")
+                            })?;
+                            if view.mask.is_some() {
+                                return Err("a matmul operand view is padded".to_string());
+                            }
+                            view.check(ty, &view.shape)?;
+                            if View::runs(&view.shape, shape).is_none() {
+                                return Err(format!(
+                                    "a matmul operand {shape} does not merge the axes of its view {}",
+                                    view.shape
+                                ));
+                            }
+                            Ok(TensorType::new(ty.dtype, shape.clone()))
                         }
                         Operand::Computed { shape, block } => {
                             block.check(shape, &self.inputs, None)?;

@@ -49,7 +49,7 @@ fn block_values(op: &Op) -> usize {
                     .iter()
                     .map(|o| match o {
                         Operand::Computed { block, .. } => block.values.len(),
-                        Operand::Read { .. } => 0,
+                        Operand::Read { .. } | Operand::Merged { .. } => 0,
                     })
                     .sum(),
                 KernelKind::Elementwise => 0,
@@ -200,6 +200,11 @@ fn print_kernel(
                     Operand::Read { input, view } => {
                         let source = operands.get(*input as usize).map_or("%?", |s| s);
                         writeln!(f, "    {side} = {source} {shape} {view}")?;
+                    }
+                    Operand::Merged { input, view, .. } => {
+                        let source = operands.get(*input as usize).map_or("%?", |s| s);
+                        let fine = compact(view.shape.dims());
+                        writeln!(f, "    {side} = {source} {shape} merging {fine} {view}")?;
                     }
                     Operand::Computed {
                         shape: space,

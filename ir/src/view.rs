@@ -256,6 +256,34 @@ impl View {
         )
     }
 
+    /// For each axis of `coarse`, the run of axes of `fine` that it merges
+    /// in row-major order (axes of one element belong to no run, or to any),
+    /// or `None` when `coarse` is not such a merge of `fine`: `[2, 3, 4]`
+    /// as `[6, 4]` is `[0..2, 2..3]`, as `[2, 12]` is `[0..1, 1..3]`, as
+    /// `[4, 6]` nothing.
+    pub fn runs(fine: &Shape, coarse: &Shape) -> Option<Vec<std::ops::Range<usize>>> {
+        if fine.numel() != coarse.numel() || fine.numel() == 0 {
+            return None;
+        }
+        let f = fine.dims();
+        let mut at = 0;
+        let mut runs = Vec::with_capacity(coarse.rank());
+        for &d in coarse.dims() {
+            let start = at;
+            let mut size = 1;
+            while size < d && at < f.len() {
+                size *= f[at];
+                at += 1;
+            }
+            if size != d {
+                return None;
+            }
+            runs.push(start..at);
+        }
+        // Only axes of one element may be left.
+        f[at..].iter().all(|&d| d == 1).then_some(runs)
+    }
+
     /// The view after a permute: output axis `i` is axis `perm[i]`.
     pub(crate) fn permute(&self, perm: &[usize]) -> View {
         View {

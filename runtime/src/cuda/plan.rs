@@ -172,10 +172,12 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
         {
             return Ok(strided);
         }
-        // Computed, or a view cuBLASLt cannot step through: written contiguously.
-        let block = match o {
-            Operand::Computed { block, .. } => block.clone(),
-            Operand::Read { input, view } => {
+        // Computed, or a view cuBLASLt cannot step through: written
+        // contiguously (a merged view over its own, finer shape: the same
+        // elements in the same order).
+        let (block, space) = match o {
+            Operand::Computed { block, shape } => (block.clone(), shape.clone()),
+            Operand::Read { input, view } | Operand::Merged { input, view, .. } => {
                 let mut copy = Block::default();
                 copy.push(
                     Expr::Load {
@@ -184,11 +186,11 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
                     },
                     DType::F32,
                 );
-                copy
+                (copy, view.shape.clone())
             }
         };
         let shape = o.shape().clone();
-        let out = TensorType::new(DType::F32, shape.clone());
+        let out = TensorType::new(DType::F32, space);
         prologues.push(codegen::elementwise(
             &kernel.inputs,
             None,

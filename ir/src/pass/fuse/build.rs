@@ -163,6 +163,15 @@ impl Builder<'_, '_> {
                 view,
             });
         }
+        // A view whose axes the product merges: read where its source lies.
+        if let Op::View(fine) = &plan.graph.nodes[p].op {
+            let source = plan.graph.nodes[p].inputs[0].index();
+            return Ok(Operand::Merged {
+                input: self.read(source),
+                view: fine.clone(),
+                shape: view.shape,
+            });
+        }
         let mut block = Block::default();
         self.emit(&mut block, role, p, &view)?;
         Ok(Operand::Computed {

@@ -424,6 +424,9 @@ impl<'g> Plan<'g> {
     fn join(&self, i: usize, live: &[&Edge]) -> Result<Vec<Membership>, String> {
         let node = &self.graph.nodes[i];
         let candidates = self.candidates(live)?;
+        if let Some(member) = self.merged_operand(i, &candidates) {
+            return Ok(vec![member]);
+        }
         if !self.input_fed[i] && candidates.iter().any(|c| matches!(c.1, Role::Operand(_))) {
             return Err("is a matmul operand".to_string());
         }
@@ -525,6 +528,38 @@ impl<'g> Plan<'g> {
                 node.op.name()
             )),
         }
+    }
+
+    /// View node `i` as a matmul operand read where its source lies
+    /// (`Operand::Merged`), when the one matmul that reads it merges its
+    /// axes in row-major order and its source is a buffer: the windows of a
+    /// convolution, which would otherwise be copied out as the im2col
+    /// matrix first.
+    fn merged_operand(&self, i: usize, candidates: &[(usize, Role, View)]) -> Option<Membership> {
+        let node = &self.graph.nodes[i];
+        let Op::View(view) = &node.op else {
+            return None;
+        };
+        let (group, role, place) = candidates.first()?;
+        let same = candidates
+            .iter()
+            .all(|c| c.0 == *group && c.1 == *role && c.2 == *place);
+        // The source is stored: a graph input, or a value that no kernel
+        // computes inside another (a view read by a view, a reduction or a
+        // product, elementwise work on more than graph inputs), never a
+        // constant (inlined) or an operand's prologue.
+        let source = node.inputs[0].index();
+        let stored = match self.graph.nodes[source].op {
+            Op::Input { .. } | Op::View(_) | Op::Reduce { .. } | Op::MatMul => true,
+            ref op => elementwise(op) && !self.input_fed[source],
+        };
+        let merges = place.is_contiguous() && View::runs(&view.shape, &place.shape).is_some();
+        (same && matches!(role, Role::Operand(_)) && view.mask.is_none() && stored && merges)
+            .then(|| Membership {
+                group: *group,
+                role: *role,
+                places: vec![place.clone()],
+            })
     }
 
     /// Whether recomputing input-fed node `i` in each of its readers costs

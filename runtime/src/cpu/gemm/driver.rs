@@ -110,7 +110,8 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
     // place is as fast as packed with many (1000³); but rows 4 KiB apart all
     // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
-    let a_in_place = a.cols == 1 && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
+    let a_in_place =
+        a.cols == 1 && !a.tabled() && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
     let depth = k.div_ceil(k.div_ceil(K::KC));
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
         .step_by(depth)
@@ -126,8 +127,10 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // B is read where it lies when its rows are contiguous, close together,
     // and A has at most MC rows: then each panel serves a few tiles only,
     // and packing it would cost about as much as it saves.
-    let b_in_place =
-        b.cols == 1 && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows) && m <= K::MC;
+    let b_in_place = b.cols == 1
+        && !b.tabled()
+        && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows)
+        && m <= K::MC;
     // Sharing B's panels, every thread packs all of A that it does not
     // read in place, and the threads' shares are whole panels; sharing
     // rows, B is packed once and the shares are whole tiles. Panels are

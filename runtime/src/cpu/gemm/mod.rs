@@ -120,12 +120,64 @@ fn choose(value: Option<&std::ffi::OsStr>) -> Result<Isa, String> {
     Ok(isa)
 }
 
-/// An operand: element `(i, j)` at `ptr + i * rows + j * cols`.
+/// An operand: element `(i, j)` at `ptr + i * rows + j * cols`, or where
+/// a table is given, at `ptr + row_table[i] + j * cols` and so on: the rows
+/// and columns of a view whose axes merge into them without one stride
+/// (the windows of a convolution, each row a kernel position of a channel,
+/// each column an output position), read where they lie.
 #[derive(Clone, Copy)]
 pub(crate) struct Operand {
     pub ptr: *const f32,
     pub rows: isize,
     pub cols: isize,
+    /// Null, or the offset of each row.
+    pub row_table: *const isize,
+    /// Null, or the offset of each column.
+    pub col_table: *const isize,
+}
+
+impl Operand {
+    /// Element `(i, j)` at `ptr + i * rows + j * cols`.
+    pub(crate) fn strided(ptr: *const f32, rows: isize, cols: isize) -> Operand {
+        Operand {
+            ptr,
+            rows,
+            cols,
+            row_table: std::ptr::null(),
+            col_table: std::ptr::null(),
+        }
+    }
+
+    /// Whether a table gives its rows' or columns' offsets.
+    pub(crate) fn tabled(&self) -> bool {
+        !self.row_table.is_null() || !self.col_table.is_null()
+    }
+
+    /// The offset of row `i`.
+    ///
+    /// # Safety
+    /// `i` is a row of the operand.
+    #[inline(always)]
+    pub(crate) unsafe fn row(&self, i: usize) -> isize {
+        match self.row_table.is_null() {
+            true => i as isize * self.rows,
+            // SAFETY: the table holds an offset for every row.
+            false => unsafe { *self.row_table.add(i) },
+        }
+    }
+
+    /// The offset of column `j`.
+    ///
+    /// # Safety
+    /// `j` is a column of the operand.
+    #[inline(always)]
+    pub(crate) unsafe fn col(&self, j: usize) -> isize {
+        match self.col_table.is_null() {
+            true => j as isize * self.cols,
+            // SAFETY: the table holds an offset for every column.
+            false => unsafe { *self.col_table.add(j) },
+        }
+    }
 }
 
 // SAFETY: an operand is only read, while the caller of `gemm` keeps its
@@ -151,8 +203,10 @@ const AVX2_WORK: usize = 1 << 22;
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
 /// `threads` threads: by `isa`'s core for products large enough for it,
+/// or with an operand read through tables (which only kiln's cores pack),
 /// which calls `finish(r0, r1)` on each block of rows as it is done (the
-/// result is then true), else by the `gemm` crate.
+/// result is then true), else by the `gemm` crate (a tabled operand
+/// gathered into a plain matrix first).
 ///
 /// # Safety
 /// `isa` must be available, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
@@ -170,9 +224,10 @@ pub(crate) unsafe fn gemm(
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
+    let tabled = a.tabled() || b.tabled();
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 if m * n * k >= AVX512_WORK => {
+        Isa::Avx512 if m * n * k >= AVX512_WORK || tabled => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
@@ -181,7 +236,7 @@ pub(crate) unsafe fn gemm(
             }
             return true;
         }
-        Isa::Avx2 if m * n * k >= AVX2_WORK => {
+        Isa::Avx2 if m * n * k >= AVX2_WORK || tabled => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
@@ -194,8 +249,12 @@ pub(crate) unsafe fn gemm(
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (isa, finish);
-    // SAFETY: the operands' elements and c's `m * n` lie inside live
-    // buffers (the contract of this function).
+    // SAFETY (both): the operands' elements lie inside live buffers (the
+    // contract of this function).
+    let (a_plain, a) = unsafe { untabled(a, m, k) };
+    let (b_plain, b) = unsafe { untabled(b, k, n) };
+    // SAFETY: the operands' elements (gathered ones in the vectors, alive
+    // to the end of the call) and c's `m * n` lie inside live buffers.
     unsafe {
         gemm::gemm(
             m,
@@ -223,5 +282,26 @@ pub(crate) unsafe fn gemm(
             },
         );
     }
+    drop((a_plain, b_plain));
     false
+}
+
+/// `x` (`rows x cols`) as a plain strided operand: itself, or its elements
+/// gathered row-major into the returned vector, which it then reads.
+///
+/// # Safety
+/// Every element of `x` lies inside a live buffer.
+unsafe fn untabled(x: Operand, rows: usize, cols: usize) -> (Vec<f32>, Operand) {
+    if !x.tabled() {
+        return (Vec::new(), x);
+    }
+    let mut plain = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        for j in 0..cols {
+            // SAFETY: element (i, j) of x, inside its buffer.
+            plain.push(unsafe { *x.ptr.offset(x.row(i) + x.col(j)) });
+        }
+    }
+    let operand = Operand::strided(plain.as_ptr(), cols as isize, 1);
+    (plain, operand)
 }

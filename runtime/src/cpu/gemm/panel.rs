@@ -24,6 +24,11 @@ pub(super) unsafe fn pack_b<const NR: usize>(
     n: usize,
     out: &mut [f32],
 ) {
+    if b.tabled() {
+        // SAFETY: the contract of this function.
+        unsafe { pack_b_tabled::<NR>(b, (k0, kc), p0, n, out) };
+        return;
+    }
     let first = b
         .ptr
         .wrapping_offset(k0 as isize * b.rows + (p0 * NR) as isize * b.cols);
@@ -83,6 +88,44 @@ pub(super) unsafe fn pack_b<const NR: usize>(
     }
 }
 
+/// `pack_b` for an operand read through tables: each panel row by row,
+/// its `NR` columns copied as one run where their offsets are consecutive
+/// (a panel within one row of a convolution's output positions), else one
+/// by one.
+///
+/// # Safety
+/// As `pack_b`.
+unsafe fn pack_b_tabled<const NR: usize>(
+    b: Operand,
+    (k0, kc): (usize, usize),
+    p0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    for (q, panel) in out.chunks_exact_mut(NR * kc).enumerate() {
+        let j0 = (p0 + q) * NR;
+        let cols = NR.min(n - j0);
+        // SAFETY: columns `j0..j0 + cols` are columns of b.
+        let at: [isize; NR] = std::array::from_fn(|c| unsafe { b.col(j0 + c.min(cols - 1)) });
+        let run = cols == NR && (1..NR).all(|c| at[c] == at[0] + c as isize);
+        let (rows, _) = panel.as_chunks_mut::<NR>();
+        for (l, row) in rows.iter_mut().enumerate() {
+            // SAFETY: row `k0 + l` is a row of b.
+            let start = b.ptr.wrapping_offset(unsafe { b.row(k0 + l) });
+            if run {
+                // SAFETY: elements (k0 + l, j0..j0 + NR) of b, adjacent.
+                *row = unsafe { start.offset(at[0]).cast::<[f32; NR]>().read_unaligned() };
+            } else {
+                for (x, &o) in row[..cols].iter_mut().zip(&at) {
+                    // SAFETY: element (k0 + l, j0 + c) of b.
+                    *x = unsafe { *start.offset(o) };
+                }
+                row[cols..].fill(0.0);
+            }
+        }
+    }
+}
+
 /// Rows `r0..r0 + mr` of a, columns `k0..k0 + kc`, as `MR`-row panels, each
 /// `kc x MR` (column of the panel after column), zero past row `mr`.
 ///
@@ -98,6 +141,18 @@ pub(super) unsafe fn pack_a<const MR: usize>(
 ) {
     for (t, panel) in out.chunks_exact_mut(MR * kc).enumerate() {
         let rows = MR.min(mr - t * MR);
+        if a.tabled() {
+            let (columns, _) = panel.as_chunks_mut::<MR>();
+            for (l, column) in columns.iter_mut().enumerate() {
+                for (i, x) in column[..rows].iter_mut().enumerate() {
+                    // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside
+                    // its buffer.
+                    *x = unsafe { *a.ptr.offset(a.row(r0 + t * MR + i) + a.col(k0 + l)) };
+                }
+                column[rows..].fill(0.0);
+            }
+            continue;
+        }
         let first = a
             .ptr
             .wrapping_offset((r0 + t * MR) as isize * a.rows + k0 as isize * a.cols);

@@ -51,16 +51,8 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
     // transposed ([n, k]).
     let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
     let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
-    let transposed = Operand {
-        ptr: at.as_ptr(),
-        rows: 1,
-        cols: m as isize,
-    };
-    let row_major = Operand {
-        ptr: a.as_ptr(),
-        rows: k as isize,
-        cols: 1,
-    };
+    let transposed = Operand::strided(at.as_ptr(), 1, m as isize);
+    let row_major = Operand::strided(a.as_ptr(), k as isize, 1);
     for (threads, pad, a_op) in [
         (1, 0, transposed),
         (2, 0, transposed),
@@ -70,11 +62,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
     ] {
         let (b_values, b_op);
         if pad == usize::MAX {
-            b_op = Operand {
-                ptr: bt.as_ptr(),
-                rows: 1,
-                cols: k as isize,
-            };
+            b_op = Operand::strided(bt.as_ptr(), 1, k as isize);
         } else {
             let stride = n + pad;
             b_values = (0..k * stride)
@@ -86,11 +74,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
                     }
                 })
                 .collect::<Vec<f32>>();
-            b_op = Operand {
-                ptr: b_values.as_ptr(),
-                rows: stride as isize,
-                cols: 1,
-            };
+            b_op = Operand::strided(b_values.as_ptr(), stride as isize, 1);
         }
         let mut c = vec![f32::NAN; m * n];
         let finished = std::sync::Mutex::new(Vec::new());
@@ -156,4 +140,72 @@ fn the_variable_names_a_path_the_cpu_has() {
         message,
         "KILN_CPU_ISA=\"avx3\" names no GEMM path (one of avx512, avx2, generic)"
     );
+}
+
+/// Operands read through tables (`Operand::Merged`), against a plain
+/// product, on every path the CPU runs (the `gemm` crate's after gathering
+/// them): A's rows in a shuffled order, B's rows and columns those of a
+/// convolution's windows over a padded image, `w` columns to a row of
+/// output positions, so that panels of B are runs of a row, straddle two
+/// rows, or end ragged.
+#[test]
+fn tabled_operands_agree_with_a_plain_product() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.available()) {
+        for &(m, channels, kernel, h, w) in &[
+            (32, 3, 3, 32, 32),
+            (7, 2, 3, 5, 9),
+            (13, 5, 2, 11, 17),
+            (1, 1, 1, 1, 1),
+        ] {
+            let k = channels * kernel * kernel;
+            let (hp, wp) = (h + kernel - 1, w + kernel - 1);
+            let n = h * w;
+            let image: Vec<f32> = (0..channels * hp * wp)
+                .map(|i| ((i * 7919) % 89) as f32 / 11.0 - 4.0)
+                .collect();
+            let b_at = |l: usize, j: usize| {
+                let (c, kh, kw) = (l / (kernel * kernel), l / kernel % kernel, l % kernel);
+                (c * hp * wp + kh * wp + kw + j / w * wp + j % w) as isize
+            };
+            let b_rows: Vec<isize> = (0..k).map(|l| b_at(l, 0)).collect();
+            let b_cols: Vec<isize> = (0..n).map(|j| b_at(0, j)).collect();
+            // A: row i stored at row `order[i]` of an m x k matrix.
+            let a_values: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 104_729) % 97) as f32 / 13.0 - 3.0)
+                .collect();
+            let order: Vec<usize> = (0..m).map(|i| (i * 5 + 3) % m).collect();
+            let a_rows: Vec<isize> = order.iter().map(|&r| (r * k) as isize).collect();
+            let a = Operand {
+                row_table: a_rows.as_ptr(),
+                ..Operand::strided(a_values.as_ptr(), 0, 1)
+            };
+            let b = Operand {
+                row_table: b_rows.as_ptr(),
+                col_table: b_cols.as_ptr(),
+                ..Operand::strided(image.as_ptr(), 0, 0)
+            };
+            for threads in [1, 2] {
+                let mut c = vec![f32::NAN; m * n];
+                // SAFETY: `isa` is available; the tables index inside the
+                // vectors.
+                unsafe { gemm(isa, m, n, k, a, b, &mut c, threads, &|_, _| {}) };
+                let what = format!("{} {m}x{k}x{n} threads {threads}", isa.name());
+                for i in 0..m {
+                    for j in 0..n {
+                        let terms = (0..k).map(|l| {
+                            let x = f64::from(a_values[order[i] * k + l]);
+                            x * f64::from(image[(b_rows[l] + b_cols[j]) as usize])
+                        });
+                        let (want, scale) =
+                            terms.fold((0.0, 0.0), |(s, a), t: f64| (s + t, a + t.abs()));
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-6 * f64::max(scale, 1.0),
+                            "{what} at ({i},{j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -6,13 +6,19 @@
 #![allow(unsafe_code)]
 
 use kiln_ir::DType;
+use rayon::prelude::*;
 use kiln_ir::kernel::Operand;
+use kiln_ir::Shape;
 use kiln_ir::view::View;
 
 use super::CompiledKernel;
 use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
+
+/// Batches of at most this many multiply-adds each run side by side, one
+/// thread each, rather than one after the other across every thread.
+const BATCH_WORK: usize = 1 << 22;
 
 impl CompiledKernel {
     /// Runs a matmul kernel over its launch's buffers (`bound`): its
@@ -32,13 +38,18 @@ impl CompiledKernel {
         let mut at = 0;
         for (side, prologue) in [a, b].into_iter().zip(&self.operands) {
             parts.push(match (side, prologue) {
-                (Operand::Read { input, view }, _) => Strided::new(view, inputs[*input as usize]),
+                (Operand::Read { input, view }, _) => {
+                    Strided::new(view, &view.shape, inputs[*input as usize])?
+                }
+                (Operand::Merged { input, view, shape }, _) => {
+                    Strided::new(view, shape, inputs[*input as usize])?
+                }
                 (Operand::Computed { shape, .. }, Some(prologue)) => {
                     let bytes = shape.numel() * DType::F32.size();
                     let mut part = scratch.part(at, bytes);
                     at += bytes;
                     prologue.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
-                    Strided::new(&View::contiguous(shape), &part)
+                    Strided::new(&View::contiguous(shape), shape, &part)?
                 }
                 (Operand::Computed { .. }, None) => {
                     return Err(Error::Launch(
@@ -77,7 +88,7 @@ impl CompiledKernel {
         // the epilogue on its first element only), and runs after.
         let by_rows = epilogue && self.range.rows == batches * m && self.range.row_len == n;
         let mut pending = epilogue;
-        for batch in 0..batches {
+        let one_batch = |batch: usize, threads: usize| {
             let rows = |r0: usize, r1: usize| {
                 if by_rows {
                     // SAFETY: the product's rows `r0..r1` of this batch
@@ -89,9 +100,21 @@ impl CompiledKernel {
             // SAFETY: `isa` came from `gemm::isa`; `a` and `b` read inside
             // buffers whose lengths were checked against views the verifier
             // bounded; the output holds every row of every batch (checked
-            // above).
-            let finished = unsafe { gemm_block(isa, &a, &b, table.out(), batch, threads, &rows) };
-            pending &= !(finished && by_rows);
+            // above), and each batch's rows are written by its call alone.
+            unsafe { gemm_block(isa, &a, &b, table.out(), batch, threads, &rows) }
+        };
+        if threads > 1 && batches >= 2 * threads && m * n * a.cols <= BATCH_WORK {
+            let finished: Vec<bool> = (0..batches)
+                .into_par_iter()
+                .with_max_len(1)
+                .map(|batch| one_batch(batch, 1))
+                .collect();
+            pending &= !(finished.iter().all(|&f| f) && by_rows);
+        } else {
+            for batch in 0..batches {
+                let finished = one_batch(batch, threads);
+                pending &= !(finished && by_rows);
+            }
         }
         if pending {
             run_rows(std::slice::from_ref(bound))?;
@@ -101,7 +124,8 @@ impl CompiledKernel {
 }
 
 /// A matmul operand as the GEMM core takes it: element strides in place of
-/// a view.
+/// a view, and tables of offsets for rows or columns that merge axes
+/// without one stride between them (`Operand::Merged`).
 struct Strided {
     ptr: *const f32,
     offset: isize,
@@ -110,6 +134,8 @@ struct Strided {
     cols: usize,
     row_stride: isize,
     col_stride: isize,
+    row_table: Option<Vec<isize>>,
+    col_table: Option<Vec<isize>>,
 }
 
 // SAFETY: an operand is only read, and only while the buffers of the launch
@@ -117,22 +143,41 @@ struct Strided {
 unsafe impl Sync for Strided {}
 
 impl Strided {
-    fn new(view: &View, buf: &Buffer) -> Strided {
-        let dims = view.shape.dims();
-        let r = dims.len();
-        Strided {
+    /// The operand of `shape` that `view` presents in row-major order: the
+    /// view itself, or its axes merged into `shape`'s.
+    fn new(view: &View, shape: &Shape, buf: &Buffer) -> Result<Strided, Error> {
+        let own = || Some((0..shape.rank()).map(|a| a..a + 1).collect::<Vec<_>>());
+        let runs = (if view.shape == *shape {
+            own()
+        } else {
+            View::runs(&view.shape, shape)
+        })
+        .filter(|runs| runs.len() >= 2)
+            .ok_or_else(|| {
+                Error::Launch(format!(
+                    "a matmul operand {shape} does not merge the axes of its view {}",
+                    view.shape
+                ))
+            })?;
+        let r = runs.len();
+        let axes = |run: &std::ops::Range<usize>| -> Vec<(usize, isize)> {
+            run.clone()
+                .map(|a| (view.shape.dims()[a], view.strides[a] as isize))
+                .collect()
+        };
+        let rows = Merged::new(axes(&runs[r - 2]));
+        let cols = Merged::new(axes(&runs[r - 1]));
+        Ok(Strided {
             ptr: buf.ptr as *const f32,
             offset: view.offset,
-            batch: dims[..r - 2]
-                .iter()
-                .zip(&view.strides)
-                .map(|(&d, &s)| (d, s as isize))
-                .collect(),
-            rows: dims[r - 2],
-            cols: dims[r - 1],
-            row_stride: view.strides[r - 2] as isize,
-            col_stride: view.strides[r - 1] as isize,
-        }
+            batch: runs[..r - 2].iter().flat_map(axes).collect(),
+            rows: rows.len,
+            cols: cols.len,
+            row_stride: rows.stride,
+            col_stride: cols.stride,
+            row_table: rows.table,
+            col_table: cols.table,
+        })
     }
 
     fn batches(&self) -> usize {
@@ -147,6 +192,54 @@ impl Strided {
             index /= dim;
         }
         offset
+    }
+}
+
+/// The axes (extent, stride) that make up one axis of an operand: one
+/// stride where they merge into one, else each index's offset.
+struct Merged {
+    len: usize,
+    stride: isize,
+    table: Option<Vec<isize>>,
+}
+
+impl Merged {
+    fn new(axes: Vec<(usize, isize)>) -> Merged {
+        let len = axes.iter().map(|a| a.0).product();
+        // Axes of one element move nothing; an outer axis continuing the
+        // next inner one merges with it.
+        let mut kept: Vec<(usize, isize)> = Vec::new();
+        for (d, s) in axes.into_iter().rev().filter(|a| a.0 != 1) {
+            match kept.last_mut() {
+                Some(inner) if s == inner.1 * inner.0 as isize => inner.0 *= d,
+                _ => kept.push((d, s)),
+            }
+        }
+        match kept.as_slice() {
+            [] => Merged {
+                len,
+                stride: 0,
+                table: None,
+            },
+            &[(_, stride)] => Merged {
+                len,
+                stride,
+                table: None,
+            },
+            _ => {
+                let mut table = vec![0isize];
+                for &(d, s) in &kept {
+                    table = (0..d as isize)
+                        .flat_map(|i| table.iter().map(move |&t| i * s + t))
+                        .collect();
+                }
+                Merged {
+                    len,
+                    stride: 0,
+                    table: Some(table),
+                }
+            }
+        }
     }
 }
 
@@ -174,10 +267,13 @@ unsafe fn gemm_block(
     // An operand with no elements (k == 0) may have any offset, even one
     // before its buffer (a padded empty view): its address is formed without
     // the in-bounds promise of `offset`, and the GEMM reads nothing through it.
+    let table = |t: &Option<Vec<isize>>| t.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
     let operand = |s: &Strided| gemm::Operand {
         ptr: s.ptr.wrapping_offset(s.batch_offset(batch)),
         rows: s.row_stride,
         cols: s.col_stride,
+        row_table: table(&s.row_table),
+        col_table: table(&s.col_table),
     };
     // SAFETY: the caller guarantees that the output rows and, when k > 0,
     // every operand element the GEMM reads lie inside their buffers.
