@@ -442,6 +442,22 @@ fn views_fold_into_reads() -> Result<()> {
             EXACT,
             |t| t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?.abs(),
         )?;
+        // Padded reads that differ along the row and across rows, in one
+        // kernel: rows of both padding and the input (the middle in
+        // vectors), rows of padding alone, a transposed and a broadcast read.
+        let y = input(&[2, 3, n], 22, true)?;
+        check(
+            &format!("pads of two ranges [2,3,{n}]"),
+            &[y.clone(), x.clone()],
+            EXACT,
+            |t| {
+                let a = t[0].pad(&[(1, 0), (0, 2), (3, 1)], -1.5f32)?;
+                let b = t[0].pad(&[(0, 1), (2, 0), (1, 3)], 2.0f32)?;
+                let c = t[1].t()?.pad(&[(4, 0), (0, 2)], 0.5f32)?.t()?;
+                let c = c.unsqueeze(0)?.expand([3, 5, n + 4])?;
+                ((a * b)? + c)?.relu()
+            },
+        )?;
         check(
             &format!("reshape of transpose [3,{n}]"),
             std::slice::from_ref(&x),

@@ -1,6 +1,7 @@
 //! The loops of an elementwise kernel, or of a matmul's epilogue over the
 //! product in place: one flat loop when the nest merges to one axis, else a
-//! row loop around an inner loop, each in f32x4 where the block allows.
+//! row loop around an inner loop, each in f32x4 where the block allows; a
+//! row of padded reads in three stretches, its middle unpadded.
 
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::DType;
@@ -43,20 +44,70 @@ impl<'a> Emitter<'a> {
             }
         } else {
             let inner_len: usize = nest.inner.iter().product();
+            let unpadded = unpadded_middle(reads);
             self.counted_loop(start, end, 1, |e, row| {
                 let bases = e.bases(&nest.accesses, row);
+                let out_base = bases[bases.len() - 1];
                 let zero = e.iconst(0);
-                let hoisted = e.hoist(body, reads, Rows::One(&bases), zero, inner_len, None);
-                let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
                 let n = e.iconst(inner_len as i64);
+                let whole = |e: &mut Self, from: Value, to: Value, vector: bool| {
+                    let rows = Rows::One(&bases);
+                    let hoisted = e.hoist(body, reads, rows, zero, inner_len, None);
+                    let lanes = vector && vectorizable_hoisted(body, reads, out, &hoisted);
+                    let at = Placed {
+                        block: body,
+                        accesses: reads,
+                        rows,
+                        hoisted: &hoisted,
+                    };
+                    e.inner_loop(at, out, out_base, from, to, lanes, acc_in_place);
+                };
+                let Some((lo, hi, clear)) = &unpadded else {
+                    whole(e, zero, n, true);
+                    return;
+                };
+                // Rows every padded read reads (its outer coordinates
+                // valid) take the middle of the row as unpadded reads, in
+                // vectors, and only its ends one element at a time.
+                let mut valid = None;
+                for b in &bases[..reads.len()] {
+                    valid = match (valid, b.valid) {
+                        (Some(v), Some(ok)) => Some(e.b.ins().band(v, ok)),
+                        (v, ok) => v.or(ok),
+                    };
+                }
+                // (Padded along the inner axis alone, every row is valid.)
+                let done = e.b.create_block();
+                let edge = valid.map(|valid| {
+                    let (inside, edge) = (e.b.create_block(), e.b.create_block());
+                    e.b.ins().brif(valid, inside, &[], edge, &[]);
+                    e.b.switch_to_block(inside);
+                    edge
+                });
+                let (lo, hi) = (e.iconst(*lo as i64), e.iconst(*hi as i64));
+                whole(e, zero, lo, false);
+                let plain: Vec<RowBase> = bases
+                    .iter()
+                    .map(|b| RowBase { valid: None, ..*b })
+                    .collect();
+                let rows = Rows::One(&plain);
+                let hoisted = e.hoist(body, clear, rows, zero, inner_len, None);
+                let lanes = vectorizable_hoisted(body, clear, out, &hoisted);
                 let at = Placed {
                     block: body,
-                    accesses: reads,
-                    rows: Rows::One(&bases),
+                    accesses: clear,
+                    rows,
                     hoisted: &hoisted,
                 };
-                let out_base = bases[bases.len() - 1];
-                e.inner_loop(at, out, out_base, zero, n, lanes, acc_in_place);
+                e.inner_loop(at, out, out_base, lo, hi, lanes, acc_in_place);
+                whole(e, hi, n, false);
+                e.b.ins().jump(done, &[]);
+                if let Some(edge) = edge {
+                    e.b.switch_to_block(edge);
+                    whole(e, zero, n, true);
+                    e.b.ins().jump(done, &[]);
+                }
+                e.b.switch_to_block(done);
             });
             RowRange {
                 rows: nest.rows,
@@ -97,4 +148,29 @@ impl<'a> Emitter<'a> {
             e.store_body(body, (out, out_base), j, acc, false);
         });
     }
+}
+
+/// For a row loop with padded reads, each padded along its one inner axis
+/// at most: the part `lo..hi` of the row where every padded read is inside
+/// its valid range along that axis, and the reads as unpadded there (a pad
+/// or a window stored before a convolution, whose rows are the padding, a
+/// run of the input, the padding); `None` without padded reads, or where no
+/// part of the row is valid for all of them.
+fn unpadded_middle(reads: &[Access]) -> Option<(usize, usize, Vec<Access>)> {
+    let padded: Vec<&Access> = reads.iter().filter(|a| a.fill.is_some()).collect();
+    if padded.is_empty() || padded.iter().any(|a| a.inner.len() != 1) {
+        return None;
+    }
+    let lo = padded.iter().map(|a| a.inner[0].lo).max()?;
+    let hi = padded.iter().map(|a| a.inner[0].hi).min()?;
+    (lo < hi).then(|| {
+        let clear = reads
+            .iter()
+            .map(|a| Access {
+                fill: None,
+                ..a.clone()
+            })
+            .collect();
+        (lo, hi, clear)
+    })
 }

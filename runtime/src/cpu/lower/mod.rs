@@ -11,7 +11,8 @@
 //! indices. Per row each read's base offset is computed once from the row's
 //! coordinates. Padded reads clamp their coordinates into the valid range
 //! (so the address is always inside the buffer) and select the fill value
-//! outside it.
+//! outside it; in a row that every padded read of an elementwise kernel
+//! reads, the stretch inside all their valid ranges runs as unpadded reads.
 //!
 //! The inner loop runs in f32x4 with a scalar tail when the block is pure
 //! f32 arithmetic and every read is contiguous or constant along it; reads
