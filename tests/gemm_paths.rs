@@ -106,9 +106,12 @@ fn products() -> Result<()> {
         |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
     );
     let (at, b) = (randn(&[2, 200, 150], 8)?, randn(&[2, 200, 300], 9)?);
-    check(&format!("batched at.T@b on {path}"), &[at.clone(), b.clone()], 200, |t| {
-        t[0].transpose(-1, -2)?.matmul(&t[1])
-    });
+    check(
+        &format!("batched at.T@b on {path}"),
+        &[at.clone(), b.clone()],
+        200,
+        |t| t[0].transpose(-1, -2)?.matmul(&t[1]),
+    );
     // The epilogue over a reshape of the product (a convolution's NCHW
     // output, each row of the product split in two axes), its bias one per
     // row, and over a reshape that splits the rows instead.
@@ -117,14 +120,28 @@ fn products() -> Result<()> {
         &format!("relu(reshape(at.T@b)+bias) on {path}"),
         &[at.clone(), b.clone(), bias],
         200,
-        |t| (t[0].transpose(-1, -2)?.matmul(&t[1])?.reshape([2, 150, 20, 15])? + &t[2])?.relu(),
+        |t| {
+            (t[0]
+                .transpose(-1, -2)?
+                .matmul(&t[1])?
+                .reshape([2, 150, 20, 15])?
+                + &t[2])?
+                .relu()
+        },
     );
     let bias = randn(&[10, 1, 1], 11)?;
     check(
         &format!("relu(reshape(at.T@b)+bias) by rows on {path}"),
         &[at, b, bias],
         200,
-        |t| (t[0].transpose(-1, -2)?.matmul(&t[1])?.reshape([2, 10, 15, 300])? + &t[2])?.relu(),
+        |t| {
+            (t[0]
+                .transpose(-1, -2)?
+                .matmul(&t[1])?
+                .reshape([2, 10, 15, 300])?
+                + &t[2])?
+                .relu()
+        },
     );
     // Operands whose axes merge without one stride, read where they lie
     // (`Operand::Merged`): B's rows, B's columns, A's rows; then many
@@ -141,12 +158,22 @@ fn products() -> Result<()> {
     });
     let (x, b) = (randn(&[5, 67, 3, 40], 16)?, randn(&[120, 33], 17)?);
     check(&format!("merged rows@b on {path}"), &[x, b], 120, |t| {
-        t[0].permute(&[1, 0, 2, 3])?.reshape([67, 5, 120])?.reshape([335, 120])?.matmul(&t[1])
+        t[0].permute(&[1, 0, 2, 3])?
+            .reshape([67, 5, 120])?
+            .reshape([335, 120])?
+            .matmul(&t[1])
     });
-    let (a, b, bias) = (randn(&[8, 9], 18)?, randn(&[64, 9, 30], 19)?, randn(&[8, 1], 20)?);
-    check(&format!("many small relu(a@b+bias) on {path}"), &[a, b, bias], 9, |t| {
-        (t[0].matmul(&t[1])? + &t[2])?.relu()
-    });
+    let (a, b, bias) = (
+        randn(&[8, 9], 18)?,
+        randn(&[64, 9, 30], 19)?,
+        randn(&[8, 1], 20)?,
+    );
+    check(
+        &format!("many small relu(a@b+bias) on {path}"),
+        &[a, b, bias],
+        9,
+        |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
+    );
     Ok(())
 }
 

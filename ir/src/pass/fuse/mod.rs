@@ -554,12 +554,13 @@ impl<'g> Plan<'g> {
             ref op => elementwise(op) && !self.input_fed[source],
         };
         let merges = place.is_contiguous() && View::runs(&view.shape, &place.shape).is_some();
-        (same && matches!(role, Role::Operand(_)) && view.mask.is_none() && stored && merges)
-            .then(|| Membership {
+        (same && matches!(role, Role::Operand(_)) && view.mask.is_none() && stored && merges).then(
+            || Membership {
                 group: *group,
                 role: *role,
                 places: vec![place.clone()],
-            })
+            },
+        )
     }
 
     /// Whether recomputing input-fed node `i` in each of its readers costs

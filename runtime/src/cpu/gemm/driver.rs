@@ -110,8 +110,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
     // place is as fast as packed with many (1000³); but rows 4 KiB apart all
     // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
-    let a_in_place =
-        a.cols == 1 && !a.tabled() && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
+    let a_in_place = a.cols == 1 && !a.tabled() && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
     let depth = k.div_ceil(k.div_ceil(K::KC));
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
         .step_by(depth)

@@ -6,10 +6,10 @@
 #![allow(unsafe_code)]
 
 use kiln_ir::DType;
-use rayon::prelude::*;
-use kiln_ir::kernel::Operand;
 use kiln_ir::Shape;
+use kiln_ir::kernel::Operand;
 use kiln_ir::view::View;
+use rayon::prelude::*;
 
 use super::CompiledKernel;
 use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
@@ -153,12 +153,12 @@ impl Strided {
             View::runs(&view.shape, shape)
         })
         .filter(|runs| runs.len() >= 2)
-            .ok_or_else(|| {
-                Error::Launch(format!(
-                    "a matmul operand {shape} does not merge the axes of its view {}",
-                    view.shape
-                ))
-            })?;
+        .ok_or_else(|| {
+            Error::Launch(format!(
+                "a matmul operand {shape} does not merge the axes of its view {}",
+                view.shape
+            ))
+        })?;
         let r = runs.len();
         let axes = |run: &std::ops::Range<usize>| -> Vec<(usize, isize)> {
             run.clone()
