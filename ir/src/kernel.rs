@@ -15,10 +15,11 @@
 //! - matmul: a GEMM core over two operands, with the body applied to every
 //!   output element as an epilogue that reads the product as `acc` (the
 //!   output may reshape the product, element `i` reading product `i`). An
-//!   operand is an input read through a strided view, or computed by a block
-//!   of its own (its prologue) from the kernel's inputs, once per element,
-//!   before the product: the cast and normalization of the images that feed
-//!   a first layer.
+//!   operand is an input read through a strided view, or through a view of
+//!   finer axes that its own merge (a convolution's windows as the im2col
+//!   matrix), or computed by a block of its own (its prologue) from the
+//!   kernel's inputs, once per element, before the product: the cast and
+//!   normalization of the images that feed a first layer.
 //!
 //! A kernel whose epilogue runs over its output (every kind but a
 //! reduction broadcast back over its space) may write side outputs besides its
