@@ -36,10 +36,11 @@ use crate::{Error, Result, Tensor};
 /// the GEMM. The chain reads every window once per output channel and holds
 /// every term in one kernel, where the GEMM reads each window once for all
 /// the output channels of its group. 64 images of 3x32x32, 3x3 kernels,
-/// two Zen 3 cores (ms, chain against GEMM): 32 filters 4.80 against 1.44,
-/// 4 filters 0.90 against 0.58, 1 filter 0.48 against 0.73; 16 images of
-/// 32 channels, depthwise: 1.24 against 1.72; 16 channels, 1 filter (144
-/// terms): 1.19 against 0.72.
+/// two Zen 3 cores (ms, chain against GEMM): 32 filters 4.6-4.9 against
+/// 1.18-1.21, 4 filters 0.63-0.65 against 0.32-0.35, 1 filter 0.21-0.22
+/// against 0.55-0.57; 16 images of 32 channels, depthwise: 0.49-0.50
+/// against 0.98-0.99; 16 channels, 1 filter (144 terms): 0.86-0.92 against
+/// 0.32-0.34.
 const DIRECT_TERMS: usize = 64;
 
 /// Above this many elements a pooling window is taken along the width,
