@@ -50,9 +50,9 @@ enum Place {
 }
 
 /// Traces `f` on the state (placeholders of `state`'s types) and
-/// placeholders of `specs`, and compiles it with `options`. `f` returns the
-/// step's outputs (a loss, metrics) and the new state, one tensor of the
-/// same type for each state tensor, in order.
+/// placeholders of `specs`, and compiles it for the CPU with `options`. `f`
+/// returns the step's outputs (a loss, metrics) and the new state, one
+/// tensor of the same type for each state tensor, in order.
 pub fn compile_step(
     name: &str,
     state: &[&Tensor],
@@ -60,12 +60,25 @@ pub fn compile_step(
     options: Options,
     f: impl FnOnce(&[Tensor], &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)>,
 ) -> Result<CompiledStep> {
+    let backend = BackendOptions::default();
+    compile_step_on(Device::Cpu, name, state, specs, options, backend, f)
+}
+
+/// `compile_step` for `device`, with the backend's own options.
+pub fn compile_step_on(
+    device: Device,
+    name: &str,
+    state: &[&Tensor],
+    specs: &[TensorType],
+    options: Options,
+    backend: BackendOptions,
+    f: impl FnOnce(&[Tensor], &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)>,
+) -> Result<CompiledStep> {
     let state_types: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
     let all: Vec<TensorType> = state_types.iter().chain(specs).cloned().collect();
     let mut outputs_count = 0;
-    let backend = BackendOptions::default();
     let graph = compile_donating(
-        Device::Cpu,
+        device,
         name,
         &all,
         options,
