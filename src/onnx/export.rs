@@ -6,8 +6,10 @@
 //! The graph exported is the one traced, before the optimizer: every
 //! graph op (`Op::layer` is `Graph`) has an ONNX op of the same meaning,
 //! so the mapping is one to one and an ONNX runtime optimizes it its own
-//! way; reading the file back with `Model` gives kiln the same graph, up to
-//! the few ops that ONNX spells in several nodes. The optimizer's fused
+//! way. Reading the file back with `Model` gives kiln the same graph, up to
+//! what ONNX spells otherwise: `ne` as `Not(Equal)`, a slice of several
+//! axes as one slice per axis, a no-op (a detach, an empty reduction) as
+//! `Identity`, a captured rank-0 tensor as a constant. The optimizer's fused
 //! layer (`view`, `kernel`, `side_output`) says how kiln's backends run a
 //! graph, not what it computes, and has no ONNX op: exporting it is an
 //! `OnnxError::Export` naming the node.
@@ -40,9 +42,11 @@ const IR_VERSION: i64 = 8;
 /// Traces `f` on placeholders of `specs`, as `kiln::compile` does, and
 /// returns the ONNX model (the bytes of a `.onnx` file) of what it
 /// computes: graph inputs `input_0`, `input_1`, ... of `specs`, in order;
-/// outputs `output_0`, ... of the returned tensors; the tensors `f`
-/// captures (weights) as initializers `param_0`, ... holding the values
-/// they have now.
+/// outputs `output_0`, ... of the returned tensors; the realized tensors
+/// `f` captures (weights) as initializers `param_0`, ... holding the
+/// values they have now (a lazy one is exported as the ops computing it).
+/// The shapes are static, as kiln compiles them: a model exported for a
+/// batch of 1 takes batches of 1.
 ///
 /// ```
 /// use kiln::{DType, Tensor, TensorType};
