@@ -8,7 +8,7 @@
 //! and the optimizer's state live in the compiled step. Each epoch prints
 //! the loss, the test accuracy and samples/s. Then the same steps run with
 //! fusion off, fused and unfused epochs taking turns, to show what fusion
-//! buys.
+//! buys. Last, the trained model is written to `target/quickstart.onnx`.
 //!
 //! Run with `cargo run --release --example quickstart`.
 
@@ -181,6 +181,25 @@ fn main() -> Result<()> {
         step.graph().launches(),
         rate(&seconds[1]),
         unfused.graph().launches()
+    );
+
+    // The trained classifier as an ONNX model, for any ONNX runtime: one
+    // image's bytes in (kiln exports static shapes), logits out.
+    let trained = with(&mlp, &step.state()?[..mlp.parameters().len()]);
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&target).map_err(|e| kiln::onnx::OnnxError::Io {
+        file: target.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let path = target.join("quickstart.onnx");
+    let image = TensorType::new(DType::U8, [1, 28, 28]);
+    kiln::onnx::export_file(&path, "digits", &[image], |x| {
+        Ok(vec![trained.forward(&pixels(&x[0])?)?])
+    })?;
+    println!(
+        "wrote {} (ONNX opset {}): u8[1, 28, 28] in, logits out",
+        path.display(),
+        kiln::onnx::OPSET
     );
     Ok(())
 }
