@@ -137,8 +137,10 @@ fn main() -> Result<()> {
     let optimizer = AdamW::new(1e-3);
     let mut step = training_step(&mlp, &optimizer, true)?;
     println!(
-        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step",
-        step.graph().launches()
+        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, {} of {} state tensors updated in place",
+        step.graph().launches(),
+        step.in_place().iter().filter(|&&b| b).count(),
+        step.in_place().len(),
     );
     let mut train_loader = loader(train)?;
     let steps = (TRAIN / BATCH) as u64;
