@@ -31,14 +31,6 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
     x?.reshape([rows, 784])
 }
 
-fn with(mlp: &Mlp, params: &[Tensor]) -> Mlp {
-    let mut model = mlp.clone();
-    for ((_, p), value) in model.parameters_mut().into_iter().zip(params) {
-        *p = value.clone();
-    }
-    model
-}
-
 /// A 784-64-10 MLP trained for two epochs on the first 1,000 digits.
 fn trained_mlp(dir: &Path) -> Result<Mlp> {
     let images: Arc<dyn Dataset> = Arc::new(ArrayDataset::npy(dir.join("images.npy"))?);
@@ -67,7 +59,8 @@ fn trained_mlp(dir: &Path) -> Result<Mlp> {
     ];
     let mut step = kiln::compile_step("train", &state, &batch, Options::default(), |s, b| {
         let (p, moments) = s.split_at(n);
-        let loss = with(&mlp, p)
+        let loss = mlp
+            .with_parameters(p)?
             .forward(&pixels(&b[0])?)?
             .cross_entropy(&b[1])?;
         let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
@@ -82,7 +75,7 @@ fn trained_mlp(dir: &Path) -> Result<Mlp> {
             batches.recycle(b);
         }
     }
-    Ok(with(&mlp, &step.state()?[..n]))
+    mlp.with_parameters(&step.state()?[..n])
 }
 
 #[test]
