@@ -8,7 +8,7 @@
 //! and the optimizer's state live in the compiled step. Each epoch prints
 //! the loss, the test accuracy and samples/s. Then the same steps run with
 //! fusion off, fused and unfused epochs taking turns, to show what fusion
-//! buys.
+//! buys. Last, the trained model is written to `target/quickstart.onnx`.
 //!
 //! Run with `cargo run --release --example quickstart`.
 
@@ -37,15 +37,6 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
     x?.reshape([rows, 784])
 }
 
-/// The model with `params` (in `Mlp::parameters` order) in place of its own.
-fn with(mlp: &Mlp, params: &[Tensor]) -> Mlp {
-    let mut model = mlp.clone();
-    for ((_, p), value) in model.parameters_mut().into_iter().zip(params) {
-        *p = value.clone();
-    }
-    model
-}
-
 /// The training step compiled: state = parameters, then AdamW's state;
 /// arguments = a batch of images and labels; output = the batch's loss.
 fn training_step(mlp: &Mlp, optimizer: &AdamW, fusion: bool) -> Result<CompiledStep> {
@@ -65,7 +56,7 @@ fn training_step(mlp: &Mlp, optimizer: &AdamW, fusion: bool) -> Result<CompiledS
         Options { fusion },
         |state, batch| {
             let (params, moments) = state.split_at(n);
-            let logits = with(mlp, params).forward(&pixels(&batch[0])?)?;
+            let logits = mlp.with_parameters(params)?.forward(&pixels(&batch[0])?)?;
             let loss = logits.cross_entropy(&batch[1])?;
             let param_refs: Vec<&Tensor> = params.iter().collect();
             let grads = kiln::grad(&loss, &param_refs)?;
@@ -77,7 +68,7 @@ fn training_step(mlp: &Mlp, optimizer: &AdamW, fusion: bool) -> Result<CompiledS
 
 /// The fraction of `images` whose argmax of the logits is the label.
 fn accuracy(mlp: &Mlp, params: &[Tensor], images: &Tensor, labels: &Tensor) -> Result<f32> {
-    let logits = with(mlp, params).forward(&pixels(images)?)?;
+    let logits = mlp.with_parameters(params)?.forward(&pixels(images)?)?;
     let right = logits.argmax(-1, false)?.eq(labels)?.cast(DType::F32)?;
     right.mean_all()?.to_scalar()
 }
@@ -137,8 +128,10 @@ fn main() -> Result<()> {
     let optimizer = AdamW::new(1e-3);
     let mut step = training_step(&mlp, &optimizer, true)?;
     println!(
-        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step",
-        step.graph().launches()
+        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, {} of {} state tensors updated in place",
+        step.graph().launches(),
+        step.in_place().iter().filter(|&&b| b).count(),
+        step.in_place().len(),
     );
     let mut train_loader = loader(train)?;
     let steps = (TRAIN / BATCH) as u64;
@@ -181,6 +174,25 @@ fn main() -> Result<()> {
         step.graph().launches(),
         rate(&seconds[1]),
         unfused.graph().launches()
+    );
+
+    // The trained classifier as an ONNX model, for any ONNX runtime: one
+    // image's bytes in (kiln exports static shapes), logits out.
+    let trained = mlp.with_parameters(&step.state()?[..mlp.parameters().len()])?;
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&target).map_err(|e| kiln::onnx::OnnxError::Io {
+        file: target.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let path = target.join("quickstart.onnx");
+    let image = TensorType::new(DType::U8, [1, 28, 28]);
+    kiln::onnx::export_file(&path, "digits", &[image], |x| {
+        Ok(vec![trained.forward(&pixels(&x[0])?)?])
+    })?;
+    println!(
+        "wrote {} (ONNX opset {}): u8[1, 28, 28] in, logits out",
+        path.display(),
+        kiln::onnx::OPSET
     );
     Ok(())
 }

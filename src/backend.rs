@@ -35,18 +35,30 @@ pub(crate) fn check_built(device: Device) -> Result<()> {
 }
 
 /// Optimizes `graph` and compiles its kernels for `device` (kernels
-/// already compiled come from the backend's cache).
+/// already compiled come from the backend's cache). Output `o` of each pair
+/// `(i, o)` of `donate` is written over input `i` where the backend can and
+/// `pass::donate` finds it safe (`schedule.donated` says where).
 pub(crate) fn compile_graph(
     graph: &Graph,
     options: Options,
     backend_options: BackendOptions,
     device: Device,
+    donate: &[(u32, u32)],
 ) -> Result<Box<dyn Executable>> {
     let backend = backend(device)?;
     if dump_requested("graph") {
         eprintln!("// kiln: graph\n{graph}");
     }
-    let optimized = optimize_with_dumps(graph, options)?;
+    let mut optimized = optimize_with_dumps(graph, options)?;
+    if !donate.is_empty() && backend.donates() {
+        let notes;
+        (optimized, notes) = kiln_ir::pass::donate(&optimized, donate)?;
+        if dump_requested("donate") {
+            let notes: String = notes.iter().map(|n| format!("// {n}\n")).collect();
+            let schedule = optimized.schedule.print(&optimized.graph);
+            eprintln!("// kiln: donate\n{}{schedule}{notes}", optimized.graph);
+        }
+    }
     let backend_options = BackendOptions {
         dump_code: backend_options.dump_code || dump_requested("code"),
         ..backend_options

@@ -23,9 +23,21 @@ use crate::{Device, Result, Tensor};
 /// A traced and compiled function of tensors.
 pub struct CompiledGraph {
     exec: Box<dyn Executable>,
-    /// Per graph input: a call argument (by position) or captured data.
+    /// Per graph input: a placeholder (by spec) or captured data.
     sources: Vec<Source>,
     specs: Vec<TensorType>,
+    /// Per spec: its position among a call's arguments, or the donated
+    /// buffer it is (`run_donated`).
+    args: Vec<Argument>,
+}
+
+/// How a call passes the value of one spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Argument {
+    /// Among the arguments, at this position.
+    At(usize),
+    /// As donated buffer `j`, which the run overwrites with an output.
+    Donated(usize),
 }
 
 /// Traces `f` on placeholders of `specs` and compiles the result with the
@@ -67,6 +79,22 @@ pub fn compile_on(
     backend_options: BackendOptions,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
+    compile_donating(device, name, specs, options, backend_options, 0, f)
+}
+
+/// `compile_on` for a step: the last `state` outputs are the new values of
+/// the first `state` arguments, each written over the argument it replaces
+/// where the backend can and the graph allows it (`kiln_ir::pass::donate`).
+/// Those arguments are passed to `run_donated` as buffers it overwrites.
+pub(crate) fn compile_donating(
+    device: Device,
+    name: &str,
+    specs: &[TensorType],
+    options: Options,
+    backend_options: BackendOptions,
+    state: usize,
+    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<CompiledGraph> {
     let placeholders: Vec<Tensor> = specs
         .iter()
         .enumerate()
@@ -75,11 +103,35 @@ pub fn compile_on(
     let outputs = f(&placeholders)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let (graph, sources) = capture_with_data(name, &refs);
-    let exec = compile_graph(&graph, options, backend_options, device)?;
+    let input_of = |spec: usize| {
+        let placeholder = |s: &Source| matches!(s, Source::Placeholder(i) if *i == spec);
+        sources.iter().position(placeholder)
+    };
+    // A spec the function never reads is no graph input: nothing to donate.
+    let first_new = outputs.len().saturating_sub(state);
+    let pairs: Vec<(u32, u32)> = (0..state)
+        .filter_map(|k| input_of(k).map(|i| (i as u32, (first_new + k) as u32)))
+        .collect();
+    let exec = compile_graph(&graph, options, backend_options, device, &pairs)?;
+    let donated = &exec.optimized().schedule.donated;
+    let mut passed = 0;
+    let args = (0..specs.len())
+        .map(|spec| {
+            let given = input_of(spec).and_then(|i| donated.iter().position(|p| p.0 as usize == i));
+            match given {
+                Some(j) => Argument::Donated(j),
+                None => {
+                    passed += 1;
+                    Argument::At(passed - 1)
+                }
+            }
+        })
+        .collect();
     Ok(CompiledGraph {
         exec,
         sources,
         specs: specs.to_vec(),
+        args,
     })
 }
 
@@ -101,8 +153,30 @@ impl CompiledGraph {
         outputs: &mut [Data],
     ) -> Result<()> {
         let inputs: SmallVec<[DataRef; 4]> = inputs.iter().map(|&i| i.into()).collect();
-        let args = arguments(&self.sources, &self.specs, self.exec.as_ref(), &inputs)?;
-        Ok(self.exec.run_into(&args, outputs)?)
+        self.run_donated(&mut [], &inputs, outputs)
+    }
+
+    /// `run_into` for a graph compiled with donated arguments: `donated`
+    /// holds their values (in the order of `donated_specs`) and receives the
+    /// outputs written over them; `inputs` are the other arguments and
+    /// `outputs` the other outputs.
+    pub(crate) fn run_donated(
+        &mut self,
+        donated: &mut [Data],
+        inputs: &[DataRef<'_>],
+        outputs: &mut [Data],
+    ) -> Result<()> {
+        let args = arguments(&self.sources, &self.args, self.exec.as_ref(), inputs)?;
+        Ok(self.exec.run_donated(donated, &args, outputs)?)
+    }
+
+    /// Per spec: the donated buffer `run_donated` takes its value in, if any.
+    pub(crate) fn donated_specs(&self) -> Vec<Option<usize>> {
+        let donated = |&a: &Argument| match a {
+            Argument::Donated(j) => Some(j),
+            Argument::At(_) => None,
+        };
+        self.args.iter().map(donated).collect()
     }
 
     /// Runs the graph on tensors, realizing them first.
@@ -150,29 +224,34 @@ impl CompiledGraph {
     }
 }
 
-/// Every graph input: the call's arguments where the trace had placeholders,
-/// the captured data elsewhere. Argument types are checked by the
-/// executable; here only their number.
+/// Every graph input the executable is given: the call's arguments where
+/// the trace had placeholders (donated ones aside), the captured data
+/// elsewhere. Argument types are checked by the executable; here only
+/// their number.
 fn arguments<'a>(
     sources: &'a [Source],
-    specs: &[TensorType],
+    args: &[Argument],
     exec: &dyn Executable,
     inputs: &[DataRef<'a>],
 ) -> Result<Vec<DataRef<'a>>> {
-    if inputs.len() != specs.len() {
+    let expected = args.iter().filter(|a| matches!(a, Argument::At(_))).count();
+    if inputs.len() != expected {
         return Err(kiln_runtime::Error::Count {
             graph: exec.optimized().graph.name.clone(),
             what: "argument",
-            expected: specs.len(),
+            expected,
             got: inputs.len(),
         }
         .into());
     }
     Ok(sources
         .iter()
-        .map(|s| match s {
-            Source::Data(d) => d.as_ref().into(),
-            Source::Placeholder(i) => inputs[*i],
+        .filter_map(|s| match s {
+            Source::Data(d) => Some(d.as_ref().into()),
+            Source::Placeholder(i) => match args[*i] {
+                Argument::At(k) => Some(inputs[k]),
+                Argument::Donated(_) => None,
+            },
         })
         .collect())
 }

@@ -53,7 +53,7 @@ pub use grad::{grad, value_and_grad};
 pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
 pub use kiln_runtime::{BackendOptions, Precision};
-pub use step::{CompiledStep, compile_step};
+pub use step::{CompiledStep, compile_step, compile_step_on};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.

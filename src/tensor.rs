@@ -380,7 +380,7 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
         })
         .collect::<Result<Vec<Data>>>()?;
     let backend_options = BackendOptions::default();
-    let mut exec = compile_graph(&graph, Options::default(), backend_options, device)?;
+    let mut exec = compile_graph(&graph, Options::default(), backend_options, device, &[])?;
     exec.run_into(&refs, &mut outputs)?;
     for (tensor, data) in pending.iter().zip(outputs) {
         *tensor.state() = State::Ready(Arc::new(data));

@@ -51,6 +51,46 @@ fn the_interpreter_runs_the_fused_graph_the_cpu_compiles() -> Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 #[test]
+fn the_interpreter_runs_a_step_in_place_as_the_cpu_does() -> Result<()> {
+    // x <- x - 0.1 (a @ w + b), its sum as the output: a product whose
+    // epilogue writes the new state over the old.
+    let x = Tensor::randn([6, 4], 4)?;
+    let a = Tensor::randn([6, 5], 7)?;
+    let w = Tensor::randn([5, 4], 5)?;
+    let b = Tensor::randn([4], 6)?;
+    let specs = [a.ty().clone(), w.ty().clone(), b.ty().clone()];
+    let args = [a, w, b].map(|t| kiln::Data::F32(t.to_vec::<f32>().expect("realizes")));
+    let mut results = Vec::new();
+    for device in [Device::Cpu, Device::Reference] {
+        let options = (Options::default(), BackendOptions::default());
+        let mut step = kiln::compile_step_on(
+            device,
+            "descend",
+            &[&x],
+            &specs,
+            options.0,
+            options.1,
+            |s, a| {
+                let next = (&s[0] - ((a[0].matmul(&a[1])? + &a[2])? * 0.1f32)?)?;
+                Ok((vec![next.sum_all()?], vec![next]))
+            },
+        )?;
+        assert_eq!(step.in_place(), [true], "{device:?}");
+        for _ in 0..3 {
+            step.run(&[&args[0], &args[1], &args[2]])?;
+        }
+        results.push(step.state()?.remove(0).to_vec::<f32>()?);
+    }
+    for (i, (c, r)) in results[0].iter().zip(&results[1]).enumerate() {
+        assert!(
+            (c - r).abs() <= 1e-5 * r.abs().max(1.0),
+            "[{i}]: cpu {c}, interpreter {r}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn a_gpu_without_the_cuda_feature_is_an_error() -> Result<()> {
     let want = "Cuda(0): kiln was built without feature `cuda`";
     let x = Tensor::ones([2, 2], DType::F32)?;

@@ -1,12 +1,14 @@
 //! Random graphs (see `support/src/random_graph.rs`) optimized, compiled
-//! for the CPU and run, against the interpreter on the graph as built.
+//! for the CPU and run, against the interpreter on the graph as built;
+//! half of them with every output written over an input of its type where
+//! `pass::donate` allows it.
 //!
 //! Graphs of ops the CPU computes exactly must agree bit for bit (NaNs
 //! counted equal). Graphs of continuous ops (transcendentals, sums and
 //! matmuls included) must agree within a tolerance that covers f32
 //! accumulation and the polynomial approximations through a few ops.
 
-use kiln_ir::pass::{Options, optimize};
+use kiln_ir::pass::{Options, donate, optimize};
 use kiln_ir::{Data, DataRef, interp};
 use kiln_runtime::{Backend, BackendOptions, cpu::Cpu};
 use kiln_support::random_graph::{Mode, inputs, random_graph, same};
@@ -17,21 +19,57 @@ fn run(
     steps: usize,
     mode: Mode,
     fusion: bool,
+    in_place: bool,
 ) -> Result<(Vec<Data>, Vec<Data>, String), TestCaseError> {
     let graph = random_graph(seed, steps, mode);
     let data = inputs(&graph, seed);
     let refs: Vec<&Data> = data.iter().collect();
     let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}\nfrom:\n{graph}"));
     let expected = interp::eval(&graph, &refs).map_err(|e| fail(&e))?;
-    let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {}).map_err(|e| fail(&e))?;
-    let text = format!("{graph}\n{}", optimized.graph);
+    let mut optimized =
+        optimize(&graph, Options { fusion }, &mut |_, _| {}).map_err(|e| fail(&e))?;
+    if in_place {
+        // Each output offered the first input of its type not yet taken.
+        let types = graph.output_types();
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        for (o, ty) in types.iter().enumerate() {
+            let free = |&(i, t): &(usize, _)| t == ty && !pairs.iter().any(|p| p.0 == i as u32);
+            if let Some((i, _)) = graph.inputs.iter().enumerate().find(free) {
+                pairs.push((i as u32, o as u32));
+            }
+        }
+        (optimized, _) = donate(&optimized, &pairs).map_err(|e| fail(&e))?;
+    }
+    let text = format!(
+        "{graph}\n{}\n{}",
+        optimized.graph,
+        optimized.schedule.print(&optimized.graph)
+    );
+    let pairs = optimized.schedule.donated.clone();
     let mut exec = Cpu
         .compile(optimized, BackendOptions::default())
         .map_err(|e| fail(&e))?;
-    let args: Vec<DataRef> = data.iter().map(DataRef::from).collect();
-    let mut got = exec.output_buffers().map_err(|e| fail(&e))?;
-    exec.run_into(&args, &mut got).map_err(|e| fail(&e))?;
-    Ok((expected, got, text))
+    let given = |i: usize| pairs.iter().any(|p| p.0 as usize == i);
+    let mut donated: Vec<Data> = pairs.iter().map(|p| data[p.0 as usize].clone()).collect();
+    let args: Vec<DataRef> = (data.iter().enumerate())
+        .filter(|&(i, _)| !given(i))
+        .map(|(_, d)| DataRef::from(d))
+        .collect();
+    let mut all = exec.output_buffers().map_err(|e| fail(&e))?;
+    let mut outputs: Vec<Data> = (all.iter().enumerate())
+        .filter(|&(o, _)| !pairs.iter().any(|p| p.1 as usize == o))
+        .map(|(_, d)| d.clone())
+        .collect();
+    exec.run_donated(&mut donated, &args, &mut outputs)
+        .map_err(|e| fail(&e))?;
+    let mut rest = outputs.into_iter();
+    for (o, out) in all.iter_mut().enumerate() {
+        *out = match pairs.iter().position(|p| p.1 as usize == o) {
+            Some(j) => donated[j].clone(),
+            None => rest.next().expect("one per output"),
+        };
+    }
+    Ok((expected, all, text))
 }
 
 fn close(a: &Data, b: &Data) -> bool {
@@ -48,16 +86,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
 
     #[test]
-    fn exact_graphs_agree_bit_for_bit(seed in any::<u64>(), steps in 1usize..10, fusion in any::<bool>()) {
-        let (want, have, text) = run(seed, steps, Mode::Exact, fusion)?;
+    fn exact_graphs_agree_bit_for_bit(seed in any::<u64>(), steps in 1usize..10, fusion in any::<bool>(), in_place in any::<bool>()) {
+        let (want, have, text) = run(seed, steps, Mode::Exact, fusion, in_place)?;
         for (k, (w, h)) in want.iter().zip(&have).enumerate() {
             prop_assert!(same(w, h), "output {k}:\n{text}\nwant {w:?}\nhave {h:?}");
         }
     }
 
     #[test]
-    fn continuous_graphs_agree_closely(seed in any::<u64>(), steps in 1usize..8, fusion in any::<bool>()) {
-        let (want, have, text) = run(seed, steps, Mode::Continuous, fusion)?;
+    fn continuous_graphs_agree_closely(seed in any::<u64>(), steps in 1usize..8, fusion in any::<bool>(), in_place in any::<bool>()) {
+        let (want, have, text) = run(seed, steps, Mode::Continuous, fusion, in_place)?;
         for (k, (w, h)) in want.iter().zip(&have).enumerate() {
             prop_assert!(close(w, h), "output {k}:\n{text}\nwant {w:?}\nhave {h:?}");
         }

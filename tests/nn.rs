@@ -134,6 +134,35 @@ fn mlp_names_its_parameters_by_field_path() -> Result<()> {
 }
 
 #[test]
+fn with_parameters_takes_values_in_order_and_checks_them() -> Result<()> {
+    let mlp = Mlp::new(&[4, 3, 2], 0)?;
+    let other = Mlp::new(&[4, 3, 2], 1)?;
+    let values: Vec<Tensor> = other
+        .parameters()
+        .into_iter()
+        .map(|(_, t)| t.clone())
+        .collect();
+    let copy = mlp.with_parameters(&values)?;
+    for ((_, got), (_, want)) in copy.parameters().into_iter().zip(other.parameters()) {
+        assert_eq!(got.to_vec::<f32>()?, want.to_vec::<f32>()?);
+    }
+    let message = |r: Result<Mlp>| r.err().map(|e| e.to_string());
+    assert_eq!(
+        message(mlp.with_parameters(&values[..3])),
+        Some("parameter 'layers.1.bias': no value given".to_string())
+    );
+    let five: Vec<Tensor> = values.iter().chain(&values[..1]).cloned().collect();
+    assert_eq!(
+        message(mlp.with_parameters(&five)),
+        Some("parameter '#4': 5 values for 4 parameters".to_string())
+    );
+    let mut swapped = values.clone();
+    swapped.swap(0, 2);
+    assert!(message(mlp.with_parameters(&swapped)).is_some_and(|m| m.contains("layers.0.weight")));
+    Ok(())
+}
+
+#[test]
 fn set_parameters_replaces_by_name_or_nothing() -> Result<()> {
     let mut mlp = Mlp::new(&[4, 3, 2], 0)?;
     let other = Mlp::new(&[4, 3, 2], 1)?;

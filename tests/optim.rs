@@ -101,6 +101,10 @@ fn check(
             Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
         },
     )?;
+    assert!(
+        compiled.in_place().iter().all(|&b| b),
+        "parameters and state written in place"
+    );
     for step in 0..5 {
         let g: Vec<Data> = grads(step)?
             .iter()
@@ -170,6 +174,8 @@ fn a_step_carries_its_state_and_lets_it_be_read_and_written() -> Result<()> {
         let next = (&s[0] + &a[0])?;
         Ok((vec![next.sum_all()?], vec![next]))
     })?;
+    // x' is computed over x's own buffer: the sum reads x', not x.
+    assert_eq!(step.in_place(), [true]);
     let a = Data::F32(vec![1.0, 1.0, 1.0]);
     assert_eq!(step.run(&[&a])?, [Data::F32(vec![9.0])]);
     assert_eq!(step.run(&[&a])?, [Data::F32(vec![12.0])]);
@@ -186,6 +192,26 @@ fn a_step_carries_its_state_and_lets_it_be_read_and_written() -> Result<()> {
     assert_eq!(
         wrong.err().map(|e| e.to_string()).as_deref(),
         Some("compile_step: state 0 must be f32[3], got f32[2]")
+    );
+    Ok(())
+}
+
+#[test]
+fn a_state_read_where_it_is_not_written_keeps_a_second_buffer() -> Result<()> {
+    // x <- x + xᵀ reads element (j, i) after writing (i, j): written in
+    // place it would read its own new values.
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
+    let mut step = kiln::compile_step("symmetric", &[&x], &[], Options::default(), |s, _| {
+        Ok((Vec::new(), vec![(&s[0] + &s[0].transpose(0, 1)?)?]))
+    })?;
+    assert_eq!(step.in_place(), [false]);
+    let none: [&Data; 0] = [];
+    step.run(&none)?;
+    assert_eq!(step.state()?[0].to_vec::<f32>()?, vec![2.0, 5.0, 5.0, 8.0]);
+    step.run(&none)?;
+    assert_eq!(
+        step.state()?[0].to_vec::<f32>()?,
+        vec![4.0, 10.0, 10.0, 16.0]
     );
     Ok(())
 }

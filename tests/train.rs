@@ -20,14 +20,6 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
     ((images.cast(DType::F32)? * (1.0f32 / 255.0))? - 0.5f32)?.reshape([rows, 784])
 }
 
-fn model(shape: &Mlp, params: &[Tensor]) -> Mlp {
-    let mut m = shape.clone();
-    for ((_, p), v) in m.parameters_mut().into_iter().zip(params) {
-        *p = v.clone();
-    }
-    m
-}
-
 #[test]
 fn an_mlp_learns_the_digits() -> Result<()> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits");
@@ -62,7 +54,8 @@ fn an_mlp_learns_the_digits() -> Result<()> {
     ];
     let mut step = kiln::compile_step("train", &state, &batch, Options::default(), |s, b| {
         let (p, momenta) = s.split_at(n);
-        let loss = model(&mlp, p)
+        let loss = mlp
+            .with_parameters(p)?
             .forward(&pixels(&b[0])?)?
             .cross_entropy(&b[1])?;
         let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
@@ -92,7 +85,7 @@ fn an_mlp_learns_the_digits() -> Result<()> {
 
     let test_images = NpyArray::open(dir.join("images.npy"))?.rows(4000, 5000)?;
     let test_labels = NpyArray::open(dir.join("labels.npy"))?.rows(4000, 5000)?;
-    let trained = model(&mlp, &step.state()?[..n]);
+    let trained = mlp.with_parameters(&step.state()?[..n])?;
     let predicted = trained.forward(&pixels(&test_images)?)?.argmax(-1, false)?;
     let accuracy: f32 = predicted
         .eq(&test_labels)?

@@ -2,8 +2,9 @@
 //! digits normalized inside the step, cross-entropy, gradients, the update)
 //! as fused for the CPU, for SGD with momentum and for AdamW: the printed
 //! fused graph and schedule as snapshots, the kernel count per step pinned,
-//! and one fused step checked against the same step unfused (one kernel per
-//! op), parameters and optimizer state alike.
+//! one fused step checked against the same step unfused (one kernel per
+//! op), parameters and optimizer state alike, and steps writing the state
+//! in place against the same steps writing it to buffers of their own.
 
 use kiln::nn::Mlp;
 use kiln::optim::{AdamW, Optimizer, Sgd};
@@ -16,29 +17,102 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
     x?.reshape([BATCH, 784])
 }
 
-/// The quickstart's step with `optimizer`, fused or not.
-fn step(optimizer: &dyn Optimizer, fusion: bool) -> Result<CompiledStep> {
+/// The quickstart's MLP, its parameters and `optimizer`'s state for them.
+fn initial_state(optimizer: &dyn Optimizer) -> Result<(Mlp, Vec<Tensor>)> {
     let mlp = Mlp::new(&[784, 256, 256, 10], 0)?;
     let params: Vec<&Tensor> = mlp.parameters().into_iter().map(|(_, p)| p).collect();
     let mut state: Vec<Tensor> = params.iter().map(|&p| p.clone()).collect();
     state.extend(optimizer.state(&params)?);
-    let state: Vec<&Tensor> = state.iter().collect();
-    let batch = [
+    Ok((mlp, state))
+}
+
+/// The quickstart's step on `state` and a batch: the loss, then the new state.
+fn train(
+    mlp: &Mlp,
+    optimizer: &dyn Optimizer,
+    state: &[Tensor],
+    batch: &[Tensor],
+) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+    let n = mlp.parameters().len();
+    let (params, moments) = state.split_at(n);
+    let mut model = mlp.clone();
+    for ((_, p), v) in model.parameters_mut().into_iter().zip(params) {
+        *p = v.clone();
+    }
+    let loss = model
+        .forward(&pixels(&batch[0])?)?
+        .cross_entropy(&batch[1])?;
+    let grads = kiln::grad(&loss, &params.iter().collect::<Vec<_>>())?;
+    let (params, moments) = optimizer.update(params, &grads, moments)?;
+    Ok((vec![loss], params.into_iter().chain(moments).collect()))
+}
+
+fn batch_types() -> [TensorType; 2] {
+    [
         TensorType::new(DType::U8, [BATCH, 28, 28]),
         TensorType::new(DType::I32, [BATCH]),
-    ];
-    let n = params.len();
-    kiln::compile_step("train", &state, &batch, Options { fusion }, |s, b| {
-        let (params, moments) = s.split_at(n);
-        let mut model = mlp.clone();
-        for ((_, p), v) in model.parameters_mut().into_iter().zip(params) {
-            *p = v.clone();
-        }
-        let loss = model.forward(&pixels(&b[0])?)?.cross_entropy(&b[1])?;
-        let grads = kiln::grad(&loss, &params.iter().collect::<Vec<_>>())?;
-        let (params, moments) = optimizer.update(params, &grads, moments)?;
-        Ok((vec![loss], params.into_iter().chain(moments).collect()))
+    ]
+}
+
+/// A batch of made-up digits.
+fn batch() -> [Data; 2] {
+    let images: Vec<u8> = (0..BATCH * 784).map(|i| (i * 7919 % 256) as u8).collect();
+    let labels: Vec<i32> = (0..BATCH as i32).map(|i| i * 31 % 10).collect();
+    [Data::U8(images), Data::I32(labels)]
+}
+
+/// The value of a state tensor (f32, or AdamW's i32 step count).
+fn data(t: &Tensor) -> Result<Data> {
+    Ok(match t.ty().dtype {
+        DType::I32 => Data::I32(t.to_vec::<i32>()?),
+        _ => Data::F32(t.to_vec::<f32>()?),
     })
+}
+
+/// The quickstart's step with `optimizer`, fused or not.
+fn step(optimizer: &dyn Optimizer, fusion: bool) -> Result<CompiledStep> {
+    let (mlp, state) = initial_state(optimizer)?;
+    let state: Vec<&Tensor> = state.iter().collect();
+    kiln::compile_step(
+        "train",
+        &state,
+        &batch_types(),
+        Options { fusion },
+        |s, b| train(&mlp, optimizer, s, b),
+    )
+}
+
+/// Three steps that write the state in place give bit for bit the state
+/// of the same fused steps compiled as a plain graph, whose new state is
+/// written to buffers of its own and passed back in by hand.
+fn in_place_matches_copies(optimizer: &dyn Optimizer) -> Result<()> {
+    let mut s = step(optimizer, true)?;
+    assert!(
+        s.in_place().iter().all(|&b| b),
+        "every state tensor is written in place"
+    );
+    let (mlp, state) = initial_state(optimizer)?;
+    let mut specs: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
+    specs.extend(batch_types());
+    let n = state.len();
+    let mut plain = kiln::compile("train", &specs, |inputs| {
+        let (state, batch) = inputs.split_at(n);
+        let (loss, next) = train(&mlp, optimizer, state, batch)?;
+        Ok(loss.into_iter().chain(next).collect())
+    })?;
+    let batch = batch();
+    let mut current: Vec<Data> = state.iter().map(data).collect::<Result<_>>()?;
+    for round in 0..3 {
+        let loss = s.run(&[&batch[0], &batch[1]])?[0].clone();
+        let inputs: Vec<&Data> = current.iter().chain(&batch).collect();
+        let mut out = plain.run(&inputs)?;
+        assert_eq!(loss, out[0], "loss of step {round}");
+        current = out.split_off(1);
+    }
+    for (k, (t, want)) in s.state()?.iter().zip(&current).enumerate() {
+        assert_eq!(&data(t)?, want, "state tensor {k} after three steps");
+    }
+    Ok(())
 }
 
 /// The fused graph and its schedule, as `KILN_DUMP=fuse,schedule` prints them.
@@ -54,9 +128,7 @@ fn printed(step: &CompiledStep) -> String {
 /// One step fused and one unfused on the same batch agree: the loss, and
 /// every parameter and moment after the update.
 fn fused_matches_unfused(optimizer: &dyn Optimizer) -> Result<()> {
-    let images: Vec<u8> = (0..BATCH * 784).map(|i| (i * 7919 % 256) as u8).collect();
-    let labels: Vec<i32> = (0..BATCH as i32).map(|i| i * 31 % 10).collect();
-    let batch = [Data::U8(images), Data::I32(labels)];
+    let batch = batch();
     let batch: Vec<&Data> = batch.iter().collect();
     let mut runs = Vec::new();
     for fusion in [true, false] {
@@ -99,7 +171,8 @@ fn an_sgd_step_is_16_kernels() -> Result<()> {
     // gradients through the two relus.
     assert_eq!(s.graph().launches(), 16, "kernels per fused SGD step");
     insta::assert_snapshot!("sgd_step", printed(&s));
-    fused_matches_unfused(&sgd)
+    fused_matches_unfused(&sgd)?;
+    in_place_matches_copies(&sgd)
 }
 
 #[test]
@@ -110,5 +183,6 @@ fn an_adamw_step_is_16_kernels() -> Result<()> {
     // count beside the loss.
     assert_eq!(s.graph().launches(), 16, "kernels per fused AdamW step");
     insta::assert_snapshot!("adamw_step", printed(&s));
-    fused_matches_unfused(&adam)
+    fused_matches_unfused(&adam)?;
+    in_place_matches_copies(&adam)
 }

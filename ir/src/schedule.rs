@@ -48,6 +48,9 @@ pub struct Schedule {
     pub slots: Vec<usize>,
     /// Where each graph output is found after the run.
     pub outputs: Vec<Location>,
+    /// `(input, output)`: outputs written into the buffer of an input, which
+    /// the caller donates to the run (`pass::donate`).
+    pub donated: Vec<(u32, u32)>,
 }
 
 impl Schedule {
@@ -124,6 +127,11 @@ impl Schedule {
                         })
                         .collect();
                     frees.extend(scratch);
+                    // An output nothing reads (a matmul's accumulator kept
+                    // apart by `pass::donate`) is free after its launch.
+                    if last_read[i].is_none() && !keep[i] {
+                        frees.push(output);
+                    }
                     frees.sort_unstable();
                     frees.dedup();
                     free.extend(&frees);
@@ -150,6 +158,7 @@ impl Schedule {
             launches,
             slots,
             outputs,
+            donated: Vec::new(),
         })
     }
 
@@ -223,6 +232,14 @@ impl Schedule {
         }
         let outputs: Vec<String> = self.outputs.iter().map(loc).collect();
         let _ = writeln!(out, "  return {}", outputs.join(", "));
+        if !self.donated.is_empty() {
+            let pairs: Vec<String> = self
+                .donated
+                .iter()
+                .map(|(i, o)| format!("output {o} over %{i}"))
+                .collect();
+            let _ = writeln!(out, "  in place: {}", pairs.join(", "));
+        }
         out
     }
 }

@@ -39,6 +39,12 @@ pub trait Backend {
         optimized: Optimized,
         options: BackendOptions,
     ) -> Result<Box<dyn Executable>, Error>;
+
+    /// Whether its executables write outputs over donated inputs
+    /// (`Executable::run_donated` with `schedule.donated` not empty).
+    fn donates(&self) -> bool {
+        false
+    }
 }
 
 /// A fused graph compiled by a backend.
@@ -69,7 +75,21 @@ pub trait Executable: Send {
 
     /// Runs the graph on `inputs` (of the graph's input types), writing into
     /// `outputs` (of the output types).
-    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error>;
+    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+        self.run_donated(&mut [], inputs, outputs)
+    }
+
+    /// Runs the graph with the inputs that `schedule.donated` names given up
+    /// to the outputs written over them: `donated[j]` holds input
+    /// `schedule.donated[j].0` on entry and output `schedule.donated[j].1`
+    /// on return. `inputs` are the other inputs and `outputs` the other
+    /// outputs, each in order.
+    fn run_donated(
+        &mut self,
+        donated: &mut [Data],
+        inputs: &[DataRef<'_>],
+        outputs: &mut [Data],
+    ) -> Result<(), Error>;
 
     /// For benchmarks: runs the kernels again on the inputs of the last
     /// `run_into` and returns the device's own time for them in seconds.
@@ -93,6 +113,10 @@ impl Backend for Reference {
         let outputs = optimized.graph.output_types();
         Ok(Box::new(Interpreted { optimized, outputs }))
     }
+
+    fn donates(&self) -> bool {
+        true
+    }
 }
 
 /// A fused graph the interpreter runs.
@@ -110,13 +134,31 @@ impl Executable for Interpreted {
         &self.outputs
     }
 
-    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+    /// Every input is copied before the interpreter runs, so a donated
+    /// buffer is only where a result lands.
+    fn run_donated(
+        &mut self,
+        donated: &mut [Data],
+        inputs: &[DataRef<'_>],
+        outputs: &mut [Data],
+    ) -> Result<(), Error> {
+        check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         let graph = &self.optimized.graph;
-        check_run(graph, &self.outputs, inputs, outputs)?;
-        let owned: Vec<Data> = inputs.iter().map(|d| d.to_data()).collect();
+        let pairs = &self.optimized.schedule.donated;
+        let mut rest = inputs.iter();
+        let owned: Vec<Data> = (0..graph.inputs.len() as u32)
+            .map(|i| match pairs.iter().position(|p| p.0 == i) {
+                Some(j) => donated[j].clone(),
+                None => rest.next().expect("counted by check_run").to_data(),
+            })
+            .collect();
         let refs: Vec<&Data> = owned.iter().collect();
-        for (out, value) in outputs.iter_mut().zip(kiln_ir::interp::eval(graph, &refs)?) {
-            *out = value;
+        let mut rest = outputs.iter_mut();
+        for (k, value) in kiln_ir::interp::eval(graph, &refs)?.into_iter().enumerate() {
+            match pairs.iter().position(|p| p.1 as usize == k) {
+                Some(j) => donated[j] = value,
+                None => *rest.next().expect("counted by check_run") = value,
+            }
         }
         Ok(())
     }

@@ -25,6 +25,7 @@ pub mod rows;
 pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;
 
+use kiln_ir::pass::Optimized;
 use kiln_ir::{DataRef, TensorType};
 
 /// What can go wrong when compiling or running a graph.
@@ -75,17 +76,39 @@ pub enum Error {
     },
 }
 
-/// A run's buffers: `inputs` of the graph's input types, `outputs` of its
-/// output types.
+/// A run's buffers (`Executable::run_donated`): `donated` of the types of
+/// the inputs `schedule.donated` names, in its order; `inputs` of the other
+/// inputs' types and `outputs` of the other outputs' types, in order.
 pub(crate) fn check_run(
-    graph: &kiln_ir::Graph,
+    optimized: &Optimized,
     output_types: &[TensorType],
+    donated: &[kiln_ir::Data],
     inputs: &[DataRef<'_>],
     outputs: &[kiln_ir::Data],
 ) -> Result<(), Error> {
-    check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
-    let outputs = outputs.iter().map(DataRef::from);
-    check(&graph.name, "output", output_types, outputs)
+    let graph = &optimized.graph;
+    let pairs = &optimized.schedule.donated;
+    let given = pairs.iter().map(|&(i, _)| graph.inputs[i as usize].clone());
+    let given: Vec<TensorType> = given.collect();
+    check(
+        &graph.name,
+        "donated input",
+        &given,
+        donated.iter().map(DataRef::from),
+    )?;
+    let kept = |types: &[TensorType], donated: &dyn Fn(usize) -> bool| -> Vec<TensorType> {
+        let types = types.iter().enumerate().filter(|&(k, _)| !donated(k));
+        types.map(|(_, t)| t.clone()).collect()
+    };
+    let inputs_kept = kept(&graph.inputs, &|k| pairs.iter().any(|p| p.0 as usize == k));
+    check(&graph.name, "input", &inputs_kept, inputs.iter().copied())?;
+    let outputs_kept = kept(output_types, &|k| pairs.iter().any(|p| p.1 as usize == k));
+    check(
+        &graph.name,
+        "output",
+        &outputs_kept,
+        outputs.iter().map(DataRef::from),
+    )
 }
 
 /// Each buffer must be of the declared type.

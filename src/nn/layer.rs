@@ -149,6 +149,26 @@ impl Mlp {
         all
     }
 
+    /// A copy holding `values`, in `parameters` order, in place of its own
+    /// parameters: how a traced training step puts the state it is given
+    /// into the model. Each value is checked as `set_parameters` checks it.
+    pub fn with_parameters(&self, values: &[Tensor]) -> Result<Mlp> {
+        let names: Vec<String> = self.parameters().into_iter().map(|(n, _)| n).collect();
+        // Too few values leave a parameter with none, which `set_parameters` names.
+        if values.len() > names.len() {
+            return Err(Error::Parameter {
+                name: format!("#{}", names.len()),
+                message: format!("{} values for {} parameters", values.len(), names.len()),
+            });
+        }
+        let mut model = self.clone();
+        set_parameters(
+            model.parameters_mut(),
+            names.into_iter().zip(values.iter().cloned()),
+        )?;
+        Ok(model)
+    }
+
     /// Every layer's parameters, named as `parameters` names them, to be replaced.
     pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut all = Vec::new();

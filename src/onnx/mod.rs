@@ -1,4 +1,5 @@
-//! `kiln::onnx`: ONNX models in, as kiln graphs.
+//! `kiln::onnx`: ONNX models in, as kiln graphs, and kiln functions out,
+//! as ONNX models.
 //!
 //! `Model::load` reads a `.onnx` file; `Model::compile` traces its graph
 //! into kiln ops (through `kiln::compile_on`) with the initializers as
@@ -25,12 +26,18 @@
 //! prost's `DecodeError` cannot. The field numbers are those of onnx.proto
 //! of onnx 1.22.0; the conformance run (`tests/onnx_node.rs`) decodes every
 //! model and tensor of that release's backend tests.
+//!
+//! `export` goes the other way: it traces a function as `kiln::compile`
+//! does and writes its graph as an ONNX model of opset `OPSET`, by a small
+//! writer of the same messages (`write`); `export` says how kiln's ops map.
 
+mod export;
 mod graph;
 mod ops;
 mod proto;
 mod tensor;
 mod wire;
+mod write;
 
 use std::path::Path;
 
@@ -40,6 +47,7 @@ use kiln_runtime::BackendOptions;
 
 use crate::{CompiledGraph, Device, Error, Result};
 
+pub use export::{OPSET, export, export_file, export_graph};
 pub use tensor::{Array, Values};
 
 /// What can be wrong with an ONNX file, or be missing in kiln to run it.
@@ -123,15 +131,31 @@ pub enum OnnxError {
         /// What does not fit.
         message: String,
     },
+    /// A kiln node that `export` cannot write as ONNX.
+    #[error("export of graph '{graph}': node {node} ({op}): {what}")]
+    Export {
+        /// The kiln graph's name.
+        graph: String,
+        /// The node, by its index in the graph.
+        node: String,
+        /// The kiln op.
+        op: String,
+        /// Why it has no ONNX form.
+        what: String,
+    },
 }
 
 impl OnnxError {
     /// Whether the error says kiln lacks something (an op, an attribute,
-    /// a dtype), as opposed to a broken file or a mistake.
+    /// a dtype, an ONNX form of its own op), as opposed to a broken file
+    /// or a mistake.
     pub fn is_unsupported(&self) -> bool {
         matches!(
             self,
-            OnnxError::Tensor { .. } | OnnxError::Graph { .. } | OnnxError::Unsupported { .. }
+            OnnxError::Tensor { .. }
+                | OnnxError::Graph { .. }
+                | OnnxError::Unsupported { .. }
+                | OnnxError::Export { .. }
         )
     }
 }

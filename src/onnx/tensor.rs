@@ -142,9 +142,14 @@ impl Array {
         }
     }
 
-    /// The array as a kiln tensor, or `None` for i64, which kiln cannot hold.
+    /// The array as a kiln tensor, or `None` for i64, which kiln cannot
+    /// hold. One of rank 0 is a constant of the graph (`Tensor::scalar`),
+    /// which kernels read inline, as kiln's own scalars.
     pub fn to_tensor(&self) -> Option<Tensor> {
         match &self.values {
+            Values::Kiln(d) if self.dims.is_empty() && d.len() == 1 => {
+                Some(Tensor::scalar(d.get(0)))
+            }
             Values::Kiln(d) => Some(Tensor::from_data(
                 TensorType::new(d.dtype(), Shape::new(&self.dims)),
                 d.clone(),

@@ -5,6 +5,9 @@
 //! simplify -> cse -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
+//! then the schedule, and for a compiled step `donate`, which writes
+//! outputs over the inputs they replace where that is safe.
+//!
 //! The pipeline takes graph ops only (checked on entry): `simplify`, `cse`
 //! and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
 //! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
@@ -24,13 +27,16 @@ use crate::verify::{verify, verify_graph_ops};
 
 mod cse;
 mod dce;
+mod donate;
 mod fold_views;
 mod fuse;
 mod simplify;
 mod split_reduce;
 
+pub use donate::donate;
+
 /// The stages in pipeline order, as `KILN_DUMP` names them.
-pub const STAGES: [&str; 7] = [
+pub const STAGES: [&str; 8] = [
     "simplify",
     "cse",
     "split-reduce",
@@ -38,6 +44,7 @@ pub const STAGES: [&str; 7] = [
     "fuse",
     "dce",
     "schedule",
+    "donate",
 ];
 
 /// How the pipeline runs.

@@ -21,6 +21,7 @@ pub(crate) struct Executable {
     groups: Vec<Range<usize>>,
     arena: Vec<Vec<u32>>,
     outputs: Vec<TensorType>,
+    places: Places,
 }
 
 impl Executable {
@@ -68,6 +69,7 @@ impl Executable {
         let outputs = optimized.graph.output_types();
         let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
         Ok(Executable {
+            places: Places::new(&optimized),
             optimized,
             kernels,
             groups,
@@ -86,13 +88,36 @@ impl crate::Executable for Executable {
         &self.outputs
     }
 
-    /// With outputs reused, a run allocates nothing.
-    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+    /// With outputs reused, a run allocates no tensor memory. A donated
+    /// buffer is both the input a kernel reads and the output it writes:
+    /// `pass::donate` guarantees each element is read before it is
+    /// overwritten and never after.
+    fn run_donated(
+        &mut self,
+        donated: &mut [Data],
+        inputs: &[DataRef<'_>],
+        outputs: &mut [Data],
+    ) -> Result<(), Error> {
+        check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         let graph = &self.optimized.graph;
-        check_run(graph, &self.outputs, inputs, outputs)?;
+        let schedule = &self.optimized.schedule;
+        // Every buffer of the run, by graph input and graph output.
+        let given: Vec<Buffer> = donated.iter_mut().map(Buffer::output).collect();
+        let input_at: Vec<Buffer> = (self.places.inputs.iter())
+            .map(|place| match *place {
+                Place::Donated(j) => given[j].alias(),
+                Place::Own(m) => Buffer::input(inputs[m]),
+            })
+            .collect();
+        let own: Vec<Buffer> = outputs.iter_mut().map(Buffer::output).collect();
+        let output_at: Vec<Buffer> = (self.places.outputs.iter())
+            .map(|place| match *place {
+                Place::Donated(j) => given[j].alias(),
+                Place::Own(m) => own[m].alias(),
+            })
+            .collect();
         // The graph output each node is written to, if any (first occurrence).
         let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
-        let schedule = &self.optimized.schedule;
         for group in &self.groups {
             let mut bound = Vec::with_capacity(group.len());
             for (launch, kernel) in schedule.launches[group.clone()]
@@ -106,20 +131,20 @@ impl crate::Executable for Executable {
                     .zip(&launch.inputs)
                     .map(|(&id, loc)| match (loc, output_of(id)) {
                         // Inputs are read where the caller has them, outputs or not.
-                        (Location::Input(i), _) => Buffer::input(inputs[*i as usize]),
-                        (Location::Slot(_), Some(k)) => Buffer::input((&outputs[k]).into()),
+                        (Location::Input(i), _) => input_at[*i as usize].alias(),
+                        (Location::Slot(_), Some(k)) => output_at[k].alias(),
                         (Location::Slot(s), None) => Buffer::slot(&mut self.arena[*s]),
                     })
                     .collect();
                 let mut out = match output_of(launch.node) {
-                    Some(k) => Buffer::output(&mut outputs[k]),
+                    Some(k) => output_at[k].alias(),
                     None => Buffer::slot(&mut self.arena[launch.output]),
                 };
                 let mut side: Vec<Buffer> = launch
                     .side
                     .iter()
                     .map(|&(id, slot)| match output_of(id) {
-                        Some(k) => Buffer::output(&mut outputs[k]),
+                        Some(k) => output_at[k].alias(),
                         None => Buffer::slot(&mut self.arena[slot]),
                     })
                     .collect();
@@ -136,14 +161,65 @@ impl crate::Executable for Executable {
             }
             jit::run_rows(&bound)?;
         }
-        // Outputs that are inputs, or that repeat an earlier output, are copies.
+        // Outputs that are inputs, or that repeat an earlier output, are
+        // copies; a donated input that is its own output is already there.
+        let places = &self.places;
         for (k, &id) in graph.outputs.iter().enumerate() {
-            match (&graph.node(id).op, output_of(id)) {
-                (Op::Input { index }, _) => outputs[k] = inputs[*index as usize].to_data(),
-                (_, Some(first)) if first != k => outputs[k] = outputs[first].clone(),
-                _ => {}
+            let value = match (&graph.node(id).op, output_of(id)) {
+                (Op::Input { index }, _) => match places.inputs[*index as usize] {
+                    Place::Own(m) => inputs[m].to_data(),
+                    Place::Donated(_) => continue,
+                },
+                (_, Some(first)) if first != k => match places.outputs[first] {
+                    Place::Own(m) => outputs[m].clone(),
+                    Place::Donated(j) => donated[j].clone(),
+                },
+                _ => continue,
+            };
+            match places.outputs[k] {
+                Place::Own(m) => outputs[m] = value,
+                Place::Donated(j) => donated[j] = value,
             }
         }
         Ok(())
     }
+}
+
+/// Where a run finds each graph input and writes each graph output: in
+/// the donated buffers or among the others, by position.
+struct Places {
+    inputs: Vec<Place>,
+    outputs: Vec<Place>,
+}
+
+#[derive(Clone, Copy)]
+enum Place {
+    Donated(usize),
+    Own(usize),
+}
+
+impl Places {
+    fn new(optimized: &Optimized) -> Places {
+        let pairs = &optimized.schedule.donated;
+        let graph = &optimized.graph;
+        Places {
+            inputs: number(graph.inputs.len(), |i| pairs.iter().position(|p| p.0 == i)),
+            outputs: number(graph.outputs.len(), |k| pairs.iter().position(|p| p.1 == k)),
+        }
+    }
+}
+
+/// `count` places: `donated(k)`'s where it names one, else the next of
+/// the others.
+fn number(count: usize, donated: impl Fn(u32) -> Option<usize>) -> Vec<Place> {
+    let mut own = 0;
+    (0..count as u32)
+        .map(|k| match donated(k) {
+            Some(j) => Place::Donated(j),
+            None => {
+                own += 1;
+                Place::Own(own - 1)
+            }
+        })
+        .collect()
 }

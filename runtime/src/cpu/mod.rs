@@ -38,6 +38,10 @@ impl Backend for Cpu {
         gemm::isa()?;
         Ok(Box::new(Executable::new(optimized, options.dump_code)?))
     }
+
+    fn donates(&self) -> bool {
+        true
+    }
 }
 
 /// The GEMM path this process's matmuls take: `avx512` or `avx2` (kiln's

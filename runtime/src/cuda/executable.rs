@@ -116,7 +116,19 @@ impl crate::Executable for Executable {
 
     /// Copies `inputs` to the device, runs every launch on the device's
     /// stream, and copies the outputs back into `outputs`.
-    fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+    /// Inputs are uploaded to device memory of their own, so this backend
+    /// donates nothing (`Backend::donates`).
+    fn run_donated(
+        &mut self,
+        donated: &mut [Data],
+        inputs: &[DataRef<'_>],
+        outputs: &mut [Data],
+    ) -> Result<(), Error> {
+        if !donated.is_empty() || !self.optimized.schedule.donated.is_empty() {
+            return Err(Error::Launch(
+                "the CUDA backend writes no output over an input".to_string(),
+            ));
+        }
         self.check_outputs(outputs)?;
         self.upload(inputs)?;
         self.launch_all()?;

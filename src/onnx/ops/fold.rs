@@ -71,7 +71,7 @@ pub(super) fn fold(node: &Node) -> Result<Option<Vec<Value>>> {
         _ => None,
     };
     if let Some(h) = moved {
-        let out = i64_array(h);
+        let out = like_first(node, h);
         let data_bound =
             matches!(node.value(0)?, Value::Bound(_)) || node.op() == "Concat" && bound;
         return Ok(Some(vec![match data_bound {
@@ -145,6 +145,26 @@ fn host(node: &Node, i: usize) -> Result<Host> {
 
 fn i64_array(h: Host) -> Array {
     Array::i64(h.dims, h.v)
+}
+
+/// Values moved out of the node's first input, in its element type: a
+/// shape stays INT64, and an i32, u8 or bool constant reshaped or
+/// broadcast by an INT64 shape stays what it was.
+fn like_first(node: &Node, h: Host) -> Array {
+    let Some(Values::Kiln(d)) = node.known(0).map(|a| &a.values) else {
+        return i64_array(h);
+    };
+    let data = match d.dtype() {
+        DType::I32 => Data::I32(h.v.iter().map(|&v| v as i32).collect()),
+        DType::U8 => Data::U8(h.v.iter().map(|&v| v as u8).collect()),
+        DType::Bool => Data::Bool(h.v.iter().map(|&v| v != 0).collect()),
+        // Floats are never folded (see `fold`), so never moved here.
+        DType::F32 => Data::F32(h.v.iter().map(|&v| v as f32).collect()),
+    };
+    Array {
+        dims: h.dims,
+        values: Values::Kiln(data),
+    }
 }
 
 /// The dims a movement op gives its first input.

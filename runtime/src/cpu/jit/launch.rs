@@ -248,6 +248,15 @@ impl Buffer {
         }
     }
 
+    /// The same memory, for a second use in one run (a donated buffer is
+    /// an input of one kernel and the output it writes).
+    pub(crate) fn alias(&self) -> Buffer {
+        Buffer {
+            ptr: self.ptr,
+            bytes: self.bytes,
+        }
+    }
+
     /// No memory: the scratch of a kernel that needs none.
     pub(crate) fn empty() -> Buffer {
         Buffer {

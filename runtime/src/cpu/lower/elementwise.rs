@@ -138,14 +138,14 @@ impl<'a> Emitter<'a> {
                     for u in 0..unroll {
                         let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
                         let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
-                        e.store_body(body, (out, out_base), j, acc, true);
+                        e.store_body(body, (out, out_base), j, (acc, acc_in_place), true);
                     }
                 });
             }
         }
         self.counted_loop(from, to, 1, |e, j| {
             let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, false));
-            e.store_body(body, (out, out_base), j, acc, false);
+            e.store_body(body, (out, out_base), j, (acc, acc_in_place), false);
         });
     }
 }

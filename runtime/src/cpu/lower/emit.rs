@@ -347,20 +347,27 @@ impl<'a> Emitter<'a> {
 
     /// `at`'s result at inner index `j` stored into `out` at `j`, and the
     /// kernel's side values into their buffers at the same element.
+    /// `acc_in_out`: `acc` was read from `out` at `j`, so a result that is
+    /// `acc` itself (a product kept apart by `pass::donate`) is there
+    /// already.
     pub(super) fn store_body(
         &mut self,
         at: Placed,
         (out, out_base): (&Access, RowBase),
         j: Value,
-        acc: Option<Value>,
+        (acc, acc_in_out): (Option<Value>, bool),
         lanes: bool,
     ) {
+        let unchanged =
+            acc_in_out && matches!(at.block.values.last(), Some(v) if v.expr == Expr::Acc);
         let values = self.block_values(at, j, acc, lanes);
         let Some(&result) = values.last() else {
             return;
         };
         let (offset, _) = self.element(out, out_base, j);
-        let stores: Vec<(usize, Value)> = std::iter::once((out.buffer, result))
+        let primary = (!unchanged).then_some((out.buffer, result));
+        let stores: Vec<(usize, Value)> = primary
+            .into_iter()
             .chain(self.side.iter().map(|&(b, v)| (b, values[v as usize])))
             .collect();
         for (buffer, x) in stores {

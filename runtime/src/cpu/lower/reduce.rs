@@ -423,7 +423,7 @@ impl<'a> Emitter<'a> {
                 e.store(out, out_base, j, v);
             });
         } else {
-            e.store_body(epi_at, (out, out_base), zero, Some(total), false);
+            e.store_body(epi_at, (out, out_base), zero, (Some(total), false), false);
         }
     }
 
@@ -621,7 +621,7 @@ impl<'a> Emitter<'a> {
                 hoisted: &none,
             };
             let out_base = bases[bases.len() - 1];
-            e.store_body(at, (&out[0], out_base), zero, Some(acc), false);
+            e.store_body(at, (&out[0], out_base), zero, (Some(acc), false), false);
         });
     }
 
