@@ -99,6 +99,47 @@ pub trait Executable: Send {
     }
 }
 
+/// Where a run with donated inputs (`Executable::run_donated`) finds each
+/// graph input and writes each graph output: among the donated buffers or
+/// among the others, by position.
+pub(crate) struct Places {
+    pub(crate) inputs: Vec<Place>,
+    pub(crate) outputs: Vec<Place>,
+}
+
+/// One buffer of a run: `donated[j]` or the `m`th of the others.
+#[derive(Clone, Copy)]
+pub(crate) enum Place {
+    Donated(usize),
+    Own(usize),
+}
+
+impl Places {
+    pub(crate) fn new(optimized: &Optimized) -> Places {
+        let pairs = &optimized.schedule.donated;
+        let graph = &optimized.graph;
+        Places {
+            inputs: number(graph.inputs.len(), |i| pairs.iter().position(|p| p.0 == i)),
+            outputs: number(graph.outputs.len(), |k| pairs.iter().position(|p| p.1 == k)),
+        }
+    }
+}
+
+/// `count` places: `donated(k)`'s where it names one, else the next of
+/// the others.
+fn number(count: usize, donated: impl Fn(u32) -> Option<usize>) -> Vec<Place> {
+    let mut own = 0;
+    (0..count as u32)
+        .map(|k| match donated(k) {
+            Some(j) => Place::Donated(j),
+            None => {
+                own += 1;
+                Place::Own(own - 1)
+            }
+        })
+        .collect()
+}
+
 /// The reference interpreter as a backend: it evaluates the fused graph's
 /// kernel nodes one by one, exactly (f64 accumulation), with no code
 /// generated. Slow; the oracle of every numeric test.
@@ -111,7 +152,12 @@ impl Backend for Reference {
         _options: BackendOptions,
     ) -> Result<Box<dyn Executable>, Error> {
         let outputs = optimized.graph.output_types();
-        Ok(Box::new(Interpreted { optimized, outputs }))
+        let places = Places::new(&optimized);
+        Ok(Box::new(Interpreted {
+            optimized,
+            outputs,
+            places,
+        }))
     }
 
     fn donates(&self) -> bool {
@@ -123,6 +169,7 @@ impl Backend for Reference {
 struct Interpreted {
     optimized: Optimized,
     outputs: Vec<TensorType>,
+    places: Places,
 }
 
 impl Executable for Interpreted {
@@ -144,20 +191,18 @@ impl Executable for Interpreted {
     ) -> Result<(), Error> {
         check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         let graph = &self.optimized.graph;
-        let pairs = &self.optimized.schedule.donated;
-        let mut rest = inputs.iter();
-        let owned: Vec<Data> = (0..graph.inputs.len() as u32)
-            .map(|i| match pairs.iter().position(|p| p.0 == i) {
-                Some(j) => donated[j].clone(),
-                None => rest.next().expect("counted by check_run").to_data(),
+        let owned: Vec<Data> = (self.places.inputs.iter())
+            .map(|place| match *place {
+                Place::Donated(j) => donated[j].clone(),
+                Place::Own(m) => inputs[m].to_data(),
             })
             .collect();
         let refs: Vec<&Data> = owned.iter().collect();
-        let mut rest = outputs.iter_mut();
-        for (k, value) in kiln_ir::interp::eval(graph, &refs)?.into_iter().enumerate() {
-            match pairs.iter().position(|p| p.1 as usize == k) {
-                Some(j) => donated[j] = value,
-                None => *rest.next().expect("counted by check_run") = value,
+        let values = kiln_ir::interp::eval(graph, &refs)?;
+        for (place, value) in self.places.outputs.iter().zip(values) {
+            match *place {
+                Place::Donated(j) => donated[j] = value,
+                Place::Own(m) => outputs[m] = value,
             }
         }
         Ok(())

@@ -98,10 +98,10 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
         .iter()
         .position(|n| matches!(n.op, Op::Input { index } if index == input))
         .map(|i| NodeId(i as u32));
+    let repeated = graph.outputs.iter().filter(|&&o| o == value).count() > 1;
     if node_of_input == Some(value) {
         // The state is left as it was: its buffer already holds the output.
-        let elsewhere = graph.outputs.iter().filter(|&&o| o == value).count() > 1;
-        return match elsewhere {
+        return match repeated {
             true => Err("the input is another output too".to_string()),
             false => Ok(None),
         };
@@ -109,7 +109,7 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
     if graph.node(value).ty != *ty {
         return Err(format!("{} is not {ty}", graph.node(value).ty));
     }
-    if graph.outputs.iter().filter(|&&o| o == value).count() > 1 {
+    if repeated {
         return Err("the value is another output too".to_string());
     }
     if node_of_input.is_some_and(|id| graph.outputs.contains(&id)) {

@@ -10,6 +10,7 @@ use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
 
 use super::cache::compile;
 use super::jit::{self, Buffer, CompiledKernel};
+use crate::backend::{Place, Places};
 use crate::{Error, check_run};
 
 /// A fused graph compiled for the CPU: its kernels, and an arena sized by
@@ -183,43 +184,4 @@ impl crate::Executable for Executable {
         }
         Ok(())
     }
-}
-
-/// Where a run finds each graph input and writes each graph output: in
-/// the donated buffers or among the others, by position.
-struct Places {
-    inputs: Vec<Place>,
-    outputs: Vec<Place>,
-}
-
-#[derive(Clone, Copy)]
-enum Place {
-    Donated(usize),
-    Own(usize),
-}
-
-impl Places {
-    fn new(optimized: &Optimized) -> Places {
-        let pairs = &optimized.schedule.donated;
-        let graph = &optimized.graph;
-        Places {
-            inputs: number(graph.inputs.len(), |i| pairs.iter().position(|p| p.0 == i)),
-            outputs: number(graph.outputs.len(), |k| pairs.iter().position(|p| p.1 == k)),
-        }
-    }
-}
-
-/// `count` places: `donated(k)`'s where it names one, else the next of
-/// the others.
-fn number(count: usize, donated: impl Fn(u32) -> Option<usize>) -> Vec<Place> {
-    let mut own = 0;
-    (0..count as u32)
-        .map(|k| match donated(k) {
-            Some(j) => Place::Donated(j),
-            None => {
-                own += 1;
-                Place::Own(own - 1)
-            }
-        })
-        .collect()
 }
