@@ -10,7 +10,9 @@
 //! - `nest`: loop nests, a kernel's space split into rows and an inner loop
 //!   with each access's strides over them, and a reduction's rows, for both
 //!   backends;
-//! - `rows`: which reductions can run row by row, for both backends.
+//! - `rows`: which reductions can run row by row, for both backends;
+//! - `stored`: the matmul epilogues a GEMM applies as it stores the
+//!   product, for both backends.
 //!
 //! `unsafe` is confined to where machine code is made and called (the CPU
 //! backend's JIT and its GEMM cores) and to the CUDA libraries and
@@ -21,6 +23,7 @@ pub mod cpu;
 pub mod cuda;
 pub(crate) mod nest;
 pub mod rows;
+pub mod stored;
 
 pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;

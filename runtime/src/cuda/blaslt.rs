@@ -101,7 +101,7 @@ pub struct Matmul {
     /// The layouts of `A`, `B` and `C` (also `D`, written in place of `C`).
     layouts: [sys::cublasLtMatrixLayout_t; 3],
     /// The alignments of `A`, `B`, `C` the algorithm was chosen for. The
-    /// bias is always a whole buffer (`plan::bias_epilogue` takes none at
+    /// bias is always a whole buffer (`stored::stored` takes none at
     /// an offset), 256-byte aligned, so it needs no key here.
     chosen: Mutex<Option<([u32; 3], sys::cublasLtMatmulAlgo_t)>>,
 }

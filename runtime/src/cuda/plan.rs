@@ -8,11 +8,12 @@
 
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use kiln_ir::view::View;
-use kiln_ir::{BinaryOp, DType, Shape, TensorType, UnaryOp};
+use kiln_ir::{DType, Shape, TensorType};
 
 use super::codegen::{self, Program};
 use crate::Error;
 use crate::nest::nest;
+use crate::stored::{Stored, stored};
 
 /// What a matmul kernel runs: prologues for its computed operands, the
 /// GEMM, then the epilogue.
@@ -203,12 +204,11 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMulPlan, Error> {
         Ok(contiguous_operand(&shape, at))
     };
     let (a, b) = (operand(a)?, operand(b)?);
-    // cuBLASLt's epilogues write one output: side outputs need the kernel.
-    let lt_epilogue = bias_epilogue(&kernel.body, &kernel.out.shape, n);
-    let epilogue = match lt_epilogue.filter(|_| kernel.side.is_empty()) {
+    let epilogue = match stored(kernel) {
+        Some(Stored::Product) => GemmEpilogue::None,
         // With k = 0 the product is zeros, which the runtime writes itself;
         // cuBLASLt's epilogue comes with a GEMM, so a bias needs the kernel.
-        Some(e) if (fused && k > 0) || e == GemmEpilogue::None => e,
+        Some(Stored::Bias { bias, relu }) if fused && k > 0 => GemmEpilogue::Bias { bias, relu },
         _ => {
             let acc = scratch;
             scratch += kernel.out.shape.numel() * 4;
@@ -290,42 +290,4 @@ fn strided(view: &View, source: OperandSource) -> Option<GemmOperand> {
         col_stride,
         batch_stride,
     })
-}
-
-/// cuBLASLt's epilogue, when the body is `acc`, `acc + bias` or
-/// `relu(acc + bias)` with `bias` a vector broadcast along the rows of an
-/// output whose rows are the product's (`n` columns).
-fn bias_epilogue(body: &Block, out: &Shape, n: usize) -> Option<GemmEpilogue> {
-    if out.dims().last() != Some(&n) {
-        return None;
-    }
-    let v = &body.values;
-    let is_bias = |e: &Expr| match e {
-        Expr::Load { input, view } => {
-            let d = out.dims();
-            let n = d[d.len() - 1];
-            let mut strides = vec![0usize; d.len()];
-            strides[d.len() - 1] = usize::from(n != 1);
-            (view.mask.is_none() && view.offset == 0 && view.strides.as_slice() == strides)
-                .then_some(*input)
-        }
-        _ => None,
-    };
-    match v.as_slice() {
-        [acc] if acc.expr == Expr::Acc => Some(GemmEpilogue::None),
-        [acc, bias, add, rest @ ..] if acc.expr == Expr::Acc => {
-            let bias = is_bias(&bias.expr)?;
-            let added = matches!(
-                add.expr,
-                Expr::Binary(BinaryOp::Add, 0, 1) | Expr::Binary(BinaryOp::Add, 1, 0)
-            );
-            let relu = match rest {
-                [] => false,
-                [r] if r.expr == Expr::Unary(UnaryOp::Relu, 2) => true,
-                _ => return None,
-            };
-            added.then_some(GemmEpilogue::Bias { bias, relu })
-        }
-        _ => None,
-    }
 }

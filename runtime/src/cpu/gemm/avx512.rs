@@ -10,8 +10,9 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    __m512, _CMP_LE_OQ, _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_cmp_ps_mask,
+    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+    _mm512_maskz_mov_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
 use super::driver::{Kernel, Tile};
@@ -44,10 +45,15 @@ impl Kernel<MR, NR> for Avx512 {
     const ROW_UNIT: usize = 4;
 
     unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
-        let kernel = match tile.rows {
-            ..=4 => microkernel::<4, A>,
-            5..=8 => microkernel::<8, A>,
-            _ => microkernel::<MR, A>,
+        // (The epilogue is compiled in only where there is one, as in the
+        // AVX2 core.)
+        let kernel = match (tile.rows, tile.epilogue.is_none()) {
+            (..=4, true) => microkernel::<4, false, A>,
+            (5..=8, true) => microkernel::<8, false, A>,
+            (_, true) => microkernel::<MR, false, A>,
+            (..=4, false) => microkernel::<4, true, A>,
+            (5..=8, false) => microkernel::<8, true, A>,
+            (_, false) => microkernel::<MR, true, A>,
         };
         // SAFETY: AVX-512 is there, and the tile is this caller's (the
         // contract of this function).
@@ -56,14 +62,15 @@ impl Kernel<MR, NR> for Avx512 {
 }
 
 /// The top `R` rows (4, 8 or `MR`) of an `MR x NR` tile of C from rows of A
-/// and `kc` rows of `NR` elements of B, `b_stride` apart; only `tile.rows x
-/// tile.cols` of it is written, from `c` on.
+/// and `kc` rows of `NR` elements of B, `b_stride` apart, through the tile's
+/// epilogue if `EPILOGUE`; only `tile.rows x tile.cols` of it is written,
+/// from `c` on.
 ///
 /// # Safety
 /// The tile's elements of `c` are valid for reads and writes that no one
 /// else makes meanwhile.
 #[target_feature(enable = "avx512f")]
-unsafe fn microkernel<const R: usize, A: PanelA<MR>>(
+unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
     a: A,
     b: &[f32],
     b_stride: usize,
@@ -97,6 +104,20 @@ unsafe fn microkernel<const R: usize, A: PanelA<MR>>(
         lane_mask(tile.cols.min(16)),
         lane_mask(tile.cols.saturating_sub(16)),
     ];
+    // The tile's bias, its columns' lanes loaded once for all its rows.
+    let epilogue = tile.epilogue;
+    let bias = if EPILOGUE && !epilogue.bias.is_null() {
+        // SAFETY: the lanes the masks select are the tile's columns, which
+        // are columns of the bias (a masked-off half reads nothing).
+        unsafe {
+            Some([
+                _mm512_maskz_loadu_ps(masks[0], epilogue.bias),
+                _mm512_maskz_loadu_ps(masks[1], epilogue.bias.wrapping_add(16)),
+            ])
+        }
+    } else {
+        None
+    };
     for (i, row) in acc.iter().take(tile.rows).enumerate() {
         // SAFETY: row `i` of the tile, `tile.cols` elements from `c`'s
         // `tile.offset + i * tile.stride`-th, is the caller's (the contract
@@ -118,10 +139,32 @@ unsafe fn microkernel<const R: usize, A: PanelA<MR>>(
                 } else {
                     v
                 };
+                let v = if EPILOGUE {
+                    apply(v, bias.map(|b| b[half]), epilogue.relu)
+                } else {
+                    v
+                };
                 _mm512_mask_storeu_ps(lanes, mask, v);
             }
         }
     }
+}
+
+/// `v` plus `bias` where there is one, then ReLU if `relu`: lane by lane
+/// as `Epilogue::apply` (the same bits).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn apply(v: __m512, bias: Option<__m512>, relu: bool) -> __m512 {
+    let v = match bias {
+        Some(bias) => _mm512_add_ps(v, bias),
+        None => v,
+    };
+    if !relu {
+        return v;
+    }
+    // Lanes not above zero (NaN is not) become +0.
+    let not_above = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, _mm512_setzero_ps());
+    _mm512_maskz_mov_ps(!not_above, v)
 }
 
 /// The first `lanes` (at most 16) bits set.

@@ -3,7 +3,8 @@
 //! and the path that computes it.
 //!
 //! - `driver`: the loop nest of kiln's own cores (cache blocking, packing,
-//!   threads, the epilogue handed each block of rows as it finishes),
+//!   threads, a bias and ReLU applied in registers, any other epilogue
+//!   handed each block of rows as it finishes),
 //!   generic over a micro-kernel;
 //! - `panel`: packed panels of B and A, and rows of A read where they lie;
 //! - `avx512`, `avx2`: the micro-kernels, 12 x 32 in zmm and 6 x 16 in ymm
@@ -185,6 +186,63 @@ impl Operand {
 unsafe impl Sync for Operand {}
 unsafe impl Send for Operand {}
 
+/// What kiln's cores apply to each element of the product in registers
+/// as they store it (`stored::Stored`): `c + bias[j]` where `bias` is not
+/// null, then ReLU where `relu`, in the order and with the rounding of the
+/// generated epilogue, so that both give the same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct Epilogue {
+    /// Null, or the first of one value per column of the product.
+    pub bias: *const f32,
+    /// Whether ReLU follows.
+    pub relu: bool,
+}
+
+impl Epilogue {
+    /// The product as it is.
+    pub(crate) const NONE: Epilogue = Epilogue {
+        bias: std::ptr::null(),
+        relu: false,
+    };
+
+    /// Whether it leaves the product as it is.
+    pub(crate) fn is_none(self) -> bool {
+        self.bias.is_null() && !self.relu
+    }
+
+    /// The same epilogue for the columns from `j` on.
+    pub(crate) fn at_column(self, j: usize) -> Epilogue {
+        match self.bias.is_null() {
+            true => self,
+            false => Epilogue {
+                bias: self.bias.wrapping_add(j),
+                ..self
+            },
+        }
+    }
+
+    /// Element `x` of column `j` (of the columns this epilogue starts at).
+    ///
+    /// # Safety
+    /// Where there is a bias, `j` is one of its columns.
+    #[inline(always)]
+    pub(crate) unsafe fn apply(self, x: f32, j: usize) -> f32 {
+        // SAFETY: the caller's column `j` is inside the bias.
+        let x = if self.bias.is_null() {
+            x
+        } else {
+            x + unsafe { *self.bias.add(j) }
+        };
+        // As generated code's ReLU: NaN stays, anything not above zero is +0.
+        if self.relu && x <= 0.0 { 0.0 } else { x }
+    }
+}
+
+// SAFETY: the bias is only read, while the caller of `gemm` keeps its
+// buffer alive (the contract of `gemm`).
+unsafe impl Sync for Epilogue {}
+unsafe impl Send for Epilogue {}
+
 /// Products of at least this many multiply-adds run on kiln's AVX-512
 /// core. Paired runs on two threads against the `gemm` crate's 256-bit
 /// kernels (Cascade Lake): 2048^3 143-172 against 253-312 ms, 256^3
@@ -204,14 +262,15 @@ const AVX2_WORK: usize = 1 << 22;
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
 /// `threads` threads: by `isa`'s core for products large enough for it,
 /// or with an operand read through tables (which only kiln's cores pack),
-/// which calls `finish(r0, r1)` on each block of rows as it is done (the
-/// result is then true), else by the `gemm` crate (a tabled operand
-/// gathered into a plain matrix first).
+/// which applies `epilogue` as it stores the product and calls `finish(r0,
+/// r1)` on each block of rows as it is done (the result is then true), else
+/// by the `gemm` crate (a tabled operand gathered into a plain matrix
+/// first), which does neither.
 ///
 /// # Safety
 /// `isa` must be available, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
-/// `l < k, j < n` must lie inside live buffers (when `k > 0`), and `c` must
-/// hold `m * n` elements.
+/// `l < k, j < n` must lie inside live buffers (when `k > 0`), `c` must
+/// hold `m * n` elements, and a bias of `epilogue` `n` live ones.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm(
     isa: Isa,
@@ -222,6 +281,7 @@ pub(crate) unsafe fn gemm(
     b: Operand,
     c: &mut [f32],
     threads: usize,
+    epilogue: Epilogue,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let tabled = a.tabled() || b.tabled();
@@ -231,7 +291,7 @@ pub(crate) unsafe fn gemm(
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m, n, k, a, b, c, threads, finish,
+                    m, n, k, a, b, c, threads, epilogue, finish,
                 );
             }
             return true;
@@ -240,7 +300,7 @@ pub(crate) unsafe fn gemm(
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                    m, n, k, a, b, c, threads, finish,
+                    m, n, k, a, b, c, threads, epilogue, finish,
                 );
             }
             return true;
@@ -248,7 +308,7 @@ pub(crate) unsafe fn gemm(
         _ => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, finish);
+    let _ = (isa, epilogue, finish);
     // SAFETY (both): the operands' elements lie inside live buffers (the
     // contract of this function).
     let (a_plain, a) = unsafe { untabled(a, m, k) };

@@ -1,6 +1,7 @@
 //! kiln's GEMM cores on their own, each the CPU has, against a plain
-//! product in f64: tile edges, depth blocks, strides, threads, and the
-//! rows handed to `finish`; and how `KILN_CPU_ISA` is read.
+//! product in f64: tile edges, depth blocks, strides, threads, the bias and
+//! ReLU applied in registers, and the rows handed to `finish`; and how
+//! `KILN_CPU_ISA` is read.
 
 use std::ffi::OsStr;
 
@@ -32,13 +33,15 @@ fn cores_agree_with_a_plain_product() {
             (8, 70, 40),
             (97, 33, 1),
             (1, 600, 300),
+            (5, 0, 7),
         ] {
             check(isa, m, k, n);
         }
     }
 }
 
-/// `isa`'s core at one shape, with each layout of A and padding of B.
+/// `isa`'s core at one shape, with each layout of A and padding of B, and
+/// each kind of epilogue.
 fn check(isa: Isa, m: usize, k: usize, n: usize) {
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0)
@@ -53,13 +56,22 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
     let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
     let transposed = Operand::strided(at.as_ptr(), 1, m as isize);
     let row_major = Operand::strided(a.as_ptr(), k as isize, 1);
-    for (threads, pad, a_op) in [
-        (1, 0, transposed),
-        (2, 0, transposed),
-        (2, 3, row_major),
-        (1, 0, row_major),
-        (2, usize::MAX, row_major),
+    let bias: Vec<f32> = (0..n).map(|j| ((j * 31) % 23) as f32 / 5.0 - 2.0).collect();
+    for (threads, pad, a_op, (with_bias, relu)) in [
+        (1, 0, transposed, (false, false)),
+        (2, 0, transposed, (true, true)),
+        (2, 3, row_major, (true, false)),
+        (1, 0, row_major, (true, true)),
+        (2, usize::MAX, row_major, (false, true)),
     ] {
+        let epilogue = Epilogue {
+            bias: if with_bias {
+                bias.as_ptr()
+            } else {
+                std::ptr::null()
+            },
+            relu,
+        };
         let (b_values, b_op);
         if pad == usize::MAX {
             b_op = Operand::strided(bt.as_ptr(), 1, k as isize);
@@ -84,15 +96,18 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         unsafe {
             match isa {
                 Isa::Avx512 => driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m, n, k, a_op, b_op, &mut c, threads, &finish,
+                    m, n, k, a_op, b_op, &mut c, threads, epilogue, &finish,
                 ),
                 Isa::Avx2 => driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                    m, n, k, a_op, b_op, &mut c, threads, &finish,
+                    m, n, k, a_op, b_op, &mut c, threads, epilogue, &finish,
                 ),
                 Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
             }
         }
-        let what = format!("{} {m}x{k}x{n} threads {threads} pad {pad}", isa.name());
+        let what = format!(
+            "{} {m}x{k}x{n} threads {threads} pad {pad} bias {with_bias} relu {relu}",
+            isa.name()
+        );
         // `finish` saw a partition of the rows.
         let mut finished = finished.into_inner().expect("unpoisoned");
         finished.sort_unstable();
@@ -104,13 +119,21 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         assert_eq!(next, m, "{what}: rows finished");
         for i in 0..m {
             for j in 0..n {
-                let want: f64 = (0..k)
+                let mut want: f64 = (0..k)
                     .map(|l| f64::from(a[i * k + l]) * f64::from(b[l * n + j]))
                     .sum();
-                let got = f64::from(c[i * n + j]);
-                let scale: f64 = (0..k)
+                let mut scale: f64 = (0..k)
                     .map(|l| f64::from(a[i * k + l] * b[l * n + j]).abs())
                     .sum();
+                if with_bias {
+                    want += f64::from(bias[j]);
+                    scale += f64::from(bias[j]).abs();
+                }
+                if relu {
+                    want = want.max(0.0);
+                }
+                let got = f64::from(c[i * n + j]);
+                assert!(!relu || got >= 0.0, "{what} at ({i},{j}): {got} after relu");
                 assert!(
                     (got - want).abs() <= 1e-6 * scale.max(1.0),
                     "{what} at ({i},{j}): {got} vs {want}"
@@ -188,7 +211,20 @@ fn tabled_operands_agree_with_a_plain_product() {
                 let mut c = vec![f32::NAN; m * n];
                 // SAFETY: `isa` is available; the tables index inside the
                 // vectors.
-                unsafe { gemm(isa, m, n, k, a, b, &mut c, threads, &|_, _| {}) };
+                unsafe {
+                    gemm(
+                        isa,
+                        m,
+                        n,
+                        k,
+                        a,
+                        b,
+                        &mut c,
+                        threads,
+                        Epilogue::NONE,
+                        &|_, _| {},
+                    )
+                };
                 let what = format!("{} {m}x{k}x{n} threads {threads}", isa.name());
                 for i in 0..m {
                     for j in 0..n {

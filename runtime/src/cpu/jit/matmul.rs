@@ -1,7 +1,8 @@
 //! The matmul driver: a matmul kernel's computed operands run into scratch,
 //! its operands as strided matrices, and the product batch by batch by the
-//! GEMM path of this process (`cpu::gemm`), with the epilogue run over each
-//! block of rows as kiln's cores finish it, or over the product after.
+//! GEMM path of this process (`cpu::gemm`), with the epilogue applied in
+//! registers by kiln's cores where it is a bias and ReLU (`stored`), else
+//! run over each block of rows as they finish it, or over the product after.
 
 #![allow(unsafe_code)]
 
@@ -15,6 +16,7 @@ use super::CompiledKernel;
 use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
+use crate::stored::{Stored, stored};
 
 /// Batches of at most this many multiply-adds each run side by side, one
 /// thread each, rather than one after the other across every thread.
@@ -73,6 +75,23 @@ impl CompiledKernel {
                 a.cols, b.rows, out.bytes
             )));
         }
+        // A bias and ReLU kiln's cores apply as they store the product.
+        let in_registers = match stored(k) {
+            Some(Stored::Bias { bias, relu }) => {
+                let bias = inputs[bias as usize];
+                if bias.bytes < n * 4 {
+                    return Err(Error::Launch(format!(
+                        "a bias of {} bytes for a product of {n} columns",
+                        bias.bytes
+                    )));
+                }
+                Some(gemm::Epilogue {
+                    bias: bias.ptr as *const f32,
+                    relu,
+                })
+            }
+            _ => None,
+        };
         // The GEMM core splits its own work across threads (it packs the
         // operands once for all of them); the epilogue then sweeps the
         // output in row ranges.
@@ -86,7 +105,14 @@ impl CompiledKernel {
         // when its launch's rows are the product's: a launch of one row is
         // over elements instead (a product of one row, bias and relu, had
         // the epilogue on its first element only), and runs after.
-        let by_rows = epilogue && self.range.rows == batches * m && self.range.row_len == n;
+        let by_rows = epilogue
+            && in_registers.is_none()
+            && self.range.rows == batches * m
+            && self.range.row_len == n;
+        // What kiln's cores leave done: the epilogue, where they apply it or
+        // call the rows' pass as they finish them.
+        let done = by_rows || in_registers.is_some();
+        let in_registers = in_registers.unwrap_or(gemm::Epilogue::NONE);
         let mut pending = epilogue;
         let one_batch = |batch: usize, threads: usize| {
             let rows = |r0: usize, r1: usize| {
@@ -101,7 +127,10 @@ impl CompiledKernel {
             // buffers whose lengths were checked against views the verifier
             // bounded; the output holds every row of every batch (checked
             // above), and each batch's rows are written by its call alone.
-            unsafe { gemm_block(isa, &a, &b, table.out(), batch, threads, &rows) }
+            unsafe {
+                let out = table.out();
+                gemm_block(isa, (&a, &b, out), batch, threads, in_registers, &rows)
+            }
         };
         if threads > 1 && batches >= 2 * threads && m * n * a.cols <= BATCH_WORK {
             let finished: Vec<bool> = (0..batches)
@@ -109,11 +138,11 @@ impl CompiledKernel {
                 .with_max_len(1)
                 .map(|batch| one_batch(batch, 1))
                 .collect();
-            pending &= !(finished.iter().all(|&f| f) && by_rows);
+            pending &= !(finished.iter().all(|&f| f) && done);
         } else {
             for batch in 0..batches {
                 let finished = one_batch(batch, threads);
-                pending &= !(finished && by_rows);
+                pending &= !(finished && done);
             }
         }
         if pending {
@@ -244,20 +273,20 @@ impl Merged {
 }
 
 /// `out[batch] = a[batch] @ b[batch]`, on `threads` threads, by the GEMM
-/// path `isa`; true when it called `finish(r0, r1)` on each block of rows
-/// as it was done.
+/// path `isa`; true when it applied `epilogue` and called `finish(r0, r1)`
+/// on each block of rows as it was done.
 ///
 /// # Safety
 /// `isa` must be available, `a` and `b` must read inside live buffers for
-/// every row and batch, and `out` must hold `batches * a.rows * b.cols` f32
-/// that no one else writes in those rows.
+/// every row and batch, `out` must hold `batches * a.rows * b.cols` f32
+/// that no one else writes in those rows, and a bias of `epilogue`
+/// `b.cols` live ones.
 unsafe fn gemm_block(
     isa: Isa,
-    a: &Strided,
-    b: &Strided,
-    out: *mut u8,
+    (a, b, out): (&Strided, &Strided, *mut u8),
     batch: usize,
     threads: usize,
+    epilogue: gemm::Epilogue,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let (m, k, n) = (a.rows, a.cols, b.cols);
@@ -279,6 +308,17 @@ unsafe fn gemm_block(
     // every operand element the GEMM reads lie inside their buffers.
     unsafe {
         let c = std::slice::from_raw_parts_mut((out as *mut f32).add(batch * m * n), m * n);
-        gemm::gemm(isa, m, n, k, operand(a), operand(b), c, threads, finish)
+        gemm::gemm(
+            isa,
+            m,
+            n,
+            k,
+            operand(a),
+            operand(b),
+            c,
+            threads,
+            epilogue,
+            finish,
+        )
     }
 }
