@@ -162,6 +162,20 @@ fn save(what: &str, model: &[u8], inputs: &[Tensor], outputs: &[Tensor]) -> Resu
                     .flat_map(|x| x.to_le_bytes())
                     .collect(),
             ),
+            DType::F64 => (
+                NpyDType::F64,
+                t.to_vec::<f64>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            ),
+            DType::I64 => (
+                NpyDType::I64,
+                t.to_vec::<i64>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            ),
             DType::I32 => (
                 NpyDType::I32,
                 t.to_vec::<i32>()?
@@ -205,14 +219,24 @@ fn save(what: &str, model: &[u8], inputs: &[Tensor], outputs: &[Tensor]) -> Resu
 }
 
 /// The elements as bits, NaNs made one: what "the same values" means.
-fn bits(t: &Tensor) -> Result<Vec<u32>> {
+fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(match t.dtype() {
         DType::F32 => (t.to_vec::<f32>()?.iter())
-            .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+            .map(|x| {
+                if x.is_nan() {
+                    u64::MAX
+                } else {
+                    x.to_bits().into()
+                }
+            })
             .collect(),
-        DType::I32 => t.to_vec::<i32>()?.iter().map(|&x| x as u32).collect(),
-        DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u32::from(x)).collect(),
-        DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u32::from(x)).collect(),
+        DType::F64 => (t.to_vec::<f64>()?.iter())
+            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+            .collect(),
+        DType::I32 => t.to_vec::<i32>()?.iter().map(|&x| x as u64).collect(),
+        DType::I64 => t.to_vec::<i64>()?.iter().map(|&x| x as u64).collect(),
+        DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u64::from(x)).collect(),
+        DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u64::from(x)).collect(),
     })
 }
 

@@ -48,7 +48,7 @@ use kiln_runtime::BackendOptions;
 use crate::{CompiledGraph, Device, Error, Result};
 
 pub use export::{OPSET, export, export_file, export_graph};
-pub use tensor::{Array, Values};
+pub use tensor::Array;
 
 /// What can be wrong with an ONNX file, or be missing in kiln to run it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -257,16 +257,16 @@ fn dropout(node: &Node) -> Result<Vec<Value>> {
     let ratio = match node.opset < 12 {
         true => f64::from(node.attr_float("ratio", 0.5)?),
         false => match node.has(1) {
-            true => match node.known(1).map(|a| &a.values) {
-                Some(crate::onnx::Values::Kiln(d)) if d.len() == 1 => d.get(0).to_f64(),
+            true => match node.known(1).map(|a| &a.data) {
+                Some(d) if d.len() == 1 => d.get(0).to_f64(),
                 _ => return Err(node.unsupported("a ratio computed at run time")),
             },
             false => 0.5,
         },
     };
     let training = match node.has(2) {
-        true => match node.known(2).map(|a| &a.values) {
-            Some(crate::onnx::Values::Kiln(d)) if d.len() == 1 => d.get(0).to_f64() != 0.0,
+        true => match node.known(2).map(|a| &a.data) {
+            Some(d) if d.len() == 1 => d.get(0).to_f64() != 0.0,
             _ => return Err(node.unsupported("a training_mode computed at run time")),
         },
         false => false,

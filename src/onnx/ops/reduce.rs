@@ -109,12 +109,16 @@ fn max(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
 }
 
 /// Min over `axes` as the max of the order reversed, exactly: -x for f32
-/// (NaN stays NaN), -1 - x (bitwise not) for i32, 255 - x for u8.
+/// (NaN stays NaN), -1 - x (bitwise not) for i32 and i64, 255 - x for u8.
 fn min(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
     match x.dtype() {
-        DType::F32 => x.neg()?.max(axes, keep)?.neg(),
+        DType::F32 | DType::F64 => x.neg()?.max(axes, keep)?.neg(),
         DType::I32 => {
             let flip = |t: &Tensor| Tensor::scalar(-1i32).sub(t);
+            flip(&flip(x)?.max(axes, keep)?)
+        }
+        DType::I64 => {
+            let flip = |t: &Tensor| Tensor::scalar(-1i64).sub(t);
             flip(&flip(x)?.max(axes, keep)?)
         }
         DType::U8 => {

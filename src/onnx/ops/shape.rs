@@ -7,7 +7,6 @@ use kiln_ir::{DType, Scalar, Shape};
 
 use super::{axes, axis, numel, one, ramp, scalar};
 use crate::onnx::graph::{Node, Value};
-use crate::onnx::tensor::Values;
 use crate::{Result, Tensor};
 
 /// The node's outputs, or `None` if the op is not a movement op.
@@ -406,8 +405,8 @@ fn pad(node: &Node) -> Result<Vec<Value>> {
         false => {
             let value = match node.has(2) {
                 false => 0.0,
-                true => match node.known(2).map(|a| &a.values) {
-                    Some(Values::Kiln(d)) if d.len() == 1 => d.get(0).to_f64(),
+                true => match node.known(2).map(|a| &a.data) {
+                    Some(d) if d.len() == 1 => d.get(0).to_f64(),
                     _ => return Err(node.unsupported("a constant_value computed at run time")),
                 },
             };
