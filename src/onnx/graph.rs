@@ -22,7 +22,7 @@ pub(super) enum Value {
     /// A graph input bound by `Feed::Constant`, or values moved out of
     /// one. It may be reshaped, sliced, gathered and read as a shape, axes
     /// or indices, but never computed on while tracing: computing on an
-    /// input is kiln's work, and kiln has no i64.
+    /// input is kiln's work, done on the constant as a tensor.
     Bound(Array),
 }
 
