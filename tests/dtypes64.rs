@@ -13,6 +13,9 @@
 
 use kiln::{BackendOptions, DType, Data, Device, Options, Result, Scalar, Tensor, TensorType};
 
+/// An op under test, on its inputs.
+type Op = fn(&[Tensor]) -> Result<Tensor>;
+
 /// Shapes with vector tails, thread splits, rank 0 and no elements.
 const SHAPES: [&[usize]; 7] = [&[], &[0], &[1], &[3], &[7, 3], &[50], &[1027]];
 
@@ -88,10 +91,7 @@ fn run(
         .iter()
         .map(|t| TensorType::new(t.dtype(), t.dims()))
         .collect();
-    let options = Options {
-        fusion,
-        ..Options::default()
-    };
+    let options = Options { fusion };
     let mut graph = kiln::compile_on(
         device,
         "dtypes64",
@@ -222,11 +222,11 @@ fn i64_values_beyond_i32_round_trip_through_the_cpu() -> Result<()> {
         })?;
         assert_eq!(got, Data::I64(values.clone()), "fusion {fusion}");
         // Through f64 and back: exact below 2^53.
-        let got = run(Device::Cpu, fusion, &[x.clone()], &|t| {
+        let got = run(Device::Cpu, fusion, std::slice::from_ref(&x), &|t| {
             t[0].cast(DType::F64)?.cast(DType::I64)
         })?;
         assert_eq!(got.get(0), Scalar::I64(1 << 40), "fusion {fusion}");
-        let sum = run(Device::Cpu, fusion, &[x.clone()], &|t| {
+        let sum = run(Device::Cpu, fusion, std::slice::from_ref(&x), &|t| {
             t[0].sum(&[0], false)
         })?;
         let want = values.iter().fold(0i64, |a, &v| a.wrapping_add(v));
@@ -244,7 +244,7 @@ fn i64_elementwise_ops_match_the_interpreter() -> Result<()> {
             input(DType::I64, dims, seed + 1)?,
         );
         let both = [a.clone(), b.clone()];
-        let ops: [(&str, fn(&[Tensor]) -> Result<Tensor>); 14] = [
+        let ops: [(&str, Op); 14] = [
             ("add", |t| t[0].add(&t[1])),
             ("sub", |t| t[0].sub(&t[1])),
             ("mul", |t| t[0].mul(&t[1])),
@@ -283,7 +283,7 @@ fn f64_elementwise_ops_match_the_interpreter() -> Result<()> {
             input(DType::F64, dims, seed + 1)?,
         );
         let both = [a.clone(), b.clone()];
-        let ops: [(&str, fn(&[Tensor]) -> Result<Tensor>); 21] = [
+        let ops: [(&str, Op); 21] = [
             ("add", |t| t[0].add(&t[1])),
             ("sub", |t| t[0].sub(&t[1])),
             ("mul", |t| t[0].mul(&t[1])),
@@ -354,19 +354,25 @@ fn reductions_of_64_bit_values_match_the_interpreter() -> Result<()> {
             let axes: Vec<isize> = (0..dims.len() as isize).collect();
             for axis in &axes {
                 let what = format!("{dtype} sum {dims:?} axis {axis}");
-                check(&what, &[x.clone()], 1e-12, |t| t[0].sum(&[*axis], false))?;
+                check(&what, std::slice::from_ref(&x), 1e-12, |t| {
+                    t[0].sum(&[*axis], false)
+                })?;
                 if dims[*axis as usize] > 0 {
                     let what = format!("{dtype} max {dims:?} axis {axis}");
-                    check(&what, &[x.clone()], 0.0, |t| t[0].max(&[*axis], true))?;
+                    check(&what, std::slice::from_ref(&x), 0.0, |t| {
+                        t[0].max(&[*axis], true)
+                    })?;
                 }
             }
             let what = format!("{dtype} sum of all {dims:?}");
-            check(&what, &[x.clone()], 1e-12, |t| t[0].sum(&axes, false))?;
+            check(&what, std::slice::from_ref(&x), 1e-12, |t| {
+                t[0].sum(&axes, false)
+            })?;
             // A reduction with a prologue and a broadcast epilogue.
             if dims.iter().all(|&d| d > 0) {
                 let last = dims.len() as isize - 1;
                 let what = format!("{dtype} x - max {dims:?}");
-                check(&what, &[x.clone()], 0.0, |t| {
+                check(&what, std::slice::from_ref(&x), 0.0, |t| {
                     t[0].sub(&t[0].abs()?.max(&[last], true)?)
                 })?;
             }
@@ -390,7 +396,7 @@ fn casts_between_every_pair_of_dtypes_match_the_interpreter() -> Result<()> {
             let x = input(from, dims, k as u64 * 7 + 1)?;
             for to in dtypes {
                 let what = format!("cast {from} -> {to} {dims:?}");
-                check(&what, &[x.clone()], 0.0, |t| t[0].cast(to))?;
+                check(&what, std::slice::from_ref(&x), 0.0, |t| t[0].cast(to))?;
             }
         }
     }
@@ -402,7 +408,7 @@ fn casts_between_every_pair_of_dtypes_match_the_interpreter() -> Result<()> {
     for to in [DType::I32, DType::I64, DType::U8, DType::F32] {
         check(
             &format!("saturating cast f64 -> {to}"),
-            &[specials.clone()],
+            std::slice::from_ref(&specials),
             0.0,
             |t| t[0].cast(to),
         )?;
