@@ -61,7 +61,9 @@ fn le_bytes(data: &Data) -> Cow<'_, [u8]> {
 }
 
 /// Writes `tensors` to a safetensors file at `path`, computing those not
-/// yet computed (in one graph). Names must be distinct; the file is written
+/// yet computed (in one graph). f64 and i64 tensors are stored as such
+/// (`F64`, `I64`), and `load` narrows them to f32 and i32, as it does
+/// every file's. Names must be distinct; the file is written
 /// whole to a temporary file beside `path` and then renamed over it.
 pub fn save<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> Result<()> {
     let path = path.as_ref();
