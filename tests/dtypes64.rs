@@ -443,3 +443,35 @@ fn f64_gradients_flow_and_i64_carries_none() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_matmul_feeding_wider_or_narrower_values_matches_the_interpreter() -> Result<()> {
+    // The product is f32 whatever follows: an f64, i64 or bool epilogue
+    // must not be computed in place over it. The product itself differs
+    // from the interpreter's by f32 accumulation (1e-5 of it here); the
+    // inputs are small integers, whose products and sums are exact, where
+    // a rounding would flip a truncation or a comparison.
+    let ints = |n: usize, seed: u64| -> Vec<f32> {
+        i64s(n, seed).iter().map(|&v| (v % 5) as f32).collect()
+    };
+    let a = Tensor::from_vec(f64s(15, 1).iter().map(|&v| v as f32).collect(), [3, 5])?;
+    let b = Tensor::from_vec(f64s(35, 2).iter().map(|&v| v as f32).collect(), [5, 7])?;
+    check("matmul -> f64", &[a, b], 1e-5, |t| {
+        t[0].matmul(&t[1])?
+            .cast(DType::F64)?
+            .mul(&Tensor::scalar(0.1f64))
+    })?;
+    let ab = [
+        Tensor::from_vec(ints(15, 3), [3, 5])?,
+        Tensor::from_vec(ints(35, 4), [5, 7])?,
+    ];
+    check("matmul -> i64", &ab, 0.0, |t| {
+        t[0].matmul(&t[1])?
+            .cast(DType::I64)?
+            .add(&Tensor::scalar(1i64 << 40))
+    })?;
+    check("matmul -> bool", &ab, 0.0, |t| {
+        t[0].matmul(&t[1])?.gt(&Tensor::scalar(0.0f32))
+    })?;
+    Ok(())
+}

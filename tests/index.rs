@@ -469,7 +469,7 @@ fn gather_errors_name_the_op_and_shapes() -> Result<()> {
     let x = Tensor::zeros([4, 5], DType::F32)?;
     assert_eq!(
         message(x.gather(1, &Tensor::zeros([4, 2], DType::F32)?)),
-        "gather: expected i32 indices, got f32"
+        "gather: expected i32 or i64 indices, got f32"
     );
     assert_eq!(
         message(x.gather(1, &Tensor::zeros([4], DType::I32)?)),
