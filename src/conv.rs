@@ -303,20 +303,22 @@ impl Tensor {
         }
     }
 
-    /// Max pooling of NCHW data (f32, i32 or u8) over `window`: `[N, C,
+    /// Max pooling of NCHW numbers (not bool) over `window`: `[N, C,
     /// out_h, out_w]`. Padding reads as the dtype's least value (-inf for
-    /// f32), so it never wins; NaN propagates.
+    /// floats), so it never wins; NaN propagates.
     pub fn max_pool2d(&self, window: &Pool2d) -> Result<Tensor> {
         const OP: &str = "max_pool2d";
         let least = match self.dtype() {
             DType::F32 => Scalar::F32(f32::NEG_INFINITY),
+            DType::F64 => Scalar::F64(f64::NEG_INFINITY),
             DType::I32 => Scalar::I32(i32::MIN),
+            DType::I64 => Scalar::I64(i64::MIN),
             DType::U8 => Scalar::U8(0),
             DType::Bool => {
                 return Err(kiln_ir::Error::DType {
                     op: OP,
                     dtype: DType::Bool,
-                    expected: "f32, i32 or u8",
+                    expected: "a number type",
                 }
                 .into());
             }

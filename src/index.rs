@@ -64,20 +64,21 @@ impl Tensor {
         }
         // A key whose largest element is the one wanted. For the smallest,
         // the order reversed without overflow: -x for floats (NaN stays
-        // NaN), -1 - x (bitwise not) for i32, 255 - x for u8.
+        // NaN), -1 - x (bitwise not) for i32 and i64, 255 - x for u8.
         let x = match self.dtype() {
             DType::Bool => self.cast(DType::U8)?,
             _ => self.clone(),
         };
         let key = match (x.dtype(), smallest) {
             (_, false) => x,
-            (DType::F32, true) => x.neg()?,
+            (DType::F32 | DType::F64, true) => x.neg()?,
             (DType::I32, true) => Tensor::scalar(-1i32).sub(&x)?,
+            (DType::I64, true) => Tensor::scalar(-1i64).sub(&x)?,
             (_, true) => Tensor::scalar(u8::MAX).sub(&x)?,
         };
         let best = key.max(&[axis as isize], true)?;
         let mut hit = key.eq(&best)?;
-        if key.dtype() == DType::F32 {
+        if key.dtype().is_float() {
             // A NaN makes the max NaN, which equals nothing: the NaNs
             // themselves are then the hits.
             hit = key.ne(&key)?.where_cond(&Tensor::scalar(true), &hit)?;
@@ -89,7 +90,7 @@ impl Tensor {
         Tensor::scalar(len).sub(&score.max(&[axis as isize], keepdim)?)
     }
 
-    /// Elements picked along `axis` by the i32 `indices`, as PyTorch's
+    /// Elements picked along `axis` by the i32 or i64 `indices`, as PyTorch's
     /// `gather` and NumPy's `take_along_axis`:
     /// `out[.., j, ..] = self[.., indices[.., j, ..], ..]` with `j` on `axis`.
     /// `indices` has the same rank as `self`; its other axes broadcast
@@ -97,17 +98,18 @@ impl Tensor {
     /// shape with `indices`' length on `axis`.
     ///
     /// Indices are data, so one outside `0..len` cannot be an `Err`: it picks
-    /// NaN from f32 (as `cross_entropy`'s bad label makes the loss NaN) and 0
+    /// NaN from floats (as `cross_entropy`'s bad label makes the loss NaN) and 0
     /// (false) from the other dtypes; negative indices do not count from the
     /// end. A -0.0 is picked as +0.0 (the pick is a sum of zeros and the
     /// element). The gradient flows to the picked elements only.
     pub fn gather(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
         let op = "gather";
-        if indices.dtype() != DType::I32 {
+        let index_type = indices.dtype();
+        if !matches!(index_type, DType::I32 | DType::I64) {
             return Err(kiln_ir::Error::DType {
                 op,
-                dtype: indices.dtype(),
-                expected: "i32 indices",
+                dtype: index_type,
+                expected: "i32 or i64 indices",
             }
             .into());
         }
@@ -131,28 +133,28 @@ impl Tensor {
         // [.., k, 1, ..] == [1.., n, ..] -> a one-hot [.., k, n, ..] whose row
         // j marks the index at j; where it holds, the element of `self`
         // (unsqueezed to [.., 1, n, ..]), summed over the n axis.
-        let one_hot = indices.unsqueeze(axis as isize + 1)?.eq(&ramp(
-            (0..len).collect(),
-            axis + 1,
-            self.rank() + 1,
-        )?)?;
-        // Sums need f32 or i32; u8 and bool go through i32 and back, exactly.
+        let positions = ramp((0..len).collect(), axis + 1, self.rank() + 1)?;
+        let one_hot = indices
+            .unsqueeze(axis as isize + 1)?
+            .eq(&positions.cast(index_type)?)?;
+        // Sums need a signed type; u8 and bool go through i32 and back, exactly.
         let summed = match self.dtype() {
-            DType::F32 | DType::I32 => self.clone(),
+            DType::F32 | DType::F64 | DType::I32 | DType::I64 => self.clone(),
             DType::U8 | DType::Bool => self.cast(DType::I32)?,
         };
+        let index = |v: i32| Tensor::scalar(Scalar::I32(v).cast(index_type));
         let zero = Tensor::scalar(Scalar::I32(0).cast(summed.dtype()));
         let picked = one_hot
             .where_cond(&summed.unsqueeze(axis as isize)?, &zero)?
             .sum(&[axis as isize + 1], false)?;
         match self.dtype() {
-            DType::F32 => {
-                let nan = Tensor::scalar(f32::NAN);
-                let out_of_range = indices.lt(&Tensor::scalar(0i32))?;
+            dtype @ (DType::F32 | DType::F64) => {
+                let nan = Tensor::scalar(Scalar::F32(f32::NAN).cast(dtype));
+                let out_of_range = indices.lt(&index(0))?;
                 let picked = out_of_range.where_cond(&nan, &picked)?;
-                indices.ge(&Tensor::scalar(len))?.where_cond(&nan, &picked)
+                indices.ge(&index(len))?.where_cond(&nan, &picked)
             }
-            DType::I32 => Ok(picked),
+            DType::I32 | DType::I64 => Ok(picked),
             dtype => picked.cast(dtype),
         }
     }

@@ -308,13 +308,14 @@ impl Tensor {
         self.reduce(ReduceOp::Max, axes, keepdim)
     }
 
-    /// Mean over `axes` (f32): the sum times 1/n. NaN over an empty axis, as in NumPy.
+    /// Mean over `axes` (f32 or f64): the sum times 1/n. NaN over an empty
+    /// axis, as in NumPy.
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
-        if self.dtype() != DType::F32 {
+        if !self.dtype().is_float() {
             return Err(kiln_ir::Error::DType {
                 op: "mean",
                 dtype: self.dtype(),
-                expected: "f32",
+                expected: "f32 or f64",
             }
             .into());
         }
@@ -324,7 +325,10 @@ impl Tensor {
             .iter()
             .map(|&a| Ok(self.dims()[normalize_axis("mean", a, self.rank())?]))
             .product::<Result<usize>>()?;
-        sum.mul(&Tensor::scalar(1.0 / count as f32))
+        match self.dtype() {
+            DType::F64 => sum.mul(&Tensor::scalar(1.0 / count as f64)),
+            _ => sum.mul(&Tensor::scalar(1.0 / count as f32)),
+        }
     }
 
     /// Sum of every element, as a rank-0 tensor.

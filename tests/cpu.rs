@@ -132,7 +132,9 @@ fn check(
 fn data(t: &Tensor) -> Result<Data> {
     Ok(match t.dtype() {
         DType::F32 => Data::F32(t.to_vec()?),
+        DType::F64 => Data::F64(t.to_vec()?),
         DType::I32 => Data::I32(t.to_vec()?),
+        DType::I64 => Data::I64(t.to_vec()?),
         DType::U8 => Data::U8(t.to_vec()?),
         DType::Bool => Data::Bool(t.to_vec()?),
     })

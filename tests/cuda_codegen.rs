@@ -273,8 +273,8 @@ mod nvrtc {
     use kiln_runtime::cuda::nvrtc;
     use kiln_support::random_graph::{Mode, random_graph};
 
-    /// Every generated kernel of the patterns and of 200 random graphs
-    /// compiles to a CUBIN for Hopper and for Ampere. Without libnvrtc the
+    /// Every generated kernel of the patterns, of 200 random graphs and of
+    /// the i64 and f64 graphs compiles to a CUBIN for Hopper and for Ampere. Without libnvrtc the
     /// test says why and passes, unless `KILN_REQUIRE_NVRTC` is set (CI sets it).
     #[test]
     fn every_generated_kernel_compiles_for_sm90_and_sm80() -> kiln::Result<()> {
@@ -290,13 +290,21 @@ mod nvrtc {
         for name in super::PATTERNS {
             sources.extend(super::cuda(name)?.1);
         }
-        for seed in 0..200u64 {
-            let graph = random_graph(seed, 6, Mode::All);
+        let graphs = (0..200u64)
+            .map(|seed| random_graph(seed, 6, Mode::All))
+            .chain(wide_graphs()?);
+        for graph in graphs {
             for fusion in [true, false] {
                 let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {})
                     .map_err(kiln::Error::from)?;
                 sources.extend(super::generate(&optimized)?.1);
             }
+        }
+        for c_type in ["long long", "double"] {
+            assert!(
+                sources.iter().any(|s| s.contains(c_type)),
+                "no kernel computes in {c_type}"
+            );
         }
         let sources: Vec<String> = sources.into_iter().collect();
         // Two threads, each compiling half for both architectures.
@@ -332,6 +340,86 @@ mod nvrtc {
         eprintln!("{} kernels compiled for sm_90 and sm_80", sources.len());
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
         Ok(())
+    }
+
+    /// Graphs of every op kiln types for i64 and f64, and of casts between
+    /// every pair of dtypes.
+    fn wide_graphs() -> kiln::Result<Vec<kiln_ir::Graph>> {
+        use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
+        let dtypes = [
+            DType::F32,
+            DType::F64,
+            DType::I32,
+            DType::I64,
+            DType::U8,
+            DType::Bool,
+        ];
+        let mut graphs = Vec::new();
+        for wide in [DType::I64, DType::F64] {
+            let mut g = Graph::new("wide");
+            let x = g.input(TensorType::new(wide, [5, 7]));
+            let y = g.input(TensorType::new(wide, [5, 7]));
+            let mut outputs = Vec::new();
+            let binaries = [
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Max,
+                BinaryOp::Min,
+                BinaryOp::Pow,
+                BinaryOp::Lt,
+                BinaryOp::Eq,
+            ];
+            for op in binaries {
+                // Integers take no div or pow: skipped where typing refuses.
+                if let Ok(z) = g.push(Op::Binary(op), &[x, y]) {
+                    outputs.push(z);
+                }
+            }
+            let unaries = [
+                UnaryOp::Neg,
+                UnaryOp::Abs,
+                UnaryOp::Relu,
+                UnaryOp::Exp,
+                UnaryOp::Log,
+                UnaryOp::Sqrt,
+                UnaryOp::Recip,
+                UnaryOp::Sigmoid,
+                UnaryOp::Tanh,
+            ];
+            for op in unaries {
+                if let Ok(z) = g.push(Op::Unary(op), &[x]) {
+                    outputs.push(z);
+                }
+            }
+            let less = g.push(Op::Binary(BinaryOp::Lt), &[x, y])?;
+            outputs.push(g.push(Op::Where, &[less, x, y])?);
+            for op in [ReduceOp::Sum, ReduceOp::Max] {
+                for axes in [[0], [1]] {
+                    let r = g.push(
+                        Op::Reduce {
+                            op,
+                            axes: axes.into_iter().collect(),
+                        },
+                        &[x],
+                    )?;
+                    outputs.push(r);
+                }
+            }
+            g.outputs = outputs;
+            graphs.push(g);
+        }
+        for from in dtypes {
+            let mut g = Graph::new("casts");
+            let x = g.input(TensorType::new(from, [3, 5]));
+            for to in dtypes {
+                let c = g.push(Op::Cast(to), &[x])?;
+                g.outputs.push(c);
+            }
+            graphs.push(g);
+        }
+        Ok(graphs)
     }
 
     /// A compile error is an `Err` carrying NVRTC's log, not a panic.

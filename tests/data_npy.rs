@@ -82,6 +82,8 @@ fn every_dtype_round_trips() -> Result<()> {
             DType::I32 => assert_eq!(rows.to_vec::<i32>()?, [3, 4]),
             DType::U8 => assert_eq!(rows.to_vec::<u8>()?, [3, 250]),
             DType::Bool => assert_eq!(rows.to_vec::<bool>()?, [false, true]),
+            // `.npy` files of 64-bit elements are read narrowed to 32 bits.
+            DType::I64 | DType::F64 => panic!("{kiln_dtype} read from {dtype:?}"),
         }
     }
     // Rank 0 and an empty first axis are valid arrays too.

@@ -48,10 +48,13 @@ fn every_path(
     Ok(results)
 }
 
-/// Every element as f64 (which holds each dtype's values exactly).
+/// Every element as f64 (which holds each dtype's values exactly, i64's
+/// up to 2^53).
 fn values(t: &Tensor) -> Result<Vec<f64>> {
     Ok(match t.dtype() {
         DType::F32 => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+        DType::F64 => t.to_vec::<f64>()?,
+        DType::I64 => t.to_vec::<i64>()?.into_iter().map(|x| x as f64).collect(),
         DType::I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
         DType::U8 => t.to_vec::<u8>()?.into_iter().map(f64::from).collect(),
         DType::Bool => t.to_vec::<bool>()?.into_iter().map(f64::from).collect(),
@@ -466,7 +469,7 @@ fn gather_errors_name_the_op_and_shapes() -> Result<()> {
     let x = Tensor::zeros([4, 5], DType::F32)?;
     assert_eq!(
         message(x.gather(1, &Tensor::zeros([4, 2], DType::F32)?)),
-        "gather: expected i32 indices, got f32"
+        "gather: expected i32 or i64 indices, got f32"
     );
     assert_eq!(
         message(x.gather(1, &Tensor::zeros([4], DType::I32)?)),

@@ -216,12 +216,18 @@ fn set_parameters_replaces_by_name_or_nothing() -> Result<()> {
 }
 
 /// Every element's bits, whatever the dtype.
-fn bits(t: &Tensor) -> Result<Vec<u32>> {
+fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(match t.dtype() {
-        DType::F32 => t.to_vec::<f32>()?.iter().map(|x| x.to_bits()).collect(),
-        DType::I32 => t.to_vec::<i32>()?.iter().map(|&x| x as u32).collect(),
-        DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u32::from(x)).collect(),
-        DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u32::from(x)).collect(),
+        DType::F32 => t
+            .to_vec::<f32>()?
+            .iter()
+            .map(|x| x.to_bits().into())
+            .collect(),
+        DType::F64 => t.to_vec::<f64>()?.iter().map(|x| x.to_bits()).collect(),
+        DType::I32 => t.to_vec::<i32>()?.iter().map(|&x| x as u64).collect(),
+        DType::I64 => t.to_vec::<i64>()?.iter().map(|&x| x as u64).collect(),
+        DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u64::from(x)).collect(),
+        DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u64::from(x)).collect(),
     })
 }
 

@@ -162,6 +162,20 @@ fn save(what: &str, model: &[u8], inputs: &[Tensor], outputs: &[Tensor]) -> Resu
                     .flat_map(|x| x.to_le_bytes())
                     .collect(),
             ),
+            DType::F64 => (
+                NpyDType::F64,
+                t.to_vec::<f64>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            ),
+            DType::I64 => (
+                NpyDType::I64,
+                t.to_vec::<i64>()?
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            ),
             DType::I32 => (
                 NpyDType::I32,
                 t.to_vec::<i32>()?
@@ -205,14 +219,24 @@ fn save(what: &str, model: &[u8], inputs: &[Tensor], outputs: &[Tensor]) -> Resu
 }
 
 /// The elements as bits, NaNs made one: what "the same values" means.
-fn bits(t: &Tensor) -> Result<Vec<u32>> {
+fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(match t.dtype() {
         DType::F32 => (t.to_vec::<f32>()?.iter())
-            .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+            .map(|x| {
+                if x.is_nan() {
+                    u64::MAX
+                } else {
+                    x.to_bits().into()
+                }
+            })
             .collect(),
-        DType::I32 => t.to_vec::<i32>()?.iter().map(|&x| x as u32).collect(),
-        DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u32::from(x)).collect(),
-        DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u32::from(x)).collect(),
+        DType::F64 => (t.to_vec::<f64>()?.iter())
+            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+            .collect(),
+        DType::I32 => t.to_vec::<i32>()?.iter().map(|&x| x as u64).collect(),
+        DType::I64 => t.to_vec::<i64>()?.iter().map(|&x| x as u64).collect(),
+        DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u64::from(x)).collect(),
+        DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u64::from(x)).collect(),
     })
 }
 
@@ -356,9 +380,19 @@ fn where_cast_and_constants_round_trip() -> Result<()> {
         i32s(&[5, 3], 14)?,
         u8s(&[5, 3], 15)?,
         bools(&[5, 3], 16)?,
+        (Tensor::rand([5, 3], 18)? * 200.0f32)?.cast(DType::F64)?,
+        i32s(&[5, 3], 19)?.cast(DType::I64)?,
+    ];
+    let dtypes = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
     ];
     for x in &casts {
-        for to in [DType::F32, DType::I32, DType::U8, DType::Bool] {
+        for to in dtypes {
             if to == x.dtype() {
                 continue;
             }
@@ -374,6 +408,21 @@ fn where_cast_and_constants_round_trip() -> Result<()> {
         let flag = t[0].gt(&Tensor::scalar(0i32))?.eq(&Tensor::scalar(true))?;
         let byte = Tensor::full([2, 3], 200u8)?.add(&Tensor::scalar(100u8))?;
         Ok(vec![m, flag, byte, Tensor::scalar(1.5f32)])
+    })?;
+    // i64 and f64 inputs, constants and outputs, i64 beyond i32.
+    let wide = [
+        i32s(&[2, 3], 20)?.cast(DType::I64)?,
+        f32s(&[2, 3], 21)?.cast(DType::F64)?,
+    ];
+    round_trip("Wide", "Constant", &wide, &|t| {
+        let big = (&t[0] * Tensor::scalar(3_000_000_000i64))?;
+        let x = t[1].mul(&Tensor::scalar(0.1f64))?.exp()?;
+        Ok(vec![
+            big,
+            x,
+            Tensor::scalar(-7i64),
+            Tensor::scalar(1e300f64),
+        ])
     })?;
     Ok(())
 }

@@ -105,14 +105,14 @@ impl UnaryOp {
         match self {
             UnaryOp::Detach => Ok(()),
             UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs => {
-                accept(dtype, &[DType::F32, DType::I32], "f32 or i32")
+                accept(dtype, SIGNED, "a signed number type")
             }
             UnaryOp::Exp
             | UnaryOp::Log
             | UnaryOp::Sqrt
             | UnaryOp::Recip
             | UnaryOp::Sigmoid
-            | UnaryOp::Tanh => accept(dtype, &[DType::F32], "f32"),
+            | UnaryOp::Tanh => accept(dtype, FLOATS, "f32 or f64"),
         }
     }
 
@@ -166,11 +166,11 @@ impl BinaryOp {
     fn accepts(self, dtype: DType) -> Result<(), &'static str> {
         match self {
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => {
-                accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type")
+                accept(dtype, NUMBERS, "a number type")
             }
-            BinaryOp::Div | BinaryOp::Pow => accept(dtype, &[DType::F32], "f32"),
+            BinaryOp::Div | BinaryOp::Pow => accept(dtype, FLOATS, "f32 or f64"),
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
-                accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type")
+                accept(dtype, NUMBERS, "a number type")
             }
             BinaryOp::Eq | BinaryOp::Ne => Ok(()),
         }
@@ -211,8 +211,8 @@ impl ReduceOp {
     /// number type.
     fn accepts(self, dtype: DType) -> Result<(), &'static str> {
         match self {
-            ReduceOp::Sum => accept(dtype, &[DType::F32, DType::I32], "f32 or i32"),
-            ReduceOp::Max => accept(dtype, &[DType::F32, DType::I32, DType::U8], "a number type"),
+            ReduceOp::Sum => accept(dtype, SIGNED, "a signed number type"),
+            ReduceOp::Max => accept(dtype, NUMBERS, "a number type"),
         }
     }
 
@@ -222,7 +222,9 @@ impl ReduceOp {
         match (self, dtype) {
             (ReduceOp::Sum, dtype) => Scalar::I32(0).cast(dtype),
             (ReduceOp::Max, DType::F32) => Scalar::F32(f32::NEG_INFINITY),
+            (ReduceOp::Max, DType::F64) => Scalar::F64(f64::NEG_INFINITY),
             (ReduceOp::Max, DType::I32) => Scalar::I32(i32::MIN),
+            (ReduceOp::Max, DType::I64) => Scalar::I64(i64::MIN),
             (ReduceOp::Max, DType::U8) => Scalar::U8(0),
             (ReduceOp::Max, DType::Bool) => Scalar::Bool(false),
         }
@@ -310,6 +312,15 @@ pub fn infer_matmul(lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, Er
     dims[rank - 1] = rs[rank - 1];
     Ok(TensorType::new(lhs.dtype, Shape(dims)))
 }
+
+/// The float types.
+const FLOATS: &[DType] = &[DType::F32, DType::F64];
+
+/// The signed number types: what negation and sums take.
+const SIGNED: &[DType] = &[DType::F32, DType::F64, DType::I32, DType::I64];
+
+/// Every number type (not bool).
+const NUMBERS: &[DType] = &[DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
 
 fn accept(dtype: DType, allowed: &[DType], expected: &'static str) -> Result<(), &'static str> {
     if allowed.contains(&dtype) {

@@ -5,9 +5,9 @@
 //!
 //! The walk goes once over the arena from the loss back to the front. A
 //! node gets a gradient (the cotangent of its value, of its shape) when it
-//! lies on a path from a value to differentiate to the loss through f32
-//! values; its rule turns that gradient into one contribution per operand
-//! that is on such a path too, and the contributions of a node's readers
+//! lies on a path from a value to differentiate to the loss through float
+//! (f32 or f64) values; its rule turns that gradient into one contribution
+//! per operand that is on such a path too, and the contributions of a node's readers
 //! are summed (`add`). No other node is built: nothing for operands that
 //! lead to no value asked for (the data fed to a network), nothing after
 //! the loss.
@@ -32,7 +32,7 @@
 //! - comparisons, `where`'s condition, casts from or to an integer or bool,
 //!   and every integer or bool value: no gradient (such values are never on
 //!   a path that carries one); `where`: `dy` to the taken branch, 0 to the
-//!   other; a cast from f32 to f32: `dy`;
+//!   other; a cast between float types (f32, f64): `dy` cast back;
 //! - views: `reshape`: reshape back; `permute`: the inverse permutation;
 //!   `expand`: summed back to the operand's shape (`sum_to`, the one place
 //!   that undoes broadcasting: every elementwise op's operands are
@@ -74,9 +74,9 @@ use crate::view::SliceRange;
 
 /// Appends to `graph` the nodes that compute the gradient of `loss` with
 /// respect to each node of `wrt`, and returns them in order (of the shapes of
-/// the `wrt` nodes). The loss must be an f32 value of one element (any rank);
-/// every `wrt` node must be f32. A `wrt` node the loss does not depend on gets
-/// zeros, as in JAX. The graph's outputs are left as they are.
+/// the `wrt` nodes). The loss must be a float value of one element (any rank);
+/// every `wrt` node must be a float (f32 or f64). A `wrt` node the loss does
+/// not depend on gets zeros, as in JAX. The graph's outputs are left as they are.
 ///
 /// `graph` must hold graph ops only; a graph the optimizer has fused is an
 /// `Err` naming its first post-fusion node, and so is a loss or `wrt` value
@@ -116,7 +116,7 @@ pub fn grad(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeI
     grads
 }
 
-/// The `Err` for a `role` value that is not f32.
+/// The `Err` for a `role` value that is not a float.
 fn check_float(node: &Node, role: &'static str) -> Result<(), Error> {
     if node.ty.dtype.is_float() {
         return Ok(());
@@ -131,7 +131,7 @@ fn check_float(node: &Node, role: &'static str) -> Result<(), Error> {
 /// The walk from the loss back to the front (see the module doc).
 fn backward(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>, Error> {
     let n = loss.index() + 1;
-    // Whether a node depends, through f32 values only, on a value asked for.
+    // Whether a node depends, through float values only, on a value asked for.
     let mut needs = vec![false; n];
     for w in wrt.iter().filter(|w| w.index() < n) {
         needs[w.index()] = true;
@@ -146,8 +146,7 @@ fn backward(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeI
     }
     let mut grads: Vec<Option<NodeId>> = vec![None; n];
     if needs[loss.index()] {
-        let shape = graph.node(loss).ty.shape.clone();
-        grads[loss.index()] = Some(full(graph, 1.0, &shape)?);
+        grads[loss.index()] = Some(like(graph, 1.0, loss)?);
     }
     for i in (0..n).rev() {
         let Some(dy) = grads[i] else { continue };
@@ -168,10 +167,7 @@ fn backward(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeI
     wrt.iter()
         .map(|&w| match grads.get(w.index()).copied().flatten() {
             Some(g) => Ok(g),
-            None => {
-                let shape = graph.node(w).ty.shape.clone();
-                full(graph, 0.0, &shape)
-            }
+            None => like(graph, 0.0, w),
         })
         .collect()
 }
@@ -192,7 +188,7 @@ fn rule(
         Op::Unary(op) => smallvec![Some(unary_rule(g, *op, x(0), y, dy)?)],
         Op::Binary(op) => binary_rule(g, *op, x(0), x(1), y, dy, want)?,
         Op::Where => {
-            let zero = full(g, 0.0, &node.ty.shape)?;
+            let zero = like(g, 0.0, y)?;
             let on_true = want[1]
                 .then(|| push(g, Op::Where, &[x(0), dy, zero]))
                 .transpose()?;
@@ -201,9 +197,10 @@ fn rule(
                 .transpose()?;
             smallvec![None, on_true, on_false]
         }
-        // Reached only from f32 to f32: every other cast has an integer or
-        // bool on one side, which carries no gradient.
-        Op::Cast(_) => smallvec![Some(dy)],
+        // Reached only between float types: every other cast has an integer
+        // or bool on one side, which carries no gradient. `dy` goes back in
+        // the operand's type.
+        Op::Cast(_) => smallvec![Some(cast_like(g, dy, x(0))?)],
         Op::Reshape(_) => {
             let from = shape_of(g, 0);
             smallvec![Some(reshape(g, dy, &from)?)]
@@ -312,10 +309,7 @@ fn unary_rule(
             binary(g, Mul, dy, slope)
         }
         // `backward` gives detached values no gradient; were it asked, none flows.
-        UnaryOp::Detach => {
-            let shape = g.node(x).ty.shape.clone();
-            full(g, 0.0, &shape)
-        }
+        UnaryOp::Detach => like(g, 0.0, x),
         UnaryOp::Tanh => {
             let one = like(g, 1.0, y)?;
             let yy = binary(g, Mul, y, y)?;
@@ -327,7 +321,7 @@ fn unary_rule(
             let zero = like(g, 0.0, x)?;
             let positive = binary(g, Gt, x, zero)?;
             let negative = binary(g, Lt, x, zero)?;
-            let (p, n) = (cast_f32(g, positive)?, cast_f32(g, negative)?);
+            let (p, n) = (cast_like(g, positive, x)?, cast_like(g, negative, x)?);
             let sign = binary(g, Sub, p, n)?;
             binary(g, Mul, dy, sign)
         }
@@ -420,7 +414,7 @@ fn max_rule(
     let from = g.node(x).ty.shape.clone();
     let ye = push(g, Op::Expand(from.clone()), &[y])?;
     let hit = binary(g, BinaryOp::Eq, x, ye)?;
-    let ones = cast_f32(g, hit)?;
+    let ones = cast_like(g, hit, x)?;
     let count = push(
         g,
         Op::Reduce {
@@ -530,8 +524,9 @@ fn scatter(
     from: &Shape,
 ) -> Result<NodeId, Error> {
     let lens: SmallVec<[usize; 4]> = ranges.iter().map(SliceRange::len).collect();
+    let dtype = g.node(dy).ty.dtype;
     if lens.contains(&0) {
-        return full(g, 0.0, from);
+        return full(g, Scalar::F32(0.0).cast(dtype), from);
     }
     // Axes whose kept elements are apart: each is followed by `step - 1`
     // zeros, by splitting the axis as [len, 1], padding the new axis to
@@ -550,7 +545,7 @@ fn scatter(
             }
         }
         cur = reshape(g, cur, &Shape::new(&split))?;
-        cur = push(g, pad_op(pads), &[cur])?;
+        cur = push(g, pad_op(pads, dtype), &[cur])?;
         let merged: Vec<usize> = (0..ranges.len())
             .map(|a| {
                 if strided(a) {
@@ -579,7 +574,7 @@ fn scatter(
     if pads.iter().all(|&p| p == (0, 0)) {
         return Ok(cur);
     }
-    push(g, pad_op(pads), &[cur])
+    push(g, pad_op(pads, dtype), &[cur])
 }
 
 /// How many elements of axis `a` a slice spans, from its first kept element
@@ -588,10 +583,11 @@ fn extent(ranges: &[SliceRange], lens: &[usize], a: usize) -> usize {
     (lens[a] - 1) * ranges[a].step + 1
 }
 
-fn pad_op(pads: SmallVec<[(usize, usize); 4]>) -> Op {
+/// A pad with zeros of `dtype`.
+fn pad_op(pads: SmallVec<[(usize, usize); 4]>, dtype: DType) -> Op {
     Op::Pad {
         pads,
-        value: Scalar::F32(0.0),
+        value: Scalar::F32(0.0).cast(dtype),
     }
 }
 
@@ -621,8 +617,13 @@ fn scale(g: &mut Graph, x: NodeId, v: f32) -> Result<NodeId, Error> {
     binary(g, BinaryOp::Mul, x, k)
 }
 
-fn cast_f32(g: &mut Graph, x: NodeId) -> Result<NodeId, Error> {
-    push(g, Op::Cast(DType::F32), &[x])
+/// `x` cast to the dtype of `like` (itself when it has that dtype already).
+fn cast_like(g: &mut Graph, x: NodeId, like: NodeId) -> Result<NodeId, Error> {
+    let dtype = g.node(like).ty.dtype;
+    if g.node(x).ty.dtype == dtype {
+        return Ok(x);
+    }
+    push(g, Op::Cast(dtype), &[x])
 }
 
 /// `x` under shape `to` (itself when it has that shape already).
@@ -633,17 +634,17 @@ fn reshape(g: &mut Graph, x: NodeId, to: &Shape) -> Result<NodeId, Error> {
     push(g, Op::Reshape(to.clone()), &[x])
 }
 
-/// The f32 constant `v` broadcast to `shape`.
-fn full(g: &mut Graph, v: f32, shape: &Shape) -> Result<NodeId, Error> {
-    let k = push(g, Op::Const(Scalar::F32(v)), &[])?;
+/// The constant `v` broadcast to `shape`.
+fn full(g: &mut Graph, v: Scalar, shape: &Shape) -> Result<NodeId, Error> {
+    let k = push(g, Op::Const(v), &[])?;
     if shape.rank() == 0 {
         return Ok(k);
     }
     push(g, Op::Expand(shape.clone()), &[k])
 }
 
-/// The f32 constant `v` of `x`'s shape.
+/// The constant `v` of `x`'s shape and dtype (f32 or f64: `v` is exact in both).
 fn like(g: &mut Graph, v: f32, x: NodeId) -> Result<NodeId, Error> {
-    let shape = g.node(x).ty.shape.clone();
-    full(g, v, &shape)
+    let ty = g.node(x).ty.clone();
+    full(g, Scalar::F32(v).cast(ty.dtype), &ty.shape)
 }

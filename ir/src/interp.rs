@@ -4,8 +4,10 @@
 //! It is the oracle of every numeric test in kiln, so it favours being
 //! obviously right over being fast: every value is materialized densely, every
 //! f32 operation is computed in f64 and rounded once (which for `+ - * / sqrt`
-//! is exactly IEEE f32 arithmetic), and sums and matrix products accumulate in
-//! f64 before one final rounding.
+//! is exactly IEEE f32 arithmetic), f64 operations are f64's own, integers
+//! are computed exactly in i64 (wrapping, as i64 arithmetic itself does), and
+//! sums and matrix products accumulate in f64 or i64 before one final rounding
+//! or wrap.
 
 use smallvec::SmallVec;
 
@@ -184,6 +186,8 @@ fn num(x: Scalar) -> Num {
     match x {
         Scalar::F32(v) => Num::Float(v as f64),
         Scalar::I32(v) => Num::Int(v as i64),
+        Scalar::I64(v) => Num::Int(v),
+        Scalar::F64(v) => Num::Float(v),
         Scalar::U8(v) => Num::Int(v as i64),
         Scalar::Bool(v) => Num::Int(v as i64),
     }
@@ -196,10 +200,10 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
     let dtype = x.dtype();
     let v = match num(x) {
         Num::Float(v) => v,
-        // Integers are exact in i64 and wrap back; typing admits only these three.
+        // Integers wrap in i64 and wrap back; typing admits only these three.
         Num::Int(v) => match op {
-            UnaryOp::Neg => return cast_int(-v, dtype),
-            UnaryOp::Abs => return cast_int(v.abs(), dtype),
+            UnaryOp::Neg => return cast_int(v.wrapping_neg(), dtype),
+            UnaryOp::Abs => return cast_int(v.wrapping_abs(), dtype),
             UnaryOp::Relu => return cast_int(v.max(0), dtype),
             UnaryOp::Detach
             | UnaryOp::Exp
@@ -232,12 +236,12 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
 }
 
 fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
-    if op.is_comparison() {
-        // f64 holds every element type exactly, so one comparison serves all.
-        return Scalar::Bool(compare(op, a.to_f64(), b.to_f64()));
-    }
     let dtype = a.dtype();
     match (num(a), num(b)) {
+        // Operands have one dtype: integers compare exactly in i64, floats in
+        // f64, which holds f32 exactly.
+        (Num::Int(x), Num::Int(y)) if op.is_comparison() => Scalar::Bool(compare_int(op, x, y)),
+        (x, y) if op.is_comparison() => Scalar::Bool(compare(op, as_f64(x), as_f64(y))),
         (Num::Int(x), Num::Int(y)) => cast_int(int_binary(op, x, y), dtype),
         (x, y) => cast_f64(float_binary(op, as_f64(x), as_f64(y)), dtype),
     }
@@ -250,20 +254,40 @@ fn as_f64(x: Num) -> f64 {
     }
 }
 
-/// Integer arithmetic in i64, where products and sums of i32 values are exact;
-/// the caller wraps the result back to the operand type.
+/// Integer arithmetic in i64, wrapping: the low bits of a wrapped i64 result
+/// are those of the exact one, so the caller wraps it back to the operand
+/// type with the same result as arithmetic in that type.
 fn int_binary(op: BinaryOp, x: i64, y: i64) -> i64 {
     match op {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
+        BinaryOp::Mul => x.wrapping_mul(y),
         BinaryOp::Max => x.max(y),
         BinaryOp::Min => x.min(y),
         // Typing admits these for floats only; they are defined through f64 anyway.
         BinaryOp::Div | BinaryOp::Pow => float_binary(op, x as f64, y as f64) as i64,
         BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
-            compare(op, x as f64, y as f64) as i64
+            compare_int(op, x, y) as i64
         }
+    }
+}
+
+/// Integer comparison, exact.
+fn compare_int(op: BinaryOp, x: i64, y: i64) -> bool {
+    match op {
+        BinaryOp::Lt => x < y,
+        BinaryOp::Le => x <= y,
+        BinaryOp::Gt => x > y,
+        BinaryOp::Ge => x >= y,
+        BinaryOp::Eq => x == y,
+        BinaryOp::Ne => x != y,
+        BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div
+        | BinaryOp::Max
+        | BinaryOp::Min
+        | BinaryOp::Pow => false,
     }
 }
 
@@ -353,9 +377,13 @@ fn reduce(
         };
         let mut acc = try_vec(out.numel(), init)?;
         for i in 0..from.numel() {
-            let (t, v) = (target(i), x.get(i).to_f64() as i64);
+            let v = match num(x.get(i)) {
+                Num::Int(v) => v,
+                Num::Float(v) => v as i64,
+            };
+            let t = target(i);
             acc[t] = match op {
-                ReduceOp::Sum => acc[t] + v,
+                ReduceOp::Sum => acc[t].wrapping_add(v),
                 ReduceOp::Max => acc[t].max(v),
             };
         }

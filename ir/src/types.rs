@@ -21,6 +21,11 @@ pub enum DType {
     U8,
     /// Truth values: what comparisons produce and `where` consumes.
     Bool,
+    /// 64-bit signed integer, what ONNX models index and count with;
+    /// arithmetic wraps.
+    I64,
+    /// 64-bit IEEE float.
+    F64,
 }
 
 impl DType {
@@ -29,6 +34,8 @@ impl DType {
         match self {
             DType::F32 => "f32",
             DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F64 => "f64",
             DType::U8 => "u8",
             DType::Bool => "bool",
         }
@@ -38,6 +45,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
+            DType::I64 | DType::F64 => 8,
             DType::U8 | DType::Bool => 1,
         }
     }
@@ -45,8 +53,8 @@ impl DType {
     /// Whether the type is a float type.
     pub fn is_float(self) -> bool {
         match self {
-            DType::F32 => true,
-            DType::I32 | DType::U8 | DType::Bool => false,
+            DType::F32 | DType::F64 => true,
+            DType::I32 | DType::I64 | DType::U8 | DType::Bool => false,
         }
     }
 }
@@ -246,6 +254,10 @@ pub enum Scalar {
     F32(f32),
     /// An i32 value.
     I32(i32),
+    /// An i64 value.
+    I64(i64),
+    /// An f64 value.
+    F64(f64),
     /// A u8 value.
     U8(u8),
     /// A bool value.
@@ -258,16 +270,21 @@ impl Scalar {
         match self {
             Scalar::F32(_) => DType::F32,
             Scalar::I32(_) => DType::I32,
+            Scalar::I64(_) => DType::I64,
+            Scalar::F64(_) => DType::F64,
             Scalar::U8(_) => DType::U8,
             Scalar::Bool(_) => DType::Bool,
         }
     }
 
-    /// The value as f64: exact for every element type.
+    /// The value as f64: exact for every element type but i64, which rounds
+    /// beyond 2^53.
     pub fn to_f64(self) -> f64 {
         match self {
             Scalar::F32(v) => v as f64,
             Scalar::I32(v) => v as f64,
+            Scalar::I64(v) => v as f64,
+            Scalar::F64(v) => v,
             Scalar::U8(v) => v as f64,
             Scalar::Bool(v) => v as u8 as f64,
         }
@@ -278,17 +295,21 @@ impl Scalar {
         match self {
             Scalar::F32(v) => cast_f64(v as f64, dtype),
             Scalar::I32(v) => cast_int(v as i64, dtype),
+            Scalar::I64(v) => cast_int(v, dtype),
+            Scalar::F64(v) => cast_f64(v, dtype),
             Scalar::U8(v) => cast_int(v as i64, dtype),
             Scalar::Bool(v) => cast_int(v as i64, dtype),
         }
     }
 
-    fn bits(self) -> (DType, u32) {
+    fn bits(self) -> (DType, u64) {
         let bits = match self {
-            Scalar::F32(v) => v.to_bits(),
-            Scalar::I32(v) => v as u32,
-            Scalar::U8(v) => v as u32,
-            Scalar::Bool(v) => v as u32,
+            Scalar::F32(v) => u64::from(v.to_bits()),
+            Scalar::I32(v) => v as u32 as u64,
+            Scalar::I64(v) => v as u64,
+            Scalar::F64(v) => v.to_bits(),
+            Scalar::U8(v) => u64::from(v),
+            Scalar::Bool(v) => u64::from(v),
         };
         (self.dtype(), bits)
     }
@@ -299,7 +320,9 @@ impl Scalar {
 pub(crate) fn cast_f64(v: f64, dtype: DType) -> Scalar {
     match dtype {
         DType::F32 => Scalar::F32(v as f32),
+        DType::F64 => Scalar::F64(v),
         DType::I32 => Scalar::I32(v as i32),
+        DType::I64 => Scalar::I64(v as i64),
         DType::U8 => Scalar::U8(v as u8),
         DType::Bool => Scalar::Bool(v != 0.0),
     }
@@ -309,7 +332,9 @@ pub(crate) fn cast_f64(v: f64, dtype: DType) -> Scalar {
 pub(crate) fn cast_int(v: i64, dtype: DType) -> Scalar {
     match dtype {
         DType::F32 => Scalar::F32(v as f32),
+        DType::F64 => Scalar::F64(v as f64),
         DType::I32 => Scalar::I32(v as i32),
+        DType::I64 => Scalar::I64(v),
         DType::U8 => Scalar::U8(v as u8),
         DType::Bool => Scalar::Bool(v != 0),
     }
@@ -335,6 +360,8 @@ impl fmt::Display for Scalar {
         match self {
             Scalar::F32(v) => write!(f, "{v:?}"),
             Scalar::I32(v) => write!(f, "{v}"),
+            Scalar::I64(v) => write!(f, "{v}"),
+            Scalar::F64(v) => write!(f, "{v:?}"),
             Scalar::U8(v) => write!(f, "{v}"),
             Scalar::Bool(v) => write!(f, "{v}"),
         }
@@ -350,6 +377,18 @@ impl From<f32> for Scalar {
 impl From<i32> for Scalar {
     fn from(v: i32) -> Scalar {
         Scalar::I32(v)
+    }
+}
+
+impl From<i64> for Scalar {
+    fn from(v: i64) -> Scalar {
+        Scalar::I64(v)
+    }
+}
+
+impl From<f64> for Scalar {
+    fn from(v: f64) -> Scalar {
+        Scalar::F64(v)
     }
 }
 
@@ -373,6 +412,10 @@ pub enum Data {
     F32(Vec<f32>),
     /// i32 elements.
     I32(Vec<i32>),
+    /// i64 elements.
+    I64(Vec<i64>),
+    /// f64 elements.
+    F64(Vec<f64>),
     /// u8 elements.
     U8(Vec<u8>),
     /// bool elements.
@@ -385,6 +428,8 @@ impl Data {
         match self {
             Data::F32(_) => DType::F32,
             Data::I32(_) => DType::I32,
+            Data::I64(_) => DType::I64,
+            Data::F64(_) => DType::F64,
             Data::U8(_) => DType::U8,
             Data::Bool(_) => DType::Bool,
         }
@@ -395,6 +440,8 @@ impl Data {
         match self {
             Data::F32(v) => v.len(),
             Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::F64(v) => v.len(),
             Data::U8(v) => v.len(),
             Data::Bool(v) => v.len(),
         }
@@ -410,6 +457,8 @@ impl Data {
         match self {
             Data::F32(v) => Scalar::F32(v[i]),
             Data::I32(v) => Scalar::I32(v[i]),
+            Data::I64(v) => Scalar::I64(v[i]),
+            Data::F64(v) => Scalar::F64(v[i]),
             Data::U8(v) => Scalar::U8(v[i]),
             Data::Bool(v) => Scalar::Bool(v[i]),
         }
@@ -421,6 +470,8 @@ impl Data {
         Ok(match dtype {
             DType::F32 => Data::F32(try_vec(n, 0.0)?),
             DType::I32 => Data::I32(try_vec(n, 0)?),
+            DType::I64 => Data::I64(try_vec(n, 0)?),
+            DType::F64 => Data::F64(try_vec(n, 0.0)?),
             DType::U8 => Data::U8(try_vec(n, 0)?),
             DType::Bool => Data::Bool(try_vec(n, false)?),
         })
@@ -436,6 +487,8 @@ impl Data {
         Ok(match self {
             Data::F32(v) => Data::F32(copy(v)?),
             Data::I32(v) => Data::I32(copy(v)?),
+            Data::I64(v) => Data::I64(copy(v)?),
+            Data::F64(v) => Data::F64(copy(v)?),
             Data::U8(v) => Data::U8(copy(v)?),
             Data::Bool(v) => Data::Bool(copy(v)?),
         })
@@ -460,6 +513,8 @@ impl Data {
         Ok(match dtype {
             DType::F32 => Data::F32(build(n, f)?),
             DType::I32 => Data::I32(build(n, f)?),
+            DType::I64 => Data::I64(build(n, f)?),
+            DType::F64 => Data::F64(build(n, f)?),
             DType::U8 => Data::U8(build(n, f)?),
             DType::Bool => Data::Bool(build(n, f)?),
         })
@@ -513,6 +568,10 @@ pub enum DataRef<'a> {
     F32(&'a [f32]),
     /// i32 elements.
     I32(&'a [i32]),
+    /// i64 elements.
+    I64(&'a [i64]),
+    /// f64 elements.
+    F64(&'a [f64]),
     /// u8 elements.
     U8(&'a [u8]),
     /// bool elements.
@@ -525,6 +584,8 @@ impl DataRef<'_> {
         match self {
             DataRef::F32(_) => DType::F32,
             DataRef::I32(_) => DType::I32,
+            DataRef::I64(_) => DType::I64,
+            DataRef::F64(_) => DType::F64,
             DataRef::U8(_) => DType::U8,
             DataRef::Bool(_) => DType::Bool,
         }
@@ -535,6 +596,8 @@ impl DataRef<'_> {
         match self {
             DataRef::F32(v) => v.len(),
             DataRef::I32(v) => v.len(),
+            DataRef::I64(v) => v.len(),
+            DataRef::F64(v) => v.len(),
             DataRef::U8(v) => v.len(),
             DataRef::Bool(v) => v.len(),
         }
@@ -550,6 +613,8 @@ impl DataRef<'_> {
         match self {
             DataRef::F32(v) => Data::F32(v.to_vec()),
             DataRef::I32(v) => Data::I32(v.to_vec()),
+            DataRef::I64(v) => Data::I64(v.to_vec()),
+            DataRef::F64(v) => Data::F64(v.to_vec()),
             DataRef::U8(v) => Data::U8(v.to_vec()),
             DataRef::Bool(v) => Data::Bool(v.to_vec()),
         }
@@ -561,6 +626,8 @@ impl<'a> From<&'a Data> for DataRef<'a> {
         match data {
             Data::F32(v) => DataRef::F32(v),
             Data::I32(v) => DataRef::I32(v),
+            Data::I64(v) => DataRef::I64(v),
+            Data::F64(v) => DataRef::F64(v),
             Data::U8(v) => DataRef::U8(v),
             Data::Bool(v) => DataRef::Bool(v),
         }
@@ -604,5 +671,7 @@ macro_rules! element {
 
 element!(f32, F32);
 element!(i32, I32);
+element!(i64, I64);
+element!(f64, F64);
 element!(u8, U8);
 element!(bool, Bool);

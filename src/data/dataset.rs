@@ -45,6 +45,8 @@ pub trait Dataset: Send + Sync {
                 match &mut data {
                     Data::F32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
                     Data::I32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
+                    Data::I64(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
+                    Data::F64(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
                     Data::U8(v) => self.read(index, f, v)?,
                     Data::Bool(v) => {
                         let mut bytes = vec![0u8; n];
@@ -85,6 +87,8 @@ impl Mapped {
         let fits = match dtype {
             DType::F32 => bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok(),
             DType::I32 => bytemuck::try_cast_slice::<u8, i32>(bytes).is_ok(),
+            DType::I64 => bytemuck::try_cast_slice::<u8, i64>(bytes).is_ok(),
+            DType::F64 => bytemuck::try_cast_slice::<u8, f64>(bytes).is_ok(),
             DType::U8 => true,
             DType::Bool => false,
         };
@@ -103,6 +107,8 @@ impl Mapped {
         match self.dtype {
             DType::F32 => DataRef::F32(bytemuck::cast_slice(bytes)),
             DType::I32 => DataRef::I32(bytemuck::cast_slice(bytes)),
+            DType::I64 => DataRef::I64(bytemuck::cast_slice(bytes)),
+            DType::F64 => DataRef::F64(bytemuck::cast_slice(bytes)),
             DType::U8 | DType::Bool => DataRef::U8(bytes),
         }
     }

@@ -497,6 +497,16 @@ fn read_items(
                     f,
                     bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
                 ),
+                Field::Owned(Data::I64(v)) => dataset.read(
+                    item,
+                    f,
+                    bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
+                ),
+                Field::Owned(Data::F64(v)) => dataset.read(
+                    item,
+                    f,
+                    bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
+                ),
                 Field::Owned(Data::U8(v)) => {
                     dataset.read(item, f, &mut v[slot * n..(slot + 1) * n])
                 }
@@ -564,6 +574,8 @@ fn truncate(data: &mut Data, n: usize) {
     match data {
         Data::F32(v) => v.truncate(n),
         Data::I32(v) => v.truncate(n),
+        Data::I64(v) => v.truncate(n),
+        Data::F64(v) => v.truncate(n),
         Data::U8(v) => v.truncate(n),
         Data::Bool(v) => v.truncate(n),
     }

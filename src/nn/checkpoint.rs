@@ -49,15 +49,21 @@ fn le_bytes(data: &Data) -> Cow<'_, [u8]> {
     match data {
         Data::F32(v) if little => Cow::Borrowed(bytemuck::cast_slice(v)),
         Data::I32(v) if little => Cow::Borrowed(bytemuck::cast_slice(v)),
+        Data::I64(v) if little => Cow::Borrowed(bytemuck::cast_slice(v)),
+        Data::F64(v) if little => Cow::Borrowed(bytemuck::cast_slice(v)),
         Data::F32(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         Data::I32(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        Data::I64(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        Data::F64(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         Data::U8(v) => Cow::Borrowed(v),
         Data::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
     }
 }
 
 /// Writes `tensors` to a safetensors file at `path`, computing those not
-/// yet computed (in one graph). Names must be distinct; the file is written
+/// yet computed (in one graph). f64 and i64 tensors are stored as such
+/// (`F64`, `I64`), and `load` narrows them to f32 and i32, as it does
+/// every file's. Names must be distinct; the file is written
 /// whole to a temporary file beside `path` and then renamed over it.
 pub fn save<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> Result<()> {
     let path = path.as_ref();
@@ -87,6 +93,8 @@ pub fn save<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> 
             dtype: match t.dtype() {
                 DType::F32 => Dtype::F32,
                 DType::I32 => Dtype::I32,
+                DType::I64 => Dtype::I64,
+                DType::F64 => Dtype::F64,
                 DType::U8 => Dtype::U8,
                 DType::Bool => Dtype::BOOL,
             },
@@ -160,9 +168,18 @@ fn decode(stored: NpyDType, bytes: &[u8], n: usize) -> std::result::Result<Data,
             .map(|c| c.try_into().unwrap_or_default())
             .collect()
     };
+    let longs = |out: &[u8]| -> Vec<[u8; 8]> {
+        out.chunks_exact(8)
+            .map(|c| c.try_into().unwrap_or_default())
+            .collect()
+    };
     Ok(match stored.dtype() {
         DType::F32 => Data::F32(words(&out).into_iter().map(f32::from_le_bytes).collect()),
         DType::I32 => Data::I32(words(&out).into_iter().map(i32::from_le_bytes).collect()),
+        // `NpyDType::dtype` reads 64-bit files as f32 and i32 today; were it
+        // to keep them, these are their 8-byte elements.
+        DType::I64 => Data::I64(longs(&out).into_iter().map(i64::from_le_bytes).collect()),
+        DType::F64 => Data::F64(longs(&out).into_iter().map(f64::from_le_bytes).collect()),
         DType::U8 => Data::U8(out),
         DType::Bool => match out.iter().position(|&b| b > 1) {
             Some(bad) => return Err(bad),

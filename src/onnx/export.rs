@@ -421,6 +421,8 @@ fn scalar_data(s: Scalar) -> Data {
     match s {
         Scalar::F32(v) => Data::F32(vec![v]),
         Scalar::I32(v) => Data::I32(vec![v]),
+        Scalar::I64(v) => Data::I64(vec![v]),
+        Scalar::F64(v) => Data::F64(vec![v]),
         Scalar::U8(v) => Data::U8(vec![v]),
         Scalar::Bool(v) => Data::Bool(vec![v]),
     }
@@ -432,6 +434,8 @@ fn tensor(name: &str, dims: &[usize], data: &Data) -> TensorProto {
     let raw: Vec<u8> = match data {
         Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::U8(v) => v.clone(),
         Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
     };

@@ -22,7 +22,7 @@ pub(super) enum Value {
     /// A graph input bound by `Feed::Constant`, or values moved out of
     /// one. It may be reshaped, sliced, gathered and read as a shape, axes
     /// or indices, but never computed on while tracing: computing on an
-    /// input is kiln's work, and kiln has no i64.
+    /// input is kiln's work, done on the constant as a tensor.
     Bound(Array),
 }
 
@@ -265,13 +265,7 @@ fn output(info: &ValueInfo, values: &HashMap<&str, Value>, file: &str) -> Result
         .ok_or_else(|| output_error(format!("output '{}' is computed by no node", info.name)))?;
     let tensor = match value {
         Value::Tensor(t) => t.clone(),
-        Value::Known(a) | Value::Bound(a) => a.to_tensor().ok_or_else(|| {
-            output_error(format!(
-                "output '{}' is {}, which kiln cannot return",
-                info.name,
-                a.dtype_name()
-            ))
-        })?,
+        Value::Known(a) | Value::Bound(a) => a.to_tensor(),
     };
     if let ValueType::Tensor { elem_type, .. } = info.ty
         && elem_type != onnx_code(tensor.dtype())
@@ -397,22 +391,16 @@ impl<'a> Node<'a> {
         }
     }
 
-    /// Input `i` as a kiln tensor; an INT64 one is refused, as kiln holds
-    /// i64 only as shapes, axes and indices.
+    /// Input `i` as a kiln tensor.
     pub fn tensor(&self, i: usize) -> Result<Tensor> {
-        self.to_tensor(self.value(i)?, i)
+        Ok(self.to_tensor(self.value(i)?))
     }
 
-    /// A value as a kiln tensor (see `tensor`); `i` names it in errors.
-    pub fn to_tensor(&self, value: &Value, i: usize) -> Result<Tensor> {
+    /// A value as a kiln tensor.
+    pub fn to_tensor(&self, value: &Value) -> Tensor {
         match value {
-            Value::Tensor(t) => Ok(t.clone()),
-            Value::Known(a) | Value::Bound(a) => a.to_tensor().ok_or_else(|| {
-                self.unsupported(format!(
-                    "input {i} is {} data, which kiln cannot compute on",
-                    a.dtype_name()
-                ))
-            }),
+            Value::Tensor(t) => t.clone(),
+            Value::Known(a) | Value::Bound(a) => a.to_tensor(),
         }
     }
 

@@ -9,13 +9,13 @@
 //! does not hold is an `OnnxError::Unsupported` naming the node, the op and
 //! what is missing, never a panic and never a silently different answer.
 //!
-//! ONNX passes shapes, axes and indices as INT64 tensors. kiln has no i64
-//! dtype, so i64 values exist only as constants known when the model is
-//! traced: initializers, `Constant` nodes, `Shape` of a static shape, the
-//! few shape computations `fold` folds, and graph inputs the caller binds
-//! to values (`Feed::Constant`: kiln compiles for static shapes, so a
-//! shape passed as an input must be known anyway). An i64 value that would
-//! have to be computed on at run time is refused.
+//! ONNX's INT64 and DOUBLE are kiln's i64 and f64: graph inputs and
+//! outputs of those types are real tensors fed and returned at run time
+//! (an embedding's token ids, ArgMax's indices). Shapes, axes and pads must
+//! be known while tracing, as kiln compiles for static shapes: they come
+//! from initializers, `Constant` nodes, `Shape` of a static shape, the
+//! shape computations `fold` folds, or graph inputs the caller binds to
+//! values (`Feed::Constant`). A shape computed at run time is refused.
 //!
 //! The protobuf is decoded by a small reader of the wire format (`wire`)
 //! and of the messages kiln reads (`proto`), not by generated code: no
@@ -48,7 +48,7 @@ use kiln_runtime::BackendOptions;
 use crate::{CompiledGraph, Device, Error, Result};
 
 pub use export::{OPSET, export, export_file, export_graph};
-pub use tensor::{Array, Values};
+pub use tensor::Array;
 
 /// What can be wrong with an ONNX file, or be missing in kiln to run it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -165,8 +165,8 @@ impl OnnxError {
 pub enum Feed {
     /// An input of the compiled graph, of this type, given at each call.
     Input(TensorType),
-    /// A value fixed now: how a shape, axes or indices passed as an INT64
-    /// input reach kiln, which holds i64 only as constants.
+    /// A value fixed now: how a shape, axes or pads passed as an input
+    /// reach kiln, which must know them while compiling.
     Constant(Array),
 }
 

@@ -71,6 +71,7 @@ pub(super) struct TensorProto {
     pub float_data: Vec<f32>,
     pub int32_data: Vec<i64>,
     pub int64_data: Vec<i64>,
+    pub double_data: Vec<f64>,
     pub raw_data: Option<Vec<u8>>,
     /// `data_location` is EXTERNAL, or `external_data` is given.
     pub external: bool,
@@ -290,6 +291,7 @@ pub(super) fn tensor_at(bytes: &[u8], base: usize) -> Decoded<TensorProto> {
             7 => f.push_ints(M, &mut t.int64_data)?,
             8 => t.name = f.string(M)?,
             9 => t.raw_data = Some(f.bytes(M)?.to_vec()),
+            10 => f.push_doubles(M, &mut t.double_data)?,
             13 => t.external = true,
             14 => t.external |= f.int(M)? == 1,
             _ => {}

@@ -1,7 +1,5 @@
 //! ONNX tensors on the host: `TensorProto` payloads converted to `Array`s
-//! of kiln's dtypes, plus i64, which ONNX uses for every shape, axis and
-//! index and which kiln holds only as constants known when a model is
-//! loaded (it has no i64 dtype to compute in).
+//! of kiln's dtypes (f32, f64, i32, i64, u8, bool).
 
 use kiln_ir::{DType, Data, Shape, TensorType};
 
@@ -16,6 +14,7 @@ pub(super) mod code {
     pub const INT32: i64 = 6;
     pub const INT64: i64 = 7;
     pub const BOOL: i64 = 9;
+    pub const DOUBLE: i64 = 11;
 }
 
 /// The name onnx.proto gives a `DataType` number, for errors.
@@ -61,6 +60,8 @@ pub(super) fn kiln_dtype(code: i64) -> Option<DType> {
     match code {
         code::FLOAT => Some(DType::F32),
         code::INT32 => Some(DType::I32),
+        code::INT64 => Some(DType::I64),
+        code::DOUBLE => Some(DType::F64),
         code::UINT8 => Some(DType::U8),
         code::BOOL => Some(DType::Bool),
         _ => None,
@@ -72,18 +73,11 @@ pub(super) fn onnx_code(dtype: DType) -> i64 {
     match dtype {
         DType::F32 => code::FLOAT,
         DType::I32 => code::INT32,
+        DType::I64 => code::INT64,
+        DType::F64 => code::DOUBLE,
         DType::U8 => code::UINT8,
         DType::Bool => code::BOOL,
     }
-}
-
-/// Elements of an ONNX tensor held on the host.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Values {
-    /// One of kiln's own dtypes.
-    Kiln(Data),
-    /// ONNX's INT64: shapes, axes and indices, held as constants.
-    I64(Vec<i64>),
 }
 
 /// A tensor of an ONNX file on the host: an initializer, a `Constant`, a
@@ -93,16 +87,13 @@ pub struct Array {
     /// The dimensions, outermost first.
     pub dims: Vec<usize>,
     /// The elements in row-major order.
-    pub values: Values,
+    pub data: Data,
 }
 
 impl Array {
     /// The ONNX `DataType` number of the elements.
     pub fn onnx_dtype(&self) -> i64 {
-        match &self.values {
-            Values::Kiln(d) => onnx_code(d.dtype()),
-            Values::I64(_) => code::INT64,
-        }
+        onnx_code(self.data.dtype())
     }
 
     /// The ONNX name of the element type (`FLOAT`, `INT64`, ...).
@@ -112,10 +103,7 @@ impl Array {
 
     /// The number of elements.
     pub fn len(&self) -> usize {
-        match &self.values {
-            Values::Kiln(d) => d.len(),
-            Values::I64(v) => v.len(),
-        }
+        self.data.len()
     }
 
     /// Whether there are no elements.
@@ -127,35 +115,33 @@ impl Array {
     pub(super) fn i64(dims: Vec<usize>, values: Vec<i64>) -> Array {
         Array {
             dims,
-            values: Values::I64(values),
+            data: Data::I64(values),
         }
     }
 
     /// The integers held, whatever their integer type; `None` for floats
     /// and bools.
     pub(super) fn ints(&self) -> Option<Vec<i64>> {
-        match &self.values {
-            Values::I64(v) => Some(v.clone()),
-            Values::Kiln(Data::I32(v)) => Some(v.iter().map(|&x| i64::from(x)).collect()),
-            Values::Kiln(Data::U8(v)) => Some(v.iter().map(|&x| i64::from(x)).collect()),
-            Values::Kiln(_) => None,
+        match &self.data {
+            Data::I64(v) => Some(v.clone()),
+            Data::I32(v) => Some(v.iter().map(|&x| i64::from(x)).collect()),
+            Data::U8(v) => Some(v.iter().map(|&x| i64::from(x)).collect()),
+            Data::F32(_) | Data::F64(_) | Data::Bool(_) => None,
         }
     }
 
-    /// The array as a kiln tensor, or `None` for i64, which kiln cannot
-    /// hold. One of rank 0 is a constant of the graph (`Tensor::scalar`),
-    /// which kernels read inline, as kiln's own scalars.
-    pub fn to_tensor(&self) -> Option<Tensor> {
-        match &self.values {
-            Values::Kiln(d) if self.dims.is_empty() && d.len() == 1 => {
-                Some(Tensor::scalar(d.get(0)))
-            }
-            Values::Kiln(d) => Some(Tensor::from_data(
-                TensorType::new(d.dtype(), Shape::new(&self.dims)),
-                d.clone(),
-            )),
-            Values::I64(_) => None,
+    /// The array as a kiln tensor. One of rank 0 is a constant of the
+    /// graph (`Tensor::scalar`), which kernels read inline, as kiln's own
+    /// scalars.
+    pub fn to_tensor(&self) -> Tensor {
+        let d = &self.data;
+        if self.dims.is_empty() && d.len() == 1 {
+            return Tensor::scalar(d.get(0));
         }
+        Tensor::from_data(
+            TensorType::new(d.dtype(), Shape::new(&self.dims)),
+            d.clone(),
+        )
     }
 }
 
@@ -188,11 +174,12 @@ pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
         .checked_numel()
         .ok_or_else(|| invalid(format!("dimensions {dims:?} overflow")))?;
     let ty = t.data_type;
+    let long = |c: &[u8]| [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
     let values = match &t.raw_data {
         Some(raw) => {
             let size = match ty {
                 code::FLOAT | code::INT32 => 4,
-                code::INT64 => 8,
+                code::INT64 | code::DOUBLE => 8,
                 code::UINT8 | code::BOOL => 1,
                 _ => 0,
             };
@@ -204,41 +191,43 @@ pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
                 )));
             }
             match ty {
-                code::FLOAT => Values::Kiln(Data::F32(
+                code::FLOAT => Data::F32(
                     raw.chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect(),
-                )),
-                code::INT32 => Values::Kiln(Data::I32(
+                ),
+                code::INT32 => Data::I32(
                     raw.chunks_exact(4)
                         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect(),
-                )),
-                code::INT64 => Values::I64(
+                ),
+                code::INT64 => Data::I64(
                     raw.chunks_exact(8)
-                        .map(|c| {
-                            i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
-                        })
+                        .map(|c| i64::from_le_bytes(long(c)))
                         .collect(),
                 ),
-                code::UINT8 => Values::Kiln(Data::U8(raw.clone())),
-                code::BOOL => Values::Kiln(Data::Bool(raw.iter().map(|&b| b != 0).collect())),
+                code::DOUBLE => Data::F64(
+                    raw.chunks_exact(8)
+                        .map(|c| f64::from_le_bytes(long(c)))
+                        .collect(),
+                ),
+                code::UINT8 => Data::U8(raw.clone()),
+                code::BOOL => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
                 _ => return Err(unsupported(format!("its type is {}", dtype_name(ty)))),
             }
         }
         None => match ty {
-            code::FLOAT => Values::Kiln(Data::F32(t.float_data.clone())),
+            code::FLOAT => Data::F32(t.float_data.clone()),
             // int32_data holds INT32, UINT8 and BOOL, one value per element.
-            code::INT32 => {
-                Values::Kiln(Data::I32(t.int32_data.iter().map(|&v| v as i32).collect()))
-            }
-            code::UINT8 => Values::Kiln(Data::U8(t.int32_data.iter().map(|&v| v as u8).collect())),
-            code::BOOL => Values::Kiln(Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect())),
-            code::INT64 => Values::I64(t.int64_data.clone()),
+            code::INT32 => Data::I32(t.int32_data.iter().map(|&v| v as i32).collect()),
+            code::UINT8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
+            code::BOOL => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+            code::INT64 => Data::I64(t.int64_data.clone()),
+            code::DOUBLE => Data::F64(t.double_data.clone()),
             _ => return Err(unsupported(format!("its type is {}", dtype_name(ty)))),
         },
     };
-    let array = Array { dims, values };
+    let array = Array { dims, data: values };
     if array.len() != n {
         return Err(invalid(format!(
             "{} values for dimensions {:?}",

@@ -20,8 +20,8 @@ pub(super) type Decoded<T> = Result<T, DecodeError>;
 pub(super) enum Payload<'a> {
     /// Wire type 0: an integer, or a bool or enum.
     Varint(u64),
-    /// Wire type 1: eight bytes (a double, which kiln never reads).
-    Fixed64,
+    /// Wire type 1: eight little-endian bytes (a double).
+    Fixed64(u64),
     /// Wire type 2: bytes, a string, a sub-message or a packed list.
     Bytes(&'a [u8]),
     /// Wire type 5: four little-endian bytes (a float).
@@ -121,8 +121,10 @@ impl<'a> Reader<'a> {
         let payload = match tag & 7 {
             0 => Payload::Varint(self.varint()?),
             1 => {
-                self.take(8, "fixed64")?;
-                Payload::Fixed64
+                let b = self.take(8, "fixed64")?;
+                Payload::Fixed64(u64::from_le_bytes([
+                    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+                ]))
             }
             2 => {
                 let len_at = self.pos;
@@ -218,6 +220,19 @@ impl<'a> Field<'a> {
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             ),
             _ => return Err(self.error(message, "expected packed floats")),
+        }
+        Ok(())
+    }
+
+    /// Appends the values of a repeated double field, packed or not.
+    pub fn push_doubles(&self, message: &str, out: &mut Vec<f64>) -> Decoded<()> {
+        match self.payload {
+            Payload::Fixed64(v) => out.push(f64::from_bits(v)),
+            Payload::Bytes(b) if b.len() % 8 == 0 => out.extend(
+                b.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])),
+            ),
+            _ => return Err(self.error(message, "expected packed doubles")),
         }
         Ok(())
     }

@@ -2,8 +2,11 @@
 //! (`ir/tests/optimize_prop.rs`), the CPU backend's (`tests/cpu_prop.rs`) and
 //! the CUDA code generator's (`tests/cuda_codegen.rs`): elementwise ops,
 //! broadcasts, identities, constants, comparisons, casts, reductions and the
-//! sum+broadcast pattern, every view, matmul; shapes full of 1s and some 0s;
-//! inputs with NaN, infinities and -0. The same seed gives the same graph.
+//! sum+broadcast pattern, every view, matmul, and detours through i64 and
+//! f64 values (cast in, arithmetic with a 64-bit constant, maybe a
+//! reduction, cast out); shapes full of 1s and some 0s; inputs with NaN,
+//! infinities and -0. The graph's first output is f32. The same seed gives
+//! the same graph.
 
 use kiln_ir::{
     BinaryOp, DType, Data, Graph, NodeId, Op, ReduceOp, Scalar, Shape, SliceRange, TensorType,
@@ -130,11 +133,14 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 let v = c.value();
                 let k = constant(&mut g, v);
                 match if mode == Mode::Continuous {
-                    0
+                    [0, 3][c.below(2)]
                 } else {
-                    c.below(3)
+                    c.below(5)
                 } {
                     0 => binary(&mut g, BinaryOp::Mul, x, k),
+                    // Through f64 (every mode) or i64 (not continuous).
+                    3 => wide(&mut c, &mut g, &mut nodes, x, DType::F64, mode),
+                    4 => wide(&mut c, &mut g, &mut nodes, x, DType::I64, mode),
                     // where(x > k, x, k): comparisons, bool values and select.
                     1 => binary(&mut g, BinaryOp::Gt, x, k).and_then(|m| {
                         let k = g.push(Op::Expand(shape.clone()), &[k])?;
@@ -259,11 +265,77 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
             nodes.push(id);
         }
     }
-    g.outputs.push(*nodes.last().unwrap_or(&NodeId(0)));
+    // The first output is f32: a loss can be built on it (`grad_prop`).
+    let mut last = *nodes.last().unwrap_or(&NodeId(0));
+    if g.node(last).ty.dtype != DType::F32 {
+        last = g.push(Op::Cast(DType::F32), &[last]).unwrap_or(last);
+    }
+    g.outputs.push(last);
     if nodes.len() > 2 && c.below(2) == 0 {
         g.outputs.push(nodes[c.below(nodes.len())]);
     }
     g
+}
+
+/// `x` (f32) cast to `wide` (i64 or f64), combined with a constant of that
+/// type (beyond i32's range for i64) by an op `mode` allows, maybe reduced
+/// by max over random axes, and cast back to f32. The 64-bit value is kept
+/// in `nodes`, so that later steps may read, view, reduce or output it.
+/// Every op is exact on both sides (f64 arithmetic is IEEE's, i64's
+/// wraps), so `Mode::Exact` stays bit for bit.
+fn wide(
+    c: &mut Choices,
+    g: &mut Graph,
+    nodes: &mut Vec<NodeId>,
+    x: NodeId,
+    wide: DType,
+    mode: Mode,
+) -> Result<NodeId, kiln_ir::Error> {
+    let x = g.push(Op::Cast(wide), &[x])?;
+    let k = match wide {
+        DType::I64 => {
+            let v = [3_000_000_000, -(1 << 40) + 7, 5, -2][c.below(4)];
+            Scalar::I64(v)
+        }
+        _ => Scalar::F64(f64::from(c.value()) * 1.000_000_000_1),
+    };
+    let k = g.push_typed(
+        Op::Const(k),
+        SmallVec::new(),
+        TensorType::new(wide, Shape::scalar()),
+    );
+    use BinaryOp::*;
+    let ops: &[BinaryOp] = match (mode, wide) {
+        (_, DType::I64) => &[Add, Sub, Mul, Max, Min],
+        (Mode::Continuous, _) => &[Add, Sub, Mul, Max, Min],
+        (Mode::All | Mode::Exact, _) => &[Add, Sub, Mul, Div, Max, Min],
+    };
+    let mut y = binary(g, ops[c.below(ops.len())], x, k)?;
+    if wide == DType::F64 && c.below(2) == 0 {
+        use UnaryOp::*;
+        let ops: &[UnaryOp] = match mode {
+            Mode::All => &[Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs],
+            Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
+            Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs],
+        };
+        y = g.push(Op::Unary(ops[c.below(ops.len())]), &[y])?;
+    }
+    if c.below(3) == 0 {
+        let rank = g.node(y).ty.shape.rank();
+        let axes = random_axes(c, rank);
+        // An empty axis has no max: then the detour goes on unreduced.
+        if let Ok(r) = g.push(
+            Op::Reduce {
+                op: ReduceOp::Max,
+                axes,
+            },
+            &[y],
+        ) {
+            y = r;
+        }
+    }
+    nodes.push(y);
+    g.push(Op::Cast(DType::F32), &[y])
 }
 
 fn constant(g: &mut Graph, v: f32) -> NodeId {
@@ -316,6 +388,43 @@ pub fn same(a: &Data, b: &Data) -> bool {
             (Scalar::F32(x), Scalar::F32(y)) => {
                 x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
             }
+            (Scalar::F64(x), Scalar::F64(y)) => {
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+            }
             (x, y) => x == y,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many of 300 graphs of `mode` hold a value of `dtype`.
+    fn holding(mode: Mode, dtype: DType) -> usize {
+        (0..300)
+            .filter(|&seed| {
+                let g = random_graph(seed, 8, mode);
+                g.nodes.iter().any(|n| n.ty.dtype == dtype)
+            })
+            .count()
+    }
+
+    #[test]
+    fn graphs_pass_through_64_bit_values() {
+        for mode in [Mode::All, Mode::Exact, Mode::Continuous] {
+            assert!(holding(mode, DType::F64) >= 20, "{mode:?}: f64");
+        }
+        for mode in [Mode::All, Mode::Exact] {
+            assert!(holding(mode, DType::I64) >= 20, "{mode:?}: i64");
+        }
+        assert_eq!(holding(Mode::Continuous, DType::I64), 0);
+    }
+
+    #[test]
+    fn the_first_output_is_f32() {
+        for seed in 0..300 {
+            let g = random_graph(seed, 8, Mode::All);
+            assert_eq!(g.node(g.outputs[0]).ty.dtype, DType::F32, "seed {seed}");
+        }
+    }
 }

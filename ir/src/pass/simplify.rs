@@ -129,7 +129,7 @@ fn mul_one(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option
 /// The zero that leaves every value unchanged when added: -0.0 for floats.
 fn additive_identity(ty: &TensorType) -> Scalar {
     if ty.dtype.is_float() {
-        Scalar::F32(-0.0)
+        Scalar::F32(-0.0).cast(ty.dtype)
     } else {
         Scalar::I32(0).cast(ty.dtype)
     }

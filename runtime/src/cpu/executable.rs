@@ -20,7 +20,7 @@ pub(crate) struct Executable {
     kernels: Vec<Arc<CompiledKernel>>,
     /// Runs of launches that go row block by row block (`rows::row_groups`).
     groups: Vec<Range<usize>>,
-    arena: Vec<Vec<u32>>,
+    arena: Vec<Vec<u64>>,
     outputs: Vec<TensorType>,
     places: Places,
 }
@@ -60,8 +60,8 @@ impl Executable {
             .zip(&used)
             .enumerate()
             .map(|(s, (&bytes, &used))| {
-                let words = if used { bytes.div_ceil(4) } else { 0 };
-                kiln_ir::try_vec(words, 0u32).map_err(|e| {
+                let words = if used { bytes.div_ceil(8) } else { 0 };
+                kiln_ir::try_vec(words, 0u64).map_err(|e| {
                     let what = format_args!("intermediate buffer {s}");
                     e.in_op(optimized.graph.name.as_str(), what).into()
                 })

@@ -1,6 +1,6 @@
 //! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`,
 //! with `exp_row` and `row_ops`, 256-bit exp, max and scale over a row
-//! that the code calls),
+//! that the code calls, and `f64_math`, the f64 functions it calls),
 //! compiled to machine code and called (`jit`), cached by their structural
 //! hash (`cache`), and run in the order and memory plan of a schedule
 //! (`executable`).
@@ -9,6 +9,7 @@ mod cache;
 mod executable;
 #[cfg(target_arch = "x86_64")]
 mod exp_row;
+mod f64_math;
 mod gemm;
 mod jit;
 mod lower;

@@ -228,6 +228,8 @@ pub(super) fn host_bytes(data: DataRef<'_>) -> Cow<'_, [u8]> {
     match data {
         DataRef::F32(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         DataRef::I32(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        DataRef::I64(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        DataRef::F64(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         DataRef::U8(v) => Cow::Borrowed(v),
         DataRef::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
     }
@@ -236,6 +238,7 @@ pub(super) fn host_bytes(data: DataRef<'_>) -> Cow<'_, [u8]> {
 /// Host elements from the bytes the device wrote.
 pub(super) fn fill(data: &mut Data, bytes: &[u8]) {
     let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+    let long = |c: &[u8]| [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
     match data {
         Data::F32(v) => {
             for (x, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -245,6 +248,16 @@ pub(super) fn fill(data: &mut Data, bytes: &[u8]) {
         Data::I32(v) => {
             for (x, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
                 *x = i32::from_le_bytes(word(c));
+            }
+        }
+        Data::I64(v) => {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(8)) {
+                *x = i64::from_le_bytes(long(c));
+            }
+        }
+        Data::F64(v) => {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(8)) {
+                *x = f64::from_le_bytes(long(c));
             }
         }
         Data::U8(v) => v.copy_from_slice(bytes),

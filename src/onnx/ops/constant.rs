@@ -6,7 +6,7 @@ use kiln_ir::Data;
 use super::shape::sizes;
 use super::{numel, one};
 use crate::onnx::graph::{Node, Value, known_i64};
-use crate::onnx::tensor::{Array, Values};
+use crate::onnx::tensor::Array;
 use crate::{Result, Tensor};
 
 /// The node's outputs, or `None` if the op is not one of these.
@@ -36,12 +36,7 @@ fn constant(node: &Node) -> Result<Vec<Value>> {
     if let Some(t) = node.attr_tensor("value")? {
         return Ok(vec![Value::Known(t)]);
     }
-    let known = |dims: Vec<usize>, data: Data| {
-        Ok(vec![Value::Known(Array {
-            dims,
-            values: Values::Kiln(data),
-        })])
-    };
+    let known = |dims: Vec<usize>, data: Data| Ok(vec![Value::Known(Array { dims, data })]);
     if let Some(a) = node.attr("value_float") {
         return known(vec![], Data::F32(vec![a.f]));
     }
@@ -66,13 +61,14 @@ fn constant_of_shape(node: &Node) -> Result<Vec<Value>> {
     let dims = sizes(node, &node.ints(0)?)?;
     let value = node.attr_tensor("value")?.unwrap_or(Array {
         dims: vec![1],
-        values: Values::Kiln(Data::F32(vec![0.0])),
+        data: Data::F32(vec![0.0]),
     });
     if value.len() != 1 {
         return Err(node.invalid("value holds more than one element"));
     }
-    match value.values {
-        Values::I64(v) => Ok(vec![known_i64(dims.clone(), vec![v[0]; numel(&dims)])]),
-        Values::Kiln(d) => one(Tensor::full(dims, d.get(0))?),
+    // An i64 fill stays known: what it makes is a shape or indices.
+    match value.data {
+        Data::I64(v) => Ok(vec![known_i64(dims.clone(), vec![v[0]; numel(&dims)])]),
+        d => one(Tensor::full(dims, d.get(0))?),
     }
 }

@@ -61,30 +61,31 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
 /// The activations: compositions of kiln's unary ops, with ONNX's defaults.
 fn activation(node: &Node, op: &str) -> Option<Result<Vec<Value>>> {
     let compute = |f: &dyn Fn(&Tensor) -> Result<Tensor>| node.tensor(0).and_then(|x| one(f(&x)?));
-    let f32c = |v: f32| Tensor::scalar(v);
+    // A constant in the input's float type.
+    let c = |v: f32, x: &Tensor| scalar(f64::from(v), x.dtype());
     Some(match op {
         "Elu" => node.attr_float("alpha", 1.0).and_then(|alpha| {
             compute(&|x| {
-                x.gt(&f32c(0.0))?
-                    .where_cond(x, &expm1(x)?.mul(&f32c(alpha))?)
+                x.gt(&c(0.0, x))?
+                    .where_cond(x, &expm1(x)?.mul(&c(alpha, x))?)
             })
         }),
         "Selu" => node.attr_float("alpha", 1.673_263_2).and_then(|alpha| {
             let gamma = node.attr_float("gamma", 1.050_701)?;
             compute(&|x| {
-                let neg = expm1(x)?.mul(&f32c(alpha))?;
-                x.gt(&f32c(0.0))?.where_cond(x, &neg)?.mul(&f32c(gamma))
+                let neg = expm1(x)?.mul(&c(alpha, x))?;
+                x.gt(&c(0.0, x))?.where_cond(x, &neg)?.mul(&c(gamma, x))
             })
         }),
         "Celu" => node.attr_float("alpha", 1.0).and_then(|alpha| {
             compute(&|x| {
-                let neg = expm1(&x.mul(&f32c(1.0 / alpha))?)?.mul(&f32c(alpha))?;
-                x.relu()?.add(&neg.minimum(&f32c(0.0))?)
+                let neg = expm1(&x.mul(&c(1.0 / alpha, x))?)?.mul(&c(alpha, x))?;
+                x.relu()?.add(&neg.minimum(&c(0.0, x))?)
             })
         }),
         "LeakyRelu" => node
             .attr_float("alpha", 0.01)
-            .and_then(|alpha| compute(&|x| x.lt(&f32c(0.0))?.where_cond(&x.mul(&f32c(alpha))?, x))),
+            .and_then(|alpha| compute(&|x| x.lt(&c(0.0, x))?.where_cond(&x.mul(&c(alpha, x))?, x))),
         "PRelu" => node.tensor(1).and_then(|slope| {
             compute(&|x| {
                 // Before opset 7 a 1-D slope of the channels' length is per channel.
@@ -104,14 +105,14 @@ fn activation(node: &Node, op: &str) -> Option<Result<Vec<Value>>> {
         }),
         "ThresholdedRelu" => node
             .attr_float("alpha", 1.0)
-            .and_then(|alpha| compute(&|x| x.gt(&f32c(alpha))?.where_cond(x, &f32c(0.0)))),
+            .and_then(|alpha| compute(&|x| x.gt(&c(alpha, x))?.where_cond(x, &c(0.0, x)))),
         "HardSigmoid" => node.attr_float("alpha", 0.2).and_then(|alpha| {
             let beta = node.attr_float("beta", 0.5)?;
             compute(&|x| hard_sigmoid(x, alpha, beta))
         }),
         "HardSwish" => compute(&|x| x.mul(&hard_sigmoid(x, 1.0 / 6.0, 0.5)?)),
         "Softplus" => compute(&softplus),
-        "Softsign" => compute(&|x| x.div(&x.abs()?.add(&f32c(1.0))?)),
+        "Softsign" => compute(&|x| x.div(&x.abs()?.add(&c(1.0, x))?)),
         "Mish" => compute(&|x| x.mul(&softplus(x)?.tanh()?)),
         "Shrink" => node.attr_float("lambd", 0.5).and_then(|lambd| {
             let bias = node.attr_float("bias", 0.0)?;
@@ -153,21 +154,22 @@ fn abs(x: &Tensor) -> Result<Tensor> {
 
 /// e^x - 1.
 fn expm1(x: &Tensor) -> Result<Tensor> {
-    x.exp()?.sub(&Tensor::scalar(1.0f32))
+    x.exp()?.sub(&scalar(1.0, x.dtype()))
 }
 
 /// max(0, min(1, alpha x + beta)).
 fn hard_sigmoid(x: &Tensor, alpha: f32, beta: f32) -> Result<Tensor> {
-    x.mul(&Tensor::scalar(alpha))?
-        .add(&Tensor::scalar(beta))?
-        .minimum(&Tensor::scalar(1.0f32))?
-        .maximum(&Tensor::scalar(0.0f32))
+    let dt = x.dtype();
+    x.mul(&scalar(f64::from(alpha), dt))?
+        .add(&scalar(f64::from(beta), dt))?
+        .minimum(&scalar(1.0, dt))?
+        .maximum(&scalar(0.0, dt))
 }
 
 /// log(1 + e^x), as max(x, 0) + log(1 + e^-|x|) so that large x do not
 /// overflow.
 fn softplus(x: &Tensor) -> Result<Tensor> {
-    let tail = x.abs()?.neg()?.exp()?.add(&Tensor::scalar(1.0f32))?.log()?;
+    let tail = x.abs()?.neg()?.exp()?.add(&scalar(1.0, x.dtype()))?.log()?;
     x.relu()?.add(&tail)
 }
 
@@ -190,19 +192,22 @@ fn mean(node: &Node) -> Result<Vec<Value>> {
     for i in 1..node.input_count() {
         sum = sum.add(&node.tensor(i)?)?;
     }
-    one(sum.div(&Tensor::scalar(node.input_count() as f32))?)
+    let count = scalar(node.input_count() as f64, sum.dtype());
+    one(sum.div(&count)?)
 }
 
-/// Pow with an exponent of another type: a float base takes an i32 or u8
-/// exponent as f32 (exact); other mixes kiln cannot compute.
+/// Pow with an exponent of another type: a float base takes the exponent
+/// in its own type (exact for i32 and u8 exponents, and for i64 ones up to
+/// 2^24 in f32, beyond which f32's result is infinite or 0 or 1 alike);
+/// integer bases kiln cannot raise.
 fn pow(node: &Node) -> Result<Vec<Value>> {
     let (x, y) = (node.tensor(0)?, node.tensor(1)?);
-    if x.dtype() != DType::F32 {
+    if !x.dtype().is_float() {
         return Err(node.unsupported(format!("Pow of a {} base", x.dtype())));
     }
-    let y = match (x.dtype(), y.dtype()) {
-        (DType::F32, DType::I32 | DType::U8) => y.cast(DType::F32)?,
-        _ => y,
+    let y = match y.dtype() == x.dtype() {
+        true => y,
+        false => y.cast(x.dtype())?,
     };
     one(x.pow(&y)?)
 }
@@ -244,15 +249,15 @@ fn clip(node: &Node) -> Result<Vec<Value>> {
 fn sign(x: &Tensor) -> Result<Tensor> {
     let dt = x.dtype();
     let (zero, one_) = (scalar(0.0, dt), scalar(1.0, dt));
-    if dt != DType::F32 && dt != DType::I32 {
+    if matches!(dt, DType::U8 | DType::Bool) {
         return x.gt(&zero)?.where_cond(&one_, &zero);
     }
     let s = x
         .gt(&zero)?
         .where_cond(&one_, &x.lt(&zero)?.where_cond(&scalar(-1.0, dt), &zero)?)?;
-    match dt {
-        DType::F32 => x.ne(x)?.where_cond(x, &s),
-        _ => Ok(s),
+    match dt.is_float() {
+        true => x.ne(x)?.where_cond(x, &s),
+        false => Ok(s),
     }
 }
 
@@ -260,7 +265,7 @@ fn is_inf(node: &Node) -> Result<Vec<Value>> {
     let x = node.tensor(0)?;
     let negative = node.attr_int("detect_negative", 1)? != 0;
     let positive = node.attr_int("detect_positive", 1)? != 0;
-    let inf = Tensor::scalar(f32::INFINITY);
+    let inf = scalar(f64::INFINITY, x.dtype());
     let pos = x.eq(&inf)?;
     let neg = x.eq(&inf.neg()?)?;
     let f = Tensor::scalar(false);
@@ -272,53 +277,58 @@ fn is_inf(node: &Node) -> Result<Vec<Value>> {
     })
 }
 
-/// 2^23: every f32 at least this large in magnitude is an integer.
-const INTEGRAL: f32 = 8_388_608.0;
-
-/// Rounds toward -inf: truncation by a cast to i32, less one where that
-/// rounded up. Values of magnitude 2^23 and above, infinities and NaN are
-/// already integral and pass unchanged.
-fn floor(x: &Tensor) -> Result<Tensor> {
-    if x.dtype() != DType::F32 {
-        return Ok(x.clone());
+/// For a float type, the integer type its truncation goes through and the
+/// magnitude (2^23 for f32, 2^52 for f64) from which on every value is
+/// an integer; `None` for the integer types, whose values are integral.
+fn integral(dtype: DType) -> Option<(DType, f64)> {
+    match dtype {
+        DType::F32 => Some((DType::I32, 8_388_608.0)),
+        DType::F64 => Some((DType::I64, 4_503_599_627_370_496.0)),
+        DType::I32 | DType::I64 | DType::U8 | DType::Bool => None,
     }
-    let t = x.cast(DType::I32)?.cast(DType::F32)?;
-    let f = x.lt(&t)?.where_cond(&t.sub(&Tensor::scalar(1.0f32))?, &t)?;
-    let keep = x.abs()?.ge(&Tensor::scalar(INTEGRAL))?;
+}
+
+/// Rounds toward -inf: truncation by a cast to an integer, less one where
+/// that rounded up. Values of magnitude `integral` and above, infinities and
+/// NaN are already integral and pass unchanged.
+fn floor(x: &Tensor) -> Result<Tensor> {
+    let dt = x.dtype();
+    let Some((int, limit)) = integral(dt) else {
+        return Ok(x.clone());
+    };
+    let t = x.cast(int)?.cast(dt)?;
+    let f = x.lt(&t)?.where_cond(&t.sub(&scalar(1.0, dt))?, &t)?;
+    let keep = x.abs()?.ge(&scalar(limit, dt))?;
     let keep = x.ne(x)?.where_cond(&Tensor::scalar(true), &keep)?;
     // Keep the sign of zero and of small negatives rounding to zero, as NumPy.
-    let f = f
-        .eq(&Tensor::scalar(0.0f32))?
-        .where_cond(&x.mul(&Tensor::scalar(0.0f32))?, &f)?;
+    let zero = scalar(0.0, dt);
+    let f = f.eq(&zero)?.where_cond(&x.mul(&zero)?, &f)?;
     keep.where_cond(x, &f)
 }
 
 /// Rounds to the nearest integer, halves to even, as ONNX's `Round`.
 fn round(x: &Tensor) -> Result<Tensor> {
-    if x.dtype() != DType::F32 {
+    let dt = x.dtype();
+    let Some((int, limit)) = integral(dt) else {
         return Ok(x.clone());
-    }
-    // x + 0.5 is exact below 2^23, so floor(x + 0.5) is the nearest integer
-    // with halves rounded up; a half that landed on an odd number goes back.
-    let half = Tensor::scalar(0.5f32);
+    };
+    // x + 0.5 is exact below `limit`, so floor(x + 0.5) is the nearest
+    // integer with halves rounded up; a half that landed on an odd number
+    // goes back.
+    let half = scalar(0.5, dt);
     let up = floor(&x.add(&half)?)?;
     let tie = up.sub(x)?.eq(&half)?;
     let odd = up
-        .cast(DType::I32)?
-        .sub(
-            &up.mul(&half)?
-                .cast(DType::I32)?
-                .mul(&Tensor::scalar(2i32))?,
-        )?
-        .ne(&Tensor::scalar(0i32))?;
+        .cast(int)?
+        .sub(&up.mul(&half)?.cast(int)?.mul(&scalar(2.0, int))?)?
+        .ne(&scalar(0.0, int))?;
     let down = tie
         .where_cond(&odd, &Tensor::scalar(false))?
-        .where_cond(&up.sub(&Tensor::scalar(1.0f32))?, &up)?;
-    let keep = x.abs()?.ge(&Tensor::scalar(INTEGRAL))?;
+        .where_cond(&up.sub(&scalar(1.0, dt))?, &up)?;
+    let keep = x.abs()?.ge(&scalar(limit, dt))?;
     let keep = x.ne(x)?.where_cond(&Tensor::scalar(true), &keep)?;
-    let down = down
-        .eq(&Tensor::scalar(0.0f32))?
-        .where_cond(&x.mul(&Tensor::scalar(0.0f32))?, &down)?;
+    let zero = scalar(0.0, dt);
+    let down = down.eq(&zero)?.where_cond(&x.mul(&zero)?, &down)?;
     keep.where_cond(x, &down)
 }
 
@@ -326,7 +336,7 @@ fn round(x: &Tensor) -> Result<Tensor> {
 /// relative error is below 1.2e-7 everywhere: far inside ONNX's rtol of
 /// 1e-3, and relative, so the tails of erf and GELU stay accurate too.
 fn erfc_abs(x: &Tensor) -> Result<Tensor> {
-    // The coefficients as Numerical Recipes prints them, rounded to f32 here.
+    // The coefficients as Numerical Recipes prints them, rounded to f32 for f32.
     const C: [f64; 10] = [
         -1.265_512_23,
         1.000_023_68,
@@ -339,31 +349,31 @@ fn erfc_abs(x: &Tensor) -> Result<Tensor> {
         -0.822_152_23,
         0.170_872_77,
     ];
+    let dt = x.dtype();
     let z = x.abs()?;
-    let t = z
-        .mul(&Tensor::scalar(0.5f32))?
-        .add(&Tensor::scalar(1.0f32))?
-        .recip()?;
-    let mut poly = Tensor::scalar(C[9] as f32);
+    let t = z.mul(&scalar(0.5, dt))?.add(&scalar(1.0, dt))?.recip()?;
+    let mut poly = scalar(C[9], dt);
     for &c in C[..9].iter().rev() {
-        poly = poly.mul(&t)?.add(&Tensor::scalar(c as f32))?;
+        poly = poly.mul(&t)?.add(&scalar(c, dt))?;
     }
     t.mul(&poly.sub(&z.square()?)?.exp()?)
 }
 
 /// erf(x) = ±(1 - erfc(|x|)).
 fn erf(x: &Tensor) -> Result<Tensor> {
-    let one_minus = Tensor::scalar(1.0f32).sub(&erfc_abs(x)?)?;
-    x.lt(&Tensor::scalar(0.0f32))?
+    let dt = x.dtype();
+    let one_minus = scalar(1.0, dt).sub(&erfc_abs(x)?)?;
+    x.lt(&scalar(0.0, dt))?
         .where_cond(&one_minus.neg()?, &one_minus)
 }
 
 /// GELU without approximation, 0.5 x (1 + erf(x / sqrt 2)); for negative x
 /// 1 + erf is erfc(|x| / sqrt 2), kept relative in the tail.
 fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    let c = erfc_abs(&x.mul(&Tensor::scalar(std::f32::consts::FRAC_1_SQRT_2))?)?;
+    let dt = x.dtype();
+    let c = erfc_abs(&x.mul(&scalar(std::f64::consts::FRAC_1_SQRT_2, dt))?)?;
     let factor = x
-        .lt(&Tensor::scalar(0.0f32))?
-        .where_cond(&c, &Tensor::scalar(2.0f32).sub(&c)?)?;
-    x.mul(&Tensor::scalar(0.5f32))?.mul(&factor)
+        .lt(&scalar(0.0, dt))?
+        .where_cond(&c, &scalar(2.0, dt).sub(&c)?)?;
+    x.mul(&scalar(0.5, dt))?.mul(&factor)
 }

@@ -1,8 +1,9 @@
 //! Constant folding of ONNX's integer shape computations: a node whose
 //! inputs are all known while tracing and one of which is INT64 (a shape,
-//! axes, indices) is computed here, on the host, because kiln has no i64
-//! to compute it in. What exported models do with shapes (`Shape`, then
-//! `Gather`, `Concat`, arithmetic, into `Reshape`) stays known this way.
+//! axes, indices) is computed here, on the host, because kiln compiles for
+//! static shapes and must know them while tracing. What exported models do
+//! with shapes (`Shape`, then `Gather`, `Concat`, arithmetic, into
+//! `Reshape`) stays known this way.
 //!
 //! Values bound from graph inputs (`Value::Bound`) are only moved here
 //! (reshaped, sliced, gathered, concatenated), never computed on: that
@@ -15,7 +16,7 @@ use super::shape::{
     axes_param, flatten_dims, reshape_dims, slice_plan, squeeze_dims, unsqueeze_dims,
 };
 use crate::onnx::graph::{Node, Value};
-use crate::onnx::tensor::{Array, Values, code, kiln_dtype};
+use crate::onnx::tensor::{Array, code, kiln_dtype};
 use crate::{Result, Shape};
 
 /// Integers (bools as 0 and 1) under their dims: a known input as the
@@ -36,10 +37,10 @@ pub(super) fn fold(node: &Node) -> Result<Option<Vec<Value>>> {
     let Some(arrays) = arrays else {
         return Ok(None);
     };
-    let any_i64 = arrays.iter().any(|a| matches!(a.values, Values::I64(_)));
+    let any_i64 = arrays.iter().any(|a| matches!(a.data, Data::I64(_)));
     let any_float = arrays
         .iter()
-        .any(|a| matches!(a.values, Values::Kiln(Data::F32(_))));
+        .any(|a| matches!(a.data, Data::F32(_) | Data::F64(_)));
     let to_i64 = node.op() == "Cast"
         && node
             .proto
@@ -47,9 +48,7 @@ pub(super) fn fold(node: &Node) -> Result<Option<Vec<Value>>> {
             .iter()
             .any(|a| a.name == "to" && a.i == code::INT64);
     // Logic on the bools that folded comparisons made stays folded too.
-    let all_bool = arrays
-        .iter()
-        .all(|a| matches!(a.values, Values::Kiln(Data::Bool(_))));
+    let all_bool = arrays.iter().all(|a| matches!(a.data, Data::Bool(_)));
     let logic = all_bool && matches!(node.op(), "Not" | "And" | "Or" | "Xor");
     if arrays.is_empty() || !(any_i64 || to_i64 || logic) || (any_float && !to_i64) {
         return Ok(None);
@@ -131,8 +130,8 @@ fn host(node: &Node, i: usize) -> Result<Host> {
     let a = node
         .known(i)
         .ok_or_else(|| node.invalid(format!("input {i} is not known")))?;
-    let v = match &a.values {
-        Values::Kiln(Data::Bool(b)) => b.iter().map(|&b| i64::from(b)).collect(),
+    let v = match &a.data {
+        Data::Bool(b) => b.iter().map(|&b| i64::from(b)).collect(),
         _ => a
             .ints()
             .ok_or_else(|| node.invalid(format!("input {i} is not integers")))?,
@@ -151,20 +150,19 @@ fn i64_array(h: Host) -> Array {
 /// shape stays INT64, and an i32, u8 or bool constant reshaped or
 /// broadcast by an INT64 shape stays what it was.
 fn like_first(node: &Node, h: Host) -> Array {
-    let Some(Values::Kiln(d)) = node.known(0).map(|a| &a.values) else {
+    let Some(d) = node.known(0).map(|a| &a.data) else {
         return i64_array(h);
     };
     let data = match d.dtype() {
+        DType::I64 => Data::I64(h.v),
         DType::I32 => Data::I32(h.v.iter().map(|&v| v as i32).collect()),
         DType::U8 => Data::U8(h.v.iter().map(|&v| v as u8).collect()),
         DType::Bool => Data::Bool(h.v.iter().map(|&v| v != 0).collect()),
         // Floats are never folded (see `fold`), so never moved here.
         DType::F32 => Data::F32(h.v.iter().map(|&v| v as f32).collect()),
+        DType::F64 => Data::F64(h.v.iter().map(|&v| v as f64).collect()),
     };
-    Array {
-        dims: h.dims,
-        values: Values::Kiln(data),
-    }
+    Array { dims: h.dims, data }
 }
 
 /// The dims a movement op gives its first input.
@@ -281,35 +279,21 @@ fn gather(node: &Node) -> Result<Host> {
     Ok(Host { dims, v })
 }
 
+/// `Cast` of known values, with the semantics of kiln's own cast.
 fn cast(node: &Node, a: &Array) -> Result<Array> {
     let to = node.attr_int("to", 0)?;
     node.attr_int("saturate", 1)?;
-    let values: Vec<f64> = match &a.values {
-        Values::I64(v) => v.iter().map(|&x| x as f64).collect(),
-        Values::Kiln(d) => (0..d.len()).map(|i| d.get(i).to_f64()).collect(),
+    let Some(dtype) = kiln_dtype(to) else {
+        return Err(node.unsupported(format!(
+            "casting to {}",
+            crate::onnx::tensor::dtype_name(to)
+        )));
     };
-    let ints = || -> Vec<i64> {
-        match &a.values {
-            Values::I64(v) => v.clone(),
-            _ => values.iter().map(|&x| x as i64).collect(),
-        }
-    };
-    let data = match kiln_dtype(to) {
-        Some(DType::F32) => Data::F32(values.iter().map(|&x| x as f32).collect()),
-        Some(DType::I32) => Data::I32(ints().iter().map(|&x| x as i32).collect()),
-        Some(DType::U8) => Data::U8(ints().iter().map(|&x| x as u8).collect()),
-        Some(DType::Bool) => Data::Bool(values.iter().map(|&x| x != 0.0).collect()),
-        None if to == code::INT64 => return Ok(Array::i64(a.dims.clone(), ints())),
-        None => {
-            return Err(node.unsupported(format!(
-                "casting to {}",
-                crate::onnx::tensor::dtype_name(to)
-            )));
-        }
-    };
+    let data = Data::from_fn(dtype, a.data.len(), |i| a.data.get(i).cast(dtype))
+        .map_err(|e| node.invalid(format!("out of memory ({} bytes)", e.bytes)))?;
     Ok(Array {
         dims: a.dims.clone(),
-        values: Values::Kiln(data),
+        data,
     })
 }
 
@@ -351,7 +335,7 @@ fn compare(node: &Node, f: fn(i64, i64) -> bool) -> Result<Array> {
 fn bools(dims: Vec<usize>, values: Vec<bool>) -> Array {
     Array {
         dims,
-        values: Values::Kiln(Data::Bool(values)),
+        data: Data::Bool(values),
     }
 }
 

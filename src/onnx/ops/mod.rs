@@ -55,11 +55,12 @@ fn axes(node: &Node, list: &[i64], rank: usize) -> Result<Vec<usize>> {
     list.iter().map(|&a| axis(node, a, rank)).collect()
 }
 
-/// A rank-0 constant of `dtype` holding `value` (converted as `cast` does).
+/// A rank-0 constant of `dtype` holding `value` (converted as `cast` does;
+/// to the narrower integers through i32).
 fn scalar(value: f64, dtype: DType) -> Tensor {
     let s = match dtype {
-        DType::F32 => Scalar::F32(value as f32),
-        _ => Scalar::I32(value as i32).cast(dtype),
+        DType::F32 | DType::F64 | DType::I64 => Scalar::F64(value).cast(dtype),
+        DType::I32 | DType::U8 | DType::Bool => Scalar::I32(value as i32).cast(dtype),
     };
     Tensor::scalar(s)
 }

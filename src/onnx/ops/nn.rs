@@ -257,16 +257,16 @@ fn dropout(node: &Node) -> Result<Vec<Value>> {
     let ratio = match node.opset < 12 {
         true => f64::from(node.attr_float("ratio", 0.5)?),
         false => match node.has(1) {
-            true => match node.known(1).map(|a| &a.values) {
-                Some(crate::onnx::Values::Kiln(d)) if d.len() == 1 => d.get(0).to_f64(),
+            true => match node.known(1).map(|a| &a.data) {
+                Some(d) if d.len() == 1 => d.get(0).to_f64(),
                 _ => return Err(node.unsupported("a ratio computed at run time")),
             },
             false => 0.5,
         },
     };
     let training = match node.has(2) {
-        true => match node.known(2).map(|a| &a.values) {
-            Some(crate::onnx::Values::Kiln(d)) if d.len() == 1 => d.get(0).to_f64() != 0.0,
+        true => match node.known(2).map(|a| &a.data) {
+            Some(d) if d.len() == 1 => d.get(0).to_f64() != 0.0,
             _ => return Err(node.unsupported("a training_mode computed at run time")),
         },
         false => false,
@@ -278,8 +278,8 @@ fn dropout(node: &Node) -> Result<Vec<Value>> {
     Ok(vec![Value::Tensor(x), Value::Tensor(mask)])
 }
 
-/// Class indices as i32: known ones (i64 or i32) checked against
-/// `classes` unless equal to `ignore`, run-time i32 ones as they are.
+/// Class indices as i32: known ones (i64 or i32) checked to fit, run-time
+/// i32 ones as they are and i64 ones narrowed (`narrow_indices`).
 fn class_indices(node: &Node, i: usize) -> Result<Tensor> {
     match node.known(i) {
         Some(a) => {
@@ -296,10 +296,20 @@ fn class_indices(node: &Node, i: usize) -> Result<Tensor> {
             let t = node.tensor(i)?;
             match t.dtype() {
                 DType::I32 => Ok(t),
+                DType::I64 => narrow_indices(&t),
                 other => Err(node.unsupported(format!("indices of {other}"))),
             }
         }
     }
+}
+
+/// i64 indices as i32, those outside i32's range clamped to its ends,
+/// where they stay outside every axis kiln can index (and so pick what an
+/// index out of range picks) instead of wrapping into it.
+fn narrow_indices(t: &Tensor) -> Result<Tensor> {
+    t.maximum(&Tensor::scalar(i64::from(i32::MIN)))?
+        .minimum(&Tensor::scalar(i64::from(i32::MAX)))?
+        .cast(DType::I32)
 }
 
 fn one_hot(node: &Node) -> Result<Vec<Value>> {
@@ -307,7 +317,13 @@ fn one_hot(node: &Node) -> Result<Vec<Value>> {
     let depth = usize::try_from(depth).map_err(|_| node.invalid(format!("depth {depth}")))?;
     let indices = match node.known(0) {
         Some(_) => class_indices(node, 0)?,
-        None => node.tensor(0)?.cast(DType::I32)?,
+        None => {
+            let t = node.tensor(0)?;
+            match t.dtype() {
+                DType::I64 => narrow_indices(&t)?,
+                _ => t.cast(DType::I32)?,
+            }
+        }
     };
     let values = node.tensor(2)?;
     if values.numel() != 2 {

@@ -3,9 +3,9 @@
 //! ONNX's rules for axes (an attribute in older opsets, an input since),
 //! `keepdims` and `noop_with_empty_axes`.
 
-use kiln_ir::DType;
+use kiln_ir::{DType, Scalar};
 
-use super::{axes, numel, one, scalar};
+use super::{axes, axis, numel, one, scalar};
 use crate::onnx::graph::{Node, Value};
 use crate::onnx::ops::shape::axes_param;
 use crate::{Result, Tensor};
@@ -23,6 +23,8 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "ReduceLogSum" => Kind::LogSum,
         "ReduceLogSumExp" => Kind::LogSumExp,
         "GlobalAveragePool" | "GlobalMaxPool" => return Some(global_pool(node)),
+        "ArgMax" => return Some(arg_extreme(node, false)),
+        "ArgMin" => return Some(arg_extreme(node, true)),
         _ => return None,
     };
     Some(reduce(node, kind))
@@ -63,12 +65,12 @@ fn reduce(node: &Node, kind: Kind) -> Result<Vec<Value>> {
             // ONNX gives the identity of the order: -inf (or the type's
             // lowest value) for max, its highest for min.
             let dims = reduced_dims(x.dims(), &list, keep);
-            let value = match (kind, x.dtype()) {
-                (Kind::Max, DType::F32) => f32::NEG_INFINITY,
-                (Kind::Min, DType::F32) => f32::INFINITY,
+            let value = match (kind, x.dtype().is_float()) {
+                (Kind::Max, true) => f64::NEG_INFINITY,
+                (Kind::Min, true) => f64::INFINITY,
                 _ => return Err(node.unsupported("an empty integer reduction")),
             };
-            Tensor::full(dims, value)?
+            Tensor::full(dims, Scalar::F64(value).cast(x.dtype()))?
         }
         Kind::Max => max(&x, &signed, keep)?,
         Kind::Min => min(&x, &signed, keep)?,
@@ -109,12 +111,16 @@ fn max(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
 }
 
 /// Min over `axes` as the max of the order reversed, exactly: -x for f32
-/// (NaN stays NaN), -1 - x (bitwise not) for i32, 255 - x for u8.
+/// (NaN stays NaN), -1 - x (bitwise not) for i32 and i64, 255 - x for u8.
 fn min(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
     match x.dtype() {
-        DType::F32 => x.neg()?.max(axes, keep)?.neg(),
+        DType::F32 | DType::F64 => x.neg()?.max(axes, keep)?.neg(),
         DType::I32 => {
             let flip = |t: &Tensor| Tensor::scalar(-1i32).sub(t);
+            flip(&flip(x)?.max(axes, keep)?)
+        }
+        DType::I64 => {
+            let flip = |t: &Tensor| Tensor::scalar(-1i64).sub(t);
             flip(&flip(x)?.max(axes, keep)?)
         }
         DType::U8 => {
@@ -123,6 +129,31 @@ fn min(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
         }
         DType::Bool => min(&x.cast(DType::U8)?, axes, keep)?.cast(DType::Bool),
     }
+}
+
+/// ArgMax or ArgMin: the index of the first (or with `select_last_index`
+/// the last) largest or smallest element along `axis`, as INT64; NaN
+/// counts as the extreme, as NumPy's.
+fn arg_extreme(node: &Node, smallest: bool) -> Result<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let a = axis(node, node.attr_int("axis", 0)?, x.rank())?;
+    let keep = node.attr_int("keepdims", 1)? != 0;
+    let last = node.attr_int("select_last_index", 0)? != 0;
+    let pick = |t: &Tensor| match smallest {
+        true => t.argmin(a as isize, keep),
+        false => t.argmax(a as isize, keep),
+    };
+    let index = match last {
+        // The first extreme of the axis reversed is the last of the original.
+        true => {
+            let len = x.dims()[a];
+            let reversed: Vec<i32> = (0..len as i32).rev().collect();
+            let flipped = x.index_select(a as isize, &Tensor::from_vec(reversed, [len])?)?;
+            scalar(len as f64 - 1.0, DType::I32).sub(&pick(&flipped)?)?
+        }
+        false => pick(&x)?,
+    };
+    one(index.cast(DType::I64)?)
 }
 
 /// The mean or max over every spatial axis (2 onwards), kept as size 1.

@@ -7,7 +7,6 @@ use kiln_ir::{DType, Scalar, Shape};
 
 use super::{axes, axis, numel, one, ramp, scalar};
 use crate::onnx::graph::{Node, Value};
-use crate::onnx::tensor::Values;
 use crate::{Result, Tensor};
 
 /// The node's outputs, or `None` if the op is not a movement op.
@@ -406,8 +405,8 @@ fn pad(node: &Node) -> Result<Vec<Value>> {
         false => {
             let value = match node.has(2) {
                 false => 0.0,
-                true => match node.known(2).map(|a| &a.values) {
-                    Some(Values::Kiln(d)) if d.len() == 1 => d.get(0).to_f64(),
+                true => match node.known(2).map(|a| &a.data) {
+                    Some(d) if d.len() == 1 => d.get(0).to_f64(),
                     _ => return Err(node.unsupported("a constant_value computed at run time")),
                 },
             };
@@ -438,7 +437,7 @@ fn pad(node: &Node) -> Result<Vec<Value>> {
     }
     if mode == "constant" {
         let v = match y.dtype() {
-            DType::F32 => Scalar::F32(value as f32),
+            dtype @ (DType::F32 | DType::F64 | DType::I64) => Scalar::F64(value).cast(dtype),
             dtype => Scalar::I32(value as i32).cast(dtype),
         };
         return one(y.pad(&grow, v)?);
@@ -477,8 +476,8 @@ fn known_indices(node: &Node, values: &[i64], len: usize) -> Result<Vec<i32>> {
         .collect()
 }
 
-/// Indices as an i32 tensor of `dims`: known ones checked and normalized,
-/// run-time i32 ones with negatives counted from the end.
+/// Indices as a tensor of `dims`: known ones checked and normalized (as
+/// i32), run-time i32 or i64 ones with negatives counted from the end.
 fn indices(node: &Node, i: usize, len: usize) -> Result<Tensor> {
     match node.known(i) {
         Some(a) => {
@@ -489,11 +488,13 @@ fn indices(node: &Node, i: usize, len: usize) -> Result<Tensor> {
         }
         None => {
             let t = node.tensor(i)?;
-            if t.dtype() != DType::I32 {
-                return Err(node.unsupported(format!("indices of {}", t.dtype())));
+            let dtype = t.dtype();
+            if !matches!(dtype, DType::I32 | DType::I64) {
+                return Err(node.unsupported(format!("indices of {dtype}")));
             }
-            let wrapped = t.add(&Tensor::scalar(len as i32))?;
-            t.lt(&Tensor::scalar(0i32))?.where_cond(&wrapped, &t)
+            let int = |v: i64| Tensor::scalar(Scalar::I64(v).cast(dtype));
+            let wrapped = t.add(&int(len as i64))?;
+            t.lt(&int(0))?.where_cond(&wrapped, &t)
         }
     }
 }

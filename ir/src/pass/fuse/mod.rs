@@ -478,6 +478,14 @@ impl<'g> Plan<'g> {
                 if candidates.iter().any(|c| c.1 == Role::Prologue) {
                     return Err("feeds the prologue of a reduction".to_string());
                 }
+                // A product lands in its kernel's output, element by element,
+                // and the epilogue overwrites it in place: only an output of
+                // an f32's size holds it so (a wider one would overwrite
+                // products not yet read, a narrower one not hold them).
+                let out = self.graph.nodes[g.root].ty.dtype;
+                if matches!(node.op, Op::MatMul) && out.size() != DType::F32.size() {
+                    return Err(format!("would write its product into a {out} output"));
+                }
                 if !g.side.is_empty() && self.broadcast_reduction(i, &g.space) {
                     return Err("would be broadcast in a kernel with side outputs".to_string());
                 }

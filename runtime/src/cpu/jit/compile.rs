@@ -17,6 +17,7 @@ use kiln_ir::kernel::{Kernel, KernelKind, Operand};
 use kiln_ir::{DType, TensorType};
 
 use crate::Error;
+use crate::cpu::f64_math;
 use crate::cpu::lower::{self, RowRange};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::{exp_row, gemm, row_ops};
@@ -106,6 +107,11 @@ impl CompiledKernel {
         let isa = isa()?;
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
         jit.symbol("kiln_powf", kiln_powf as *const u8);
+        jit.symbol(f64_math::POW_SYMBOL, f64_math::kiln_powd as *const u8);
+        jit.symbol(
+            f64_math::UNARY_SYMBOL,
+            f64_math::kiln_unary_f64 as *const u8,
+        );
         #[cfg(target_arch = "x86_64")]
         {
             jit.symbol(exp_row::SYMBOL, exp_row::kiln_exp_sum as *const u8);
@@ -128,6 +134,9 @@ impl CompiledKernel {
             Ok::<_, Error>(module.declare_func_in_func(id, &mut ctx.func))
         };
         let powf = import("kiln_powf", &[types::F32, types::F32], Some(types::F32))?;
+        let d = types::F64;
+        let powd = import(f64_math::POW_SYMBOL, &[d, d], Some(d))?;
+        let unary_f64 = import(f64_math::UNARY_SYMBOL, &[d, types::I64], Some(d))?;
         let rows = if row_calls()? {
             let (f, n) = (types::F32, types::I64);
             Some(lower::RowCalls {
@@ -139,7 +148,12 @@ impl CompiledKernel {
             None
         };
         let mut fbc = FunctionBuilderContext::new();
-        let calls = lower::Calls { powf, rows };
+        let calls = lower::Calls {
+            powf,
+            powd,
+            unary_f64,
+            rows,
+        };
         let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, calls, target);
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());

@@ -222,6 +222,8 @@ impl Buffer {
         let (ptr, bytes) = match data {
             DataRef::F32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
             DataRef::I32(v) => (v.as_ptr() as *mut u8, v.len() * 4),
+            DataRef::I64(v) => (v.as_ptr() as *mut u8, v.len() * 8),
+            DataRef::F64(v) => (v.as_ptr() as *mut u8, v.len() * 8),
             DataRef::U8(v) => (v.as_ptr() as *mut u8, v.len()),
             DataRef::Bool(v) => (v.as_ptr() as *mut u8, v.len()),
         };
@@ -233,6 +235,8 @@ impl Buffer {
         let (ptr, bytes) = match data {
             Data::F32(v) => (v.as_mut_ptr() as *mut u8, v.len() * 4),
             Data::I32(v) => (v.as_mut_ptr() as *mut u8, v.len() * 4),
+            Data::I64(v) => (v.as_mut_ptr() as *mut u8, v.len() * 8),
+            Data::F64(v) => (v.as_mut_ptr() as *mut u8, v.len() * 8),
             Data::U8(v) => (v.as_mut_ptr(), v.len()),
             // `bool` is one byte holding 0 or 1, which is all generated code stores.
             Data::Bool(v) => (v.as_mut_ptr() as *mut u8, v.len()),
@@ -240,11 +244,12 @@ impl Buffer {
         Buffer { ptr, bytes }
     }
 
-    /// An arena slot, read or written.
-    pub(crate) fn slot(words: &mut [u32]) -> Buffer {
+    /// An arena slot, read or written: 8-byte words, aligned for every
+    /// element type.
+    pub(crate) fn slot(words: &mut [u64]) -> Buffer {
         Buffer {
             ptr: words.as_mut_ptr() as *mut u8,
-            bytes: words.len() * 4,
+            bytes: words.len() * 8,
         }
     }
 

@@ -248,7 +248,9 @@ impl<'a> Emitter<'a> {
     pub(super) fn scalar_const(&mut self, c: Scalar) -> Value {
         match c {
             Scalar::F32(v) => self.b.ins().f32const(v),
+            Scalar::F64(v) => self.b.ins().f64const(v),
             Scalar::I32(v) => self.b.ins().iconst(types::I32, i64::from(v)),
+            Scalar::I64(v) => self.b.ins().iconst(types::I64, v),
             Scalar::U8(v) => self.b.ins().iconst(types::I8, i64::from(v)),
             Scalar::Bool(v) => self.b.ins().iconst(types::I8, i64::from(v)),
         }

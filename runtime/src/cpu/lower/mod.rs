@@ -87,6 +87,10 @@ const UNROLL: usize = 4;
 pub(crate) struct Calls {
     /// `pow`, as the interpreter computes it.
     pub powf: FuncRef,
+    /// `pow` of f64 (`cpu::f64_math`).
+    pub powd: FuncRef,
+    /// The f64 transcendentals, by `f64_math::Unary` code.
+    pub unary_f64: FuncRef,
     /// The 256-bit row functions, where the CPU runs them.
     pub rows: Option<RowCalls>,
 }
@@ -312,7 +316,9 @@ fn recomputed(prologue: &Block, body: &Block) -> Option<usize> {
 fn clif_type(dtype: DType) -> Type {
     match dtype {
         DType::F32 => types::F32,
+        DType::F64 => types::F64,
         DType::I32 => types::I32,
+        DType::I64 => types::I64,
         DType::U8 | DType::Bool => types::I8,
     }
 }

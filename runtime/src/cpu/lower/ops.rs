@@ -1,13 +1,20 @@
-//! One value of a block from its operands' values, in f32, f32x4 or the
-//! integer types, with the interpreter's semantics: unary and binary ops,
-//! casts, and the combine of a reduction.
+//! One value of a block from its operands' values, in f32, f32x4, f64 or
+//! the integer types, with the interpreter's semantics: unary and binary
+//! ops, casts, and the combine of a reduction.
+//!
+//! The 64-bit types (i64, f64) run one element at a time: x86-64 vectors
+//! are 128 bits, two 64-bit lanes, and correctness comes first. f64's
+//! transcendentals and `pow` are calls of Rust's f64 functions
+//! (`cpu::f64_math`), never `math`'s f32 polynomials.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 
+use super::clif_type;
 use super::emit::Emitter;
+use crate::cpu::f64_math::unary_code;
 use crate::cpu::math::{Math, int_cc};
 
 impl<'a> Emitter<'a> {
@@ -50,17 +57,21 @@ impl<'a> Emitter<'a> {
     }
 
     fn unary(&mut self, op: UnaryOp, dtype: DType, x: Value, lanes: bool) -> Value {
-        if dtype != DType::F32 {
-            // Typing admits neg, abs and relu on i32 only.
-            return match op {
-                UnaryOp::Detach => x,
-                UnaryOp::Neg => self.b.ins().ineg(x),
-                UnaryOp::Abs => self.b.ins().iabs(x),
-                _ => {
-                    let zero = self.b.ins().iconst(types::I32, 0);
-                    self.b.ins().smax(x, zero)
-                }
-            };
+        match dtype {
+            DType::F32 => {}
+            DType::F64 => return self.unary_f64(op, x),
+            // Typing admits neg, abs and relu on i32 and i64 only.
+            DType::I32 | DType::I64 | DType::U8 | DType::Bool => {
+                return match op {
+                    UnaryOp::Detach => x,
+                    UnaryOp::Neg => self.b.ins().ineg(x),
+                    UnaryOp::Abs => self.b.ins().iabs(x),
+                    _ => {
+                        let zero = self.b.ins().iconst(clif_type(dtype), 0);
+                        self.b.ins().smax(x, zero)
+                    }
+                };
+            }
         }
         match op {
             UnaryOp::Detach => x,
@@ -79,11 +90,40 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// One f64 element: the transcendentals by a call, the rest in CLIF,
+    /// whose f64 arithmetic is IEEE's, as the interpreter's.
+    fn unary_f64(&mut self, op: UnaryOp, x: Value) -> Value {
+        if let Some(code) = unary_code(op) {
+            let code = self.b.ins().iconst(types::I64, code);
+            let call = self.b.ins().call(self.calls.unary_f64, &[x, code]);
+            return self.b.inst_results(call)[0];
+        }
+        match op {
+            UnaryOp::Neg => self.b.ins().fneg(x),
+            UnaryOp::Abs => self.b.ins().fabs(x),
+            UnaryOp::Sqrt => self.b.ins().sqrt(x),
+            UnaryOp::Recip => {
+                let one = self.b.ins().f64const(1.0);
+                self.b.ins().fdiv(one, x)
+            }
+            UnaryOp::Relu => {
+                // x where x > 0 or x is NaN, else +0.
+                let zero = self.b.ins().f64const(0.0);
+                let keep = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, zero);
+                self.b.ins().select(keep, x, zero)
+            }
+            // The called ops returned above.
+            UnaryOp::Detach | UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid => x,
+        }
+    }
+
     /// `dtype` is the operands' type.
     fn binary(&mut self, op: BinaryOp, dtype: DType, x: Value, y: Value) -> Value {
         let ins = self.b.ins();
         match dtype {
-            DType::F32 => match op {
+            // Scalar f64 `fmax`/`fmin` (what `maximum` emits for a scalar)
+            // propagate NaN and order -0 below +0, as the interpreter.
+            DType::F32 | DType::F64 => match op {
                 BinaryOp::Add => ins.fadd(x, y),
                 BinaryOp::Sub => ins.fsub(x, y),
                 BinaryOp::Mul => ins.fmul(x, y),
@@ -91,7 +131,12 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Max => self.math_of(x).maximum(x, y),
                 BinaryOp::Min => self.math_of(x).minimum(x, y),
                 BinaryOp::Pow => {
-                    let call = self.b.ins().call(self.calls.powf, &[x, y]);
+                    let pow = if dtype == DType::F64 {
+                        self.calls.powd
+                    } else {
+                        self.calls.powf
+                    };
+                    let call = self.b.ins().call(pow, &[x, y]);
                     self.b.inst_results(call)[0]
                 }
                 BinaryOp::Lt => ins.fcmp(FloatCC::LessThan, x, y),
@@ -101,8 +146,8 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Eq => ins.fcmp(FloatCC::Equal, x, y),
                 BinaryOp::Ne => ins.fcmp(FloatCC::NotEqual, x, y),
             },
-            DType::I32 | DType::U8 | DType::Bool => {
-                let signed = dtype == DType::I32;
+            DType::I32 | DType::I64 | DType::U8 | DType::Bool => {
+                let signed = matches!(dtype, DType::I32 | DType::I64);
                 match op {
                     BinaryOp::Add => ins.iadd(x, y),
                     BinaryOp::Sub => ins.isub(x, y),
@@ -117,7 +162,7 @@ impl<'a> Emitter<'a> {
                     BinaryOp::Ge => ins.icmp(int_cc(false, true, signed), x, y),
                     BinaryOp::Eq => ins.icmp(IntCC::Equal, x, y),
                     BinaryOp::Ne => ins.icmp(IntCC::NotEqual, x, y),
-                    // Typing admits div and pow on f32 only.
+                    // Typing admits div and pow on floats only.
                     BinaryOp::Div | BinaryOp::Pow => x,
                 }
             }
@@ -127,11 +172,14 @@ impl<'a> Emitter<'a> {
     /// `Scalar::cast` semantics: float to int truncates and saturates (NaN
     /// to 0), int to narrower wraps, anything to bool is `!= 0`.
     fn cast(&mut self, x: Value, from: DType, to: DType) -> Value {
+        let ty = clif_type(to);
         let ins = self.b.ins();
         match (from, to) {
             (a, b) if a == b => x,
-            (DType::F32, DType::I32) => ins.fcvt_to_sint_sat(types::I32, x),
-            (DType::F32, DType::U8) => {
+            (DType::F32, DType::F64) => ins.fpromote(ty, x),
+            (DType::F64, DType::F32) => ins.fdemote(ty, x),
+            (DType::F32 | DType::F64, DType::I32 | DType::I64) => ins.fcvt_to_sint_sat(ty, x),
+            (DType::F32 | DType::F64, DType::U8) => {
                 let i = ins.fcvt_to_sint_sat(types::I32, x);
                 let zero = self.b.ins().iconst(types::I32, 0);
                 let max = self.b.ins().iconst(types::I32, 255);
@@ -143,26 +191,34 @@ impl<'a> Emitter<'a> {
                 let zero = ins.f32const(0.0);
                 self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
             }
-            (DType::I32, DType::F32) => ins.fcvt_from_sint(types::F32, x),
-            (DType::U8 | DType::Bool, DType::F32) => {
-                let i = ins.uextend(types::I32, x);
-                self.b.ins().fcvt_from_sint(types::F32, i)
+            (DType::F64, DType::Bool) => {
+                let zero = ins.f64const(0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
             }
-            (DType::I32, DType::U8) => ins.ireduce(types::I8, x),
-            (DType::U8 | DType::Bool, DType::I32) => ins.uextend(types::I32, x),
-            (DType::I32 | DType::U8, DType::Bool) => ins.icmp_imm_s(IntCC::NotEqual, x, 0),
+            (DType::I32 | DType::I64, DType::F32 | DType::F64) => ins.fcvt_from_sint(ty, x),
+            (DType::U8 | DType::Bool, DType::F32 | DType::F64) => {
+                let i = ins.uextend(types::I32, x);
+                self.b.ins().fcvt_from_sint(ty, i)
+            }
+            (DType::I32, DType::I64) => ins.sextend(ty, x),
+            (DType::I64, DType::I32 | DType::U8) | (DType::I32, DType::U8) => ins.ireduce(ty, x),
+            (DType::U8 | DType::Bool, DType::I32 | DType::I64) => ins.uextend(ty, x),
+            (DType::I32 | DType::I64 | DType::U8, DType::Bool) => {
+                ins.icmp_imm_s(IntCC::NotEqual, x, 0)
+            }
             // bool -> u8: the same 0/1 byte.
             (DType::Bool, DType::U8) => x,
+            // Every pair of distinct types is above; equal ones returned first.
             (_, _) => x,
         }
     }
 
     pub(super) fn combine(&mut self, op: ReduceOp, dtype: DType, a: Value, x: Value) -> Value {
         match (op, dtype) {
-            (ReduceOp::Sum, DType::F32) => self.b.ins().fadd(a, x),
+            (ReduceOp::Sum, DType::F32 | DType::F64) => self.b.ins().fadd(a, x),
             (ReduceOp::Sum, _) => self.b.ins().iadd(a, x),
-            (ReduceOp::Max, DType::F32) => self.math_of(a).maximum(a, x),
-            (ReduceOp::Max, DType::I32) => self.b.ins().smax(a, x),
+            (ReduceOp::Max, DType::F32 | DType::F64) => self.math_of(a).maximum(a, x),
+            (ReduceOp::Max, DType::I32 | DType::I64) => self.b.ins().smax(a, x),
             (ReduceOp::Max, _) => self.b.ins().umax(a, x),
         }
     }

@@ -10,7 +10,7 @@
 use kiln_ir::kernel::{Block, Kernel, KernelKind};
 use kiln_ir::{DType, ReduceOp, Shape};
 
-use super::writer::{Element, Writer, ctype, literal, wrap};
+use super::writer::{Element, Writer, ctype, literal, widen, wrap};
 use super::{Grid, Program};
 use crate::Error;
 use crate::nest::{Reduction, placed_axes};
@@ -72,11 +72,15 @@ pub(super) fn reduce_into(
     let t = ctype(dtype);
     let init = literal(op.init(dtype));
     let combine = |w: &mut Writer, a: &str, b: &str| match (op, dtype) {
-        (ReduceOp::Sum, DType::F32) => format!("{a} + {b}"),
-        (ReduceOp::Sum, ty) => wrap(&format!("(long long){a} + (long long){b}"), ty),
+        (ReduceOp::Sum, DType::F32 | DType::F64) => format!("{a} + {b}"),
+        (ReduceOp::Sum, ty) => wrap(&format!("{} + {}", widen(a, ty), widen(b, ty)), ty),
         (ReduceOp::Max, DType::F32) => {
             w.helpers.insert("kiln_max");
             format!("kiln_max({a}, {b})")
+        }
+        (ReduceOp::Max, DType::F64) => {
+            w.helpers.insert("kiln_maxd");
+            format!("kiln_maxd({a}, {b})")
         }
         (ReduceOp::Max, _) => format!("{a} > {b} ? {a} : {b}"),
     };
@@ -128,7 +132,12 @@ pub(super) fn reduce_into(
     w.line(indent + 1, &format!("acc = {combined};"));
     w.line(indent, "}");
     if by_rows {
-        let shuffle = if dtype == DType::F32 { "float" } else { "int" };
+        let shuffle = match dtype {
+            DType::F32 => "float",
+            DType::F64 => "double",
+            DType::I64 => "long long",
+            DType::I32 | DType::U8 | DType::Bool => "int",
+        };
         let down = format!("({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s)");
         let across = combine(w, "acc", &down);
         w.line(indent, &format!("__shared__ {t} partial[32];"));

@@ -18,7 +18,9 @@ use crate::Error;
 pub(super) fn ctype(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "float",
+        DType::F64 => "double",
         DType::I32 => "int",
+        DType::I64 => "long long",
         DType::U8 => "unsigned char",
         DType::Bool => "bool",
     }
@@ -31,13 +33,17 @@ pub(super) fn literal(c: Scalar) -> String {
         Scalar::F32(v) => format!("__int_as_float(0x{:08x})", v.to_bits()),
         Scalar::I32(v) if v == i32::MIN => "(-2147483647 - 1)".to_string(),
         Scalar::I32(v) => v.to_string(),
+        Scalar::F64(v) if v.is_finite() => format!("{v:?}"),
+        Scalar::F64(v) => format!("__longlong_as_double(0x{:016x}LL)", v.to_bits()),
+        Scalar::I64(v) if v == i64::MIN => "(-9223372036854775807LL - 1)".to_string(),
+        Scalar::I64(v) => format!("{v}LL"),
         Scalar::U8(v) => format!("(unsigned char){v}"),
         Scalar::Bool(v) => v.to_string(),
     }
 }
 
 /// Helper functions, emitted before the kernel when used.
-const HELPERS: [(&str, &str); 4] = [
+const HELPERS: [(&str, &str); 9] = [
     (
         "kiln_max",
         "// IEEE maximum: NaN if either is, +0 above -0.
@@ -65,6 +71,43 @@ __device__ __forceinline__ int kiln_f2i(float x) {
         "kiln_f2u8",
         "__device__ __forceinline__ unsigned char kiln_f2u8(float x) {
   return x != x ? 0 : x >= 255.0f ? 255 : x <= 0.0f ? 0 : (unsigned char)x;
+}
+",
+    ),
+    (
+        "kiln_maxd",
+        "// IEEE maximum of doubles: NaN if either is, +0 above -0.
+__device__ __forceinline__ double kiln_maxd(double a, double b) {
+  if (a != a || b != b) return __longlong_as_double(0x7ff8000000000000LL);
+  if (a == b) return __double_as_longlong(a) < 0 ? b : a;
+  return a > b ? a : b;
+}
+",
+    ),
+    (
+        "kiln_mind",
+        "__device__ __forceinline__ double kiln_mind(double a, double b) { return -kiln_maxd(-a, -b); }
+",
+    ),
+    (
+        "kiln_d2i",
+        "// Saturating, NaN to 0, as Rust's `as` (floats widen to double exactly).
+__device__ __forceinline__ int kiln_d2i(double x) {
+  return x != x ? 0 : x >= 2147483647.0 ? 2147483647 : x <= -2147483648.0 ? (-2147483647 - 1) : (int)x;
+}
+",
+    ),
+    (
+        "kiln_d2l",
+        "__device__ __forceinline__ long long kiln_d2l(double x) {
+  return x != x ? 0 : x >= 9223372036854775808.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x;
+}
+",
+    ),
+    (
+        "kiln_d2u8",
+        "__device__ __forceinline__ unsigned char kiln_d2u8(double x) {
+  return x != x ? 0 : x >= 255.0 ? 255 : x <= 0.0 ? 0 : (unsigned char)x;
 }
 ",
     ),
@@ -304,7 +347,21 @@ impl Writer {
                 UnaryOp::Abs => format!("fabsf({x})"),
             });
         }
-        let wide = format!("(long long){x}");
+        if ty == DType::F64 {
+            return Ok(match op {
+                UnaryOp::Detach => x.to_string(),
+                UnaryOp::Neg => format!("-{x}"),
+                UnaryOp::Exp => format!("exp({x})"),
+                UnaryOp::Log => format!("log({x})"),
+                UnaryOp::Sqrt => format!("sqrt({x})"),
+                UnaryOp::Recip => format!("1.0 / {x}"),
+                UnaryOp::Relu => format!("({x} > 0.0 || {x} != {x}) ? {x} : 0.0"),
+                UnaryOp::Sigmoid => format!("1.0 / (1.0 + exp(-{x}))"),
+                UnaryOp::Tanh => format!("tanh({x})"),
+                UnaryOp::Abs => format!("fabs({x})"),
+            });
+        }
+        let wide = widen(x, ty);
         Ok(match op {
             UnaryOp::Detach => x.to_string(),
             UnaryOp::Neg => wrap(&format!("-{wide}"), ty),
@@ -349,7 +406,25 @@ impl Writer {
                 _ => return Err(Error::Codegen(format!("{} is not arithmetic", op.name()))),
             });
         }
-        let wide = |sign: &str| wrap(&format!("(long long){x} {sign} (long long){y}"), ty);
+        if ty == DType::F64 {
+            return Ok(match op {
+                BinaryOp::Add => infix("+"),
+                BinaryOp::Sub => infix("-"),
+                BinaryOp::Mul => infix("*"),
+                BinaryOp::Div => infix("/"),
+                BinaryOp::Max => {
+                    self.helpers.insert("kiln_maxd");
+                    format!("kiln_maxd({x}, {y})")
+                }
+                BinaryOp::Min => {
+                    self.helpers.extend(["kiln_maxd", "kiln_mind"]);
+                    format!("kiln_mind({x}, {y})")
+                }
+                BinaryOp::Pow => format!("pow({x}, {y})"),
+                _ => return Err(Error::Codegen(format!("{} is not arithmetic", op.name()))),
+            });
+        }
+        let wide = |sign: &str| wrap(&format!("{} {sign} {}", widen(x, ty), widen(y, ty)), ty);
         Ok(match op {
             BinaryOp::Add => wide("+"),
             BinaryOp::Sub => wide("-"),
@@ -377,8 +452,34 @@ impl Writer {
                 self.helpers.insert("kiln_f2u8");
                 format!("kiln_f2u8({x})")
             }
+            (DType::F64, DType::I32) => {
+                self.helpers.insert("kiln_d2i");
+                format!("kiln_d2i({x})")
+            }
+            (DType::F32 | DType::F64, DType::I64) => {
+                self.helpers.insert("kiln_d2l");
+                format!("kiln_d2l((double){x})")
+            }
+            (DType::F64, DType::U8) => {
+                self.helpers.insert("kiln_d2u8");
+                format!("kiln_d2u8({x})")
+            }
+            // Narrower integers wrap, through the unsigned type C defines it for.
+            (DType::I64, DType::I32) => format!("(int)(unsigned int){x}"),
             (_, to) => format!("({}){x}", ctype(to)),
         }
+    }
+}
+
+/// An integer operand widened for arithmetic that `wrap` brings back: to
+/// `long long` (exact for the 32-bit and narrower types), or for i64 to
+/// `unsigned long long`, whose arithmetic wraps where signed overflow would
+/// be undefined.
+pub(super) fn widen(x: &str, ty: DType) -> String {
+    if ty == DType::I64 {
+        format!("(unsigned long long){x}")
+    } else {
+        format!("(long long){x}")
     }
 }
 
@@ -386,6 +487,7 @@ impl Writer {
 pub(super) fn wrap(wide: &str, ty: DType) -> String {
     match ty {
         DType::I32 => format!("(int)(unsigned int)({wide})"),
+        DType::I64 => format!("(long long)({wide})"),
         DType::U8 => format!("(unsigned char)({wide})"),
         _ => format!("({wide}) != 0"),
     }

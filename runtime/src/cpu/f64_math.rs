@@ -1,0 +1,68 @@
+//! The f64 functions generated code calls, one element per call: CLIF has
+//! no exp, log or tanh, and `math`'s polynomials are accurate to f32 only,
+//! so f64 values go through Rust's own functions, computed as the
+//! interpreter computes them.
+
+use kiln_ir::UnaryOp;
+
+/// The name generated code calls `kiln_unary_f64` by.
+pub(crate) const UNARY_SYMBOL: &str = "kiln_unary_f64";
+
+/// The name generated code calls `kiln_powd` by.
+pub(crate) const POW_SYMBOL: &str = "kiln_powd";
+
+/// The code of `op` that `kiln_unary_f64` takes, for the unary ops that
+/// need a call; `None` for the others, which CLIF computes exactly.
+pub(crate) fn unary_code(op: UnaryOp) -> Option<i64> {
+    match op {
+        UnaryOp::Exp => Some(0),
+        UnaryOp::Log => Some(1),
+        UnaryOp::Tanh => Some(2),
+        UnaryOp::Sigmoid => Some(3),
+        UnaryOp::Neg
+        | UnaryOp::Sqrt
+        | UnaryOp::Recip
+        | UnaryOp::Relu
+        | UnaryOp::Abs
+        | UnaryOp::Detach => None,
+    }
+}
+
+/// The transcendental of code `op` (`unary_code`) at `x`; NaN for a code
+/// that names none.
+pub(crate) extern "C" fn kiln_unary_f64(x: f64, op: i64) -> f64 {
+    match op {
+        0 => x.exp(),
+        1 => x.ln(),
+        2 => x.tanh(),
+        3 => 1.0 / (1.0 + (-x).exp()),
+        _ => f64::NAN,
+    }
+}
+
+/// `x^y` in f64.
+pub(crate) extern "C" fn kiln_powd(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_its_op() {
+        let x = 0.75f64;
+        let cases = [
+            (UnaryOp::Exp, x.exp()),
+            (UnaryOp::Log, x.ln()),
+            (UnaryOp::Tanh, x.tanh()),
+            (UnaryOp::Sigmoid, 1.0 / (1.0 + (-x).exp())),
+        ];
+        for (op, want) in cases {
+            let code = unary_code(op).expect("a called op");
+            assert_eq!(kiln_unary_f64(x, code), want, "{op:?}");
+        }
+        assert!(kiln_unary_f64(x, 99).is_nan());
+        assert_eq!(kiln_powd(2.0, 10.0), 1024.0);
+    }
+}
