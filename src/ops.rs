@@ -104,7 +104,7 @@ impl Tensor {
         self.binary(BinaryOp::Mul, rhs)
     }
 
-    /// a / b, broadcasting (f32).
+    /// a / b, broadcasting (f32 or f64).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Div, rhs)
     }
@@ -119,7 +119,7 @@ impl Tensor {
         self.binary(BinaryOp::Min, rhs)
     }
 
-    /// a^b, broadcasting (f32).
+    /// a^b, broadcasting (f32 or f64).
     pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Pow, rhs)
     }
@@ -326,7 +326,7 @@ impl Tensor {
             .map(|&a| Ok(self.dims()[normalize_axis("mean", a, self.rank())?]))
             .product::<Result<usize>>()?;
         match self.dtype() {
-            DType::F64 => sum.mul(&Tensor::scalar(1.0 / count as f64)),
+            DType::F64 => sum.mul(&Tensor::scalar(Scalar::F64(1.0 / count as f64))),
             _ => sum.mul(&Tensor::scalar(1.0 / count as f32)),
         }
     }

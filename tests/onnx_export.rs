@@ -19,7 +19,7 @@ use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
 use kiln::nn::Mlp;
 use kiln::onnx::{Feed, Model, OnnxError};
 use kiln::optim::{AdamW, Optimizer};
-use kiln::{DType, Device, Error, Options, Result, Tensor, TensorType};
+use kiln::{DType, Device, Error, Options, Result, Scalar, Tensor, TensorType};
 
 /// Images per training step and per exported batch.
 const BATCH: usize = 250;
@@ -416,12 +416,12 @@ fn where_cast_and_constants_round_trip() -> Result<()> {
     ];
     round_trip("Wide", "Constant", &wide, &|t| {
         let big = (&t[0] * Tensor::scalar(3_000_000_000i64))?;
-        let x = t[1].mul(&Tensor::scalar(0.1f64))?.exp()?;
+        let x = t[1].mul(&Tensor::scalar(Scalar::F64(0.1)))?.exp()?;
         Ok(vec![
             big,
             x,
             Tensor::scalar(-7i64),
-            Tensor::scalar(1e300f64),
+            Tensor::scalar(Scalar::F64(1e300)),
         ])
     })?;
     Ok(())

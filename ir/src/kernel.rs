@@ -364,6 +364,15 @@ impl Kernel {
                         product.shape, self.out.shape
                     ));
                 }
+                // The product lands in the output and the body overwrites it
+                // element by element: a wider element would overwrite
+                // products not yet read, a narrower one not hold them.
+                if self.out.dtype.size() != DType::F32.size() {
+                    return Err(format!(
+                        "matmul writes its f32 product into a {} output",
+                        self.out.dtype
+                    ));
+                }
                 Some(DType::F32)
             }
         };

@@ -368,6 +368,9 @@ impl fmt::Display for Scalar {
     }
 }
 
+// No `From<f64>`: an unsuffixed float literal would then default to f64 and
+// `Tensor::scalar(0.5)` beside f32 tensors be a type error; an f64 scalar
+// is written `Scalar::F64(..)`.
 impl From<f32> for Scalar {
     fn from(v: f32) -> Scalar {
         Scalar::F32(v)
@@ -383,12 +386,6 @@ impl From<i32> for Scalar {
 impl From<i64> for Scalar {
     fn from(v: i64) -> Scalar {
         Scalar::I64(v)
-    }
-}
-
-impl From<f64> for Scalar {
-    fn from(v: f64) -> Scalar {
-        Scalar::F64(v)
     }
 }
 

@@ -89,7 +89,7 @@ pub(crate) struct Calls {
     pub powf: FuncRef,
     /// `pow` of f64 (`cpu::f64_math`).
     pub powd: FuncRef,
-    /// The f64 transcendentals, by `f64_math::Unary` code.
+    /// The f64 transcendentals, by `f64_math::unary_code`.
     pub unary_f64: FuncRef,
     /// The 256-bit row functions, where the CPU runs them.
     pub rows: Option<RowCalls>,

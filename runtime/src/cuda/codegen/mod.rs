@@ -15,11 +15,13 @@
 //! `plan` asks for. Which axes a kernel steps along and a reduction's rows
 //! come from `crate::nest`, as the CPU backend's loops do.
 //!
-//! Values follow the interpreter's semantics: IEEE f32 arithmetic with no
-//! contraction into FMA (compiled with `--fmad=false`), NaN-propagating
-//! max/min with +0 above -0, saturating float-to-integer casts, wrapping
-//! integer arithmetic. exp, log and tanh are CUDA's (at most 2 ulp), pow is
-//! computed in double.
+//! Values follow the interpreter's semantics: IEEE f32 and f64 arithmetic
+//! with no contraction into FMA (compiled with `--fmad=false`),
+//! NaN-propagating max/min with +0 above -0, saturating float-to-integer
+//! casts, wrapping integer arithmetic (i64 through `unsigned long long`, so
+//! that overflow is defined). exp, log and tanh are CUDA's (at most 2 ulp
+//! in f32, 1-2 in f64, where the CPU calls Rust's), f32's pow is computed
+//! in double.
 
 mod elementwise;
 mod reduce;
