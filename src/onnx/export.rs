@@ -362,6 +362,7 @@ impl Builder<'_> {
                 let op = match op {
                     ReduceOp::Sum => "ReduceSum",
                     ReduceOp::Max => "ReduceMax",
+                    ReduceOp::Prod => "ReduceProd",
                 };
                 // `keepdims` is 1 by default, as kiln keeps reduced axes.
                 self.push(op, vec![args[0].clone(), axes], out);
