@@ -306,6 +306,16 @@ mod nvrtc {
                 "no kernel computes in {c_type}"
             );
         }
+        // Products: of floats as they are, of integers widened and wrapped.
+        for product in [
+            "acc = acc * ",
+            "acc = (int)(unsigned int)((long long)acc * ",
+        ] {
+            assert!(
+                sources.iter().any(|s| s.contains(product)),
+                "no kernel multiplies as `{product}`"
+            );
+        }
         let sources: Vec<String> = sources.into_iter().collect();
         // Two threads, each compiling half for both architectures.
         let failures: Vec<String> = std::thread::scope(|s| {
