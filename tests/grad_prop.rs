@@ -17,10 +17,8 @@
 //!   products and matmuls included), whose gradients carry the CPU's
 //!   polynomial approximations through the forward and the backward pass.
 //!
-//! Both draw sliding windows (`unfold`), whose gradient scatters back and
-//! adds where windows overlap.
-//!
-//! Both within `|a - b| <= 1e-3 * max(|a|, |b|) + 1e-4 * m`, where `m` is
+//! Both kinds of graph draw sliding windows (`unfold`), whose gradient
+//! scatters back and adds where windows overlap. Both are compared within `|a - b| <= 1e-3 * max(|a|, |b|) + 1e-4 * m`, where `m` is
 //! the largest finite magnitude in that gradient (at least 1): a gradient
 //! element is a sum of terms as large as the gradient's others, and f32
 //! rounding is relative to the terms, not to their sum. NaNs and
