@@ -495,3 +495,32 @@ proptest! {
         matmul_case(seed)?;
     }
 }
+
+/// Products over rows that hold no zero, one, and two, by rows, by columns
+/// (one zero each but the last) and over everything (three zeros); alone
+/// or broadcast back against their operand (`x - prod(x)`).
+#[test]
+fn products_over_rows_with_no_one_and_two_zeros_match_differences() -> Result<(), TestCaseError> {
+    let x = [
+        1.2, -0.9, 1.1, 0.8, //
+        1.3, 0.0, -1.1, 0.9, //
+        0.0, 1.2, 0.0, -0.85,
+    ];
+    for axes in [&[1][..], &[0], &[0, 1]] {
+        for back in [false, true] {
+            let mut c = Case::new(axes.len() as u64);
+            let id = c.input(&[3, 4], |_| 0.0);
+            c.data[0] = x.to_vec();
+            let op = Op::Reduce {
+                op: ReduceOp::Prod,
+                axes: SmallVec::from_slice(axes),
+            };
+            let mut y = c.push(op, &[id]);
+            if back {
+                y = c.binary(BinaryOp::Sub, id, y);
+            }
+            c.check(y)?;
+        }
+    }
+    Ok(())
+}
