@@ -295,10 +295,10 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
 /// `x` (f32) cast to `wide` (i64 or f64), combined with a constant of that
 /// type (beyond i32's range for i64) by an op `mode` allows, maybe reduced
 /// over random axes (by max, or for i64 by a wrapping product), and cast
-/// back to f32. The 64-bit value is kept
-/// in `nodes`, so that later steps may read, view, reduce or output it.
-/// Every op is exact on both sides (f64 arithmetic is IEEE's, i64's
-/// wraps), so `Mode::Exact` stays bit for bit.
+/// back to f32. The 64-bit value is kept in `nodes`, so that later steps
+/// may read, view, reduce or output it. Every op is exact on both sides
+/// (f64 arithmetic is IEEE's, i64's wraps), so `Mode::Exact` stays bit for
+/// bit.
 fn wide(
     c: &mut Choices,
     g: &mut Graph,
