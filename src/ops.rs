@@ -308,6 +308,11 @@ impl Tensor {
         self.reduce(ReduceOp::Max, axes, keepdim)
     }
 
+    /// Product over `axes`; 1 over an empty axis; integers wrap, as `mul` does.
+    pub fn prod(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Prod, axes, keepdim)
+    }
+
     /// Mean over `axes` (f32 or f64): the sum times 1/n. NaN over an empty
     /// axis, as in NumPy.
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {

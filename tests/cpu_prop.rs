@@ -3,10 +3,11 @@
 //! half of them with every output written over an input of its type where
 //! `pass::donate` allows it.
 //!
-//! Graphs of ops the CPU computes exactly must agree bit for bit (NaNs
-//! counted equal). Graphs of continuous ops (transcendentals, sums and
-//! matmuls included) must agree within a tolerance that covers f32
-//! accumulation and the polynomial approximations through a few ops.
+//! Graphs of ops the CPU computes exactly (sliding windows and i64
+//! products included) must agree bit for bit (NaNs counted equal). Graphs
+//! of continuous ops (transcendentals, sums, products and matmuls
+//! included) must agree within a tolerance that covers f32 accumulation
+//! and the polynomial approximations through a few ops.
 
 use kiln_ir::pass::{Options, donate, optimize};
 use kiln_ir::{Data, DataRef, interp};

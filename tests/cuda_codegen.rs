@@ -311,6 +311,16 @@ mod nvrtc {
                 "no kernel reads a {buffer} buffer"
             );
         }
+        // Products: of floats as they are, of integers widened and wrapped.
+        for product in [
+            "acc = acc * ",
+            "acc = (int)(unsigned int)((long long)acc * ",
+        ] {
+            assert!(
+                sources.iter().any(|s| s.contains(product)),
+                "no kernel multiplies as `{product}`"
+            );
+        }
         let sources: Vec<String> = sources.into_iter().collect();
         // Two threads, each compiling half for both architectures.
         let failures: Vec<String> = std::thread::scope(|s| {
@@ -347,8 +357,8 @@ mod nvrtc {
         Ok(())
     }
 
-    /// Graphs of every op kiln types for i64 and f64, and of casts between
-    /// every pair of dtypes.
+    /// Graphs of every op kiln types for i64 and f64, of products of f32,
+    /// i32 and u8, and of casts between every pair of dtypes.
     fn wide_graphs() -> kiln::Result<Vec<kiln_ir::Graph>> {
         use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
         let dtypes = [
@@ -400,7 +410,7 @@ mod nvrtc {
             }
             let less = g.push(Op::Binary(BinaryOp::Lt), &[x, y])?;
             outputs.push(g.push(Op::Where, &[less, x, y])?);
-            for op in [ReduceOp::Sum, ReduceOp::Max] {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Prod] {
                 for axes in [[0], [1]] {
                     let r = g.push(
                         Op::Reduce {
@@ -413,6 +423,20 @@ mod nvrtc {
                 }
             }
             g.outputs = outputs;
+            graphs.push(g);
+        }
+        // Products of the narrower number types: u8 and i32 wrap through `long long`.
+        for dtype in [DType::F32, DType::I32, DType::U8] {
+            let mut g = Graph::new("products");
+            let x = g.input(TensorType::new(dtype, [5, 7]));
+            for axes in [&[0][..], &[1], &[0, 1]] {
+                let op = Op::Reduce {
+                    op: ReduceOp::Prod,
+                    axes: axes.iter().copied().collect(),
+                };
+                let p = g.push(op, &[x])?;
+                g.outputs.push(p);
+            }
             graphs.push(g);
         }
         for from in dtypes {

@@ -13,11 +13,12 @@
 //! - graphs of ops the CPU computes exactly (`Mode::Exact`): the forward
 //!   values agree bit for bit, so every mask agrees, and the gradients
 //!   differ only by the f32 accumulation of the backward pass's sums;
-//! - graphs of continuous ops (`Mode::Continuous`: transcendentals, sums
-//!   and matmuls included), whose gradients carry the CPU's polynomial
-//!   approximations through the forward and the backward pass.
+//! - graphs of continuous ops (`Mode::Continuous`: transcendentals, sums,
+//!   products and matmuls included), whose gradients carry the CPU's
+//!   polynomial approximations through the forward and the backward pass.
 //!
-//! Both within `|a - b| <= 1e-3 * max(|a|, |b|) + 1e-4 * m`, where `m` is
+//! Both kinds of graph draw sliding windows (`unfold`), whose gradient
+//! scatters back and adds where windows overlap. Both are compared within `|a - b| <= 1e-3 * max(|a|, |b|) + 1e-4 * m`, where `m` is
 //! the largest finite magnitude in that gradient (at least 1): a gradient
 //! element is a sum of terms as large as the gradient's others, and f32
 //! rounding is relative to the terms, not to their sum. NaNs and

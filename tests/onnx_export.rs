@@ -492,6 +492,18 @@ fn reductions_and_matmuls_round_trip() -> Result<()> {
     round_trip("ReduceMax", "ReduceMax", std::slice::from_ref(&b), &|t| {
         Ok(vec![t[0].max(&[0], false)?])
     })?;
+    round_trip("ReduceProd", "ReduceProd", one, &|t| {
+        Ok(vec![t[0].prod(&[1, 2], true)?, t[0].prod(&[0], false)?])
+    })?;
+    // Products of four i32 values of about 40 stay in range, where ONNX
+    // readers need not wrap.
+    let small = i32s(&[3, 4], 36)?;
+    round_trip(
+        "ReduceProd",
+        "ReduceProd",
+        std::slice::from_ref(&small),
+        &|t| Ok(vec![t[0].prod(&[-1], false)?]),
+    )?;
     let pairs = [
         [f32s(&[2, 3, 5], 26)?, f32s(&[2, 5, 7], 27)?],
         [f32s(&[7, 13], 28)?, f32s(&[13, 1], 29)?],
@@ -522,6 +534,23 @@ fn composites_and_captured_tensors_round_trip() -> Result<()> {
         Ok(vec![t[0].clone(), y.clone(), y])
     })?;
     Ok(())
+}
+
+#[test]
+fn a_u8_product_is_refused_as_onnx_types_none() {
+    let spec = TensorType::new(DType::U8, [4, 3]);
+    let f = |x: &[Tensor]| Ok(vec![x[0].prod(&[1], false)?]);
+    match kiln::onnx::export("u8 prod", std::slice::from_ref(&spec), f) {
+        Err(Error::Onnx(e @ OnnxError::Export { .. })) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("(prod)") && message.contains("UINT8"),
+                "{message}"
+            );
+        }
+        Err(other) => panic!("expected an export error, got {other}"),
+        Ok(_) => panic!("a u8 product exported"),
+    }
 }
 
 #[test]

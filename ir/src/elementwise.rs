@@ -80,6 +80,8 @@ pub enum ReduceOp {
     Sum,
     /// Largest element, NaN propagates; an empty axis is an error.
     Max,
+    /// Product; 1 over an empty axis. Integers wrap, as `mul` does.
+    Prod,
 }
 
 impl UnaryOp {
@@ -204,23 +206,25 @@ impl ReduceOp {
         match self {
             ReduceOp::Sum => "sum",
             ReduceOp::Max => "max",
+            ReduceOp::Prod => "prod",
         }
     }
 
-    /// Sums need an accumulating type (cast u8 and bool first); max takes any
-    /// number type.
+    /// Sums need an accumulating type (cast u8 and bool first); max and
+    /// product take any number type (a u8 product wraps, as `mul` of u8).
     fn accepts(self, dtype: DType) -> Result<(), &'static str> {
         match self {
             ReduceOp::Sum => accept(dtype, SIGNED, "a signed number type"),
-            ReduceOp::Max => accept(dtype, NUMBERS, "a number type"),
+            ReduceOp::Max | ReduceOp::Prod => accept(dtype, NUMBERS, "a number type"),
         }
     }
 
     /// The value a reduction starts from: 0 for sums, the lowest value of the
-    /// type for max (-inf for floats).
+    /// type for max (-inf for floats), 1 for products.
     pub fn init(self, dtype: DType) -> Scalar {
         match (self, dtype) {
             (ReduceOp::Sum, dtype) => Scalar::I32(0).cast(dtype),
+            (ReduceOp::Prod, dtype) => Scalar::I32(1).cast(dtype),
             (ReduceOp::Max, DType::F32) => Scalar::F32(f32::NEG_INFINITY),
             (ReduceOp::Max, DType::F64) => Scalar::F64(f64::NEG_INFINITY),
             (ReduceOp::Max, DType::I32) => Scalar::I32(i32::MIN),

@@ -42,7 +42,9 @@
 //!   then a pad puts the block in place);
 //! - reductions: `sum`: `dy` expanded back over the reduced axes; `max`:
 //!   `dy` to the elements equal to the maximum, split evenly among ties
-//!   (`dy / count`), as JAX; none in a row whose maximum is NaN;
+//!   (`dy / count`), as JAX; none in a row whose maximum is NaN; `prod`:
+//!   `dy` times the product of the row's other elements, exactly where
+//!   the row holds zeros (see `reduce::prod_rule`);
 //! - `matmul` (batched too): `dy @ b^T` and `a^T @ dy`, transposing the
 //!   last two axes; broadcast batch axes are `expand` nodes in the IR, so
 //!   their sums come from `expand`'s rule.
@@ -71,6 +73,8 @@ use crate::op::Op;
 use crate::types::{DType, Scalar, Shape};
 use crate::verify::{verify, verify_graph_ops};
 use crate::view::SliceRange;
+
+mod reduce;
 
 /// Appends to `graph` the nodes that compute the gradient of `loss` with
 /// respect to each node of `wrt`, and returns them in order (of the shapes of
@@ -246,7 +250,11 @@ fn rule(
         Op::Reduce {
             op: ReduceOp::Max,
             axes,
-        } => smallvec![Some(max_rule(g, axes, x(0), y, dy)?)],
+        } => smallvec![Some(reduce::max_rule(g, axes, x(0), y, dy)?)],
+        Op::Reduce {
+            op: ReduceOp::Prod,
+            axes,
+        } => smallvec![Some(reduce::prod_rule(g, axes, x(0), dy)?)],
         Op::MatMul => {
             let da = want[0]
                 .then(|| {
@@ -400,33 +408,6 @@ fn binary_rule(
             Ok(smallvec![None, None])
         }
     }
-}
-
-/// The gradient of `y = max(x)` over `axes`: `dy` shared evenly among the
-/// elements equal to the maximum.
-fn max_rule(
-    g: &mut Graph,
-    axes: &[usize],
-    x: NodeId,
-    y: NodeId,
-    dy: NodeId,
-) -> Result<NodeId, Error> {
-    let from = g.node(x).ty.shape.clone();
-    let ye = push(g, Op::Expand(from.clone()), &[y])?;
-    let hit = binary(g, BinaryOp::Eq, x, ye)?;
-    let ones = cast_like(g, hit, x)?;
-    let count = push(
-        g,
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: SmallVec::from_slice(axes),
-        },
-        &[ones],
-    )?;
-    let share = binary(g, BinaryOp::Div, dy, count)?;
-    let share = push(g, Op::Expand(from), &[share])?;
-    let zero = like(g, 0.0, x)?;
-    push(g, Op::Where, &[hit, share, zero])
 }
 
 /// `dy` summed over the axes that `expand` broadcast to reach its shape from

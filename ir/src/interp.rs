@@ -339,7 +339,9 @@ fn compare(op: BinaryOp, x: f64, y: f64) -> bool {
 }
 
 /// Accumulates every input element into the output element it reduces to, in
-/// f64 for floats and i64 for integers, then rounds or wraps once.
+/// f64 for floats and i64 for integers, then rounds or wraps once (an i64
+/// product wraps modulo 2^64, so narrower integers come out as their own
+/// wrapping products).
 fn reduce(
     op: ReduceOp,
     axes: &[usize],
@@ -360,6 +362,7 @@ fn reduce(
         let init = match op {
             ReduceOp::Sum => 0.0,
             ReduceOp::Max => f64::NEG_INFINITY,
+            ReduceOp::Prod => 1.0,
         };
         let mut acc = try_vec(out.numel(), init)?;
         for i in 0..from.numel() {
@@ -367,6 +370,7 @@ fn reduce(
             acc[t] = match op {
                 ReduceOp::Sum => acc[t] + v,
                 ReduceOp::Max => maximum(acc[t], v),
+                ReduceOp::Prod => acc[t] * v,
             };
         }
         Data::from_fn(dtype, out.numel(), |i| cast_f64(acc[i], dtype))
@@ -374,6 +378,7 @@ fn reduce(
         let init = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Max => i64::MIN,
+            ReduceOp::Prod => 1,
         };
         let mut acc = try_vec(out.numel(), init)?;
         for i in 0..from.numel() {
@@ -385,6 +390,7 @@ fn reduce(
             acc[t] = match op {
                 ReduceOp::Sum => acc[t].wrapping_add(v),
                 ReduceOp::Max => acc[t].max(v),
+                ReduceOp::Prod => acc[t].wrapping_mul(v),
             };
         }
         Data::from_fn(dtype, out.numel(), |i| cast_int(acc[i], dtype))

@@ -3,7 +3,8 @@
 //! random awkward shapes (1s, 0s, odd sizes), broadcasting on both sides of
 //! every binary op, chains of views with strides and padding, batched and
 //! broadcast matmuls, values read by several ops (their gradients add up),
-//! and ties of max and min, where a central difference sees the even split.
+//! ties of max and min, where a central difference sees the even split,
+//! and products over rows holding no zero, one or several.
 //! Every gradient graph also goes through the optimizer, fused and unfused,
 //! and must give the same bits there.
 //!
@@ -385,10 +386,10 @@ fn unfold_case(seed: u64) -> Result<(), TestCaseError> {
 
 fn reduce_case(seed: u64) -> Result<(), TestCaseError> {
     let mut c = Case::new(seed);
-    let op = [ReduceOp::Sum, ReduceOp::Max][c.rng.below(2)];
+    let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Prod][c.rng.below(3)];
     let rank = 1 + c.rng.below(3);
     let dims = match op {
-        ReduceOp::Sum => c.dims(rank, true),
+        ReduceOp::Sum | ReduceOp::Prod => c.dims(rank, true),
         ReduceOp::Max => (0..rank).map(|_| [1, 2, 3, 5][c.rng.below(4)]).collect(),
     };
     // Max sees distinct values 0.1 apart, more than a difference's step
@@ -402,6 +403,14 @@ fn reduce_case(seed: u64) -> Result<(), TestCaseError> {
     let x = c.input(&dims, |rng| match op {
         ReduceOp::Sum => rng.uniform(-2.0, 2.0),
         ReduceOp::Max => (next.next().unwrap_or(0) as f32 - n as f32 / 2.0) * 0.1,
+        // Products of up to 343 factors near 1 stay normal f32 values. One
+        // element in five is 0, so that rows hold no zero, one or several:
+        // a product is linear in each element, so a central difference sees
+        // the exact slope at a zero too.
+        ReduceOp::Prod => match rng.below(5) {
+            0 => 0.0,
+            _ => rng.signed(0.8, 1.25),
+        },
     });
     let axes: SmallVec<[usize; 4]> = (0..rank).filter(|_| c.rng.below(2) == 0).collect();
     let axes = if axes.is_empty() {
@@ -485,4 +494,33 @@ proptest! {
     fn matmul_rules_match_differences(seed in any::<u64>()) {
         matmul_case(seed)?;
     }
+}
+
+/// Products over rows that hold no zero, one, and two, by rows, by columns
+/// (one zero each but the last) and over everything (three zeros); alone
+/// or broadcast back against their operand (`x - prod(x)`).
+#[test]
+fn products_over_rows_with_no_one_and_two_zeros_match_differences() -> Result<(), TestCaseError> {
+    let x = [
+        1.2, -0.9, 1.1, 0.8, //
+        1.3, 0.0, -1.1, 0.9, //
+        0.0, 1.2, 0.0, -0.85,
+    ];
+    for axes in [&[1][..], &[0], &[0, 1]] {
+        for back in [false, true] {
+            let mut c = Case::new(axes.len() as u64);
+            let id = c.input(&[3, 4], |_| 0.0);
+            c.data[0] = x.to_vec();
+            let op = Op::Reduce {
+                op: ReduceOp::Prod,
+                axes: SmallVec::from_slice(axes),
+            };
+            let mut y = c.push(op, &[id]);
+            if back {
+                y = c.binary(BinaryOp::Sub, id, y);
+            }
+            c.check(y)?;
+        }
+    }
+    Ok(())
 }

@@ -1,5 +1,5 @@
 //! Gradient rules by value where finite differences cannot see them (ties
-//! of three, relu and abs at 0, NaN rows), zeros for values the loss does
+//! of three, relu and abs at 0, NaN rows, products over zeros), zeros for values the loss does
 //! not read, the errors of `grad`, and the printed backward pass of a layer.
 
 use kiln_ir::pass::{Options, optimize};
@@ -89,6 +89,47 @@ fn max_reductions_split_ties_evenly_and_skip_nan_rows() {
         grads[0],
         [0.0, third, third, third, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     );
+}
+
+#[test]
+fn products_give_each_element_the_product_of_the_others_with_zeros_exact() {
+    // Rows with no zero, one zero (-0 counts), two zeros; then the columns.
+    let x = [2.0, 3.0, 4.0, 5.0, 2.0, -0.0, 4.0, 5.0, 0.0, 3.0, 0.0, 5.0];
+    let prod = |g: &mut Graph, x: NodeId, axes: &[usize]| {
+        let axes = SmallVec::from_slice(axes);
+        op(
+            g,
+            Op::Reduce {
+                op: ReduceOp::Prod,
+                axes,
+            },
+            &[x],
+        )
+    };
+    let grads = gradients_of_sum(&[(&[3, 4], &x)], |g, ids| prod(g, ids[0], &[1]));
+    assert_eq!(
+        grads[0],
+        [
+            60.0, 40.0, 30.0, 24.0, 0.0, 40.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        ]
+    );
+    // Over axis 0, each column's product broadcast back against x: column
+    // 0 holds one zero, column 1 one (-0), column 2 one, column 3 none.
+    let grads = gradients_of_sum(&[(&[3, 4], &x)], |g, ids| prod(g, ids[0], &[0]));
+    assert_eq!(
+        grads[0],
+        [
+            0.0, 0.0, 0.0, 25.0, 0.0, 9.0, 0.0, 25.0, 4.0, 0.0, 16.0, 25.0
+        ]
+    );
+    // Over every axis: more than one zero, so nothing flows; a row of a NaN
+    // and no zero has a NaN product, and so is every slope of its elements.
+    let grads = gradients_of_sum(&[(&[3, 4], &x)], |g, ids| prod(g, ids[0], &[0, 1]));
+    assert_eq!(grads[0], [0.0; 12]);
+    let grads = gradients_of_sum(&[(&[1, 3], &[f32::NAN, 2.0, 3.0])], |g, ids| {
+        prod(g, ids[0], &[1])
+    });
+    assert!(grads[0].iter().all(|v| v.is_nan()), "{:?}", grads[0]);
 }
 
 #[test]

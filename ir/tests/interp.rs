@@ -502,6 +502,76 @@ fn max_reduction() {
     assert_eq!(out, Data::I32(vec![-3]));
 }
 
+#[test]
+fn prod_reduction_wraps_integers_and_gives_one_over_an_empty_axis() {
+    let (out, shape) = reduce(ReduceOp::Prod, &[1], iota(6), &[2, 3]);
+    assert_f32(&out, &[0.0, 60.0]);
+    assert_eq!(shape.dims(), &[2, 1]);
+    let (out, _) = reduce(ReduceOp::Prod, &[0, 2], iota(12), &[2, 3, 2]);
+    // out[j] = the product over i, k of 6i + 2j + k.
+    assert_f32(&out, &[0.0, 2.0 * 3.0 * 8.0 * 9.0, 4.0 * 5.0 * 10.0 * 11.0]);
+    let (out, shape) = reduce(ReduceOp::Prod, &[1], f32s(&[]), &[2, 0]);
+    assert_f32(&out, &[1.0, 1.0]);
+    assert_eq!(shape.dims(), &[2, 1]);
+    let (out, _) = reduce(ReduceOp::Prod, &[], f32s(&[1.5, -2.5]), &[2]);
+    assert_f32(&out, &[1.5, -2.5]);
+    // Rounded once from f64: 1e30 * 1e30 * 1e-30 is 1e30, not inf.
+    let (out, _) = reduce(ReduceOp::Prod, &[0], f32s(&[1e30, 1e30, 1e-30]), &[3]);
+    assert_f32(&out, &[1e30]);
+    let (out, _) = reduce(ReduceOp::Prod, &[0], f32s(&[INF, 0.0]), &[2]);
+    assert_f32(&out, &[NAN]);
+    let (out, _) = reduce(ReduceOp::Prod, &[0], f32s(&[-1.0, 0.0]), &[2]);
+    assert!(matches!(out, Data::F32(v) if v[0].to_bits() == (-0.0f32).to_bits()));
+    let (out, _) = reduce(
+        ReduceOp::Prod,
+        &[0],
+        Data::I32(vec![1 << 20, 1 << 12, 3]),
+        &[3],
+    );
+    assert_eq!(out, Data::I32(vec![0]));
+    let (out, _) = reduce(
+        ReduceOp::Prod,
+        &[0],
+        Data::I32(vec![65537, 65537, -1]),
+        &[3],
+    );
+    assert_eq!(
+        out,
+        Data::I32(vec![65537i32.wrapping_mul(65537).wrapping_neg()])
+    );
+    let (out, _) = reduce(
+        ReduceOp::Prod,
+        &[0],
+        Data::I64(vec![1 << 40, 1 << 30, 7]),
+        &[3],
+    );
+    assert_eq!(
+        out,
+        Data::I64(vec![(1i64 << 40).wrapping_mul(1 << 30).wrapping_mul(7)])
+    );
+    let (out, _) = reduce(
+        ReduceOp::Prod,
+        &[0, 1],
+        Data::U8(vec![3, 250, 7, 1]),
+        &[2, 2],
+    );
+    assert_eq!(out, Data::U8(vec![(3u8).wrapping_mul(250).wrapping_mul(7)]));
+    let (out, shape) = reduce(ReduceOp::Prod, &[0], Data::I64(vec![-4]), &[1]);
+    assert_eq!((out, shape.dims()), (Data::I64(vec![-4]), &[1][..]));
+}
+
+#[test]
+fn prod_refuses_bool() {
+    let mut g = Graph::new("t");
+    let x = g.input(TensorType::new(DType::Bool, [2]));
+    let op = Op::Reduce {
+        op: ReduceOp::Prod,
+        axes: smallvec![0],
+    };
+    let e = g.push(op, &[x]).expect_err("bool has no product");
+    assert!(e.to_string().contains("prod"), "{e}");
+}
+
 // ----- Matmul. -----
 
 #[test]

@@ -22,7 +22,7 @@
 
 use std::path::Path;
 
-use kiln_ir::{BinaryOp, Data, Graph, Op, ReduceOp, Scalar, TensorType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Data, Graph, Op, ReduceOp, Scalar, TensorType, UnaryOp};
 
 use super::OnnxError;
 use super::proto::{
@@ -357,11 +357,22 @@ impl Builder<'_> {
             Op::Reduce { axes, .. } if axes.is_empty() => {
                 self.push("Identity", args, out);
             }
+            // The one reduction ONNX types narrower than kiln: no UINT8 product.
+            Op::Reduce {
+                op: ReduceOp::Prod, ..
+            } if node.ty.dtype == DType::U8 => {
+                return Err(self.error(
+                    id,
+                    node.op.name(),
+                    "ONNX's ReduceProd takes no UINT8: cast to i32, multiply, cast back",
+                ));
+            }
             Op::Reduce { op, axes } => {
                 let axes = self.ints(format!("{out}_axes"), axes.iter().copied());
                 let op = match op {
                     ReduceOp::Sum => "ReduceSum",
                     ReduceOp::Max => "ReduceMax",
+                    ReduceOp::Prod => "ReduceProd",
                 };
                 // `keepdims` is 1 by default, as kiln keeps reduced axes.
                 self.push(op, vec![args[0].clone(), axes], out);

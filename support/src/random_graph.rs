@@ -1,8 +1,9 @@
 //! Random graphs for property tests, shared by the optimizer's test
 //! (`ir/tests/optimize_prop.rs`), the CPU backend's (`tests/cpu_prop.rs`) and
 //! the CUDA code generator's (`tests/cuda_codegen.rs`): elementwise ops,
-//! broadcasts, identities, constants, comparisons, casts, reductions and the
-//! sum+broadcast pattern, every view, matmul, and detours through i64 and
+//! broadcasts, identities, constants, comparisons, casts, reductions (sum,
+//! max, and products of factors kept near 1) and the sum+broadcast pattern,
+//! every view (sliding windows too), matmul, and detours through i64 and
 //! f64 values (cast in, arithmetic with a 64-bit constant, maybe a
 //! reduction, cast out); shapes full of 1s and some 0s; inputs with NaN,
 //! infinities and -0. The graph's first output is f32. The same seed gives
@@ -56,7 +57,8 @@ pub enum Mode {
     /// Every op the generator knows.
     All,
     /// Only ops a backend computes exactly as the interpreter: no
-    /// transcendental function, no sum, no matmul.
+    /// transcendental function, no float sum or product (an i64 product
+    /// wraps, exactly), no matmul.
     Exact,
     /// Only ops continuous in their inputs, so that small rounding
     /// differences stay small: no comparison, cast, division or log.
@@ -89,8 +91,8 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
         let x = pick(&mut c, &nodes);
         let shape = g.node(x).ty.shape.clone();
         let rank = shape.rank();
-        // Exact mode stops before the matmuls (12 and 13).
-        let kinds = if mode == Mode::Exact { 12 } else { 14 };
+        // Exact mode stops before the matmuls (13 and 14).
+        let kinds = if mode == Mode::Exact { 13 } else { 15 };
         let built = match c.below(kinds) {
             0 => {
                 use UnaryOp::*;
@@ -153,12 +155,17 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 }
             }
             5 | 6 => {
+                use ReduceOp::{Max, Prod, Sum};
                 let op = match mode {
-                    Mode::Exact => ReduceOp::Max,
-                    Mode::All | Mode::Continuous => [ReduceOp::Sum, ReduceOp::Max][c.below(2)],
+                    Mode::Exact => Max,
+                    Mode::All | Mode::Continuous => [Sum, Max, Prod][c.below(3)],
                 };
                 let axes = random_axes(&mut c, rank);
-                let r = g.push(Op::Reduce { op, axes }, &[x]);
+                let operand = match op {
+                    Prod => factors(&mut g, x, &axes),
+                    Sum | Max => Ok(x),
+                };
+                let r = operand.and_then(|f| g.push(Op::Reduce { op, axes }, &[f]));
                 if c.below(2) == 0 {
                     // The sum+broadcast pattern: x - reduce(x), or x / reduce(x).
                     let op = match mode {
@@ -229,7 +236,15 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 }
                 g.push(Op::Expand(Shape::new(&to)), &[x])
             }
-            12 | 13 => {
+            12 => {
+                // Sliding windows along a random axis: a window that fits
+                // (of 1 at times), a step up to two past it (windows apart).
+                let axis = c.below(rank);
+                let size = 1 + c.below(shape.dims().get(axis).copied().unwrap_or(1));
+                let step = 1 + c.below(size + 2);
+                g.push(Op::Unfold { axis, size, step }, &[x])
+            }
+            13 | 14 => {
                 // x @ w with a fresh weight, read transposed half the time.
                 let dims = shape.dims();
                 let k = dims.last().copied().unwrap_or(1);
@@ -259,7 +274,7 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                     g.push(Op::MatMul, &[x, w])
                 }
             }
-            _ => unreachable!("below(14)"),
+            _ => unreachable!("below(15)"),
         };
         if let Ok(id) = built {
             nodes.push(id);
@@ -279,10 +294,11 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
 
 /// `x` (f32) cast to `wide` (i64 or f64), combined with a constant of that
 /// type (beyond i32's range for i64) by an op `mode` allows, maybe reduced
-/// by max over random axes, and cast back to f32. The 64-bit value is kept
-/// in `nodes`, so that later steps may read, view, reduce or output it.
-/// Every op is exact on both sides (f64 arithmetic is IEEE's, i64's
-/// wraps), so `Mode::Exact` stays bit for bit.
+/// over random axes (by max, or for i64 by a wrapping product), and cast
+/// back to f32. The 64-bit value is kept in `nodes`, so that later steps
+/// may read, view, reduce or output it. Every op is exact on both sides
+/// (f64 arithmetic is IEEE's, i64's wraps), so `Mode::Exact` stays bit for
+/// bit.
 fn wide(
     c: &mut Choices,
     g: &mut Graph,
@@ -323,19 +339,37 @@ fn wide(
     if c.below(3) == 0 {
         let rank = g.node(y).ty.shape.rank();
         let axes = random_axes(c, rank);
+        let op = match wide {
+            DType::I64 => [ReduceOp::Max, ReduceOp::Prod][c.below(2)],
+            _ => ReduceOp::Max,
+        };
         // An empty axis has no max: then the detour goes on unreduced.
-        if let Ok(r) = g.push(
-            Op::Reduce {
-                op: ReduceOp::Max,
-                axes,
-            },
-            &[y],
-        ) {
+        if let Ok(r) = g.push(Op::Reduce { op, axes }, &[y]) {
             y = r;
         }
     }
     nodes.push(y);
     g.push(Op::Cast(DType::F32), &[y])
+}
+
+/// The factors a product over `axes` of `x` reads: `x` clamped to [-2, 2]
+/// where the axes hold at most 8 elements (zeros, -0 and NaN stay), else
+/// `1 + clamp(x, -1, 1) / 128`, so that a product of thousands stays
+/// finite and f32's rounding at each step stays within the tolerance.
+/// Clamping by max and min is exact on every backend.
+fn factors(g: &mut Graph, x: NodeId, axes: &[usize]) -> Result<NodeId, kiln_ir::Error> {
+    let dims = g.node(x).ty.shape.dims().to_vec();
+    let count: usize = axes.iter().map(|&a| dims[a]).product();
+    let bound = if count <= 8 { 2.0 } else { 1.0 };
+    let (hi, lo) = (constant(g, bound), constant(g, -bound));
+    let clamped = binary(g, BinaryOp::Max, x, lo)?;
+    let clamped = binary(g, BinaryOp::Min, clamped, hi)?;
+    if count <= 8 {
+        return Ok(clamped);
+    }
+    let (scale, one) = (constant(g, 1.0 / 128.0), constant(g, 1.0));
+    let small = binary(g, BinaryOp::Mul, clamped, scale)?;
+    binary(g, BinaryOp::Add, small, one)
 }
 
 fn constant(g: &mut Graph, v: f32) -> NodeId {
@@ -418,6 +452,38 @@ mod tests {
             assert!(holding(mode, DType::I64) >= 20, "{mode:?}: i64");
         }
         assert_eq!(holding(Mode::Continuous, DType::I64), 0);
+    }
+
+    /// How many of 300 graphs of `mode` hold a node that `is`.
+    fn with(mode: Mode, is: impl Fn(&kiln_ir::Node) -> bool) -> usize {
+        (0..300)
+            .filter(|&seed| random_graph(seed, 8, mode).nodes.iter().any(&is))
+            .count()
+    }
+
+    #[test]
+    fn graphs_hold_windows_and_products() {
+        let prod = |dtype: DType| {
+            move |n: &kiln_ir::Node| {
+                matches!(
+                    n.op,
+                    Op::Reduce {
+                        op: ReduceOp::Prod,
+                        ..
+                    }
+                ) && n.ty.dtype == dtype
+            }
+        };
+        let unfold = |n: &kiln_ir::Node| matches!(n.op, Op::Unfold { .. });
+        for mode in [Mode::All, Mode::Exact, Mode::Continuous] {
+            assert!(with(mode, unfold) >= 20, "{mode:?}: unfold");
+        }
+        for mode in [Mode::All, Mode::Continuous] {
+            assert!(with(mode, prod(DType::F32)) >= 20, "{mode:?}: f32 prod");
+        }
+        // Float products round in the backend's order: never in Exact.
+        assert_eq!(with(Mode::Exact, prod(DType::F32)), 0);
+        assert!(with(Mode::Exact, prod(DType::I64)) >= 5, "Exact: i64 prod");
     }
 
     #[test]

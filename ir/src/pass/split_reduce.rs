@@ -9,9 +9,10 @@
 //! `PARALLEL` where the outputs are few), one row of its output each, across
 //! threads (or GPU blocks); the second reduces those partial results.
 //!
-//! A sum's additions are reassociated: the result differs from the
-//! reference's order by rounding only, as the vector accumulators of one
-//! kernel already do. A max is exact in any order.
+//! A sum's additions and a product's multiplications are reassociated: the
+//! result differs from the reference's order by rounding only, as the vector
+//! accumulators of one kernel already do (an integer's wrapping sum or
+//! product is exact in any order). A max is exact in any order.
 
 use smallvec::smallvec;
 

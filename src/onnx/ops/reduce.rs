@@ -1,4 +1,4 @@
-//! ONNX's reductions over kiln's sum and max: min as a max of the order
+//! ONNX's reductions over kiln's sum, max and prod: min as a max of the order
 //! reversed, the norms and log-sums as elementwise ops around a sum, with
 //! ONNX's rules for axes (an attribute in older opsets, an input since),
 //! `keepdims` and `noop_with_empty_axes`.
@@ -17,6 +17,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "ReduceMean" => Kind::Mean,
         "ReduceMax" => Kind::Max,
         "ReduceMin" => Kind::Min,
+        "ReduceProd" => Kind::Prod,
         "ReduceL1" => Kind::L1,
         "ReduceL2" => Kind::L2,
         "ReduceSumSquare" => Kind::SumSquare,
@@ -36,6 +37,7 @@ enum Kind {
     Mean,
     Max,
     Min,
+    Prod,
     L1,
     L2,
     SumSquare,
@@ -74,6 +76,8 @@ fn reduce(node: &Node, kind: Kind) -> Result<Vec<Value>> {
         }
         Kind::Max => max(&x, &signed, keep)?,
         Kind::Min => min(&x, &signed, keep)?,
+        // 1 over an empty axis, as ONNX's identity of the product.
+        Kind::Prod => x.prod(&signed, keep)?,
         Kind::L1 => sum(&x.abs()?)?,
         Kind::L2 => sum(&x.square()?)?.sqrt()?,
         Kind::SumSquare => sum(&x.square()?)?,

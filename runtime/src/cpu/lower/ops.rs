@@ -220,6 +220,8 @@ impl<'a> Emitter<'a> {
             (ReduceOp::Max, DType::F32 | DType::F64) => self.math_of(a).maximum(a, x),
             (ReduceOp::Max, DType::I32 | DType::I64) => self.b.ins().smax(a, x),
             (ReduceOp::Max, _) => self.b.ins().umax(a, x),
+            (ReduceOp::Prod, DType::F32 | DType::F64) => self.b.ins().fmul(a, x),
+            (ReduceOp::Prod, _) => self.b.ins().imul(a, x),
         }
     }
 }

@@ -83,6 +83,9 @@ pub(super) fn reduce_into(
             format!("kiln_maxd({a}, {b})")
         }
         (ReduceOp::Max, _) => format!("{a} > {b} ? {a} : {b}"),
+        (ReduceOp::Prod, DType::F32 | DType::F64) => format!("{a} * {b}"),
+        // In `long long` (unsigned for i64), wrapped back, as `mul` of integers.
+        (ReduceOp::Prod, ty) => wrap(&format!("{} * {}", widen(a, ty), widen(b, ty)), ty),
     };
     // The output is the whole space (broadcast epilogue) or the reduced values.
     let broadcast = kernel.out.shape == *shape;
