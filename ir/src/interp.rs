@@ -240,7 +240,7 @@ fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
     match (num(a), num(b)) {
         // Operands have one dtype: integers compare exactly in i64, floats in
         // f64, which holds f32 exactly.
-        (Num::Int(x), Num::Int(y)) if op.is_comparison() => Scalar::Bool(compare_int(op, x, y)),
+        (Num::Int(x), Num::Int(y)) if op.is_comparison() => Scalar::Bool(compare(op, x, y)),
         (x, y) if op.is_comparison() => Scalar::Bool(compare(op, as_f64(x), as_f64(y))),
         (Num::Int(x), Num::Int(y)) => cast_int(int_binary(op, x, y), dtype),
         (x, y) => cast_f64(float_binary(op, as_f64(x), as_f64(y)), dtype),
@@ -267,27 +267,8 @@ fn int_binary(op: BinaryOp, x: i64, y: i64) -> i64 {
         // Typing admits these for floats only; they are defined through f64 anyway.
         BinaryOp::Div | BinaryOp::Pow => float_binary(op, x as f64, y as f64) as i64,
         BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
-            compare_int(op, x, y) as i64
+            compare(op, x, y) as i64
         }
-    }
-}
-
-/// Integer comparison, exact.
-fn compare_int(op: BinaryOp, x: i64, y: i64) -> bool {
-    match op {
-        BinaryOp::Lt => x < y,
-        BinaryOp::Le => x <= y,
-        BinaryOp::Gt => x > y,
-        BinaryOp::Ge => x >= y,
-        BinaryOp::Eq => x == y,
-        BinaryOp::Ne => x != y,
-        BinaryOp::Add
-        | BinaryOp::Sub
-        | BinaryOp::Mul
-        | BinaryOp::Div
-        | BinaryOp::Max
-        | BinaryOp::Min
-        | BinaryOp::Pow => false,
     }
 }
 
@@ -319,8 +300,9 @@ fn maximum(x: f64, y: f64) -> f64 {
     }
 }
 
-/// IEEE comparison: false whenever a NaN is involved, except for `ne`.
-fn compare(op: BinaryOp, x: f64, y: f64) -> bool {
+/// A comparison: exact for integers, IEEE for floats (false whenever a
+/// NaN is involved, except for `ne`).
+fn compare<T: PartialOrd>(op: BinaryOp, x: T, y: T) -> bool {
     match op {
         BinaryOp::Lt => x < y,
         BinaryOp::Le => x <= y,

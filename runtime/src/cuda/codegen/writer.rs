@@ -388,37 +388,27 @@ impl Writer {
                 _ => infix("!="),
             });
         }
-        if ty == DType::F32 {
+        if matches!(ty, DType::F32 | DType::F64) {
+            let (max, min) = match ty {
+                DType::F32 => ("kiln_max", "kiln_min"),
+                _ => ("kiln_maxd", "kiln_mind"),
+            };
             return Ok(match op {
                 BinaryOp::Add => infix("+"),
                 BinaryOp::Sub => infix("-"),
                 BinaryOp::Mul => infix("*"),
                 BinaryOp::Div => infix("/"),
                 BinaryOp::Max => {
-                    self.helpers.insert("kiln_max");
-                    format!("kiln_max({x}, {y})")
+                    self.helpers.insert(max);
+                    format!("{max}({x}, {y})")
                 }
                 BinaryOp::Min => {
-                    self.helpers.extend(["kiln_max", "kiln_min"]);
-                    format!("kiln_min({x}, {y})")
+                    self.helpers.extend([max, min]);
+                    format!("{min}({x}, {y})")
                 }
-                BinaryOp::Pow => format!("(float)pow((double){x}, (double){y})"),
-                _ => return Err(Error::Codegen(format!("{} is not arithmetic", op.name()))),
-            });
-        }
-        if ty == DType::F64 {
-            return Ok(match op {
-                BinaryOp::Add => infix("+"),
-                BinaryOp::Sub => infix("-"),
-                BinaryOp::Mul => infix("*"),
-                BinaryOp::Div => infix("/"),
-                BinaryOp::Max => {
-                    self.helpers.insert("kiln_maxd");
-                    format!("kiln_maxd({x}, {y})")
-                }
-                BinaryOp::Min => {
-                    self.helpers.extend(["kiln_maxd", "kiln_mind"]);
-                    format!("kiln_mind({x}, {y})")
+                // f32's pow in double, as the interpreter computes it.
+                BinaryOp::Pow if ty == DType::F32 => {
+                    format!("(float)pow((double){x}, (double){y})")
                 }
                 BinaryOp::Pow => format!("pow({x}, {y})"),
                 _ => return Err(Error::Codegen(format!("{} is not arithmetic", op.name()))),
