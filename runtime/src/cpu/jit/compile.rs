@@ -21,6 +21,7 @@ use crate::cpu::f64_math;
 use crate::cpu::lower::{self, RowRange};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::{exp_row, gemm, row_ops};
+use crate::stored::{Stored, stored};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
 /// many rows ahead it reads a line in advance (see `lower::signature`).
@@ -79,6 +80,9 @@ pub(crate) struct CompiledKernel {
     /// For a matmul, each computed operand's block as an elementwise kernel
     /// that writes the operand into scratch memory.
     pub(super) operands: [Option<Box<CompiledKernel>>; 2],
+    /// For a matmul, what its GEMM can store itself (recognized once here,
+    /// not at every launch).
+    pub(super) stored: Option<Stored>,
 }
 
 impl CompiledKernel {
@@ -181,6 +185,7 @@ impl CompiledKernel {
             range,
             kernel: kernel.clone(),
             operands,
+            stored: stored(kernel),
         })
     }
 }

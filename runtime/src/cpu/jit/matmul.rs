@@ -16,7 +16,7 @@ use super::CompiledKernel;
 use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
-use crate::stored::{Stored, stored};
+use crate::stored::Stored;
 
 /// Batches of at most this many multiply-adds each run side by side, one
 /// thread each, rather than one after the other across every thread.
@@ -76,7 +76,7 @@ impl CompiledKernel {
             )));
         }
         // A bias and ReLU kiln's cores apply as they store the product.
-        let in_registers = match stored(k) {
+        let in_registers = match self.stored {
             Some(Stored::Bias { bias, relu }) => {
                 let bias = inputs[bias as usize];
                 if bias.bytes < n * 4 {
