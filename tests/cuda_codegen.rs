@@ -361,14 +361,7 @@ mod nvrtc {
     /// i32 and u8, and of casts between every pair of dtypes.
     fn wide_graphs() -> kiln::Result<Vec<kiln_ir::Graph>> {
         use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
-        let dtypes = [
-            DType::F32,
-            DType::F64,
-            DType::I32,
-            DType::I64,
-            DType::U8,
-            DType::Bool,
-        ];
+        let dtypes = DType::ALL;
         let mut graphs = Vec::new();
         for wide in [DType::I64, DType::F64] {
             let mut g = Graph::new("wide");

@@ -383,14 +383,7 @@ fn reductions_of_64_bit_values_match_the_interpreter() -> Result<()> {
 
 #[test]
 fn casts_between_every_pair_of_dtypes_match_the_interpreter() -> Result<()> {
-    let dtypes = [
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::Bool,
-    ];
+    let dtypes = DType::ALL;
     for (k, dims) in SHAPES.iter().enumerate() {
         for from in dtypes {
             let x = input(from, dims, k as u64 * 7 + 1)?;

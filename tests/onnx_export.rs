@@ -383,14 +383,7 @@ fn where_cast_and_constants_round_trip() -> Result<()> {
         (Tensor::rand([5, 3], 18)? * 200.0f32)?.cast(DType::F64)?,
         i32s(&[5, 3], 19)?.cast(DType::I64)?,
     ];
-    let dtypes = [
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::Bool,
-    ];
+    let dtypes = DType::ALL;
     for x in &casts {
         for to in dtypes {
             if to == x.dtype() {

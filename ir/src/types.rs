@@ -29,6 +29,16 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, for code and tests that go through all of them.
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
+    ];
+
     /// The name used in printed IR and error messages.
     pub fn name(self) -> &'static str {
         match self {
