@@ -301,6 +301,52 @@ fn comparisons_where_and_casts() -> Result<()> {
                 (&j + &i.relu()?)?.minimum(&(&i * 3i32)?)
             },
         )?;
+        // Every lane type's comparisons, as graph inputs (u8 and bool read
+        // four bytes at a time) and computed; masks selecting masks, f32 and
+        // i32 values; float to integer casts that saturate (the specials,
+        // and values far beyond i32).
+        let bytes: Vec<u8> = (0..n).map(|i| (i * 97 % 256) as u8).collect();
+        let flags: Vec<bool> = (0..n).map(|i| i % 3 != 1).collect();
+        let inputs = [
+            scaled.clone(),
+            Tensor::from_vec(bytes, [n])?,
+            Tensor::from_vec(flags, [n])?,
+            (&b * 1e12f32)?,
+        ];
+        check(&format!("masks of every type [{n}]"), &inputs, EXACT, |t| {
+            let i = t[0].cast(DType::I32)?;
+            let by_int = i.lt(&(&i.abs()? - 3i32)?)?;
+            let by_byte = t[1].ge(&t[1].minimum(&Tensor::scalar(100u8))?)?;
+            let by_float = t[0].le(&t[3])?;
+            let mask = by_int
+                .where_cond(&t[2], &by_byte)?
+                .ne(&by_float.where_cond(&by_int, &t[2])?)?;
+            let wide = t[3].cast(DType::I32)?;
+            let picked = mask.where_cond(&(&i + &wide)?, &(&i * -7i32)?)?;
+            let floats = mask.where_cond(&t[3], &picked.cast(DType::F32)?)?;
+            (&floats
+                + &t[1]
+                    .maximum(&t[1].minimum(&Tensor::scalar(9u8))?)?
+                    .cast(DType::F32)?)?
+                .add(&mask.cast(DType::F32)?)
+        })?;
+        check(&format!("casts from lanes [{n}]"), &inputs, EXACT, |t| {
+            let saturated = t[3].cast(DType::I32)?;
+            let bytes = t[3].cast(DType::U8)?.cast(DType::I32)?;
+            let flags = t[3].cast(DType::Bool)?.cast(DType::I32)?;
+            let wrapped = (&saturated * 1000i32)?.cast(DType::U8)?.cast(DType::I32)?;
+            let from_flags = t[2]
+                .cast(DType::I32)?
+                .add(&t[2].cast(DType::U8)?.cast(DType::I32)?)?;
+            let nonzero = t[1].cast(DType::Bool)?.cast(DType::I32)?;
+            saturated
+                .add(&bytes)?
+                .add(&flags)?
+                .add(&wrapped)?
+                .add(&from_flags)?
+                .add(&nonzero)?
+                .add(&t[1].cast(DType::I32)?)
+        })?;
         check(
             &format!("u8 ops [{n}]"),
             std::slice::from_ref(&scaled),
@@ -537,6 +583,33 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
             |t| {
                 let x = ((t[0].cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? / 0.3081f32;
                 x?.matmul(&t[1])
+            },
+        )?;
+        // The first layer's weight gradient: the normalized bytes
+        // transposed, as the training step computes them.
+        let pixels: Vec<u8> = (0..m * k).map(|i| (i * 53 % 256) as u8).collect();
+        let pixels = Tensor::from_vec(pixels, [m, k])?;
+        let g = input(&[m, n], 40, false)?;
+        check(
+            &format!("normalize(u8).T@g {k}x{m}x{n}"),
+            &[pixels, g.clone()],
+            product_tol(m, 16.0),
+            |t| {
+                let x = ((t[0].cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? / 0.3081f32;
+                x?.t()?.matmul(&t[1])
+            },
+        )?;
+        // ReLU's backward pass in the product's epilogue: the gradient
+        // where the layer's output was positive, else 0.
+        let h = input(&[m, k], 41, true)?;
+        check(
+            &format!("where(h>0, g@w.T, 0) {m}x{n}x{k}"),
+            &[g, b.clone(), h],
+            product_tol(n, 16.0),
+            |t| {
+                let zero = Tensor::scalar(0.0f32);
+                let dh = t[0].matmul(&t[1].t()?)?;
+                t[2].gt(&zero)?.where_cond(&dh, &zero)
             },
         )?;
         check(

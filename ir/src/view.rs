@@ -285,7 +285,7 @@ impl View {
     }
 
     /// The view after a permute: output axis `i` is axis `perm[i]`.
-    pub(crate) fn permute(&self, perm: &[usize]) -> View {
+    pub fn permute(&self, perm: &[usize]) -> View {
         View {
             shape: Shape(perm.iter().map(|&p| self.shape.dims()[p]).collect()),
             strides: perm.iter().map(|&p| self.strides[p]).collect(),

@@ -13,8 +13,8 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
-use kiln_ir::kernel::{Kernel, KernelKind, Operand};
-use kiln_ir::{DType, TensorType};
+use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use kiln_ir::{DType, Shape, TensorType};
 
 use crate::Error;
 use crate::cpu::f64_math;
@@ -79,10 +79,66 @@ pub(crate) struct CompiledKernel {
     pub(super) kernel: Kernel,
     /// For a matmul, each computed operand's block as an elementwise kernel
     /// that writes the operand into scratch memory.
-    pub(super) operands: [Option<Box<CompiledKernel>>; 2],
+    pub(super) operands: [Option<Prologue>; 2],
     /// For a matmul, what its GEMM can store itself (recognized once here,
     /// not at every launch).
     pub(super) stored: Option<Stored>,
+}
+
+/// A matmul's computed operand: an elementwise kernel that writes it into
+/// scratch memory before the product, and the layout it writes.
+pub(super) struct Prologue {
+    pub(super) kernel: Box<CompiledKernel>,
+    /// Written with its last two axes swapped (`reads_down_columns`); the
+    /// GEMM reads it through the swapped strides.
+    pub(super) transposed: bool,
+}
+
+/// The permutation that swaps the last two of `rank` axes.
+pub(super) fn swapped_axes(rank: usize) -> Vec<usize> {
+    let mut axes: Vec<usize> = (0..rank).collect();
+    if rank >= 2 {
+        axes.swap(rank - 2, rank - 1);
+    }
+    axes
+}
+
+fn swapped_shape(shape: &Shape, swap: &[usize]) -> Shape {
+    Shape(swap.iter().map(|&a| shape.dims()[a]).collect())
+}
+
+/// Whether a computed operand's reads run down its columns and none along
+/// its rows (the input of a weight gradient, `xᵀ @ g`, cast or normalized on
+/// the way): written in that order, the prologue reads and writes
+/// contiguous rows, in vectors, where the operand's own order would gather
+/// every element from a row of its source apart (the normalized `xᵀ` of
+/// the training step's first layer, 784x250 from u8, took 2.6x as long).
+fn reads_down_columns(block: &Block, rank: usize) -> bool {
+    if rank < 2 {
+        return false;
+    }
+    let mut down = false;
+    for v in &block.values {
+        if let Expr::Load { view, .. } = &v.expr {
+            match (view.strides[rank - 2], view.strides[rank - 1]) {
+                (_, 1) => return false,
+                (1, _) => down = true,
+                _ => {}
+            }
+        }
+    }
+    down
+}
+
+/// `block` with every read's last two axes swapped.
+fn swapped_reads(block: &Block, swap: &[usize]) -> Block {
+    let mut block = block.clone();
+    for v in &mut block.values {
+        if let Expr::Load { view, .. } = &mut v.expr {
+            *view = view.permute(swap);
+        }
+    }
+    block
 }
 
 impl CompiledKernel {
@@ -96,15 +152,24 @@ impl CompiledKernel {
         if let KernelKind::MatMul { a, b } = &kernel.kind {
             for (slot, side) in operands.iter_mut().zip([a, b]) {
                 if let Operand::Computed { shape, block } = side {
+                    let swap = swapped_axes(shape.rank());
+                    let transposed = reads_down_columns(block, shape.rank());
+                    let (shape, body) = match transposed {
+                        true => (swapped_shape(shape, &swap), swapped_reads(block, &swap)),
+                        false => (shape.clone(), block.clone()),
+                    };
                     let prologue = Kernel {
                         inputs: kernel.inputs.clone(),
-                        out: TensorType::new(DType::F32, shape.clone()),
+                        out: TensorType::new(DType::F32, shape),
                         kind: KernelKind::Elementwise,
-                        body: block.clone(),
+                        body,
                         side: Vec::new(),
                     };
                     let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
-                    *slot = Some(Box::new(CompiledKernel::new(&prologue, code)?));
+                    *slot = Some(Prologue {
+                        kernel: Box::new(CompiledKernel::new(&prologue, code)?),
+                        transposed,
+                    });
                 }
             }
         }

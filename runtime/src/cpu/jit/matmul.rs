@@ -13,6 +13,7 @@ use kiln_ir::view::View;
 use rayon::prelude::*;
 
 use super::CompiledKernel;
+use super::compile::swapped_axes;
 use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
@@ -50,8 +51,16 @@ impl CompiledKernel {
                     let bytes = shape.numel() * DType::F32.size();
                     let mut part = scratch.part(at, bytes);
                     at += bytes;
-                    prologue.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
-                    Strided::new(&View::contiguous(shape), shape, &part)?
+                    let written = &prologue.kernel.kernel.out.shape;
+                    prologue
+                        .kernel
+                        .run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
+                    let view = View::contiguous(written);
+                    let view = match prologue.transposed {
+                        true => view.permute(&swapped_axes(shape.rank())),
+                        false => view,
+                    };
+                    Strided::new(&view, shape, &part)?
                 }
                 (Operand::Computed { .. }, None) => {
                     return Err(Error::Launch(

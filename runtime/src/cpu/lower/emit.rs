@@ -5,7 +5,7 @@
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
+    Endianness, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
 };
 use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{Block, Expr};
@@ -180,7 +180,24 @@ impl<'a> Emitter<'a> {
             access.unit_stride()
         };
         if lanes && contiguous {
-            return self.b.ins().load(types::F32X4, flags, addr, 0);
+            return match dtype {
+                DType::I32 => self.b.ins().load(types::I32X4, flags, addr, 0),
+                DType::U8 | DType::Bool => {
+                    // Four bytes, and no more: the row may end there.
+                    let word = self.b.ins().load(types::I32, flags, addr, 0);
+                    let v = self.b.ins().scalar_to_vector(types::I32X4, word);
+                    let little = MemFlagsData::new().with_endianness(Endianness::Little);
+                    let bytes = self.b.ins().bitcast(types::I8X16, little, v);
+                    let halves = self.b.ins().uwiden_low(bytes);
+                    let v = self.b.ins().uwiden_low(halves);
+                    // A bool's 1 becomes a mask of ones.
+                    match dtype {
+                        DType::Bool => self.b.ins().ineg(v),
+                        _ => v,
+                    }
+                }
+                _ => self.b.ins().load(types::F32X4, flags, addr, 0),
+            };
         }
         let x = self.b.ins().load(clif_type(dtype), flags, addr, 0);
         let x = match (valid, access.fill) {
@@ -190,10 +207,22 @@ impl<'a> Emitter<'a> {
             }
             _ => x,
         };
-        if lanes {
-            self.b.ins().splat(types::F32X4, x)
-        } else {
-            x
+        if lanes { self.splat(dtype, x) } else { x }
+    }
+
+    /// Scalar `x` of `dtype` in four lanes, as `lane_type` holds them.
+    pub(super) fn splat(&mut self, dtype: DType, x: Value) -> Value {
+        match dtype {
+            DType::I32 => self.b.ins().splat(types::I32X4, x),
+            DType::U8 | DType::Bool => {
+                let wide = self.b.ins().uextend(types::I32, x);
+                let wide = match dtype {
+                    DType::Bool => self.b.ins().ineg(wide),
+                    _ => wide,
+                };
+                self.b.ins().splat(types::I32X4, wide)
+            }
+            _ => self.b.ins().splat(types::F32X4, x),
         }
     }
 

@@ -14,12 +14,15 @@
 //! outside it; in a row that every padded read of an elementwise kernel
 //! reads, the stretch inside all their valid ranges runs as unpadded reads.
 //!
-//! The inner loop runs in f32x4 with a scalar tail when the block is pure
-//! f32 arithmetic and every read is contiguous or constant along it; reads
-//! constant along the inner loop are loaded once per row. A reduction over
-//! short rows runs four rows at once instead, one per lane. Everything else
-//! runs one element at a time, with the exact scalar semantics of the
-//! interpreter.
+//! The inner loop of an elementwise kernel or a matmul's epilogue runs four
+//! lanes at a time with a scalar tail when every value has a lane form
+//! (`lane_op`: f32 and i32 arithmetic, comparisons, `where` and casts
+//! between f32, i32, u8 and bool, in f32x4 or i32x4) and every read is
+//! contiguous or constant along it; reads constant along the inner loop are
+//! loaded once per row. Reductions run in f32x4 where their blocks are pure
+//! f32 arithmetic; one over short rows runs four rows at once instead, one
+//! per lane. Everything else runs one element at a time. Either way the
+//! results are the interpreter's, bit for bit.
 //!
 //! - `emit`: the emitter, its loops, addresses, loads and stores, and the
 //!   evaluation of a block at an inner index;
@@ -353,9 +356,12 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
         }
 }
 
-/// `vectorizable`, where the values `hoisted` holds are computed once per
-/// row as scalars and splat: those need only be f32 (an optimizer's bias
-/// correction, a `pow` of the step count, leaves its update in vectors).
+/// Whether an elementwise block (or a matmul's epilogue) runs four lanes
+/// at a time: every value a `lane_op`, except those `hoisted` computes once
+/// per row as scalars and splats, which need only be f32 (an optimizer's
+/// bias correction, a `pow` of the step count, leaves its update in
+/// vectors); a result stored as f32 or i32; reads contiguous or constant
+/// along the inner loop.
 fn vectorizable_hoisted(
     block: &Block,
     accesses: &[Access],
@@ -364,7 +370,43 @@ fn vectorizable_hoisted(
 ) -> bool {
     let values_ok = block.values.iter().zip(hoisted).all(|(v, h)| match h {
         Some(_) => v.dtype == DType::F32,
-        None => f32_lane_op(v),
+        None => lane_op(block, v),
     });
-    values_ok && lanes_read(accesses, Some(out))
+    let stored_ok = matches!(block.dtype(), Some(DType::F32 | DType::I32));
+    values_ok && stored_ok && lanes_read(accesses, Some(out))
+}
+
+/// The vector a value of `dtype` takes in four lanes: f32 in f32x4; i32,
+/// u8 (zero-extended) and bool (a mask of all ones or all zeros, as a
+/// comparison makes it) in i32x4. The 64-bit types have none: two lanes
+/// would not pay for the conversions around them.
+fn lane_type(dtype: DType) -> Option<Type> {
+    match dtype {
+        DType::F32 => Some(types::F32X4),
+        DType::I32 | DType::U8 | DType::Bool => Some(types::I32X4),
+        DType::F64 | DType::I64 => None,
+    }
+}
+
+/// Whether `v` of `block` has a lane form: f32 arithmetic but `pow`, i32
+/// arithmetic, comparisons, `where`, casts between lane types. u8 and
+/// bool lanes hold their values widened, where adding or multiplying would
+/// not wrap at 8 bits: of those only comparisons, max and min.
+fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
+    let dtype_of = |x: u32| block.values[x as usize].dtype;
+    lane_type(v.dtype).is_some()
+        && match &v.expr {
+            Expr::Load { .. } | Expr::Const(_) | Expr::Where(..) => true,
+            Expr::Acc => v.dtype == DType::F32,
+            Expr::Unary(..) => matches!(v.dtype, DType::F32 | DType::I32),
+            Expr::Binary(op, x, _) => match dtype_of(*x) {
+                DType::F32 => *op != BinaryOp::Pow,
+                DType::I32 => true,
+                DType::U8 | DType::Bool => {
+                    op.is_comparison() || matches!(op, BinaryOp::Max | BinaryOp::Min)
+                }
+                DType::F64 | DType::I64 => false,
+            },
+            Expr::Cast(x) => lane_type(dtype_of(*x)).is_some(),
+        }
 }

@@ -1,6 +1,6 @@
-//! One value of a block from its operands' values, in f32, f32x4, f64 or
-//! the integer types, with the interpreter's semantics: unary and binary
-//! ops, casts, and the combine of a reduction.
+//! One value of a block from its operands' values, in a scalar type or
+//! four lanes (`lane_type`), with the interpreter's semantics: unary and
+//! binary ops, casts, and the combine of a reduction.
 //!
 //! The 64-bit types (i64, f64) run one element at a time: x86-64 vectors
 //! are 128 bits, two 64-bit lanes, and correctness comes first. f64's
@@ -8,7 +8,7 @@
 //! (`cpu::f64_math`), never `math`'s f32 polynomials.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 
@@ -25,15 +25,21 @@ impl<'a> Emitter<'a> {
         match (&v.expr, args) {
             (Expr::Const(c), _) => {
                 let s = self.scalar_const(*c);
-                if lanes {
-                    self.b.ins().splat(types::F32X4, s)
-                } else {
-                    s
-                }
+                if lanes { self.splat(v.dtype, s) } else { s }
             }
             (Expr::Unary(op, _), &[a]) => self.unary(*op, v.dtype, a, lanes),
             (Expr::Binary(op, _, _), &[a, b]) => self.binary(*op, operand_dtype(0), a, b),
+            (Expr::Where(..), &[c, a, b]) if lanes => {
+                // The condition is a mask of whole lanes: a bitwise select.
+                let ty = self.b.func.dfg.value_type(a);
+                let mask = match ty == types::I32X4 {
+                    true => c,
+                    false => self.b.ins().bitcast(ty, MemFlagsData::new(), c),
+                };
+                self.b.ins().bitselect(mask, a, b)
+            }
             (Expr::Where(..), &[c, a, b]) => self.b.ins().select(c, a, b),
+            (Expr::Cast(_), &[a]) if lanes => self.cast_lanes(a, operand_dtype(0), v.dtype),
             (Expr::Cast(_), &[a]) => self.cast(a, operand_dtype(0), v.dtype),
             // Loads and `acc` are not ops; the verifier fixes every arity.
             _ => args
@@ -68,6 +74,7 @@ impl<'a> Emitter<'a> {
                     UnaryOp::Abs => self.b.ins().iabs(x),
                     _ => {
                         let zero = self.b.ins().iconst(clif_type(dtype), 0);
+                        let zero = if lanes { self.splat(dtype, zero) } else { zero };
                         self.b.ins().smax(x, zero)
                     }
                 };
@@ -210,6 +217,48 @@ impl<'a> Emitter<'a> {
             (DType::Bool, DType::U8) => x,
             // Every pair of distinct types is above; equal ones returned first.
             (_, _) => x,
+        }
+    }
+
+    /// `Scalar::cast` of four lanes (`lane_type`), between f32, i32, u8
+    /// and bool: the conversions of `cast`, on lanes as they are held.
+    fn cast_lanes(&mut self, x: Value, from: DType, to: DType) -> Value {
+        let int = |e: &mut Self, v: i64| {
+            let c = e.b.ins().iconst(types::I32, v);
+            e.b.ins().splat(types::I32X4, c)
+        };
+        match (from, to) {
+            (DType::F32, DType::I32) => self.b.ins().fcvt_to_sint_sat(types::I32X4, x),
+            (DType::F32, DType::U8) => {
+                let i = self.b.ins().fcvt_to_sint_sat(types::I32X4, x);
+                let (zero, max) = (int(self, 0), int(self, 255));
+                let i = self.b.ins().smax(i, zero);
+                self.b.ins().smin(i, max)
+            }
+            (DType::F32, DType::Bool) => {
+                let zero = self.math(true).f(0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+            }
+            (DType::I32 | DType::U8, DType::F32) => self.b.ins().fcvt_from_sint(types::F32X4, x),
+            // A mask's lanes keep 1.0's bits, or none.
+            (DType::Bool, DType::F32) => {
+                let one = int(self, i64::from(1.0f32.to_bits()));
+                let bits = self.b.ins().band(x, one);
+                self.b
+                    .ins()
+                    .bitcast(types::F32X4, MemFlagsData::new(), bits)
+            }
+            (DType::I32, DType::U8) => {
+                let byte = int(self, 0xff);
+                self.b.ins().band(x, byte)
+            }
+            (DType::Bool, DType::I32 | DType::U8) => self.b.ins().ineg(x),
+            (DType::I32 | DType::U8, DType::Bool) => {
+                let zero = int(self, 0);
+                self.b.ins().icmp(IntCC::NotEqual, x, zero)
+            }
+            // The same type; u8 -> i32 is held widened already.
+            _ => x,
         }
     }
 
