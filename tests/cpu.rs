@@ -334,7 +334,9 @@ fn comparisons_where_and_casts() -> Result<()> {
             let saturated = t[3].cast(DType::I32)?;
             let bytes = t[3].cast(DType::U8)?.cast(DType::I32)?;
             let flags = t[3].cast(DType::Bool)?.cast(DType::I32)?;
-            let wrapped = (&saturated * 1000i32)?.cast(DType::U8)?.cast(DType::I32)?;
+            let wrapped = (&t[0].cast(DType::I32)? * 1000i32)?
+                .cast(DType::U8)?
+                .cast(DType::I32)?;
             let from_flags = t[2]
                 .cast(DType::I32)?
                 .add(&t[2].cast(DType::U8)?.cast(DType::I32)?)?;
@@ -347,6 +349,21 @@ fn comparisons_where_and_casts() -> Result<()> {
                 .add(&nonzero)?
                 .add(&t[1].cast(DType::I32)?)
         })?;
+        // A row's label, the same all along the row, against every column:
+        // a cross-entropy gradient's `where(label == col, ..)`.
+        let labels: Vec<i32> = (0..n).map(|i| (i * 7 % 5) as i32).collect();
+        let labels = Tensor::from_vec(labels, [n, 1])?;
+        let classes = Tensor::from_vec((0..5).collect::<Vec<i32>>(), [1, 5])?;
+        let logits = input(&[n, 5], 13, true)?;
+        check(
+            &format!("label == class [{n}, 5]"),
+            &[labels, classes, logits],
+            EXACT,
+            |t| {
+                let hit = t[0].eq(&t[1])?;
+                hit.where_cond(&(&t[2] - 1.0f32)?, &t[2])
+            },
+        )?;
         check(
             &format!("u8 ops [{n}]"),
             std::slice::from_ref(&scaled),
@@ -597,6 +614,29 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
             |t| {
                 let x = ((t[0].cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? / 0.3081f32;
                 x?.t()?.matmul(&t[1])
+            },
+        )?;
+        // The same on the right (`g @ normalize(u8).T`), and batched.
+        let pixels: Vec<u8> = (0..2 * n * k).map(|i| (i * 29 % 256) as u8).collect();
+        let pixels = Tensor::from_vec(pixels, [2, n, k])?;
+        let normalize = |x: &Tensor| -> Result<Tensor> {
+            ((x.cast(DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? / 0.3081f32
+        };
+        check(
+            &format!("a@normalize(u8).T {m}x{k}x{n}"),
+            &[a.clone(), pixels.clone()],
+            tol,
+            |t| t[0].matmul(&normalize(&t[1].slice(0, 0, 1, 1)?.reshape([n, k])?)?.t()?),
+        )?;
+        let g3 = input(&[2, m, n], 42, false)?;
+        check(
+            &format!("normalize(u8).T@g batched 2x{k}x{n}x{m}"),
+            &[pixels, g3],
+            product_tol(n, 16.0),
+            |t| {
+                normalize(&t[0])?
+                    .permute(&[0, 2, 1])?
+                    .matmul(&t[1].permute(&[0, 2, 1])?)
             },
         )?;
         // ReLU's backward pass in the product's epilogue: the gradient

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::CompiledKernel;
 use super::compile::swapped_axes;
-use super::launch::{Bound, Buffer, PARALLEL_ELEMENTS, run_rows};
+use super::launch::{Bound, Buffer, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
 use crate::stored::Stored;
@@ -56,9 +56,10 @@ impl CompiledKernel {
                         .kernel
                         .run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
                     let view = View::contiguous(written);
-                    let view = match prologue.transposed {
-                        true => view.permute(&swapped_axes(shape.rank())),
-                        false => view,
+                    let view = if prologue.transposed {
+                        view.permute(&swapped_axes(shape.rank()))
+                    } else {
+                        view
                     };
                     Strided::new(&view, shape, &part)?
                 }
@@ -103,16 +104,12 @@ impl CompiledKernel {
         };
         // The GEMM core splits its own work across threads (it packs the
         // operands once for all of them); the epilogue then sweeps the
-        // output in row ranges. From 64³ multiply-adds on, two threads
-        // pay (on two Zen 3 cores, launched from rayon's pool: 100³ 22 us
-        // against 39 on one, the training step's 250x256x10 21 against
-        // 44; 32x64x32 on two no slower).
+        // output in row ranges. A thread per 64³ multiply-adds, up to the
+        // pool's: on two Zen 3 cores, launched from rayon's pool, the second
+        // thread pays at 100³ (22 us against 39 on one) and at the training
+        // step's 250x256x10 (21 against 44).
         let work = batches * m * n * a.cols.max(1);
-        let threads = if work < PARALLEL_ELEMENTS * 8 {
-            1
-        } else {
-            rayon::current_num_threads()
-        };
+        let threads = (work / (64 * 64 * 64)).clamp(1, rayon::current_num_threads());
         // The epilogue takes each block of rows as the GEMM core finishes it
         // when its launch's rows are the product's: a launch of one row is
         // over elements instead (a product of one row, bias and relu, had

@@ -1,6 +1,7 @@
 //! The loops of an elementwise kernel, or of a matmul's epilogue over the
 //! product in place: one flat loop when the nest merges to one axis, else a
-//! row loop around an inner loop, each in f32x4 where the block allows; a
+//! row loop around an inner loop, each four lanes at a time where the
+//! block allows (`lane_op`); a
 //! row of padded reads in three stretches, its middle unpadded.
 
 use cranelift_codegen::ir::{InstBuilder, Value};

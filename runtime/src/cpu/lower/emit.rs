@@ -210,7 +210,7 @@ impl<'a> Emitter<'a> {
         if lanes { self.splat(dtype, x) } else { x }
     }
 
-    /// Scalar `x` of `dtype` in four lanes, as `lane_type` holds them.
+    /// Scalar `x` of `dtype` in four lanes, as `has_lanes` holds them.
     pub(super) fn splat(&mut self, dtype: DType, x: Value) -> Value {
         match dtype {
             DType::I32 => self.b.ins().splat(types::I32X4, x),
@@ -426,9 +426,7 @@ impl<'a> Emitter<'a> {
             let is_load = matches!(v.expr, Expr::Load { .. });
             let r = match (hoisted[i], &v.expr) {
                 // One row's hoisted values are scalars; four rows' are vectors.
-                (Some(h), _) if lanes && matches!(rows, Rows::One(_)) => {
-                    self.b.ins().splat(types::F32X4, h)
-                }
+                (Some(h), _) if lanes && matches!(rows, Rows::One(_)) => self.splat(v.dtype, h),
                 (Some(h), _) => h,
                 (None, Expr::Load { .. }) => self.read(&accesses[k], rows, k, j, v.dtype, lanes),
                 (None, Expr::Acc) => acc.unwrap_or(j),

@@ -358,10 +358,10 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
 
 /// Whether an elementwise block (or a matmul's epilogue) runs four lanes
 /// at a time: every value a `lane_op`, except those `hoisted` computes once
-/// per row as scalars and splats, which need only be f32 (an optimizer's
-/// bias correction, a `pow` of the step count, leaves its update in
-/// vectors); a result stored as f32 or i32; reads contiguous or constant
-/// along the inner loop.
+/// per row as scalars and splats, which need only have lanes (an
+/// optimizer's bias correction, a `pow` of the step count, leaves its
+/// update in vectors; so does a row's label compared along it); a result
+/// stored as f32 or i32; reads contiguous or constant along the inner loop.
 fn vectorizable_hoisted(
     block: &Block,
     accesses: &[Access],
@@ -369,32 +369,28 @@ fn vectorizable_hoisted(
     hoisted: &[Option<Value>],
 ) -> bool {
     let values_ok = block.values.iter().zip(hoisted).all(|(v, h)| match h {
-        Some(_) => v.dtype == DType::F32,
+        Some(_) => has_lanes(v.dtype),
         None => lane_op(block, v),
     });
     let stored_ok = matches!(block.dtype(), Some(DType::F32 | DType::I32));
     values_ok && stored_ok && lanes_read(accesses, Some(out))
 }
 
-/// The vector a value of `dtype` takes in four lanes: f32 in f32x4; i32,
-/// u8 (zero-extended) and bool (a mask of all ones or all zeros, as a
-/// comparison makes it) in i32x4. The 64-bit types have none: two lanes
-/// would not pay for the conversions around them.
-fn lane_type(dtype: DType) -> Option<Type> {
-    match dtype {
-        DType::F32 => Some(types::F32X4),
-        DType::I32 | DType::U8 | DType::Bool => Some(types::I32X4),
-        DType::F64 | DType::I64 => None,
-    }
+/// Whether values of `dtype` run four to a vector: f32 in f32x4; i32, u8
+/// (zero-extended) and bool (a mask of all ones or all zeros, as a
+/// comparison makes it) in i32x4. The 64-bit types do not: two lanes would
+/// not pay for the conversions around them.
+fn has_lanes(dtype: DType) -> bool {
+    !matches!(dtype, DType::F64 | DType::I64)
 }
 
 /// Whether `v` of `block` has a lane form: f32 arithmetic but `pow`, i32
-/// arithmetic, comparisons, `where`, casts between lane types. u8 and
+/// arithmetic, comparisons, `where`, casts between types with lanes. u8 and
 /// bool lanes hold their values widened, where adding or multiplying would
 /// not wrap at 8 bits: of those only comparisons, max and min.
 fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
     let dtype_of = |x: u32| block.values[x as usize].dtype;
-    lane_type(v.dtype).is_some()
+    has_lanes(v.dtype)
         && match &v.expr {
             Expr::Load { .. } | Expr::Const(_) | Expr::Where(..) => true,
             Expr::Acc => v.dtype == DType::F32,
@@ -407,6 +403,6 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
                 }
                 DType::F64 | DType::I64 => false,
             },
-            Expr::Cast(x) => lane_type(dtype_of(*x)).is_some(),
+            Expr::Cast(x) => has_lanes(dtype_of(*x)),
         }
 }

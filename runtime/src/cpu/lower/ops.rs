@@ -1,5 +1,5 @@
 //! One value of a block from its operands' values, in a scalar type or
-//! four lanes (`lane_type`), with the interpreter's semantics: unary and
+//! four lanes (`has_lanes`), with the interpreter's semantics: unary and
 //! binary ops, casts, and the combine of a reduction.
 //!
 //! The 64-bit types (i64, f64) run one element at a time: x86-64 vectors
@@ -32,9 +32,10 @@ impl<'a> Emitter<'a> {
             (Expr::Where(..), &[c, a, b]) if lanes => {
                 // The condition is a mask of whole lanes: a bitwise select.
                 let ty = self.b.func.dfg.value_type(a);
-                let mask = match ty == types::I32X4 {
-                    true => c,
-                    false => self.b.ins().bitcast(ty, MemFlagsData::new(), c),
+                let mask = if ty == types::I32X4 {
+                    c
+                } else {
+                    self.b.ins().bitcast(ty, MemFlagsData::new(), c)
                 };
                 self.b.ins().bitselect(mask, a, b)
             }
@@ -220,7 +221,7 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// `Scalar::cast` of four lanes (`lane_type`), between f32, i32, u8
+    /// `Scalar::cast` of four lanes (`has_lanes`), between f32, i32, u8
     /// and bool: the conversions of `cast`, on lanes as they are held.
     fn cast_lanes(&mut self, x: Value, from: DType, to: DType) -> Value {
         let int = |e: &mut Self, v: i64| {
