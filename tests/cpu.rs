@@ -639,6 +639,29 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
                     .matmul(&t[1].permute(&[0, 2, 1])?)
             },
         )?;
+        // One operand computed for two products, as is and transposed (the
+        // second launch reads what the first computed), and for both sides
+        // of one product.
+        let pixels: Vec<u8> = (0..m * k).map(|i| (i * 41 % 256) as u8).collect();
+        let pixels = Tensor::from_vec(pixels, [m, k])?;
+        check(
+            &format!("x.T@(x@w), x normalized u8 {m}x{k}x{n}"),
+            &[pixels.clone(), b.clone()],
+            product_tol(k * m, 64.0),
+            |t| {
+                let x = normalize(&t[0])?;
+                x.t()?.matmul(&x.matmul(&t[1])?)
+            },
+        )?;
+        check(
+            &format!("x@x.T, x normalized u8 {m}x{k}"),
+            &[pixels],
+            product_tol(k, 16.0),
+            |t| {
+                let x = normalize(&t[0])?;
+                x.matmul(&x.t()?)
+            },
+        )?;
         // ReLU's backward pass in the product's epilogue: the gradient
         // where the layer's output was positive, else 0.
         let h = input(&[m, k], 41, true)?;

@@ -9,7 +9,7 @@ use kiln_ir::schedule::Location;
 use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
 
 use super::cache::compile;
-use super::jit::{self, Buffer, CompiledKernel};
+use super::jit::{self, Buffer, CompiledKernel, Computed};
 use crate::backend::{Place, Places};
 use crate::{Error, check_run};
 
@@ -23,6 +23,19 @@ pub(crate) struct Executable {
     arena: Vec<Vec<u64>>,
     outputs: Vec<TensorType>,
     places: Places,
+    /// For each launch, where its computed operands go.
+    shares: Vec<[Share; 2]>,
+    /// The buffers of computed operands kept from one launch to another.
+    kept: Vec<Vec<u64>>,
+}
+
+/// Where a launch's computed operand goes (`jit::Computed`), a kept one by
+/// its index in `Executable::kept`.
+#[derive(Clone, Copy)]
+enum Share {
+    Scratch,
+    Keep(usize),
+    Kept(usize),
 }
 
 impl Executable {
@@ -67,10 +80,14 @@ impl Executable {
                 })
             })
             .collect::<Result<_, Error>>()?;
+        let mut kept = Vec::new();
+        let shares = shared_operands(&optimized, &kernels, &mut kept)?;
         let outputs = optimized.graph.output_types();
         let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
         Ok(Executable {
             places: Places::new(&optimized),
+            shares,
+            kept,
             optimized,
             kernels,
             groups,
@@ -139,9 +156,10 @@ impl Executable {
         let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
         for group in &self.groups {
             let mut bound = Vec::with_capacity(group.len());
-            for (launch, kernel) in schedule.launches[group.clone()]
+            for ((launch, kernel), shares) in schedule.launches[group.clone()]
                 .iter()
                 .zip(&self.kernels[group.clone()])
+                .zip(&self.shares[group.clone()])
             {
                 let node = graph.node(launch.node);
                 let args: Vec<Buffer> = node
@@ -173,7 +191,12 @@ impl Executable {
                 };
                 let refs: Vec<&Buffer> = args.iter().collect();
                 if group.len() == 1 {
-                    kernel.run(&refs, &mut out, &mut side, &mut scratch)?;
+                    let computed = shares.map(|share| match share {
+                        Share::Scratch => Computed::Scratch,
+                        Share::Keep(k) => Computed::Keep(Buffer::slot(&mut self.kept[k])),
+                        Share::Kept(k) => Computed::Kept(Buffer::slot(&mut self.kept[k])),
+                    });
+                    kernel.run_computed(&refs, &mut out, &mut side, &mut scratch, &computed)?;
                 } else {
                     bound.push(kernel.bind(&refs, &mut out, &mut side, &mut scratch)?);
                 }
@@ -202,4 +225,48 @@ impl Executable {
         }
         Ok(())
     }
+}
+
+/// Where each launch's computed operands go, with the buffers kept for
+/// them pushed onto `kept`: one the same as an earlier
+/// launch's (`CompiledKernel::computed`: the same block over the same
+/// values, written in the same shape) is not computed again but read from a
+/// buffer the earlier launch computed it into and the executable keeps.
+/// The training step's normalized images, the first layer's operand and,
+/// transposed, its weight gradient's, are computed once. The values read
+/// stay as they are in between: a graph value is written once, and
+/// `pass::donate` writes over an input only where nothing reads it after.
+fn shared_operands(
+    optimized: &Optimized,
+    kernels: &[Arc<CompiledKernel>],
+    kept: &mut Vec<Vec<u64>>,
+) -> Result<Vec<[Share; 2]>, Error> {
+    let mut shares = vec![[Share::Scratch; 2]; kernels.len()];
+    let mut first = Vec::new();
+    for (l, (launch, kernel)) in optimized.schedule.launches.iter().zip(kernels).enumerate() {
+        let nodes = &optimized.graph.node(launch.node).inputs;
+        for (side, key) in kernel.computed(nodes).into_iter().enumerate() {
+            let Some(key) = key else { continue };
+            let Some(i) = first.iter().position(|(k, _)| *k == key) else {
+                first.push((key, (l, side)));
+                continue;
+            };
+            let (at, at_side) = first[i].1;
+            let k = match shares[at][at_side] {
+                Share::Keep(k) => k,
+                _ => {
+                    let words = first[i].0.1.numel().div_ceil(2);
+                    let name = optimized.graph.name.as_str();
+                    kept.push(
+                        kiln_ir::try_vec(words, 0u64)
+                            .map_err(|e| Error::from(e.in_op(name, "a kept operand")))?,
+                    );
+                    shares[at][at_side] = Share::Keep(kept.len() - 1);
+                    kept.len() - 1
+                }
+            };
+            shares[l][side] = Share::Kept(k);
+        }
+    }
+    Ok(shares)
 }

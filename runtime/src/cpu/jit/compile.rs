@@ -14,7 +14,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
-use kiln_ir::{DType, Shape, TensorType};
+use kiln_ir::{DType, NodeId, Shape, TensorType};
 
 use crate::Error;
 use crate::cpu::f64_math;
@@ -142,6 +142,24 @@ fn swapped_reads(block: &Block, swap: &[usize]) -> Block {
 }
 
 impl CompiledKernel {
+    /// For each operand of a matmul computed before the product, what its
+    /// prologue writes: its block with each read naming the value it reads
+    /// (`nodes`, the launch's inputs), and the shape it writes (how the
+    /// product reads that, as it is or transposed, is the launch's own).
+    /// Two launches with the same write the same memory.
+    pub(crate) fn computed(&self, nodes: &[NodeId]) -> [Option<(Block, Shape)>; 2] {
+        self.operands.each_ref().map(|prologue| {
+            let prologue = prologue.as_ref()?;
+            let mut block = prologue.kernel.kernel.body.clone();
+            for v in &mut block.values {
+                if let Expr::Load { input, .. } = &mut v.expr {
+                    *input = nodes.get(*input as usize)?.0;
+                }
+            }
+            Some((block, prologue.kernel.kernel.out.shape.clone()))
+        })
+    }
+
     /// Lowers and compiles `kernel`; `code` receives the Cranelift IR, then
     /// the machine code, when asked for (`KILN_DUMP=code`).
     pub(crate) fn new(

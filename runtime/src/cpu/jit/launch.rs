@@ -9,7 +9,7 @@ use kiln_ir::kernel::KernelKind;
 use kiln_ir::{Data, DataRef, TensorType};
 use rayon::prelude::*;
 
-use super::CompiledKernel;
+use super::{CompiledKernel, Computed};
 use crate::Error;
 
 /// Work below this many elements runs on the calling thread.
@@ -81,9 +81,24 @@ impl CompiledKernel {
         side: &mut [Buffer],
         scratch: &mut Buffer,
     ) -> Result<(), Error> {
+        let computed = [Computed::Scratch, Computed::Scratch];
+        self.run_computed(inputs, out, side, scratch, &computed)
+    }
+
+    /// `run`, a matmul's computed operands where `computed` says.
+    pub(crate) fn run_computed(
+        &self,
+        inputs: &[&Buffer],
+        out: &mut Buffer,
+        side: &mut [Buffer],
+        scratch: &mut Buffer,
+        computed: &[Computed; 2],
+    ) -> Result<(), Error> {
         let bound = self.bind(inputs, out, side, scratch)?;
         match &self.kernel.kind {
-            KernelKind::MatMul { a, b } => self.run_matmul([a, b], &bound, inputs, out, scratch)?,
+            KernelKind::MatMul { a, b } => {
+                self.run_matmul([a, b], &bound, (inputs, out, scratch), computed)?
+            }
             KernelKind::Elementwise | KernelKind::Reduce { .. } => {
                 run_rows(std::slice::from_ref(&bound))?
             }

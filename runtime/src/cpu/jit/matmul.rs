@@ -23,23 +23,34 @@ use crate::stored::Stored;
 /// thread each, rather than one after the other across every thread.
 const BATCH_WORK: usize = 1 << 22;
 
+/// Where a matmul's computed operand is written: into its launch's
+/// scratch, or into a buffer an executable keeps for a later launch whose
+/// operand is the same (`CompiledKernel::computed`), where that launch
+/// then finds it.
+pub(crate) enum Computed {
+    Scratch,
+    Keep(Buffer),
+    Kept(Buffer),
+}
+
 impl CompiledKernel {
     /// Runs a matmul kernel over its launch's buffers (`bound`): its
-    /// computed operands into `scratch`, the GEMM core, then the epilogue.
+    /// computed operands where `computed` says, the GEMM core, then the
+    /// epilogue.
     pub(super) fn run_matmul(
         &self,
         [a, b]: [&Operand; 2],
         bound: &Bound<'_>,
-        inputs: &[&Buffer],
-        out: &Buffer,
-        scratch: &Buffer,
+        (inputs, out, scratch): (&[&Buffer], &Buffer, &Buffer),
+        computed: &[Computed; 2],
     ) -> Result<(), Error> {
         let (k, table) = (&self.kernel, &bound.table);
         let isa = gemm::isa()?;
         // Computed operands lie one after the other in scratch.
         let mut parts = Vec::with_capacity(2);
         let mut at = 0;
-        for (side, prologue) in [a, b].into_iter().zip(&self.operands) {
+        let sides = [a, b].into_iter().zip(&self.operands).zip(computed);
+        for ((side, prologue), place) in sides {
             parts.push(match (side, prologue) {
                 (Operand::Read { input, view }, _) => {
                     Strided::new(view, &view.shape, inputs[*input as usize])?
@@ -49,12 +60,25 @@ impl CompiledKernel {
                 }
                 (Operand::Computed { shape, .. }, Some(prologue)) => {
                     let bytes = shape.numel() * DType::F32.size();
-                    let mut part = scratch.part(at, bytes);
-                    at += bytes;
+                    let (mut part, there) = match place {
+                        Computed::Scratch => {
+                            at += bytes;
+                            (scratch.part(at - bytes, bytes), false)
+                        }
+                        Computed::Keep(buffer) => (buffer.alias(), false),
+                        Computed::Kept(buffer) => (buffer.alias(), true),
+                    };
+                    if part.bytes < bytes {
+                        return Err(Error::Launch(format!(
+                            "a computed operand {shape} in {} bytes",
+                            part.bytes
+                        )));
+                    }
                     let written = &prologue.kernel.kernel.out.shape;
-                    prologue
-                        .kernel
-                        .run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
+                    if !there {
+                        let kernel = &prologue.kernel;
+                        kernel.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
+                    }
                     let view = View::contiguous(written);
                     let view = if prologue.transposed {
                         view.permute(&swapped_axes(shape.rank()))

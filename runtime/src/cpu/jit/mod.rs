@@ -22,3 +22,4 @@ mod matmul;
 
 pub(crate) use compile::CompiledKernel;
 pub(crate) use launch::{Buffer, run_rows};
+pub(crate) use matmul::Computed;
