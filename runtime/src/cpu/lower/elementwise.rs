@@ -46,6 +46,7 @@ impl<'a> Emitter<'a> {
         } else {
             let inner_len: usize = nest.inner.iter().product();
             let unpadded = unpadded_middle(reads);
+            let invariant = self.invariant(body, reads, nest.rows * inner_len > 0);
             self.counted_loop(start, end, 1, |e, row| {
                 let bases = e.bases(&nest.accesses, row);
                 let out_base = bases[bases.len() - 1];
@@ -53,7 +54,8 @@ impl<'a> Emitter<'a> {
                 let n = e.iconst(inner_len as i64);
                 let whole = |e: &mut Self, from: Value, to: Value, vector: bool| {
                     let rows = Rows::One(&bases);
-                    let hoisted = e.hoist(body, reads, rows, zero, inner_len, None);
+                    let hoisted =
+                        e.hoist_over(body, reads, rows, zero, inner_len, None, &invariant);
                     let lanes = vector && vectorizable_hoisted(body, reads, out, &hoisted);
                     let at = Placed {
                         block: body,
@@ -92,7 +94,7 @@ impl<'a> Emitter<'a> {
                     .map(|b| RowBase { valid: None, ..*b })
                     .collect();
                 let rows = Rows::One(&plain);
-                let hoisted = e.hoist(body, clear, rows, zero, inner_len, None);
+                let hoisted = e.hoist_over(body, clear, rows, zero, inner_len, None, &invariant);
                 let lanes = vectorizable_hoisted(body, clear, out, &hoisted);
                 let at = Placed {
                     block: body,

@@ -299,22 +299,86 @@ impl<'a> Emitter<'a> {
         inner: usize,
         acc: Option<Value>,
     ) -> Vec<Option<Value>> {
-        let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
+        self.hoist_over(block, accesses, rows, zero, inner, acc, &[])
+    }
+
+    /// `hoist`, the values `given` holds (`invariant`) taken as they are.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hoist_over(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        rows: Rows,
+        zero: Value,
+        inner: usize,
+        acc: Option<Value>,
+        given: &[Option<Value>],
+    ) -> Vec<Option<Value>> {
         if inner == 0 {
-            hoisted.resize(block.values.len(), None);
-            return hoisted;
+            return vec![None; block.values.len()];
         }
+        self.hoisted(
+            block,
+            accesses,
+            (rows, zero),
+            acc,
+            given,
+            Access::row_invariant,
+        )
+    }
+
+    /// The values of an elementwise block that are the same all over its
+    /// kernel (loads that step along no axis, and every op of those),
+    /// computed once per call before the row loop: an optimizer's bias
+    /// correction, a `pow` of the step count, was computed for every row of
+    /// the update, 2 x 784 calls of `powf` in the training step's first
+    /// layer. Only where the kernel has elements (`elements`), as `hoist`.
+    pub(super) fn invariant(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        elements: bool,
+    ) -> Vec<Option<Value>> {
+        if !elements {
+            return Vec::new();
+        }
+        let zero = self.iconst(0);
+        let bases = self.bases(accesses, zero);
+        let fixed = |a: &Access| {
+            a.fill.is_none() && a.outer.iter().chain(&a.inner).all(|axis| axis.stride == 0)
+        };
+        self.hoisted(block, accesses, (Rows::One(&bases), zero), None, &[], fixed)
+    }
+
+    /// The values of `block` that `keep` says its reads are constant over,
+    /// and every op of those, of constants and of `given`'s values.
+    fn hoisted(
+        &mut self,
+        block: &Block,
+        accesses: &[Access],
+        (rows, zero): (Rows, Value),
+        acc: Option<Value>,
+        given: &[Option<Value>],
+        keep: impl Fn(&Access) -> bool,
+    ) -> Vec<Option<Value>> {
+        let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
         // Four rows at once hold every value, constant or not, in vectors.
         let lanes = matches!(rows, Rows::Four(_));
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
+            let is_load = matches!(v.expr, Expr::Load { .. });
+            if let Some(&Some(x)) = given.get(i) {
+                k += usize::from(is_load);
+                hoisted.push(Some(x));
+                continue;
+            }
             let h = match &v.expr {
                 Expr::Load { .. } => {
                     k += 1;
                     let a = &accesses[k - 1];
                     // Four rows' values are gathered once, and pinned: left
                     // to Cranelift, the lanes were inserted on every trip.
-                    a.row_invariant().then(|| {
+                    keep(a).then(|| {
                         let v = self.read(a, rows, k - 1, zero, v.dtype, lanes);
                         if lanes { self.pin(v) } else { v }
                     })
