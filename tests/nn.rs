@@ -253,6 +253,15 @@ fn every_dtype_and_shape_round_trips_bit_for_bit() -> Result<()> {
             Tensor::from_vec((0..8).map(|i| i * 36).collect::<Vec<u8>>(), [2, 2, 2])?,
         ),
         ("bool", Tensor::from_vec(vec![true, false, true], [3])?),
+        // Beyond f32's precision and i32's range.
+        (
+            "f64",
+            Tensor::from_vec(vec![0.1f64, 1e300, f64::NAN, -0.0, 1.0 + 1e-15], [5])?,
+        ),
+        (
+            "i64",
+            Tensor::from_vec(vec![i64::MIN, -1, 1 << 40, i64::MAX], [2, 2])?,
+        ),
         ("scalar", Tensor::from_vec(vec![2.5f32], [])?),
         ("empty", Tensor::from_vec(Vec::<f32>::new(), [0, 3])?),
         // Lazy: computed by `save`.
@@ -325,8 +334,8 @@ fn file(header: &str, data: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn a_file_written_by_hand_loads_with_narrowing() -> Result<()> {
-    // As another writer may lay it out: f64 and i64 (narrowed on load),
+fn a_file_written_by_hand_loads() -> Result<()> {
+    // As another writer may lay it out: f64 and i64 (loaded as they are),
     // metadata, a name order unlike the byte order.
     let mut data: Vec<u8> = [1.5f64, -2.25]
         .iter()
@@ -339,10 +348,10 @@ fn a_file_written_by_hand_loads_with_narrowing() -> Result<()> {
     let loaded = nn::load(&path)?;
     let names: Vec<&str> = loaded.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["a", "b"], "in byte order");
-    assert_eq!(loaded[0].1.dtype(), DType::F32);
+    assert_eq!(loaded[0].1.dtype(), DType::F64);
     assert_eq!(loaded[0].1.dims(), [1, 2]);
-    assert_eq!(loaded[0].1.to_vec::<f32>()?, [1.5, -2.25]);
-    assert_eq!(loaded[1].1.to_vec::<i32>()?, [-3, 0], "i64 wraps to i32");
+    assert_eq!(loaded[0].1.to_vec::<f64>()?, [1.5, -2.25]);
+    assert_eq!(loaded[1].1.to_vec::<i64>()?, [-3, 1 << 40]);
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! Named tensors saved to and loaded from safetensors files. Loading maps
-//! the file and converts each tensor as the data module reads safetensors
-//! datasets (f64 and i64 narrowed to f32 and i32); a corrupt or truncated
-//! file is an `Err` naming the file, the byte offset and what is wrong.
+//! the file and reads each tensor in the dtype it was stored in (f64 and
+//! i64 included, unlike datasets, which narrow them: a checkpoint must give
+//! back what was saved); a corrupt or truncated file is an `Err` naming the
+//! file, the byte offset and what is wrong.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -61,10 +62,9 @@ fn le_bytes(data: &Data) -> Cow<'_, [u8]> {
 }
 
 /// Writes `tensors` to a safetensors file at `path`, computing those not
-/// yet computed (in one graph). f64 and i64 tensors are stored as such
-/// (`F64`, `I64`), and `load` narrows them to f32 and i32, as it does
-/// every file's. Names must be distinct; the file is written
-/// whole to a temporary file beside `path` and then renamed over it.
+/// yet computed (in one graph), each in its own dtype. Names must be
+/// distinct; the file is written whole to a temporary file beside `path`
+/// and then renamed over it.
 pub fn save<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> Result<()> {
     let path = path.as_ref();
     let mismatch = |message: String| DataError::Mismatch {
@@ -114,8 +114,8 @@ pub fn save<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> 
 
 /// The tensors of the safetensors file at `path` with their names, in the
 /// order their bytes lie in the file (match them by name:
-/// `nn::set_parameters`). f32, i32, u8 and bool load as they are; f64 and
-/// i64 narrow to f32 and i32; other dtypes (f16, bf16, ..) are an `Err`.
+/// `nn::set_parameters`). f32, f64, i32, i64, u8 and bool load as they
+/// are; other dtypes (f16, bf16, ..) are an `Err`.
 pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
     let path = path.as_ref();
     let file = map(path)?;
@@ -146,44 +146,42 @@ pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
                 ),
             )
         })?;
-        let ty = TensorType::new(stored.dtype(), view.shape()).checked("load")?;
-        let data = decode(stored, view.data(), ty.shape.numel()).map_err(|bad| {
+        let data = decode(stored, view.data()).map_err(|bad| {
             fail(
                 offset + bad,
                 format!("tensor '{name}': a bool holds a byte other than 0 or 1"),
             )
         })?;
+        let ty = TensorType::new(data.dtype(), view.shape()).checked("load")?;
+        if data.len() != ty.shape.numel() {
+            return Err(fail(
+                offset,
+                format!("tensor '{name}': {} elements for {}", data.len(), ty.shape),
+            )
+            .into());
+        }
         named.push((name.to_string(), Tensor::from_data(ty, data)));
     }
     Ok(named)
 }
 
-/// `n` elements stored as `stored` in `bytes`, as the kiln dtype they are
-/// read as; for a bool byte other than 0 or 1, its index.
-fn decode(stored: NpyDType, bytes: &[u8], n: usize) -> std::result::Result<Data, usize> {
-    let mut out = vec![0u8; n * stored.dtype().size()];
-    stored.narrow(bytes, &mut out);
-    let words = |out: &[u8]| -> Vec<[u8; 4]> {
-        out.chunks_exact(4)
-            .map(|c| c.try_into().unwrap_or_default())
+/// The elements stored as `stored` in `bytes`, little-endian, in the kiln
+/// dtype of the same width; for a bool byte other than 0 or 1, its index.
+fn decode(stored: NpyDType, bytes: &[u8]) -> std::result::Result<Data, usize> {
+    fn le<const N: usize, T>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
+        (bytes.chunks_exact(N))
+            .map(|c| from(c.try_into().unwrap_or([0; N])))
             .collect()
-    };
-    let longs = |out: &[u8]| -> Vec<[u8; 8]> {
-        out.chunks_exact(8)
-            .map(|c| c.try_into().unwrap_or_default())
-            .collect()
-    };
-    Ok(match stored.dtype() {
-        DType::F32 => Data::F32(words(&out).into_iter().map(f32::from_le_bytes).collect()),
-        DType::I32 => Data::I32(words(&out).into_iter().map(i32::from_le_bytes).collect()),
-        // `NpyDType::dtype` reads 64-bit files as f32 and i32 today; were it
-        // to keep them, these are their 8-byte elements.
-        DType::I64 => Data::I64(longs(&out).into_iter().map(i64::from_le_bytes).collect()),
-        DType::F64 => Data::F64(longs(&out).into_iter().map(f64::from_le_bytes).collect()),
-        DType::U8 => Data::U8(out),
-        DType::Bool => match out.iter().position(|&b| b > 1) {
+    }
+    Ok(match stored {
+        NpyDType::F32 => Data::F32(le(bytes, f32::from_le_bytes)),
+        NpyDType::F64 => Data::F64(le(bytes, f64::from_le_bytes)),
+        NpyDType::I32 => Data::I32(le(bytes, i32::from_le_bytes)),
+        NpyDType::I64 => Data::I64(le(bytes, i64::from_le_bytes)),
+        NpyDType::U8 => Data::U8(bytes.to_vec()),
+        NpyDType::Bool => match bytes.iter().position(|&b| b > 1) {
             Some(bad) => return Err(bad),
-            None => Data::Bool(out.iter().map(|&b| b == 1).collect()),
+            None => Data::Bool(bytes.iter().map(|&b| b == 1).collect()),
         },
     })
 }
