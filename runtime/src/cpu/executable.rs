@@ -236,6 +236,10 @@ impl Executable {
 /// transposed, its weight gradient's, are computed once. The values read
 /// stay as they are in between: a graph value is written once, and
 /// `pass::donate` writes over an input only where nothing reads it after.
+/// A matmul launch always runs alone (`rows::row_groups` groups only
+/// reductions), through `run_computed`. A launch that keeps or reads a
+/// kept operand still has its scratch for it; the kept buffers are
+/// outside the arena's plan.
 fn shared_operands(
     optimized: &Optimized,
     kernels: &[Arc<CompiledKernel>],

@@ -78,15 +78,16 @@ pub(crate) struct CompiledKernel {
     pub(super) range: RowRange,
     pub(super) kernel: Kernel,
     /// For a matmul, each computed operand's block as an elementwise kernel
-    /// that writes the operand into scratch memory.
+    /// that writes the operand before the product (`Computed`: into
+    /// scratch, or a buffer kept for a later launch).
     pub(super) operands: [Option<Prologue>; 2],
     /// For a matmul, what its GEMM can store itself (recognized once here,
     /// not at every launch).
     pub(super) stored: Option<Stored>,
 }
 
-/// A matmul's computed operand: an elementwise kernel that writes it into
-/// scratch memory before the product, and the layout it writes.
+/// A matmul's computed operand: an elementwise kernel that writes it
+/// before the product, and the layout it writes.
 pub(super) struct Prologue {
     pub(super) kernel: Box<CompiledKernel>,
     /// Written with its last two axes swapped (`reads_down_columns`); the
@@ -146,7 +147,7 @@ impl CompiledKernel {
     /// prologue writes: its block with each read naming the value it reads
     /// (`nodes`, the launch's inputs), and the shape it writes (how the
     /// product reads that, as it is or transposed, is the launch's own).
-    /// Two launches with the same write the same memory.
+    /// Two launches with the same write the same values.
     pub(crate) fn computed(&self, nodes: &[NodeId]) -> [Option<(Block, Shape)>; 2] {
         self.operands.each_ref().map(|prologue| {
             let prologue = prologue.as_ref()?;

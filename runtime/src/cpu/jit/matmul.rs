@@ -46,7 +46,7 @@ impl CompiledKernel {
     ) -> Result<(), Error> {
         let (k, table) = (&self.kernel, &bound.table);
         let isa = gemm::isa()?;
-        // Computed operands lie one after the other in scratch.
+        // Computed operands written to scratch lie one after the other there.
         let mut parts = Vec::with_capacity(2);
         let mut at = 0;
         let sides = [a, b].into_iter().zip(&self.operands).zip(computed);

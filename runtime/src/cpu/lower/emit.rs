@@ -339,14 +339,14 @@ impl<'a> Emitter<'a> {
         accesses: &[Access],
         elements: bool,
     ) -> Vec<Option<Value>> {
-        if !elements {
+        let fixed = |a: &Access| {
+            a.fill.is_none() && a.outer.iter().chain(&a.inner).all(|axis| axis.stride == 0)
+        };
+        if !elements || !accesses.iter().any(fixed) {
             return Vec::new();
         }
         let zero = self.iconst(0);
         let bases = self.bases(accesses, zero);
-        let fixed = |a: &Access| {
-            a.fill.is_none() && a.outer.iter().chain(&a.inner).all(|axis| axis.stride == 0)
-        };
         self.hoisted(block, accesses, (Rows::One(&bases), zero), None, &[], fixed)
     }
 

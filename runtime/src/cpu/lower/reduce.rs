@@ -366,7 +366,7 @@ impl<'a> Emitter<'a> {
             e.b.def_var(acc, total);
         }
         if !lanes && !store && pro.inner.len() >= 2 && inner_len > 0 {
-            e.reduce_runs(r, dtype, row, acc);
+            e.reduce_runs(r, dtype, row, acc, &hoisted);
         } else {
             scalars(e, acc, from);
         }
@@ -437,8 +437,15 @@ impl<'a> Emitter<'a> {
     /// along it are computed once for it, where a flat loop over the row
     /// computed them for every element (the training step's loss over
     /// [batch, classes] took the log of each row's sum for every class, and
-    /// 26 us).
-    fn reduce_runs(&mut self, r: Reduce, dtype: DType, row: Value, acc: Variable) {
+    /// 26 us). Values constant over the whole row come `hoisted` already.
+    fn reduce_runs(
+        &mut self,
+        r: Reduce,
+        dtype: DType,
+        row: Value,
+        acc: Variable,
+        hoisted: &[Option<Value>],
+    ) {
         let Reduce {
             op, prologue, pro, ..
         } = r;
@@ -462,7 +469,7 @@ impl<'a> Emitter<'a> {
             let run = e.b.ins().iadd(first, k);
             let bases = e.bases(&accesses, run);
             let rows = Rows::One(&bases);
-            let hoisted = e.hoist(prologue, &accesses, rows, zero, along, None);
+            let hoisted = e.hoist_over(prologue, &accesses, rows, zero, along, None, hoisted);
             let at = Placed {
                 block: prologue,
                 accesses: &accesses,
