@@ -13,6 +13,7 @@
 //! CUDA's (expf is 2 ulp) and matmuls compute in TF32.
 
 use kiln::{DType, Data, Device, Result, Tensor};
+use kiln_support::data;
 
 const SIZES: [usize; 5] = [1, 3, 7, 50, 1027];
 
@@ -127,17 +128,6 @@ fn check(
     let (a, b) = (data(&cpu)?, data(&want)?);
     compare(what, &a, &b, tol);
     Ok(())
-}
-
-fn data(t: &Tensor) -> Result<Data> {
-    Ok(match t.dtype() {
-        DType::F32 => Data::F32(t.to_vec()?),
-        DType::F64 => Data::F64(t.to_vec()?),
-        DType::I32 => Data::I32(t.to_vec()?),
-        DType::I64 => Data::I64(t.to_vec()?),
-        DType::U8 => Data::U8(t.to_vec()?),
-        DType::Bool => Data::Bool(t.to_vec()?),
-    })
 }
 
 /// The error bound of summing `n` values of magnitude up to `scale` in f32.

@@ -12,6 +12,8 @@
 //! the larger of the two results.
 
 use kiln::{BackendOptions, DType, Data, Device, Options, Result, Scalar, Tensor, TensorType};
+use kiln_support::data;
+use kiln_support::gradcheck::Rng;
 
 /// An op under test, on its inputs.
 type Op = fn(&[Tensor]) -> Result<Tensor>;
@@ -19,30 +21,17 @@ type Op = fn(&[Tensor]) -> Result<Tensor>;
 /// Shapes with vector tails, thread splits, rank 0 and no elements.
 const SHAPES: [&[usize]; 7] = [&[], &[0], &[1], &[3], &[7, 3], &[50], &[1027]];
 
-/// A seeded stream of 64-bit words (splitmix64).
-struct Words(u64);
-
-impl Words {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// i64 values of every size: small ones (which collide, for comparisons
 /// and ties), ones beyond i32, and the extremes.
 fn i64s(n: usize, seed: u64) -> Vec<i64> {
-    let mut w = Words(seed);
+    let mut w = Rng(seed);
     let specials = [i64::MIN, i64::MAX, 0, -1, 1 << 40, -(1 << 33) - 5];
     (0..n)
-        .map(|i| match w.next() % 4 {
+        .map(|i| match w.next_u64() % 4 {
             0 => specials[i % specials.len()],
-            1 => (w.next() % 7) as i64 - 3,
-            2 => (w.next() as i64) >> 20,
-            _ => w.next() as i64,
+            1 => (w.next_u64() % 7) as i64 - 3,
+            2 => (w.next_u64() as i64) >> 20,
+            _ => w.next_u64() as i64,
         })
         .collect()
 }
@@ -50,14 +39,14 @@ fn i64s(n: usize, seed: u64) -> Vec<i64> {
 /// f64 values: normal ones, ones beyond f32's range and precision, and
 /// NaN, infinities and signed zeros.
 fn f64s(n: usize, seed: u64) -> Vec<f64> {
-    let mut w = Words(seed);
+    let mut w = Rng(seed);
     let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e300];
     (0..n)
-        .map(|i| match w.next() % 8 {
+        .map(|i| match w.next_u64() % 8 {
             0 => specials[i % specials.len()],
-            1 => ((w.next() % 5) as f64 - 2.0) * 0.5,
-            2 => (w.next() as i64 >> 11) as f64 * 1e-3,
-            _ => (w.next() >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0,
+            1 => ((w.next_u64() % 5) as f64 - 2.0) * 0.5,
+            2 => (w.next_u64() as i64 >> 11) as f64 * 1e-3,
+            _ => (w.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0,
         })
         .collect()
 }
@@ -102,17 +91,6 @@ fn run(
     )?;
     let out = graph.call(&inputs.iter().collect::<Vec<_>>())?;
     data(&out[0])
-}
-
-fn data(t: &Tensor) -> Result<Data> {
-    Ok(match t.dtype() {
-        DType::F32 => Data::F32(t.to_vec()?),
-        DType::F64 => Data::F64(t.to_vec()?),
-        DType::I32 => Data::I32(t.to_vec()?),
-        DType::I64 => Data::I64(t.to_vec()?),
-        DType::U8 => Data::U8(t.to_vec()?),
-        DType::Bool => Data::Bool(t.to_vec()?),
-    })
 }
 
 /// Whether two elements are the same: bit for bit (NaNs match NaNs), or

@@ -9,6 +9,7 @@
 use kiln::nn::Mlp;
 use kiln::optim::{AdamW, Optimizer, Sgd};
 use kiln::{CompiledStep, DType, Data, Options, Result, Tensor, TensorType};
+use kiln_support::data;
 
 const BATCH: usize = 250;
 
@@ -59,14 +60,6 @@ fn batch() -> [Data; 2] {
     let images: Vec<u8> = (0..BATCH * 784).map(|i| (i * 7919 % 256) as u8).collect();
     let labels: Vec<i32> = (0..BATCH as i32).map(|i| i * 31 % 10).collect();
     [Data::U8(images), Data::I32(labels)]
-}
-
-/// The value of a state tensor (f32, or AdamW's i32 step count).
-fn data(t: &Tensor) -> Result<Data> {
-    Ok(match t.ty().dtype {
-        DType::I32 => Data::I32(t.to_vec::<i32>()?),
-        _ => Data::F32(t.to_vec::<f32>()?),
-    })
 }
 
 /// The quickstart's step with `optimizer`, fused or not.

@@ -15,20 +15,14 @@ use kiln_ir::{
 };
 use smallvec::SmallVec;
 
-/// A deterministic stream of choices from one seed (SplitMix64).
-struct Choices(u64);
+use crate::gradcheck::Rng;
+
+/// A deterministic stream of choices from one seed.
+struct Choices(Rng);
 
 impl Choices {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.below(n)
     }
 
     fn dim(&mut self) -> usize {
@@ -77,7 +71,7 @@ fn weight_prologue(c: &mut Choices, g: &mut Graph, w: NodeId) -> NodeId {
 /// Builds a random graph; ops that do not type-check are skipped, so every
 /// choice sequence yields a valid graph.
 pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
-    let mut c = Choices(seed);
+    let mut c = Choices(Rng(seed));
     let mut g = Graph::new("random");
     let mut nodes: Vec<NodeId> = Vec::new();
     for _ in 0..1 + c.below(3) {
@@ -406,7 +400,7 @@ fn random_axes(c: &mut Choices, rank: usize) -> SmallVec<[usize; 4]> {
 /// Seeded inputs for `graph`, one per graph input, with NaN, infinities and
 /// -0 among ordinary values.
 pub fn inputs(graph: &Graph, seed: u64) -> Vec<Data> {
-    let mut c = Choices(seed ^ 0xDA7A);
+    let mut c = Choices(Rng(seed ^ 0xDA7A));
     graph
         .inputs
         .iter()
