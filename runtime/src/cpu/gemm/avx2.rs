@@ -40,9 +40,6 @@ impl Kernel<MR, NR> for Avx2 {
     /// B packed always: read in place, 64x784x256 took 1.1x as long on
     /// one Zen 3 core.
     const IN_PLACE_ROWS: usize = 0;
-    /// Columns shared always: on two Zen 3 cores 256³ took 0.90 of the
-    /// time, 250x784x256 0.93, larger products the same.
-    const SPLIT_COLUMNS: usize = usize::MAX;
     /// Kernels of 2, 4 and 6 rows.
     const ROW_UNIT: usize = 2;
 

@@ -39,8 +39,6 @@ impl Kernel<MR, NR> for Avx512 {
     /// Read in place, rows 8 KiB apart made 96x2048x2048 take 1.6x as long
     /// as packed.
     const IN_PLACE_ROWS: usize = 512;
-    /// Rows shared above one block of rows (as measured on Cascade Lake).
-    const SPLIT_COLUMNS: usize = Self::MC;
     /// Kernels of 4, 8 and 12 rows.
     const ROW_UNIT: usize = 4;
 

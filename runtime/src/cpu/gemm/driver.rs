@@ -45,12 +45,6 @@ pub(super) trait Kernel<const MR: usize, const NR: usize> {
     /// Farthest apart (in elements) the rows of B may be to be read in
     /// place: rows further apart map onto few cache sets.
     const IN_PLACE_ROWS: usize;
-    /// Products of at most this many rows (when B is packed) share B's
-    /// panels between threads, each packing its own and walking every row
-    /// of A over them without waiting for the others; larger products
-    /// share their rows, each thread reading all of B, packed once by all
-    /// of them together before each depth block.
-    const SPLIT_COLUMNS: usize;
     /// The heights of the micro-kernel's variants are multiples of this:
     /// with one block of rows per thread, blocks are cut at its multiples.
     const ROW_UNIT: usize;
@@ -149,12 +143,14 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // rows, B is packed once and the shares are whole tiles. Panels are
     // shared where A costs little to pack again and they split as evenly
     // as tiles (250x256x784, 49 panels, took 1.03x as long by panels with
-    // bias and relu; 784x250x256 with A stored transposed 1.05x).
+    // bias and relu; 784x250x256 with A stored transposed 1.05x), on
+    // either core: on two Zen 4 cores the AVX-512 core took 0.83 of the
+    // time by panels at 250x784x256 (0.46-0.49 ms against 0.55-0.56) and
+    // 0.95 at 256³, as the AVX2 core had on Zen 3.
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
     let share_panels = !b_in_place
         && threads > 1
-        && m <= K::SPLIT_COLUMNS
         && panels >= 2 * threads
         && (a_in_place || m <= K::MC)
         && largest_share(panels) <= largest_share(tiles);
@@ -247,13 +243,19 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
         let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
         // Every depth block's panels, each `kc x NR`, packed in runs of
-        // up to `PACK_PANELS` of them.
+        // up to `PACK_PANELS` of them, as many runs as make every thread's
+        // share the same (runs of 8 left one of two threads packing all 8
+        // panels of a 256-column B alone while the other waited: 256³ on
+        // the AVX-512 core took 1.3x as long).
+        let to_pack = panels - first_packed;
+        let runs = (threads * to_pack.div_ceil(threads * PACK_PANELS)).min(to_pack);
         let mut jobs: Vec<((usize, usize), usize, &mut [f32])> = Vec::new();
         let mut rest = &mut *packed_b;
         for &(k0, kc) in group {
-            for p in (first_packed..panels).step_by(PACK_PANELS) {
-                let run = PACK_PANELS.min(panels - p);
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(run * NR * kc);
+            for r in 0..runs {
+                let p = first_packed + r * to_pack / runs;
+                let end = first_packed + (r + 1) * to_pack / runs;
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut((end - p) * NR * kc);
                 jobs.push(((k0, kc), p, head));
                 rest = tail;
             }

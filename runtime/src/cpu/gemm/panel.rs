@@ -7,7 +7,9 @@
 
 #![allow(unsafe_code)]
 
-use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+use std::arch::x86_64::{
+    _MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_loadu_ps, _mm_prefetch, _mm_storeu_ps,
+};
 
 use super::Operand;
 
@@ -63,18 +65,9 @@ pub(super) unsafe fn pack_b<const NR: usize>(
         let first = first.wrapping_offset((q * NR) as isize * b.cols);
         let (rows, _) = panel.as_chunks_mut::<NR>();
         if b.rows == 1 {
-            // b stored transposed: each column of the panel lies contiguous,
-            // read in order and written down the panel.
-            for j in 0..cols {
-                let column = first.wrapping_offset(j as isize * b.cols);
-                for (l, row) in rows.iter_mut().enumerate() {
-                    // SAFETY: element (k0 + l, (p0 + q) * NR + j) of b.
-                    row[j] = unsafe { *column.add(l) };
-                }
-            }
-            for row in rows.iter_mut() {
-                row[cols..].fill(0.0);
-            }
+            // SAFETY: elements (k0.., (p0 + q) * NR..) of b, `kc x cols` of
+            // them (the contract of this function).
+            unsafe { transpose_into::<NR>(first, b.cols, kc, cols, rows) };
         } else {
             for (l, row) in rows.iter_mut().enumerate() {
                 let start = first.wrapping_offset(l as isize * b.rows);
@@ -85,6 +78,59 @@ pub(super) unsafe fn pack_b<const NR: usize>(
                 row[cols..].fill(0.0);
             }
         }
+    }
+}
+
+/// Rows `l < kc` of a panel from `cols` columns of b stored transposed,
+/// column `j` contiguous from `first + j * stride`, zero past column `cols`:
+/// 4 x 4 blocks turned in SSE registers, four rows of the panel at a time.
+/// (Column by column, every element was a store to its own line of the
+/// panel, which at 256 deep fills L1 and was evicted before the next
+/// column: packing took 9% of 250x256x784 with B transposed.)
+///
+/// # Safety
+/// Element `l` of each column lies inside b's buffer for `l < kc`.
+unsafe fn transpose_into<const NR: usize>(
+    first: *const f32,
+    stride: isize,
+    kc: usize,
+    cols: usize,
+    rows: &mut [[f32; NR]],
+) {
+    let column = |j: usize| first.wrapping_offset(j as isize * stride);
+    let (blocks, _) = rows.as_chunks_mut::<4>();
+    for (l0, block) in (0..kc).step_by(4).zip(blocks) {
+        let mut j = 0;
+        while j + 4 <= cols {
+            // SAFETY: elements `l0..l0 + 4` of columns `j..j + 4` (the
+            // contract of this function); `block`'s rows hold `j + 4 <= NR`
+            // elements.
+            unsafe {
+                let [mut r0, mut r1, mut r2, mut r3] =
+                    std::array::from_fn(|c| _mm_loadu_ps(column(j + c).add(l0)));
+                _MM_TRANSPOSE4_PS(&mut r0, &mut r1, &mut r2, &mut r3);
+                for (row, r) in block.iter_mut().zip([r0, r1, r2, r3]) {
+                    _mm_storeu_ps(row.as_mut_ptr().add(j), r);
+                }
+            }
+            j += 4;
+        }
+        for (i, row) in block.iter_mut().enumerate() {
+            for (c, x) in row[j..cols].iter_mut().enumerate() {
+                // SAFETY: element `l0 + i` of column `j + c`.
+                *x = unsafe { *column(j + c).add(l0 + i) };
+            }
+        }
+    }
+    let whole = kc / 4 * 4;
+    for (i, row) in rows[whole..].iter_mut().enumerate() {
+        for (c, x) in row[..cols].iter_mut().enumerate() {
+            // SAFETY: element `whole + i` of column `c`.
+            *x = unsafe { *column(c).add(whole + i) };
+        }
+    }
+    for row in rows.iter_mut() {
+        row[cols..].fill(0.0);
     }
 }
 
