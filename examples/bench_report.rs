@@ -3,7 +3,7 @@
 //! by call), and printed as one JSON object per line on stdout (progress on
 //! stderr).
 //!
-//! `cargo run --release --example bench_report [-- --workload ID ... --quick --backend cpu|cuda|cuda-f32]`
+//! `cargo run --release --example bench_report [-- --workload ID ... --shape SHAPE ... --quick --backend cpu|cuda|cuda-f32]`
 //!
 //! With `--backend cuda` (feature `cuda`) each workload runs on GPU 0 with its
 //! matmuls in TF32 (`cuda-f32`: IEEE f32, as `Precision::F32`) and its
@@ -21,6 +21,8 @@ use kiln_support::workloads::{self, Workload};
 
 struct Args {
     workloads: Vec<String>,
+    /// Only workloads of these shapes (as the report writes them), if any.
+    shapes: Vec<String>,
     quick: bool,
     backend: Backend,
 }
@@ -48,6 +50,7 @@ impl Backend {
 fn args() -> std::result::Result<Args, String> {
     let mut args = Args {
         workloads: Vec::new(),
+        shapes: Vec::new(),
         quick: false,
         backend: Backend::Cpu,
     };
@@ -58,6 +61,7 @@ fn args() -> std::result::Result<Args, String> {
             "--workload" => args
                 .workloads
                 .push(it.next().ok_or("--workload needs an id")?),
+            "--shape" => args.shapes.push(it.next().ok_or("--shape needs a shape")?),
             "--backend" => match it.next().as_deref() {
                 Some("cpu") => args.backend = Backend::Cpu,
                 Some("cuda") => args.backend = Backend::Cuda,
@@ -363,7 +367,8 @@ fn main() -> Result<()> {
         // Which GEMM core the matmuls run on (`KILN_CPU_ISA` forces one).
         eprintln!("cpu GEMM path: {}", kiln_runtime::cpu::gemm_path()?);
     }
-    for w in all.iter().filter(|w| wanted(w.id)) {
+    let shaped = |w: &Workload| args.shapes.is_empty() || args.shapes.contains(&w.shape);
+    for w in all.iter().filter(|w| wanted(w.id) && shaped(w)) {
         report(w, args.quick, args.backend)?;
     }
     if wanted("compile_mlp3") && args.backend == Backend::Cpu {
