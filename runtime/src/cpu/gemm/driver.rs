@@ -246,7 +246,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         // up to `PACK_PANELS` of them, as many runs as make every thread's
         // share the same (runs of 8 left one of two threads packing all 8
         // panels of a 256-column B alone while the other waited: 256³ on
-        // the AVX-512 core took 1.3x as long).
+        // the AVX-512 core took 1.19x as long, 0.209 against 0.176 ms).
         let to_pack = panels - first_packed;
         let runs = (threads * to_pack.div_ceil(threads * PACK_PANELS)).min(to_pack);
         let mut jobs: Vec<((usize, usize), usize, &mut [f32])> = Vec::new();
