@@ -7,7 +7,7 @@
 //! panels (or, when they are contiguous and spread over the cache's sets,
 //! read in place). Threads share a product by rows (`by_rows`: each takes
 //! blocks of rows and walks every panel of B, packed once by all threads
-//! together before each depth block) or by panels (`by_panels`: each packs
+//! together, each run of panels by the first task to need it) or by panels (`by_panels`: each packs
 //! its own panels of B and walks every block of rows over them, with no
 //! barrier between depth blocks). A task walks its panels of B in groups
 //! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
@@ -24,7 +24,7 @@
 
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
@@ -184,7 +184,8 @@ unsafe impl Send for C {}
 
 /// The product with the rows of C cut into blocks shared between threads,
 /// each walking every panel of B. B's depth blocks are packed once, by
-/// every thread together, before the row blocks run over them.
+/// every thread together: each run of panels by the first task to need it,
+/// the others waiting for the runs being packed.
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -201,10 +202,9 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // Read in place, B's ragged last panel is packed all the same: reading
     // its NR columns would pass the end of B's row.
     let first_packed = if in_place { n / NR } else { 0 };
-    // Depth blocks in groups that run as one parallel region: B's blocks
-    // of a group are packed together first, then each task walks its rows
-    // through all of them. Read in place, B packs little, and one group
-    // saves a dispatch and a barrier per block; packed, each block is its
+    // Depth blocks in groups that run as one parallel region, each task
+    // walking its rows through all of them. Read in place, B packs little,
+    // and one group saves a dispatch per block; packed, each block is its
     // own group, so that its panels stay in cache for every row block.
     let groups: Vec<&[(usize, usize)]> = if in_place {
         vec![blocks_of_k]
@@ -242,41 +242,50 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         let k_first = group[0].0;
         let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
         let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
-        // Every depth block's panels, each `kc x NR`, packed in runs of
-        // up to `PACK_PANELS` of them, as many runs as make every thread's
-        // share the same (runs of 8 left one of two threads packing all 8
-        // panels of a 256-column B alone while the other waited: 256³ on
-        // the AVX-512 core took 1.19x as long, 0.209 against 0.176 ms).
+        // Every depth block's panels, each `kc x NR`, in runs of up to
+        // `PACK_PANELS` of them, as many runs as make every thread's share
+        // the same (runs of 8 left one of two threads packing all 8 panels
+        // of a 256-column B alone while the other waited: 256³ on the
+        // AVX-512 core took 1.19x as long, 0.209 against 0.176 ms). A run
+        // is packed by the first task to need it, in the region that walks
+        // the rows over it, rather than in a region of its own before it
+        // (784x250x256 with A transposed ran 0.95-0.97 of the time on two
+        // Zen 4 cores, in ten of twelve pairs, the host busy).
         let to_pack = panels - first_packed;
         let runs = (threads * to_pack.div_ceil(threads * PACK_PANELS)).min(to_pack);
-        let mut jobs: Vec<((usize, usize), usize, &mut [f32])> = Vec::new();
-        let mut rest = &mut *packed_b;
-        for &(k0, kc) in group {
-            for r in 0..runs {
-                let p = first_packed + r * to_pack / runs;
-                let end = first_packed + (r + 1) * to_pack / runs;
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut((end - p) * NR * kc);
-                jobs.push(((k0, kc), p, head));
-                rest = tail;
-            }
-        }
-        let pack = |(depth, p, panels): ((usize, usize), usize, &mut [f32])| {
-            // SAFETY: the depth block's rows and columns `..n` of b are
-            // inside its buffer (the contract of `sgemm`).
-            unsafe { pack_b::<NR>(b, depth, p, n, panels) }
-        };
-        if threads > 1 {
-            jobs.into_par_iter().for_each(pack);
-        } else {
-            jobs.into_iter().for_each(pack);
-        }
-        let packed_b = &*packed_b;
+        let mut at = 0;
+        let jobs: Vec<Vec<Run>> = group
+            .iter()
+            .map(|&(k0, kc)| {
+                (0..runs)
+                    .map(|r| {
+                        let p = first_packed + r * to_pack / runs;
+                        let end = first_packed + (r + 1) * to_pack / runs;
+                        let run = Run {
+                            depth: (k0, kc),
+                            panels: p..end,
+                            at,
+                            state: AtomicU8::new(UNCLAIMED),
+                        };
+                        at += (end - p) * NR * kc;
+                        run
+                    })
+                    .collect()
+            })
+            .collect();
+        let packed_b = Packing(packed_b.as_mut_ptr());
         // (`b` is taken whole, by reference: its pointer alone is not
         // `Sync`.)
         let b = &b;
-        let block = |&(r0, r1): &(usize, usize)| {
+        let block = |(i, &(r0, r1)): (usize, &(usize, usize))| {
             PACKED_A.with_borrow_mut(|packed_a| {
                 for (d, &(k0, kc)) in group.iter().enumerate() {
+                    // Tasks start on different runs (the first of each
+                    // thread's half of the blocks on its half of the runs).
+                    // SAFETY: the runs lie in the packed buffer, one after
+                    // the other, and their panels of b inside its buffer
+                    // (the contract of `sgemm`).
+                    unsafe { ready::<NR>(&jobs[d], i * runs / blocks, *b, n, packed_b) };
                     // Panel `p` of this depth block: its rows and their
                     // distance.
                     let panel = |p: usize| -> (&[f32], usize) {
@@ -296,7 +305,12 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                             (rows, stride)
                         } else {
                             let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
-                            (&packed_b[at..at + NR * kc], NR)
+                            // SAFETY: panel `p` of this depth block, `NR *
+                            // kc` elements from `at`, is in one of its runs,
+                            // all of them packed (`ready`) and written no more.
+                            let panel =
+                                unsafe { std::slice::from_raw_parts(packed_b.0.add(at), NR * kc) };
+                            (panel, NR)
                         }
                     };
                     let last = g == last_group && d + 1 == group.len();
@@ -318,12 +332,101 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             }
         };
         if threads > 1 {
-            bounds.par_iter().with_max_len(1).for_each(block);
+            bounds
+                .par_iter()
+                .enumerate()
+                .with_max_len(1)
+                .for_each(block);
         } else {
-            bounds.iter().for_each(block);
+            bounds.iter().enumerate().for_each(block);
         }
     }
     PACKED_B.set(packed_b_buffer);
+}
+
+/// A run of panels of B in one depth block, packed from element `at` of
+/// the packed buffer on by the first task to claim it.
+struct Run {
+    depth: (usize, usize),
+    panels: std::ops::Range<usize>,
+    at: usize,
+    state: AtomicU8,
+}
+
+/// `Run::state`: no task has claimed it, one is packing it, it is packed.
+const UNCLAIMED: u8 = 0;
+const PACKING: u8 = 1;
+const PACKED: u8 = 2;
+
+/// The packed panels of B, written by the tasks that claim their runs.
+#[derive(Clone, Copy)]
+struct Packing(*mut f32);
+
+// SAFETY: each run is written by the one task that claims it, and read
+// only once it is packed (`ready`).
+unsafe impl Sync for Packing {}
+unsafe impl Send for Packing {}
+
+/// Packs each of `runs` that no task has claimed yet, from the `start`-th
+/// on and round, then waits for those that other tasks are packing: they
+/// are at work on them, so the wait ends.
+///
+/// # Safety
+/// Each run's panels of b lie inside its buffer, and each run's packed
+/// panels, `kc x NR` each, from its `at` on inside `packed`'s buffer,
+/// written by nothing else.
+unsafe fn ready<const NR: usize>(
+    runs: &[Run],
+    start: usize,
+    b: Operand,
+    n: usize,
+    packed: Packing,
+) {
+    for run in runs[start..].iter().chain(&runs[..start]) {
+        if run
+            .state
+            .compare_exchange(UNCLAIMED, PACKING, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            // Marked packed even if packing panics, so that no task waits
+            // for it forever (the panic reaches the caller all the same).
+            let _packed = MarkPacked(&run.state);
+            let len = run.panels.len() * NR * run.depth.1;
+            // SAFETY: the run's packed panels are this task's to write (it
+            // claimed them), inside `packed`'s buffer; its panels of b
+            // inside b's (the contract of this function).
+            unsafe {
+                let out = std::slice::from_raw_parts_mut(packed.0.add(run.at), len);
+                pack_b::<NR>(b, run.depth, run.panels.start, n, out);
+            }
+        }
+    }
+    for run in runs {
+        // A run's packing takes microseconds: spun for, except where the
+        // packing thread has lost its core.
+        let mut spins = 0u32;
+        while run.state.load(Ordering::Acquire) != PACKED {
+            if spins < SPINS {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Turns of waiting for a run that another task packs before yielding the
+/// core between turns.
+const SPINS: u32 = 1 << 16;
+
+/// Marks a run packed when dropped.
+struct MarkPacked<'a>(&'a AtomicU8);
+
+impl Drop for MarkPacked<'_> {
+    fn drop(&mut self) {
+        self.0.store(PACKED, Ordering::Release);
+    }
 }
 
 /// The product with the panels of B shared between threads, each packing
