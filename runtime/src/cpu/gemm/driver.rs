@@ -7,9 +7,9 @@
 //! panels (or, when they are contiguous and spread over the cache's sets,
 //! read in place). Threads share a product by rows (`by_rows`: each takes
 //! blocks of rows and walks every panel of B, packed once by all threads
-//! together, each run of panels by the first task to need it) or by panels (`by_panels`: each packs
-//! its own panels of B and walks every block of rows over them, with no
-//! barrier between depth blocks). A task walks its panels of B in groups
+//! together, each run of panels by the first task to need it) or by panels
+//! (`by_panels`: each packs its own panels of B and walks every block of
+//! rows over them, with no barrier between depth blocks). A task walks its panels of B in groups
 //! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
 //! panel of the group, so it is read from the nearest caches while B's
 //! panels stream past it, prefetched a few steps ahead of use by the
@@ -19,8 +19,10 @@
 //! handed to the caller's `finish` as soon as that block is done, on the
 //! (last) thread that computed it.
 //!
-//! `unsafe` here is the reads of B in place and the calls of the packing
-//! and of the micro-kernels, whose contracts the loop nest keeps.
+//! `unsafe` here is the reads of B in place, the calls of the packing and
+//! of the micro-kernels, whose contracts the loop nest keeps, and B's
+//! packed panels shared between the tasks of `by_rows` through a pointer,
+//! each run written by the task that claims it and read once it is packed.
 
 #![allow(unsafe_code)]
 
@@ -280,11 +282,13 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         let block = |(i, &(r0, r1)): (usize, &(usize, usize))| {
             PACKED_A.with_borrow_mut(|packed_a| {
                 for (d, &(k0, kc)) in group.iter().enumerate() {
-                    // Tasks start on different runs (the first of each
-                    // thread's half of the blocks on its half of the runs).
-                    // SAFETY: the runs lie in the packed buffer, one after
-                    // the other, and their panels of b inside its buffer
-                    // (the contract of `sgemm`).
+                    // Task `i` starts at run `i * runs / blocks`, so tasks
+                    // that start together claim runs far apart.
+                    // SAFETY: every task passes this depth block's runs,
+                    // which lie one after the other in the packed buffer,
+                    // apart, and their panels of b inside its buffer (the
+                    // contract of `sgemm`); the buffer's `&mut` is not
+                    // used again until this region has joined.
                     unsafe { ready::<NR>(&jobs[d], i * runs / blocks, *b, n, packed_b) };
                     // Panel `p` of this depth block: its rows and their
                     // distance.
@@ -368,13 +372,16 @@ unsafe impl Sync for Packing {}
 unsafe impl Send for Packing {}
 
 /// Packs each of `runs` that no task has claimed yet, from the `start`-th
-/// on and round, then waits for those that other tasks are packing: they
-/// are at work on them, so the wait ends.
+/// on and round, then waits for those that other tasks are packing: a run
+/// is claimed and packed in one go, by `pack_b`, which neither blocks nor
+/// enters rayon, so its packer is at work on it and the wait ends.
 ///
 /// # Safety
-/// Each run's panels of b lie inside its buffer, and each run's packed
-/// panels, `kc x NR` each, from its `at` on inside `packed`'s buffer,
-/// written by nothing else.
+/// Each run's panels of b lie inside its buffer; each run's packed panels,
+/// `kc x NR` each, lie from its `at` on inside `packed`'s buffer, apart
+/// from every other run's; every task that packs or reads them goes
+/// through `ready` with the same `runs`, reads a run only after `ready`
+/// returns, and nothing else touches the buffer meanwhile.
 unsafe fn ready<const NR: usize>(
     runs: &[Run],
     start: usize,
@@ -389,7 +396,9 @@ unsafe fn ready<const NR: usize>(
             .is_ok()
         {
             // Marked packed even if packing panics, so that no task waits
-            // for it forever (the panic reaches the caller all the same).
+            // for it forever: the others go on over a partly packed run
+            // (initialized floats, a wrong product), and the panic reaches
+            // the caller when the region joins.
             let _packed = MarkPacked(&run.state);
             let len = run.panels.len() * NR * run.depth.1;
             // SAFETY: the run's packed panels are this task's to write (it
@@ -417,8 +426,9 @@ unsafe fn ready<const NR: usize>(
 }
 
 /// Turns of waiting for a run that another task packs before yielding the
-/// core between turns.
-const SPINS: u32 = 1 << 16;
+/// core between turns: about 0.1 ms (a pause is some 65 to 140 cycles), a
+/// few times what packing a run takes.
+const SPINS: u32 = 1 << 12;
 
 /// Marks a run packed when dropped.
 struct MarkPacked<'a>(&'a AtomicU8);
