@@ -9,11 +9,11 @@
 //! blocks of rows and walks every panel of B, packed once by all threads
 //! together, each run of panels by the first task to need it) or by panels
 //! (`by_panels`: each packs its own panels of B and walks every block of
-//! rows over them, with no barrier between depth blocks). A task walks its panels of B in groups
-//! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
-//! panel of the group, so it is read from the nearest caches while B's
-//! panels stream past it, prefetched a few steps ahead of use by the
-//! micro-kernel (measured 1.2-1.3x faster than without on Cascade Lake).
+//! rows over them, with no barrier between depth blocks). A task walks its
+//! panels of B in groups of `NC_PANELS` (a group stays in L2): each panel
+//! of A passes over every panel of the group, so it is read from the
+//! nearest caches while B's panels stream past it, prefetched a few steps
+//! ahead of use by the micro-kernel (measured 1.2-1.3x faster than without on Cascade Lake).
 //! In the last depth block each tile applies the caller's `Epilogue` (a
 //! bias, ReLU) in registers as it stores, and each block of rows of C is
 //! handed to the caller's `finish` as soon as that block is done, on the
@@ -255,22 +255,23 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         // Zen 4 cores, in ten of twelve pairs, the host busy).
         let to_pack = panels - first_packed;
         let runs = (threads * to_pack.div_ceil(threads * PACK_PANELS)).min(to_pack);
-        let mut at = 0;
+        // Where packed panel `p` of the depth block from `k0`, `kc` deep,
+        // starts: depth block after depth block, panel after panel.
+        let packed_at = |k0: usize, kc: usize, p: usize| {
+            packed_width * (k0 - k_first) + (p - first_packed) * NR * kc
+        };
         let jobs: Vec<Vec<Run>> = group
             .iter()
             .map(|&(k0, kc)| {
                 (0..runs)
                     .map(|r| {
                         let p = first_packed + r * to_pack / runs;
-                        let end = first_packed + (r + 1) * to_pack / runs;
-                        let run = Run {
+                        Run {
                             depth: (k0, kc),
-                            panels: p..end,
-                            at,
+                            panels: p..first_packed + (r + 1) * to_pack / runs,
+                            at: packed_at(k0, kc, p),
                             state: AtomicU8::new(UNCLAIMED),
-                        };
-                        at += (end - p) * NR * kc;
-                        run
+                        }
                     })
                     .collect()
             })
@@ -308,7 +309,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                             };
                             (rows, stride)
                         } else {
-                            let at = packed_width * (k0 - k_first) + (p - first_packed) * NR * kc;
+                            let at = packed_at(k0, kc, p);
                             // SAFETY: panel `p` of this depth block, `NR *
                             // kc` elements from `at`, is in one of its runs,
                             // all of them packed (`ready`) and written no more.
