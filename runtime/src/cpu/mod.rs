@@ -16,6 +16,7 @@ mod lower;
 mod math;
 #[cfg(target_arch = "x86_64")]
 mod row_ops;
+mod team;
 
 use kiln_ir::pass::Optimized;
 

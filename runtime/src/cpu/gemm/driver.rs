@@ -28,10 +28,9 @@
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use rayon::prelude::*;
-
 use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
 use super::{Epilogue, Operand};
+use crate::cpu::team;
 
 /// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
 /// depth block, and the blocking sized for its registers and caches.
@@ -337,11 +336,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             }
         };
         if threads > 1 {
-            bounds
-                .par_iter()
-                .enumerate()
-                .with_max_len(1)
-                .for_each(block);
+            team::for_each(bounds.len(), &|i| block((i, &bounds[i])));
         } else {
             bounds.iter().enumerate().for_each(block);
         }
@@ -375,7 +370,7 @@ unsafe impl Send for Packing {}
 /// Packs each of `runs` that no task has claimed yet, from the `start`-th
 /// on and round, then waits for those that other tasks are packing: a run
 /// is claimed and packed in one go, by `pack_b`, which neither blocks nor
-/// enters rayon, so its packer is at work on it and the wait ends.
+/// starts a parallel loop, so its packer is at work on it and the wait ends.
 ///
 /// # Safety
 /// Each run's panels of b lie inside its buffer; each run's packed panels,
@@ -476,58 +471,55 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // the others' writes, which its increment acquires).
     let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
     let last = blocks_of_k.len() - 1;
-    ranges
-        .into_par_iter()
-        .with_max_len(1)
-        .enumerate()
-        .for_each(|(t, range)| {
-            let mut packed_b_buffer = PACKED_B.take();
-            PACKED_A.with_borrow_mut(|packed_a| {
-                for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
-                    let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
-                    let runs = packed_b.chunks_mut(PACK_PANELS * NR * kc);
-                    for (panels, p) in runs.zip(range.clone().step_by(PACK_PANELS)) {
-                        // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
-                        // inside its buffer (the contract of `sgemm`).
-                        unsafe { pack_b::<NR>(b, (k0, kc), p, n, panels) };
-                    }
-                    let packed_b = &*packed_b;
-                    let panel = |p: usize| -> (&[f32], usize) {
-                        let at = (p - range.start) * NR * kc;
-                        (&packed_b[at..at + NR * kc], NR)
+    team::for_each(threads, &|t| {
+        let range = ranges[t].clone();
+        let mut packed_b_buffer = PACKED_B.take();
+        PACKED_A.with_borrow_mut(|packed_a| {
+            for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
+                let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
+                let runs = packed_b.chunks_mut(PACK_PANELS * NR * kc);
+                for (panels, p) in runs.zip(range.clone().step_by(PACK_PANELS)) {
+                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
+                    // inside its buffer (the contract of `sgemm`).
+                    unsafe { pack_b::<NR>(b, (k0, kc), p, n, panels) };
+                }
+                let packed_b = &*packed_b;
+                let panel = |p: usize| -> (&[f32], usize) {
+                    let at = (p - range.start) * NR * kc;
+                    (&packed_b[at..at + NR * kc], NR)
+                };
+                // Every other thread, and every other depth block, walks
+                // the blocks of rows backwards: in the last depth block
+                // threads then pass a block last in turns, so that each
+                // finishes about its share of them (walked all the same
+                // way, a thread a little behind the other finished every
+                // block, and 784x250x256 with bias and relu took 1.05x as
+                // long), and a depth block starts on the rows of C the last
+                // one ended on, still in cache.
+                let mut order: Vec<_> = bounds.iter().zip(&done).collect();
+                if (t + d) % 2 == 1 {
+                    order.reverse();
+                }
+                for (&(r0, r1), done) in order {
+                    // SAFETY: the contract of `sgemm`; columns of this
+                    // range's panels are this task's alone.
+                    unsafe {
+                        block::<MR, NR, K>(
+                            product,
+                            r0..r1,
+                            (k0, kc, d == last),
+                            (range.clone(), panel),
+                            packed_a,
+                        )
                     };
-                    // Every other thread, and every other depth block, walks
-                    // the blocks of rows backwards: in the last depth block
-                    // threads then pass a block last in turns, so that each
-                    // finishes about its share of them (walked all the same
-                    // way, a thread a little behind the other finished every
-                    // block, and 784x250x256 with bias and relu took 1.05x as
-                    // long), and a depth block starts on the rows of C the last
-                    // one ended on, still in cache.
-                    let mut order: Vec<_> = bounds.iter().zip(&done).collect();
-                    if (t + d) % 2 == 1 {
-                        order.reverse();
-                    }
-                    for (&(r0, r1), done) in order {
-                        // SAFETY: the contract of `sgemm`; columns of this
-                        // range's panels are this task's alone.
-                        unsafe {
-                            block::<MR, NR, K>(
-                                product,
-                                r0..r1,
-                                (k0, kc, d == last),
-                                (range.clone(), panel),
-                                packed_a,
-                            )
-                        };
-                        if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
-                            finish(r0, r1);
-                        }
+                    if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                        finish(r0, r1);
                     }
                 }
-            });
-            PACKED_B.set(packed_b_buffer);
+            }
         });
+        PACKED_B.set(packed_b_buffer);
+    });
 }
 
 /// Rows `rows` of C over one depth block `(k0, kc)`, the last one if

@@ -7,10 +7,10 @@
 
 use kiln_ir::kernel::KernelKind;
 use kiln_ir::{Data, DataRef, TensorType};
-use rayon::prelude::*;
 
 use super::{CompiledKernel, Computed};
 use crate::Error;
+use crate::cpu::team;
 
 /// Work below this many elements runs on the calling thread.
 pub(super) const PARALLEL_ELEMENTS: usize = 1 << 15;
@@ -177,11 +177,7 @@ pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
         }
     };
     let chunks = row_blocks(rows, row_len * group.len());
-    if chunks.len() == 1 {
-        chunks.iter().for_each(call);
-    } else {
-        chunks.par_iter().with_max_len(1).for_each(call);
-    }
+    team::for_each(chunks.len(), &|i| call(&chunks[i]));
     Ok(())
 }
 
@@ -190,7 +186,7 @@ pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
 /// rows are single elements (so vector loops stay aligned to their tails).
 fn row_blocks(rows: usize, row_len: usize) -> Vec<(usize, usize)> {
     let work = rows.saturating_mul(row_len.max(1));
-    let threads = rayon::current_num_threads();
+    let threads = team::threads();
     if work < PARALLEL_ELEMENTS || threads == 1 || rows < 2 {
         return vec![(0, rows)];
     }

@@ -6,17 +6,19 @@
 
 #![allow(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use kiln_ir::DType;
 use kiln_ir::Shape;
 use kiln_ir::kernel::Operand;
 use kiln_ir::view::View;
-use rayon::prelude::*;
 
 use super::CompiledKernel;
 use super::compile::swapped_axes;
 use super::launch::{Bound, Buffer, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
+use crate::cpu::team;
 use crate::stored::Stored;
 
 /// Batches of at most this many multiply-adds each run side by side, one
@@ -129,11 +131,11 @@ impl CompiledKernel {
         // The GEMM core splits its own work across threads (it packs the
         // operands once for all of them); the epilogue then sweeps the
         // output in row ranges. A thread per 64³ multiply-adds, up to the
-        // pool's: on two Zen 3 cores, launched from rayon's pool, the second
+        // team's: on two Zen 3 cores, launched from rayon's pool, the second
         // thread pays at 100³ (22 us against 39 on one) and at the training
         // step's 250x256x10 (21 against 44).
         let work = batches * m * n * a.cols.max(1);
-        let threads = (work / (64 * 64 * 64)).clamp(1, rayon::current_num_threads());
+        let threads = (work / (64 * 64 * 64)).clamp(1, team::threads());
         // The epilogue takes each block of rows as the GEMM core finishes it
         // when its launch's rows are the product's: a launch of one row is
         // over elements instead (a product of one row, bias and relu, had
@@ -166,12 +168,14 @@ impl CompiledKernel {
             }
         };
         if threads > 1 && batches >= 2 * threads && m * n * a.cols <= BATCH_WORK {
-            let finished: Vec<bool> = (0..batches)
-                .into_par_iter()
-                .with_max_len(1)
-                .map(|batch| one_batch(batch, 1))
-                .collect();
-            pending &= !(finished.iter().all(|&f| f) && done);
+            let unfinished = AtomicBool::new(false);
+            team::for_each(batches, &|batch| {
+                if !one_batch(batch, 1) {
+                    unfinished.store(true, Ordering::Relaxed);
+                }
+            });
+            let all_finished = !unfinished.into_inner();
+            pending &= !(all_finished && done);
         } else {
             for batch in 0..batches {
                 let finished = one_batch(batch, threads);
