@@ -15,7 +15,8 @@
 //!
 //! One loop runs at a time: a loop started while another runs (from
 //! another thread, or from inside one of its tasks) runs its tasks on its
-//! caller alone.
+//! caller alone. A process that runs models on several threads at once
+//! gets the team on one of them at a time.
 //!
 //! `unsafe` here is the loop's closure handed to the workers by address,
 //! while its caller waits for every worker to let go of it.
@@ -36,16 +37,16 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_millis(1);
 
 /// Threads that run a loop's tasks, the caller's included: rayon's count
-/// (`RAYON_NUM_THREADS`, else one per core), so that one setting sizes
-/// kiln's threads and the `gemm` crate's.
+/// (`RAYON_NUM_THREADS`, else one per core) when the first loop starts, so
+/// that one setting sizes kiln's threads and the `gemm` crate's.
 pub(crate) fn threads() -> usize {
     team().threads
 }
 
 /// Runs `task(i)` for every `i < tasks`, each once, on the caller and the
-/// workers, and returns when all have. A task's panic is raised again on
-/// the caller once no worker runs a task of the loop (tasks not yet taken
-/// when the caller's own panicked do not run).
+/// workers, and returns when all have. A task's panic ends the loop (tasks
+/// not yet taken do not run) and is raised again on the caller once no
+/// other task of it runs.
 pub(crate) fn for_each(tasks: usize, task: &(dyn Fn(usize) + Sync)) {
     let team = team();
     if tasks < 2
@@ -59,8 +60,10 @@ pub(crate) fn for_each(tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         return;
     }
     let region = Region {
-        // SAFETY: only the lifetime is erased; `Open` below keeps the
-        // closure borrowed until no worker holds the region.
+        // SAFETY: only the lifetime is erased. The region, and with it the
+        // closure, is handed to workers only while `Open` borrows it, and
+        // `Open`'s drop returns (also when the caller's task unwinds) only
+        // once no worker holds the region.
         task: unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Task>(task) },
         tasks,
         next: AtomicUsize::new(0),
@@ -102,14 +105,20 @@ impl Region {
             (self.task)(i);
         }
     }
+
+    /// Leaves the tasks not yet taken untaken.
+    fn end(&self) {
+        self.next.store(self.tasks, Ordering::Relaxed);
+    }
 }
 
 struct Team {
     threads: usize,
     /// Whether a loop runs.
     busy: AtomicBool,
-    /// Bumped as each loop starts.
-    generation: AtomicU64,
+    /// Bumped as each loop starts; on a cache line of its own, which the
+    /// spinning workers read and only a loop's start writes.
+    generation: Line<AtomicU64>,
     /// The running loop, null between loops.
     region: AtomicPtr<Region>,
     /// Workers that may hold `region`.
@@ -120,13 +129,23 @@ struct Team {
     wake: Condvar,
 }
 
+#[repr(align(64))]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 fn team() -> &'static Team {
     static TEAM: OnceLock<Team> = OnceLock::new();
     static STARTED: std::sync::Once = std::sync::Once::new();
     let team = TEAM.get_or_init(|| Team {
         threads: rayon::current_num_threads(),
         busy: AtomicBool::new(false),
-        generation: AtomicU64::new(0),
+        generation: Line(AtomicU64::new(0)),
         region: AtomicPtr::new(ptr::null_mut()),
         active: AtomicUsize::new(0),
         sleepers: AtomicUsize::new(0),
@@ -157,16 +176,22 @@ impl Team {
             // zero (all four sequentially consistent): a worker either
             // reads null or is waited for.
             self.active.fetch_add(1, Ordering::SeqCst);
+            // Lowered however this turn ends, so that no loop waits for a
+            // worker that is gone.
+            let _leave = Leave(&self.active);
             let region = self.region.load(Ordering::SeqCst);
             if !region.is_null() {
                 // SAFETY: the region stays on its caller's stack until
                 // `active` falls to zero (see above).
                 let region = unsafe { &*region };
                 if let Err(panic) = catch_unwind(AssertUnwindSafe(|| region.work())) {
-                    *region.panic.lock().unwrap_or_else(PoisonError::into_inner) = Some(panic);
+                    region.end();
+                    // The first panic is the one raised; a later one's
+                    // payload is dropped here.
+                    let mut first = region.panic.lock().unwrap_or_else(PoisonError::into_inner);
+                    first.get_or_insert(panic);
                 }
             }
-            self.active.fetch_sub(1, Ordering::Release);
         }
     }
 
@@ -204,42 +229,63 @@ impl Team {
     }
 }
 
+/// Lowers a worker's mark in `active` when dropped.
+struct Leave<'a>(&'a AtomicUsize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// A loop open to the workers, from its start until it is dropped (also
-/// when the caller's task unwinds): then it is closed, and waits for every
-/// worker to let go of it.
+/// when the caller's task unwinds): then it is ended and closed, and waits
+/// for every worker to let go of it.
 struct Open<'a> {
     team: &'a Team,
+    region: &'a Region,
 }
 
 impl<'a> Open<'a> {
-    fn new(team: &'a Team, region: &Region) -> Self {
+    fn new(team: &'a Team, region: &'a Region) -> Self {
         team.region
             .store(ptr::from_ref(region).cast_mut(), Ordering::SeqCst);
         team.generation.fetch_add(1, Ordering::SeqCst);
         if team.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = team.lock.lock().unwrap_or_else(PoisonError::into_inner);
-            team.wake.notify_all();
+            // As many as there are tasks for besides the caller's.
+            for _ in 1..region.tasks.min(team.threads) {
+                team.wake.notify_one();
+            }
         }
-        Open { team }
+        Open { team, region }
     }
 }
 
 impl Drop for Open<'_> {
     fn drop(&mut self) {
         let team = self.team;
+        // Every task is taken unless the caller's panicked.
+        self.region.end();
         team.region.store(ptr::null_mut(), Ordering::SeqCst);
-        // Every task is taken: a worker still active is finishing its
-        // last, spun for, unless it has lost its core.
-        let mut spins = 0u32;
-        while team.active.load(Ordering::SeqCst) != 0 {
-            if spins < 1 << 12 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        // A worker still active is finishing its last task.
+        wait_until(|| team.active.load(Ordering::SeqCst) == 0);
         team.busy.store(false, Ordering::Release);
+    }
+}
+
+/// Returns once `done()`, which another thread at work makes true soon:
+/// spins, then yields the core between tries in case that thread has lost
+/// its own (after about 0.1 ms: a pause is some 65 to 140 cycles).
+pub(crate) fn wait_until(done: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !done() {
+        if spins < 1 << 12 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 

@@ -391,8 +391,8 @@ unsafe impl Send for Packing {}
 
 /// Packs each of `runs` that no task has claimed yet, from the `start`-th
 /// on and round, then waits for those that other tasks are packing: a run
-/// is claimed and packed in one go, by `pack_b`, which neither blocks nor
-/// starts a parallel loop, so its packer is at work on it and the wait ends.
+/// is claimed and packed in one go, by `pack_b`, which does not block, so
+/// its packer is at work on it and the wait ends.
 ///
 /// # Safety
 /// Each run's panels of b lie inside its buffer; each run's packed panels,
@@ -429,24 +429,10 @@ unsafe fn ready<const NR: usize>(
         }
     }
     for run in runs {
-        // A run's packing takes microseconds: spun for, except where the
-        // packing thread has lost its core.
-        let mut spins = 0u32;
-        while run.state.load(Ordering::Acquire) != PACKED {
-            if spins < SPINS {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        // A run's packing takes microseconds.
+        team::wait_until(|| run.state.load(Ordering::Acquire) == PACKED);
     }
 }
-
-/// Turns of waiting for a run that another task packs before yielding the
-/// core between turns: about 0.1 ms (a pause is some 65 to 140 cycles), a
-/// few times what packing a run takes.
-const SPINS: u32 = 1 << 12;
 
 /// Marks a run packed when dropped.
 struct MarkPacked<'a>(&'a AtomicU8);

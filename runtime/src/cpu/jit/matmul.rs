@@ -131,7 +131,7 @@ impl CompiledKernel {
         // The GEMM core splits its own work across threads (it packs the
         // operands once for all of them); the epilogue then sweeps the
         // output in row ranges. A thread per 64³ multiply-adds, up to the
-        // team's: on two Zen 3 cores, launched from rayon's pool, the second
+        // team's: on two Zen 3 cores, measured with rayon's pool, the second
         // thread pays at 100³ (22 us against 39 on one) and at the training
         // step's 250x256x10 (21 against 44).
         let work = batches * m * n * a.cols.max(1);
