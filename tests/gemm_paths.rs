@@ -49,7 +49,9 @@ fn products() -> Result<()> {
     let path = kiln_runtime::cpu::gemm_path()?;
     eprintln!("GEMM path: {path}");
     // (m, k, n): each at least 2^23 multiply-adds, so that kiln's cores take
-    // it; 1 along each axis; tiles and panels ragged; several depth blocks.
+    // it (or, the last, 2^20 and at least 32 along each axis, which they
+    // take on two threads or more); 1 along each axis; tiles and panels
+    // ragged; several depth blocks.
     for (m, k, n) in [
         (1, 2900, 2900),
         (2900, 2900, 1),
@@ -58,6 +60,7 @@ fn products() -> Result<()> {
         (7, 1031, 1163),
         (97, 1100, 101),
         (250, 784, 256),
+        (45, 333, 97),
     ] {
         let (a, b, bias) = (randn(&[m, k], 1)?, randn(&[k, n], 2)?, randn(&[n], 3)?);
         let shape = format!("{m}x{k}x{n} on {path}");

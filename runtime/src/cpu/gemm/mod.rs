@@ -252,6 +252,34 @@ unsafe impl Send for Epilogue {}
 #[cfg(target_arch = "x86_64")]
 const AVX512_WORK: usize = 1 << 23;
 
+/// On two threads or more, products of at least this many multiply-adds
+/// and at least `SHARED_DIM` along each dim run on kiln's cores, whichever
+/// their ISA's own threshold. Below, the `gemm` crate runs on one thread
+/// (`CRATE_SHARED_WORK`), where kiln's cores run on every thread of the
+/// team. Median us on two Zen 4 cores, kiln's core against the crate:
+/// 112³ 18 against 27-35 (AVX-512 core) and 24 against 27-33 (AVX2);
+/// 128³ 24 and 23-31 against 40; 256x64x256 55 and 76 against 79-105;
+/// 32x784x256 59 and 74 against 98-145; 64x256x256 (AVX-512) 38 against
+/// 82. Below it, 80³: 11.5 against 10.8.
+#[cfg(target_arch = "x86_64")]
+const SHARED_WORK: usize = 1 << 20;
+
+/// Narrower products stay with the crate, which reads A in place: on the
+/// same two cores, 16x4096x16 took 108-155 us on kiln's AVX-512 core
+/// against 20, 1024x1024x1 580 against 62, and 512x10x256 on the AVX2
+/// core 72 against 35-53.
+#[cfg(target_arch = "x86_64")]
+const SHARED_DIM: usize = 32;
+
+/// Products of at least this many multiply-adds that the `gemm` crate
+/// runs go on rayon's threads, which sleep between calls and take tens of
+/// microseconds to wake; smaller ones on the caller's alone. Median us of
+/// the crate on two Zen 4 cores, on two threads against one: 250x10x256
+/// 33-46 against 18, 128³ 41-60 against 40; from 2M multiply-adds,
+/// narrow products gain: 256x512x16 27 against 38, 2048x512x4 164 against
+/// 273.
+const CRATE_SHARED_WORK: usize = 1 << 21;
+
 /// Products of at least this many multiply-adds run on kiln's AVX2 core.
 /// Against the `gemm` crate on one Zen 3 core (GFLOP/s): 160³ 150 against
 /// 149, 192³ 163 against 160, 32x784x256 122 against 111; below, 128³ 127
@@ -285,9 +313,12 @@ pub(crate) unsafe fn gemm(
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let tabled = a.tabled() || b.tabled();
+    let work = m * n * k;
+    #[cfg(target_arch = "x86_64")]
+    let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 if m * n * k >= AVX512_WORK || tabled => {
+        Isa::Avx512 if work >= AVX512_WORK || shared || tabled => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
@@ -296,7 +327,7 @@ pub(crate) unsafe fn gemm(
             }
             return true;
         }
-        Isa::Avx2 if m * n * k >= AVX2_WORK || tabled => {
+        Isa::Avx2 if work >= AVX2_WORK || shared || tabled => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
@@ -335,7 +366,7 @@ pub(crate) unsafe fn gemm(
             false,
             false,
             false,
-            if threads > 1 {
+            if threads > 1 && work >= CRATE_SHARED_WORK {
                 gemm::Parallelism::Rayon(threads)
             } else {
                 gemm::Parallelism::None
