@@ -349,10 +349,9 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 
 /// Rows `0..m` in `blocks` blocks of whole tiles of `MR` rows, the larger
 /// ones (by a tile) first: threads that take blocks in turns then end
-/// within a tile of each other. (In turn, 784x250x256 ran in blocks of 6
-/// and 7 tiles in the order the rows came, and a thread could take two
-/// tiles more than the other, a sixteenth of the product's time on two
-/// threads.)
+/// within a tile of each other. (Taken in the rows' order, 784x250x256's
+/// blocks of 6 and 7 tiles could leave one thread two tiles more than the
+/// other, a sixteenth of the product's time on two threads.)
 fn largest_first<const MR: usize>(m: usize, blocks: usize) -> Vec<(usize, usize)> {
     let tiles = m.div_ceil(MR);
     let (size, larger) = (tiles / blocks, tiles % blocks);

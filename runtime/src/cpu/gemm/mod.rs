@@ -253,10 +253,10 @@ unsafe impl Send for Epilogue {}
 const AVX512_WORK: usize = 1 << 23;
 
 /// On two threads or more, products of at least this many multiply-adds
-/// and at least `SHARED_DIM` along each dim run on kiln's cores, whichever
-/// their ISA's own threshold. Below, the `gemm` crate runs on one thread
-/// (`CRATE_SHARED_WORK`), where kiln's cores run on every thread of the
-/// team. Median us on two Zen 4 cores, kiln's core against the crate:
+/// and at least `SHARED_DIM` along each dim run on kiln's cores, whatever
+/// their ISA's own threshold: there kiln's cores run on every thread, and
+/// the `gemm` crate on one (`CRATE_SHARED_WORK`). Median us on two Zen 4
+/// cores, kiln's core against the crate:
 /// 112³ 18 against 27-35 (AVX-512 core) and 24 against 27-33 (AVX2);
 /// 128³ 24 and 23-31 against 40; 256x64x256 55 and 76 against 79-105;
 /// 32x784x256 59 and 74 against 98-145; 64x256x256 (AVX-512) 38 against
