@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """kiln's matmuls beside numpy's (OpenBLAS) in pairs: for each shape, numpy's
-plain product and `bench_report --quick` on each GEMM path take turns in
-windows of under a second, round after round, so that a slow phase of a
-shared machine (another tenant on the host) falls on a pair rather than on
-one side of a whole sitting. Prints, per workload and shape, numpy's and
-each path's medians over the rounds and the per-round ratios numpy / kiln.
+plain product and kiln's fused graph on each GEMM path take turns in short
+windows, round after round, so that a slow phase of a shared machine
+(another tenant on the host) falls on a pair rather than on one side of a
+whole sitting. kiln runs in one `bench_report --serve` process per path,
+compiled once, so a window is calls only. Each window starts after a
+pause (`--settle`) longer than OpenBLAS's threads spin after a call (2^28
+cycles, about 0.1 s here): without it, a kiln window right after numpy's
+ran at one core's speed in 4 of 12 windows (784x250x256 AtB: 0.97-1.02
+ms, against 0.47-0.56 in all 12 after a pause), the spinning threads
+holding the other core. Prints, per workload and shape, numpy's and each
+path's medians over the rounds and the per-round ratios numpy / kiln.
 
   ../shared/anchors/.venv/bin/python benches/matmul_pairs.py \\
-      target/release/examples/bench_report [--rounds 7] [--paths avx512,avx2]
+      target/release/examples/bench_report [--rounds 21] [--paths avx512,avx2]
 
 Build bench_report first (`cargo build --release --example bench_report`).
 """
@@ -17,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -24,31 +31,42 @@ import matmul_anchor as anchor  # noqa: E402  (sets the anchors' thread environm
 import numpy as np  # noqa: E402
 
 
-def numpy_time(m, k, n, layout, budget):
+def numpy_time(m, k, n, layout, budget, cache={}):
     """Median seconds of numpy's plain product on the anchors' inputs."""
-    a, b = anchor.stored(m, k, n, layout)
-    x, w = anchor.ba.gen_inputs([a, b], anchor.ba.SEED)
-    x, w = anchor.operands(x, w, layout)
+    if (m, k, n, layout) not in cache:
+        a, b = anchor.stored(m, k, n, layout)
+        x, w = anchor.ba.gen_inputs([a, b], anchor.ba.SEED)
+        cache[(m, k, n, layout)] = anchor.operands(x, w, layout)
+    x, w = cache[(m, k, n, layout)]
     return statistics.median(anchor.timed(lambda: x @ w, budget))
 
 
-def kiln_time(binary, workload, shape, path):
-    """Median seconds of bench_report's fused variant on GEMM path `path`."""
-    out = subprocess.run([binary, "--quick", "--workload", workload, "--shape", shape],
-                         env={**os.environ, "KILN_CPU_ISA": path}, capture_output=True, text=True,
-                         check=True).stdout
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return next(x["median_s"] for x in lines if x["variant"] == "fused")
+class Kiln:
+    """A `bench_report --serve` process on GEMM path `path`."""
+
+    def __init__(self, binary, path):
+        self.proc = subprocess.Popen([binary, "--serve"], env={**os.environ, "KILN_CPU_ISA": path},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def time(self, workload, shape, budget):
+        """Median seconds of the fused graph over a window of `budget` seconds."""
+        self.proc.stdin.write(f"{workload}\t{shape}\t{budget}\n")
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"bench_report --serve ended at {workload} {shape}")
+        return json.loads(line)["median_s"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bench_report")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--paths", default="avx512,avx2")
-    ap.add_argument("--budget", type=float, default=0.3, help="seconds of numpy's calls per window")
+    ap.add_argument("--budget", type=float, default=0.1, help="seconds of calls per window")
+    ap.add_argument("--settle", type=float, default=0.2, help="seconds of pause before each window")
     args = ap.parse_args()
     paths = args.paths.split(",")
+    kiln = {path: Kiln(args.bench_report, path) for path in paths}
     times = {}
     for r in range(args.rounds):
         for (m, k, n, layout) in anchor.SHAPES:
@@ -58,8 +76,9 @@ def main():
                 # Every other round the other way round, so that neither side
                 # always follows the other.
                 for side in sides if r % 2 == 0 else sides[::-1]:
+                    time.sleep(args.settle)
                     t = (numpy_time(m, k, n, layout, args.budget) if side == "numpy"
-                         else kiln_time(args.bench_report, workload, shape, side))
+                         else kiln[side].time(workload, shape, args.budget))
                     times.setdefault((workload, shape, side), []).append(t)
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     for (workload, shape, side), ts in times.items():

@@ -5,6 +5,9 @@
 //!
 //! `cargo run --release --example bench_report [-- --workload ID ... --shape SHAPE ... --quick --backend cpu|cuda|cuda-f32]`
 //!
+//! `--serve` times workloads on request instead, for scripts that take
+//! turns with other frameworks (see `serve`).
+//!
 //! With `--backend cuda` (feature `cuda`) each workload runs on GPU 0 with its
 //! matmuls in TF32 (`cuda-f32`: IEEE f32, as `Precision::F32`) and its
 //! inputs already on the device: the time is the device's work, launches
@@ -12,6 +15,9 @@
 //! copy bandwidth, measured in the same run, to compare memory-bound
 //! workloads with.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kiln::{
@@ -25,6 +31,7 @@ struct Args {
     shapes: Vec<String>,
     quick: bool,
     backend: Backend,
+    serve: bool,
 }
 
 /// Where the workloads run.
@@ -53,11 +60,13 @@ fn args() -> std::result::Result<Args, String> {
         shapes: Vec::new(),
         quick: false,
         backend: Backend::Cpu,
+        serve: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => args.quick = true,
+            "--serve" => args.serve = true,
             "--workload" => args
                 .workloads
                 .push(it.next().ok_or("--workload needs an id")?),
@@ -300,6 +309,69 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
     Ok(())
 }
 
+/// `--serve`, for scripts that time kiln in short windows taking turns with
+/// other frameworks (`benches/matmul_pairs.py`): each line of stdin,
+/// `WORKLOAD<tab>SHAPE<tab>SECONDS`, runs the CPU's fused graph of that
+/// workload (compiled at its first request, on the same inputs throughout)
+/// twice untimed and then for about SECONDS, and answers with a line
+/// `{"workload":..,"shape":..,"median_s":..,"calls":..}`. Results are not
+/// checked here: the report's own runs check every workload.
+fn serve() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let all = workloads::all();
+    let mut ready: HashMap<(String, String), Served> = HashMap::new();
+    for line in std::io::stdin().lines() {
+        let line = line?;
+        let [id, shape, seconds] = line.split('\t').collect::<Vec<_>>()[..] else {
+            return Err(format!("want WORKLOAD<tab>SHAPE<tab>SECONDS, got {line:?}").into());
+        };
+        let seconds: f64 = seconds.parse()?;
+        let served = match ready.entry((id.to_string(), shape.to_string())) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let w = all
+                    .iter()
+                    .find(|w| w.id == id && w.shape == shape)
+                    .ok_or_else(|| format!("no workload {id} at {shape}"))?;
+                let graph = compiled(w, true, Backend::Cpu)?;
+                e.insert(Served {
+                    outputs: graph.output_buffers()?,
+                    inputs: w.inputs()?,
+                    graph,
+                })
+            }
+        };
+        let Served {
+            graph: g,
+            inputs,
+            outputs,
+        } = served;
+        let refs: Vec<DataRef> = inputs.iter().map(DataRef::from).collect();
+        g.run_into(&refs, outputs)?;
+        g.run_into(&refs, outputs)?;
+        let mut times = Vec::new();
+        let start = Instant::now();
+        while times.is_empty() || start.elapsed().as_secs_f64() < seconds {
+            let t = Instant::now();
+            g.run_into(&refs, outputs)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let calls = times.len();
+        let (median, _) = median_and_spread(times);
+        println!(
+            "{{\"workload\":\"{id}\",\"shape\":\"{shape}\",\"median_s\":{median:.6e},\"calls\":{calls}}}"
+        );
+        std::io::stdout().flush()?;
+    }
+    Ok(())
+}
+
+/// A workload of `--serve`, compiled, with its inputs and outputs.
+struct Served {
+    graph: CompiledGraph,
+    inputs: Vec<Data>,
+    outputs: Vec<Data>,
+}
+
 /// Cold compiles of the 3-layer MLP: the kernel cache is emptied before each.
 fn compile_mlp3(quick: bool) -> Result<()> {
     eprintln!("compile_mlp3");
@@ -355,6 +427,13 @@ fn main() -> Result<()> {
             std::process::exit(2);
         }
     };
+    if args.serve {
+        if let Err(e) = serve() {
+            eprintln!("bench_report --serve: {e}");
+            std::process::exit(2);
+        }
+        return Ok(());
+    }
     let wanted = |id: &str| args.workloads.is_empty() || args.workloads.iter().any(|w| w == id);
     #[cfg(feature = "cuda")]
     if args.backend != Backend::Cpu {
