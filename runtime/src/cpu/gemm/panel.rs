@@ -81,15 +81,18 @@ pub(super) unsafe fn pack_b<const NR: usize>(
     }
 }
 
-/// Rows `l < kc` of a panel from `cols` columns of b stored transposed,
-/// column `j` contiguous from `first + j * stride`, zero past column `cols`:
-/// 4 x 4 blocks turned in SSE registers, four rows of the panel at a time.
-/// (Column by column, every element was a store to its own line of the
-/// panel, which at 256 deep fills L1 and was evicted before the next
-/// column: packing took 9% of 250x256x784 with B transposed, now 4%.)
+/// Rows `l < kc` of a panel from `cols` contiguous runs of an operand
+/// (columns of b stored transposed, rows of a stored row-major), run `j`
+/// from `first + j * stride`, zero past run `cols`: 4 x 4 blocks turned in
+/// SSE registers, four rows of the panel at a time. (Element by element,
+/// every element was a store to its own line of the panel, which at 256
+/// deep fills L1 and was evicted before the next run: packing took 9% of
+/// 250x256x784 with B transposed, now 4%; 4096x1024x8 on the AVX-512 core
+/// took 1.4x as long with A packed so.)
 ///
 /// # Safety
-/// Element `l` of each column lies inside b's buffer for `l < kc`.
+/// Element `l` of each of the `cols` runs lies inside its operand's buffer
+/// for `l < kc`.
 unsafe fn transpose_into<const NR: usize>(
     first: *const f32,
     stride: isize,
@@ -214,17 +217,11 @@ pub(super) unsafe fn pack_a<const MR: usize>(
                         .read_unaligned()
                 };
             }
-        } else if a.cols == 1 && rows == MR {
-            // Rows of a contiguous: read side by side, one element each per
-            // column of the panel.
-            let row: [*const f32; MR] =
-                std::array::from_fn(|i| first.wrapping_offset(i as isize * a.rows));
-            for (l, column) in columns.iter_mut().enumerate() {
-                for (x, row) in column.iter_mut().zip(&row) {
-                    // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside its buffer.
-                    *x = unsafe { *row.add(l) };
-                }
-            }
+        } else if a.cols == 1 {
+            // Rows of a contiguous: turned in blocks, as b's columns are.
+            // SAFETY: elements (r0 + t * MR + i, k0..k0 + kc) of a for
+            // `i < rows`, inside its buffer.
+            unsafe { transpose_into::<MR>(first, a.rows, kc, rows, columns) };
         } else {
             for (l, column) in columns.iter_mut().enumerate() {
                 let start = first.wrapping_offset(l as isize * a.cols);
