@@ -50,7 +50,8 @@ fn products() -> Result<()> {
     eprintln!("GEMM path: {path}");
     // (m, k, n): each at least 2^23 multiply-adds, so that kiln's cores take
     // it (or, the last, 2^20 and at least 32 along each axis, which they
-    // take on two threads or more); 1 along each axis; tiles and panels
+    // take on two threads or more; 2900x2900x1 is too narrow for them and
+    // runs on the `gemm` crate); 1 along each axis; tiles and panels
     // ragged; several depth blocks.
     for (m, k, n) in [
         (1, 2900, 2900),

@@ -118,7 +118,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
     // place is as fast as packed with many (1000³); but rows 4 KiB apart all
     // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
-    let a_in_place = a.cols == 1 && !a.tabled() && spread_over_sets::<MR>(a.rows, NR.div_ceil(16));
+    let a_in_place = reads_a_in_place::<MR, NR>(a);
     let depth = k.div_ceil(k.div_ceil(K::KC));
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
         .step_by(depth)
@@ -617,6 +617,12 @@ fn aligned(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     }
     let skip = buffer.as_ptr().align_offset(64).min(LINE);
     &mut buffer[skip..skip + len]
+}
+
+/// Whether a core of `MR x NR` tiles reads `a` where it lies (rather than
+/// packed): its rows contiguous, and spread over the cache's sets.
+pub(super) fn reads_a_in_place<const MR: usize, const NR: usize>(a: Operand) -> bool {
+    a.cols == 1 && !a.tabled() && spread_over_sets::<MR>(a.rows, NR.div_ceil(16))
 }
 
 /// Whether `MR` rows `lda` elements apart start in enough of L1's 64 sets

@@ -271,6 +271,25 @@ const SHARED_WORK: usize = 1 << 20;
 #[cfg(target_arch = "x86_64")]
 const SHARED_DIM: usize = 32;
 
+/// Whether a product of `n` columns is too narrow for a core of `MR x NR`
+/// tiles, which then leaves it to the `gemm` crate: at most `NARROW`
+/// columns (most of each tile's FMAs wasted), or at most half a panel with
+/// A packed (its rows crowd the cache's sets), which then costs as much
+/// as the product. Median ms on two Zen 4 cores, the crate against the
+/// AVX-512 core and the AVX2 core: 8192x1024x1 0.95-1.1 against 2.8-2.9
+/// and 2.5; 4096x2048x4 1.8-2.2 against 3.0-3.3 and 2.4-2.5; 4096x1024x8
+/// 0.6-0.84 against 1.2 and 0.89-0.91; 2048x2048x16 0.72-1.0 against
+/// 1.24-1.33 (A packed) and 0.79-0.90. With A in place the AVX-512 core
+/// keeps them: 4096x256x10 0.17 against the crate's 0.19.
+#[cfg(target_arch = "x86_64")]
+fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
+    n <= NARROW || (n <= NR / 2 && !driver::reads_a_in_place::<MR, NR>(a))
+}
+
+/// See `narrow`.
+#[cfg(target_arch = "x86_64")]
+const NARROW: usize = 8;
+
 /// Products of at least this many multiply-adds that the `gemm` crate
 /// runs go on rayon's threads, which sleep between calls and take tens of
 /// microseconds to wake; smaller ones on the caller's alone. Median us of
@@ -318,7 +337,11 @@ pub(crate) unsafe fn gemm(
     let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 if work >= AVX512_WORK || shared || tabled => {
+        Isa::Avx512
+            if tabled
+                || (work >= AVX512_WORK || shared)
+                    && !narrow::<{ avx512::MR }, { avx512::NR }>(a, n) =>
+        {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
@@ -327,7 +350,10 @@ pub(crate) unsafe fn gemm(
             }
             return true;
         }
-        Isa::Avx2 if work >= AVX2_WORK || shared || tabled => {
+        Isa::Avx2
+            if tabled
+                || (work >= AVX2_WORK || shared) && !narrow::<{ avx2::MR }, { avx2::NR }>(a, n) =>
+        {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
