@@ -1,8 +1,9 @@
 //! Every GEMM path of the CPU backend that this machine runs (kiln's AVX-512
 //! core, its AVX2+FMA core, the `gemm` crate) against the reference
-//! interpreter: products large enough for kiln's cores, of awkward shapes
-//! (1 along each axis, ragged tiles and depth blocks), operands read
-//! transposed, batched and broadcast, and fused epilogues.
+//! interpreter: products large enough for kiln's cores (and some too narrow
+//! for them), of awkward shapes (1 along each axis, ragged tiles and depth
+//! blocks), operands read transposed, batched and broadcast, and fused
+//! epilogues.
 //!
 //! `products` runs on the path this process takes (the fastest, unless
 //! `KILN_CPU_ISA` names one); `every_other_path` runs `products` again in a
@@ -49,10 +50,10 @@ fn products() -> Result<()> {
     let path = kiln_runtime::cpu::gemm_path()?;
     eprintln!("GEMM path: {path}");
     // (m, k, n): each at least 2^23 multiply-adds, so that kiln's cores take
-    // it (or, the last, 2^20 and at least 32 along each axis, which they
+    // it (45x333x97 has 2^20 and at least 32 along each axis, which they
     // take on two threads or more; 2900x2900x1 is too narrow for them and
-    // runs on the `gemm` crate); 1 along each axis; tiles and panels
-    // ragged; several depth blocks.
+    // runs on the `gemm` crate, as 1000x1000x12 does where A is packed);
+    // 1 along each axis; tiles and panels ragged; several depth blocks.
     for (m, k, n) in [
         (1, 2900, 2900),
         (2900, 2900, 1),
@@ -62,6 +63,7 @@ fn products() -> Result<()> {
         (97, 1100, 101),
         (250, 784, 256),
         (45, 333, 97),
+        (1000, 1000, 12),
     ] {
         let (a, b, bias) = (randn(&[m, k], 1)?, randn(&[k, n], 2)?, randn(&[n], 3)?);
         let shape = format!("{m}x{k}x{n} on {path}");

@@ -274,8 +274,9 @@ const SHARED_DIM: usize = 32;
 /// Whether a product of `n` columns is too narrow for a core of `MR x NR`
 /// tiles, which then leaves it to the `gemm` crate: at most `NARROW`
 /// columns (most of each tile's FMAs wasted), or at most half a panel with
-/// A packed (its rows crowd the cache's sets), which then costs as much
-/// as the product. Median ms on two Zen 4 cores, the crate against the
+/// A packed (stored transposed, or its rows crowding the cache's sets, the
+/// case measured), which then costs as much as the product. Median ms on
+/// two Zen 4 cores, the crate against the
 /// AVX-512 core and the AVX2 core: 8192x1024x1 0.95-1.1 against 2.8-2.9
 /// and 2.5; 4096x2048x4 1.8-2.2 against 3.0-3.3 and 2.4-2.5; 4096x1024x8
 /// 0.6-0.84 against 1.2 and 0.89-0.91; 2048x2048x16 0.72-1.0 against
@@ -290,13 +291,12 @@ fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
 #[cfg(target_arch = "x86_64")]
 const NARROW: usize = 8;
 
-/// Products of at least this many multiply-adds that the `gemm` crate
+/// Products of more than this many multiply-adds that the `gemm` crate
 /// runs go on rayon's threads, which sleep between calls and take tens of
-/// microseconds to wake; smaller ones on the caller's alone. Median us of
+/// microseconds to wake; the others on the caller's alone. Median us of
 /// the crate on two Zen 4 cores, on two threads against one: 250x10x256
-/// 33-46 against 18, 128³ 41-60 against 40; from 2M multiply-adds,
-/// narrow products gain: 256x512x16 27 against 38, 2048x512x4 164 against
-/// 273.
+/// 33-46 against 18, 128³ 41-60 against 40; above, narrow products gain:
+/// 256x512x16 27 against 38, 2048x512x4 164 against 273.
 const CRATE_SHARED_WORK: usize = 1 << 21;
 
 /// Products of at least this many multiply-adds run on kiln's AVX2 core.
@@ -307,8 +307,9 @@ const CRATE_SHARED_WORK: usize = 1 << 21;
 const AVX2_WORK: usize = 1 << 22;
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
-/// `threads` threads: by `isa`'s core for products large enough for it,
-/// or with an operand read through tables (which only kiln's cores pack),
+/// `threads` threads: by `isa`'s core for products large enough for it
+/// (its threshold, or `SHARED_WORK`) and not too narrow (`narrow`), or
+/// with an operand read through tables (which only kiln's cores pack),
 /// which applies `epilogue` as it stores the product and calls `finish(r0,
 /// r1)` on each block of rows as it is done (the result is then true), else
 /// by the `gemm` crate (a tabled operand gathered into a plain matrix
@@ -335,13 +336,14 @@ pub(crate) unsafe fn gemm(
     let work = m * n * k;
     #[cfg(target_arch = "x86_64")]
     let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
+    // Whether a core of this threshold takes the product, given whether it
+    // is too narrow for that core.
+    #[cfg(target_arch = "x86_64")]
+    let takes =
+        |threshold: usize, narrow: bool| tabled || ((work >= threshold || shared) && !narrow);
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512
-            if tabled
-                || (work >= AVX512_WORK || shared)
-                    && !narrow::<{ avx512::MR }, { avx512::NR }>(a, n) =>
-        {
+        Isa::Avx512 if takes(AVX512_WORK, narrow::<{ avx512::MR }, { avx512::NR }>(a, n)) => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
@@ -350,10 +352,7 @@ pub(crate) unsafe fn gemm(
             }
             return true;
         }
-        Isa::Avx2
-            if tabled
-                || (work >= AVX2_WORK || shared) && !narrow::<{ avx2::MR }, { avx2::NR }>(a, n) =>
-        {
+        Isa::Avx2 if takes(AVX2_WORK, narrow::<{ avx2::MR }, { avx2::NR }>(a, n)) => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
@@ -365,7 +364,7 @@ pub(crate) unsafe fn gemm(
         _ => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, epilogue, finish);
+    let _ = (isa, epilogue, finish, tabled);
     // SAFETY (both): the operands' elements lie inside live buffers (the
     // contract of this function).
     let (a_plain, a) = unsafe { untabled(a, m, k) };
@@ -392,7 +391,7 @@ pub(crate) unsafe fn gemm(
             false,
             false,
             false,
-            if threads > 1 && work >= CRATE_SHARED_WORK {
+            if threads > 1 && work > CRATE_SHARED_WORK {
                 gemm::Parallelism::Rayon(threads)
             } else {
                 gemm::Parallelism::None

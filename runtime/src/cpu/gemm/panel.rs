@@ -87,12 +87,12 @@ pub(super) unsafe fn pack_b<const NR: usize>(
 /// SSE registers, four rows of the panel at a time. (Element by element,
 /// every element was a store to its own line of the panel, which at 256
 /// deep fills L1 and was evicted before the next run: packing took 9% of
-/// 250x256x784 with B transposed, now 4%; 4096x1024x8 on the AVX-512 core
-/// took 1.4x as long with A packed so.)
+/// 250x256x784 with B transposed, now 4%; 1024³, its A packed, took 1.07x
+/// as long with A packed so.)
 ///
 /// # Safety
 /// Element `l` of each of the `cols` runs lies inside its operand's buffer
-/// for `l < kc`.
+/// for `l < kc`; `cols <= NR`, and `rows` holds `kc` rows.
 unsafe fn transpose_into<const NR: usize>(
     first: *const f32,
     stride: isize,
@@ -100,6 +100,7 @@ unsafe fn transpose_into<const NR: usize>(
     cols: usize,
     rows: &mut [[f32; NR]],
 ) {
+    debug_assert!(cols <= NR && rows.len() == kc);
     let column = |j: usize| first.wrapping_offset(j as isize * stride);
     let (blocks, _) = rows.as_chunks_mut::<4>();
     for (l0, block) in (0..kc).step_by(4).zip(blocks) {
@@ -218,7 +219,8 @@ pub(super) unsafe fn pack_a<const MR: usize>(
                 };
             }
         } else if a.cols == 1 {
-            // Rows of a contiguous: turned in blocks, as b's columns are.
+            // Rows of a contiguous: turned in blocks, as b's columns are (the
+            // runs are a's rows, the panel's rows its columns).
             // SAFETY: elements (r0 + t * MR + i, k0..k0 + kc) of a for
             // `i < rows`, inside its buffer.
             unsafe { transpose_into::<MR>(first, a.rows, kc, rows, columns) };

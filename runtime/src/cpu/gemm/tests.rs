@@ -32,9 +32,11 @@ fn cores_agree_with_a_plain_product() {
             (90, 600, 50),
             (8, 70, 40),
             (97, 33, 1),
-            // Rows of A 4 KiB apart, packed (on the AVX-512 core), the last
-            // tile one row high.
+            // Rows of A 4 KiB apart or nearly, packed (on the AVX-512 core),
+            // the last tile one or seven rows high, depth blocks not a
+            // multiple of 4.
             (13, 1024, 33),
+            (19, 1026, 33),
             (1, 600, 300),
             (5, 0, 7),
         ] {
