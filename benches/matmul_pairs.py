@@ -18,6 +18,7 @@ path's medians over the rounds and the per-round ratios numpy / kiln.
 Build bench_report first (`cargo build --release --example bench_report`).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,16 +29,19 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import matmul_anchor as anchor  # noqa: E402  (sets the anchors' thread environment first)
-import numpy as np  # noqa: E402
 
 
-def numpy_time(m, k, n, layout, budget, cache={}):
+@functools.cache
+def operands(m, k, n, layout):
+    """The anchors' inputs of a product, made once."""
+    a, b = anchor.stored(m, k, n, layout)
+    x, w = anchor.ba.gen_inputs([a, b], anchor.ba.SEED)
+    return anchor.operands(x, w, layout)
+
+
+def numpy_time(m, k, n, layout, budget):
     """Median seconds of numpy's plain product on the anchors' inputs."""
-    if (m, k, n, layout) not in cache:
-        a, b = anchor.stored(m, k, n, layout)
-        x, w = anchor.ba.gen_inputs([a, b], anchor.ba.SEED)
-        cache[(m, k, n, layout)] = anchor.operands(x, w, layout)
-    x, w = cache[(m, k, n, layout)]
+    x, w = operands(m, k, n, layout)
     return statistics.median(anchor.timed(lambda: x @ w, budget))
 
 

@@ -93,14 +93,24 @@ fn args() -> std::result::Result<Args, String> {
 fn time(
     quick: bool,
     variants: usize,
-    mut f: impl FnMut(usize) -> Result<Option<f64>>,
+    f: impl FnMut(usize) -> Result<Option<f64>>,
 ) -> Result<Vec<Timing>> {
     let (budget, min_reps) = if quick {
         (Duration::from_millis(150), 3)
     } else {
         (Duration::from_secs(1), 7)
     };
-    let budget = budget * variants as u32;
+    time_within(budget * variants as u32, min_reps, variants, f)
+}
+
+/// `time` within `budget` in all, and with at least `min_reps` calls of
+/// each variant.
+fn time_within(
+    budget: Duration,
+    min_reps: usize,
+    variants: usize,
+    mut f: impl FnMut(usize) -> Result<Option<f64>>,
+) -> Result<Vec<Timing>> {
     for v in 0..variants {
         f(v)?;
         f(v)?;
@@ -311,11 +321,11 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
 
 /// `--serve`, for scripts that time kiln in short windows taking turns with
 /// other frameworks (`benches/matmul_pairs.py`): each line of stdin,
-/// `WORKLOAD<tab>SHAPE<tab>SECONDS`, runs the CPU's fused graph of that
+/// `WORKLOAD<tab>SHAPE<tab>SECONDS`, times the CPU's fused graph of that
 /// workload (compiled at its first request, on the same inputs throughout)
-/// twice untimed and then for about SECONDS, and answers with a line
-/// `{"workload":..,"shape":..,"median_s":..,"calls":..}`. Results are not
-/// checked here: the report's own runs check every workload.
+/// as `time` does, within about SECONDS, and answers with a line
+/// `{"workload":..,"shape":..,"median_s":..}`. Results are not checked
+/// here: the report's own runs check every workload.
 fn serve() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let all = workloads::all();
     let mut ready: HashMap<(String, String), Served> = HashMap::new();
@@ -346,20 +356,10 @@ fn serve() -> std::result::Result<(), Box<dyn std::error::Error>> {
             outputs,
         } = served;
         let refs: Vec<DataRef> = inputs.iter().map(DataRef::from).collect();
-        g.run_into(&refs, outputs)?;
-        g.run_into(&refs, outputs)?;
-        let mut times = Vec::new();
-        let start = Instant::now();
-        while times.is_empty() || start.elapsed().as_secs_f64() < seconds {
-            let t = Instant::now();
-            g.run_into(&refs, outputs)?;
-            times.push(t.elapsed().as_secs_f64());
-        }
-        let calls = times.len();
-        let (median, _) = median_and_spread(times);
-        println!(
-            "{{\"workload\":\"{id}\",\"shape\":\"{shape}\",\"median_s\":{median:.6e},\"calls\":{calls}}}"
-        );
+        let budget = Duration::from_secs_f64(seconds);
+        let timing = time_within(budget, 1, 1, |_| timed(g, &refs, outputs))?;
+        let (median, _) = timing[0].host;
+        println!("{{\"workload\":\"{id}\",\"shape\":\"{shape}\",\"median_s\":{median:.6e}}}");
         std::io::stdout().flush()?;
     }
     Ok(())

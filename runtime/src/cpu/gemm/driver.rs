@@ -13,7 +13,8 @@
 //! panels of B in groups of `NC_PANELS` (a group stays in L2): each panel
 //! of A passes over every panel of the group, so it is read from the
 //! nearest caches while B's panels stream past it, prefetched a few steps
-//! ahead of use by the micro-kernel (measured 1.2-1.3x faster than without on Cascade Lake).
+//! ahead of use by the micro-kernel (measured 1.2-1.3x faster than without
+//! on Cascade Lake).
 //! In the last depth block each tile applies the caller's `Epilogue` (a
 //! bias, ReLU) in registers as it stores, and each block of rows of C is
 //! handed to the caller's `finish` as soon as that block is done, on the

@@ -276,12 +276,12 @@ const SHARED_DIM: usize = 32;
 /// columns (most of each tile's FMAs wasted), or at most half a panel with
 /// A packed (stored transposed, or its rows crowding the cache's sets, the
 /// case measured), which then costs as much as the product. Median ms on
-/// two Zen 4 cores, the crate against the
-/// AVX-512 core and the AVX2 core: 8192x1024x1 0.95-1.1 against 2.8-2.9
-/// and 2.5; 4096x2048x4 1.8-2.2 against 3.0-3.3 and 2.4-2.5; 4096x1024x8
-/// 0.6-0.84 against 1.2 and 0.89-0.91; 2048x2048x16 0.72-1.0 against
-/// 1.24-1.33 (A packed) and 0.79-0.90. With A in place the AVX-512 core
-/// keeps them: 4096x256x10 0.17 against the crate's 0.19.
+/// two Zen 4 cores, the crate against the AVX-512 core and the AVX2 core:
+/// 8192x1024x1 0.95-1.1 against 2.8-2.9 and 2.5; 4096x2048x4 1.8-2.2
+/// against 3.0-3.3 and 2.4-2.5; 4096x1024x8 0.6-0.84 against 1.2 and
+/// 0.89-0.91; 2048x2048x16 0.72-1.0 against 1.24-1.33 (A packed) and
+/// 0.79-0.90. With A in place the AVX-512 core keeps them: 4096x256x10
+/// 0.17 against the crate's 0.19.
 #[cfg(target_arch = "x86_64")]
 fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
     n <= NARROW || (n <= NR / 2 && !driver::reads_a_in_place::<MR, NR>(a))
