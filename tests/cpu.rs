@@ -400,13 +400,20 @@ fn reductions_over_every_axis_kind() -> Result<()> {
                 )?;
             }
         }
-        // NaN propagates through max; integers sum exactly.
+        // NaN and infinities propagate through max and sum; integers sum
+        // exactly.
         let x = input(&[4, n], 3, true)?;
         check(
             &format!("max nan [4,{n}]"),
             std::slice::from_ref(&x),
             EXACT,
             |t| t[0].max(&[1], false),
+        )?;
+        check(
+            &format!("sum nan [4,{n}]"),
+            std::slice::from_ref(&x),
+            sum_tol(n, 4.0),
+            |t| t[0].sum(&[1], false),
         )?;
         check(&format!("sum i32 [4,{n}]"), &[x], EXACT, |t| {
             (&t[0] * 1000.0f32)?.cast(DType::I32)?.sum(&[0, 1], false)

@@ -205,6 +205,7 @@ impl CompiledKernel {
         {
             jit.symbol(exp_row::SYMBOL, exp_row::kiln_exp_sum as *const u8);
             jit.symbol(row_ops::MAX_SYMBOL, row_ops::kiln_max_row as *const u8);
+            jit.symbol(row_ops::SUM_SYMBOL, row_ops::kiln_sum_row as *const u8);
             jit.symbol(row_ops::SCALE_SYMBOL, row_ops::kiln_scale_row as *const u8);
         }
         let mut module = JITModule::new(jit);
@@ -231,6 +232,7 @@ impl CompiledKernel {
             Some(lower::RowCalls {
                 exp_sum: import("kiln_exp_sum", &[ptr, f, ptr, n, ptr], Some(f))?,
                 max: import("kiln_max_row", &[ptr, n], Some(f))?,
+                sum: import("kiln_sum_row", &[ptr, n], Some(f))?,
                 scale: import("kiln_scale_row", &[ptr, f, ptr, n], None)?,
             })
         } else {

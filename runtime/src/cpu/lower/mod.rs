@@ -105,6 +105,8 @@ pub(crate) struct RowCalls {
     pub exp_sum: FuncRef,
     /// `kiln_max_row` (`cpu::row_ops`): `(src, n) -> max`.
     pub max: FuncRef,
+    /// `kiln_sum_row` (`cpu::row_ops`): `(src, n) -> sum`.
+    pub sum: FuncRef,
     /// `kiln_scale_row` (`cpu::row_ops`): `(src, c, dst, n)`.
     pub scale: FuncRef,
 }

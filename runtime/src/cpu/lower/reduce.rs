@@ -32,9 +32,12 @@ const SHORT_ROW: usize = 15;
 /// flight from several streams than from one. Summing 64 MiB on two Zen 3
 /// cores in rows of 64 KiB, in C: 16-byte loads in one stream per core 42
 /// GB/s, in two 50, in four 53 (32-byte loads in one stream 50); kiln's
-/// sum_all 4096² went from 1.67 to 1.35 ms. Shorter rows come from cache,
-/// where order is moot or worse (sum_all 1024², rows of 4096, took 1.2x as
-/// long read in segments).
+/// sum_all 4096² went from 1.67 to 1.35 ms. Zen 4 reads one stream of
+/// 32-byte loads fastest, 1.5x as fast as four of 16 bytes: a plain read's
+/// max or sum goes to a 256-bit call instead (`row_call`), and only
+/// computed rows (a sum of squares) come here. Shorter rows come from
+/// cache, where order is moot or worse (sum_all 1024², rows of 4096, took
+/// 1.2x as long read in segments).
 const LONG_ROW: usize = 8192;
 
 /// A reduction kernel as lowered: its op, the prologue block and its loop
@@ -234,8 +237,8 @@ impl<'a> Emitter<'a> {
         } else {
             None
         };
-        // A long enough row's sum of exponentials, or max of a plain read:
-        // by a call, in 256-bit vectors (`exp_sum`, `row_call`).
+        // A long enough row's sum of exponentials, or max or sum of a plain
+        // read: by a call, in 256-bit vectors (`exp_sum`, `row_call`).
         let row_calls = e
             .calls
             .rows
@@ -243,11 +246,16 @@ impl<'a> Emitter<'a> {
         let exp_call = row_calls
             .filter(|_| op == ReduceOp::Sum)
             .zip(exp_argument(prologue));
-        let max_call = row_calls
-            .filter(|_| op == ReduceOp::Max && !store)
-            .and_then(|calls| e.max_row(calls.max, pro_at, inner_len));
-        if let Some(max) = max_call {
-            e.b.def_var(acc, max);
+        let fold_call = row_calls
+            .filter(|_| !store)
+            .and_then(|calls| match op {
+                ReduceOp::Max => Some(calls.max),
+                ReduceOp::Sum => Some(calls.sum),
+                _ => None,
+            })
+            .and_then(|fold| e.fold_row(fold, pro_at, inner_len));
+        if let Some(total) = fold_call {
+            e.b.def_var(acc, total);
             from = n;
         } else if let Some((calls, a)) = exp_call {
             let exp_sum = calls.exp_sum;

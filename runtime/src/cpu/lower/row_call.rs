@@ -1,7 +1,7 @@
 //! Rows handed to the 256-bit row functions (`cpu::exp_row`,
 //! `cpu::row_ops`): which blocks have a row function's form (a contiguous
 //! f32 row of one read, and a number constant along it), and the calls
-//! for a row's max and for an epilogue that scales a row.
+//! for a row's max or sum and for an epilogue that scales a row.
 //!
 //! Why calls: Cranelift emits 128-bit vectors only. With softmax's exp in
 //! a 256-bit call, its other passes (the max, staging `x - max` for the
@@ -86,13 +86,13 @@ impl Emitter<'_> {
         pair(self, x, y).or_else(|| commutes.then(|| pair(self, y, x)).flatten())
     }
 
-    /// The max of a row by `kiln_max_row`, where `at`'s block is a plain
-    /// contiguous f32 read of `len` elements.
-    pub(super) fn max_row(&mut self, max: FuncRef, at: Placed, len: usize) -> Option<Value> {
+    /// A row's max or sum by `kiln_max_row` or `kiln_sum_row` (`fold`),
+    /// where `at`'s block is a plain contiguous f32 read of `len` elements.
+    pub(super) fn fold_row(&mut self, fold: FuncRef, at: Placed, len: usize) -> Option<Value> {
         let last = at.block.values.len().checked_sub(1)?;
         let src = self.contiguous_row(at, last)?;
         let n = self.iconst(len as i64);
-        let call = self.b.ins().call(max, &[src, n]);
+        let call = self.b.ins().call(fold, &[src, n]);
         Some(self.b.inst_results(call)[0])
     }
 
