@@ -839,9 +839,12 @@ fn side_outputs_of_products_and_sums_agree() -> Result<()> {
             )
         };
         let mut tested = compile(device())?;
+        // On a GPU the product's epilogue, which cuBLASLt has no form for,
+        // is a kernel of its own after the GEMM.
+        let launches = if device() == Device::Cpu { 3 } else { 4 };
         assert_eq!(
             tested.launches(),
-            3,
+            launches,
             "[{rows},{cols}] x {k}: two sums and a product"
         );
         let data: Vec<Data> = inputs.iter().map(data).collect::<Result<_>>()?;

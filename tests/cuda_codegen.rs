@@ -47,6 +47,11 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
         }
         "softmax" => vec![randn(&[4096, 1000], 0)?.softmax(-1)?],
         "log_softmax" => vec![randn(&[4096, 10], 0)?.log_softmax(-1)?],
+        // Integer maxes by rows: argmax's index reduction (i32), and i64's.
+        "argmax" => {
+            let x = randn(&[3, 50], 0)?;
+            vec![x.argmax(1, false)?, x.cast(DType::I64)?.max(&[1], false)?]
+        }
         "sums" => {
             let x = randn(&[4096, 1000], 0)?;
             vec![x.sum(&[1], false)?, x.sum(&[0], false)?, x.sum_all()?]
@@ -81,13 +86,14 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
     })
 }
 
-const PATTERNS: [&str; 9] = [
+const PATTERNS: [&str; 10] = [
     "relu_add",
     "matmul_bias_relu",
     "matmul_bias_scale_tanh",
     "normalized_matmul",
     "softmax",
     "log_softmax",
+    "argmax",
     "sums",
     "sgd_step",
     "adamw_step",
@@ -204,6 +210,23 @@ fn an_update_stores_the_parameter_and_its_moments_beside_the_output() -> Result<
 #[test]
 fn softmax_is_one_row_group_kernel() -> Result<()> {
     insta::assert_snapshot!(cuda("softmax")?.0);
+    Ok(())
+}
+
+/// A warp shuffle names every lane (`0xffffffff`), so every lane must reach
+/// it: it stands alone, its value then combined. An integer max written
+/// `acc > shfl(..) ? acc : shfl(..)` shuffled a second time on one side of
+/// the `?:` only, and argmax hung on an H100.
+#[test]
+fn every_lane_reaches_each_shuffle() -> Result<()> {
+    for name in PATTERNS {
+        let (text, _) = cuda(name)?;
+        for line in text.lines().filter(|l| l.contains("__shfl")) {
+            assert_eq!(line.matches("__shfl").count(), 1, "{name}: {line}");
+            let statement = line.split(';').find(|s| s.contains("__shfl")).unwrap();
+            assert!(statement.contains(" down = "), "{name}: {line}");
+        }
+    }
     Ok(())
 }
 

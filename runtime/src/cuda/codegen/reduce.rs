@@ -141,13 +141,16 @@ pub(super) fn reduce_into(
             DType::I64 => "long long",
             DType::I32 | DType::U8 | DType::Bool => "int",
         };
-        let down = format!("({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s)");
-        let across = combine(w, "acc", &down);
-        w.line(indent, &format!("__shared__ {t} partial[32];"));
-        w.line(
-            indent,
-            &format!("for (int s = 16; s > 0; s >>= 1) acc = {across};"),
+        // The shuffle into a variable first: every lane of the warp must
+        // reach it, and an integer max names its operand twice, the second
+        // time on one side of `?:` only (lanes that skipped it left the
+        // others waiting: argmax hung on the GPU).
+        let across = format!(
+            "for (int s = 16; s > 0; s >>= 1) {{ const {t} down = ({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s); acc = {}; }}",
+            combine(w, "acc", "down")
         );
+        w.line(indent, &format!("__shared__ {t} partial[32];"));
+        w.line(indent, &across);
         w.line(
             indent,
             "if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;",
@@ -158,10 +161,7 @@ pub(super) fn reduce_into(
             indent + 1,
             &format!("acc = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : {init};"),
         );
-        w.line(
-            indent + 1,
-            &format!("for (int s = 16; s > 0; s >>= 1) acc = {across};"),
-        );
+        w.line(indent + 1, &across);
         w.line(indent + 1, "if (threadIdx.x == 0) partial[0] = acc;");
         w.line(indent, "}");
         w.line(indent, "__syncthreads();");
