@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA backend's GPU acceptance in one sitting: every op and fusion kind
 # against the interpreter on GPU 0 (tests/cpu.rs), the device tests, then
-# `bench_report --backend cuda` and PyTorch on the same workloads.
+# the index ops (tests/index.rs), then `bench_report --backend cuda` and
+# PyTorch on the same workloads.
 #
 #   benches/cuda_run.sh DIR [OUT]
 #
 # DIR holds binaries built with `--features cuda` (a GPU machine needs no Rust
-# toolchain): `cpu` and `cuda_device` (from `cargo test --release --features
-# cuda --no-run`) and `bench_report`. Logs and JSON lines go to OUT.
+# toolchain): `cpu`, `cuda_device` and `index` (from `cargo test --release
+# --features cuda --no-run`) and `bench_report`. Logs and JSON lines go to OUT.
 set -uo pipefail
 bin=$1
 out=${2:-target/cuda-run}
@@ -19,6 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 status=0
 KILN_TEST_DEVICE=cuda:0 "$bin/cpu" 2>&1 | tee "$out/tests-cpu.log" || status=1
 "$bin/cuda_device" --nocapture 2>&1 | tee "$out/tests-cuda_device.log" || status=1
+KILN_TEST_DEVICE=cuda:0 "$bin/index" 2>&1 | tee "$out/tests-index.log" || status=1
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     "$bin/bench_report" --backend cuda >"$out/kiln.jsonl" || status=1
     "$bin/bench_report" --backend cuda-f32 --workload matmul --workload matmul_bias_relu \
