@@ -126,7 +126,7 @@ unsafe fn max_row(src: *const f32, n: usize) -> f32 {
 /// row's order, then single vectors, then the last few by a masked load,
 /// its other lanes +0 as the accumulators start. One stream: on Zen 4,
 /// summing `[1024, 16384]` a row at a time on two threads (in C) took
-/// 0.90-0.97 ms this way, and 1.36-1.54 ms as four segments of 128-bit
+/// 0.86-1.09 ms this way, and 1.36-1.68 ms as four segments of 128-bit
 /// loads, the generated code's form for long rows (`LONG_ROW`).
 ///
 /// # Safety
