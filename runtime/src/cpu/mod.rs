@@ -1,5 +1,5 @@
 //! The CPU backend: kernels lowered to Cranelift IR (`lower`, `math`,
-//! with `exp_row` and `row_ops`, 256-bit exp, max and scale over a row
+//! with `exp_row` and `row_ops`, 256-bit exp, max, sum and scale over a row
 //! that the code calls, and `f64_math`, the f64 functions it calls),
 //! compiled to machine code and called (`jit`), cached by their structural
 //! hash (`cache`), and run in the order and memory plan of a schedule

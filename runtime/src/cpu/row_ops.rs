@@ -6,10 +6,10 @@
 //!   softmax's time in cache. Both give exactly the interpreter's values: a
 //!   max is one of the row's values (IEEE `maximum`: NaN where the row has
 //!   one, +0 above -0), a product one f32 operation.
-//! - The sum is a long reduction's read (`sum_all`'s rows of 64 KiB), at
-//!   the memory's limit only in one stream of 32-byte loads on Zen 4; its
-//!   additions are reassociated, as the generated code's vector
-//!   accumulators already do.
+//! - The sum is a plain read's, over any row of 32 or more (`ROW_CALL_MIN`);
+//!   long ones (`sum_all`'s rows of 64 KiB) reach the memory's limit on
+//!   Zen 4 only in one stream of 32-byte loads. Its additions are
+//!   reassociated, as the generated code's vector accumulators already do.
 //!
 //! `unsafe` here is the vector loads and stores and the call of the AVX2
 //! code.

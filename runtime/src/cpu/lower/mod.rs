@@ -30,8 +30,8 @@
 //! - `elementwise`: elementwise kernels and matmul epilogues;
 //! - `reduce`: reductions, by rows, four short rows at once, or by columns;
 //! - `exp_sum`: a row's sum of exponentials by a call of 256-bit code;
-//! - `row_call`: a row's max, and an epilogue scaling a row, by calls of
-//!   256-bit code, and how a block is matched to a row function's form.
+//! - `row_call`: a row's max or sum, and an epilogue scaling a row, by calls
+//!   of 256-bit code, and how a block is matched to a row function's form.
 
 mod elementwise;
 mod emit;
@@ -69,7 +69,8 @@ pub(crate) struct RowRange {
 /// loop over a row reads one line per trip of the row that far ahead (0:
 /// the same row again), so that in a row group (`jit::run_rows`) the next
 /// block's rows arrive in cache while this block computes. Cranelift has no
-/// prefetch instruction; a load whose value goes unused does the same.
+/// prefetch instruction; a load whose value goes unused does the same. (A
+/// plain read's max or sum by a call, `row_call`, reads nothing ahead.)
 pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
     let mut sig = Signature::new(call_conv);
     sig.params.extend([

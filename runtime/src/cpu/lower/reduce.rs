@@ -33,9 +33,9 @@ const SHORT_ROW: usize = 15;
 /// cores in rows of 64 KiB, in C: 16-byte loads in one stream per core 42
 /// GB/s, in two 50, in four 53 (32-byte loads in one stream 50); kiln's
 /// sum_all 4096² went from 1.67 to 1.35 ms. Zen 4 reads one stream of
-/// 32-byte loads fastest, 1.5x as fast as four of 16 bytes: a plain read's
-/// max or sum goes to a 256-bit call instead (`row_call`), and only
-/// computed rows (a sum of squares) come here. Shorter rows come from
+/// 32-byte loads fastest, 1.5x as fast as four of 16 bytes: where the row
+/// calls run, a plain read's max or sum goes to a 256-bit call instead
+/// (`row_call`), and only computed rows (a sum of squares) come here. Shorter rows come from
 /// cache, where order is moot or worse (sum_all 1024², rows of 4096, took
 /// 1.2x as long read in segments).
 const LONG_ROW: usize = 8192;
