@@ -35,9 +35,9 @@ const SHORT_ROW: usize = 15;
 /// sum_all 4096² went from 1.67 to 1.35 ms. Zen 4 reads one stream of
 /// 32-byte loads fastest, 1.5x as fast as four of 16 bytes: where the row
 /// calls run, a plain read's max or sum goes to a 256-bit call instead
-/// (`row_call`), and only computed rows (a sum of squares) come here. Shorter rows come from
-/// cache, where order is moot or worse (sum_all 1024², rows of 4096, took
-/// 1.2x as long read in segments).
+/// (`row_call`), and only computed rows (a sum of squares) come here.
+/// Shorter rows come from cache, where order is moot or worse (sum_all
+/// 1024², rows of 4096, took 1.2x as long read in segments).
 const LONG_ROW: usize = 8192;
 
 /// A reduction kernel as lowered: its op, the prologue block and its loop
