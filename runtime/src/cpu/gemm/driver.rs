@@ -142,20 +142,29 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         && m <= K::MC;
     // Sharing B's panels, every thread packs all of A that it does not
     // read in place, and the threads' shares are whole panels; sharing
-    // rows, B is packed once and the shares are whole tiles. Panels are
-    // shared where A costs little to pack again and they split as evenly
-    // as tiles (250x256x784, 49 panels, took 1.03x as long by panels with
-    // bias and relu; 784x250x256 with A stored transposed 1.05x), on
-    // either core: on two Zen 4 cores the AVX-512 core took 0.83 of the
-    // time by panels at 250x784x256 (0.46-0.49 ms against 0.55-0.56) and
-    // 0.95 at 256³, as the AVX2 core had on Zen 3.
+    // rows, B is packed once and the shares are whole tiles, but each
+    // block of rows reads all of packed B again, from L3 where it is
+    // larger than L2. Panels are shared where A costs little to pack
+    // again (read in place, at most MC rows, or fewer rows than B has
+    // columns: then A is the smaller operand) and they split about as
+    // evenly as tiles (within 1/32 of the product: 49 panels on two
+    // threads). On two Zen 4 cores:
+    // - the AVX-512 core took 0.83 of the time by panels at 250x784x256
+    //   (0.46-0.49 ms against 0.55-0.56) and 0.95 at 256³, as the AVX2
+    //   core had on Zen 3;
+    // - the AVX2 core took 0.92-0.93 of the time by panels at 250x256x784
+    //   with B stored transposed (0.48 ms against 0.52) when the host was
+    //   quiet, and 0.69-0.73 when it was busy (0.51 against 0.72-0.74:
+    //   by rows, its 800 KiB of packed B came from L3);
+    // - 784x250x256 with A stored transposed (784 rows, 256 columns)
+    //   took 0.95-1.14 of the time by panels.
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
     let share_panels = !b_in_place
         && threads > 1
         && panels >= 2 * threads
-        && (a_in_place || m <= K::MC)
-        && largest_share(panels) <= largest_share(tiles);
+        && (a_in_place || m <= K::MC || n > m)
+        && largest_share(panels) <= largest_share(tiles) + 1.0 / 32.0;
     // SAFETY (both calls): the contract of this function; `c` is borrowed
     // for the call, and holds `m * n` elements.
     if share_panels {

@@ -38,6 +38,9 @@ fn cores_agree_with_a_plain_product() {
             (13, 1024, 33),
             (19, 1026, 33),
             (1, 600, 300),
+            // More rows than MC but fewer than B's columns, A packed: shared
+            // by panels.
+            (100, 1024, 230),
             (5, 0, 7),
         ] {
             check(isa, m, k, n);
