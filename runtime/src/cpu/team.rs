@@ -277,7 +277,7 @@ impl Drop for Open<'_> {
 /// Returns once `done()`, which another thread at work makes true soon:
 /// spins, then yields the core between tries in case that thread has lost
 /// its own (after about 0.1 ms: a pause is some 65 to 140 cycles).
-pub(crate) fn wait_until(done: impl Fn() -> bool) {
+fn wait_until(done: impl Fn() -> bool) {
     let mut spins = 0u32;
     while !done() {
         if spins < 1 << 12 {

@@ -6,10 +6,10 @@
 //! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
 //! panels (or, when they are contiguous and spread over the cache's sets,
 //! read in place). Threads share a product by rows (`by_rows`: each takes
-//! blocks of rows and walks every panel of B, packed once by all threads
-//! together, each run of panels by the first task to need it) or by panels
-//! (`by_panels`: each packs its own panels of B and walks every block of
-//! rows over them, with no barrier between depth blocks). A task walks its
+//! blocks of rows and walks every panel of B, all of which it packs for
+//! itself) or by panels (`by_panels`: each packs its own panels of B and
+//! walks every block of rows over them, with no barrier between depth
+//! blocks); either way no thread reads what another packed. A task walks its
 //! panels of B in groups of `NC_PANELS` (a group stays in L2): each panel
 //! of A passes over every panel of the group, so it is read from the
 //! nearest caches while B's panels stream past it, prefetched a few steps
@@ -20,14 +20,12 @@
 //! handed to the caller's `finish` as soon as that block is done, on the
 //! (last) thread that computed it.
 //!
-//! `unsafe` here is the reads of B in place, the calls of the packing and
-//! of the micro-kernels, whose contracts the loop nest keeps, and B's
-//! packed panels shared between the tasks of `by_rows` through a pointer,
-//! each run written by the task that claims it and read once it is packed.
+//! `unsafe` here is the reads of B in place and the calls of the packing
+//! and of the micro-kernels, whose contracts the loop nest keeps.
 
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
 use super::{Epilogue, Operand};
@@ -194,9 +192,14 @@ unsafe impl Sync for C {}
 unsafe impl Send for C {}
 
 /// The product with the rows of C cut into blocks shared between threads,
-/// each walking every panel of B. B's depth blocks are packed once, by
-/// every thread together: each run of panels by the first task to need it,
-/// the others waiting for the runs being packed.
+/// each walking every panel of B. Each thread packs B's depth blocks for
+/// itself, at the first block of rows it takes in each: packed once for
+/// all threads, as before, the panels that one thread had packed came to
+/// the other from its cache (or went through L3 to it), and threads waited
+/// for each other's runs of panels. Packed per thread, 784x250x256 with A
+/// stored transposed took 0.86-0.97 of the time on two Zen 4 cores, and
+/// no product measured took longer (1024³ and 2048³ on both cores, 256³,
+/// the convolution of `bench_report`).
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -222,15 +225,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     } else {
         blocks_of_k.chunks(1).collect()
     };
-    // A group's packed panels, depth block after depth block, in this
-    // thread's buffer (taken for the call, so that a nested call would
-    // make its own).
-    let depth = blocks_of_k[0].1;
-    let k = blocks_of_k.iter().map(|&(_, kc)| kc).sum::<usize>();
     let packed_width = (panels - first_packed) * NR;
-    let packed_len = packed_width * if in_place { k } else { depth };
-    let mut packed_b_buffer = PACKED_B.take();
-    let packed_b = aligned(&mut packed_b_buffer, packed_len);
     // Row blocks. Where the rows make one block of at most MC per thread,
     // a thread's time is its block's, so they are cut evenly at multiples
     // of the kernel's row unit, and the last tile of a block runs the
@@ -250,59 +245,40 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     } else {
         largest_first::<MR>(m, blocks)
     };
-    let blocks = bounds.len();
     let last_group = groups.len() - 1;
     for (g, group) in groups.into_iter().enumerate() {
         let k_first = group[0].0;
         let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
-        let packed_b = &mut packed_b[..packed_width * (k_end - k_first)];
-        // Every depth block's panels, each `kc x NR`, in runs of up to
-        // `PACK_PANELS` of them, as many runs as make every thread's share
-        // the same (runs of 8 left one of two threads packing all 8 panels
-        // of a 256-column B alone while the other waited: 256³ on the
-        // AVX-512 core took 1.19x as long, 0.209 against 0.176 ms). A run
-        // is packed by the first task to need it, in the region that walks
-        // the rows over it, rather than in a region of its own before it
-        // (784x250x256 with A transposed ran 0.95-0.97 of the time on two
-        // Zen 4 cores, in ten of twelve pairs, the host busy).
-        let to_pack = panels - first_packed;
-        let runs = (threads * to_pack.div_ceil(threads * PACK_PANELS)).min(to_pack);
         // Where packed panel `p` of the depth block from `k0`, `kc` deep,
         // starts: depth block after depth block, panel after panel.
         let packed_at = |k0: usize, kc: usize, p: usize| {
             packed_width * (k0 - k_first) + (p - first_packed) * NR * kc
         };
-        let jobs: Vec<Vec<Run>> = group
-            .iter()
-            .map(|&(k0, kc)| {
-                (0..runs)
-                    .map(|r| {
-                        let p = first_packed + r * to_pack / runs;
-                        Run {
-                            depth: (k0, kc),
-                            panels: p..first_packed + (r + 1) * to_pack / runs,
-                            at: packed_at(k0, kc, p),
-                            state: AtomicU8::new(UNCLAIMED),
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        let packed_b = Packing(packed_b.as_mut_ptr());
+        // This group's parallel region, told apart from every other: a
+        // thread's packed panels are this region's when tagged with it.
+        let region = REGIONS.fetch_add(1, Ordering::Relaxed);
         // (`b` is taken whole, by reference: its pointer alone is not
         // `Sync`.)
         let b = &b;
-        let block = |(i, &(r0, r1)): (usize, &(usize, usize))| {
+        let block = |&(r0, r1): &(usize, usize)| {
+            // The thread's packed panels, taken for the task, so that a
+            // nested call would make its own.
+            let mut packed_b = PACKED_B.take();
+            let len = packed_width * (k_end - k_first);
+            if packed_b.region != Some(region) {
+                let out = aligned(&mut packed_b.buffer, len);
+                for &(k0, kc) in group {
+                    let at = packed_at(k0, kc, first_packed);
+                    let out = &mut out[at..at + packed_width * kc];
+                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
+                    // are inside its buffer (the contract of `sgemm`).
+                    unsafe { pack_panels::<NR>(*b, (k0, kc), first_packed..panels, n, out) };
+                }
+                packed_b.region = Some(region);
+            }
+            let packed = &*aligned(&mut packed_b.buffer, len);
             PACKED_A.with_borrow_mut(|packed_a| {
                 for (d, &(k0, kc)) in group.iter().enumerate() {
-                    // Task `i` starts at run `i * runs / blocks`, so tasks
-                    // that start together claim runs far apart.
-                    // SAFETY: every task passes this depth block's runs,
-                    // which lie one after the other in the packed buffer,
-                    // apart, and their panels of b inside its buffer (the
-                    // contract of `sgemm`); the buffer's `&mut` is not
-                    // used again until this region has joined.
-                    unsafe { ready::<NR>(&jobs[d], i * runs / blocks, *b, n, packed_b) };
                     // Panel `p` of this depth block: its rows and their
                     // distance.
                     let panel = |p: usize| -> (&[f32], usize) {
@@ -322,12 +298,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                             (rows, stride)
                         } else {
                             let at = packed_at(k0, kc, p);
-                            // SAFETY: panel `p` of this depth block, `NR *
-                            // kc` elements from `at`, is in one of its runs,
-                            // all of them packed (`ready`) and written no more.
-                            let panel =
-                                unsafe { std::slice::from_raw_parts(packed_b.0.add(at), NR * kc) };
-                            (panel, NR)
+                            (&packed[at..at + NR * kc], NR)
                         }
                     };
                     let last = g == last_group && d + 1 == group.len();
@@ -344,17 +315,17 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                     };
                 }
             });
+            PACKED_B.set(packed_b);
             if g == last_group {
                 finish(r0, r1);
             }
         };
         if threads > 1 {
-            team::for_each(bounds.len(), &|i| block((i, &bounds[i])));
+            team::for_each(bounds.len(), &|i| block(&bounds[i]));
         } else {
-            bounds.iter().enumerate().for_each(block);
+            bounds.iter().for_each(block);
         }
     }
-    PACKED_B.set(packed_b_buffer);
 }
 
 /// Rows `0..m` in `blocks` blocks of whole tiles of `MR` rows, the larger
@@ -373,83 +344,6 @@ fn largest_first<const MR: usize>(m: usize, blocks: usize) -> Vec<(usize, usize)
             (start * MR, (first * MR).min(m))
         })
         .collect()
-}
-
-/// A run of panels of B in one depth block, packed from element `at` of
-/// the packed buffer on by the first task to claim it.
-struct Run {
-    depth: (usize, usize),
-    panels: std::ops::Range<usize>,
-    at: usize,
-    state: AtomicU8,
-}
-
-/// `Run::state`: no task has claimed it, one is packing it, it is packed.
-const UNCLAIMED: u8 = 0;
-const PACKING: u8 = 1;
-const PACKED: u8 = 2;
-
-/// The packed panels of B, written by the tasks that claim their runs.
-#[derive(Clone, Copy)]
-struct Packing(*mut f32);
-
-// SAFETY: each run is written by the one task that claims it, and read
-// only once it is packed (`ready`).
-unsafe impl Sync for Packing {}
-unsafe impl Send for Packing {}
-
-/// Packs each of `runs` that no task has claimed yet, from the `start`-th
-/// on and round, then waits for those that other tasks are packing: a run
-/// is claimed and packed in one go, by `pack_b`, which does not block, so
-/// its packer is at work on it and the wait ends.
-///
-/// # Safety
-/// Each run's panels of b lie inside its buffer; each run's packed panels,
-/// `kc x NR` each, lie from its `at` on inside `packed`'s buffer, apart
-/// from every other run's; every task that packs or reads them goes
-/// through `ready` with the same `runs`, reads a run only after `ready`
-/// returns, and nothing else touches the buffer meanwhile.
-unsafe fn ready<const NR: usize>(
-    runs: &[Run],
-    start: usize,
-    b: Operand,
-    n: usize,
-    packed: Packing,
-) {
-    for run in runs[start..].iter().chain(&runs[..start]) {
-        if run
-            .state
-            .compare_exchange(UNCLAIMED, PACKING, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
-            // Marked packed even if packing panics, so that no task waits
-            // for it forever: the others go on over a partly packed run
-            // (initialized floats, a wrong product), and the panic reaches
-            // the caller when the region joins.
-            let _packed = MarkPacked(&run.state);
-            let len = run.panels.len() * NR * run.depth.1;
-            // SAFETY: the run's packed panels are this task's to write (it
-            // claimed them), inside `packed`'s buffer; its panels of b
-            // inside b's (the contract of this function).
-            unsafe {
-                let out = std::slice::from_raw_parts_mut(packed.0.add(run.at), len);
-                pack_b::<NR>(b, run.depth, run.panels.start, n, out);
-            }
-        }
-    }
-    for run in runs {
-        // A run's packing takes microseconds.
-        team::wait_until(|| run.state.load(Ordering::Acquire) == PACKED);
-    }
-}
-
-/// Marks a run packed when dropped.
-struct MarkPacked<'a>(&'a AtomicU8);
-
-impl Drop for MarkPacked<'_> {
-    fn drop(&mut self) {
-        self.0.store(PACKED, Ordering::Release);
-    }
 }
 
 /// The product with the panels of B shared between threads, each packing
@@ -490,16 +384,13 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     let last = blocks_of_k.len() - 1;
     team::for_each(threads, &|t| {
         let range = ranges[t].clone();
-        let mut packed_b_buffer = PACKED_B.take();
+        let mut packed_b_buffer = PACKED_B.take().buffer;
         PACKED_A.with_borrow_mut(|packed_a| {
             for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
                 let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
-                let runs = packed_b.chunks_mut(PACK_PANELS * NR * kc);
-                for (panels, p) in runs.zip(range.clone().step_by(PACK_PANELS)) {
-                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
-                    // inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_b::<NR>(b, (k0, kc), p, n, panels) };
-                }
+                // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
+                // inside its buffer (the contract of `sgemm`).
+                unsafe { pack_panels::<NR>(b, (k0, kc), range.clone(), n, packed_b) };
                 let packed_b = &*packed_b;
                 let panel = |p: usize| -> (&[f32], usize) {
                     let at = (p - range.start) * NR * kc;
@@ -535,7 +426,10 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 }
             }
         });
-        PACKED_B.set(packed_b_buffer);
+        PACKED_B.set(PackedB {
+            region: None,
+            buffer: packed_b_buffer,
+        });
     });
 }
 
@@ -603,18 +497,53 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     }
 }
 
+/// Panels `range` of b's depth block `(k0, kc)`, each `kc x NR`, one after
+/// the other in `out`, `PACK_PANELS` at a time.
+///
+/// # Safety
+/// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer.
+unsafe fn pack_panels<const NR: usize>(
+    b: Operand,
+    (k0, kc): (usize, usize),
+    range: std::ops::Range<usize>,
+    n: usize,
+    out: &mut [f32],
+) {
+    let runs = out.chunks_mut(PACK_PANELS * NR * kc);
+    for (run, p) in runs.zip(range.step_by(PACK_PANELS)) {
+        // SAFETY: the contract of this function.
+        unsafe { pack_b::<NR>(b, (k0, kc), p, n, run) };
+    }
+}
+
 /// Panels of B packed together, row by row of B: a few lines of each row
 /// read at once, and as many written.
 const PACK_PANELS: usize = 8;
+
+/// The parallel regions of `by_rows` so far.
+static REGIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's packed panels of B, and the region of `by_rows` they were
+/// packed for, if any (`by_panels` packs them afresh at each depth block).
+#[derive(Default)]
+struct PackedB {
+    region: Option<u64>,
+    buffer: Vec<f32>,
+}
 
 thread_local! {
     /// Each thread's packed rows of A, kept from call to call: packing
     /// writes every element the microkernel reads, so reuse needs no
     /// clearing.
     static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// The calling thread's packed panels of B, kept from call to call as
+    /// Each thread's packed panels of B, kept from call to call as
     /// `PACKED_A` is: a fresh zeroed buffer cost 256³ a tenth of its time.
-    static PACKED_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static PACKED_B: std::cell::Cell<PackedB> = const {
+        std::cell::Cell::new(PackedB {
+            region: None,
+            buffer: Vec::new(),
+        })
+    };
 }
 
 /// `len` elements of `buffer` (grown as needed) from a 64-byte boundary:
