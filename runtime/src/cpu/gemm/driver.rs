@@ -198,8 +198,8 @@ unsafe impl Send for C {}
 /// the other from its cache (or went through L3 to it), and threads waited
 /// for each other's runs of panels. Packed per thread, 784x250x256 with A
 /// stored transposed took 0.86-0.97 of the time on two Zen 4 cores, and
-/// no product measured took longer (1024³ and 2048³ on both cores, 256³,
-/// the convolution of `bench_report`).
+/// no product measured took 0.2% longer (1024³ and 2048³ on both cores,
+/// 256³, the convolution of `bench_report`).
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
