@@ -140,22 +140,20 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         && m <= K::MC;
     // Sharing B's panels, every thread packs all of A that it does not
     // read in place, and the threads' shares are whole panels; sharing
-    // rows, B is packed once and the shares are whole tiles, but each
-    // block of rows reads all of packed B again, from L3 where it is
-    // larger than L2. Panels are shared where A costs little to pack
-    // again (read in place, at most MC rows, or fewer rows than B has
-    // columns: then A is the smaller operand) and they split about as
-    // evenly as tiles (within 1/32 of the product: 49 panels on two
-    // threads). On two Zen 4 cores:
+    // rows, every thread packs all of B, and the shares are whole tiles.
+    // Panels are shared where A costs little to pack again (read in place,
+    // at most MC rows, or fewer rows than B has columns: A is then the
+    // smaller operand to pack twice) and they split about as evenly as
+    // tiles (within 1/32 of the product: 49 panels on two threads). On
+    // two Zen 4 cores:
     // - the AVX-512 core took 0.83 of the time by panels at 250x784x256
     //   (0.46-0.49 ms against 0.55-0.56) and 0.95 at 256³, as the AVX2
     //   core had on Zen 3;
     // - the AVX2 core took 0.92-0.93 of the time by panels at 250x256x784
     //   with B stored transposed (0.48 ms against 0.52) when the host was
-    //   quiet, and 0.69-0.73 when it was busy (0.51 against 0.72-0.74:
-    //   by rows, its 800 KiB of packed B came from L3);
-    // - 784x250x256 with A stored transposed (784 rows, 256 columns)
-    //   took 0.95-1.14 of the time by panels.
+    //   quiet, and 0.69-0.73 when it was busy (0.51 against 0.72-0.74),
+    //   and 0.95-1.14 at 784x250x256 with A stored transposed (784 rows,
+    //   256 columns); by rows, the threads then shared one packing of B.
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
     let share_panels = !b_in_place
