@@ -143,9 +143,9 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // rows, every thread packs all of B, and the shares are whole tiles.
     // Panels are shared where A costs little to pack again (read in place,
     // at most MC rows, or fewer rows than B has columns: A is then the
-    // smaller operand to pack twice) and they split about as evenly as
-    // tiles (within 1/32 of the product: 49 panels on two threads). On
-    // two Zen 4 cores:
+    // smaller operand to pack on every thread) and they split about as
+    // evenly as tiles (within 1/32 of the product: 49 panels on two
+    // threads). On two Zen 4 cores:
     // - the AVX-512 core took 0.83 of the time by panels at 250x784x256
     //   (0.46-0.49 ms against 0.55-0.56) and 0.95 at 256³, as the AVX2
     //   core had on Zen 3;
@@ -153,7 +153,8 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     //   with B stored transposed (0.48 ms against 0.52) when the host was
     //   quiet, and 0.69-0.73 when it was busy (0.51 against 0.72-0.74),
     //   and 0.95-1.14 at 784x250x256 with A stored transposed (784 rows,
-    //   256 columns); by rows, the threads then shared one packing of B.
+    //   256 columns), measured when `by_rows` shared one packing of B
+    //   between its threads.
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
     let share_panels = !b_in_place
@@ -191,13 +192,14 @@ unsafe impl Send for C {}
 
 /// The product with the rows of C cut into blocks shared between threads,
 /// each walking every panel of B. Each thread packs B's depth blocks for
-/// itself, at the first block of rows it takes in each: packed once for
-/// all threads, as before, the panels that one thread had packed came to
-/// the other from its cache (or went through L3 to it), and threads waited
-/// for each other's runs of panels. Packed per thread, 784x250x256 with A
+/// itself, at the first block of rows it takes in each parallel region
+/// (one per depth block, or one for all where B is read in place).
+/// (Packed once for all threads, the panels that one thread had packed
+/// came to the other from its cache or through L3, and threads waited for
+/// each other's runs of panels. Packed per thread, 784x250x256 with A
 /// stored transposed took 0.86-0.97 of the time on two Zen 4 cores, and
-/// no product measured took 0.2% longer (1024³ and 2048³ on both cores,
-/// 256³, the convolution of `bench_report`).
+/// no product measured took more than 0.2% longer: 1024³ and 2048³ on
+/// both cores, 256³, the convolution of `bench_report`.)
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -259,8 +261,10 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         // `Sync`.)
         let b = &b;
         let block = |&(r0, r1): &(usize, usize)| {
-            // The thread's packed panels, taken for the task, so that a
-            // nested call would make its own.
+            // The thread's packed panels, taken for the task and put back
+            // before `finish`: a product that `finish` starts packs them
+            // again, tagged with its own region, so that this region's next
+            // task on this thread packs them again too.
             let mut packed_b = PACKED_B.take();
             let len = packed_width * (k_end - k_first);
             if packed_b.region != Some(region) {
@@ -499,7 +503,9 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 /// the other in `out`, `PACK_PANELS` at a time.
 ///
 /// # Safety
-/// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer.
+/// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer;
+/// `range` holds panels of b (`range.end <= n.div_ceil(NR)`), and `out`
+/// holds exactly those, `range.len() * NR * kc` elements.
 unsafe fn pack_panels<const NR: usize>(
     b: Operand,
     (k0, kc): (usize, usize),

@@ -128,8 +128,8 @@ impl CompiledKernel {
             }
             _ => None,
         };
-        // The GEMM core splits its own work across threads (it packs the
-        // operands once for all of them); the epilogue then sweeps the
+        // The GEMM core splits its own work across threads (each packs what
+        // it reads of the operands); the epilogue then sweeps the
         // output in row ranges. A thread per 64³ multiply-adds, up to the
         // team's: on two Zen 3 cores, measured with rayon's pool, the second
         // thread pays at 100³ (22 us against 39 on one) and at the training
