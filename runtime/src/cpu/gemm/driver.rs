@@ -261,10 +261,11 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         // `Sync`.)
         let b = &b;
         let block = |&(r0, r1): &(usize, usize)| {
-            // The thread's packed panels, taken for the task and put back
-            // before `finish`: a product that `finish` starts packs them
-            // again, tagged with its own region, so that this region's next
-            // task on this thread packs them again too.
+            // The thread's packed panels (and below, rows of A), taken for
+            // the task and put back before `finish`: a product that
+            // `finish` starts packs them again, tagged with its own region,
+            // so that this region's next task on this thread packs them
+            // again too.
             let mut packed_b = PACKED_B.take();
             let len = packed_width * (k_end - k_first);
             if packed_b.region != Some(region) {
@@ -279,44 +280,44 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 packed_b.region = Some(region);
             }
             let packed = &*aligned(&mut packed_b.buffer, len);
-            PACKED_A.with_borrow_mut(|packed_a| {
-                for (d, &(k0, kc)) in group.iter().enumerate() {
-                    // Panel `p` of this depth block: its rows and their
-                    // distance.
-                    let panel = |p: usize| -> (&[f32], usize) {
-                        if p < first_packed {
-                            let stride = b.rows as usize;
-                            // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
-                            // `stride` apart in one buffer, and columns `p *
-                            // NR..(p + 1) * NR` are inside each (`p < n /
-                            // NR`); the slice runs from the first of them to
-                            // the last.
-                            let rows = unsafe {
-                                std::slice::from_raw_parts(
-                                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
-                                    (kc - 1) * stride + NR,
-                                )
-                            };
-                            (rows, stride)
-                        } else {
-                            let at = packed_at(k0, kc, p);
-                            (&packed[at..at + NR * kc], NR)
-                        }
-                    };
-                    let last = g == last_group && d + 1 == group.len();
-                    // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
-                    // this task's alone.
-                    unsafe {
-                        block::<MR, NR, K>(
-                            product,
-                            r0..r1,
-                            (k0, kc, last),
-                            (0..panels, panel),
-                            packed_a,
-                        )
-                    };
-                }
-            });
+            let mut packed_a = PACKED_A.take();
+            for (d, &(k0, kc)) in group.iter().enumerate() {
+                // Panel `p` of this depth block: its rows and their
+                // distance.
+                let panel = |p: usize| -> (&[f32], usize) {
+                    if p < first_packed {
+                        let stride = b.rows as usize;
+                        // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
+                        // `stride` apart in one buffer, and columns `p *
+                        // NR..(p + 1) * NR` are inside each (`p < n /
+                        // NR`); the slice runs from the first of them to
+                        // the last.
+                        let rows = unsafe {
+                            std::slice::from_raw_parts(
+                                b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                                (kc - 1) * stride + NR,
+                            )
+                        };
+                        (rows, stride)
+                    } else {
+                        let at = packed_at(k0, kc, p);
+                        (&packed[at..at + NR * kc], NR)
+                    }
+                };
+                let last = g == last_group && d + 1 == group.len();
+                // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
+                // this task's alone.
+                unsafe {
+                    block::<MR, NR, K>(
+                        product,
+                        r0..r1,
+                        (k0, kc, last),
+                        (0..panels, panel),
+                        &mut packed_a,
+                    )
+                };
+            }
+            PACKED_A.set(packed_a);
             PACKED_B.set(packed_b);
             if g == last_group {
                 finish(r0, r1);
@@ -386,48 +387,50 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     let last = blocks_of_k.len() - 1;
     team::for_each(threads, &|t| {
         let range = ranges[t].clone();
+        // Both buffers are taken for the task, so that a product started
+        // by `finish` makes its own.
         let mut packed_b_buffer = PACKED_B.take().buffer;
-        PACKED_A.with_borrow_mut(|packed_a| {
-            for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
-                let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
-                // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
-                // inside its buffer (the contract of `sgemm`).
-                unsafe { pack_panels::<NR>(b, (k0, kc), range.clone(), n, packed_b) };
-                let packed_b = &*packed_b;
-                let panel = |p: usize| -> (&[f32], usize) {
-                    let at = (p - range.start) * NR * kc;
-                    (&packed_b[at..at + NR * kc], NR)
+        let mut packed_a = PACKED_A.take();
+        for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
+            let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
+            // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
+            // inside its buffer (the contract of `sgemm`).
+            unsafe { pack_panels::<NR>(b, (k0, kc), range.clone(), n, packed_b) };
+            let packed_b = &*packed_b;
+            let panel = |p: usize| -> (&[f32], usize) {
+                let at = (p - range.start) * NR * kc;
+                (&packed_b[at..at + NR * kc], NR)
+            };
+            // Every other thread, and every other depth block, walks
+            // the blocks of rows backwards: in the last depth block
+            // threads then pass a block last in turns, so that each
+            // finishes about its share of them (walked all the same
+            // way, a thread a little behind the other finished every
+            // block, and 784x250x256 with bias and relu took 1.05x as
+            // long), and a depth block starts on the rows of C the last
+            // one ended on, still in cache.
+            let mut order: Vec<_> = bounds.iter().zip(&done).collect();
+            if (t + d) % 2 == 1 {
+                order.reverse();
+            }
+            for (&(r0, r1), done) in order {
+                // SAFETY: the contract of `sgemm`; columns of this
+                // range's panels are this task's alone.
+                unsafe {
+                    block::<MR, NR, K>(
+                        product,
+                        r0..r1,
+                        (k0, kc, d == last),
+                        (range.clone(), panel),
+                        &mut packed_a,
+                    )
                 };
-                // Every other thread, and every other depth block, walks
-                // the blocks of rows backwards: in the last depth block
-                // threads then pass a block last in turns, so that each
-                // finishes about its share of them (walked all the same
-                // way, a thread a little behind the other finished every
-                // block, and 784x250x256 with bias and relu took 1.05x as
-                // long), and a depth block starts on the rows of C the last
-                // one ended on, still in cache.
-                let mut order: Vec<_> = bounds.iter().zip(&done).collect();
-                if (t + d) % 2 == 1 {
-                    order.reverse();
-                }
-                for (&(r0, r1), done) in order {
-                    // SAFETY: the contract of `sgemm`; columns of this
-                    // range's panels are this task's alone.
-                    unsafe {
-                        block::<MR, NR, K>(
-                            product,
-                            r0..r1,
-                            (k0, kc, d == last),
-                            (range.clone(), panel),
-                            packed_a,
-                        )
-                    };
-                    if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
-                        finish(r0, r1);
-                    }
+                if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                    finish(r0, r1);
                 }
             }
-        });
+        }
+        PACKED_A.set(packed_a);
         PACKED_B.set(PackedB {
             region: None,
             buffer: packed_b_buffer,
@@ -538,8 +541,9 @@ struct PackedB {
 thread_local! {
     /// Each thread's packed rows of A, kept from call to call: packing
     /// writes every element the microkernel reads, so reuse needs no
-    /// clearing.
-    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// clearing. Taken by a task while it runs, as `PACKED_B` is: a
+    /// product started by `finish` then makes its own.
+    static PACKED_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// Each thread's packed panels of B, kept from call to call as
     /// `PACKED_A` is: a fresh zeroed buffer cost 256³ a tenth of its time.
     static PACKED_B: std::cell::Cell<PackedB> = const {

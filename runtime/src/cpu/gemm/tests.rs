@@ -48,6 +48,94 @@ fn cores_agree_with_a_plain_product() {
     }
 }
 
+/// `c = a b` on `isa`'s core itself, whatever the product's size.
+///
+/// # Safety
+/// As `driver::sgemm`; `isa` is one of kiln's cores.
+#[allow(clippy::too_many_arguments)]
+unsafe fn core(
+    isa: Isa,
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    c: &mut [f32],
+    threads: usize,
+    epilogue: Epilogue,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    // SAFETY: the contract of this function.
+    unsafe {
+        match isa {
+            Isa::Avx512 => driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
+                m, n, k, a, b, c, threads, epilogue, finish,
+            ),
+            Isa::Avx2 => driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
+                m, n, k, a, b, c, threads, epilogue, finish,
+            ),
+            Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
+        }
+    }
+}
+
+/// A product started by `finish`, on a thread whose packed buffers the
+/// outer product is using, runs, and neither product's result changes:
+/// outer products shared by panels (100x1024x230) and by rows
+/// (300x1100x70), on two threads.
+#[test]
+fn a_product_started_by_finish_leaves_both_exact() {
+    let values = |len: usize, seed: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed) % 97) as f32 / 13.0 - 3.0)
+            .collect()
+    };
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        if !isa.available() {
+            eprintln!("skipped: this CPU has no {}", isa.name());
+            continue;
+        }
+        let (x, y) = (values(40 * 300, 1), values(300 * 50, 2));
+        let inner = |c: &mut [f32]| {
+            let (x, y) = (
+                Operand::strided(x.as_ptr(), 300, 1),
+                Operand::strided(y.as_ptr(), 50, 1),
+            );
+            // SAFETY: `isa` is available; the operands index inside `x` and
+            // `y`, `c` holds 40 x 50.
+            unsafe { core(isa, (40, 50, 300), x, y, c, 2, Epilogue::NONE, &|_, _| {}) };
+        };
+        let mut alone = vec![0.0; 40 * 50];
+        inner(&mut alone);
+        for (m, k, n) in [(100, 1024, 230), (300, 1100, 70)] {
+            let (a, b) = (values(m * k, 3), values(k * n, 4));
+            let outer = |c: &mut [f32], finish: &(dyn Fn(usize, usize) + Sync)| {
+                let (a, b) = (
+                    Operand::strided(a.as_ptr(), k as isize, 1),
+                    Operand::strided(b.as_ptr(), n as isize, 1),
+                );
+                // SAFETY: as above, for `a`, `b` and `c` (`m x n`).
+                unsafe { core(isa, (m, n, k), a, b, c, 2, Epilogue::NONE, finish) };
+            };
+            let mut want = vec![0.0; m * n];
+            outer(&mut want, &|_, _| {});
+            let nested = std::sync::Mutex::new(Vec::new());
+            let mut got = vec![0.0; m * n];
+            outer(&mut got, &|_, _| {
+                let mut c = vec![f32::NAN; 40 * 50];
+                inner(&mut c);
+                nested.lock().expect("unpoisoned").push(c);
+            });
+            let what = format!("{} {m}x{k}x{n}", isa.name());
+            assert!(got == want, "{what}: the outer product changed");
+            let nested = nested.into_inner().expect("unpoisoned");
+            assert!(!nested.is_empty(), "{what}: finish ran no product");
+            assert!(
+                nested.iter().all(|c| *c == alone),
+                "{what}: a nested product changed"
+            );
+        }
+    }
+}
+
 /// `isa`'s core at one shape, with each layout of A and padding of B, and
 /// each kind of epilogue.
 fn check(isa: Isa, m: usize, k: usize, n: usize) {
@@ -102,16 +190,17 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         // SAFETY: `isa` is available; both operands index inside their
         // vectors.
         unsafe {
-            match isa {
-                Isa::Avx512 => driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m, n, k, a_op, b_op, &mut c, threads, epilogue, &finish,
-                ),
-                Isa::Avx2 => driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                    m, n, k, a_op, b_op, &mut c, threads, epilogue, &finish,
-                ),
-                Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
-            }
-        }
+            core(
+                isa,
+                (m, n, k),
+                a_op,
+                b_op,
+                &mut c,
+                threads,
+                epilogue,
+                &finish,
+            )
+        };
         let what = format!(
             "{} {m}x{k}x{n} threads {threads} pad {pad} bias {with_bias} relu {relu}",
             isa.name()
