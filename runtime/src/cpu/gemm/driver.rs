@@ -267,19 +267,18 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             // so that this region's next task on this thread packs them
             // again too.
             let mut packed_b = PACKED_B.take();
-            let len = packed_width * (k_end - k_first);
+            let packed = aligned(&mut packed_b.buffer, packed_width * (k_end - k_first));
             if packed_b.region != Some(region) {
-                let out = aligned(&mut packed_b.buffer, len);
                 for &(k0, kc) in group {
                     let at = packed_at(k0, kc, first_packed);
-                    let out = &mut out[at..at + packed_width * kc];
+                    let out = &mut packed[at..at + packed_width * kc];
                     // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
                     // are inside its buffer (the contract of `sgemm`).
                     unsafe { pack_panels::<NR>(*b, (k0, kc), first_packed..panels, n, out) };
                 }
                 packed_b.region = Some(region);
             }
-            let packed = &*aligned(&mut packed_b.buffer, len);
+            let packed = &*packed;
             let mut packed_a = PACKED_A.take();
             for (d, &(k0, kc)) in group.iter().enumerate() {
                 // Panel `p` of this depth block: its rows and their
