@@ -249,6 +249,16 @@ pub(super) trait PanelA<const MR: usize> {
     unsafe fn at(&self, i: usize, l: usize) -> f32;
     /// Hints that depth `l` (perhaps past the end) is read soon.
     fn prefetch(&self, _l: usize) {}
+    /// Where the elements lie, for loops in assembly.
+    fn rows(&self) -> Rows<MR>;
+}
+
+/// Where a tile's rows of A lie.
+pub(super) enum Rows<const MR: usize> {
+    /// Element `(i, l)` at `first.add(l * MR + i)`.
+    Packed(*const f32),
+    /// Element `(i, l)` at `rows[i].add(l)`.
+    InPlace([*const f32; MR]),
 }
 
 /// A packed panel, `kc x MR`, column after column.
@@ -270,6 +280,10 @@ impl<const MR: usize> PanelA<MR> for Packed<'_, MR> {
         let ahead = self.0.as_ptr().wrapping_add(l).cast::<i8>();
         // SAFETY: `_mm_prefetch` reads nothing; x86-64 has SSE.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+    }
+
+    fn rows(&self) -> Rows<MR> {
+        Rows::Packed(self.0.as_ptr().cast())
     }
 }
 
@@ -315,5 +329,9 @@ impl<const MR: usize> PanelA<MR> for InPlace<MR> {
         // SAFETY: `l < depth` (the caller's contract), and row `i` holds
         // `depth` elements from its pointer (the contract of `new`).
         unsafe { *self.rows[i].add(l) }
+    }
+
+    fn rows(&self) -> Rows<MR> {
+        Rows::InPlace(self.rows)
     }
 }
