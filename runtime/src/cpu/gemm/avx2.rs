@@ -41,7 +41,8 @@ impl Kernel<MR, NR> for Avx2 {
     /// A, A from L2) slower by 1-2%.
     const NC_PANELS: usize = 8;
     /// B packed always: read in place, 64x784x256 took 1.1x as long on
-    /// one Zen 3 core.
+    /// one Zen 3 core. The micro-kernel's loop relies on it (rows of B
+    /// `NR` apart).
     const IN_PLACE_ROWS: usize = 0;
     /// Kernels of 2, 4 and 6 rows.
     const ROW_UNIT: usize = 2;
@@ -64,7 +65,7 @@ impl Kernel<MR, NR> for Avx2 {
 }
 
 /// The top `R` rows (2, 4 or `MR`) of an `MR x NR` tile of C from rows of A
-/// and `kc` rows of `NR` elements of B, packed (`b_stride` is `NR`: this
+/// and `a.depth()` rows of `NR` elements of B, packed (`b_stride` is `NR`: this
 /// core reads no B in place), through the tile's epilogue if `EPILOGUE`;
 /// only `tile.rows x tile.cols` of it is written, from `c` on.
 ///
@@ -279,9 +280,10 @@ macro_rules! full_tile_loop {
 /// and of B's rows from `b`, packed (`NR` apart).
 ///
 /// In assembly, so that a step costs fewer instructions: compiled from the
-/// intrinsics a step took 24 (the loop's counting and branch among them),
-/// and unrolled by LLVM, the loads were hoisted over the steps and the
-/// accumulators spilled. Four steps to a pass take 21.75 each. Alone on its
+/// intrinsics a step took 25 (24 operations issued, the compare and branch
+/// fused), the loop's counting among them, and unrolled by LLVM, the loads
+/// were hoisted over the steps and the accumulators spilled. Four steps to
+/// a pass take 22 each (21.75 operations, `dec` and `jnz` fused). Alone on its
 /// core, the loop is bound by the FMAs either way; where the core's other
 /// hyperthread runs another program, by how many instructions issue. On a
 /// 2-vCPU Zen 4 host whose vCPUs at times shared their cores with other

@@ -249,7 +249,8 @@ pub(super) trait PanelA<const MR: usize> {
     unsafe fn at(&self, i: usize, l: usize) -> f32;
     /// Hints that depth `l` (perhaps past the end) is read soon.
     fn prefetch(&self, _l: usize) {}
-    /// Where the elements lie, for loops in assembly.
+    /// Where the elements lie, for loops in assembly: element `(i, l)` is
+    /// readable there for `i < MR` and `l < depth()`.
     fn rows(&self) -> Rows<MR>;
 }
 

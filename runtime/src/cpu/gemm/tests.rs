@@ -33,10 +33,16 @@ fn cores_agree_with_a_plain_product() {
             (8, 70, 40),
             (97, 33, 1),
             // Rows of A 4 KiB apart or nearly, packed (on the AVX-512 core),
-            // the last tile one or seven rows high, depth blocks not a
-            // multiple of 4.
+            // the last tile one or seven rows high; depth blocks of 512 and
+            // of 342, not a multiple of 4.
             (13, 1024, 33),
             (19, 1026, 33),
+            // The AVX2 core's full-tile loop on five rows (the sixth row of
+            // A standing in), and on fewer than four steps.
+            (11, 70, 33),
+            (17, 9, 16),
+            (6, 3, 16),
+            (7, 1, 20),
             (1, 600, 300),
             // More rows than MC but fewer than B's columns, A packed: shared
             // by panels.
