@@ -283,11 +283,11 @@ macro_rules! full_tile_loop {
 /// intrinsics a step took 25 (24 operations issued, the compare and branch
 /// fused), the loop's counting among them, and unrolled by LLVM, the loads
 /// were hoisted over the steps and the accumulators spilled. Four steps to
-/// a pass take 22 each (21.75 operations, `dec` and `jnz` fused). Alone on its
-/// core, the loop is bound by the FMAs either way; where the core's other
-/// hyperthread runs another program, by how many instructions issue. On a
-/// 2-vCPU Zen 4 host whose vCPUs at times shared their cores with other
-/// tenants:
+/// a pass take 22 each (21.75 operations, `dec` and `jnz` fused). Alone on
+/// its core, the loop is bound by the FMAs either way; where the core's
+/// other hyperthread runs another program, by how many instructions issue.
+/// On a 2-vCPU Zen 4 host whose vCPUs at times shared their cores with
+/// other tenants:
 /// - over B in L1, in those spells, the compiled loop ran at a median of
 ///   86.2% of the FMA peak (75-77% in the worst), this one at 89.8%
 ///   (84-85%), and the AVX-512 core's loop at 96.7%;
