@@ -65,9 +65,9 @@ impl Kernel<MR, NR> for Avx2 {
 }
 
 /// The top `R` rows (2, 4 or `MR`) of an `MR x NR` tile of C from rows of A
-/// and `a.depth()` rows of `NR` elements of B, packed (`b_stride` is `NR`: this
-/// core reads no B in place), through the tile's epilogue if `EPILOGUE`;
-/// only `tile.rows x tile.cols` of it is written, from `c` on.
+/// and `a.depth()` rows of `NR` elements of B, packed (`b_stride` is `NR`:
+/// this core reads no B in place), through the tile's epilogue if
+/// `EPILOGUE`; only `tile.rows x tile.cols` of it is written, from `c` on.
 ///
 /// # Safety
 /// The tile's elements of `c` are valid for reads and writes that no one
