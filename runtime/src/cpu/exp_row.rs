@@ -19,9 +19,6 @@ use std::arch::x86_64::{
     _mm256_sub_epi32, _mm256_sub_ps,
 };
 
-/// The name generated code calls `kiln_exp_sum` by.
-pub(crate) const SYMBOL: &str = "kiln_exp_sum";
-
 /// Whether this CPU runs `kiln_exp_sum` (and `row_ops`' functions).
 pub(crate) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")

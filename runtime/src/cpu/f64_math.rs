@@ -5,12 +5,6 @@
 
 use kiln_ir::UnaryOp;
 
-/// The name generated code calls `kiln_unary_f64` by.
-pub(crate) const UNARY_SYMBOL: &str = "kiln_unary_f64";
-
-/// The name generated code calls `kiln_powd` by.
-pub(crate) const POW_SYMBOL: &str = "kiln_powd";
-
 /// The code of `op` that `kiln_unary_f64` takes, for the unary ops that
 /// need a call; `None` for the others, which CLIF computes exactly.
 pub(crate) fn unary_code(op: UnaryOp) -> Option<i64> {

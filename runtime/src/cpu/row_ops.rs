@@ -24,12 +24,6 @@ use std::arch::x86_64::{
     _mm256_setzero_si256, _mm256_storeu_ps,
 };
 
-/// The names generated code calls `kiln_max_row`, `kiln_sum_row` and
-/// `kiln_scale_row` by.
-pub(crate) const MAX_SYMBOL: &str = "kiln_max_row";
-pub(crate) const SUM_SYMBOL: &str = "kiln_sum_row";
-pub(crate) const SCALE_SYMBOL: &str = "kiln_scale_row";
-
 /// The IEEE maximum of `src[0..n]` (-inf for no elements). Called by
 /// generated code only where `exp_row::available()`.
 pub(crate) extern "C" fn kiln_max_row(src: *const f32, n: i64) -> f32 {

@@ -7,7 +7,6 @@
 
 use std::sync::{Mutex, OnceLock};
 
-use cranelift_codegen::ir::{AbiParam, types};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
@@ -30,6 +29,28 @@ type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64, i64);
 /// `pow` for the generated code, computed as the interpreter defines it.
 extern "C" fn kiln_powf(x: f32, y: f32) -> f32 {
     (f64::from(x)).powf(f64::from(y)) as f32
+}
+
+/// Where the host function named `name` lies, for the JIT to resolve
+/// generated code's calls (`lower::Host`).
+fn host_address(name: &str) -> Option<*const u8> {
+    let host = lower::Host::ALL.into_iter().find(|h| h.name() == name)?;
+    Some(match host {
+        lower::Host::PowF => kiln_powf as *const u8,
+        lower::Host::PowD => f64_math::kiln_powd as *const u8,
+        lower::Host::UnaryF64 => f64_math::kiln_unary_f64 as *const u8,
+        #[cfg(target_arch = "x86_64")]
+        lower::Host::ExpSum => exp_row::kiln_exp_sum as *const u8,
+        #[cfg(target_arch = "x86_64")]
+        lower::Host::MaxRow => row_ops::kiln_max_row as *const u8,
+        #[cfg(target_arch = "x86_64")]
+        lower::Host::SumRow => row_ops::kiln_sum_row as *const u8,
+        #[cfg(target_arch = "x86_64")]
+        lower::Host::ScaleRow => row_ops::kiln_scale_row as *const u8,
+        // Called only where `row_calls` holds.
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => return None,
+    })
 }
 
 /// Whether generated code calls the 256-bit row functions (`exp_row`,
@@ -195,56 +216,15 @@ impl CompiledKernel {
         }
         let isa = isa()?;
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
-        jit.symbol("kiln_powf", kiln_powf as *const u8);
-        jit.symbol(f64_math::POW_SYMBOL, f64_math::kiln_powd as *const u8);
-        jit.symbol(
-            f64_math::UNARY_SYMBOL,
-            f64_math::kiln_unary_f64 as *const u8,
-        );
-        #[cfg(target_arch = "x86_64")]
-        {
-            jit.symbol(exp_row::SYMBOL, exp_row::kiln_exp_sum as *const u8);
-            jit.symbol(row_ops::MAX_SYMBOL, row_ops::kiln_max_row as *const u8);
-            jit.symbol(row_ops::SUM_SYMBOL, row_ops::kiln_sum_row as *const u8);
-            jit.symbol(row_ops::SCALE_SYMBOL, row_ops::kiln_scale_row as *const u8);
-        }
+        jit.symbol_lookup_fn(Box::new(host_address));
         let mut module = JITModule::new(jit);
         let target = module.target_config();
         let ptr = target.pointer_type();
         let mut ctx = module.make_context();
         ctx.func.signature = lower::signature(ptr, target.default_call_conv);
         let codegen = |e: cranelift_module::ModuleError| Error::Codegen(e.to_string());
-        let mut import = |name: &str, params: &[types::Type], ret: Option<types::Type>| {
-            let mut sig = module.make_signature();
-            sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
-            sig.returns.extend(ret.map(AbiParam::new));
-            let id = module
-                .declare_function(name, Linkage::Import, &sig)
-                .map_err(codegen)?;
-            Ok::<_, Error>(module.declare_func_in_func(id, &mut ctx.func))
-        };
-        let powf = import("kiln_powf", &[types::F32, types::F32], Some(types::F32))?;
-        let d = types::F64;
-        let powd = import(f64_math::POW_SYMBOL, &[d, d], Some(d))?;
-        let unary_f64 = import(f64_math::UNARY_SYMBOL, &[d, types::I64], Some(d))?;
-        let rows = if row_calls()? {
-            let (f, n) = (types::F32, types::I64);
-            Some(lower::RowCalls {
-                exp_sum: import("kiln_exp_sum", &[ptr, f, ptr, n, ptr], Some(f))?,
-                max: import("kiln_max_row", &[ptr, n], Some(f))?,
-                sum: import("kiln_sum_row", &[ptr, n], Some(f))?,
-                scale: import("kiln_scale_row", &[ptr, f, ptr, n], None)?,
-            })
-        } else {
-            None
-        };
         let mut fbc = FunctionBuilderContext::new();
-        let calls = lower::Calls {
-            powf,
-            powd,
-            unary_f64,
-            rows,
-        };
+        let calls = lower::Calls::new(&mut module, row_calls()?);
         let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, calls, target);
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());
@@ -274,5 +254,65 @@ impl CompiledKernel {
             operands,
             stored: stored(kernel),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_ir::pass::{Options, optimize};
+    use kiln_ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp};
+    use smallvec::smallvec;
+
+    use super::*;
+
+    /// How many functions the CLIF of `f`'s one kernel imports, `f` making
+    /// the output of a graph of two f32 inputs of 1000 elements.
+    fn imports(f: impl Fn(&mut Graph, NodeId, NodeId) -> NodeId) -> usize {
+        let mut g = Graph::new("g");
+        let ty = TensorType::new(DType::F32, Shape::new(&[1000]));
+        let (x, y) = (g.input(ty.clone()), g.input(ty));
+        let out = f(&mut g, x, y);
+        g.outputs.push(out);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let [launch] = &optimized.schedule.launches[..] else {
+            panic!("one launch")
+        };
+        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            panic!("the launch is a kernel")
+        };
+        let mut clif = String::new();
+        let mut code = |text: &str| {
+            if clif.is_empty() {
+                clif = text.to_string();
+            }
+        };
+        CompiledKernel::new(kernel, Some(&mut code)).unwrap();
+        // An imported function's line: `fn0 = u0:3 sig0`.
+        clif.lines().filter(|l| l.contains(" = u0:")).count()
+    }
+
+    #[test]
+    fn kernels_import_only_the_host_functions_they_call() {
+        let relu = |g: &mut Graph, x, y| {
+            let s = g.push(Op::Binary(BinaryOp::Add), &[x, y]).unwrap();
+            g.push(Op::Unary(UnaryOp::Relu), &[s]).unwrap()
+        };
+        assert_eq!(imports(relu), 0);
+        // Two pows, one function.
+        let pows = |g: &mut Graph, x, y| {
+            let p = g.push(Op::Binary(BinaryOp::Pow), &[x, y]).unwrap();
+            g.push(Op::Binary(BinaryOp::Pow), &[p, y]).unwrap()
+        };
+        assert_eq!(imports(pows), 1);
+        // A long row's sum of exponentials: `kiln_exp_sum`, where called.
+        let sum_exp = |g: &mut Graph, x, _| {
+            let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+            let sum = Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: smallvec![0],
+            };
+            g.push(sum, &[e]).unwrap()
+        };
+        assert_eq!(imports(sum_exp), usize::from(row_calls().unwrap()));
     }
 }

@@ -11,14 +11,14 @@ use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, Scalar};
 
-use super::{Calls, clif_type};
+use super::{Calls, Host, clif_type};
 use crate::nest::{Access, Axis};
 
 /// Builds the loops of one kernel.
 pub(super) struct Emitter<'a> {
     pub(super) b: FunctionBuilder<'a>,
     pub(super) ptrs: Vec<Value>,
-    pub(super) calls: Calls,
+    pub(super) calls: Calls<'a>,
     pub(super) out_dtype: DType,
     /// While set, the four lanes of a vector are four consecutive rows (see
     /// `reduce_column_block`), not four consecutive inner elements.
@@ -65,6 +65,18 @@ pub(super) struct Placed<'p> {
 impl<'a> Emitter<'a> {
     pub(super) fn iconst(&mut self, v: i64) -> Value {
         self.b.ins().iconst(types::I64, v)
+    }
+
+    /// `host` called with `args`: its results.
+    pub(super) fn call(&mut self, host: Host, args: &[Value]) -> &[Value] {
+        let callee = self.calls.import(host, self.b.func);
+        let call = self.b.ins().call(callee, args);
+        self.b.inst_results(call)
+    }
+
+    /// Whether the 256-bit row functions may be called.
+    pub(super) fn row_calls(&self) -> bool {
+        self.calls.rows
     }
 
     /// `for i in from..to { body(i) }` with `i` an i64.

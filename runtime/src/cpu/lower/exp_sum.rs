@@ -14,13 +14,13 @@
 //! vector registers it does not preserve cost little.
 
 use cranelift_codegen::ir::{
-    FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
+    InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
 };
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 
-use super::UNROLL;
 use super::emit::{Emitter, Placed, RowBase};
+use super::{Host, UNROLL};
 use crate::nest::Access;
 
 /// Elements of the argument staged on the stack per call: 4 KiB, in L1.
@@ -44,7 +44,6 @@ impl Emitter<'_> {
     /// elements (see `lower::signature`).
     pub(super) fn exp_sum_row(
         &mut self,
-        exp_sum: FuncRef,
         at: Placed,
         out: Option<(&Access, RowBase)>,
         len: usize,
@@ -54,8 +53,7 @@ impl Emitter<'_> {
         let null = self.b.ins().iconst(ptr, 0);
         let call = |e: &mut Self, args: [Value; 4], ahead: Value| {
             let [src, shift, dst, len] = args;
-            let call = e.b.ins().call(exp_sum, &[src, shift, dst, len, ahead]);
-            e.b.inst_results(call)[0]
+            e.call(Host::ExpSum, &[src, shift, dst, len, ahead])[0]
         };
         let last = at.block.values.len() - 1;
         let direct = self.row_op_constant(at, last, BinaryOp::Sub).or_else(|| {

@@ -12,8 +12,8 @@ use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 
-use super::clif_type;
 use super::emit::Emitter;
+use super::{Host, clif_type};
 use crate::cpu::f64_math::unary_code;
 use crate::cpu::math::{Math, int_cc};
 
@@ -103,8 +103,7 @@ impl<'a> Emitter<'a> {
     fn unary_f64(&mut self, op: UnaryOp, x: Value) -> Value {
         if let Some(code) = unary_code(op) {
             let code = self.b.ins().iconst(types::I64, code);
-            let call = self.b.ins().call(self.calls.unary_f64, &[x, code]);
-            return self.b.inst_results(call)[0];
+            return self.call(Host::UnaryF64, &[x, code])[0];
         }
         match op {
             UnaryOp::Neg => self.b.ins().fneg(x),
@@ -140,12 +139,11 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Min => self.math_of(x).minimum(x, y),
                 BinaryOp::Pow => {
                     let pow = if dtype == DType::F64 {
-                        self.calls.powd
+                        Host::PowD
                     } else {
-                        self.calls.powf
+                        Host::PowF
                     };
-                    let call = self.b.ins().call(pow, &[x, y]);
-                    self.b.inst_results(call)[0]
+                    self.call(pow, &[x, y])[0]
                 }
                 BinaryOp::Lt => ins.fcmp(FloatCC::LessThan, x, y),
                 BinaryOp::Le => ins.fcmp(FloatCC::LessThanOrEqual, x, y),

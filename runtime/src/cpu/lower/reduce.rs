@@ -13,7 +13,7 @@ use kiln_ir::{DType, ReduceOp};
 use super::emit::{Emitter, Placed, RowBase, Rows};
 use super::exp_sum::exp_argument;
 use super::row_call::ROW_CALL_MIN;
-use super::{RowRange, UNROLL, clif_type, f32_arithmetic, vectorizable};
+use super::{Host, RowRange, UNROLL, clif_type, f32_arithmetic, vectorizable};
 use crate::nest::{Access, Nest};
 
 /// Output rows accumulated together by a sum over a leading axis: 16 KiB of
@@ -239,26 +239,22 @@ impl<'a> Emitter<'a> {
         };
         // A long enough row's sum of exponentials, or max or sum of a plain
         // read: by a call, in 256-bit vectors (`exp_sum`, `row_call`).
-        let row_calls = e
-            .calls
-            .rows
-            .filter(|_| lanes && dtype == DType::F32 && inner_len >= ROW_CALL_MIN);
-        let exp_call = row_calls
-            .filter(|_| op == ReduceOp::Sum)
-            .zip(exp_argument(prologue));
-        let fold_call = row_calls
-            .filter(|_| !store)
-            .and_then(|calls| match op {
-                ReduceOp::Max => Some(calls.max),
-                ReduceOp::Sum => Some(calls.sum),
-                _ => None,
-            })
-            .and_then(|fold| e.fold_row(fold, pro_at, inner_len));
+        let row_calls = e.row_calls() && lanes && dtype == DType::F32 && inner_len >= ROW_CALL_MIN;
+        let exp_call = (row_calls && op == ReduceOp::Sum)
+            .then(|| exp_argument(prologue))
+            .flatten();
+        let row_fold = match op {
+            ReduceOp::Max => Some(Host::MaxRow),
+            ReduceOp::Sum => Some(Host::SumRow),
+            _ => None,
+        };
+        let fold_call = row_fold
+            .filter(|_| row_calls && !store)
+            .and_then(|host| e.fold_row(host, pro_at, inner_len));
         if let Some(total) = fold_call {
             e.b.def_var(acc, total);
             from = n;
-        } else if let Some((calls, a)) = exp_call {
-            let exp_sum = calls.exp_sum;
+        } else if let Some(a) = exp_call {
             let argument = Block {
                 values: prologue.values[..=a].to_vec(),
             };
@@ -268,7 +264,7 @@ impl<'a> Emitter<'a> {
                 ..pro_at
             };
             let out = store.then_some((out, out_base));
-            let total = e.exp_sum_row(exp_sum, at, out, inner_len, ahead);
+            let total = e.exp_sum_row(at, out, inner_len, ahead);
             e.b.def_var(acc, total);
             from = n;
         } else if lanes {
@@ -402,9 +398,8 @@ impl<'a> Emitter<'a> {
             && epi_lanes
             && e.side.is_empty()
             && inner_len >= ROW_CALL_MIN
-            && e.calls
-                .rows
-                .is_some_and(|calls| e.scale_row(calls.scale, epi_at, (out, out_base), inner_len));
+            && e.row_calls()
+            && e.scale_row(epi_at, (out, out_base), inner_len);
         if scaled {
             // The call stored the row.
         } else if broadcast {

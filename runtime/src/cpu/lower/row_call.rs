@@ -12,10 +12,11 @@
 //! call is made once per row, where the vector registers it does not
 //! preserve cost little, and only on rows of `ROW_CALL_MIN` and more.
 
-use cranelift_codegen::ir::{FuncRef, InstBuilder, Value};
+use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::kernel::Expr;
 use kiln_ir::{BinaryOp, DType, Scalar};
 
+use super::Host;
 use super::emit::{Emitter, Placed, RowBase, Rows};
 use crate::nest::Access;
 
@@ -88,19 +89,17 @@ impl Emitter<'_> {
 
     /// A row's max or sum by `kiln_max_row` or `kiln_sum_row` (`fold`),
     /// where `at`'s block is a plain contiguous f32 read of `len` elements.
-    pub(super) fn fold_row(&mut self, fold: FuncRef, at: Placed, len: usize) -> Option<Value> {
+    pub(super) fn fold_row(&mut self, fold: Host, at: Placed, len: usize) -> Option<Value> {
         let last = at.block.values.len().checked_sub(1)?;
         let src = self.contiguous_row(at, last)?;
         let n = self.iconst(len as i64);
-        let call = self.b.ins().call(fold, &[src, n]);
-        Some(self.b.inst_results(call)[0])
+        Some(self.call(fold, &[src, n])[0])
     }
 
     /// An epilogue `out[j] = row[j] * c` over the row by `kiln_scale_row`,
     /// where `at`'s block has that form; false where it has not.
     pub(super) fn scale_row(
         &mut self,
-        scale: FuncRef,
         at: Placed,
         (out, out_base): (&Access, RowBase),
         len: usize,
@@ -113,7 +112,7 @@ impl Emitter<'_> {
         };
         let dst = self.row_address(out, out_base, DType::F32);
         let n = self.iconst(len as i64);
-        self.b.ins().call(scale, &[src, c, dst, n]);
+        self.call(Host::ScaleRow, &[src, c, dst, n]);
         true
     }
 }
