@@ -287,7 +287,7 @@ mod tests {
             }
         };
         CompiledKernel::new(kernel, Some(&mut code)).unwrap();
-        // An imported function's line: `fn0 = u0:3 sig0`.
+        // An imported function's line: `fn0 = u0:0 sig0`.
         clif.lines().filter(|l| l.contains(" = u0:")).count()
     }
 

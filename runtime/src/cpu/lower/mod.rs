@@ -88,7 +88,7 @@ pub(crate) fn signature(ptr: Type, call_conv: CallConv) -> Signature {
 const UNROLL: usize = 4;
 
 /// A host function that generated code calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) enum Host {
     /// `kiln_powf(x, y)`: f32 `pow`, as the interpreter computes it.
     PowF,
@@ -175,8 +175,8 @@ impl<'a> Calls<'a> {
             let mut sig = module.make_signature();
             sig.params.extend(params.into_iter().map(AbiParam::new));
             sig.returns.extend(ret.map(AbiParam::new));
-            // `declare_function` fails only for a name declared before
-            // with another signature or linkage: each host function is
+            // `declare_function` fails only for a name declared before as
+            // data or with another signature: each host function is
             // declared here, once per module, with its one signature.
             let id = module
                 .declare_function(host.name(), Linkage::Import, &sig)
