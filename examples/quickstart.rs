@@ -10,7 +10,10 @@
 //! fusion off, fused and unfused epochs taking turns, to show what fusion
 //! buys. Last, the trained model is written to `target/quickstart.onnx`.
 //!
-//! Run with `cargo run --release --example quickstart`.
+//! Run with `cargo run --release --example quickstart`. Built with
+//! `--features cuda`, `-- --device cuda` trains on GPU 0, its parameters and
+//! optimizer state living in the GPU's memory, and prints the CPU's
+//! samples/s for an epoch of the same steps beside the GPU's.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
 use kiln::nn::Mlp;
 use kiln::optim::{AdamW, Optimizer};
-use kiln::{CompiledStep, DType, Options, Result, Tensor, TensorType};
+use kiln::{BackendOptions, CompiledStep, DType, Device, Options, Result, Tensor, TensorType};
 
 /// Digits that train; the rest test.
 const TRAIN: usize = 4000;
@@ -37,9 +40,15 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
     x?.reshape([rows, 784])
 }
 
-/// The training step compiled: state = parameters, then AdamW's state;
-/// arguments = a batch of images and labels; output = the batch's loss.
-fn training_step(mlp: &Mlp, optimizer: &AdamW, fusion: bool) -> Result<CompiledStep> {
+/// The training step compiled for `device`: state = parameters, then
+/// AdamW's state; arguments = a batch of images and labels; output = the
+/// batch's loss.
+fn training_step(
+    device: Device,
+    mlp: &Mlp,
+    optimizer: &AdamW,
+    fusion: bool,
+) -> Result<CompiledStep> {
     let params: Vec<&Tensor> = mlp.parameters().into_iter().map(|(_, p)| p).collect();
     let mut state: Vec<Tensor> = params.iter().map(|&p| p.clone()).collect();
     state.extend(optimizer.state(&params)?);
@@ -49,11 +58,13 @@ fn training_step(mlp: &Mlp, optimizer: &AdamW, fusion: bool) -> Result<CompiledS
         TensorType::new(DType::I32, [BATCH]),
     ];
     let n = params.len();
-    kiln::compile_step(
+    kiln::compile_step_on(
+        device,
         "train",
         &state,
         &batch,
         Options { fusion },
+        BackendOptions::default(),
         |state, batch| {
             let (params, moments) = state.split_at(n);
             let logits = mlp.with_parameters(params)?.forward(&pixels(&batch[0])?)?;
@@ -91,24 +102,44 @@ fn epoch(
     index: u64,
     bar: &ProgressBar,
 ) -> Result<(f32, f64)> {
-    let (mut total, mut steps) = (0.0f32, 0);
     let start = Instant::now();
     let mut batches = loader.epoch(index);
+    // The losses are read at the end: on a GPU the steps queue up meanwhile.
+    let mut losses = Vec::new();
     while let Some(batch) = batches.next() {
         let batch = batch?;
-        let loss = step.run(&batch.inputs())?;
-        if let [kiln::Data::F32(l)] = loss {
-            total += l[0];
-        }
-        steps += 1;
+        losses.push(step.run(&batch.inputs())?.remove(0));
         bar.inc(1);
         // Its buffers are filled again by a later batch: no allocation per step.
         batches.recycle(batch);
     }
-    Ok((total / steps as f32, start.elapsed().as_secs_f64()))
+    let mut total = 0.0f32;
+    for loss in &losses {
+        total += loss.to_scalar::<f32>()?;
+    }
+    Ok((total / losses.len() as f32, start.elapsed().as_secs_f64()))
+}
+
+/// The device `--device cpu|cuda` names (the CPU without it).
+fn device() -> std::result::Result<Device, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] | ["--device", "cpu"] => Ok(Device::Cpu),
+        ["--device", "cuda"] => Ok(Device::Cuda(0)),
+        _ => Err(format!(
+            "usage: quickstart [--device cpu|cuda], not {args:?}"
+        )),
+    }
 }
 
 fn main() -> Result<()> {
+    let device = match device() {
+        Ok(d) => d,
+        Err(usage) => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits");
     let images: Arc<dyn Dataset> = Arc::new(ArrayDataset::npy(dir.join("images.npy"))?);
     let labels: Arc<dyn Dataset> = Arc::new(ArrayDataset::npy(dir.join("labels.npy"))?);
@@ -126,9 +157,9 @@ fn main() -> Result<()> {
 
     let mlp = Mlp::new(&[784, 256, 256, 10], 0)?;
     let optimizer = AdamW::new(1e-3);
-    let mut step = training_step(&mlp, &optimizer, true)?;
+    let mut step = training_step(device, &mlp, &optimizer, true)?;
     println!(
-        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, {} of {} state tensors updated in place",
+        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW, on {device:?}: {} kernels per step, {} of {} state tensors updated in place",
         step.graph().launches(),
         step.in_place().iter().filter(|&&b| b).count(),
         step.in_place().len(),
@@ -159,7 +190,7 @@ fn main() -> Result<()> {
     }
 
     // Fused against unfused from the same state, epochs taking turns.
-    let mut unfused = training_step(&mlp, &optimizer, false)?;
+    let mut unfused = training_step(device, &mlp, &optimizer, false)?;
     let hidden = ProgressBar::hidden();
     let mut seconds = [Vec::new(), Vec::new()];
     for (turn, which) in [0, 1, 1, 0].into_iter().enumerate() {
@@ -175,6 +206,16 @@ fn main() -> Result<()> {
         rate(&seconds[1]),
         unfused.graph().launches()
     );
+    if device != Device::Cpu {
+        // The same steps on the CPU, from the initial parameters.
+        let mut on_cpu = training_step(Device::Cpu, &mlp, &optimizer, true)?;
+        let cpu = epoch(&mut on_cpu, &mut train_loader, EPOCHS + 4, &hidden)?.1;
+        println!(
+            "on {device:?} {:.0} samples/s, on the CPU {:.0} samples/s",
+            rate(&seconds[0]),
+            rate(&[cpu])
+        );
+    }
 
     // The trained classifier as an ONNX model, for any ONNX runtime: one
     // image's bytes in (kiln exports static shapes), logits out.

@@ -4,15 +4,17 @@
 //! in kiln reaches a backend through `kiln_runtime::Backend` and
 //! `kiln_runtime::Executable` from here.
 
-use kiln_ir::Graph;
+use std::sync::Arc;
+
 use kiln_ir::pass::{Optimized, Options};
-use kiln_runtime::{Backend, BackendOptions, Executable};
+use kiln_ir::{Data, Graph, TensorType};
+use kiln_runtime::{Backend, BackendOptions, Executable, MemoryStats, Storage};
 
 use crate::{Device, Result};
 
 /// The backend that runs `device`, or an `Err` where this build of kiln
 /// cannot (a GPU without feature `cuda`).
-fn backend(device: Device) -> Result<Box<dyn Backend>> {
+pub(crate) fn backend(device: Device) -> Result<Box<dyn Backend>> {
     Ok(match device {
         Device::Cpu => Box::new(kiln_runtime::cpu::Cpu),
         Device::Reference => Box::new(kiln_runtime::Reference),
@@ -28,10 +30,25 @@ fn backend(device: Device) -> Result<Box<dyn Backend>> {
     })
 }
 
-/// Whether this build of kiln can run `device` at all (a GPU's presence is
-/// checked when a graph is first compiled for it).
-pub(crate) fn check_built(device: Device) -> Result<()> {
-    backend(device).map(drop)
+/// `storage`, a value of `ty`, where `device` keeps values: as it is if it
+/// is there already (host data on the CPU and the interpreter, which share
+/// it), else copied out to the host and, for a GPU, copied in.
+pub(crate) fn store(device: Device, ty: &TensorType, storage: Storage) -> Result<Storage> {
+    let backend = backend(device)?;
+    if backend.holds(&storage) {
+        return Ok(storage);
+    }
+    let data: Arc<Data> = storage.to_host()?;
+    Ok(backend.store(ty, data)?)
+}
+
+/// What `device`'s backend has copied between the host and the device,
+/// how often the host waited for it, and the device memory it holds now
+/// and at most, since the process started (as `torch.cuda.memory_stats`).
+/// The CPU and the interpreter keep values in host memory: all zeros. A
+/// GPU is opened by the call.
+pub fn memory_stats(device: Device) -> Result<MemoryStats> {
+    Ok(backend(device)?.stats()?)
 }
 
 /// Optimizes `graph` and compiles its kernels for `device` (kernels
@@ -56,7 +73,11 @@ pub(crate) fn compile_graph(
         if dump_requested("donate") {
             let notes: String = notes.iter().map(|n| format!("// {n}\n")).collect();
             let schedule = optimized.schedule.print(&optimized.graph);
-            eprintln!("// kiln: donate\n{}{schedule}{notes}", optimized.graph);
+            let buffers = kiln_runtime::bind::Bindings::new(&optimized).print(&optimized);
+            eprintln!(
+                "// kiln: donate\n{}{schedule}{buffers}{notes}",
+                optimized.graph
+            );
         }
     }
     let backend_options = BackendOptions {

@@ -1,11 +1,12 @@
 //! `kiln::compile`: trace a function once, run it many times.
 //!
 //! The function is called once on placeholder tensors of the given types;
-//! what it records is optimized and compiled for the CPU. Each call of the
-//! `CompiledGraph` then only checks its inputs and launches the kernels, with
-//! intermediate buffers reused from the memory plan: no tracing, optimizing,
-//! compiling or intermediate allocation per call. Tensors the function
-//! captures (weights) are baked in as the values they hold at compile time.
+//! what it records is optimized and compiled for a device (the CPU unless
+//! told otherwise). Each call of the `CompiledGraph` then only checks its
+//! inputs and launches the kernels, with intermediate buffers reused from
+//! the memory plan: no tracing, optimizing, compiling or intermediate
+//! allocation per call. Tensors the function captures (weights) are baked
+//! in as the values they hold at compile time, moved to the device once.
 
 use std::sync::Arc;
 
@@ -14,21 +15,32 @@ use smallvec::SmallVec;
 use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{Data, DataRef, TensorType};
 
-use kiln_runtime::{BackendOptions, Executable};
+use kiln_runtime::{Arg, BackendOptions, Executable, Storage};
 
-use crate::backend::compile_graph;
+use crate::backend::{backend, compile_graph, store};
 use crate::tensor::{Source, capture_with_data};
 use crate::{Device, Result, Tensor};
 
 /// A traced and compiled function of tensors.
 pub struct CompiledGraph {
     exec: Box<dyn Executable>,
-    /// Per graph input: a placeholder (by spec) or captured data.
-    sources: Vec<Source>,
+    device: Device,
+    /// Per graph input: a call's argument (by spec) or a captured value.
+    inputs: Vec<Input>,
     specs: Vec<TensorType>,
     /// Per spec: its position among a call's arguments, or the donated
     /// buffer it is (`run_donated`).
     args: Vec<Argument>,
+}
+
+/// Where the value of a graph input comes from.
+enum Input {
+    /// The call's argument for this spec.
+    Spec(usize),
+    /// A value the function captured: where the device keeps it, for runs
+    /// on storage, and on the host, for runs on host data (the same `Arc`
+    /// on the CPU).
+    Captured { stored: Storage, host: Arc<Data> },
 }
 
 /// How a call passes the value of one spec.
@@ -113,6 +125,17 @@ pub(crate) fn compile_donating(
         .filter_map(|k| input_of(k).map(|i| (i as u32, (first_new + k) as u32)))
         .collect();
     let exec = compile_graph(&graph, options, backend_options, device, &pairs)?;
+    let inputs = (sources.iter().zip(&graph.inputs))
+        .map(|(source, ty)| {
+            Ok(match source {
+                Source::Placeholder(spec) => Input::Spec(*spec),
+                Source::Data(storage) => Input::Captured {
+                    host: storage.to_host()?,
+                    stored: store(device, ty, storage.clone())?,
+                },
+            })
+        })
+        .collect::<Result<_>>()?;
     let donated = &exec.optimized().schedule.donated;
     let mut passed = 0;
     let args = (0..specs.len())
@@ -129,7 +152,8 @@ pub(crate) fn compile_donating(
         .collect();
     Ok(CompiledGraph {
         exec,
-        sources,
+        device,
+        inputs,
         specs: specs.to_vec(),
         args,
     })
@@ -146,28 +170,47 @@ impl CompiledGraph {
     }
 
     /// Runs the graph on `inputs`, writing into `outputs` (made once by
-    /// `output_buffers`): a call that allocates nothing.
+    /// `output_buffers`): a call that allocates no tensor memory. On a GPU
+    /// the inputs are copied in and the outputs out; `call` keeps values
+    /// on the device.
     pub fn run_into<'a>(
         &mut self,
         inputs: &[impl Into<DataRef<'a>> + Copy],
         outputs: &mut [Data],
     ) -> Result<()> {
         let inputs: SmallVec<[DataRef; 4]> = inputs.iter().map(|&i| i.into()).collect();
-        self.run_donated(&mut [], &inputs, outputs)
+        let args = arguments(&self.inputs, &self.args, self.exec.as_ref(), &inputs, host)?;
+        let mut outputs: SmallVec<[&mut Data; 4]> = outputs.iter_mut().collect();
+        Ok(self.exec.run_donated(&mut [], &args, &mut outputs)?)
     }
 
-    /// `run_into` for a graph compiled with donated arguments: `donated`
-    /// holds their values (in the order of `donated_specs`) and receives the
-    /// outputs written over them; `inputs` are the other arguments and
-    /// `outputs` the other outputs.
-    pub(crate) fn run_donated(
+    /// A run on storage (`Executable::run_stored`): `donated` holds the
+    /// values of the donated arguments (in the order of `donated_specs`)
+    /// and receives the outputs written over them; `inputs` are the other
+    /// arguments and `outputs` the other outputs, kept where the device
+    /// keeps values.
+    pub(crate) fn run_stored(
         &mut self,
-        donated: &mut [Data],
-        inputs: &[DataRef<'_>],
-        outputs: &mut [Data],
+        donated: &mut [Storage],
+        inputs: &[Arg<'_>],
+        outputs: &mut [Storage],
     ) -> Result<()> {
-        let args = arguments(&self.sources, &self.args, self.exec.as_ref(), inputs)?;
-        Ok(self.exec.run_donated(donated, &args, outputs)?)
+        let args = arguments(&self.inputs, &self.args, self.exec.as_ref(), inputs, stored)?;
+        Ok(self.exec.run_stored(donated, &args, outputs)?)
+    }
+
+    /// Storage for each output, on the graph's device.
+    pub(crate) fn output_storage(&self) -> Result<Vec<Storage>> {
+        let backend = backend(self.device)?;
+        let name = &self.exec.optimized().graph.name;
+        (self.exec.output_types().iter())
+            .map(|ty| Ok(backend.alloc(name, ty)?))
+            .collect()
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// Per spec: the donated buffer `run_donated` takes its value in, if any.
@@ -179,19 +222,20 @@ impl CompiledGraph {
         self.args.iter().map(donated).collect()
     }
 
-    /// Runs the graph on tensors, realizing them first.
+    /// Runs the graph on tensors, realizing them first, and returns its
+    /// outputs as tensors on the graph's device. On a GPU nothing waits:
+    /// inputs already there are read there, others are copied in, and the
+    /// outputs stay there until they are read.
     pub fn call(&mut self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let data: Vec<Arc<Data>> = inputs
-            .iter()
-            .map(|t| t.data_of_any_dtype())
-            .collect::<Result<_>>()?;
-        let refs: Vec<&Data> = data.iter().map(|d| d.as_ref()).collect();
-        let outputs = self.run(&refs)?;
+        let stored: Vec<Storage> = inputs.iter().map(|t| t.storage()).collect::<Result<_>>()?;
+        let args: Vec<Arg> = stored.iter().map(Arg::Stored).collect();
+        let mut outputs = self.output_storage()?;
+        self.run_stored(&mut [], &args, &mut outputs)?;
         let types = self.exec.output_types().to_vec();
         Ok(outputs
             .into_iter()
             .zip(types)
-            .map(|(d, ty)| Tensor::from_data(ty, d))
+            .map(|(storage, ty)| Tensor::from_storage(ty, storage, self.device))
             .collect())
     }
 
@@ -224,16 +268,33 @@ impl CompiledGraph {
     }
 }
 
+/// A captured value in host memory.
+fn host(input: &Input) -> Option<DataRef<'_>> {
+    match input {
+        Input::Captured { host, .. } => Some(host.as_ref().into()),
+        Input::Spec(_) => None,
+    }
+}
+
+/// A captured value where the device keeps it.
+fn stored(input: &Input) -> Option<Arg<'_>> {
+    match input {
+        Input::Captured { stored, .. } => Some(Arg::Stored(stored)),
+        Input::Spec(_) => None,
+    }
+}
+
 /// Every graph input the executable is given: the call's arguments where
-/// the trace had placeholders (donated ones aside), the captured data
-/// elsewhere. Argument types are checked by the executable; here only
-/// their number.
-fn arguments<'a>(
-    sources: &'a [Source],
+/// the trace had placeholders (donated ones aside), the captured values,
+/// as `captured` gives them, elsewhere. Argument types are checked by the
+/// executable; here only their number.
+fn arguments<'a, T: Copy>(
+    sources: &'a [Input],
     args: &[Argument],
     exec: &dyn Executable,
-    inputs: &[DataRef<'a>],
-) -> Result<Vec<DataRef<'a>>> {
+    inputs: &[T],
+    captured: impl Fn(&'a Input) -> Option<T>,
+) -> Result<Vec<T>> {
     let expected = args.iter().filter(|a| matches!(a, Argument::At(_))).count();
     if inputs.len() != expected {
         return Err(kiln_runtime::Error::Count {
@@ -247,8 +308,8 @@ fn arguments<'a>(
     Ok(sources
         .iter()
         .filter_map(|s| match s {
-            Source::Data(d) => Some(d.as_ref().into()),
-            Source::Placeholder(i) => match args[*i] {
+            Input::Captured { .. } => captured(s),
+            Input::Spec(i) => match args[*i] {
                 Argument::At(k) => Some(inputs[k]),
                 Argument::Donated(_) => None,
             },

@@ -19,8 +19,10 @@ pub enum Device {
     Reference,
     /// NVIDIA GPU `n`: kernels printed as CUDA C, compiled by NVRTC, matmuls
     /// through cuBLASLt (TF32, or f32 as `BackendOptions::precision` says).
-    /// Tensors keep their values on the host between realizes; a compiled
-    /// graph keeps its intermediates on the device. In a kiln built without
-    /// feature `cuda` the variant still exists, and using it is an `Err`.
+    /// Tensors realized there keep their values in the GPU's memory until
+    /// they are read (`to_vec`, `to_scalar`, `to(Device::Cpu)`), and
+    /// launches are queued on its stream: the host waits only where it
+    /// reads. In a kiln built without feature `cuda` the variant still
+    /// exists, and using it is an `Err`.
     Cuda(usize),
 }

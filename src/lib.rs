@@ -45,6 +45,7 @@ mod rng;
 mod step;
 mod tensor;
 
+pub use backend::memory_stats;
 pub use compile::{CompiledGraph, compile, compile_on, compile_with};
 pub use conv::Pool2d;
 pub use device::Device;
@@ -52,7 +53,7 @@ pub use error::{Error, Result};
 pub use grad::{grad, value_and_grad};
 pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
-pub use kiln_runtime::{BackendOptions, Precision};
+pub use kiln_runtime::{BackendOptions, MemoryStats, Precision};
 pub use step::{CompiledStep, compile_step, compile_step_on};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 

@@ -2,26 +2,30 @@
 //! to call, such as a training step's parameters and optimizer state.
 //!
 //! The step is traced once as `f(state, args) -> (outputs, new_state)` and
-//! compiled like any graph; the state lives in the compiled step. Each call
-//! writes each new state tensor into the buffer of the one it replaces, as
-//! JAX's donated buffers, where the compiled graph allows it
+//! compiled like any graph; the state lives in the compiled step, in its
+//! device's storage (host memory on the CPU, the GPU's memory on a GPU).
+//! Each call writes each new state tensor into the buffer of the one it
+//! replaces, as JAX's donated buffers, where the compiled graph allows it
 //! (`kiln_ir::pass::donate`: no kernel reads the old value after it is
-//! overwritten; the CPU backend and the interpreter write in place, CUDA
-//! does not). A state tensor that cannot be written in place keeps a second
-//! buffer, written by the step, and the two trade places after each call (a
-//! swap of pointers). Either way a call copies nothing and allocates
-//! nothing, and the state never leaves the step unless it is read out.
-//! Tensors the caller holds are never written: `compile_step` copies the
-//! initial values in, `state` copies the current ones out, and `set_state`
-//! copies a tensor in, so a `Tensor` still held for an old parameter keeps
-//! its value.
+//! overwritten; every backend writes in place). A state tensor that cannot
+//! be written in place keeps a second buffer, written by the step, and the
+//! two trade places after each call (a swap of pointers). Either way a
+//! call copies no state and allocates no state, and the state never leaves
+//! the step unless it is read out: on a GPU a step copies its host
+//! arguments in and nothing out, and the host waits only where an output
+//! is read. Tensors the caller holds are never written: the step's state
+//! starts as the caller's values, `state` hands the current values out and
+//! `set_state` takes a tensor's value in, all shared, and a value that a
+//! tensor still shares is copied before the step first writes it, so a
+//! `Tensor` still held for an old parameter keeps its value.
 
 use kiln_ir::pass::Options;
-use kiln_ir::{Data, DataRef, TensorType};
+use kiln_ir::{DataRef, TensorType};
 use smallvec::SmallVec;
 
-use kiln_runtime::BackendOptions;
+use kiln_runtime::{Arg, BackendOptions, Storage};
 
+use crate::backend::store;
 use crate::compile::compile_donating;
 use crate::{CompiledGraph, Device, Error, Result, Tensor};
 
@@ -31,13 +35,13 @@ pub struct CompiledStep {
     /// Where each state tensor's current value is.
     places: Vec<Place>,
     /// The state written in place, in the order the graph takes it.
-    held: Vec<Data>,
+    held: Vec<Storage>,
     /// The rest of the state, in order.
-    swapped: Vec<Data>,
+    swapped: Vec<Storage>,
     state_types: Vec<TensorType>,
     /// The step's outputs, then the buffers the swapped state's next value
     /// is written to.
-    outputs: Vec<Data>,
+    outputs: Vec<Storage>,
 }
 
 /// Where a state tensor lives.
@@ -97,21 +101,21 @@ pub fn compile_step_on(
     let (mut held, mut swapped) = (Vec::new(), Vec::new());
     let mut held_at = vec![None; state.len()];
     for (k, t) in state.iter().enumerate() {
-        let data = copy_in(name, t)?;
+        let value = store(device, t.ty(), t.storage()?)?;
         places.push(match given[k] {
             Some(j) => {
-                held_at[j] = Some(data);
+                held_at[j] = Some(value);
                 Place::Held(j)
             }
             None => {
-                swapped.push(data);
+                swapped.push(value);
                 Place::Swapped(swapped.len() - 1)
             }
         });
     }
     held.extend(held_at.into_iter().flatten());
     // The step's outputs, then the next value of each swapped state tensor.
-    let mut outputs = graph.output_buffers()?;
+    let mut outputs = graph.output_storage()?;
     let next = outputs.split_off(outputs_count).into_iter().zip(&places);
     outputs.extend(
         next.filter(|(_, p)| matches!(p, Place::Swapped(_)))
@@ -125,12 +129,6 @@ pub fn compile_step_on(
         state_types,
         outputs,
     })
-}
-
-/// The value of `t` (realized first), copied into a buffer of the step's own.
-fn copy_in(name: &str, t: &Tensor) -> Result<Data> {
-    let data = t.data_of_any_dtype()?;
-    Ok(data.try_clone().map_err(|e| e.in_op(name, t.ty()))?)
 }
 
 /// The new state must match the old, tensor for tensor.
@@ -155,22 +153,27 @@ fn check_next(types: &[TensorType], next: &[Tensor]) -> Result<()> {
 }
 
 impl CompiledStep {
-    /// Runs one step on `args` (of the compiled types, in order) and
-    /// returns its outputs, borrowed until the next call. The state moves
-    /// on to the new state.
-    pub fn run<'a>(&mut self, args: &[impl Into<DataRef<'a>> + Copy]) -> Result<&[Data]> {
+    /// Runs one step on `args` (host data of the compiled types, in
+    /// order: `&Data`, or a loader's batch) and returns its outputs as
+    /// tensors on the step's device (on a GPU, read when they are read).
+    /// The state moves on to the new state.
+    pub fn run<'a>(&mut self, args: &[impl Into<DataRef<'a>> + Copy]) -> Result<Vec<Tensor>> {
         // Pushed one by one: each argument's borrow shortens to the state's.
-        let mut inputs: SmallVec<[DataRef; 8]> = self.swapped.iter().map(DataRef::from).collect();
+        let mut inputs: SmallVec<[Arg; 8]> = self.swapped.iter().map(Arg::Stored).collect();
         for &a in args {
-            inputs.push(a.into());
+            inputs.push(Arg::Host(a.into()));
         }
-        (self.graph).run_donated(&mut self.held, &inputs, &mut self.outputs)?;
+        (self.graph).run_stored(&mut self.held, &inputs, &mut self.outputs)?;
         drop(inputs);
         let outputs = self.outputs.len() - self.swapped.len();
         for (current, next) in self.swapped.iter_mut().zip(&mut self.outputs[outputs..]) {
             std::mem::swap(current, next);
         }
-        Ok(&self.outputs[..outputs])
+        let types = self.graph.optimized().graph.output_types();
+        let device = self.graph.device();
+        Ok((self.outputs[..outputs].iter().zip(types))
+            .map(|(storage, ty)| Tensor::from_storage(ty, storage.clone(), device))
+            .collect())
     }
 
     /// Per state tensor: whether each step writes its new value over the
@@ -183,23 +186,23 @@ impl CompiledStep {
     }
 
     /// The current value of state tensor `k`.
-    fn current(&self, k: usize) -> &Data {
+    fn current(&self, k: usize) -> &Storage {
         match self.places[k] {
             Place::Held(j) => &self.held[j],
             Place::Swapped(m) => &self.swapped[m],
         }
     }
 
-    /// The current state, copied out as tensors.
+    /// The current state, as tensors on the step's device. Nothing is
+    /// copied until it must be: reading a tensor copies it out of a GPU,
+    /// and the step's next write to a value a tensor still shares goes to
+    /// a copy of its own.
     pub fn state(&self) -> Result<Vec<Tensor>> {
-        let copy = |(k, ty): (usize, &TensorType)| {
-            let data = self
-                .current(k)
-                .try_clone()
-                .map_err(|e| e.in_op("state", ty))?;
-            Ok(Tensor::from_data(ty.clone(), data))
+        let device = self.graph.device();
+        let tensor = |(k, ty): (usize, &TensorType)| {
+            Tensor::from_storage(ty.clone(), self.current(k).clone(), device)
         };
-        self.state_types.iter().enumerate().map(copy).collect()
+        Ok(self.state_types.iter().enumerate().map(tensor).collect())
     }
 
     /// Replaces state tensor `index` with the value of `value` (realized
@@ -220,10 +223,10 @@ impl CompiledStep {
                 got: value.ty().to_string(),
             });
         }
-        let data = copy_in("set_state", value)?;
+        let value = store(self.graph.device(), ty, value.storage()?)?;
         match self.places[index] {
-            Place::Held(j) => self.held[j] = data,
-            Place::Swapped(m) => self.swapped[m] = data,
+            Place::Held(j) => self.held[j] = value,
+            Place::Swapped(m) => self.swapped[m] = value,
         }
         Ok(())
     }

@@ -3,21 +3,21 @@
 //! Building a tensor records an op and its operands; nothing is computed.
 //! `realize`, `to_vec` and `to_scalar` capture the graph that leads to the
 //! requested tensors, evaluate it on a device, and store the results in their
-//! nodes. A realized node forgets its history, so the intermediate nodes and
-//! buffers that only it referred to are freed.
+//! nodes, in the device's storage: host memory on the CPU, the GPU's memory
+//! on a GPU, where they stay until they are read. A realized node forgets
+//! its history, so the intermediate nodes and buffers that only it referred
+//! to are freed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln_ir::pass::{Optimized, Options};
-use kiln_ir::{
-    DType, Data, DataRef, Element, Graph, NodeId, Op, Scalar, Shape, TensorType, try_capacity,
-};
+use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType, try_capacity};
 use smallvec::SmallVec;
 
-use kiln_runtime::BackendOptions;
+use kiln_runtime::{Arg, BackendOptions, Storage};
 
-use crate::backend::{check_built, compile_graph};
+use crate::backend::{backend, compile_graph, store};
 use crate::rng::SplitMix64;
 use crate::{Device, Error, Result};
 
@@ -36,8 +36,8 @@ struct Inner {
 enum State {
     /// Not computed yet: `op` applied to `src`.
     Lazy { op: Op, src: SmallVec<[Tensor; 2]> },
-    /// Computed, or given as data.
-    Ready(Arc<Data>),
+    /// Computed, or given as data, where its device keeps it.
+    Ready(Storage),
     /// Input `index` of a graph being traced by `kiln::compile`: a value
     /// that each call of the compiled graph supplies.
     Placeholder(usize),
@@ -99,14 +99,16 @@ impl Tensor {
     }
 
     /// The same value on `device`: computed where it is now (if it is not
-    /// yet), then handed over. Host devices share the buffer.
+    /// yet), then handed over. Host devices share the buffer; a GPU's value
+    /// is copied out, and a value is copied in to a GPU once, where it then
+    /// stays: ops on it run there and read it there.
     pub fn to(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
-        check_built(device)?;
-        let data = self.data("to", self.dtype())?;
-        Ok(Tensor::on(self.0.ty.clone(), State::Ready(data), device))
+        backend(device)?;
+        let storage = store(device, &self.0.ty, self.storage()?)?;
+        Ok(Tensor::on(self.0.ty.clone(), State::Ready(storage), device))
     }
 
     /// The node's state. A panic while the lock was held cannot leave the
@@ -157,7 +159,7 @@ impl Tensor {
 
     /// A tensor of data already computed, whose length matches `ty`.
     fn ready(ty: TensorType, data: Data) -> Tensor {
-        Tensor::new(ty, State::Ready(Arc::new(data)))
+        Tensor::new(ty, State::Ready(Storage::Host(Arc::new(data))))
     }
 
     /// A tensor holding a copy of `data` in row-major order under `shape`.
@@ -303,12 +305,18 @@ impl Tensor {
         Tensor::ready(ty, data)
     }
 
-    /// The realized data, whatever its dtype.
+    /// A tensor of a value of type `ty` that `device` computed and keeps.
+    pub(crate) fn from_storage(ty: TensorType, storage: Storage, device: Device) -> Tensor {
+        Tensor::on(ty, State::Ready(storage), device)
+    }
+
+    /// The realized data on the host, whatever its dtype.
     pub(crate) fn data_of_any_dtype(&self) -> Result<Arc<Data>> {
         self.data("call", self.dtype())
     }
 
-    /// The realized data, checked to be of `dtype`.
+    /// The realized data on the host (copied out of a GPU), checked to be
+    /// of `dtype`.
     fn data(&self, op: &'static str, dtype: DType) -> Result<Arc<Data>> {
         if self.dtype() != dtype {
             return Err(Error::ReadDType {
@@ -317,9 +325,14 @@ impl Tensor {
                 requested: dtype,
             });
         }
+        Ok(self.storage()?.to_host()?)
+    }
+
+    /// The realized value, where its device keeps it.
+    pub(crate) fn storage(&self) -> Result<Storage> {
         self.realize()?;
         match &*self.state() {
-            State::Ready(data) => Ok(data.clone()),
+            State::Ready(storage) => Ok(storage.clone()),
             State::Placeholder(index) => Err(Error::Placeholder { index: *index }),
             State::Lazy { op, .. } => Err(Error::Ir(kiln_ir::Error::Verify {
                 message: format!("{} was not computed by realize", op.name()),
@@ -358,32 +371,32 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
 
 fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
     let (graph, sources) = capture_with_data("realize", pending);
-    let inputs: Vec<Arc<Data>> = sources
+    let inputs: Vec<Storage> = sources
         .into_iter()
         .map(|s| match s {
-            Source::Data(data) => Ok(data),
+            Source::Data(storage) => Ok(storage),
             Source::Placeholder(index) => Err(Error::Placeholder { index }),
         })
         .collect::<Result<_>>()?;
-    let refs: Vec<DataRef> = inputs.iter().map(|d| d.as_ref().into()).collect();
+    let args: Vec<Arg> = inputs.iter().map(Arg::Stored).collect();
     // The results' memory first, so that a result too large for it is an
     // `Err` naming its op before anything is compiled.
+    let backend = backend(device)?;
     let mut outputs = pending
         .iter()
         .map(|t| {
-            let ty = &t.0.ty;
             let op = match &*t.state() {
                 State::Lazy { op, .. } => op.name(),
                 State::Ready(_) | State::Placeholder(_) => "realize",
             };
-            Data::zeros(ty.dtype, ty.shape.numel()).map_err(|e| e.in_op(op, ty).into())
+            Ok(backend.alloc(op, &t.0.ty)?)
         })
-        .collect::<Result<Vec<Data>>>()?;
+        .collect::<Result<Vec<Storage>>>()?;
     let backend_options = BackendOptions::default();
     let mut exec = compile_graph(&graph, Options::default(), backend_options, device, &[])?;
-    exec.run_into(&refs, &mut outputs)?;
-    for (tensor, data) in pending.iter().zip(outputs) {
-        *tensor.state() = State::Ready(Arc::new(data));
+    exec.run_stored(&mut [], &args, &mut outputs)?;
+    for (tensor, storage) in pending.iter().zip(outputs) {
+        *tensor.state() = State::Ready(storage);
     }
     Ok(())
 }
@@ -421,8 +434,8 @@ pub fn capture(name: &str, outputs: &[&Tensor]) -> Graph {
 
 /// Where the value of a captured graph input comes from.
 pub(crate) enum Source {
-    /// Data the tensor holds.
-    Data(Arc<Data>),
+    /// The value the tensor holds, where its device keeps it.
+    Data(Storage),
     /// Placeholder input `index` of a graph being traced by `kiln::compile`.
     Placeholder(usize),
 }

@@ -61,7 +61,9 @@ fn run(
         .filter(|&(o, _)| !pairs.iter().any(|p| p.1 as usize == o))
         .map(|(_, d)| d.clone())
         .collect();
-    exec.run_donated(&mut donated, &args, &mut outputs)
+    let mut donated_refs: Vec<&mut Data> = donated.iter_mut().collect();
+    let mut output_refs: Vec<&mut Data> = outputs.iter_mut().collect();
+    exec.run_donated(&mut donated_refs, &args, &mut output_refs)
         .map_err(|e| fail(&e))?;
     let mut rest = outputs.into_iter();
     for (o, out) in all.iter_mut().enumerate() {

@@ -37,9 +37,11 @@ fn a_missing_gpu_is_an_err_not_a_panic() -> Result<()> {
                     || why.contains("no device"),
                 "{why}"
             );
-            let on_gpu = (x.to(Device::Cuda(0))? * 2.0f32)?;
-            let err = on_gpu.to_vec::<f32>().err().map(|e| e.to_string());
+            // A value is copied in when it moves, so the move says it.
+            let err = x.to(Device::Cuda(0)).err().map(|e| e.to_string());
             assert_eq!(err.as_deref(), Some(why.as_str()));
+            let stats = kiln::memory_stats(Device::Cuda(0)).err();
+            assert_eq!(stats.map(|e| e.to_string()).as_deref(), Some(why.as_str()));
             let compiled = kiln::compile_on(
                 Device::Cuda(0),
                 "double",
@@ -142,7 +144,7 @@ fn prepared_inputs_overlap_the_previous_launch_and_give_the_same_results() -> Re
             piped.prepare(&arguments(&types, next, &weights))?;
         }
         let mut got = vec![Data::zeros(DType::F32, 16 * 32).unwrap()];
-        piped.finish(&arguments(&types, batch, &weights), &mut got)?;
+        piped.finish(&mut got)?;
         let mut want = vec![Data::zeros(DType::F32, 16 * 32).unwrap()];
         plain.run_into(&arguments(&types, batch, &weights), &mut want)?;
         assert_eq!(got, want, "batch {i}");
@@ -276,10 +278,10 @@ fn launch_prepared_takes_one_prepare_each() -> Result<()> {
             .is_some_and(|e| e.contains("without a prepare")),
         "{again:?}"
     );
-    exec.finish(&inputs, &mut out)?;
+    exec.finish(&mut out)?;
     exec.prepare(&inputs)?;
     exec.launch_prepared()?;
-    exec.finish(&inputs, &mut out)?;
+    exec.finish(&mut out)?;
     let want: Vec<f32> = x
         .to_vec::<f32>()?
         .iter()
@@ -322,7 +324,7 @@ fn empty_inputs_are_staged_and_run() -> Result<()> {
     ];
     exec.prepare(&inputs)?;
     exec.launch_prepared()?;
-    exec.finish(&inputs, &mut staged)?;
+    exec.finish(&mut staged)?;
     assert_eq!(staged, out);
     Ok(())
 }

@@ -73,7 +73,7 @@ fn an_mlp_learns_the_digits() -> Result<()> {
         while let Some(b) = batches.next() {
             let b = b?;
             let out = step.run(&b.inputs())?;
-            last_loss = out[0].get(0).to_f64();
+            last_loss = f64::from(out[0].to_scalar::<f32>()?);
             first_loss.get_or_insert(last_loss);
             batches.recycle(b);
         }

@@ -3,12 +3,16 @@
 //! as fused for the CPU, for SGD with momentum and for AdamW: the printed
 //! fused graph and schedule as snapshots, the kernel count per step pinned,
 //! one fused step checked against the same step unfused (one kernel per
-//! op), parameters and optimizer state alike, and steps writing the state
-//! in place against the same steps writing it to buffers of their own.
+//! op), parameters and optimizer state alike, steps writing the state
+//! in place against the same steps writing it to buffers of their own, and
+//! the buffers each launch reads and writes, which every backend follows
+//! (`kiln_runtime::bind`): each new state tensor written by its kernel over
+//! the old one, nothing copied after.
 
 use kiln::nn::Mlp;
 use kiln::optim::{AdamW, Optimizer, Sgd};
 use kiln::{CompiledStep, DType, Data, Options, Result, Tensor, TensorType};
+use kiln_runtime::bind::{Bindings, Bound};
 use kiln_support::data;
 
 const BATCH: usize = 250;
@@ -96,7 +100,7 @@ fn in_place_matches_copies(optimizer: &dyn Optimizer) -> Result<()> {
     let batch = batch();
     let mut current: Vec<Data> = state.iter().map(data).collect::<Result<_>>()?;
     for round in 0..3 {
-        let loss = s.run(&[&batch[0], &batch[1]])?[0].clone();
+        let loss = data(&s.run(&[&batch[0], &batch[1]])?[0])?;
         let inputs: Vec<&Data> = current.iter().chain(&batch).collect();
         let mut out = plain.run(&inputs)?;
         assert_eq!(loss, out[0], "loss of step {round}");
@@ -106,6 +110,33 @@ fn in_place_matches_copies(optimizer: &dyn Optimizer) -> Result<()> {
         assert_eq!(&data(t)?, want, "state tensor {k} after three steps");
     }
     Ok(())
+}
+
+/// The buffers of the step's launches, as `KILN_DUMP=donate` prints them,
+/// after checking that each donated output is written by a kernel over its
+/// input (or is that input, left as it was) and none is copied.
+fn buffers(step: &CompiledStep) -> String {
+    let optimized = step.graph().optimized();
+    let bindings = Bindings::new(optimized);
+    let graph = &optimized.graph;
+    for &(input, output) in &optimized.schedule.donated {
+        let k = output as usize;
+        let written = (bindings.launches.iter())
+            .flat_map(|b| std::iter::once(&b.out).chain(&b.side))
+            .filter(|&&b| b == Bound::Output(k))
+            .count();
+        let unchanged = matches!(graph.node(graph.outputs[k]).op, kiln_ir::Op::Input { index } if index == input);
+        assert_eq!(
+            written + usize::from(unchanged),
+            1,
+            "output {k} over input {input}"
+        );
+        assert!(
+            bindings.copies.iter().all(|c| c.0 != k),
+            "output {k} is copied"
+        );
+    }
+    bindings.print(optimized)
 }
 
 /// The fused graph and its schedule, as `KILN_DUMP=fuse,schedule` prints them.
@@ -126,7 +157,7 @@ fn fused_matches_unfused(optimizer: &dyn Optimizer) -> Result<()> {
     let mut runs = Vec::new();
     for fusion in [true, false] {
         let mut s = step(optimizer, fusion)?;
-        let loss = s.run(&batch)?[0].clone();
+        let loss = data(&s.run(&batch)?[0])?;
         let state = s.state()?;
         let mut values = vec![loss];
         for t in &state {
@@ -164,6 +195,7 @@ fn an_sgd_step_is_16_kernels() -> Result<()> {
     // gradients through the two relus.
     assert_eq!(s.graph().launches(), 16, "kernels per fused SGD step");
     insta::assert_snapshot!("sgd_step", printed(&s));
+    insta::assert_snapshot!("sgd_step_buffers", buffers(&s));
     fused_matches_unfused(&sgd)?;
     in_place_matches_copies(&sgd)
 }
@@ -176,6 +208,7 @@ fn an_adamw_step_is_16_kernels() -> Result<()> {
     // count beside the loss.
     assert_eq!(s.graph().launches(), 16, "kernels per fused AdamW step");
     insta::assert_snapshot!("adamw_step", printed(&s));
+    insta::assert_snapshot!("adamw_step_buffers", buffers(&s));
     fused_matches_unfused(&adam)?;
     in_place_matches_copies(&adam)
 }

@@ -1,11 +1,15 @@
-//! The contract every backend keeps: a `Backend` compiles an optimized
-//! graph into an `Executable`, which runs it on host buffers. The CPU, the
-//! CUDA backend and the reference interpreter are reached through these two
-//! traits only.
+//! The contract every backend keeps: a `Backend` keeps values in its
+//! storage (allocate, copy in, report what it moved) and compiles an
+//! optimized graph into an `Executable`, which runs it on storage or on
+//! host buffers. The CPU, the CUDA backend and the reference interpreter
+//! are reached through these two traits only.
+
+use std::sync::Arc;
 
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
+use crate::storage::{Arg, MemoryStats, Storage};
 use crate::{Error, check_run};
 
 /// How a matmul computes its products in f32 where the backend has a choice
@@ -45,6 +49,31 @@ pub trait Backend {
     fn donates(&self) -> bool {
         false
     }
+
+    /// Storage for a value of `ty`, its contents to be written by a run;
+    /// running out of memory is an `Err` naming `op`, `ty` and the bytes.
+    /// On the host: zeroed `Data`.
+    fn alloc(&self, op: &str, ty: &TensorType) -> Result<Storage, Error> {
+        let data = Data::zeros(ty.dtype, ty.shape.numel()).map_err(|e| e.in_op(op, ty))?;
+        Ok(Storage::Host(Arc::new(data)))
+    }
+
+    /// `data`, a value of `ty`, as this backend keeps it: shared, not
+    /// copied, on the host; copied into a GPU's memory once.
+    fn store(&self, _ty: &TensorType, data: Arc<Data>) -> Result<Storage, Error> {
+        Ok(Storage::Host(data))
+    }
+
+    /// Whether `storage` is where this backend keeps values (else a run
+    /// copies it in, and `store` moves it).
+    fn holds(&self, storage: &Storage) -> bool {
+        matches!(storage, Storage::Host(_))
+    }
+
+    /// What it has copied, waited for and allocated so far.
+    fn stats(&self) -> Result<MemoryStats, Error> {
+        Ok(MemoryStats::default())
+    }
 }
 
 /// A fused graph compiled by a backend.
@@ -76,7 +105,8 @@ pub trait Executable: Send {
     /// Runs the graph on `inputs` (of the graph's input types), writing into
     /// `outputs` (of the output types).
     fn run_into(&mut self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
-        self.run_donated(&mut [], inputs, outputs)
+        let mut outputs: Vec<&mut Data> = outputs.iter_mut().collect();
+        self.run_donated(&mut [], inputs, &mut outputs)
     }
 
     /// Runs the graph with the inputs that `schedule.donated` names given up
@@ -86,10 +116,46 @@ pub trait Executable: Send {
     /// outputs, each in order.
     fn run_donated(
         &mut self,
-        donated: &mut [Data],
+        donated: &mut [&mut Data],
         inputs: &[DataRef<'_>],
-        outputs: &mut [Data],
+        outputs: &mut [&mut Data],
     ) -> Result<(), Error>;
+
+    /// `run_donated` on storage: `donated` and `outputs` are storage this
+    /// backend keeps (from `Backend::alloc` or an earlier run; storage
+    /// another holder shares is replaced, never written), and each output
+    /// stays where the backend computed it. On a GPU the run is only
+    /// enqueued: the host waits where a value is read. Here, for the
+    /// backends that compute on the host, every value is host data.
+    fn run_stored(
+        &mut self,
+        donated: &mut [Storage],
+        inputs: &[Arg<'_>],
+        outputs: &mut [Storage],
+    ) -> Result<(), Error> {
+        let name = self.optimized().graph.name.clone();
+        let held: Vec<Arc<Data>> = (inputs.iter())
+            .filter_map(|a| match a {
+                Arg::Stored(s) => Some(s.to_host()),
+                Arg::Host(_) => None,
+            })
+            .collect::<Result<_, _>>()?;
+        let mut held = held.iter();
+        let refs: Vec<DataRef<'_>> = (inputs.iter())
+            .map(|a| match a {
+                Arg::Host(d) => Ok(*d),
+                Arg::Stored(_) => (held.next().map(|d| DataRef::from(d.as_ref())))
+                    .ok_or_else(|| Error::Launch("an input lost on its way to the host".into())),
+            })
+            .collect::<Result<_, Error>>()?;
+        let mut donated: Vec<&mut Data> = (donated.iter_mut())
+            .map(|s| s.host_to_update(&name))
+            .collect::<Result<_, _>>()?;
+        let mut outputs: Vec<&mut Data> = (outputs.iter_mut())
+            .map(|s| s.host_to_write(&name))
+            .collect::<Result<_, _>>()?;
+        self.run_donated(&mut donated, &refs, &mut outputs)
+    }
 
     /// For benchmarks: runs the kernels again on the inputs of the last
     /// `run_into` and returns the device's own time for them in seconds.
@@ -185,9 +251,9 @@ impl Executable for Interpreted {
     /// buffer is only where a result lands.
     fn run_donated(
         &mut self,
-        donated: &mut [Data],
+        donated: &mut [&mut Data],
         inputs: &[DataRef<'_>],
-        outputs: &mut [Data],
+        outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
         check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         let graph = &self.optimized.graph;
@@ -201,8 +267,8 @@ impl Executable for Interpreted {
         let values = kiln_ir::interp::eval(graph, &refs)?;
         for (place, value) in self.places.outputs.iter().zip(values) {
             match *place {
-                Place::Donated(j) => donated[j] = value,
-                Place::Own(m) => outputs[m] = value,
+                Place::Donated(j) => *donated[j] = value,
+                Place::Own(m) => *outputs[m] = value,
             }
         }
         Ok(())

@@ -2,6 +2,8 @@
 //!
 //! - `backend`: the contract each keeps (`Backend` compiles an `Optimized`
 //!   graph into an `Executable`), and the reference interpreter as a backend;
+//! - `bind`: which buffer each launch reads and writes in a run, for every
+//!   backend;
 //! - `cpu`: kernels lowered to Cranelift IR, compiled, cached by structural
 //!   hash, and run in schedule order over an arena sized by the memory plan;
 //! - `cuda`: kernels printed as CUDA C (always, so that they can be checked
@@ -11,6 +13,8 @@
 //!   with each access's strides over them, and a reduction's rows, for both
 //!   backends;
 //! - `rows`: which reductions can run row by row, for both backends;
+//! - `storage`: where realized values live (host data, GPU memory) and
+//!   what a backend has copied;
 //! - `stored`: the matmul epilogues a GEMM applies as it stores the
 //!   product, for both backends.
 //!
@@ -19,14 +23,17 @@
 //! device memory; each module that holds it says so in its doc.
 
 pub mod backend;
+pub mod bind;
 pub mod cpu;
 pub mod cuda;
 pub(crate) mod nest;
 pub mod rows;
+pub mod storage;
 pub mod stored;
 
 pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;
+pub use storage::{Arg, MemoryStats, Storage};
 
 use kiln_ir::pass::Optimized;
 use kiln_ir::{DataRef, TensorType};
@@ -85,9 +92,9 @@ pub enum Error {
 pub(crate) fn check_run(
     optimized: &Optimized,
     output_types: &[TensorType],
-    donated: &[kiln_ir::Data],
+    donated: &[&mut kiln_ir::Data],
     inputs: &[DataRef<'_>],
-    outputs: &[kiln_ir::Data],
+    outputs: &[&mut kiln_ir::Data],
 ) -> Result<(), Error> {
     let graph = &optimized.graph;
     let pairs = &optimized.schedule.donated;
@@ -97,46 +104,47 @@ pub(crate) fn check_run(
         &graph.name,
         "donated input",
         &given,
-        donated.iter().map(DataRef::from),
+        donated.iter().map(|d| (d.dtype(), d.len())),
     )?;
     let kept = |types: &[TensorType], donated: &dyn Fn(usize) -> bool| -> Vec<TensorType> {
         let types = types.iter().enumerate().filter(|&(k, _)| !donated(k));
         types.map(|(_, t)| t.clone()).collect()
     };
     let inputs_kept = kept(&graph.inputs, &|k| pairs.iter().any(|p| p.0 as usize == k));
-    check(&graph.name, "input", &inputs_kept, inputs.iter().copied())?;
+    let inputs = inputs.iter().map(|d| (d.dtype(), d.len()));
+    check(&graph.name, "input", &inputs_kept, inputs)?;
     let outputs_kept = kept(output_types, &|k| pairs.iter().any(|p| p.1 as usize == k));
     check(
         &graph.name,
         "output",
         &outputs_kept,
-        outputs.iter().map(DataRef::from),
+        outputs.iter().map(|d| (d.dtype(), d.len())),
     )
 }
 
-/// Each buffer must be of the declared type.
-pub(crate) fn check<'a>(
+/// Each buffer, given by its dtype and length, must be of the declared type.
+pub(crate) fn check(
     graph: &str,
     what: &'static str,
     types: &[TensorType],
-    data: impl ExactSizeIterator<Item = DataRef<'a>>,
+    buffers: impl ExactSizeIterator<Item = (kiln_ir::DType, usize)>,
 ) -> Result<(), Error> {
-    if data.len() != types.len() {
+    if buffers.len() != types.len() {
         return Err(Error::Count {
             graph: graph.to_string(),
             what,
             expected: types.len(),
-            got: data.len(),
+            got: buffers.len(),
         });
     }
-    for (index, (d, ty)) in data.zip(types).enumerate() {
-        if d.dtype() != ty.dtype || d.len() != ty.shape.numel() {
+    for (index, ((dtype, len), ty)) in buffers.zip(types).enumerate() {
+        if dtype != ty.dtype || len != ty.shape.numel() {
             return Err(Error::Buffer {
                 graph: graph.to_string(),
                 what,
                 index,
                 expected: ty.to_string(),
-                got: format!("{} values of {}", d.len(), d.dtype()),
+                got: format!("{len} values of {dtype}"),
             });
         }
     }

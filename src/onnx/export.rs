@@ -21,6 +21,7 @@
 //! ONNX op's type constraints allow.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use kiln_ir::{BinaryOp, DType, Data, Graph, Op, ReduceOp, Scalar, TensorType, UnaryOp};
 
@@ -77,11 +78,19 @@ pub fn export(
     let outputs = f(&placeholders)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let (graph, sources) = capture_with_data(name, &refs);
+    // Captured values in host memory (copied out of a GPU).
+    let captured: Vec<Arc<Data>> = (sources.iter())
+        .filter_map(|s| match s {
+            Source::Data(storage) => Some(storage.to_host()),
+            Source::Placeholder(_) => None,
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let mut captured = captured.iter();
     let inputs = sources
         .iter()
-        .map(|s| match s {
-            Source::Placeholder(i) => Bound::Input(*i),
-            Source::Data(d) => Bound::Data(d.as_ref()),
+        .filter_map(|s| match s {
+            Source::Placeholder(i) => Some(Bound::Input(*i)),
+            Source::Data(_) => captured.next().map(|d| Bound::Data(d.as_ref())),
         })
         .collect();
     encode(&graph, specs, inputs)

@@ -5,12 +5,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_ir::pass::Optimized;
-use kiln_ir::schedule::Location;
-use kiln_ir::{Data, DataRef, NodeId, Op, TensorType};
+use kiln_ir::{Data, DataRef, Op, TensorType};
 
 use super::cache::compile;
 use super::jit::{self, Buffer, CompiledKernel, Computed};
 use crate::backend::{Place, Places};
+use crate::bind::{Bindings, Bound};
 use crate::{Error, check_run};
 
 /// A fused graph compiled for the CPU: its kernels, and an arena sized by
@@ -23,6 +23,8 @@ pub(crate) struct Executable {
     arena: Vec<Vec<u64>>,
     outputs: Vec<TensorType>,
     places: Places,
+    /// Which buffer each launch reads and writes.
+    bindings: Bindings,
     /// For each launch, where its computed operands go.
     shares: Vec<[Share; 2]>,
     /// The buffers of computed operands kept from one launch to another.
@@ -50,27 +52,10 @@ impl Executable {
             kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
         }
         // Graph outputs are written straight into the caller's buffers: a
-        // slot that only they and no intermediate or scratch use needs no
-        // memory here.
-        let schedule = &optimized.schedule;
-        let mut used = vec![false; schedule.slots.len()];
-        for launch in &schedule.launches {
-            if !optimized.graph.outputs.contains(&launch.node) {
-                used[launch.output] = true;
-            }
-            for (id, slot) in &launch.side {
-                if !optimized.graph.outputs.contains(id) {
-                    used[*slot] = true;
-                }
-            }
-            if let Some(s) = launch.scratch {
-                used[s] = true;
-            }
-        }
-        let arena = schedule
-            .slots
-            .iter()
-            .zip(&used)
+        // slot that only they use needs no memory here.
+        let bindings = Bindings::new(&optimized);
+        let arena = (optimized.schedule.slots.iter())
+            .zip(&bindings.used)
             .enumerate()
             .map(|(s, (&bytes, &used))| {
                 let words = if used { bytes.div_ceil(8) } else { 0 };
@@ -86,6 +71,7 @@ impl Executable {
         let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
         Ok(Executable {
             places: Places::new(&optimized),
+            bindings,
             shares,
             kept,
             optimized,
@@ -115,9 +101,9 @@ impl crate::Executable for Executable {
     /// parallel loop (`team`).
     fn run_donated(
         &mut self,
-        donated: &mut [Data],
+        donated: &mut [&mut Data],
         inputs: &[DataRef<'_>],
-        outputs: &mut [Data],
+        outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
         check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         self.launch(donated, inputs, outputs)
@@ -129,62 +115,44 @@ impl Executable {
     /// checked by `check_run`.
     fn launch(
         &mut self,
-        donated: &mut [Data],
+        donated: &mut [&mut Data],
         inputs: &[DataRef<'_>],
-        outputs: &mut [Data],
+        outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
-        let graph = &self.optimized.graph;
         let schedule = &self.optimized.schedule;
         // Every buffer of the run, by graph input and graph output.
-        let given: Vec<Buffer> = donated.iter_mut().map(Buffer::output).collect();
+        let given: Vec<Buffer> = donated.iter_mut().map(|d| Buffer::output(d)).collect();
         let input_at: Vec<Buffer> = (self.places.inputs.iter())
             .map(|place| match *place {
                 Place::Donated(j) => given[j].alias(),
                 Place::Own(m) => Buffer::input(inputs[m]),
             })
             .collect();
-        let own: Vec<Buffer> = outputs.iter_mut().map(Buffer::output).collect();
+        let own: Vec<Buffer> = outputs.iter_mut().map(|d| Buffer::output(d)).collect();
         let output_at: Vec<Buffer> = (self.places.outputs.iter())
             .map(|place| match *place {
                 Place::Donated(j) => given[j].alias(),
                 Place::Own(m) => own[m].alias(),
             })
             .collect();
-        // The graph output each node is written to, if any (first occurrence).
-        let output_of = |id: NodeId| graph.outputs.iter().position(|&o| o == id);
         for group in &self.groups {
             let mut bound = Vec::with_capacity(group.len());
-            for ((launch, kernel), shares) in schedule.launches[group.clone()]
+            for (((launch, binding), kernel), shares) in schedule.launches[group.clone()]
                 .iter()
+                .zip(&self.bindings.launches[group.clone()])
                 .zip(&self.kernels[group.clone()])
                 .zip(&self.shares[group.clone()])
             {
-                let node = graph.node(launch.node);
-                let args: Vec<Buffer> = node
-                    .inputs
-                    .iter()
-                    .zip(&launch.inputs)
-                    .map(|(&id, loc)| match (loc, output_of(id)) {
-                        // Inputs are read where the caller has them, outputs or not.
-                        (Location::Input(i), _) => input_at[*i as usize].alias(),
-                        (Location::Slot(_), Some(k)) => output_at[k].alias(),
-                        (Location::Slot(s), None) => Buffer::slot(&mut self.arena[*s]),
-                    })
+                let arena = &mut self.arena;
+                let args: Vec<Buffer> = (binding.args.iter())
+                    .map(|&b| buffer(b, &input_at, &output_at, arena))
                     .collect();
-                let mut out = match output_of(launch.node) {
-                    Some(k) => output_at[k].alias(),
-                    None => Buffer::slot(&mut self.arena[launch.output]),
-                };
-                let mut side: Vec<Buffer> = launch
-                    .side
-                    .iter()
-                    .map(|&(id, slot)| match output_of(id) {
-                        Some(k) => output_at[k].alias(),
-                        None => Buffer::slot(&mut self.arena[slot]),
-                    })
+                let mut out = buffer(binding.out, &input_at, &output_at, arena);
+                let mut side: Vec<Buffer> = (binding.side.iter())
+                    .map(|&b| buffer(b, &input_at, &output_at, arena))
                     .collect();
                 let mut scratch = match launch.scratch {
-                    Some(s) => Buffer::slot(&mut self.arena[s]),
+                    Some(s) => Buffer::slot(&mut arena[s]),
                     None => Buffer::empty(),
                 };
                 let refs: Vec<&Buffer> = args.iter().collect();
@@ -202,26 +170,43 @@ impl Executable {
             jit::run_rows(&bound)?;
         }
         // Outputs that are inputs, or that repeat an earlier output, are
-        // copies; a donated input that is its own output is already there.
+        // copies.
         let places = &self.places;
-        for (k, &id) in graph.outputs.iter().enumerate() {
-            let value = match (&graph.node(id).op, output_of(id)) {
-                (Op::Input { index }, _) => match places.inputs[*index as usize] {
+        for &(k, from) in &self.bindings.copies {
+            let value = match from {
+                Bound::Input(i) => match places.inputs[i as usize] {
                     Place::Own(m) => inputs[m].to_data(),
-                    Place::Donated(_) => continue,
+                    Place::Donated(j) => donated[j].clone(),
                 },
-                (_, Some(first)) if first != k => match places.outputs[first] {
+                Bound::Output(first) => match places.outputs[first] {
                     Place::Own(m) => outputs[m].clone(),
                     Place::Donated(j) => donated[j].clone(),
                 },
-                _ => continue,
+                Bound::Slot(s) => {
+                    return Err(Error::Launch(format!("output {k} copied from slot {s}")));
+                }
             };
             match places.outputs[k] {
-                Place::Own(m) => outputs[m] = value,
-                Place::Donated(j) => donated[j] = value,
+                Place::Own(m) => *outputs[m] = value,
+                Place::Donated(j) => *donated[j] = value,
             }
         }
         Ok(())
+    }
+}
+
+/// The buffer `bound` names in a run: the caller's input or output, or a
+/// slot of the arena.
+fn buffer(
+    bound: Bound,
+    input_at: &[Buffer],
+    output_at: &[Buffer],
+    arena: &mut [Vec<u64>],
+) -> Buffer {
+    match bound {
+        Bound::Input(i) => input_at[i as usize].alias(),
+        Bound::Output(k) => output_at[k].alias(),
+        Bound::Slot(s) => Buffer::slot(&mut arena[s]),
     }
 }
 

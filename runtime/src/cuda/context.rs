@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use cudarc::cublas::CudaBlas;
@@ -22,6 +23,8 @@ pub(super) fn driver(what: &str, e: impl std::fmt::Debug) -> Error {
 
 /// One GPU: its context and stream, cuBLAS handles, and every module loaded.
 pub struct Gpu {
+    /// Its ordinal, as CUDA counts devices.
+    pub(super) ordinal: usize,
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
     arch: String,
@@ -32,6 +35,51 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Freed device buffers by size, for the next allocation of that size.
     pub(super) pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+    /// What it has copied, waited for and handed out.
+    pub(super) counters: Counters,
+}
+
+/// A GPU's traffic and memory counters (`crate::MemoryStats`).
+#[derive(Default)]
+pub(super) struct Counters {
+    to_device: AtomicU64,
+    to_host: AtomicU64,
+    waits: AtomicU64,
+    in_use: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn copied_to_device(&self, bytes: usize) {
+        self.to_device.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn copied_to_host(&self, bytes: usize) {
+        self.to_host.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn waited(&self) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn handed_out(&self, bytes: usize) {
+        let now = self.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(super) fn given_back(&self, bytes: usize) {
+        self.in_use.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn read(&self) -> crate::MemoryStats {
+        crate::MemoryStats {
+            bytes_to_device: self.to_device.load(Ordering::Relaxed),
+            bytes_to_host: self.to_host.load(Ordering::Relaxed),
+            host_waits: self.waits.load(Ordering::Relaxed),
+            bytes_in_use: self.in_use.load(Ordering::Relaxed),
+            peak_bytes_in_use: self.peak.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The CUDA major version kiln's bindings are built for (cudarc's
@@ -147,6 +195,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
         .map_err(|e| driver("compute capability", e))?;
     let stream = ctx.default_stream();
     let d = Arc::new(Gpu {
+        ordinal,
         name: ctx.name().map_err(|e| driver("device name", e))?,
         arch: format!("sm_{major}{minor}"),
         lt: blaslt::Lt::new(&stream, major)?,
@@ -155,6 +204,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
         stream,
         functions: Mutex::new(HashMap::new()),
         pool: Mutex::new(HashMap::new()),
+        counters: Counters::default(),
     });
     gpus.insert(ordinal, d.clone());
     Ok(d)
@@ -192,6 +242,20 @@ impl Gpu {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver("binding the device's context to this thread", e))
+    }
+
+    /// What it has copied, waited for and handed out since it was opened.
+    pub fn stats(&self) -> crate::MemoryStats {
+        self.counters.read()
+    }
+
+    /// Waits for all the work enqueued on its stream: where a failed
+    /// launch surfaces, as an `Err` saying what the host was waiting for.
+    pub(super) fn wait(&self, what: &str) -> Result<(), Error> {
+        self.counters.waited();
+        self.stream
+            .synchronize()
+            .map_err(|e| driver(&format!("running the work {what} waited for"), e))
     }
 
     /// The architecture kernels are compiled for (`sm_90`).

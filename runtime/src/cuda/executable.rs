@@ -1,9 +1,14 @@
 //! A fused graph compiled for one GPU: each launch of its schedule made a
 //! step (a generated kernel, a row group's kernel, or a matmul's prologues,
-//! GEMM and epilogue), device buffers for its inputs and memory plan, and
-//! runs: plain (`run_into`), timed (`launch_all`), or with the next inputs
-//! staged while the current ones compute (`prepare`, `launch_prepared`,
-//! `finish`).
+//! GEMM and epilogue), device buffers for its memory plan, and runs: on
+//! values that live on the device (`run_stored`: enqueued, nothing copied
+//! but host inputs, no wait), on host data (`run_donated`: copied in and
+//! out), timed (`launch_all`), or with the next inputs staged while the
+//! current ones compute (`prepare`, `launch_prepared`, `finish`).
+//!
+//! Kernels write each graph output straight into the buffer that holds it
+//! after the run (a donated input's, for an output written over it), as on
+//! the CPU; the memory plan's slots hold the values in between.
 //!
 //! Every launch is made safe by the checks before it: buffer lengths
 //! against the kernel's types (the generated code reads and writes only
@@ -18,16 +23,17 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use kiln_ir::kernel::KernelKind;
 use kiln_ir::pass::Optimized;
-use kiln_ir::schedule::Location;
 use kiln_ir::{Data, DataRef, Op, TensorType};
 
 use super::codegen::{self, FLAT_THREADS, Grid};
 use super::context::{Gpu, driver};
-use super::memory::{Buffer, Staging, fill, host_bytes};
+use super::memory::{Buffer, Resident, Staging, fill, host_bytes};
 use super::plan::{self, Gemm as GemmPlan, GemmEpilogue, GemmOperand, OperandSource};
 use super::{blas, blaslt};
-use crate::backend::Precision;
-use crate::{Error, check};
+use crate::backend::{Place, Places, Precision};
+use crate::bind::{Bindings, Bound};
+use crate::storage::{Arg, Storage};
+use crate::{Error, check, check_run};
 
 /// The launch configuration of a generated kernel's grid.
 fn launch_config(grid: Grid) -> Option<LaunchConfig> {
@@ -74,15 +80,21 @@ enum Step {
     },
 }
 
-/// A fused graph compiled for one GPU, with device buffers for its inputs
-/// and for every slot of its memory plan, reused by every run.
+/// A fused graph compiled for one GPU, with device buffers for every slot
+/// of its memory plan, and for the inputs and outputs of runs on host
+/// data, reused by every run.
 pub struct Executable {
     gpu: Arc<Gpu>,
     optimized: Optimized,
     precision: Precision,
     /// Each step with the launches of the schedule it runs.
     steps: Vec<(Range<usize>, Step)>,
-    inputs: Vec<Buffer>,
+    /// Where each run's inputs and outputs are, donated or not.
+    places: Places,
+    /// Which buffer each launch reads and writes.
+    bindings: Bindings,
+    /// The device buffers of runs on host data, once there has been one.
+    host: Option<HostBuffers>,
     slots: Vec<Buffer>,
     outputs: Vec<TensorType>,
     /// The next run's inputs, on their way to the device (`prepare`).
@@ -114,29 +126,105 @@ impl crate::Executable for Executable {
         &self.outputs
     }
 
-    /// Copies `inputs` to the device, runs every launch on the device's
-    /// stream, and copies the outputs back into `outputs`.
-    /// Inputs are uploaded to device memory of their own, so this backend
-    /// donates nothing (`Backend::donates`).
+    /// Copies the inputs (donated or not) to the device, runs every launch
+    /// on the device's stream, and copies the outputs back, each donated
+    /// one into its input.
     fn run_donated(
         &mut self,
-        donated: &mut [Data],
+        donated: &mut [&mut Data],
         inputs: &[DataRef<'_>],
-        outputs: &mut [Data],
+        outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
-        if !donated.is_empty() || !self.optimized.schedule.donated.is_empty() {
-            return Err(Error::Launch(
-                "the CUDA backend writes no output over an input".to_string(),
-            ));
+        check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
+        let given: Vec<DataRef<'_>> = (self.places.inputs.iter())
+            .map(|place| match *place {
+                Place::Donated(j) => DataRef::from(&*donated[j]),
+                Place::Own(m) => inputs[m],
+            })
+            .collect();
+        self.upload(&given)?;
+        self.enqueue_host()?;
+        self.download(donated, outputs)
+    }
+
+    /// Runs every launch on the device's storage, waiting for nothing:
+    /// host inputs are copied in (into buffers that go back to the pool,
+    /// in the stream's order, after the run), device values are read where
+    /// they are, and each output is written into device memory of its own
+    /// (`outputs[m]`, replaced by new memory where another holder shares
+    /// it) or over its donated input (`donated[j]`, copied on the device
+    /// first where another holder shares it).
+    fn run_stored(
+        &mut self,
+        donated: &mut [Storage],
+        inputs: &[Arg<'_>],
+        outputs: &mut [Storage],
+    ) -> Result<(), Error> {
+        let name = self.optimized.graph.name.clone();
+        self.check_stored(donated, inputs, outputs)?;
+        self.gpu.bind()?;
+        for (j, storage) in donated.iter_mut().enumerate() {
+            let ty = &self.optimized.graph.inputs[self.optimized.schedule.donated[j].0 as usize];
+            self.own(storage, ty, &name, true)?;
         }
-        self.check_outputs(outputs)?;
-        self.upload(inputs)?;
-        self.launch_all()?;
-        self.download(inputs, outputs)
+        let own_outputs: Vec<&TensorType> = (self.places.outputs.iter())
+            .zip(&self.outputs)
+            .filter(|(p, _)| matches!(p, Place::Own(_)))
+            .map(|(_, t)| t)
+            .collect();
+        for (storage, ty) in outputs.iter_mut().zip(own_outputs) {
+            self.own(storage, ty, &name, false)?;
+        }
+        // Host inputs, and values of another device, copied in.
+        let mut copied: Vec<Buffer> = Vec::new();
+        for arg in inputs {
+            copied.extend(self.copied_in(arg, &name)?);
+        }
+        let mut copied = copied.iter();
+        let mut given: Vec<&Buffer> = Vec::with_capacity(inputs.len());
+        for arg in inputs {
+            given.push(match arg {
+                Arg::Stored(Storage::Cuda(v)) if v.ordinal() == self.gpu.ordinal => &v.buffer,
+                _ => copied
+                    .next()
+                    .ok_or_else(|| Error::Launch("an input lost on its way in".into()))?,
+            });
+        }
+        let donated: Vec<&Buffer> = donated.iter().map(resident).collect::<Result<_, _>>()?;
+        let own: Vec<&Buffer> = outputs.iter().map(resident).collect::<Result<_, _>>()?;
+        let input_at: Vec<&Buffer> = (self.places.inputs.iter())
+            .map(|place| match *place {
+                Place::Donated(j) => donated[j],
+                Place::Own(m) => given[m],
+            })
+            .collect();
+        let output_at: Vec<&Buffer> = (self.places.outputs.iter())
+            .map(|place| match *place {
+                Place::Donated(j) => donated[j],
+                Place::Own(m) => own[m],
+            })
+            .collect();
+        self.enqueue(&input_at, &output_at)
     }
 
     fn device_time(&mut self) -> Result<Option<f64>, Error> {
         self.launch_all().map(Some)
+    }
+}
+
+/// The device buffers of runs on host data: one per graph input, one per
+/// graph output (empty for a donated output, which is written into its
+/// input's buffer).
+struct HostBuffers {
+    inputs: Vec<Buffer>,
+    outputs: Vec<Buffer>,
+}
+
+/// The device buffer of storage made this GPU's own (`Executable::own`).
+fn resident(storage: &Storage) -> Result<&Buffer, Error> {
+    match storage {
+        Storage::Cuda(v) => Ok(&v.buffer),
+        Storage::Host(_) => Err(Error::Launch("a host value among device outputs".into())),
     }
 }
 
@@ -222,28 +310,136 @@ impl Executable {
                 ));
             }
         }
-        let inputs = graph
-            .inputs
-            .iter()
-            .map(|t| gpu.alloc(t.shape.numel() * t.dtype.size()))
-            .collect::<Result<_, Error>>()?;
-        let slots = optimized
-            .schedule
-            .slots
-            .iter()
-            .map(|&bytes| gpu.alloc(bytes))
+        // Graph outputs are written into the buffers that hold them after
+        // the run: a slot that only they use needs no memory here.
+        let bindings = Bindings::new(&optimized);
+        let slots = (optimized.schedule.slots.iter().zip(&bindings.used))
+            .map(|(&bytes, &used)| gpu.alloc(if used { bytes } else { 0 }))
             .collect::<Result<_, Error>>()?;
         let outputs = graph.output_types();
         Ok(Executable {
             gpu,
+            places: Places::new(&optimized),
             optimized,
             precision,
             steps,
-            inputs,
+            bindings,
+            host: None,
             slots,
             outputs,
             staging: None,
         })
+    }
+
+    /// The device buffers of runs on host data, made at the first.
+    fn host_buffers(&mut self) -> Result<&mut HostBuffers, Error> {
+        if self.host.is_none() {
+            let bytes = |t: &TensorType| t.shape.numel() * t.dtype.size();
+            let inputs = (self.optimized.graph.inputs.iter())
+                .map(|t| self.gpu.alloc(bytes(t)))
+                .collect::<Result<_, Error>>()?;
+            // A donated output is written into its input's buffer.
+            let outputs = (self.places.outputs.iter().zip(&self.outputs))
+                .map(|(place, t)| match place {
+                    Place::Own(_) => self.gpu.alloc(bytes(t)),
+                    Place::Donated(_) => self.gpu.alloc(0),
+                })
+                .collect::<Result<_, Error>>()?;
+            self.host = Some(HostBuffers { inputs, outputs });
+        }
+        self.host
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("no host run buffers".into()))
+    }
+
+    /// The buffers of runs on host data, by graph input and by graph
+    /// output (a donated output's is its input's).
+    fn host_run(&self) -> Result<(Vec<&Buffer>, Vec<&Buffer>), Error> {
+        let host = (self.host.as_ref())
+            .ok_or_else(|| Error::Launch("a run on host data before any input".into()))?;
+        let inputs: Vec<&Buffer> = host.inputs.iter().collect();
+        let donated = &self.optimized.schedule.donated;
+        let outputs: Vec<&Buffer> = (self.places.outputs.iter().zip(&host.outputs))
+            .map(|(place, own)| match *place {
+                Place::Donated(j) => &host.inputs[donated[j].0 as usize],
+                Place::Own(_) => own,
+            })
+            .collect();
+        Ok((inputs, outputs))
+    }
+
+    /// Enqueues every launch on the buffers of runs on host data.
+    fn enqueue_host(&self) -> Result<(), Error> {
+        let (inputs, outputs) = self.host_run()?;
+        self.enqueue(&inputs, &outputs)
+    }
+
+    /// Makes `storage` device memory of this GPU for a value of `ty` that
+    /// no one else holds: new memory where it is not, holding a copy of
+    /// the value where `keep` asks for it (a donated input).
+    fn own(
+        &self,
+        storage: &mut Storage,
+        ty: &TensorType,
+        op: &str,
+        keep: bool,
+    ) -> Result<(), Error> {
+        let mine = match storage {
+            Storage::Cuda(v) => {
+                v.ordinal() == self.gpu.ordinal && std::sync::Arc::get_mut(v).is_some()
+            }
+            Storage::Host(_) => false,
+        };
+        if mine {
+            return Ok(());
+        }
+        let value = match (&*storage, keep) {
+            (Storage::Cuda(v), true) if v.ordinal() == self.gpu.ordinal => v.duplicate()?,
+            (_, true) => Resident::upload(&self.gpu, storage.to_host()?.as_ref().into(), ty)?,
+            (_, false) => Resident::alloc(&self.gpu, op, ty)?,
+        };
+        *storage = Storage::Cuda(std::sync::Arc::new(value));
+        Ok(())
+    }
+
+    /// A device buffer holding an argument that is not on this GPU (host
+    /// data, or a value of another device copied out), or `None` where it
+    /// is.
+    fn copied_in(&self, arg: &Arg<'_>, op: &str) -> Result<Option<Buffer>, Error> {
+        match arg {
+            Arg::Stored(Storage::Cuda(v)) if v.ordinal() == self.gpu.ordinal => Ok(None),
+            Arg::Stored(s) => self.gpu.upload(s.to_host()?.as_ref().into(), op).map(Some),
+            Arg::Host(d) => self.gpu.upload(*d, op).map(Some),
+        }
+    }
+
+    /// The storage of a run (`run_stored`) against the graph's types.
+    fn check_stored(
+        &self,
+        donated: &[Storage],
+        inputs: &[Arg<'_>],
+        outputs: &[Storage],
+    ) -> Result<(), Error> {
+        let graph = &self.optimized.graph;
+        let pairs = &self.optimized.schedule.donated;
+        let given: Vec<TensorType> = pairs
+            .iter()
+            .map(|&(i, _)| graph.inputs[i as usize].clone())
+            .collect();
+        let kept = |types: &[TensorType], places: &[Place]| -> Vec<TensorType> {
+            (types.iter().zip(places))
+                .filter(|(_, p)| matches!(p, Place::Own(_)))
+                .map(|(t, _)| t.clone())
+                .collect()
+        };
+        let donated = donated.iter().map(|s| (s.dtype(), s.len()));
+        check(&graph.name, "donated input", &given, donated)?;
+        let inputs_kept = kept(&graph.inputs, &self.places.inputs);
+        let inputs = inputs.iter().map(|a| (a.dtype(), a.len()));
+        check(&graph.name, "input", &inputs_kept, inputs)?;
+        let outputs_kept = kept(&self.outputs, &self.places.outputs);
+        let outputs = outputs.iter().map(|s| (s.dtype(), s.len()));
+        check(&graph.name, "output", &outputs_kept, outputs)
     }
 
     /// How its matmuls compute.
@@ -251,25 +447,15 @@ impl Executable {
         self.precision
     }
 
-    /// Copies `inputs` into the graph's device input buffers.
+    /// Copies `inputs` (every graph input, donated or not) into the
+    /// device buffers of runs on host data.
     pub fn upload(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
-        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
+        check(&graph.name, "input", &graph.inputs, given)?;
         self.gpu.bind()?;
-        let stream = self.gpu.stream.clone();
-        for (buffer, data) in self.inputs.iter_mut().zip(inputs) {
-            let bytes = host_bytes(*data);
-            if bytes.is_empty() {
-                continue;
-            }
-            let mut dst = buffer
-                .slice
-                .as_mut()
-                .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
-                .slice_mut(..bytes.len());
-            stream
-                .memcpy_htod(bytes.as_ref(), &mut dst)
-                .map_err(|e| driver("copying an input to the device", e))?;
+        for (buffer, data) in self.host_buffers()?.inputs.iter_mut().zip(inputs) {
+            buffer.write(&host_bytes(*data))?;
         }
         Ok(())
     }
@@ -278,7 +464,7 @@ impl Executable {
     /// and returns the device's time from the first launch's start to the
     /// last one's end, in seconds: the work alone, as a benchmark times it.
     pub fn launch_all(&self) -> Result<f64, Error> {
-        self.gpu.timed(|| self.enqueue())
+        self.gpu.timed(|| self.enqueue_host())
     }
 
     /// Starts copying `inputs` to the device for the next `launch_prepared`,
@@ -288,10 +474,21 @@ impl Executable {
     /// free again when this returns.
     pub fn prepare(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
         let graph = &self.optimized.graph;
-        check(&graph.name, "input", &graph.inputs, inputs.iter().copied())?;
+        if !self.optimized.schedule.donated.is_empty() {
+            // A donated input is written by the run: a standby copy of it
+            // would be stale.
+            return Err(Error::Launch(format!(
+                "{}: a graph with donated inputs runs on storage, not on staged inputs",
+                graph.name
+            )));
+        }
+        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
+        check(&graph.name, "input", &graph.inputs, given)?;
         self.gpu.bind()?;
+        self.host_buffers()?;
         if self.staging.is_none() {
-            self.staging = Some(Staging::new(&self.gpu, &graph.inputs)?);
+            let types = &self.optimized.graph.inputs;
+            self.staging = Some(Staging::new(&self.gpu, types)?);
         }
         let Some(staging) = self.staging.as_mut() else {
             return Err(Error::Cuda("no staging buffers".into()));
@@ -325,31 +522,44 @@ impl Executable {
             .record_event(None)
             .map_err(|e| driver("recording a launch", e))?;
         staging.ready = false;
-        std::mem::swap(&mut self.inputs, &mut staging.standby);
-        self.enqueue()
+        let host = (self.host.as_mut())
+            .ok_or_else(|| Error::Launch("launch_prepared before prepare".into()))?;
+        std::mem::swap(&mut host.inputs, &mut staging.standby);
+        self.enqueue_host()
     }
 
-    /// Waits for the last launch and copies its outputs into `outputs`;
-    /// `inputs` are the ones it ran on (an output may be an input).
-    pub fn finish(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
-        self.check_outputs(outputs)?;
-        self.download(inputs, outputs)?;
-        self.gpu
-            .stream
-            .synchronize()
-            .map_err(|e| driver("running the graph", e))
+    /// Waits for the last launch and copies its outputs into `outputs`.
+    pub fn finish(&self, outputs: &mut [Data]) -> Result<(), Error> {
+        let mut outputs: Vec<&mut Data> = outputs.iter_mut().collect();
+        let name = &self.optimized.graph.name;
+        let given = outputs.iter().map(|d| (d.dtype(), d.len()));
+        check(name, "output", &self.outputs, given)?;
+        self.download(&mut [], &mut outputs)
     }
 
-    /// Enqueues every launch on the device's stream, reading the current
-    /// input buffers.
-    fn enqueue(&self) -> Result<(), Error> {
+    /// Enqueues every launch on the device's stream, reading graph input
+    /// `i` from `inputs[i]` and writing graph output `k` into
+    /// `outputs[k]`, then copies the outputs that no kernel writes (graph
+    /// inputs, and values that are an earlier output too) on the device.
+    fn enqueue(&self, inputs: &[&Buffer], outputs: &[&Buffer]) -> Result<(), Error> {
         self.gpu.bind()?;
+        let graph = &self.optimized.graph;
+        if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
+            return Err(Error::Launch(format!(
+                "{}: {} inputs and {} outputs for a graph of {} and {}",
+                graph.name,
+                inputs.len(),
+                outputs.len(),
+                graph.inputs.len(),
+                graph.outputs.len()
+            )));
+        }
         for (launches, step) in &self.steps {
             match step {
                 Step::Kernel { function, grid } => {
                     let mut pointers = Vec::new();
                     for i in launches.clone() {
-                        let Operands { args, out, side } = self.operands(i)?;
+                        let Operands { args, out, side } = self.operands(i, inputs, outputs)?;
                         for b in args.iter().chain([&out]).chain(&side) {
                             pointers.push(b.address(0)?);
                         }
@@ -364,7 +574,8 @@ impl Executable {
                     epilogue_function,
                     scratch,
                 } => {
-                    let Operands { args, out, side } = self.operands(launches.start)?;
+                    let Operands { args, out, side } =
+                        self.operands(launches.start, inputs, outputs)?;
                     let pointers: Vec<u64> = args
                         .iter()
                         .map(|b| b.address(0))
@@ -401,22 +612,44 @@ impl Executable {
                 }
             }
         }
+        for &(k, from) in &self.bindings.copies {
+            let ty = &self.outputs[k];
+            let bytes = ty.shape.numel() * ty.dtype.size();
+            outputs[k].copy_from(self.buffer(from, inputs, outputs), bytes)?;
+        }
         Ok(())
     }
 
-    /// The buffers of launch `i`, each checked to hold its type.
-    fn operands(&self, i: usize) -> Result<Operands<'_>, Error> {
+    /// The buffer `bound` names: graph input `i` in `inputs`, graph
+    /// output `k` in `outputs`, a slot of the memory plan.
+    fn buffer<'a>(
+        &'a self,
+        bound: Bound,
+        inputs: &[&'a Buffer],
+        outputs: &[&'a Buffer],
+    ) -> &'a Buffer {
+        match bound {
+            Bound::Input(i) => inputs[i as usize],
+            Bound::Output(k) => outputs[k],
+            Bound::Slot(s) => &self.slots[s],
+        }
+    }
+
+    /// The buffers of launch `i`, each checked to hold its type: graph
+    /// inputs in `inputs`, graph outputs in `outputs` (by index), the
+    /// values in between in the memory plan's slots.
+    fn operands<'a>(
+        &'a self,
+        i: usize,
+        inputs: &[&'a Buffer],
+        outputs: &[&'a Buffer],
+    ) -> Result<Operands<'a>, Error> {
         let graph = &self.optimized.graph;
         let launch = &self.optimized.schedule.launches[i];
-        let args: Vec<&Buffer> = launch
-            .inputs
-            .iter()
-            .map(|loc| match loc {
-                Location::Input(i) => &self.inputs[*i as usize],
-                Location::Slot(s) => &self.slots[*s],
-            })
-            .collect();
         let node = graph.node(launch.node);
+        let binding = &self.bindings.launches[i];
+        let buffer = |b: &Bound| self.buffer(*b, inputs, outputs);
+        let args: Vec<&Buffer> = binding.args.iter().map(buffer).collect();
         for (b, id) in args.iter().zip(&node.inputs) {
             let ty = &graph.node(*id).ty;
             if b.bytes < ty.shape.numel() * ty.dtype.size() {
@@ -426,8 +659,8 @@ impl Executable {
                 )));
             }
         }
-        let out = &self.slots[launch.output];
-        let side: Vec<&Buffer> = launch.side.iter().map(|&(_, s)| &self.slots[s]).collect();
+        let out = buffer(&binding.out);
+        let side: Vec<&Buffer> = binding.side.iter().map(buffer).collect();
         let outs = std::iter::once((out, launch.node)).chain(
             side.iter()
                 .copied()
@@ -445,41 +678,20 @@ impl Executable {
         Ok(Operands { args, out, side })
     }
 
-    /// `outputs` must be buffers of the output types.
-    fn check_outputs(&self, outputs: &[Data]) -> Result<(), Error> {
-        let name = &self.optimized.graph.name;
-        check(
-            name,
-            "output",
-            &self.outputs,
-            outputs.iter().map(DataRef::from),
-        )
-    }
-
-    /// Copies the outputs of the last launch into `outputs` (of the output
-    /// types, checked by the caller); an output that is a graph input is
-    /// copied from `inputs`, the data last uploaded.
-    fn download(&self, inputs: &[DataRef<'_>], outputs: &mut [Data]) -> Result<(), Error> {
+    /// Copies the outputs of the last run on host data into `donated`
+    /// (those written over an input) and `outputs` (the others), of the
+    /// output types (checked by the caller).
+    fn download(&self, donated: &mut [&mut Data], outputs: &mut [&mut Data]) -> Result<(), Error> {
         self.gpu.bind()?;
-        let stream = &self.gpu.stream;
-        let locations = outputs.iter_mut().zip(&self.optimized.schedule.outputs);
-        for (k, (data, loc)) in locations.enumerate() {
-            let bytes = data.len() * data.dtype().size();
-            let mut host = kiln_ir::try_vec(bytes, 0u8).map_err(|e| {
-                let what = format_args!("a host copy of output {k}");
-                Error::from(e.in_op(self.optimized.graph.name.as_str(), what))
-            })?;
-            match loc {
-                Location::Input(i) => host.copy_from_slice(&host_bytes(inputs[*i as usize])),
-                Location::Slot(_) if bytes == 0 => {}
-                Location::Slot(s) => {
-                    let src = self.slots[*s].slice()?.slice(..bytes);
-                    stream
-                        .memcpy_dtoh(&src, &mut host)
-                        .map_err(|e| driver("copying an output to the host", e))?;
-                }
-            }
-            fill(data, &host);
+        let name = &self.optimized.graph.name;
+        let (_, buffers) = self.host_run()?;
+        for (place, buffer) in self.places.outputs.iter().zip(buffers) {
+            let data = match *place {
+                Place::Donated(j) => &mut *donated[j],
+                Place::Own(m) => &mut *outputs[m],
+            };
+            let bytes = buffer.read(data.len() * data.dtype().size(), name)?;
+            fill(data, &bytes);
         }
         Ok(())
     }

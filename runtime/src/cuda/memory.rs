@@ -1,16 +1,19 @@
 //! Device memory: the caching allocator (freed buffers go back to their
-//! GPU's pool by size), the buffers it hands out, the pinned host memory
-//! and standby buffers that stage the next run's inputs while the current
-//! one computes, a device-to-device copy for measuring bandwidth, and the
-//! bytes of host data as the device holds them.
+//! GPU's pool by size, and are reused in the order of its one compute
+//! stream), the buffers it hands out, values that live on the device
+//! (`Resident`), the pinned host memory and standby buffers that stage the
+//! next run's inputs while the current one computes, a device-to-device
+//! copy for measuring bandwidth, and the bytes of host data as the device
+//! holds them.
 
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
-use kiln_ir::{Data, DataRef, TensorType};
+use kiln_ir::{Data, DataRef, OutOfMemory, TensorType};
 
 use super::context::{Gpu, driver};
 use crate::Error;
@@ -27,8 +30,21 @@ impl Gpu {
 
     /// `bytes` of device memory, from the pool when a buffer of that size
     /// was freed; contents undefined (every buffer is written before read).
-    pub(super) fn alloc(self: &Arc<Gpu>, bytes: usize) -> Result<Buffer, Error> {
-        let size = bytes.max(1).next_power_of_two().max(256);
+    /// Where the device has no more, the pool's buffers are freed and the
+    /// allocation tried once again; failing that, the `Err` is
+    /// `kiln_ir::Error::OutOfMemory` for the bytes asked, named by `op`
+    /// and `what`.
+    pub(super) fn alloc_for(
+        self: &Arc<Gpu>,
+        bytes: usize,
+        op: &str,
+        what: impl std::fmt::Display,
+    ) -> Result<Buffer, Error> {
+        let size = bytes
+            .max(1)
+            .checked_next_power_of_two()
+            .ok_or_else(|| self.out_of_memory(bytes, op, &what))?
+            .max(256);
         let reused = self
             .pool
             .lock()
@@ -37,16 +53,53 @@ impl Gpu {
             .and_then(Vec::pop);
         let slice = match reused {
             Some(s) => s,
-            None => self
-                .stream
-                .alloc_zeros::<u8>(size)
-                .map_err(|e| driver("allocating device memory", e))?,
+            None => match self.stream.alloc_zeros::<u8>(size) {
+                Ok(s) => s,
+                Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    self.trim()?;
+                    self.stream.alloc_zeros::<u8>(size).map_err(|e| {
+                        match e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                            true => self.out_of_memory(bytes, op, &what),
+                            false => driver("allocating device memory", e),
+                        }
+                    })?
+                }
+                Err(e) => return Err(driver("allocating device memory", e)),
+            },
         };
+        self.counters.handed_out(slice.len());
         Ok(Buffer {
             slice: Some(slice),
             bytes,
             gpu: self.clone(),
         })
+    }
+
+    /// `alloc_for` a buffer of the runtime's own.
+    pub(super) fn alloc(self: &Arc<Gpu>, bytes: usize) -> Result<Buffer, Error> {
+        self.alloc_for(bytes, "cuda", "a device buffer")
+    }
+
+    fn out_of_memory(&self, bytes: usize, op: &str, what: &dyn std::fmt::Display) -> Error {
+        let what = format_args!("{what} on GPU {}", self.ordinal);
+        OutOfMemory { bytes }.in_op(op, what).into()
+    }
+
+    /// Frees every buffer the pool keeps, after the work that may still
+    /// use them.
+    fn trim(&self) -> Result<(), Error> {
+        self.wait("trimming the memory pool")?;
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
+    }
+
+    /// A device buffer holding `data`, copied in on the compute stream.
+    pub(super) fn upload(self: &Arc<Gpu>, data: DataRef<'_>, op: &str) -> Result<Buffer, Error> {
+        let bytes = host_bytes(data);
+        let what = format_args!("{} values of {}", data.len(), data.dtype());
+        let mut buffer = self.alloc_for(bytes.len(), op, what)?;
+        buffer.write(&bytes)?;
+        Ok(buffer)
     }
 }
 
@@ -79,12 +132,145 @@ impl Buffer {
     }
 }
 
+impl Buffer {
+    /// Copies `bytes` (at most the buffer's) to its start, on the compute
+    /// stream. The copy is from pageable memory: the driver stages it
+    /// before this returns, so `bytes` may go at once.
+    pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let gpu = self.gpu.clone();
+        let mut dst = self
+            .slice
+            .as_mut()
+            .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
+            .slice_mut(..bytes.len());
+        gpu.stream
+            .memcpy_htod(bytes, &mut dst)
+            .map_err(|e| driver("copying an input to the device", e))?;
+        gpu.counters.copied_to_device(bytes.len());
+        Ok(())
+    }
+
+    /// Its first `bytes` bytes copied to the host, after the work on the
+    /// compute stream that writes them.
+    pub(super) fn read(&self, bytes: usize, what: &str) -> Result<Vec<u8>, Error> {
+        let mut host =
+            kiln_ir::try_vec(bytes, 0u8).map_err(|e| Error::from(e.in_op(what, "a host copy")))?;
+        if bytes > 0 {
+            let src = self.slice()?.slice(..bytes);
+            self.gpu
+                .stream
+                .memcpy_dtoh(&src, &mut host)
+                .map_err(|e| driver("copying a value to the host", e))?;
+        }
+        self.gpu.wait(what)?;
+        self.gpu.counters.copied_to_host(bytes);
+        Ok(host)
+    }
+
+    /// Copies the first `bytes` bytes of `from` over its own, on the
+    /// compute stream.
+    pub(super) fn copy_from(&self, from: &Buffer, bytes: usize) -> Result<(), Error> {
+        if bytes > self.bytes || bytes > from.bytes {
+            return Err(Error::Launch(format!(
+                "a copy of {bytes} bytes between buffers of {} and {}",
+                from.bytes, self.bytes
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (dst, src) = (self.address(0)?, from.address(0)?);
+        // SAFETY: both ranges lie in their buffers (checked above), which
+        // are device memory of this context, used in the stream's order.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.gpu.stream.cu_stream())
+        }
+        .map_err(|e| driver("copying on the device", e))
+    }
+}
+
 impl Drop for Buffer {
+    /// Back to the pool: the next allocation reuses it after the work
+    /// already enqueued on the compute stream, which is all the work that
+    /// may read or write it.
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
+            self.gpu.counters.given_back(slice.len());
             let mut pool = self.gpu.pool.lock().unwrap_or_else(|e| e.into_inner());
             pool.entry(slice.len()).or_default().push(slice);
         }
+    }
+}
+
+/// A value that lives in a GPU's memory: a realized tensor on the device,
+/// or a compiled step's state. Reading it copies it out after the work
+/// that computes it.
+pub struct Resident {
+    pub(super) buffer: Buffer,
+    ty: TensorType,
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Resident({} on GPU {})",
+            self.ty, self.buffer.gpu.ordinal
+        )
+    }
+}
+
+impl Resident {
+    /// Device memory for a value of `ty`, to be written by a run.
+    pub(super) fn alloc(gpu: &Arc<Gpu>, op: &str, ty: &TensorType) -> Result<Resident, Error> {
+        let buffer = gpu.alloc_for(ty.shape.numel() * ty.dtype.size(), op, ty)?;
+        Ok(Resident {
+            buffer,
+            ty: ty.clone(),
+        })
+    }
+
+    /// `data`, of type `ty`, copied in.
+    pub(super) fn upload(
+        gpu: &Arc<Gpu>,
+        data: DataRef<'_>,
+        ty: &TensorType,
+    ) -> Result<Resident, Error> {
+        let buffer = gpu.upload(data, "to")?;
+        Ok(Resident {
+            buffer,
+            ty: ty.clone(),
+        })
+    }
+
+    /// A copy on the same device, enqueued.
+    pub(super) fn duplicate(&self) -> Result<Resident, Error> {
+        let copy = Resident::alloc(&self.buffer.gpu, "copy", &self.ty)?;
+        copy.buffer.copy_from(&self.buffer, self.buffer.bytes)?;
+        Ok(copy)
+    }
+
+    /// Its type.
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    /// The ordinal of the GPU that holds it.
+    pub fn ordinal(&self) -> usize {
+        self.buffer.gpu.ordinal
+    }
+
+    /// The value copied to the host, after the work that computes it; a
+    /// failure of that work is the `Err`.
+    pub fn read(&self) -> Result<Data, Error> {
+        let bytes = self.buffer.read(self.buffer.bytes, "reading a value")?;
+        let mut data = Data::zeros(self.ty.dtype, self.ty.shape.numel())
+            .map_err(|e| e.in_op("to_vec", &self.ty))?;
+        fill(&mut data, &bytes);
+        Ok(data)
     }
 }
 
@@ -212,6 +398,7 @@ impl Staging {
             self.copy
                 .memcpy_htod(&*host, &mut dst)
                 .map_err(|e| driver("copying an input to the device", e))?;
+            device.gpu.counters.copied_to_device(bytes.len());
         }
         self.copied = Some(
             self.copy

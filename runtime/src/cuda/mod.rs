@@ -37,7 +37,7 @@ pub use context::{Gpu, gpu};
 #[cfg(feature = "cuda")]
 pub use executable::Executable;
 #[cfg(feature = "cuda")]
-pub use memory::Copier;
+pub use memory::{Copier, Resident};
 
 /// GPU `ordinal` as a backend.
 #[cfg(feature = "cuda")]
@@ -59,5 +59,34 @@ impl crate::Backend for Cuda {
             gpu,
             options.precision,
         )?))
+    }
+
+    /// Its executables write each donated output over its input, on the
+    /// device as the CPU does on the host.
+    fn donates(&self) -> bool {
+        true
+    }
+
+    fn alloc(&self, op: &str, ty: &kiln_ir::TensorType) -> Result<crate::Storage, crate::Error> {
+        let value = Resident::alloc(&gpu(self.ordinal)?, op, ty)?;
+        Ok(crate::Storage::Cuda(std::sync::Arc::new(value)))
+    }
+
+    /// Copies `data` into the device's memory, on its compute stream.
+    fn store(
+        &self,
+        ty: &kiln_ir::TensorType,
+        data: std::sync::Arc<kiln_ir::Data>,
+    ) -> Result<crate::Storage, crate::Error> {
+        let value = Resident::upload(&gpu(self.ordinal)?, data.as_ref().into(), ty)?;
+        Ok(crate::Storage::Cuda(std::sync::Arc::new(value)))
+    }
+
+    fn holds(&self, storage: &crate::Storage) -> bool {
+        matches!(storage, crate::Storage::Cuda(v) if v.ordinal() == self.ordinal)
+    }
+
+    fn stats(&self) -> Result<crate::MemoryStats, crate::Error> {
+        Ok(gpu(self.ordinal)?.stats())
     }
 }

@@ -1,0 +1,159 @@
+//! Where a realized value lives: host memory for the CPU and the
+//! interpreter (shared `Data`, handed from backend to backend without a
+//! copy), a GPU's own memory for the CUDA backend, where it stays until it
+//! is read. `Arg` is a value given to a run: borrowed host data (a loader's
+//! batch) or storage.
+
+use std::sync::Arc;
+
+use kiln_ir::{DType, Data, DataRef};
+
+use crate::Error;
+
+/// A realized value, kept by the backend that computed it.
+#[derive(Clone, Debug)]
+pub enum Storage {
+    /// Host memory.
+    Host(Arc<Data>),
+    /// Memory of a GPU.
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<crate::cuda::Resident>),
+}
+
+impl Storage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::Host(d) => d.dtype(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.ty().dtype,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Host(d) => d.len(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.ty().shape.numel(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The host data, where the value is in host memory.
+    pub fn as_host(&self) -> Option<&Arc<Data>> {
+        match self {
+            Storage::Host(d) => Some(d),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// The value in host memory: shared where it is there; copied out of a
+    /// GPU, after the work that computes it, where it is there.
+    pub fn to_host(&self) -> Result<Arc<Data>, Error> {
+        match self {
+            Storage::Host(d) => Ok(d.clone()),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.read().map(Arc::new),
+        }
+    }
+
+    /// Host data a run reads and then writes over (a donated input): moved
+    /// to the host first, and copied where another holder shares it, so
+    /// that no one else sees the write.
+    pub(crate) fn host_to_update(&mut self, op: &str) -> Result<&mut Data, Error> {
+        let data = self.host_slot()?;
+        if Arc::get_mut(data).is_none() {
+            let what = format_args!("{} values of {}", data.len(), data.dtype());
+            *data = Arc::new(data.try_clone().map_err(|e| e.in_op(op, what))?);
+        }
+        Arc::get_mut(data).ok_or_else(|| Error::Launch("a shared host buffer".into()))
+    }
+
+    /// Host data a run only writes (an output): a new buffer of the same
+    /// type where this one is shared or not on the host.
+    pub(crate) fn host_to_write(&mut self, op: &str) -> Result<&mut Data, Error> {
+        let (dtype, len) = (self.dtype(), self.len());
+        let fresh = match self {
+            Storage::Host(d) => Arc::get_mut(d).is_none(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => true,
+        };
+        if fresh {
+            let data = Data::zeros(dtype, len)
+                .map_err(|e| e.in_op(op, format_args!("{len} values of {dtype}")))?;
+            *self = Storage::Host(Arc::new(data));
+        }
+        self.host_to_update(op)
+    }
+
+    /// The host `Arc` behind this storage, after copying a device's value out.
+    fn host_slot(&mut self) -> Result<&mut Arc<Data>, Error> {
+        #[cfg(feature = "cuda")]
+        if let Storage::Cuda(s) = self {
+            *self = Storage::Host(Arc::new(s.read()?));
+        }
+        match self {
+            Storage::Host(d) => Ok(d),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Launch("device storage after a copy out".into())),
+        }
+    }
+}
+
+/// A value given to a run.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    /// Host data, borrowed for the run.
+    Host(DataRef<'a>),
+    /// A realized value, wherever it is.
+    Stored(&'a Storage),
+}
+
+impl Arg<'_> {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Arg::Host(d) => d.dtype(),
+            Arg::Stored(s) => s.dtype(),
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Arg::Host(d) => d.len(),
+            Arg::Stored(s) => s.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a backend has moved and how often the host waited for it, since
+/// the process started, as `torch.cuda.memory_stats` reports. The CPU and
+/// the interpreter keep every value in host memory: they copy nothing and
+/// never wait, and report zeros.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes copied from the host to the device.
+    pub bytes_to_device: u64,
+    /// Bytes copied from the device to the host.
+    pub bytes_to_host: u64,
+    /// Times the host waited for the device's work to end.
+    pub host_waits: u64,
+    /// Device memory handed out to values and buffers now, in bytes (as
+    /// `torch.cuda.memory_allocated`); memory the pool keeps for reuse is
+    /// not counted.
+    pub bytes_in_use: u64,
+    /// The most `bytes_in_use` has been (`torch.cuda.max_memory_allocated`).
+    pub peak_bytes_in_use: u64,
+}

@@ -1,0 +1,253 @@
+//! Values that live on the GPU: eager ops on device tensors read and
+//! write device memory only, compiled calls read device tensors where they
+//! are and leave their outputs there, a training step moves its batch in
+//! and its loss out and nothing else while its state is written in place,
+//! matching the same step run on host data bit for bit, and running out of
+//! device memory is an `Err` after which the device still computes. The
+//! traffic is read from `kiln::memory_stats`. Every test skips, saying
+//! why, where there is no GPU.
+
+#![cfg(feature = "cuda")]
+
+use std::sync::Mutex;
+
+use kiln::optim::{Optimizer, Sgd};
+use kiln::{
+    BackendOptions, DType, Data, Device, MemoryStats, Options, Precision, Result, Tensor,
+    TensorType,
+};
+
+const GPU: Device = Device::Cuda(0);
+
+/// The counters are the device's, shared by every test of this binary:
+/// each test holds this while it runs.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The first GPU's counters, or `None` after printing why the test skips.
+fn stats_or_skip() -> Option<MemoryStats> {
+    kiln::memory_stats(GPU)
+        .map_err(|why| eprintln!("skipped: {why}"))
+        .ok()
+}
+
+/// What moved between `before` and now.
+fn moved(before: MemoryStats) -> Result<(u64, u64, u64)> {
+    let now = kiln::memory_stats(GPU)?;
+    Ok((
+        now.bytes_to_device - before.bytes_to_device,
+        now.bytes_to_host - before.bytes_to_host,
+        now.host_waits - before.host_waits,
+    ))
+}
+
+#[test]
+fn eager_ops_on_device_tensors_stay_on_the_device() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if stats_or_skip().is_none() {
+        return Ok(());
+    }
+    let (a, b) = (Tensor::randn([257, 131], 1)?, Tensor::randn([131], 2)?);
+    let (ga, gb) = (a.to(GPU)?, b.to(GPU)?);
+    let before = kiln::memory_stats(GPU)?;
+    // Three realizes, each reading the last one's result on the device.
+    let y = (&ga + &gb)?.relu()?;
+    y.realize()?;
+    let z = (&y * 2.0f32)?.exp()?;
+    z.realize()?;
+    let s = z.sum(&[1], false)?;
+    s.realize()?;
+    assert_eq!(s.device(), GPU);
+    assert_eq!(moved(before)?, (0, 0, 0), "bytes in, bytes out, waits");
+    let got = s.to_vec::<f32>()?;
+    assert_eq!(moved(before)?, (0, 257 * 4, 1), "one read, one wait");
+    let want = (((&a + &b)?.relu()? * 2.0f32)?.exp()?)
+        .to(Device::Reference)?
+        .sum(&[1], false)?
+        .to_vec::<f32>()?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs(),
+            "[{i}]: gpu {g}, reference {w}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn compiled_calls_read_device_tensors_where_they_are() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if stats_or_skip().is_none() {
+        return Ok(());
+    }
+    let w = Tensor::randn([96, 33], 3)?;
+    let spec = [TensorType::new(DType::F32, [70, 96])];
+    let ieee = BackendOptions {
+        precision: Precision::F32,
+        ..BackendOptions::default()
+    };
+    // The captured weight is copied in once, when the graph is compiled.
+    let mut layer = kiln::compile_on(GPU, "layer", &spec, Options::default(), ieee, |t| {
+        Ok(vec![t[0].matmul(&w)?.relu()?])
+    })?;
+    let x = Tensor::randn([70, 96], 4)?;
+    let on_gpu = x.to(GPU)?;
+    let before = kiln::memory_stats(GPU)?;
+    let mut out = layer.call(&[&on_gpu])?.remove(0);
+    for _ in 0..3 {
+        out = layer.call(&[&on_gpu])?.remove(0);
+    }
+    assert_eq!(out.device(), GPU);
+    assert_eq!(moved(before)?, (0, 0, 0), "bytes in, bytes out, waits");
+    let got = out.to_vec::<f32>()?;
+    let want = x
+        .matmul(&w)?
+        .relu()?
+        .to(Device::Reference)?
+        .to_vec::<f32>()?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+            "[{i}]: gpu {g}, reference {w}"
+        );
+    }
+    Ok(())
+}
+
+const BATCH: usize = 50;
+
+/// An MLP 784-64-10 on digit-like bytes, its parameters and momentum.
+fn mlp_state(sgd: &Sgd) -> Result<Vec<Tensor>> {
+    let params = vec![
+        (Tensor::randn([784, 64], 5)? * 0.05f32)?,
+        Tensor::zeros([64], DType::F32)?,
+        (Tensor::randn([64, 10], 6)? * 0.1f32)?,
+        Tensor::zeros([10], DType::F32)?,
+    ];
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let momentum = sgd.state(&refs)?;
+    Ok(params.into_iter().chain(momentum).collect())
+}
+
+/// The step: the loss, then the parameters and momentum after the update.
+fn train(sgd: &Sgd, s: &[Tensor], b: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+    let (p, m) = s.split_at(4);
+    let x = (b[0].cast(DType::F32)? * (1.0f32 / 255.0))?;
+    let h = (x.matmul(&p[0])? + &p[1])?.relu()?;
+    let loss = (h.matmul(&p[2])? + &p[3])?.cross_entropy(&b[1])?;
+    let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
+    let (p, m) = sgd.update(p, &grads, m)?;
+    Ok((vec![loss], p.into_iter().chain(m).collect()))
+}
+
+fn batch(k: usize) -> [Data; 2] {
+    let images = (0..BATCH * 784).map(|i| ((i * 7919 + k * 31) % 256) as u8);
+    let labels = (0..BATCH).map(|i| ((i * 31 + k) % 10) as i32);
+    [Data::U8(images.collect()), Data::I32(labels.collect())]
+}
+
+fn batch_types() -> [TensorType; 2] {
+    [
+        TensorType::new(DType::U8, [BATCH, 784]),
+        TensorType::new(DType::I32, [BATCH]),
+    ]
+}
+
+#[test]
+fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if stats_or_skip().is_none() {
+        return Ok(());
+    }
+    let sgd = Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.05)
+    };
+    let state = mlp_state(&sgd)?;
+    let refs: Vec<&Tensor> = state.iter().collect();
+    let ieee = BackendOptions {
+        precision: Precision::F32,
+        ..BackendOptions::default()
+    };
+    let mut step = kiln::compile_step_on(
+        GPU,
+        "fit",
+        &refs,
+        &batch_types(),
+        Options::default(),
+        ieee,
+        |s, b| train(&sgd, s, b),
+    )?;
+    assert!(step.in_place().iter().all(|&b| b), "{:?}", step.in_place());
+    drop(state);
+    let batches: Vec<[Data; 2]> = (0..4).map(batch).collect();
+    // The first step copies the caller's initial state into the step's own.
+    step.run(&[&batches[0][0], &batches[0][1]])?;
+    let batch_bytes = (BATCH * 784 + BATCH * 4) as u64;
+    let mut losses = Vec::new();
+    for b in &batches[1..] {
+        let before = kiln::memory_stats(GPU)?;
+        let loss = step.run(&[&b[0], &b[1]])?.remove(0);
+        assert_eq!(
+            moved(before)?,
+            (batch_bytes, 0, 0),
+            "a step, before its loss is read"
+        );
+        losses.push(loss.to_scalar::<f32>()?);
+        assert_eq!(moved(before)?, (batch_bytes, 4, 1), "a step and its loss");
+    }
+
+    // The same steps on host data: the state copied in and out each time,
+    // written to buffers of its own.
+    let state = mlp_state(&sgd)?;
+    let mut specs: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
+    specs.extend(batch_types());
+    let mut plain = kiln::compile_on(GPU, "fit", &specs, Options::default(), ieee, |t| {
+        let (loss, next) = train(&sgd, &t[..8], &t[8..])?;
+        Ok(loss.into_iter().chain(next).collect())
+    })?;
+    let mut current: Vec<Data> = (state.iter())
+        .map(|t| t.to_vec::<f32>().map(Data::F32))
+        .collect::<Result<_>>()?;
+    for (k, b) in batches.iter().enumerate() {
+        let inputs: Vec<&Data> = current.iter().chain(b).collect();
+        let mut out = plain.run(&inputs)?;
+        if k > 0 {
+            assert_eq!(out[0], Data::F32(vec![losses[k - 1]]), "loss of step {k}");
+        }
+        current = out.split_off(1);
+    }
+    for (k, (t, want)) in step.state()?.iter().zip(&current).enumerate() {
+        assert_eq!(&Data::F32(t.to_vec::<f32>()?), want, "state tensor {k}");
+    }
+    Ok(())
+}
+
+#[test]
+fn device_memory_running_out_is_an_err_and_the_device_goes_on() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(before) = stats_or_skip() else {
+        return Ok(());
+    };
+    // 2^46 f32 values: 256 TiB, more than any GPU has.
+    let huge = [1usize << 20, 1 << 20, 1 << 6];
+    let zero = Tensor::scalar(0.0f32).to(GPU)?;
+    let err = zero
+        .expand(huge)?
+        .exp()?
+        .realize()
+        .err()
+        .map(|e| e.to_string());
+    let want = format!(
+        "exp: out of memory: {} bytes for f32[1048576,1048576,64] on GPU 0",
+        1u64 << 48
+    );
+    assert_eq!(err.as_deref(), Some(want.as_str()));
+    let after = kiln::memory_stats(GPU)?;
+    assert!(
+        after.bytes_in_use <= before.bytes_in_use + (1 << 20),
+        "{before:?} -> {after:?}"
+    );
+    let x = Tensor::from_slice(&[1.0f32, -2.0], [2])?.to(GPU)?;
+    assert_eq!(x.relu()?.to_vec::<f32>()?, vec![1.0, 0.0]);
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! The storage contract (`Backend::alloc`, `store`, `holds` and `stats`,
+//! `Executable::run_stored`) on the backends that keep values in host
+//! memory, the CPU and the interpreter: a value is handed to them without
+//! a copy, a run writes only storage that no one else holds (a donated
+//! value in place, an output into its own buffer), and they count nothing
+//! as moved. Through the API: compiled calls and steps leave their values
+//! on their device, and reading a step's state shares it until the step
+//! writes it.
+
+use std::sync::Arc;
+
+use kiln::{BackendOptions, DType, Data, Device, Options, Result, Tensor, TensorType};
+use kiln_ir::pass::{self, Optimized};
+use kiln_runtime::{Arg, Backend, MemoryStats, Reference, Storage, cpu::Cpu};
+
+/// The host backends, by name.
+fn host_backends() -> [(&'static str, Box<dyn Backend>); 2] {
+    [("cpu", Box::new(Cpu)), ("reference", Box::new(Reference))]
+}
+
+fn host(storage: &Storage) -> &Arc<Data> {
+    storage
+        .as_host()
+        .expect("a host backend keeps values on the host")
+}
+
+fn floats(storage: &Storage) -> Vec<f32> {
+    match host(storage).as_ref() {
+        Data::F32(v) => v.clone(),
+        other => panic!("not f32: {other:?}"),
+    }
+}
+
+/// `y = x * 2 + s` over [5, 3] (awkward for four lanes), optimized, with
+/// `y` written over `s` where `donate`.
+fn scaled_sum(donate: bool) -> Result<Optimized> {
+    let x = Tensor::from_vec(vec![0.0f32; 15], [5, 3])?;
+    let s = Tensor::from_vec(vec![0.0f32; 15], [5, 3])?;
+    let y = ((&x * 2.0f32)? + &s)?;
+    let graph = kiln::capture("scaled_sum", &[&y]);
+    let optimized = pass::optimize(&graph, Options::default(), &mut |_, _| {})?;
+    if !donate {
+        return Ok(optimized);
+    }
+    let (optimized, notes) = pass::donate(&optimized, &[(1, 0)])?;
+    assert_eq!(notes, ["output 0 is written over input 1"]);
+    Ok(optimized)
+}
+
+fn ramp(from: f32) -> Vec<f32> {
+    (0..15).map(|i| from + i as f32).collect()
+}
+
+#[test]
+fn host_backends_keep_values_without_a_copy() -> Result<()> {
+    let ty = TensorType::new(DType::F32, [5, 3]);
+    for (name, backend) in host_backends() {
+        let data = Arc::new(Data::F32(ramp(1.0)));
+        let stored = backend.store(&ty, data.clone())?;
+        assert!(Arc::ptr_eq(host(&stored), &data), "{name}: store copied");
+        assert!(backend.holds(&stored), "{name}");
+        let made = backend.alloc("relu", &ty)?;
+        assert_eq!(floats(&made), vec![0.0; 15], "{name}");
+        assert_eq!(backend.stats()?, MemoryStats::default(), "{name}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_on_storage_writes_only_what_no_one_else_holds() -> Result<()> {
+    let x = Data::F32(ramp(0.0));
+    // x * 2 + s for s = ramp(from): 3i + from.
+    let want = |from: f32| -> Vec<f32> { (0..15).map(|i| 3.0 * i as f32 + from).collect() };
+    for (name, backend) in host_backends() {
+        let mut exec = backend.compile(scaled_sum(true)?, BackendOptions::default())?;
+        // Shared with a caller: the run writes a copy of its own.
+        let mut state = [Storage::Host(Arc::new(Data::F32(ramp(10.0))))];
+        let caller = state[0].clone();
+        exec.run_stored(&mut state, &[Arg::Host((&x).into())], &mut [])?;
+        assert_eq!(floats(&caller), ramp(10.0), "{name}: the caller's value");
+        assert_eq!(floats(&state[0]), want(10.0), "{name}");
+        assert!(!Arc::ptr_eq(host(&state[0]), host(&caller)), "{name}");
+        // Held by the run alone: written in place.
+        let before = host(&state[0]).clone();
+        drop(caller);
+        let place = Arc::as_ptr(&before);
+        drop(before);
+        exec.run_stored(&mut state, &[Arg::Host((&x).into())], &mut [])?;
+        assert_eq!(Arc::as_ptr(host(&state[0])), place, "{name}: not in place");
+        let twice: Vec<f32> = (0..15).map(|i| 5.0 * i as f32 + 10.0).collect();
+        assert_eq!(floats(&state[0]), twice, "{name}");
+
+        // An output a caller still holds is replaced, not written.
+        let mut exec = backend.compile(scaled_sum(false)?, BackendOptions::default())?;
+        let ty = TensorType::new(DType::F32, [5, 3]);
+        let mut outputs = [backend.alloc("scaled_sum", &ty)?];
+        let kept = outputs[0].clone();
+        let s = Storage::Host(Arc::new(Data::F32(ramp(1.0))));
+        let args = [Arg::Host((&x).into()), Arg::Stored(&s)];
+        exec.run_stored(&mut [], &args, &mut outputs)?;
+        assert_eq!(floats(&kept), vec![0.0; 15], "{name}: the held output");
+        assert_eq!(floats(&outputs[0]), want(1.0), "{name}");
+        // And reused where no one does.
+        drop(kept);
+        let place = Arc::as_ptr(host(&outputs[0]));
+        exec.run_stored(&mut [], &args, &mut outputs)?;
+        assert_eq!(
+            Arc::as_ptr(host(&outputs[0])),
+            place,
+            "{name}: a new output"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn calls_leave_their_outputs_on_the_graphs_device() -> Result<()> {
+    let x = Tensor::randn([7, 5], 3)?;
+    let spec = [x.ty().clone()];
+    let mut results = Vec::new();
+    for device in [Device::Cpu, Device::Reference] {
+        let options = (Options::default(), BackendOptions::default());
+        let mut g = kiln::compile_on(device, "soft", &spec, options.0, options.1, |t| {
+            Ok(vec![t[0].softmax(-1)?])
+        })?;
+        let out = g.call(&[&x])?.remove(0);
+        assert_eq!(out.device(), device);
+        assert!(out.is_realized());
+        // It feeds further ops on that device.
+        let next = (&out * 2.0f32)?;
+        assert_eq!(next.device(), device);
+        results.push(next.to_vec::<f32>()?);
+    }
+    for (i, (c, r)) in results[0].iter().zip(&results[1]).enumerate() {
+        assert!((c - r).abs() <= 1e-6, "[{i}]: cpu {c}, interpreter {r}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_steps_state_is_shared_until_the_step_writes_it() -> Result<()> {
+    for device in [Device::Cpu, Device::Reference] {
+        let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3])?;
+        let spec = [TensorType::new(DType::F32, [3])];
+        let options = (Options::default(), BackendOptions::default());
+        let mut step =
+            kiln::compile_step_on(device, "add", &[&w], &spec, options.0, options.1, |s, a| {
+                let next = (&s[0] + &a[0])?;
+                Ok((vec![next.sum_all()?], vec![next]))
+            })?;
+        let one = Data::F32(vec![1.0; 3]);
+        let loss = step.run(&[&one])?.remove(0);
+        assert_eq!(loss.device(), device);
+        assert_eq!(loss.to_scalar::<f32>()?, 9.0);
+        let read = step.state()?.remove(0);
+        assert_eq!(read.device(), device);
+        step.run(&[&one])?;
+        // The tensors read out keep their values as the step goes on.
+        assert_eq!(read.to_vec::<f32>()?, vec![2.0, 3.0, 4.0], "{device:?}");
+        assert_eq!(loss.to_scalar::<f32>()?, 9.0, "{device:?}");
+        assert_eq!(w.to_vec::<f32>()?, vec![1.0, 2.0, 3.0], "{device:?}");
+        assert_eq!(step.state()?[0].to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+    }
+    Ok(())
+}
