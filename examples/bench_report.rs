@@ -467,6 +467,60 @@ fn main() -> Result<()> {
             train(id, args.quick, args.backend)?;
         }
     }
+    for id in ["eager_add_relu", "eager_chain"] {
+        if wanted(id) && args.backend == Backend::Cpu {
+            eager(id, args.quick)?;
+        }
+    }
+    Ok(())
+}
+
+/// Eager code on [256, 256] tensors: `eager_add_relu` realizes relu(a + b)
+/// and `eager_chain` ten elementwise ops (one fused kernel) from tensors
+/// already realized, call after call, as a loop of PyTorch eager code
+/// does (variant `eager`), taking turns with the same function compiled by
+/// `kiln::compile` and replayed (variant `compiled`). Checked: the eager
+/// result against the interpreter's.
+fn eager(id: &'static str, quick: bool) -> Result<()> {
+    eprintln!("{id}");
+    let a = Tensor::randn([256, 256], 1)?;
+    let b = Tensor::randn([256, 256], 2)?;
+    a.realize()?;
+    b.realize()?;
+    let f = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
+        if id == "eager_add_relu" {
+            return (a + b)?.relu();
+        }
+        let x = ((((a + b)? * 0.5f32)?.relu()? - b)? * a)?;
+        (((((x + 1.0f32)?.abs()? + b)? * 0.25f32)? - a)?).relu()
+    };
+    let spec = [a.ty().clone(), b.ty().clone()];
+    let mut compiled = kiln::compile(id, &spec, |t| Ok(vec![f(&t[0], &t[1])?]))?;
+    let data = [Data::F32(a.to_vec()?), Data::F32(b.to_vec()?)];
+    let refs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
+    let mut out = compiled.output_buffers()?;
+    let got = f(&a, &b)?.to_vec::<f32>()?;
+    let reference = [a.to(Device::Reference)?, b.to(Device::Reference)?];
+    let want: Vec<f64> = f(&reference[0], &reference[1])?
+        .to_vec::<f32>()?
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let err = max_rel_err(&got, &want);
+    let timings = time(quick, 2, |v| {
+        if v == 0 {
+            f(&a, &b)?.realize().map(|()| None)
+        } else {
+            compiled.run_into(&refs, &mut out).map(|()| None)
+        }
+    })?;
+    for (variant, timing) in ["eager", "compiled"].iter().zip(timings) {
+        println!(
+            "{{\"workload\":\"{id}\",\"shape\":\"256x256\",\"variant\":\"{variant}\",\"backend\":\"cpu\",{},\"kernels\":1,\"bytes\":{},\"flops\":0,\"max_rel_err\":{err:.2e}}}",
+            timing.fields(),
+            3 * 256 * 256 * 4,
+        );
+    }
     Ok(())
 }
 

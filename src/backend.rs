@@ -4,7 +4,8 @@
 //! in kiln reaches a backend through `kiln_runtime::Backend` and
 //! `kiln_runtime::Executable` from here.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{Data, Graph, TensorType};
@@ -85,6 +86,78 @@ pub(crate) fn compile_graph(
         ..backend_options
     };
     Ok(backend.compile(optimized, backend_options)?)
+}
+
+/// Runs `run` on the executable that realizes `graph` on `device`: the one
+/// compiled for the same graph before, where the realize cache keeps it,
+/// so that eager code in a loop optimizes and compiles its graph once.
+/// With `KILN_DUMP` set every realize compiles anew, printing its stages.
+pub(crate) fn with_realized(
+    graph: &Graph,
+    device: Device,
+    run: impl FnOnce(&mut dyn Executable) -> Result<()>,
+) -> Result<()> {
+    let dumping = std::env::var_os("KILN_DUMP").is_some();
+    let key = (device, graph);
+    // Taken out while it runs: a thread realizing the same graph meanwhile
+    // compiles its own.
+    let cached = (!dumping).then(|| realized().take(&key)).flatten();
+    let mut exec = match cached {
+        Some(exec) => exec,
+        None => compile_graph(
+            graph,
+            Options::default(),
+            BackendOptions::default(),
+            device,
+            &[],
+        )?,
+    };
+    run(exec.as_mut())?;
+    if !dumping {
+        realized().keep((device, graph.clone()), exec);
+    }
+    Ok(())
+}
+
+/// The realize cache: executables by device and graph, the most recently
+/// used last, at most `REALIZED_ENTRIES` of them and `REALIZED_BYTES` of
+/// memory plans in all, so that it holds small graphs (eager ops) and
+/// never pins much memory.
+struct Realized(VecDeque<((Device, Graph), Box<dyn Executable>)>);
+
+const REALIZED_ENTRIES: usize = 64;
+const REALIZED_BYTES: usize = 64 << 20;
+
+fn realized() -> std::sync::MutexGuard<'static, Realized> {
+    static CACHE: Mutex<Realized> = Mutex::new(Realized(VecDeque::new()));
+    CACHE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The memory an executable's plan holds between runs.
+fn plan_bytes(exec: &dyn Executable) -> usize {
+    exec.optimized().schedule.peak_bytes()
+}
+
+impl Realized {
+    fn take(&mut self, key: &(Device, &Graph)) -> Option<Box<dyn Executable>> {
+        let at = (self.0.iter()).position(|((d, g), _)| *d == key.0 && g == key.1)?;
+        self.0.remove(at).map(|(_, exec)| exec)
+    }
+
+    fn keep(&mut self, key: (Device, Graph), exec: Box<dyn Executable>) {
+        let bytes = plan_bytes(exec.as_ref());
+        if bytes > REALIZED_BYTES {
+            return;
+        }
+        let mut total: usize = self.0.iter().map(|(_, e)| plan_bytes(e.as_ref())).sum();
+        while self.0.len() == REALIZED_ENTRIES || total + bytes > REALIZED_BYTES {
+            match self.0.pop_front() {
+                Some((_, oldest)) => total -= plan_bytes(oldest.as_ref()),
+                None => break,
+            }
+        }
+        self.0.push_back((key, exec));
+    }
 }
 
 /// Optimizes `graph`, printing the stages `KILN_DUMP` asks for.

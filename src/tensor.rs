@@ -15,9 +15,9 @@ use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType, try_capacity};
 use smallvec::SmallVec;
 
-use kiln_runtime::{Arg, BackendOptions, Storage};
+use kiln_runtime::{Arg, Storage};
 
-use crate::backend::{backend, compile_graph, store};
+use crate::backend::{backend, store, with_realized};
 use crate::rng::SplitMix64;
 use crate::{Device, Error, Result};
 
@@ -392,9 +392,9 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
             Ok(backend.alloc(op, &t.0.ty)?)
         })
         .collect::<Result<Vec<Storage>>>()?;
-    let backend_options = BackendOptions::default();
-    let mut exec = compile_graph(&graph, Options::default(), backend_options, device, &[])?;
-    exec.run_stored(&mut [], &args, &mut outputs)?;
+    with_realized(&graph, device, |exec| {
+        Ok(exec.run_stored(&mut [], &args, &mut outputs)?)
+    })?;
     for (tensor, storage) in pending.iter().zip(outputs) {
         *tensor.state() = State::Ready(storage);
     }

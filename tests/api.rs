@@ -319,3 +319,30 @@ fn long_chains_realize_and_drop_without_recursion() -> Result<()> {
     drop(y);
     Ok(())
 }
+
+#[test]
+fn a_graph_realized_again_computes_each_new_value() -> Result<()> {
+    // The second realize of each structure runs the executable the first
+    // compiled: new data, another constant or another device still count.
+    for (seed, c, device) in [
+        (0, 1.0f32, Device::Cpu),
+        (1, 1.0, Device::Cpu),
+        (1, 2.0, Device::Cpu),
+        (1, 2.0, Device::Reference),
+        (0, 1.0, Device::Cpu),
+    ] {
+        let x = Tensor::randn([33, 7], seed)?.to(device)?;
+        let got = (&x + c)?.relu()?.sum(&[1], false)?.to_vec::<f32>()?;
+        let data = x.to_vec::<f32>()?;
+        let want: Vec<f32> = (data.chunks(7))
+            .map(|row| row.iter().map(|v| (v + c).max(0.0)).sum())
+            .collect();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "seed {seed}, {c}, {device:?}: [{i}] {g} against {w}"
+            );
+        }
+    }
+    Ok(())
+}
