@@ -29,7 +29,7 @@ pub struct CompiledGraph {
     inputs: Vec<Input>,
     specs: Vec<TensorType>,
     /// Per spec: its position among a call's arguments, or the donated
-    /// buffer it is (`run_donated`).
+    /// buffer it is (`run_stored`).
     args: Vec<Argument>,
 }
 
@@ -37,10 +37,10 @@ pub struct CompiledGraph {
 enum Input {
     /// The call's argument for this spec.
     Spec(usize),
-    /// A value the function captured: where the device keeps it, for runs
-    /// on storage, and on the host, for runs on host data (the same `Arc`
-    /// on the CPU).
-    Captured { stored: Storage, host: Arc<Data> },
+    /// A value the function captured: as the tensor held it (read on the
+    /// host by runs on host data) and where the device keeps it (read by
+    /// runs on storage); on the CPU both are the same `Arc`.
+    Captured { given: Storage, stored: Storage },
 }
 
 /// How a call passes the value of one spec.
@@ -97,7 +97,7 @@ pub fn compile_on(
 /// `compile_on` for a step: the last `state` outputs are the new values of
 /// the first `state` arguments, each written over the argument it replaces
 /// where the backend can and the graph allows it (`kiln_ir::pass::donate`).
-/// Those arguments are passed to `run_donated` as buffers it overwrites.
+/// Those arguments are passed to `run_stored` as storage it overwrites.
 pub(crate) fn compile_donating(
     device: Device,
     name: &str,
@@ -130,8 +130,8 @@ pub(crate) fn compile_donating(
             Ok(match source {
                 Source::Placeholder(spec) => Input::Spec(*spec),
                 Source::Data(storage) => Input::Captured {
-                    host: storage.to_host()?,
                     stored: store(device, ty, storage.clone())?,
+                    given: storage.clone(),
                 },
             })
         })
@@ -179,7 +179,22 @@ impl CompiledGraph {
         outputs: &mut [Data],
     ) -> Result<()> {
         let inputs: SmallVec<[DataRef; 4]> = inputs.iter().map(|&i| i.into()).collect();
-        let args = arguments(&self.inputs, &self.args, self.exec.as_ref(), &inputs, host)?;
+        // Shared where the captured values are on the host, copied out of
+        // a device where they are there.
+        let captured: Vec<Arc<Data>> = (self.inputs.iter())
+            .filter_map(|input| match input {
+                Input::Captured { given, .. } => Some(given.to_host()),
+                Input::Spec(_) => None,
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let captured: Vec<DataRef> = captured.iter().map(|d| d.as_ref().into()).collect();
+        let args = arguments(
+            &self.inputs,
+            &self.args,
+            self.exec.as_ref(),
+            &inputs,
+            &captured,
+        )?;
         let mut outputs: SmallVec<[&mut Data; 4]> = outputs.iter_mut().collect();
         Ok(self.exec.run_donated(&mut [], &args, &mut outputs)?)
     }
@@ -195,16 +210,31 @@ impl CompiledGraph {
         inputs: &[Arg<'_>],
         outputs: &mut [Storage],
     ) -> Result<()> {
-        let args = arguments(&self.inputs, &self.args, self.exec.as_ref(), inputs, stored)?;
+        let captured: Vec<Arg> = (self.inputs.iter())
+            .filter_map(|input| match input {
+                Input::Captured { stored, .. } => Some(Arg::Stored(stored)),
+                Input::Spec(_) => None,
+            })
+            .collect();
+        let args = arguments(
+            &self.inputs,
+            &self.args,
+            self.exec.as_ref(),
+            inputs,
+            &captured,
+        )?;
         Ok(self.exec.run_stored(donated, &args, outputs)?)
     }
 
-    /// Storage for each output, on the graph's device.
+    /// Storage on the graph's device for each output not written over a
+    /// donated argument: the `outputs` of `run_stored`.
     pub(crate) fn output_storage(&self) -> Result<Vec<Storage>> {
         let backend = backend(self.device)?;
-        let name = &self.exec.optimized().graph.name;
-        (self.exec.output_types().iter())
-            .map(|ty| Ok(backend.alloc(name, ty)?))
+        let optimized = self.exec.optimized();
+        let donated = |k: usize| optimized.schedule.donated.iter().any(|p| p.1 as usize == k);
+        (self.exec.output_types().iter().enumerate())
+            .filter(|&(k, _)| !donated(k))
+            .map(|(_, ty)| Ok(backend.alloc(&optimized.graph.name, ty)?))
             .collect()
     }
 
@@ -261,39 +291,23 @@ impl CompiledGraph {
     }
 
     /// For benchmarks: runs the kernels again on the inputs of the last
-    /// call and returns the device's own time for them in seconds; `None`
-    /// on the host, where a call is timed by the clock.
+    /// `run_into` and returns the device's own time for them in seconds;
+    /// `None` on the host, where a call is timed by the clock.
     pub fn device_time(&mut self) -> Result<Option<f64>> {
         Ok(self.exec.device_time()?)
     }
 }
 
-/// A captured value in host memory.
-fn host(input: &Input) -> Option<DataRef<'_>> {
-    match input {
-        Input::Captured { host, .. } => Some(host.as_ref().into()),
-        Input::Spec(_) => None,
-    }
-}
-
-/// A captured value where the device keeps it.
-fn stored(input: &Input) -> Option<Arg<'_>> {
-    match input {
-        Input::Captured { stored, .. } => Some(Arg::Stored(stored)),
-        Input::Spec(_) => None,
-    }
-}
-
 /// Every graph input the executable is given: the call's arguments where
-/// the trace had placeholders (donated ones aside), the captured values,
-/// as `captured` gives them, elsewhere. Argument types are checked by the
+/// the trace had placeholders (donated ones aside), the captured values
+/// (`captured`, in order) elsewhere. Argument types are checked by the
 /// executable; here only their number.
-fn arguments<'a, T: Copy>(
-    sources: &'a [Input],
+fn arguments<T: Copy>(
+    sources: &[Input],
     args: &[Argument],
     exec: &dyn Executable,
     inputs: &[T],
-    captured: impl Fn(&'a Input) -> Option<T>,
+    captured: &[T],
 ) -> Result<Vec<T>> {
     let expected = args.iter().filter(|a| matches!(a, Argument::At(_))).count();
     if inputs.len() != expected {
@@ -305,10 +319,11 @@ fn arguments<'a, T: Copy>(
         }
         .into());
     }
+    let mut captured = captured.iter();
     Ok(sources
         .iter()
         .filter_map(|s| match s {
-            Input::Captured { .. } => captured(s),
+            Input::Captured { .. } => captured.next().copied(),
             Input::Spec(i) => match args[*i] {
                 Argument::At(k) => Some(inputs[k]),
                 Argument::Donated(_) => None,

@@ -80,7 +80,6 @@ pub fn compile_step_on(
 ) -> Result<CompiledStep> {
     let state_types: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
     let all: Vec<TensorType> = state_types.iter().chain(specs).cloned().collect();
-    let mut outputs_count = 0;
     let graph = compile_donating(
         device,
         name,
@@ -92,7 +91,6 @@ pub fn compile_step_on(
             let (current, args) = inputs.split_at(state.len());
             let (outputs, next) = f(current, args)?;
             check_next(&state_types, &next)?;
-            outputs_count = outputs.len();
             Ok(outputs.into_iter().chain(next).collect())
         },
     )?;
@@ -114,13 +112,9 @@ pub fn compile_step_on(
         });
     }
     held.extend(held_at.into_iter().flatten());
-    // The step's outputs, then the next value of each swapped state tensor.
-    let mut outputs = graph.output_storage()?;
-    let next = outputs.split_off(outputs_count).into_iter().zip(&places);
-    outputs.extend(
-        next.filter(|(_, p)| matches!(p, Place::Swapped(_)))
-            .map(|(d, _)| d),
-    );
+    // The step's outputs, then the next value of each swapped state tensor:
+    // the outputs not written over the state they replace.
+    let outputs = graph.output_storage()?;
     Ok(CompiledStep {
         graph,
         places,

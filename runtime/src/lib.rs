@@ -35,8 +35,8 @@ pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;
 pub use storage::{Arg, MemoryStats, Storage};
 
+use kiln_ir::TensorType;
 use kiln_ir::pass::Optimized;
-use kiln_ir::{DataRef, TensorType};
 
 /// What can go wrong when compiling or running a graph.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -86,40 +86,37 @@ pub enum Error {
     },
 }
 
-/// A run's buffers (`Executable::run_donated`): `donated` of the types of
-/// the inputs `schedule.donated` names, in its order; `inputs` of the other
-/// inputs' types and `outputs` of the other outputs' types, in order.
+/// A run's buffers (`Executable::run_donated`, `run_stored`), each given
+/// by its dtype and length: `donated` of the types of the inputs
+/// `schedule.donated` names, in its order; `inputs` of the other inputs'
+/// types and `outputs` of the other outputs' types, in order.
 pub(crate) fn check_run(
     optimized: &Optimized,
     output_types: &[TensorType],
-    donated: &[&mut kiln_ir::Data],
-    inputs: &[DataRef<'_>],
-    outputs: &[&mut kiln_ir::Data],
+    donated: impl ExactSizeIterator<Item = (kiln_ir::DType, usize)>,
+    inputs: impl ExactSizeIterator<Item = (kiln_ir::DType, usize)>,
+    outputs: impl ExactSizeIterator<Item = (kiln_ir::DType, usize)>,
 ) -> Result<(), Error> {
     let graph = &optimized.graph;
     let pairs = &optimized.schedule.donated;
     let given = pairs.iter().map(|&(i, _)| graph.inputs[i as usize].clone());
     let given: Vec<TensorType> = given.collect();
-    check(
-        &graph.name,
-        "donated input",
-        &given,
-        donated.iter().map(|d| (d.dtype(), d.len())),
-    )?;
+    check(&graph.name, "donated input", &given, donated)?;
     let kept = |types: &[TensorType], donated: &dyn Fn(usize) -> bool| -> Vec<TensorType> {
         let types = types.iter().enumerate().filter(|&(k, _)| !donated(k));
         types.map(|(_, t)| t.clone()).collect()
     };
     let inputs_kept = kept(&graph.inputs, &|k| pairs.iter().any(|p| p.0 as usize == k));
-    let inputs = inputs.iter().map(|d| (d.dtype(), d.len()));
     check(&graph.name, "input", &inputs_kept, inputs)?;
     let outputs_kept = kept(output_types, &|k| pairs.iter().any(|p| p.1 as usize == k));
-    check(
-        &graph.name,
-        "output",
-        &outputs_kept,
-        outputs.iter().map(|d| (d.dtype(), d.len())),
-    )
+    check(&graph.name, "output", &outputs_kept, outputs)
+}
+
+/// The dtypes and lengths of host buffers, for `check_run`.
+pub(crate) fn sizes<'a>(
+    data: &'a [&mut kiln_ir::Data],
+) -> impl ExactSizeIterator<Item = (kiln_ir::DType, usize)> + 'a {
+    data.iter().map(|d| (d.dtype(), d.len()))
 }
 
 /// Each buffer, given by its dtype and length, must be of the declared type.

@@ -33,7 +33,7 @@ use super::{blas, blaslt};
 use crate::backend::{Place, Places, Precision};
 use crate::bind::{Bindings, Bound};
 use crate::storage::{Arg, Storage};
-use crate::{Error, check, check_run};
+use crate::{Error, check, check_run, sizes};
 
 /// The launch configuration of a generated kernel's grid.
 fn launch_config(grid: Grid) -> Option<LaunchConfig> {
@@ -135,7 +135,14 @@ impl crate::Executable for Executable {
         inputs: &[DataRef<'_>],
         outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
-        check_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
+        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
+        check_run(
+            &self.optimized,
+            &self.outputs,
+            sizes(donated),
+            given,
+            sizes(outputs),
+        )?;
         let given: Vec<DataRef<'_>> = (self.places.inputs.iter())
             .map(|place| match *place {
                 Place::Donated(j) => DataRef::from(&*donated[j]),
@@ -161,7 +168,16 @@ impl crate::Executable for Executable {
         outputs: &mut [Storage],
     ) -> Result<(), Error> {
         let name = self.optimized.graph.name.clone();
-        self.check_stored(donated, inputs, outputs)?;
+        let size = |s: &Storage| (s.dtype(), s.len());
+        let given = inputs.iter().map(|a| (a.dtype(), a.len()));
+        let (donated_sizes, output_sizes) = (donated.iter().map(size), outputs.iter().map(size));
+        check_run(
+            &self.optimized,
+            &self.outputs,
+            donated_sizes,
+            given,
+            output_sizes,
+        )?;
         self.gpu.bind()?;
         for (j, storage) in donated.iter_mut().enumerate() {
             let ty = &self.optimized.graph.inputs[self.optimized.schedule.donated[j].0 as usize];
@@ -253,10 +269,24 @@ impl Executable {
                 schedule.launches[i].node
             ))),
         };
+        let bindings = Bindings::new(&optimized);
+        let places = Places::new(&optimized);
+        // The kernel of launches that write an output over a donated input
+        // (which they read) is compiled for aliased parameters.
+        let over_input = |b: &Bound| matches!(b, Bound::Output(k) if matches!(places.outputs[*k], Place::Donated(_)));
+        let compiled = |program: &codegen::Program, launches: Range<usize>| {
+            let aliased = bindings.launches[launches]
+                .iter()
+                .any(|b| over_input(&b.out) || b.side.iter().any(over_input));
+            match aliased {
+                true => gpu.function(&program.aliased().code),
+                false => gpu.function(&program.code),
+            }
+        };
         let mut steps = Vec::with_capacity(schedule.launches.len());
         for group in crate::rows::row_groups(graph, schedule) {
             if let Some(program) = codegen::row_group_of(&optimized, group.clone())? {
-                let function = gpu.function(&program.code)?;
+                let function = compiled(&program, group.clone())?;
                 let grid = program.grid;
                 steps.push((group, Step::Kernel { function, grid }));
                 continue;
@@ -275,7 +305,7 @@ impl Executable {
                                 .collect::<Result<_, Error>>()?;
                             let (epilogue_function, fused) = match &plan.epilogue {
                                 GemmEpilogue::Kernel { program, .. } => {
-                                    (Some(gpu.function(&program.code)?), blaslt::Epilogue::None)
+                                    (Some(compiled(program, i..i + 1)?), blaslt::Epilogue::None)
                                 }
                                 GemmEpilogue::None => (None, blaslt::Epilogue::None),
                                 GemmEpilogue::Bias { relu: false, .. } => {
@@ -302,7 +332,7 @@ impl Executable {
                         KernelKind::Elementwise | KernelKind::Reduce { .. } => {
                             let program = codegen::kernel(kernel)?;
                             Step::Kernel {
-                                function: gpu.function(&program.code)?,
+                                function: compiled(&program, i..i + 1)?,
                                 grid: program.grid,
                             }
                         }
@@ -312,14 +342,13 @@ impl Executable {
         }
         // Graph outputs are written into the buffers that hold them after
         // the run: a slot that only they use needs no memory here.
-        let bindings = Bindings::new(&optimized);
         let slots = (optimized.schedule.slots.iter().zip(&bindings.used))
             .map(|(&bytes, &used)| gpu.alloc(if used { bytes } else { 0 }))
             .collect::<Result<_, Error>>()?;
         let outputs = graph.output_types();
         Ok(Executable {
             gpu,
-            places: Places::new(&optimized),
+            places,
             optimized,
             precision,
             steps,
@@ -394,8 +423,8 @@ impl Executable {
             return Ok(());
         }
         let value = match (&*storage, keep) {
-            (Storage::Cuda(v), true) if v.ordinal() == self.gpu.ordinal => v.duplicate()?,
-            (_, true) => Resident::upload(&self.gpu, storage.to_host()?.as_ref().into(), ty)?,
+            (Storage::Cuda(v), true) if v.ordinal() == self.gpu.ordinal => v.duplicate(op)?,
+            (_, true) => Resident::upload(&self.gpu, storage.to_host()?.as_ref().into(), ty, op)?,
             (_, false) => Resident::alloc(&self.gpu, op, ty)?,
         };
         *storage = Storage::Cuda(std::sync::Arc::new(value));
@@ -411,35 +440,6 @@ impl Executable {
             Arg::Stored(s) => self.gpu.upload(s.to_host()?.as_ref().into(), op).map(Some),
             Arg::Host(d) => self.gpu.upload(*d, op).map(Some),
         }
-    }
-
-    /// The storage of a run (`run_stored`) against the graph's types.
-    fn check_stored(
-        &self,
-        donated: &[Storage],
-        inputs: &[Arg<'_>],
-        outputs: &[Storage],
-    ) -> Result<(), Error> {
-        let graph = &self.optimized.graph;
-        let pairs = &self.optimized.schedule.donated;
-        let given: Vec<TensorType> = pairs
-            .iter()
-            .map(|&(i, _)| graph.inputs[i as usize].clone())
-            .collect();
-        let kept = |types: &[TensorType], places: &[Place]| -> Vec<TensorType> {
-            (types.iter().zip(places))
-                .filter(|(_, p)| matches!(p, Place::Own(_)))
-                .map(|(t, _)| t.clone())
-                .collect()
-        };
-        let donated = donated.iter().map(|s| (s.dtype(), s.len()));
-        check(&graph.name, "donated input", &given, donated)?;
-        let inputs_kept = kept(&graph.inputs, &self.places.inputs);
-        let inputs = inputs.iter().map(|a| (a.dtype(), a.len()));
-        check(&graph.name, "input", &inputs_kept, inputs)?;
-        let outputs_kept = kept(&self.outputs, &self.places.outputs);
-        let outputs = outputs.iter().map(|s| (s.dtype(), s.len()));
-        check(&graph.name, "output", &outputs_kept, outputs)
     }
 
     /// How its matmuls compute.
@@ -473,15 +473,8 @@ impl Executable {
     /// host data goes through pinned memory, so the caller's buffers are
     /// free again when this returns.
     pub fn prepare(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
+        self.undonated()?;
         let graph = &self.optimized.graph;
-        if !self.optimized.schedule.donated.is_empty() {
-            // A donated input is written by the run: a standby copy of it
-            // would be stale.
-            return Err(Error::Launch(format!(
-                "{}: a graph with donated inputs runs on storage, not on staged inputs",
-                graph.name
-            )));
-        }
         let given = inputs.iter().map(|d| (d.dtype(), d.len()));
         check(&graph.name, "input", &graph.inputs, given)?;
         self.gpu.bind()?;
@@ -494,6 +487,18 @@ impl Executable {
             return Err(Error::Cuda("no staging buffers".into()));
         };
         staging.stage(inputs)
+    }
+
+    /// Staged runs are for graphs with no donated input: a run writes a
+    /// donated input, and a standby copy of it would be stale.
+    fn undonated(&self) -> Result<(), Error> {
+        match self.optimized.schedule.donated.is_empty() {
+            true => Ok(()),
+            false => Err(Error::Launch(format!(
+                "{}: a graph with donated inputs runs on storage, not on staged inputs",
+                self.optimized.graph.name
+            ))),
+        }
     }
 
     /// Launches the graph on the inputs of the last `prepare`, without
@@ -530,6 +535,7 @@ impl Executable {
 
     /// Waits for the last launch and copies its outputs into `outputs`.
     pub fn finish(&self, outputs: &mut [Data]) -> Result<(), Error> {
+        self.undonated()?;
         let mut outputs: Vec<&mut Data> = outputs.iter_mut().collect();
         let name = &self.optimized.graph.name;
         let given = outputs.iter().map(|d| (d.dtype(), d.len()));
@@ -553,6 +559,11 @@ impl Executable {
                 graph.inputs.len(),
                 graph.outputs.len()
             )));
+        }
+        // Every launch's buffers checked before the first is enqueued: a
+        // run that fails leaves its outputs and donated inputs unwritten.
+        for i in 0..self.optimized.schedule.launches.len() {
+            self.operands(i, inputs, outputs)?;
         }
         for (launches, step) in &self.steps {
             match step {
@@ -693,7 +704,7 @@ impl Executable {
             let bytes = buffer.read(data.len() * data.dtype().size(), name)?;
             fill(data, &bytes);
         }
-        Ok(())
+        self.gpu.wait(name)
     }
 
     fn launch(&self, function: &CudaFunction, grid: Grid, pointers: &[u64]) -> Result<(), Error> {

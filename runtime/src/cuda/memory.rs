@@ -85,12 +85,12 @@ impl Gpu {
         OutOfMemory { bytes }.in_op(op, what).into()
     }
 
-    /// Frees every buffer the pool keeps, after the work that may still
-    /// use them.
+    /// Frees every buffer the pool keeps: the frees are queued on the
+    /// stream, after the work that may still use the buffers, and the
+    /// driver has the memory back once the stream has run them.
     fn trim(&self) -> Result<(), Error> {
-        self.wait("trimming the memory pool")?;
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        Ok(())
+        self.wait("freeing the memory pool")
     }
 
     /// A device buffer holding `data`, copied in on the compute stream.
@@ -154,7 +154,9 @@ impl Buffer {
     }
 
     /// Its first `bytes` bytes copied to the host, after the work on the
-    /// compute stream that writes them.
+    /// compute stream that writes them (a copy into pageable memory ends
+    /// before it returns); the caller waits for the stream to learn whether
+    /// that work failed.
     pub(super) fn read(&self, bytes: usize, what: &str) -> Result<Vec<u8>, Error> {
         let mut host =
             kiln_ir::try_vec(bytes, 0u8).map_err(|e| Error::from(e.in_op(what, "a host copy")))?;
@@ -165,7 +167,6 @@ impl Buffer {
                 .memcpy_dtoh(&src, &mut host)
                 .map_err(|e| driver("copying a value to the host", e))?;
         }
-        self.gpu.wait(what)?;
         self.gpu.counters.copied_to_host(bytes);
         Ok(host)
     }
@@ -233,22 +234,25 @@ impl Resident {
         })
     }
 
-    /// `data`, of type `ty`, copied in.
+    /// `data`, of type `ty`, copied in; running out of memory is `op`'s
+    /// `Err`.
     pub(super) fn upload(
         gpu: &Arc<Gpu>,
         data: DataRef<'_>,
         ty: &TensorType,
+        op: &str,
     ) -> Result<Resident, Error> {
-        let buffer = gpu.upload(data, "to")?;
+        let buffer = gpu.upload(data, op)?;
         Ok(Resident {
             buffer,
             ty: ty.clone(),
         })
     }
 
-    /// A copy on the same device, enqueued.
-    pub(super) fn duplicate(&self) -> Result<Resident, Error> {
-        let copy = Resident::alloc(&self.buffer.gpu, "copy", &self.ty)?;
+    /// A copy on the same device, enqueued; running out of memory is
+    /// `op`'s `Err`.
+    pub(super) fn duplicate(&self, op: &str) -> Result<Resident, Error> {
+        let copy = Resident::alloc(&self.buffer.gpu, op, &self.ty)?;
         copy.buffer.copy_from(&self.buffer, self.buffer.bytes)?;
         Ok(copy)
     }
@@ -266,9 +270,11 @@ impl Resident {
     /// The value copied to the host, after the work that computes it; a
     /// failure of that work is the `Err`.
     pub fn read(&self) -> Result<Data, Error> {
-        let bytes = self.buffer.read(self.buffer.bytes, "reading a value")?;
+        let what = "reading a value";
+        let bytes = self.buffer.read(self.buffer.bytes, what)?;
+        self.buffer.gpu.wait(what)?;
         let mut data = Data::zeros(self.ty.dtype, self.ty.shape.numel())
-            .map_err(|e| e.in_op("to_vec", &self.ty))?;
+            .map_err(|e| e.in_op(what, &self.ty))?;
         fill(&mut data, &bytes);
         Ok(data)
     }

@@ -78,7 +78,7 @@ impl crate::Backend for Cuda {
         ty: &kiln_ir::TensorType,
         data: std::sync::Arc<kiln_ir::Data>,
     ) -> Result<crate::Storage, crate::Error> {
-        let value = Resident::upload(&gpu(self.ordinal)?, data.as_ref().into(), ty)?;
+        let value = Resident::upload(&gpu(self.ordinal)?, data.as_ref().into(), ty, "to")?;
         Ok(crate::Storage::Cuda(std::sync::Arc::new(value)))
     }
 

@@ -53,6 +53,19 @@ pub struct Program {
     pub grid: Grid,
 }
 
+impl Program {
+    /// The same kernel for parameters that may alias (an output written
+    /// over an input it reads, `kiln_ir::pass::donate`): without
+    /// `__restrict__`, which would let the compiler move a thread's read of
+    /// an element past its write of it.
+    pub fn aliased(&self) -> Program {
+        Program {
+            code: self.code.replace(" __restrict__", ""),
+            grid: self.grid,
+        }
+    }
+}
+
 /// The grid a generated kernel is launched on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Grid {
