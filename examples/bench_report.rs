@@ -467,7 +467,7 @@ fn main() -> Result<()> {
             train(id, args.quick, args.backend)?;
         }
     }
-    for id in ["eager_add_relu", "eager_chain"] {
+    for id in ["eager_add_relu", "eager_chain10"] {
         if wanted(id) && args.backend == Backend::Cpu {
             eager(id, args.quick)?;
         }
@@ -476,7 +476,7 @@ fn main() -> Result<()> {
 }
 
 /// Eager code on [256, 256] tensors: `eager_add_relu` realizes relu(a + b)
-/// and `eager_chain` ten elementwise ops (one fused kernel) from tensors
+/// and `eager_chain10` ten elementwise ops (one fused kernel) from tensors
 /// already realized, call after call, as a loop of PyTorch eager code
 /// does (variant `eager`), taking turns with the same function compiled by
 /// `kiln::compile` and replayed (variant `compiled`). Checked: the eager

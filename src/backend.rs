@@ -98,23 +98,20 @@ pub(crate) fn with_realized(
     run: impl FnOnce(&mut dyn Executable) -> Result<()>,
 ) -> Result<()> {
     let dumping = std::env::var_os("KILN_DUMP").is_some();
-    let key = (device, graph);
     // Taken out while it runs: a thread realizing the same graph meanwhile
     // compiles its own.
-    let cached = (!dumping).then(|| realized().take(&key)).flatten();
-    let mut exec = match cached {
-        Some(exec) => exec,
-        None => compile_graph(
-            graph,
-            Options::default(),
-            BackendOptions::default(),
-            device,
-            &[],
-        )?,
+    let cached = (!dumping).then(|| realized().take(device, graph)).flatten();
+    let (key, mut exec) = match cached {
+        Some(entry) => entry,
+        None => {
+            let options = (Options::default(), BackendOptions::default());
+            let exec = compile_graph(graph, options.0, options.1, device, &[])?;
+            ((device, graph.clone()), exec)
+        }
     };
     run(exec.as_mut())?;
     if !dumping {
-        realized().keep((device, graph.clone()), exec);
+        realized().keep(key, exec);
     }
     Ok(())
 }
@@ -123,7 +120,9 @@ pub(crate) fn with_realized(
 /// used last, at most `REALIZED_ENTRIES` of them and `REALIZED_BYTES` of
 /// memory plans in all, so that it holds small graphs (eager ops) and
 /// never pins much memory.
-struct Realized(VecDeque<((Device, Graph), Box<dyn Executable>)>);
+struct Realized(VecDeque<Entry>);
+
+type Entry = ((Device, Graph), Box<dyn Executable>);
 
 const REALIZED_ENTRIES: usize = 64;
 const REALIZED_BYTES: usize = 64 << 20;
@@ -139,9 +138,9 @@ fn plan_bytes(exec: &dyn Executable) -> usize {
 }
 
 impl Realized {
-    fn take(&mut self, key: &(Device, &Graph)) -> Option<Box<dyn Executable>> {
-        let at = (self.0.iter()).position(|((d, g), _)| *d == key.0 && g == key.1)?;
-        self.0.remove(at).map(|(_, exec)| exec)
+    fn take(&mut self, device: Device, graph: &Graph) -> Option<Entry> {
+        let at = (self.0.iter()).position(|((d, g), _)| *d == device && g == graph)?;
+        self.0.remove(at)
     }
 
     fn keep(&mut self, key: (Device, Graph), exec: Box<dyn Executable>) {

@@ -45,8 +45,20 @@ enum State {
 
 impl Drop for Inner {
     /// Frees a long chain of nodes iteratively: the default recursive drop of
-    /// a chain built in a loop would overflow the stack.
+    /// a chain built in a loop would overflow the stack. A host buffer this
+    /// node was the last to hold goes back to the runtime's pool, for the
+    /// next value of its type.
     fn drop(&mut self) {
+        let state = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let State::Ready(_) = state {
+            // The node is going: nothing reads the state left in its place.
+            if let State::Ready(storage) = std::mem::replace(state, State::Placeholder(0)) {
+                kiln_runtime::storage::recycle(storage);
+            }
+        }
         let mut pending = take_operands(&mut self.state);
         while let Some(tensor) = pending.pop() {
             // Only the last handle to a node may take its operands; the node

@@ -163,3 +163,34 @@ fn a_steps_state_is_shared_until_the_step_writes_it() -> Result<()> {
     }
     Ok(())
 }
+
+/// Where a host buffer's values are.
+fn address(storage: &Storage) -> *const f32 {
+    match host(storage).as_ref() {
+        Data::F32(v) => v.as_ptr(),
+        other => panic!("not f32: {other:?}"),
+    }
+}
+
+#[test]
+fn a_host_buffer_no_value_holds_serves_the_next_value_of_its_type() -> Result<()> {
+    // 64 KiB: a buffer the pool keeps; no other test here makes one.
+    let ty = TensorType::new(DType::F32, [128, 128]);
+    let given = Storage::Host(Arc::new(Data::F32(vec![1.5; 128 * 128])));
+    let place = address(&given);
+    kiln_runtime::storage::recycle(given);
+    let reused = Cpu.alloc("relu", &ty)?;
+    assert_eq!(address(&reused), place, "the pooled buffer");
+    // One still shared is not given back.
+    let shared = Storage::Host(Arc::new(Data::F32(vec![2.5; 128 * 128])));
+    let holder = shared.clone();
+    kiln_runtime::storage::recycle(shared);
+    let fresh = Cpu.alloc("relu", &ty)?;
+    assert_ne!(address(&fresh), address(&holder));
+    assert_eq!(floats(&holder), vec![2.5; 128 * 128]);
+    // Nor one of another type.
+    kiln_runtime::storage::recycle(reused);
+    let other = Cpu.alloc("relu", &TensorType::new(DType::F32, [127, 128]))?;
+    assert_ne!(address(&other), place);
+    Ok(())
+}

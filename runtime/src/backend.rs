@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
-use crate::storage::{Arg, MemoryStats, Storage};
+use crate::storage::{Arg, MemoryStats, Storage, host_buffer};
 use crate::{Error, check_run, sizes};
 
 /// How a matmul computes its products in f32 where the backend has a choice
@@ -52,9 +52,14 @@ pub trait Backend {
 
     /// Storage for a value of `ty`, its contents to be written by a run;
     /// running out of memory is an `Err` naming `op`, `ty` and the bytes.
-    /// On the host: zeroed `Data`.
+    /// On the host: a buffer from the host pool (`storage::recycle`), else
+    /// zeroed `Data`.
     fn alloc(&self, op: &str, ty: &TensorType) -> Result<Storage, Error> {
-        let data = Data::zeros(ty.dtype, ty.shape.numel()).map_err(|e| e.in_op(op, ty))?;
+        let (dtype, len) = (ty.dtype, ty.shape.numel());
+        let data = match host_buffer(dtype, len) {
+            Some(data) => data,
+            None => Data::zeros(dtype, len).map_err(|e| e.in_op(op, ty))?,
+        };
         Ok(Storage::Host(Arc::new(data)))
     }
 

@@ -2,9 +2,11 @@
 //! interpreter (shared `Data`, handed from backend to backend without a
 //! copy), a GPU's own memory for the CUDA backend, where it stays until it
 //! is read. `Arg` is a value given to a run: borrowed host data (a loader's
-//! batch) or storage.
+//! batch) or storage. Host buffers that no value holds any more are kept
+//! for the next value of their type (`recycle`).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use kiln_ir::{DType, Data, DataRef};
 
@@ -46,6 +48,15 @@ impl Storage {
 
     /// The host data, where the value is in host memory.
     pub fn as_host(&self) -> Option<&Arc<Data>> {
+        match self {
+            Storage::Host(d) => Some(d),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// The host data, where the value is in host memory.
+    fn into_host(self) -> Option<Arc<Data>> {
         match self {
             Storage::Host(d) => Some(d),
             #[cfg(feature = "cuda")]
@@ -104,6 +115,64 @@ impl Storage {
             Storage::Cuda(_) => Err(Error::Launch("device storage after a copy out".into())),
         }
     }
+}
+
+/// Host buffers given back by values no one holds any more, the oldest
+/// first, and their bytes: the next value of the same dtype and length is
+/// written into one (`host_buffer`) instead of memory the allocator hands
+/// out and zeroes anew, which for buffers past glibc's mmap threshold means
+/// fresh pages and a fault for each (eager code in a loop; measured in
+/// `benches/RESULTS-cpu.md`). Bounded: buffers of `POOLED_MIN` to
+/// `POOLED_MAX` bytes, at most `POOLED_COUNT` of them and `POOLED_BYTES`
+/// in all, the oldest given up first.
+struct HostPool {
+    buffers: VecDeque<Data>,
+    bytes: usize,
+}
+
+const POOLED_MIN: usize = 16 << 10;
+const POOLED_MAX: usize = 16 << 20;
+const POOLED_COUNT: usize = 64;
+const POOLED_BYTES: usize = 64 << 20;
+
+static HOST_POOL: Mutex<HostPool> = Mutex::new(HostPool {
+    buffers: VecDeque::new(),
+    bytes: 0,
+});
+
+fn bytes_of(data: &Data) -> usize {
+    data.len() * data.dtype().size()
+}
+
+/// Gives `storage` back to the host pool if it is a host buffer that no one
+/// else holds and of a size the pool keeps; drops it otherwise.
+pub fn recycle(storage: Storage) {
+    let Some(Ok(data)) = storage.into_host().map(Arc::try_unwrap) else {
+        return;
+    };
+    let bytes = bytes_of(&data);
+    if !(POOLED_MIN..=POOLED_MAX).contains(&bytes) {
+        return;
+    }
+    let mut pool = HOST_POOL.lock().unwrap_or_else(|e| e.into_inner());
+    while pool.buffers.len() >= POOLED_COUNT || pool.bytes + bytes > POOLED_BYTES {
+        match pool.buffers.pop_front() {
+            Some(oldest) => pool.bytes -= bytes_of(&oldest),
+            None => break,
+        }
+    }
+    pool.bytes += bytes;
+    pool.buffers.push_back(data);
+}
+
+/// A host buffer of `len` values of `dtype` from the pool, holding what
+/// its last value left there, if the pool has one.
+pub(crate) fn host_buffer(dtype: DType, len: usize) -> Option<Data> {
+    let mut pool = HOST_POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let at = (pool.buffers.iter()).position(|d| d.dtype() == dtype && d.len() == len)?;
+    let data = pool.buffers.remove(at)?;
+    pool.bytes -= bytes_of(&data);
+    Some(data)
 }
 
 /// A value given to a run.
