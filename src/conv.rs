@@ -35,12 +35,10 @@ use crate::{Error, Result, Tensor};
 /// x kernel positions`) is one elementwise chain; every other is im2col and
 /// the GEMM. The chain reads every window once per output channel and holds
 /// every term in one kernel, where the GEMM reads each window once for all
-/// the output channels of its group. 64 images of 3x32x32, 3x3 kernels,
-/// two Zen 3 cores (ms, chain against GEMM): 32 filters 4.6-4.9 against
-/// 1.18-1.21, 4 filters 0.63-0.65 against 0.32-0.35, 1 filter 0.21-0.22
-/// against 0.55-0.57; 16 images of 32 channels, depthwise: 0.49-0.50
-/// against 0.98-0.99; 16 channels, 1 filter (144 terms): 0.86-0.92 against
-/// 0.32-0.34.
+/// the output channels of its group. The chain took less time than the
+/// GEMM for one filter over 3 channels and for depthwise over 32 channels,
+/// and more for one filter over 16 channels (144 terms) and for 4 or 32
+/// filters (`benches/RESULTS-cpu.md`).
 const DIRECT_TERMS: usize = 64;
 
 /// Above this many elements a pooling window is taken along the width,

@@ -40,8 +40,9 @@ const CHUNKS: usize = 32;
 /// Partial results enough for every block of a GPU (an H100 runs 132
 /// multiprocessors). A reduction whose kept axes give fewer is cut into up
 /// to this many chunks in all, rather than `CHUNKS`: `sum(x)` over
-/// `[4096, 4096]` in 32 chunks kept 32 of a GPU's blocks busy and read at
-/// 83 GB/s. Each partial result still sums `MIN_CHUNK` elements or more.
+/// `[4096, 4096]` in 32 chunks kept only 32 of a GPU's blocks busy and read
+/// far below the memory's bandwidth (`benches/RESULTS-cuda.md`). Each
+/// partial result still sums `MIN_CHUNK` elements or more.
 const PARALLEL: usize = 1024;
 
 /// Elements of one chunk at least, so that each partial result is real work.

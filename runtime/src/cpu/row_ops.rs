@@ -118,10 +118,9 @@ unsafe fn max_row(src: *const f32, n: usize) -> f32 {
 
 /// `kiln_sum_row`: four accumulators over four vectors at a time, in the
 /// row's order, then single vectors, then the last few by a masked load,
-/// its other lanes +0 as the accumulators start. One stream: on Zen 4,
-/// summing `[1024, 16384]` a row at a time on two threads (in C) took
-/// 0.86-1.09 ms this way, and 1.36-1.68 ms as four segments of 128-bit
-/// loads, the generated code's form for long rows (`LONG_ROW`).
+/// its other lanes +0 as the accumulators start. One stream: on Zen 4 it
+/// reads faster than four segments of 128-bit loads, the generated code's
+/// form for long rows (`LONG_ROW`; measured in `benches/RESULTS-cpu.md`).
 ///
 /// # Safety
 /// The CPU has AVX2; `src..src + n` is readable.

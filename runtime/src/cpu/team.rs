@@ -5,13 +5,11 @@
 //! Between loops the workers spin on a generation counter for a while
 //! (`SPIN`) before they sleep, as OpenBLAS's and OpenMP's threads do, so
 //! that a loop that follows another soon after starts on every core at
-//! once. On two Zen 4 cores, a loop of two 250 us tasks handed to rayon's
-//! pool, the caller asleep until it was done, took 43 us longer than one
-//! task in its median (130 us at p90) when loops ran back to back, and
-//! 79 us with 0.1 ms between them: sleeping workers and callers wake
-//! slowly in a virtual machine. With this team, in paired runs of
-//! `bench_report`, a 256x256 add and ReLU took 5 us instead of 27, and
-//! 256³ and 250x256x784 products 0.88-0.94 of the time.
+//! once. Handed to rayon's pool, the caller asleep until it was done, a
+//! loop of two tasks took tens of microseconds longer than one task:
+//! sleeping workers and callers wake slowly in a virtual machine. With this
+//! team, small kernels and products take less time
+//! (`benches/RESULTS-cpu.md`).
 //!
 //! One loop runs at a time: a loop started while another runs (from
 //! another thread, or from inside one of its tasks) runs its tasks on its

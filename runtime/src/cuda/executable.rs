@@ -39,11 +39,10 @@ use crate::{Error, check, check_run, sizes};
 fn launch_config(grid: Grid) -> Option<LaunchConfig> {
     let (blocks, threads) = match grid {
         Grid::Flat { steps } => {
-            // A thread per step: on the H100 relu(a + b) over [4096, 4096]
-            // took 73 us against 76 us with the grid capped at 16
-            // blocks per multiprocessor (the grid-stride loop then making
-            // each thread walk several vectors). Past the grid's limit the
-            // loop covers the rest.
+            // A thread per step: no slower than a grid capped at 16 blocks per
+            // multiprocessor, whose grid-stride loop makes each thread walk
+            // several vectors (`benches/RESULTS-cuda.md`). Past the grid's
+            // limit the loop covers the rest.
             let most = i32::MAX as usize;
             (
                 steps.div_ceil(FLAT_THREADS as usize).min(most),

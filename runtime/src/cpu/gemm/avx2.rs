@@ -31,25 +31,25 @@ const PREFETCH: usize = 8;
 pub(super) struct Avx2;
 
 impl Kernel<MR, NR> for Avx2 {
-    /// 256 took 1.02-1.04x as long at 1024³ and 2048³ on two Zen 3 cores;
-    /// 768 the same as 512.
+    /// 256 took longer at 1024³ and 2048³, 768 the same as 512
+    /// (`benches/RESULTS-cpu.md`).
     const KC: usize = 512;
     /// 96 x 512 elements, 192 KiB of Zen 3's 512 KiB L2 beside a group of
     /// B's panels (256 KiB); 48 and 144 rows measured the same.
     const MC: usize = 16 * MR;
     /// 4 and 16 measured the same; 1 (a panel of B in L1 over all rows of
-    /// A, A from L2) slower by 1-2%.
+    /// A, A from L2) slower (`benches/RESULTS-cpu.md`).
     const NC_PANELS: usize = 8;
-    /// B packed always: read in place, 64x784x256 took 1.1x as long on
-    /// one Zen 3 core. The micro-kernel's loop relies on it (rows of B
-    /// `NR` apart).
+    /// B packed always: read in place, 64x784x256 took longer
+    /// (`benches/RESULTS-cpu.md`). The micro-kernel's loop relies on it
+    /// (rows of B `NR` apart).
     const IN_PLACE_ROWS: usize = 0;
     /// Kernels of 2, 4 and 6 rows.
     const ROW_UNIT: usize = 2;
 
     unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
         // (The epilogue is compiled in only where there is one: checked on
-        // every store, it cost the plain products 1-1.5%.)
+        // every store, it slowed the plain products; `benches/RESULTS-cpu.md`.)
         let kernel = match (tile.rows, tile.epilogue.is_none()) {
             (..=2, true) => microkernel::<2, false, A>,
             (3..=4, true) => microkernel::<4, false, A>,
@@ -135,8 +135,8 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
     };
     // A full tile in straight-line code: through the loop below, its
     // checks made row by row, a tile's stores took tens of cycles more, and
-    // products with bias and ReLU 256 deep took 1.01-1.04x as long
-    // (784x250x256 with A stored transposed 1.03-1.04x, 256³ 1.01-1.02x).
+    // products with bias and ReLU 256 deep took longer
+    // (`benches/RESULTS-cpu.md`).
     if tile.rows == R && tile.cols == NR {
         for (i, row) in acc.iter().enumerate() {
             // SAFETY: the tile is full: its row `i`, NR elements from here,
@@ -286,16 +286,10 @@ macro_rules! full_tile_loop {
 /// a pass take 22 each (21.75 operations, `dec` and `jnz` fused). Alone on
 /// its core, the loop is bound by the FMAs either way; where the core's
 /// other hyperthread runs another program, by how many instructions issue.
-/// On a 2-vCPU Zen 4 host whose vCPUs at times shared their cores with
-/// other tenants:
-/// - over B in L1, in those spells, the compiled loop ran at a median of
-///   86.2% of the FMA peak (75-77% in the worst), this one at 89.8%
-///   (84-85%), and the AVX-512 core's loop at 96.7%;
-/// - in whole products, taking turns with the compiled loop in one
-///   process, this one took 1/1.054 of the time at 1024³ (1.035-1.115 over
-///   5 runs) and 1/1.046 at 250x256x784 with B stored transposed in those
-///   spells, and the same time when the host was quiet (1.002; 0.96-1.02
-///   over 54 runs).
+/// Where the vCPUs shared their cores with other tenants, this loop ran
+/// nearer the FMA peak than the compiled one, and whole products took less
+/// time with it; when the host was quiet, the same time
+/// (`benches/RESULTS-cpu.md`).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds `depth` steps and `b` `depth` rows.

@@ -29,15 +29,15 @@ const PREFETCH: usize = 8;
 pub(super) struct Avx512;
 
 impl Kernel<MR, NR> for Avx512 {
-    /// 512 measured 5-15% faster than 256 on Cascade Lake (1024³, 2048³,
-    /// 4096x784x256).
+    /// 512 measured faster than 256 (1024³, 2048³, 4096x784x256;
+    /// `benches/RESULTS-cpu.md`).
     const KC: usize = 512;
     /// The packed A block (`MC x KC`, 192 KiB) and a group of B panels
     /// (512 KiB) share Cascade Lake's 1 MiB L2.
     const MC: usize = 8 * MR;
     const NC_PANELS: usize = 8;
-    /// Read in place, rows 8 KiB apart made 96x2048x2048 take 1.6x as long
-    /// as packed.
+    /// Read in place, rows 8 KiB apart made 96x2048x2048 take longer than
+    /// packed (`benches/RESULTS-cpu.md`).
     const IN_PLACE_ROWS: usize = 512;
     /// Kernels of 4, 8 and 12 rows.
     const ROW_UNIT: usize = 4;
@@ -45,8 +45,7 @@ impl Kernel<MR, NR> for Avx512 {
     unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
         // A tile of at most 16 columns (a ragged last panel) takes one
         // vector's FMAs: with two, 250x256x784 (24 panels and a half, 12
-        // and 13 to two threads) took 1.05x as long on Zen 4 (0.521
-        // against 0.495 ms, the best of six medians).
+        // and 13 to two threads) took longer (`benches/RESULTS-cpu.md`).
         // SAFETY (both): the contract of this function.
         if tile.cols <= NR / 2 {
             unsafe { of_height::<1, A>(a, b, b_stride, c, tile) }

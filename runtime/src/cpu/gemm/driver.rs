@@ -13,8 +13,8 @@
 //! panels of B in groups of `NC_PANELS` (a group stays in L2): each panel
 //! of A passes over every panel of the group, so it is read from the
 //! nearest caches while B's panels stream past it, prefetched a few steps
-//! ahead of use by the micro-kernel (measured 1.2-1.3x faster than without
-//! on Cascade Lake).
+//! ahead of use by the micro-kernel (faster than without: measured in
+//! `benches/RESULTS-cpu.md`).
 //! In the last depth block each tile applies the caller's `Epilogue` (a
 //! bias, ReLU) in registers as it stores, and each block of rows of C is
 //! handed to the caller's `finish` as soon as that block is done, on the
@@ -116,7 +116,8 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // crowd into a few cache sets: packing costs about a tenth of a product
     // with few panels of B (256³, 64x784x256, 4096x784x256), and reading in
     // place is as fast as packed with many (1000³); but rows 4 KiB apart all
-    // fall in one set (1024³ then took 1.3x as long with 12-row tiles).
+    // fall in one set, and 1024³ read in place took longer
+    // (`benches/RESULTS-cpu.md`).
     let a_in_place = reads_a_in_place::<MR, NR>(a);
     let depth = k.div_ceil(k.div_ceil(K::KC));
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
@@ -145,16 +146,10 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // at most MC rows, or fewer rows than B has columns: A is then the
     // smaller operand to pack on every thread) and they split about as
     // evenly as tiles (within 1/32 of the product: 49 panels on two
-    // threads). On two Zen 4 cores:
-    // - the AVX-512 core took 0.83 of the time by panels at 250x784x256
-    //   (0.46-0.49 ms against 0.55-0.56) and 0.95 at 256³, as the AVX2
-    //   core had on Zen 3;
-    // - the AVX2 core took 0.92-0.93 of the time by panels at 250x256x784
-    //   with B stored transposed (0.48 ms against 0.52) when the host was
-    //   quiet, and 0.69-0.73 when it was busy (0.51 against 0.72-0.74),
-    //   and 0.95-1.14 at 784x250x256 with A stored transposed (784 rows,
-    //   256 columns), measured when `by_rows` shared one packing of B
-    //   between its threads.
+    // threads). By panels, the AVX-512 core took less time at 250x784x256
+    // and 256³, the AVX2 core at 250x256x784 with B stored transposed, and
+    // not reliably less at 784x250x256 with A stored transposed (784 rows,
+    // 256 columns), which stays by rows (`benches/RESULTS-cpu.md`).
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
     let share_panels = !b_in_place
@@ -197,9 +192,8 @@ unsafe impl Send for C {}
 /// (Packed once for all threads, the panels that one thread had packed
 /// came to the other from its cache or through L3, and threads waited for
 /// each other's runs of panels. Packed per thread, 784x250x256 with A
-/// stored transposed took 0.86-0.97 of the time on two Zen 4 cores, and
-/// no product measured took more than 0.2% longer: 1024³ and 2048³ on
-/// both cores, 256³, the convolution of `bench_report`.)
+/// stored transposed took less time, and no product measured took
+/// longer: `benches/RESULTS-cpu.md`.)
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -405,9 +399,9 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             // threads then pass a block last in turns, so that each
             // finishes about its share of them (walked all the same
             // way, a thread a little behind the other finished every
-            // block, and 784x250x256 with bias and relu took 1.05x as
-            // long), and a depth block starts on the rows of C the last
-            // one ended on, still in cache.
+            // block, and 784x250x256 with bias and relu took longer:
+            // `benches/RESULTS-cpu.md`), and a depth block starts on the
+            // rows of C the last one ended on, still in cache.
             let mut order: Vec<_> = bounds.iter().zip(&done).collect();
             if (t + d) % 2 == 1 {
                 order.reverse();

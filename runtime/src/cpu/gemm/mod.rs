@@ -244,30 +244,23 @@ unsafe impl Sync for Epilogue {}
 unsafe impl Send for Epilogue {}
 
 /// Products of at least this many multiply-adds run on kiln's AVX-512
-/// core. Paired runs on two threads against the `gemm` crate's 256-bit
-/// kernels (Cascade Lake): 2048^3 143-172 against 253-312 ms, 256^3
-/// 0.42-0.47 against 0.54-0.60 ms, 64x784x256 0.44-0.46 against 0.50-0.53
-/// ms. Below, packing into panels costs more than the wider FMAs save:
-/// 128^3 82-85 against 69-76 us, 64^3 14-20 against 9-15 us.
+/// core, which there took less time than the `gemm` crate's 256-bit
+/// kernels. Below, packing into panels costs more than the wider FMAs save
+/// (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
 const AVX512_WORK: usize = 1 << 23;
 
 /// On two threads or more, products of at least this many multiply-adds
 /// and at least `SHARED_DIM` along each dim run on kiln's cores, whatever
 /// their ISA's own threshold: there kiln's cores run on every thread, and
-/// the `gemm` crate on one (`CRATE_SHARED_WORK`). Median us on two Zen 4
-/// cores, kiln's core against the crate:
-/// 112³ 18 against 27-35 (AVX-512 core) and 24 against 27-33 (AVX2);
-/// 128³ 24 and 23-31 against 40; 256x64x256 55 and 76 against 79-105;
-/// 32x784x256 59 and 74 against 98-145; 64x256x256 (AVX-512) 38 against
-/// 82. Below it, 80³: 11.5 against 10.8.
+/// the `gemm` crate on one (`CRATE_SHARED_WORK`), and both of kiln's cores
+/// took less time than the crate; below it the crate was as fast or faster
+/// (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
 const SHARED_WORK: usize = 1 << 20;
 
-/// Narrower products stay with the crate, which reads A in place: on the
-/// same two cores, 16x4096x16 took 108-155 us on kiln's AVX-512 core
-/// against 20, 1024x1024x1 580 against 62, and 512x10x256 on the AVX2
-/// core 72 against 35-53.
+/// Narrower products stay with the crate, which reads A in place and took
+/// less time on them than kiln's cores (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
 const SHARED_DIM: usize = 32;
 
@@ -275,13 +268,9 @@ const SHARED_DIM: usize = 32;
 /// tiles, which then leaves it to the `gemm` crate: at most `NARROW`
 /// columns (most of each tile's FMAs wasted), or at most half a panel with
 /// A packed (stored transposed, or its rows crowding the cache's sets, the
-/// case measured), which then costs as much as the product. Median ms on
-/// two Zen 4 cores, the crate against the AVX-512 core and the AVX2 core:
-/// 8192x1024x1 0.95-1.1 against 2.8-2.9 and 2.5; 4096x2048x4 1.8-2.2
-/// against 3.0-3.3 and 2.4-2.5; 4096x1024x8 0.6-0.84 against 1.2 and
-/// 0.89-0.91; 2048x2048x16 0.72-1.0 against 1.24-1.33 (A packed) and
-/// 0.79-0.90. With A in place the AVX-512 core keeps them: 4096x256x10
-/// 0.17 against the crate's 0.19.
+/// case measured), which then costs as much as the product: the crate took
+/// less time on such products than either core. With A in place the
+/// AVX-512 core, the faster there, keeps them (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
 fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
     n <= NARROW || (n <= NR / 2 && !driver::reads_a_in_place::<MR, NR>(a))
@@ -293,16 +282,14 @@ const NARROW: usize = 8;
 
 /// Products of more than this many multiply-adds that the `gemm` crate
 /// runs go on rayon's threads, which sleep between calls and take tens of
-/// microseconds to wake; the others on the caller's alone. Median us of
-/// the crate on two Zen 4 cores, on two threads against one: 250x10x256
-/// 33-46 against 18, 128³ 41-60 against 40; above, narrow products gain:
-/// 256x512x16 27 against 38, 2048x512x4 164 against 273.
+/// microseconds to wake; the others on the caller's alone. Below this size
+/// a second thread saved the crate nothing or cost it time; above, narrow
+/// products gain (`benches/RESULTS-cpu.md`).
 const CRATE_SHARED_WORK: usize = 1 << 21;
 
-/// Products of at least this many multiply-adds run on kiln's AVX2 core.
-/// Against the `gemm` crate on one Zen 3 core (GFLOP/s): 160³ 150 against
-/// 149, 192³ 163 against 160, 32x784x256 122 against 111; below, 128³ 127
-/// against 131, 64³ 78 against 83, 128x512x10 49 against 57.
+/// Products of at least this many multiply-adds run on kiln's AVX2 core:
+/// on one core it is level with the `gemm` crate or ahead from about this
+/// size, and behind below it (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
 const AVX2_WORK: usize = 1 << 22;
 

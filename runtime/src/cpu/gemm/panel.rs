@@ -37,8 +37,8 @@ pub(super) unsafe fn pack_b<const NR: usize>(
     if b.cols == 1 {
         // Rows of b contiguous: each read once, in order, its stretch of
         // every panel written (a panel at a time, each row a line apart,
-        // read rows a few KiB apart and made packing 1024³ cost 2.4% of
-        // the product).
+        // read rows a few KiB apart and made packing 1024³ cost more:
+        // `benches/RESULTS-cpu.md`).
         for l in 0..kc {
             let row = first.wrapping_offset(l as isize * b.rows);
             for (q, panel) in out.chunks_exact_mut(NR * kc).enumerate() {
@@ -86,9 +86,8 @@ pub(super) unsafe fn pack_b<const NR: usize>(
 /// from `first + j * stride`, zero past run `cols`: 4 x 4 blocks turned in
 /// SSE registers, four rows of the panel at a time. (Element by element,
 /// every element was a store to its own line of the panel, which at 256
-/// deep fills L1 and was evicted before the next run: packing took 9% of
-/// 250x256x784 with B transposed, now 4%; 1024³, its A packed, took 1.07x
-/// as long with A packed so.)
+/// deep fills L1 and was evicted before the next run, and products that
+/// pack B transposed or A took longer: `benches/RESULTS-cpu.md`.)
 ///
 /// # Safety
 /// Element `l` of each of the `cols` runs lies inside its operand's buffer

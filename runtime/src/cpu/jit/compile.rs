@@ -134,7 +134,8 @@ fn swapped_shape(shape: &Shape, swap: &[usize]) -> Shape {
 /// the way): written in that order, the prologue reads and writes
 /// contiguous rows, in vectors, where the operand's own order would gather
 /// every element from a row of its source apart (the normalized `xᵀ` of
-/// the training step's first layer, 784x250 from u8, took 2.7x as long).
+/// the training step's first layer, 784x250 from u8, took longer:
+/// `benches/RESULTS-cpu.md`).
 fn reads_down_columns(block: &Block, rank: usize) -> bool {
     if rank < 2 {
         return false;

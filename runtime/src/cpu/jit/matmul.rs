@@ -131,9 +131,8 @@ impl CompiledKernel {
         // The GEMM core splits its own work across threads (each packs what
         // it reads of the operands); the epilogue then sweeps the
         // output in row ranges. A thread per 64³ multiply-adds, up to the
-        // team's: on two Zen 3 cores, measured with rayon's pool, the second
-        // thread pays at 100³ (22 us against 39 on one) and at the training
-        // step's 250x256x10 (21 against 44).
+        // team's: the second thread pays from about that size, as at 100³
+        // and at the training step's 250x256x10 (`benches/RESULTS-cpu.md`).
         let work = batches * m * n * a.cols.max(1);
         let threads = (work / (64 * 64 * 64)).clamp(1, team::threads());
         // The epilogue takes each block of rows as the GEMM core finishes it

@@ -5,13 +5,13 @@
 //! here in f32x4 and staged where the call reads it, in the output row or
 //! in chunks on the stack.
 //!
-//! Why a call: softmax 4096x1000 on two Zen 3 cores is bound by exp, not
-//! memory (two threads take half the time of one), and Cranelift's f32x4
-//! code for exp takes twice the instructions per element of 256-bit code.
-//! Its time there: 2.41 ms with exp in f32x4, 2.08 with exp's range check
-//! dropped altogether (which large |x| need), 1.9-2.0 with this call. The
-//! call is made once per row (per 1024 elements on the stack), where the
-//! vector registers it does not preserve cost little.
+//! Why a call: softmax 4096x1000 is bound by exp, not memory (two threads
+//! take half the time of one), and Cranelift's f32x4 code for exp takes
+//! twice the instructions per element of 256-bit code. Dropping exp's range
+//! check altogether (which large |x| need) gained less than this call does
+//! (`benches/RESULTS-cpu.md`). The call is made once per row (per 1024
+//! elements on the stack), where the vector registers it does not preserve
+//! cost little.
 
 use cranelift_codegen::ir::{
     InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,

@@ -147,8 +147,9 @@ impl Host {
 
 /// The host functions a kernel calls, each declared in the module and
 /// imported into the function at its first call: most kernels call none,
-/// and declaring all seven in every kernel took 2.4% of the instructions of
-/// compiling one (callgrind, `compile_mlp3`'s kernels).
+/// and declaring all seven in every kernel made compiling one take more
+/// instructions (callgrind, `compile_mlp3`'s kernels;
+/// `benches/RESULTS-cpu.md`).
 pub(crate) struct Calls<'a> {
     module: &'a mut dyn Module,
     imported: [Option<FuncRef>; Host::ALL.len()],

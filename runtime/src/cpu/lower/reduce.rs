@@ -18,8 +18,9 @@ use crate::nest::{Access, Nest};
 
 /// Output rows accumulated together by a sum over a leading axis: 16 KiB of
 /// f32, which stay in L1 while the reduced axis is walked, and read as 16 KiB
-/// contiguous runs of each input row (4 KiB runs measured 14% slower: every
-/// run a new page, which prefetchers do not cross).
+/// contiguous runs of each input row (4 KiB runs measured slower, in
+/// `benches/RESULTS-cpu.md`: every run a new page, which prefetchers do not
+/// cross).
 const COLUMN_BLOCK: i64 = 4096;
 
 /// Rows of a reduction up to this long run four at a time, one per lane:
@@ -29,15 +30,13 @@ const SHORT_ROW: usize = 15;
 
 /// Rows of a reduction from this long (32 KiB of f32) are read as `UNROLL`
 /// segments at once, a vector of each per trip: a core keeps more lines in
-/// flight from several streams than from one. Summing 64 MiB on two Zen 3
-/// cores in rows of 64 KiB, in C: 16-byte loads in one stream per core 42
-/// GB/s, in two 50, in four 53 (32-byte loads in one stream 50); kiln's
-/// sum_all 4096² went from 1.67 to 1.35 ms. Zen 4 reads one stream of
-/// 32-byte loads fastest, 1.5x as fast as four of 16 bytes: where the row
-/// calls run, a plain read's max or sum goes to a 256-bit call instead
-/// (`row_call`), and only computed rows (a sum of squares) come here.
-/// Shorter rows come from cache, where order is moot or worse (sum_all
-/// 1024², rows of 4096, took 1.2x as long read in segments).
+/// flight from several streams than from one, and on Zen 3 four streams of
+/// 16-byte loads read faster than one. Zen 4 reads one stream of 32-byte
+/// loads fastest, faster than four of 16 bytes: where the row calls run, a
+/// plain read's max or sum goes to a 256-bit call instead (`row_call`), and
+/// only computed rows (a sum of squares) come here. Shorter rows come from
+/// cache, where order is moot or worse (sum_all 1024², rows of 4096, took
+/// longer read in segments). Measured in `benches/RESULTS-cpu.md`.
 const LONG_ROW: usize = 8192;
 
 /// A reduction kernel as lowered: its op, the prologue block and its loop
@@ -290,7 +289,8 @@ impl<'a> Emitter<'a> {
             let last = e.counted_loop(zero, trips, step as i64, |e, j| {
                 // Rows read in segments read no line ahead: alone in a launch
                 // (`ahead` 0) the line is one of the row's own, ahead of its
-                // segments, and sum_all 4096² took 1.79 ms against 1.35.
+                // segments, and sum_all 4096² took longer reading it
+                // (`benches/RESULTS-cpu.md`).
                 if let Some((row_ahead, dtype)) = ahead.filter(|_| segment == 4) {
                     let bytes = e.b.ins().imul_imm_s(j, dtype.size() as i64);
                     let at = e.b.ins().iadd(row_ahead, bytes);
@@ -439,8 +439,9 @@ impl<'a> Emitter<'a> {
     /// each run is a row of its own to `hoist`, so that values constant
     /// along it are computed once for it, where a flat loop over the row
     /// computed them for every element (the training step's loss over
-    /// [batch, classes] took the log of each row's sum for every class, and
-    /// 26 us). Values constant over the whole row come `hoisted` already.
+    /// [batch, classes] took the log of each row's sum for every class:
+    /// `benches/RESULTS-cpu.md`). Values constant over the whole row come
+    /// `hoisted` already.
     fn reduce_runs(
         &mut self,
         r: Reduce,
@@ -525,7 +526,7 @@ impl<'a> Emitter<'a> {
         self.b.def_var(acc, init);
         // Rows this short are walked unrolled, at constant inner indices:
         // a loop of one vector per trip spent much of it counting (log_softmax
-        // [4096, 10] took 1.25x as long).
+        // [4096, 10] took longer: `benches/RESULTS-cpu.md`).
         for j in 0..inner_len {
             let j = self.iconst(j as i64);
             let v = self.block(pro_at, j, None, true);

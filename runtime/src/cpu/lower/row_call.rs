@@ -6,11 +6,11 @@
 //! Why calls: Cranelift emits 128-bit vectors only. With softmax's exp in
 //! a 256-bit call, its other passes (the max, staging `x - max` for the
 //! call, and the scale by 1/sum) took about 0.4 of its time in cache; in
-//! 256-bit code they take half the instructions, and the staging pass goes.
-//! Softmax 4096x1000 on Zen 3: one thread 3.79 -> 2.33 ms (what C with
-//! every pass in 256-bit vectors takes), two 1.89-2.04 -> 1.17-1.32 ms. A
-//! call is made once per row, where the vector registers it does not
-//! preserve cost little, and only on rows of `ROW_CALL_MIN` and more.
+//! 256-bit code they take half the instructions, and the staging pass goes:
+//! softmax then takes on one thread what C with every pass in 256-bit
+//! vectors takes (`benches/RESULTS-cpu.md`). A call is made once per row,
+//! where the vector registers it does not preserve cost little, and only on
+//! rows of `ROW_CALL_MIN` and more.
 
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::kernel::Expr;
