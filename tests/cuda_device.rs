@@ -15,6 +15,14 @@ use kiln::{DType, Data, DataRef, Device, Options, Result, Tensor, TensorType};
 use kiln_runtime::cuda::{self, Executable};
 use kiln_runtime::{Executable as _, Precision};
 
+/// Backend options with matmuls in `precision`.
+fn options(precision: Precision) -> kiln::BackendOptions {
+    kiln::BackendOptions {
+        precision,
+        ..kiln::BackendOptions::default()
+    }
+}
+
 /// The first GPU, or why there is none.
 fn gpu() -> std::result::Result<std::sync::Arc<cuda::Gpu>, String> {
     cuda::gpu(0).map_err(|e| e.to_string())
@@ -83,7 +91,7 @@ fn compiled_graphs_agree_with_the_interpreter_in_both_precisions() -> Result<()>
     let optimized = kiln::optimize("mlp", &[&mlp(&x, &w, &b, &w2)?], Options::default())?;
     // TF32 keeps 10 mantissa bits per product: about 1e-3 of the magnitudes summed.
     for (precision, rtol) in [(Precision::F32, 1e-4f32), (Precision::Tf32, 2e-2)] {
-        let mut exec = Executable::new(optimized.clone(), d.clone(), precision)?;
+        let mut exec = Executable::new(optimized.clone(), d.clone(), options(precision))?;
         let inputs: Vec<Data> = optimized
             .graph
             .inputs
@@ -135,8 +143,8 @@ fn prepared_inputs_overlap_the_previous_launch_and_give_the_same_results() -> Re
         .collect();
     let weights = Data::F32(w.to_vec()?);
     let types = optimized.graph.inputs.clone();
-    let mut plain = Executable::new(optimized.clone(), d.clone(), Precision::F32)?;
-    let mut piped = Executable::new(optimized.clone(), d, Precision::F32)?;
+    let mut plain = Executable::new(optimized.clone(), d.clone(), options(Precision::F32))?;
+    let mut piped = Executable::new(optimized.clone(), d, options(Precision::F32))?;
     piped.prepare(&arguments(&types, &batches[0], &weights))?;
     for (i, batch) in batches.iter().enumerate() {
         piped.launch_prepared()?;
@@ -261,7 +269,7 @@ fn launch_prepared_takes_one_prepare_each() -> Result<()> {
     };
     let x = Tensor::randn([8, 16], 1)?;
     let optimized = kiln::optimize("twice", &[&(&x * 2.0f32)?.relu()?], Options::default())?;
-    let mut exec = Executable::new(optimized, d, Precision::F32)?;
+    let mut exec = Executable::new(optimized, d, options(Precision::F32))?;
     let batch = Data::F32(x.to_vec()?);
     let inputs = [DataRef::from(&batch)];
     let mut out = vec![Data::zeros(DType::F32, 8 * 16).unwrap()];
@@ -300,7 +308,7 @@ fn empty_inputs_are_staged_and_run() -> Result<()> {
     let y = Tensor::randn([4], 1)?;
     let outputs = [(&x + &y)?.relu()?, (x.sum(&[0], false)? + &y)?];
     let optimized = kiln::optimize("empty", &[&outputs[0], &outputs[1]], Options::default())?;
-    let mut exec = Executable::new(optimized.clone(), d, Precision::F32)?;
+    let mut exec = Executable::new(optimized.clone(), d, options(Precision::F32))?;
     let data: Vec<Data> = optimized
         .graph
         .inputs
@@ -346,9 +354,9 @@ fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
     let here = run.clone()(Executable::new(
         optimized.clone(),
         d.clone(),
-        Precision::Tf32,
+        options(Precision::Tf32),
     )?)?;
-    let exec = Executable::new(optimized, d, Precision::Tf32)?;
+    let exec = Executable::new(optimized, d, options(Precision::Tf32))?;
     let there = std::thread::spawn(move || run(exec))
         .join()
         .expect("the thread returns")?;
@@ -366,10 +374,10 @@ fn staging_dropped_with_a_copy_in_flight_frees_safely() -> Result<()> {
     let batch = Data::F32(x.to_vec()?);
     for _ in 0..3 {
         // A 64 MiB copy is still running when the executable goes.
-        let mut exec = Executable::new(optimized.clone(), d.clone(), Precision::F32)?;
+        let mut exec = Executable::new(optimized.clone(), d.clone(), options(Precision::F32))?;
         exec.prepare(&[DataRef::from(&batch)])?;
     }
-    let mut exec = Executable::new(optimized, d, Precision::F32)?;
+    let mut exec = Executable::new(optimized, d, options(Precision::F32))?;
     let mut out = vec![Data::zeros(DType::F32, 4096 * 4096).unwrap()];
     exec.run_into(&[DataRef::from(&batch)], &mut out)?;
     let want: Vec<f32> = x.to_vec::<f32>()?.iter().map(|v| v.max(0.0)).collect();

@@ -30,7 +30,8 @@ pub enum Precision {
 pub struct BackendOptions {
     /// How matmuls compute in f32.
     pub precision: Precision,
-    /// Print the code generated for each kernel compiled to stderr.
+    /// Print the code generated for each kernel compiled to stderr (the
+    /// Cranelift IR and machine code on the CPU, the CUDA C on a GPU).
     pub dump_code: bool,
 }
 

@@ -8,7 +8,8 @@
 //! - `context`: a GPU opened (`gpu`), its stream, library handles and
 //!   compiled kernels;
 //! - `memory`: the caching allocator, device buffers and pinned staging;
-//! - `executable`: a fused graph compiled for a GPU, and its runs;
+//! - `executable`: a fused graph compiled for a GPU, its launches enqueued;
+//! - `runs`: its runs, on device storage or on host data;
 //! - `blaslt`, `blas`: the GEMM through cuBLASLt (TF32) or cuBLAS (f32);
 //! - `nvrtc`: CUDA C to CUBIN.
 //!
@@ -31,6 +32,8 @@ mod memory;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod plan;
+#[cfg(feature = "cuda")]
+mod runs;
 
 #[cfg(feature = "cuda")]
 pub use context::{Gpu, gpu};
@@ -54,11 +57,7 @@ impl crate::Backend for Cuda {
         options: crate::BackendOptions,
     ) -> Result<Box<dyn crate::Executable>, crate::Error> {
         let gpu = gpu(self.ordinal)?;
-        Ok(Box::new(Executable::new(
-            optimized,
-            gpu,
-            options.precision,
-        )?))
+        Ok(Box::new(Executable::new(optimized, gpu, options)?))
     }
 
     /// Its executables write each donated output over its input, on the
