@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kiln::{Data, Options};
+use kiln::{CompileOptions, Data, Options};
 use kiln_support::workloads;
 
 fn bench(c: &mut Criterion) {
@@ -29,8 +29,16 @@ fn bench(c: &mut Criterion) {
             group.throughput(Throughput::Elements(w.flops));
         }
         for (variant, fusion) in [("fused", true), ("unfused", false)] {
-            let mut g = kiln::compile_with(w.id, &w.specs, Options { fusion }, |t| (w.build)(t))
-                .expect("the workload compiles");
+            let mut g = kiln::compile_with(
+                w.id,
+                &w.specs,
+                CompileOptions {
+                    optimizer: Options { fusion },
+                    ..CompileOptions::default()
+                },
+                |t| (w.build)(t),
+            )
+            .expect("the workload compiles");
             let mut outputs = g.output_buffers().expect("output buffers");
             group.bench_function(BenchmarkId::new(variant, &w.shape), |b| {
                 b.iter(|| g.run_into(&refs, &mut outputs).expect("the workload runs"))

@@ -23,7 +23,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kiln::{
-    BackendOptions, CompiledGraph, Data, DataRef, Device, Options, Precision, Result, Tensor,
+    BackendOptions, CompileOptions, CompiledGraph, Data, DataRef, Device, Options, Precision,
+    Result, Tensor,
 };
 use kiln_support::workloads::{self, Workload};
 
@@ -261,12 +262,14 @@ fn target(backend: Backend) -> (Device, BackendOptions) {
 /// A workload compiled for `backend`.
 fn compiled(w: &Workload, fusion: bool, backend: Backend) -> Result<CompiledGraph> {
     let (device, backend_options) = target(backend);
-    kiln::compile_on(
-        device,
+    kiln::compile_with(
         w.id,
         &w.specs,
-        Options { fusion },
-        backend_options,
+        CompileOptions {
+            device,
+            optimizer: Options { fusion },
+            backend: backend_options,
+        },
         |t| (w.build)(t),
     )
 }
@@ -529,7 +532,7 @@ fn eager(id: &'static str, quick: bool) -> Result<()> {
 /// a batch of 250 u8 images normalized inside the step, softmax
 /// cross-entropy on i32 labels, gradients and the update (`train_sgd`: SGD
 /// with momentum 0.9 at 0.05; `train_adam`: Adam at 1e-3), compiled with
-/// `kiln::compile_step_on` for `backend`, fused and unfused taking turns.
+/// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
 /// A timed step reads its loss, so that on a GPU it is the host's time for
 /// a step from the batch on the host to the loss on the host. Checked: the
 /// first step's loss against the interpreter's.
@@ -580,13 +583,15 @@ fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     let (device, backend_options) = target(backend);
     for fusion in [true, false] {
         let options = Options { fusion };
-        let mut step = kiln::compile_step_on(
-            device,
+        let mut step = kiln::compile_step_with(
             id,
             &state,
             &specs,
-            options,
-            backend_options,
+            CompileOptions {
+                device,
+                optimizer: options,
+                backend: backend_options,
+            },
             |s, b| {
                 let (p, opt) = s.split_at(n);
                 let loss = loss_of(p, &b[0], &b[1])?;

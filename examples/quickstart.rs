@@ -24,7 +24,7 @@ use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
 use kiln::nn::Mlp;
 use kiln::optim::{AdamW, Optimizer};
-use kiln::{BackendOptions, CompiledStep, DType, Device, Options, Result, Tensor, TensorType};
+use kiln::{CompileOptions, CompiledStep, DType, Device, Options, Result, Tensor, TensorType};
 
 /// Digits that train; the rest test.
 const TRAIN: usize = 4000;
@@ -58,13 +58,15 @@ fn training_step(
         TensorType::new(DType::I32, [BATCH]),
     ];
     let n = params.len();
-    kiln::compile_step_on(
-        device,
+    kiln::compile_step_with(
         "train",
         &state,
         &batch,
-        Options { fusion },
-        BackendOptions::default(),
+        CompileOptions {
+            device,
+            optimizer: Options { fusion },
+            ..CompileOptions::default()
+        },
         |state, batch| {
             let (params, moments) = state.split_at(n);
             let logits = mlp.with_parameters(params)?.forward(&pixels(&batch[0])?)?;

@@ -11,7 +11,7 @@ use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{Data, Graph, TensorType};
 use kiln_runtime::{Backend, BackendOptions, Executable, MemoryStats, Storage};
 
-use crate::{Device, Result};
+use crate::{CompileOptions, Device, Result};
 
 /// The backend that runs `device`, or an `Err` where this build of kiln
 /// cannot (a GPU without feature `cuda`).
@@ -58,16 +58,14 @@ pub fn memory_stats(device: Device) -> Result<MemoryStats> {
 /// `pass::donate` finds it safe (`schedule.donated` says where).
 pub(crate) fn compile_graph(
     graph: &Graph,
-    options: Options,
-    backend_options: BackendOptions,
-    device: Device,
+    options: CompileOptions,
     donate: &[(u32, u32)],
 ) -> Result<Box<dyn Executable>> {
-    let backend = backend(device)?;
+    let backend = backend(options.device)?;
     if dump_requested("graph") {
         eprintln!("// kiln: graph\n{graph}");
     }
-    let mut optimized = optimize_with_dumps(graph, options)?;
+    let mut optimized = optimize_with_dumps(graph, options.optimizer)?;
     if !donate.is_empty() && backend.donates() {
         let notes;
         (optimized, notes) = kiln_ir::pass::donate(&optimized, donate)?;
@@ -82,8 +80,8 @@ pub(crate) fn compile_graph(
         }
     }
     let backend_options = BackendOptions {
-        dump_code: backend_options.dump_code || dump_requested("code"),
-        ..backend_options
+        dump_code: options.backend.dump_code || dump_requested("code"),
+        ..options.backend
     };
     Ok(backend.compile(optimized, backend_options)?)
 }
@@ -104,8 +102,7 @@ pub(crate) fn with_realized(
     let (key, mut exec) = match cached {
         Some(entry) => entry,
         None => {
-            let options = (Options::default(), BackendOptions::default());
-            let exec = compile_graph(graph, options.0, options.1, device, &[])?;
+            let exec = compile_graph(graph, CompileOptions::on(device), &[])?;
             ((device, graph.clone()), exec)
         }
     };

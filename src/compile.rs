@@ -52,61 +52,64 @@ enum Argument {
     Donated(usize),
 }
 
-/// Traces `f` on placeholders of `specs` and compiles the result with the
-/// default options (fusion on).
+/// Where and how a traced function is compiled, in one value (as JAX's
+/// `jit(f, device=...)`): the device it runs on, what the optimizer may do
+/// (`Options { fusion: false }`, the unfused baseline of benchmarks), and
+/// how the backend computes (a GPU's matmul precision). The default is the
+/// CPU with fusion on. On `Device::Reference` the interpreter runs the
+/// fused graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// Where the compiled graph runs.
+    pub device: Device,
+    /// What the optimizer may do.
+    pub optimizer: Options,
+    /// How the backend computes.
+    pub backend: BackendOptions,
+}
+
+impl CompileOptions {
+    /// The default options on `device`.
+    pub fn on(device: Device) -> CompileOptions {
+        CompileOptions {
+            device,
+            ..CompileOptions::default()
+        }
+    }
+}
+
+/// Traces `f` on placeholders of `specs` and compiles the result for the
+/// CPU with fusion on.
 pub fn compile(
     name: &str,
     specs: &[TensorType],
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
-    compile_with(name, specs, Options::default(), f)
+    compile_with(name, specs, CompileOptions::default(), f)
 }
 
-/// `compile` with explicit optimizer options (`Options { fusion: false }`
-/// for the unfused baseline of benchmarks).
+/// `compile` where and how `options` says.
 pub fn compile_with(
     name: &str,
     specs: &[TensorType],
-    options: Options,
+    options: CompileOptions,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
-    compile_on(
-        Device::Cpu,
-        name,
-        specs,
-        options,
-        BackendOptions::default(),
-        f,
-    )
+    compile_donating(name, specs, options, 0, f)
 }
 
-/// `compile_with` for `device`, with the backend's own options (how a GPU's
-/// matmuls compute). On `Device::Reference` the interpreter runs the fused
-/// graph.
-pub fn compile_on(
-    device: Device,
-    name: &str,
-    specs: &[TensorType],
-    options: Options,
-    backend_options: BackendOptions,
-    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
-) -> Result<CompiledGraph> {
-    compile_donating(device, name, specs, options, backend_options, 0, f)
-}
-
-/// `compile_on` for a step: the last `state` outputs are the new values of
+/// `compile_with` for a step: the last `state` outputs are the new values of
 /// the first `state` arguments, each written over the argument it replaces
 /// where the backend can and the graph allows it (`kiln_ir::pass::donate`).
 /// Those arguments are passed to `run_stored` as storage it overwrites.
 pub(crate) fn compile_donating(
-    device: Device,
     name: &str,
     specs: &[TensorType],
-    options: Options,
-    backend_options: BackendOptions,
+    options: CompileOptions,
     state: usize,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<CompiledGraph> {
+    let device = options.device;
     let placeholders: Vec<Tensor> = specs
         .iter()
         .enumerate()
@@ -124,7 +127,7 @@ pub(crate) fn compile_donating(
     let pairs: Vec<(u32, u32)> = (0..state)
         .filter_map(|k| input_of(k).map(|i| (i as u32, (first_new + k) as u32)))
         .collect();
-    let exec = compile_graph(&graph, options, backend_options, device, &pairs)?;
+    let exec = compile_graph(&graph, options, &pairs)?;
     let inputs = (sources.iter().zip(&graph.inputs))
         .map(|(source, ty)| {
             Ok(match source {

@@ -46,7 +46,7 @@ mod step;
 mod tensor;
 
 pub use backend::memory_stats;
-pub use compile::{CompiledGraph, compile, compile_on, compile_with};
+pub use compile::{CompileOptions, CompiledGraph, compile, compile_with};
 pub use conv::Pool2d;
 pub use device::Device;
 pub use error::{Error, Result};
@@ -54,7 +54,7 @@ pub use grad::{grad, value_and_grad};
 pub use kiln_ir::pass::{Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType};
 pub use kiln_runtime::{BackendOptions, MemoryStats, Precision};
-pub use step::{CompiledStep, compile_step, compile_step_on};
+pub use step::{CompiledStep, compile_step, compile_step_with};
 pub use tensor::{Tensor, capture, explain, optimize, realize};
 
 /// The README's usage snippet, compiled and run as a doctest so it stays true.

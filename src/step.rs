@@ -19,15 +19,14 @@
 //! tensor still shares is copied before the step first writes it, so a
 //! `Tensor` still held for an old parameter keeps its value.
 
-use kiln_ir::pass::Options;
 use kiln_ir::{DataRef, TensorType};
 use smallvec::SmallVec;
 
-use kiln_runtime::{Arg, BackendOptions, Storage};
+use kiln_runtime::{Arg, Storage};
 
 use crate::backend::store;
 use crate::compile::compile_donating;
-use crate::{CompiledGraph, Device, Error, Result, Tensor};
+use crate::{CompileOptions, CompiledGraph, Error, Result, Tensor};
 
 /// A compiled step and the state it carries.
 pub struct CompiledStep {
@@ -54,46 +53,35 @@ enum Place {
 }
 
 /// Traces `f` on the state (placeholders of `state`'s types) and
-/// placeholders of `specs`, and compiles it for the CPU with `options`. `f`
-/// returns the step's outputs (a loss, metrics) and the new state, one
+/// placeholders of `specs`, and compiles it for the CPU with fusion on.
+/// `f` returns the step's outputs (a loss, metrics) and the new state, one
 /// tensor of the same type for each state tensor, in order.
 pub fn compile_step(
     name: &str,
     state: &[&Tensor],
     specs: &[TensorType],
-    options: Options,
     f: impl FnOnce(&[Tensor], &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)>,
 ) -> Result<CompiledStep> {
-    let backend = BackendOptions::default();
-    compile_step_on(Device::Cpu, name, state, specs, options, backend, f)
+    compile_step_with(name, state, specs, CompileOptions::default(), f)
 }
 
-/// `compile_step` for `device`, with the backend's own options.
-pub fn compile_step_on(
-    device: Device,
+/// `compile_step` where and how `options` says.
+pub fn compile_step_with(
     name: &str,
     state: &[&Tensor],
     specs: &[TensorType],
-    options: Options,
-    backend: BackendOptions,
+    options: CompileOptions,
     f: impl FnOnce(&[Tensor], &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)>,
 ) -> Result<CompiledStep> {
     let state_types: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
     let all: Vec<TensorType> = state_types.iter().chain(specs).cloned().collect();
-    let graph = compile_donating(
-        device,
-        name,
-        &all,
-        options,
-        backend,
-        state.len(),
-        |inputs| {
-            let (current, args) = inputs.split_at(state.len());
-            let (outputs, next) = f(current, args)?;
-            check_next(&state_types, &next)?;
-            Ok(outputs.into_iter().chain(next).collect())
-        },
-    )?;
+    let device = options.device;
+    let graph = compile_donating(name, &all, options, state.len(), |inputs| {
+        let (current, args) = inputs.split_at(state.len());
+        let (outputs, next) = f(current, args)?;
+        check_next(&state_types, &next)?;
+        Ok(outputs.into_iter().chain(next).collect())
+    })?;
     let given = graph.donated_specs();
     let mut places = Vec::with_capacity(state.len());
     let (mut held, mut swapped) = (Vec::new(), Vec::new());

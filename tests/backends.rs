@@ -2,7 +2,7 @@
 //! compiled (fused) graphs as the CPU does, and a device this build has no
 //! backend for is an `Err` naming the feature, wherever it is used.
 
-use kiln::{BackendOptions, DType, Device, Options, Result, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Device, Result, Tensor, TensorType};
 
 /// softmax(x @ w + b) over rows: a matmul with its epilogue and a row
 /// reduction, fused.
@@ -22,14 +22,7 @@ fn the_interpreter_runs_the_fused_graph_the_cpu_compiles() -> Result<()> {
     let b = Tensor::randn([3], 3)?;
     let mut results = Vec::new();
     for device in [Device::Cpu, Device::Reference] {
-        let mut g = kiln::compile_on(
-            device,
-            "model",
-            &specs,
-            Options::default(),
-            BackendOptions::default(),
-            model,
-        )?;
+        let mut g = kiln::compile_with("model", &specs, CompileOptions::on(device), model)?;
         results.push((
             g.launches(),
             g.call(&[&x, &w, &b])?.remove(0).to_vec::<f32>()?,
@@ -62,14 +55,11 @@ fn the_interpreter_runs_a_step_in_place_as_the_cpu_does() -> Result<()> {
     let args = [a, w, b].map(|t| kiln::Data::F32(t.to_vec::<f32>().expect("realizes")));
     let mut results = Vec::new();
     for device in [Device::Cpu, Device::Reference] {
-        let options = (Options::default(), BackendOptions::default());
-        let mut step = kiln::compile_step_on(
-            device,
+        let mut step = kiln::compile_step_with(
             "descend",
             &[&x],
             &specs,
-            options.0,
-            options.1,
+            CompileOptions::on(device),
             |s, a| {
                 let next = (&s[0] - ((a[0].matmul(&a[1])? + &a[2])? * 0.1f32)?)?;
                 Ok((vec![next.sum_all()?], vec![next]))
@@ -99,12 +89,10 @@ fn a_gpu_without_the_cuda_feature_is_an_error() -> Result<()> {
     let x = Tensor::ones([2, 2], DType::F32)?;
     let err = x.to(Device::Cuda(0)).err().map(|e| e.to_string());
     assert_eq!(err.as_deref(), Some(want));
-    let compiled = kiln::compile_on(
-        Device::Cuda(0),
+    let compiled = kiln::compile_with(
         "double",
         &[TensorType::new(DType::F32, [2, 2])],
-        Options::default(),
-        BackendOptions::default(),
+        CompileOptions::on(Device::Cuda(0)),
         |t| Ok(vec![(&t[0] * 2.0f32)?]),
     );
     assert_eq!(compiled.err().map(|e| e.to_string()).as_deref(), Some(want));

@@ -6,7 +6,7 @@
 //! that do not fit.
 
 use kiln::{
-    BackendOptions, DType, Data, Device, Options, Pool2d, Result, Tensor, TensorType, compile_on,
+    CompileOptions, DType, Data, Device, Options, Pool2d, Result, Tensor, TensorType, compile_with,
 };
 use kiln_support::gradcheck::Rng;
 
@@ -35,12 +35,14 @@ fn run(
         .iter()
         .map(|(d, _)| TensorType::new(DType::F32, d.as_slice()))
         .collect();
-    let mut g = compile_on(
-        device,
+    let mut g = compile_with(
         "conv",
         &specs,
-        Options { fusion },
-        BackendOptions::default(),
+        CompileOptions {
+            device,
+            optimizer: Options { fusion },
+            ..CompileOptions::default()
+        },
         |t| Ok(vec![f(t)?]),
     )?;
     let data: Vec<Data> = inputs.iter().map(|(_, v)| Data::F32(v.clone())).collect();

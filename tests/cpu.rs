@@ -12,7 +12,7 @@
 //! that `KILN_TEST_DEVICE=cuda:N` names. There the bounds that differ are
 //! CUDA's (expf is 2 ulp) and matmuls compute in TF32.
 
-use kiln::{DType, Data, Device, Result, Tensor};
+use kiln::{CompileOptions, DType, Data, Device, Result, Tensor};
 use kiln_support::data;
 
 const SIZES: [usize; 5] = [1, 3, 7, 50, 1027];
@@ -788,7 +788,7 @@ fn fusion_kinds_agree() -> Result<()> {
 
 #[test]
 fn side_outputs_of_products_and_sums_agree() -> Result<()> {
-    use kiln::{BackendOptions, Options, TensorType};
+    use kiln::TensorType;
     // A momentum update fused into the kernel computing its gradient: the
     // epilogue of a column sum (a bias's gradient), of a row sum and of a
     // product with A transposed (a weight's), each storing the momentum
@@ -827,17 +827,8 @@ fn side_outputs_of_products_and_sums_agree() -> Result<()> {
             let row = (&t[7] - &(&row_m * 0.1f32)?)?;
             Ok(vec![bias_m, bias, weight_m, weight, row_m, row])
         };
-        let compile = |device| {
-            let options = BackendOptions::default();
-            kiln::compile_on(
-                device,
-                "update",
-                &specs,
-                Options::default(),
-                options,
-                update,
-            )
-        };
+        let compile =
+            |device| kiln::compile_with("update", &specs, CompileOptions::on(device), update);
         let mut tested = compile(device())?;
         // On a GPU the product's epilogue, which cuBLASLt has no form for,
         // is a kernel of its own after the GEMM.

@@ -11,7 +11,7 @@
 
 #![cfg(feature = "cuda")]
 
-use kiln::{DType, Data, DataRef, Device, Options, Result, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Data, DataRef, Device, Options, Result, Tensor, TensorType};
 use kiln_runtime::cuda::{self, Executable};
 use kiln_runtime::{Executable as _, Precision};
 
@@ -50,12 +50,14 @@ fn a_missing_gpu_is_an_err_not_a_panic() -> Result<()> {
             assert_eq!(err.as_deref(), Some(why.as_str()));
             let stats = kiln::memory_stats(Device::Cuda(0)).err();
             assert_eq!(stats.map(|e| e.to_string()).as_deref(), Some(why.as_str()));
-            let compiled = kiln::compile_on(
-                Device::Cuda(0),
+            let compiled = kiln::compile_with(
                 "double",
                 &[TensorType::new(DType::F32, [4, 4])],
-                Options::default(),
-                kiln::BackendOptions::default(),
+                CompileOptions {
+                    device: Device::Cuda(0),
+                    backend: kiln::BackendOptions::default(),
+                    ..CompileOptions::default()
+                },
                 |t| Ok(vec![(&t[0] * 2.0f32)?]),
             );
             assert!(compiled.is_err());

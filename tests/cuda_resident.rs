@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{
-    BackendOptions, DType, Data, Device, MemoryStats, Options, Precision, Result, Tensor,
+    BackendOptions, CompileOptions, DType, Data, Device, MemoryStats, Precision, Result, Tensor,
     TensorType,
 };
 
@@ -86,9 +86,16 @@ fn compiled_calls_read_device_tensors_where_they_are() -> Result<()> {
         ..BackendOptions::default()
     };
     // The captured weight is copied in once, when the graph is compiled.
-    let mut layer = kiln::compile_on(GPU, "layer", &spec, Options::default(), ieee, |t| {
-        Ok(vec![t[0].matmul(&w)?.relu()?])
-    })?;
+    let mut layer = kiln::compile_with(
+        "layer",
+        &spec,
+        CompileOptions {
+            device: GPU,
+            backend: ieee,
+            ..CompileOptions::default()
+        },
+        |t| Ok(vec![t[0].matmul(&w)?.relu()?]),
+    )?;
     let x = Tensor::randn([70, 96], 4)?;
     let on_gpu = x.to(GPU)?;
     let before = kiln::memory_stats(GPU)?;
@@ -168,13 +175,15 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
         precision: Precision::F32,
         ..BackendOptions::default()
     };
-    let mut step = kiln::compile_step_on(
-        GPU,
+    let mut step = kiln::compile_step_with(
         "fit",
         &refs,
         &batch_types(),
-        Options::default(),
-        ieee,
+        CompileOptions {
+            device: GPU,
+            backend: ieee,
+            ..CompileOptions::default()
+        },
         |s, b| train(&sgd, s, b),
     )?;
     assert!(step.in_place().iter().all(|&b| b), "{:?}", step.in_place());
@@ -201,10 +210,19 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     let state = mlp_state(&sgd)?;
     let mut specs: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
     specs.extend(batch_types());
-    let mut plain = kiln::compile_on(GPU, "fit", &specs, Options::default(), ieee, |t| {
-        let (loss, next) = train(&sgd, &t[..8], &t[8..])?;
-        Ok(loss.into_iter().chain(next).collect())
-    })?;
+    let mut plain = kiln::compile_with(
+        "fit",
+        &specs,
+        CompileOptions {
+            device: GPU,
+            backend: ieee,
+            ..CompileOptions::default()
+        },
+        |t| {
+            let (loss, next) = train(&sgd, &t[..8], &t[8..])?;
+            Ok(loss.into_iter().chain(next).collect())
+        },
+    )?;
     let mut current: Vec<Data> = (state.iter())
         .map(|t| t.to_vec::<f32>().map(Data::F32))
         .collect::<Result<_>>()?;

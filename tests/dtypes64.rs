@@ -11,7 +11,7 @@
 //! must too; f64 sums may differ in order only, within 1e-12 relative to
 //! the larger of the two results.
 
-use kiln::{BackendOptions, DType, Data, Device, Options, Result, Scalar, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Data, Device, Options, Result, Scalar, Tensor, TensorType};
 use kiln_support::data;
 use kiln_support::gradcheck::Rng;
 
@@ -81,12 +81,14 @@ fn run(
         .map(|t| TensorType::new(t.dtype(), t.dims()))
         .collect();
     let options = Options { fusion };
-    let mut graph = kiln::compile_on(
-        device,
+    let mut graph = kiln::compile_with(
         "dtypes64",
         &specs,
-        options,
-        BackendOptions::default(),
+        CompileOptions {
+            device,
+            optimizer: options,
+            ..CompileOptions::default()
+        },
         |x| Ok(vec![f(x)?]),
     )?;
     let out = graph.call(&inputs.iter().collect::<Vec<_>>())?;

@@ -6,8 +6,8 @@
 //! read, and errors that name the op.
 
 use kiln::{
-    BackendOptions, DType, Data, Device, Options, Result, Tensor, TensorType, capture, compile,
-    compile_on, grad, realize, value_and_grad,
+    CompileOptions, DType, Data, Device, Result, Tensor, TensorType, capture, compile,
+    compile_with, grad, realize, value_and_grad,
 };
 use kiln_support::gradcheck::{self, Rng};
 use proptest::prelude::*;
@@ -35,15 +35,8 @@ fn check(
     let specs: Vec<TensorType> = inputs.iter().map(|(d, _)| f32s(d)).collect();
     let on_reference =
         |name: &str, specs: &[TensorType], body: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>| {
-            compile_on(
-                Device::Reference,
-                name,
-                specs,
-                Options::default(),
-                BackendOptions::default(),
-                body,
-            )
-            .map_err(|e| e.to_string())
+            compile_with(name, specs, CompileOptions::on(Device::Reference), body)
+                .map_err(|e| e.to_string())
         };
     let mut forward = on_reference("f", &specs, &|p| Ok(vec![f(p)?]))?;
     let y_type = forward.optimized().graph.output_types()[0].clone();

@@ -5,7 +5,7 @@
 //! size-1 axes), ties, NaN, infinities, signed zeros, the extremes of each
 //! integer type, broadcast indices, and indices out of range.
 
-use kiln::{BackendOptions, DType, Device, Error, Options, Result, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Device, Error, Options, Result, Tensor, TensorType};
 
 /// The results of `f` on `inputs` along every path, each with its name.
 fn every_path(
@@ -33,12 +33,14 @@ fn every_path(
         .map(|t| TensorType::new(t.dtype(), t.shape().clone()))
         .collect();
     for (device, options) in compiled {
-        let mut graph = kiln::compile_on(
-            device,
+        let mut graph = kiln::compile_with(
             "index",
             &specs,
-            options,
-            BackendOptions::default(),
+            CompileOptions {
+                device,
+                optimizer: options,
+                ..CompileOptions::default()
+            },
             |x| Ok(vec![f(x)?]),
         )?;
         let refs: Vec<&Tensor> = inputs.iter().collect();
@@ -255,7 +257,10 @@ fn indices_past_2_pow_24_are_exact() -> Result<()> {
                 TensorType::new(DType::F32, [n]),
                 TensorType::new(DType::I32, [2]),
             ],
-            Options { fusion },
+            CompileOptions {
+                optimizer: Options { fusion },
+                ..CompileOptions::default()
+            },
             |t| {
                 Ok(vec![
                     t[0].argmax(0, false)?,

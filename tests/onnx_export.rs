@@ -19,7 +19,7 @@ use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
 use kiln::nn::Mlp;
 use kiln::onnx::{Feed, Model, OnnxError};
 use kiln::optim::{AdamW, Optimizer};
-use kiln::{DType, Device, Error, Options, Result, Scalar, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Device, Error, Result, Scalar, Tensor, TensorType};
 
 /// Images per training step and per exported batch.
 const BATCH: usize = 250;
@@ -57,7 +57,7 @@ fn trained_mlp(dir: &Path) -> Result<Mlp> {
         TensorType::new(DType::U8, [BATCH, 28, 28]),
         TensorType::new(DType::I32, [BATCH]),
     ];
-    let mut step = kiln::compile_step("train", &state, &batch, Options::default(), |s, b| {
+    let mut step = kiln::compile_step("train", &state, &batch, |s, b| {
         let (p, moments) = s.split_at(n);
         let loss = mlp
             .with_parameters(p)?
@@ -111,17 +111,10 @@ fn a_trained_mlp_reads_back_to_the_same_graph_and_bits() -> Result<()> {
     );
     let images = NpyArray::open(dir.join("images.npy"))?.rows(4000, 4000 + BATCH)?;
     for device in [Device::Cpu, Device::Reference] {
-        let options = Options::default();
-        let backend = kiln::BackendOptions::default();
-        let mut original = kiln::compile_on(
-            device,
-            "mlp",
-            std::slice::from_ref(&spec),
-            options,
-            backend,
-            forward,
-        )?;
-        let mut read_back = model.compile_on(device, &[Feed::Input(spec.clone())], options)?;
+        let options = CompileOptions::on(device);
+        let mut original =
+            kiln::compile_with("mlp", std::slice::from_ref(&spec), options, forward)?;
+        let mut read_back = model.compile_with(&[Feed::Input(spec.clone())], options)?;
         // The same graph, so the same kernels and the same bits.
         assert_eq!(
             original.optimized().graph,
@@ -254,11 +247,9 @@ fn round_trip(what: &str, op: &str, inputs: &[Tensor], f: Traced) -> Result<()> 
     let feeds: Vec<Feed> = specs.iter().cloned().map(Feed::Input).collect();
     let refs: Vec<&Tensor> = inputs.iter().collect();
     for device in [Device::Reference, Device::Cpu] {
-        let options = Options::default();
-        let backend = kiln::BackendOptions::default();
-        let want =
-            kiln::compile_on(device, what, &specs, options, backend, |x| f(x))?.call(&refs)?;
-        let got = model.compile_on(device, &feeds, options)?.call(&refs)?;
+        let options = CompileOptions::on(device);
+        let want = kiln::compile_with(what, &specs, options, |x| f(x))?.call(&refs)?;
+        let got = model.compile_with(&feeds, options)?.call(&refs)?;
         assert_eq!(want.len(), got.len(), "{what}");
         if device == Device::Cpu {
             save(what, &bytes, inputs, &want)?;

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln::onnx::{Array, Feed, Model, read_array};
-use kiln::{DType, Data, Device, Error, Options, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Data, Device, Error, Tensor, TensorType};
 
 const SUITES: [&str; 3] = ["node", "pytorch-converted", "pytorch-operator"];
 const RTOL: f64 = 1e-3;
@@ -206,7 +206,7 @@ fn run_case_with(dir: &Path, bind_int64: bool) -> Outcome {
         }
         for device in [Device::Cpu, Device::Reference] {
             let outputs = model
-                .compile_on(device, &feeds, Options::default())
+                .compile_with(&feeds, CompileOptions::on(device))
                 .and_then(|mut c| c.call(&runtime.iter().collect::<Vec<_>>()));
             let outputs = match outputs {
                 Ok(o) => o,

@@ -3,7 +3,7 @@
 //! state it carries.
 
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{DType, Data, Options, Result, Tensor, TensorType};
+use kiln::{DType, Data, Result, Tensor, TensorType};
 
 /// Parameters and a gradient per step, of awkward sizes.
 fn initial() -> Result<Vec<Tensor>> {
@@ -90,17 +90,11 @@ fn check(
     let carried_refs: Vec<&Tensor> = carried.iter().collect();
     let specs: Vec<TensorType> = params.iter().map(|p| p.ty().clone()).collect();
     let n = params.len();
-    let mut compiled = kiln::compile_step(
-        "optimize",
-        &carried_refs,
-        &specs,
-        Options::default(),
-        |state, grads| {
-            let (p, opt) = state.split_at(n);
-            let (new_p, new_opt) = optimizer.update(p, grads, opt)?;
-            Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
-        },
-    )?;
+    let mut compiled = kiln::compile_step("optimize", &carried_refs, &specs, |state, grads| {
+        let (p, opt) = state.split_at(n);
+        let (new_p, new_opt) = optimizer.update(p, grads, opt)?;
+        Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
+    })?;
     assert!(
         compiled.in_place().iter().all(|&b| b),
         "parameters and state written in place"
@@ -170,7 +164,7 @@ fn a_step_carries_its_state_and_lets_it_be_read_and_written() -> Result<()> {
     // x <- x + a, with the sum of x as output: the state is x.
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3])?;
     let spec = TensorType::new(DType::F32, [3]);
-    let mut step = kiln::compile_step("accumulate", &[&x], &[spec], Options::default(), |s, a| {
+    let mut step = kiln::compile_step("accumulate", &[&x], &[spec], |s, a| {
         let next = (&s[0] + &a[0])?;
         Ok((vec![next.sum_all()?], vec![next]))
     })?;
@@ -201,7 +195,7 @@ fn a_state_read_where_it_is_not_written_keeps_a_second_buffer() -> Result<()> {
     // x <- x + xᵀ reads element (j, i) after writing (i, j): written in
     // place it would read its own new values.
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
-    let mut step = kiln::compile_step("symmetric", &[&x], &[], Options::default(), |s, _| {
+    let mut step = kiln::compile_step("symmetric", &[&x], &[], |s, _| {
         Ok((Vec::new(), vec![(&s[0] + &s[0].transpose(0, 1)?)?]))
     })?;
     assert_eq!(step.in_place(), [false]);
@@ -220,7 +214,7 @@ fn a_state_read_where_it_is_not_written_keeps_a_second_buffer() -> Result<()> {
 fn a_new_state_of_another_type_is_an_error() {
     let x = Tensor::from_slice(&[1.0f32, 2.0], [2]).expect("fills");
     let spec = TensorType::new(DType::F32, [2]);
-    let made = kiln::compile_step("bad", &[&x], &[spec], Options::default(), |s, _| {
+    let made = kiln::compile_step("bad", &[&x], &[spec], |s, _| {
         Ok((Vec::new(), vec![s[0].sum_all()?]))
     });
     assert_eq!(

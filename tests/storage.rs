@@ -9,7 +9,9 @@
 
 use std::sync::Arc;
 
-use kiln::{BackendOptions, DType, Data, Device, Options, Result, Tensor, TensorType};
+use kiln::{
+    BackendOptions, CompileOptions, DType, Data, Device, Options, Result, Tensor, TensorType,
+};
 use kiln_ir::pass::{self, Optimized};
 use kiln_runtime::{Arg, Backend, MemoryStats, Reference, Storage, cpu::Cpu};
 
@@ -119,8 +121,7 @@ fn calls_leave_their_outputs_on_the_graphs_device() -> Result<()> {
     let spec = [x.ty().clone()];
     let mut results = Vec::new();
     for device in [Device::Cpu, Device::Reference] {
-        let options = (Options::default(), BackendOptions::default());
-        let mut g = kiln::compile_on(device, "soft", &spec, options.0, options.1, |t| {
+        let mut g = kiln::compile_with("soft", &spec, CompileOptions::on(device), |t| {
             Ok(vec![t[0].softmax(-1)?])
         })?;
         let out = g.call(&[&x])?.remove(0);
@@ -142,9 +143,8 @@ fn a_steps_state_is_shared_until_the_step_writes_it() -> Result<()> {
     for device in [Device::Cpu, Device::Reference] {
         let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3])?;
         let spec = [TensorType::new(DType::F32, [3])];
-        let options = (Options::default(), BackendOptions::default());
         let mut step =
-            kiln::compile_step_on(device, "add", &[&w], &spec, options.0, options.1, |s, a| {
+            kiln::compile_step_with("add", &[&w], &spec, CompileOptions::on(device), |s, a| {
                 let next = (&s[0] + &a[0])?;
                 Ok((vec![next.sum_all()?], vec![next]))
             })?;

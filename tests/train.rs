@@ -11,7 +11,7 @@ use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
 use kiln::nn::Mlp;
 use kiln::optim::{Optimizer, Sgd};
-use kiln::{DType, Options, Result, Tensor, TensorType};
+use kiln::{DType, Result, Tensor, TensorType};
 
 const BATCH: usize = 250;
 
@@ -52,7 +52,7 @@ fn an_mlp_learns_the_digits() -> Result<()> {
         TensorType::new(DType::U8, [BATCH, 28, 28]),
         TensorType::new(DType::I32, [BATCH]),
     ];
-    let mut step = kiln::compile_step("train", &state, &batch, Options::default(), |s, b| {
+    let mut step = kiln::compile_step("train", &state, &batch, |s, b| {
         let (p, momenta) = s.split_at(n);
         let loss = mlp
             .with_parameters(p)?

@@ -11,7 +11,7 @@
 
 use kiln::nn::Mlp;
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{CompiledStep, DType, Data, Options, Result, Tensor, TensorType};
+use kiln::{CompileOptions, CompiledStep, DType, Data, Options, Result, Tensor, TensorType};
 use kiln_runtime::bind::{Bindings, Bound};
 use kiln_support::data;
 
@@ -70,11 +70,14 @@ fn batch() -> [Data; 2] {
 fn step(optimizer: &dyn Optimizer, fusion: bool) -> Result<CompiledStep> {
     let (mlp, state) = initial_state(optimizer)?;
     let state: Vec<&Tensor> = state.iter().collect();
-    kiln::compile_step(
+    kiln::compile_step_with(
         "train",
         &state,
         &batch_types(),
-        Options { fusion },
+        CompileOptions {
+            optimizer: Options { fusion },
+            ..CompileOptions::default()
+        },
         |s, b| train(&mlp, optimizer, s, b),
     )
 }

@@ -2,7 +2,7 @@
 //! as ONNX models.
 //!
 //! `Model::load` reads a `.onnx` file; `Model::compile` traces its graph
-//! into kiln ops (through `kiln::compile_on`) with the initializers as
+//! into kiln ops (through `kiln::compile_with`) with the initializers as
 //! constants and the graph inputs as the compiled graph's inputs. Each ONNX
 //! node becomes kiln's existing graph ops and composites (`ops`); a node
 //! kiln cannot express, an attribute it does not read, or a data type it
@@ -42,10 +42,8 @@ mod write;
 use std::path::Path;
 
 use kiln_ir::TensorType;
-use kiln_ir::pass::Options;
-use kiln_runtime::BackendOptions;
 
-use crate::{CompiledGraph, Device, Error, Result};
+use crate::{CompileOptions, CompiledGraph, Error, Result};
 
 pub use export::{OPSET, export, export_file, export_graph};
 pub use tensor::Array;
@@ -242,16 +240,11 @@ impl Model {
     /// input (see `inputs`), and the compiled graph takes those fed as
     /// `Feed::Input`, in order.
     pub fn compile(&self, feeds: &[Feed]) -> Result<CompiledGraph> {
-        self.compile_on(Device::Cpu, feeds, Options::default())
+        self.compile_with(feeds, CompileOptions::default())
     }
 
-    /// `compile` for `device` with explicit optimizer options.
-    pub fn compile_on(
-        &self,
-        device: Device,
-        feeds: &[Feed],
-        options: Options,
-    ) -> Result<CompiledGraph> {
+    /// `compile` where and how `options` says.
+    pub fn compile_with(&self, feeds: &[Feed], options: CompileOptions) -> Result<CompiledGraph> {
         let specs: Vec<TensorType> = feeds
             .iter()
             .filter_map(|f| match f {
@@ -263,14 +256,9 @@ impl Model {
             "" => "onnx",
             name => name,
         };
-        crate::compile_on(
-            device,
-            name,
-            &specs,
-            options,
-            BackendOptions::default(),
-            |placeholders| graph::trace(&self.proto, &self.file, feeds, placeholders),
-        )
+        crate::compile_with(name, &specs, options, |placeholders| {
+            graph::trace(&self.proto, &self.file, feeds, placeholders)
+        })
     }
 }
 

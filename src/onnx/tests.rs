@@ -5,7 +5,7 @@
 use kiln_ir::{DType, Data, TensorType};
 
 use super::{Feed, Model, OnnxError};
-use crate::{Device, Error, Options, Result, Tensor};
+use crate::{CompileOptions, Device, Error, Result, Tensor};
 
 fn varint(mut v: u64, out: &mut Vec<u8>) {
     while v >= 0x80 {
@@ -110,7 +110,7 @@ fn run(bytes: &[u8], feeds: &[Feed], x: &Tensor) -> Result<Vec<f32>> {
     let model = Model::from_bytes(bytes, "test.onnx")?;
     let mut results = Vec::new();
     for device in [Device::Cpu, Device::Reference] {
-        let mut compiled = model.compile_on(device, feeds, Options::default())?;
+        let mut compiled = model.compile_with(feeds, CompileOptions::on(device))?;
         results.push(compiled.call(&[x])?[0].to_vec::<f32>()?);
     }
     assert_eq!(results[0], results[1], "the CPU and the interpreter differ");
@@ -225,7 +225,7 @@ fn both(bytes: &[u8], feeds: &[Feed], inputs: &[&Tensor]) -> Result<Vec<Tensor>>
     [Device::Cpu, Device::Reference]
         .into_iter()
         .map(|device| {
-            let mut compiled = model.compile_on(device, feeds, Options::default())?;
+            let mut compiled = model.compile_with(feeds, CompileOptions::on(device))?;
             Ok(compiled.call(inputs)?.remove(0))
         })
         .collect()
@@ -300,7 +300,7 @@ fn argmax_and_argmin_give_int64() -> Result<()> {
     let m = Model::from_bytes(&bytes, "arg.onnx")?;
     for device in [Device::Cpu, Device::Reference] {
         let y = m
-            .compile_on(device, &[f32_input(&[2, 3])], Options::default())?
+            .compile_with(&[f32_input(&[2, 3])], CompileOptions::on(device))?
             .call(&[&x])?;
         assert_eq!(y[0].to_vec::<i64>()?, [1, 2]);
         // Ties along axis 0 go to the last index.

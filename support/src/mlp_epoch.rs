@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kiln::data::npy::{NpyDType, write_npy};
 use kiln::data::{ArrayDataset, DataLoader, LoaderOptions, Zip};
-use kiln::{CompiledGraph, DType, Options, Result, Tensor, TensorType};
+use kiln::{CompileOptions, CompiledGraph, DType, Options, Result, Tensor, TensorType};
 
 /// Images in the dataset.
 const IMAGES: usize = 60_000;
@@ -75,7 +75,11 @@ pub fn layers() -> Result<Vec<(Tensor, Tensor)>> {
 /// The forward pass compiled for one batch of raw images.
 pub fn compiled(layers: &[(Tensor, Tensor)], fusion: bool) -> Result<CompiledGraph> {
     let spec = TensorType::new(DType::U8, [BATCH, 28, 28]);
-    kiln::compile_with("mlp", &[spec], Options { fusion }, |x| {
+    let options = CompileOptions {
+        optimizer: Options { fusion },
+        ..CompileOptions::default()
+    };
+    kiln::compile_with("mlp", &[spec], options, |x| {
         Ok(vec![forward(&x[0], layers)?])
     })
 }
