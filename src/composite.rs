@@ -96,9 +96,9 @@ impl Tensor {
             return Ok(Tensor::scalar(f32::NAN));
         }
         let labels = targets.unsqueeze(1)?;
-        let one_hot = labels.eq(&Tensor::arange(0, classes))?.cast(DType::F32)?;
+        let target = labels.eq(&Tensor::arange(0, classes))?;
         // Each row weighs -1/batch; a row whose index matches no class
-        // weighs NaN, which its zero one-hot row cannot cancel. One sum over
+        // weighs NaN, which the zero picked for it cannot cancel. One sum over
         // the whole batch, with nothing reduced per row first.
         let valid = labels.ge(&Tensor::scalar(0i32))?;
         let nan = Tensor::scalar(f32::NAN);
@@ -106,6 +106,10 @@ impl Tensor {
         let weight = labels
             .lt(&Tensor::scalar(classes))?
             .where_cond(&weight, &nan)?;
-        one_hot.mul(&self.log_softmax(1)?)?.mul(&weight)?.sum_all()
+        // The target's log-probability selected, not multiplied by a one-hot
+        // row: a class masked out with a logit of -inf has log-probability
+        // -inf, and 0 * -inf would make the loss NaN.
+        let picked = target.where_cond(&self.log_softmax(1)?, &Tensor::scalar(0.0f32))?;
+        picked.mul(&weight)?.sum_all()
     }
 }

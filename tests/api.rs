@@ -283,6 +283,33 @@ fn layer_norm_gelu_and_losses() -> Result<()> {
 }
 
 #[test]
+fn cross_entropy_masks_classes_with_minus_infinity() -> Result<()> {
+    // Classes masked out with -inf (as action masks are) drop out of the
+    // softmax: the loss is the one over the others, and so are the
+    // gradients, zero at the masked logits.
+    let inf = f32::NEG_INFINITY;
+    let masked = t(&[2.0, inf, 0.1, inf, 2.5, 0.3, 1.0, 1.0, inf], &[3, 3]);
+    let targets = Tensor::from_vec(vec![0i32, 2, 1], [3])?;
+    let loss = masked.cross_entropy(&targets)?;
+    let nll = |row: &[f64], k: usize| {
+        let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+        lse - row[k]
+    };
+    let expected = (nll(&[2.0, 0.1], 0) + nll(&[2.5, 0.3], 1) + nll(&[1.0, 1.0], 1)) / 3.0;
+    assert_close(&[loss.to_scalar::<f32>()?], &[expected], 1e-6, 0.0);
+    let loss = masked.cross_entropy(&targets)?;
+    let grad = kiln::grad(&loss, &[&masked])?.remove(0).to_vec::<f32>()?;
+    assert!(grad.iter().all(|g| g.is_finite()), "{grad:?}");
+    for masked_at in [1, 3, 8] {
+        assert_eq!(grad[masked_at], 0.0, "{grad:?}");
+    }
+    // The target itself masked: no probability left for it, as PyTorch's.
+    let on_target = masked.cross_entropy(&Tensor::from_vec(vec![1i32, 2, 1], [3])?)?;
+    assert_eq!(on_target.to_scalar::<f32>()?, f32::INFINITY);
+    Ok(())
+}
+
+#[test]
 fn realize_shares_work_and_keeps_results() -> Result<()> {
     let a = t(&[1.0, 2.0], &[2]);
     let shared = a.exp()?;
