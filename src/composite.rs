@@ -57,8 +57,19 @@ impl Tensor {
             .mul(&t.add(&Tensor::scalar(1.0f32))?)
     }
 
-    /// Mean squared error against `target` (broadcasting), as a rank-0 tensor.
+    /// Mean squared error against `target`, of the same shape, as a rank-0
+    /// tensor.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        // Of one shape: [N, 1] against [N] would broadcast to [N, N] and
+        // average the wrong squares without a word.
+        if self.shape() != target.shape() {
+            return Err(kiln_ir::Error::ShapeMismatch {
+                op: "mse_loss",
+                lhs: self.shape().clone(),
+                rhs: target.shape().clone(),
+            }
+            .into());
+        }
         self.sub(target)?.square()?.mean_all()
     }
 

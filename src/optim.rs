@@ -58,6 +58,7 @@ impl Optimizer for Sgd {
     /// momentum. (PyTorch starts the buffer at the first gradient; with no
     /// dampening, starting from zeros gives the same buffer.)
     fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.check()?;
         if self.momentum == 0.0 {
             return Ok(Vec::new());
         }
@@ -70,6 +71,7 @@ impl Optimizer for Sgd {
         grads: &[Tensor],
         state: &[Tensor],
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        self.check()?;
         check_counts("Sgd", params, grads, state, self.state_len(params))?;
         let mut new_params = Vec::with_capacity(params.len());
         let mut new_state = Vec::with_capacity(state.len());
@@ -94,6 +96,22 @@ impl Optimizer for Sgd {
 }
 
 impl Sgd {
+    /// Its hyperparameters in their ranges, as `torch.optim.SGD` checks
+    /// them: a learning rate, momentum and weight decay of 0 or more, and
+    /// Nesterov momentum only with a momentum.
+    fn check(&self) -> Result<()> {
+        at_least_zero("Sgd", "lr", self.lr)?;
+        at_least_zero("Sgd", "momentum", self.momentum)?;
+        at_least_zero("Sgd", "weight_decay", self.weight_decay)?;
+        if self.nesterov && self.momentum == 0.0 {
+            return Err(Error::Optimizer {
+                op: "Sgd",
+                message: "nesterov needs a momentum above 0".to_string(),
+            });
+        }
+        Ok(())
+    }
+
     fn state_len(&self, params: &[Tensor]) -> usize {
         if self.momentum == 0.0 {
             0
@@ -136,6 +154,7 @@ impl Optimizer for AdamW {
     /// The step count (a scalar f32, 0), then the first moments, then the
     /// second moments (zeros like each parameter).
     fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.check()?;
         let mut state = vec![Tensor::scalar(0.0f32)];
         for _moment in 0..2 {
             for p in params {
@@ -151,6 +170,7 @@ impl Optimizer for AdamW {
         grads: &[Tensor],
         state: &[Tensor],
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        self.check()?;
         let n = params.len();
         check_counts("AdamW", params, grads, state, 1 + 2 * n)?;
         let t = (&state[0] + 1.0f32)?;
@@ -179,6 +199,37 @@ impl Optimizer for AdamW {
         new_state.extend(new_m);
         new_state.extend(new_v);
         Ok((new_params, new_state))
+    }
+}
+
+impl AdamW {
+    /// Its hyperparameters in their ranges, as `torch.optim.AdamW` checks
+    /// them: a learning rate, eps and weight decay of 0 or more, and betas
+    /// in [0, 1).
+    fn check(&self) -> Result<()> {
+        at_least_zero("AdamW", "lr", self.lr)?;
+        at_least_zero("AdamW", "eps", self.eps)?;
+        at_least_zero("AdamW", "weight_decay", self.weight_decay)?;
+        for (name, beta) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(Error::Optimizer {
+                    op: "AdamW",
+                    message: format!("{name} must be in [0, 1), not {beta}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `value` of hyperparameter `name` must be 0 or more (NaN is not).
+fn at_least_zero(op: &'static str, name: &str, value: f32) -> Result<()> {
+    match value >= 0.0 {
+        true => Ok(()),
+        false => Err(Error::Optimizer {
+            op,
+            message: format!("{name} must be 0 or more, not {value}"),
+        }),
     }
 }
 

@@ -223,7 +223,13 @@ fn composites_check_their_arguments() {
     );
     assert_eq!(
         message(logits.mse_loss(&ones(&[2]))),
-        "sub: shapes [4, 3] and [2] do not broadcast"
+        "mse_loss: shapes [4, 3] and [2] differ"
+    );
+    // Shapes that would broadcast, [4, 1] against [4] to [4, 4], are a
+    // mistake too.
+    assert_eq!(
+        message(ones(&[4, 1]).mse_loss(&ones(&[4]))),
+        "mse_loss: shapes [4, 1] and [4] differ"
     );
 }
 

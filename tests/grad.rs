@@ -118,7 +118,9 @@ fn composite_case(seed: u64) -> std::result::Result<(), String> {
         5 => {
             // The target broadcast along the rows: its gradient sums them.
             let t = values(cols, &mut rng);
-            check(&[(&shape, x), (&[cols], t)], seed, |p| p[0].mse_loss(&p[1]))
+            check(&[(&shape, x), (&[cols], t)], seed, |p| {
+                p[0].mse_loss(&p[1].expand(p[0].shape().clone())?)
+            })
         }
         _ => {
             // A small network through several composites at once.

@@ -174,7 +174,8 @@ fn a_step_carries_its_state_and_lets_it_be_read_and_written() -> Result<()> {
     assert_eq!(step.run(&[&a])?[0].to_vec::<f32>()?, [9.0]);
     assert_eq!(step.run(&[&a])?[0].to_vec::<f32>()?, [12.0]);
     assert_eq!(step.state()?[0].to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
-    // The caller's tensor keeps its value; a state read out is a copy.
+    // The caller's tensor keeps its value, and so does a state read out as
+    // the step goes on.
     assert_eq!(x.to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
     let read = step.state()?.remove(0);
     step.run(&[&a])?;
@@ -220,5 +221,54 @@ fn a_new_state_of_another_type_is_an_error() {
     assert_eq!(
         made.err().map(|e| e.to_string()).as_deref(),
         Some("compile_step: state 0 must be f32[2], got f32[]")
+    );
+}
+
+#[test]
+fn hyperparameters_out_of_range_are_errors() {
+    let p = Tensor::from_slice(&[1.0f32, 2.0], [2]).expect("fills");
+    let sgd = |sgd: Sgd| sgd.state(&[&p]).err().map(|e| e.to_string());
+    let nesterov = Sgd {
+        nesterov: true,
+        ..Sgd::new(0.1)
+    };
+    assert_eq!(
+        sgd(nesterov).as_deref(),
+        Some("Sgd: nesterov needs a momentum above 0")
+    );
+    assert_eq!(
+        sgd(Sgd::new(-0.1)).as_deref(),
+        Some("Sgd: lr must be 0 or more, not -0.1")
+    );
+    assert_eq!(
+        sgd(Sgd::new(f32::NAN)).as_deref(),
+        Some("Sgd: lr must be 0 or more, not NaN")
+    );
+    let momentum = Sgd {
+        momentum: -0.9,
+        ..Sgd::new(0.1)
+    };
+    assert!(sgd(momentum).is_some_and(|e| e.contains("momentum must be 0 or more")));
+    let adam = |adam: AdamW| adam.state(&[&p]).err().map(|e| e.to_string());
+    let beta = AdamW {
+        beta2: 1.0,
+        ..AdamW::new(1e-3)
+    };
+    assert_eq!(
+        adam(beta).as_deref(),
+        Some("AdamW: beta2 must be in [0, 1), not 1")
+    );
+    let eps = AdamW {
+        eps: -1e-8,
+        ..AdamW::new(1e-3)
+    };
+    assert!(adam(eps).is_some_and(|e| e.contains("eps must be 0 or more")));
+    // The update checks them too, for optimizers built after the state.
+    let one = std::slice::from_ref(&p);
+    let update = nesterov.update(one, one, one);
+    assert!(update.is_err());
+    assert!(
+        sgd(Sgd::new(0.0)).is_none(),
+        "a learning rate of 0 is allowed"
     );
 }
