@@ -118,6 +118,15 @@ pub enum Error {
         /// What does not fit, with the shapes involved.
         message: String,
     },
+    /// A gradient asked of a tensor that reaches the loss through a value
+    /// already computed and read, which forgot the ops that made it.
+    #[error(
+        "grad: tensor {index} of wrt reaches the loss through a value already computed (by to_vec, to_scalar, realize or to), which forgot the ops that made it; take the gradients before reading values, or read the loss with them from value_and_grad"
+    )]
+    GradThroughRead {
+        /// Its position in `wrt`.
+        index: usize,
+    },
     /// Setting a model's parameters by name from values that do not fit it.
     #[error("parameter '{name}': {message}")]
     Parameter {

@@ -12,8 +12,8 @@
 //! placeholders of a function being traced by `kiln::compile`, and a
 //! compiled function's gradients are traced once, like everything else.
 
-use crate::tensor::capture_nodes;
-use crate::{Result, Tensor};
+use crate::tensor::{capture_nodes, read_through};
+use crate::{Error, Result, Tensor};
 
 /// The gradients of `loss` (an f32 tensor of one element) with respect to
 /// each tensor of `wrt`, in order, each of its tensor's shape: lazy tensors,
@@ -21,9 +21,12 @@ use crate::{Result, Tensor};
 ///
 /// A tensor of `wrt` that `loss` does not depend on gets zeros, as in JAX.
 /// A tensor that holds data, given or already computed, is a constant to
-/// `grad`: a realized tensor has forgotten the ops that made it, so the
-/// gradient does not flow through it to what it was computed from.
-/// Differentiate before realizing, or realize the loss and the gradients
+/// `grad`: a realized tensor has forgotten the ops that made it, so no
+/// gradient could flow through it to what it was computed from. Where a
+/// tensor of `wrt` went into such a value on the way to the loss (the loss
+/// read with `to_scalar`, an activation logged with `to_vec`), its
+/// gradient would miss those paths, and `grad` is an `Err` saying so.
+/// Differentiate before reading, or read the loss and the gradients
 /// together (`kiln::realize`, or `value_and_grad`).
 ///
 /// A loss or a `wrt` tensor of an integer or bool type is an `Err` naming
@@ -43,6 +46,12 @@ use crate::{Result, Tensor};
 pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let mut outputs = vec![loss];
     outputs.extend_from_slice(wrt);
+    // The tensors the loss is computed from; a read one among them cuts
+    // the paths of what went into it.
+    let (_, _, on_the_way) = capture_nodes("grad", &[loss]);
+    if let Some(index) = wrt.iter().position(|t| read_through(&on_the_way, t)) {
+        return Err(Error::GradThroughRead { index });
+    }
     let (mut graph, _, mut tensors) = capture_nodes("grad", &outputs);
     let (loss_id, wrt_ids) = (graph.outputs[0], graph.outputs[1..].to_vec());
     let grads = kiln_ir::grad(&mut graph, loss_id, &wrt_ids)?;

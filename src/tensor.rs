@@ -9,7 +9,7 @@
 //! to are freed.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType, try_capacity};
@@ -31,6 +31,11 @@ struct Inner {
     ty: TensorType,
     device: Device,
     state: Mutex<State>,
+    /// For a value computed and then realized (or moved by `to`): the
+    /// tensors its graph read, so that `grad` can tell a gradient cut by a
+    /// read from a tensor the loss does not depend on. Weak: they keep no
+    /// value alive.
+    read_from: OnceLock<Box<[Weak<Inner>]>>,
 }
 
 enum State {
@@ -102,6 +107,7 @@ impl Tensor {
             ty,
             device,
             state: Mutex::new(state),
+            read_from: OnceLock::new(),
         }))
     }
 
@@ -120,7 +126,9 @@ impl Tensor {
         }
         backend(device)?;
         let storage = store(device, &self.0.ty, self.storage()?)?;
-        Ok(Tensor::on(self.0.ty.clone(), State::Ready(storage), device))
+        let moved = Tensor::on(self.0.ty.clone(), State::Ready(storage), device);
+        let _ = moved.0.read_from.set(Box::new([Arc::downgrade(&self.0)]));
+        Ok(moved)
     }
 
     /// The node's state. A panic while the lock was held cannot leave the
@@ -382,7 +390,7 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
 }
 
 fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
-    let (graph, sources) = capture_with_data("realize", pending);
+    let (graph, sources, nodes) = capture_nodes("realize", pending);
     let inputs: Vec<Storage> = sources
         .into_iter()
         .map(|s| match s {
@@ -407,10 +415,35 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
     with_realized(&graph, device, |exec| {
         Ok(exec.run_stored(&mut [], &args, &mut outputs)?)
     })?;
+    // The tensors the graph read, by its input nodes.
+    let read: Box<[Weak<Inner>]> = (nodes.iter().zip(&graph.nodes))
+        .filter(|(_, node)| matches!(node.op, Op::Input { .. }))
+        .map(|(t, _)| Arc::downgrade(&t.0))
+        .collect();
     for (tensor, storage) in pending.iter().zip(outputs) {
         *tensor.state() = State::Ready(storage);
+        let _ = tensor.0.read_from.set(read.clone());
     }
     Ok(())
+}
+
+/// Whether the value of `target` went into a tensor among `tensors` that
+/// was computed and then read (whose graph is gone), following what each
+/// such value was computed from back to the tensors given as data.
+pub(crate) fn read_through(tensors: &[Tensor], target: &Tensor) -> bool {
+    let mut pending: Vec<Arc<Inner>> = tensors.iter().map(|t| t.0.clone()).collect();
+    let mut seen: std::collections::HashSet<*const Inner> = std::collections::HashSet::new();
+    while let Some(inner) = pending.pop() {
+        for weak in inner.read_from.get().into_iter().flatten() {
+            if std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&target.0)) {
+                return true;
+            }
+            if seen.insert(weak.as_ptr()) {
+                pending.extend(weak.upgrade());
+            }
+        }
+    }
+    false
 }
 
 /// Runs kiln's optimizer on the graph behind `outputs` (as `capture` names

@@ -275,14 +275,48 @@ fn tensors_the_loss_does_not_read_get_zeros() -> Result<()> {
 }
 
 #[test]
-fn a_realized_tensor_is_a_constant_to_grad() -> Result<()> {
+fn a_gradient_cut_by_a_value_already_read_is_an_error() -> Result<()> {
+    let cut = "grad: tensor 1 of wrt reaches the loss through a value already computed";
+    let cut_at_0 = "grad: tensor 0 of wrt reaches the loss through a value already computed";
     let w = t(&[3.0], &[1]);
     let h = w.mul(&w)?;
     h.realize()?;
-    // h has forgotten that it came from w.
-    let g = grad(&h.sum_all()?, &[&w, &h])?;
-    assert_eq!(g[0].to_vec::<f32>()?, [0.0]);
-    assert_eq!(g[1].to_vec::<f32>()?, [1.0]);
+    // h has forgotten that it came from w: w's gradient would miss it.
+    let err = grad(&h.sum_all()?, &[&h, &w]).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.starts_with(cut)),
+        "{err:?}"
+    );
+    // h itself is a constant with a gradient of its own.
+    assert_eq!(grad(&h.sum_all()?, &[&h])?[0].to_vec::<f32>()?, [1.0]);
+    // The loss read before its gradients, as a training loop logs it.
+    let x = t(&[1.0, 2.0], &[2]);
+    let loss = (&x * &w)?.sum_all()?;
+    assert_eq!(loss.to_scalar::<f32>()?, 9.0);
+    let err = grad(&loss, &[&w]).err();
+    assert!(err.is_some_and(|e| e.to_string().starts_with(cut_at_0)));
+    // An activation logged on the way to the loss.
+    let a = (&x * &w)?;
+    a.to_vec::<f32>()?;
+    let err = grad(&a.square()?.sum_all()?, &[&w]).err();
+    assert!(err.is_some_and(|e| e.to_string().starts_with(cut_at_0)));
+    // A tensor moved to another device is read too.
+    let moved = w.to(Device::Reference)?;
+    let err = grad(&(&x * &moved)?.sum_all()?, &[&x, &w]).err();
+    assert!(err.is_some_and(|e| e.to_string().starts_with(cut)));
+    // Read together with its gradients, the loss is no cut.
+    let (value, g) = kiln::value_and_grad(&(&x * &w)?.sum_all()?, &[&w])?;
+    realize(&[&value, &g[0]])?;
+    assert_eq!(
+        (value.to_scalar::<f32>()?, g[0].to_vec::<f32>()?),
+        (9.0, vec![3.0])
+    );
+    // A value computed from data alone and read first is a constant, as
+    // any data is.
+    let scale = (x.sum_all()? * 0.5f32)?;
+    scale.realize()?;
+    let g = grad(&(&w * &scale)?.sum_all()?, &[&w])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [1.5]);
     Ok(())
 }
 
