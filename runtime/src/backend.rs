@@ -10,7 +10,7 @@ use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
 use crate::storage::{Arg, MemoryStats, Storage, host_buffer};
-use crate::{Error, check_run, sizes};
+use crate::{Error, check_data_run};
 
 /// How a matmul computes its products in f32 where the backend has a choice
 /// (the CUDA backend); the CPU and the interpreter always compute in f32.
@@ -261,14 +261,7 @@ impl Executable for Interpreted {
         inputs: &[DataRef<'_>],
         outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
-        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
-        check_run(
-            &self.optimized,
-            &self.outputs,
-            sizes(donated),
-            given,
-            sizes(outputs),
-        )?;
+        check_data_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         let graph = &self.optimized.graph;
         let owned: Vec<Data> = (self.places.inputs.iter())
             .map(|place| match *place {

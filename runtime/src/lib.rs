@@ -112,11 +112,26 @@ pub(crate) fn check_run(
     check(&graph.name, "output", &outputs_kept, outputs)
 }
 
-/// The dtypes and lengths of host buffers, for `check_run`.
-pub(crate) fn sizes<'a>(
-    data: &'a [&mut kiln_ir::Data],
-) -> impl ExactSizeIterator<Item = (kiln_ir::DType, usize)> + 'a {
-    data.iter().map(|d| (d.dtype(), d.len()))
+/// `check_run` for a run on host data (`Executable::run_donated`).
+pub(crate) fn check_data_run(
+    optimized: &Optimized,
+    output_types: &[TensorType],
+    donated: &[&mut kiln_ir::Data],
+    inputs: &[kiln_ir::DataRef<'_>],
+    outputs: &[&mut kiln_ir::Data],
+) -> Result<(), Error> {
+    let sizes = |data: &[&mut kiln_ir::Data]| -> Vec<(kiln_ir::DType, usize)> {
+        data.iter().map(|d| (d.dtype(), d.len())).collect()
+    };
+    let given = inputs.iter().map(|d| (d.dtype(), d.len()));
+    let (donated, outputs) = (sizes(donated), sizes(outputs));
+    check_run(
+        optimized,
+        output_types,
+        donated.into_iter(),
+        given,
+        outputs.into_iter(),
+    )
 }
 
 /// Each buffer, given by its dtype and length, must be of the declared type.

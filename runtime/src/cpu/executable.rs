@@ -11,7 +11,7 @@ use super::cache::compile;
 use super::jit::{self, Buffer, CompiledKernel, Computed};
 use crate::backend::{Place, Places};
 use crate::bind::{Bindings, Bound};
-use crate::{Error, check_run, sizes};
+use crate::{Error, check_data_run};
 
 /// A fused graph compiled for the CPU: its kernels, and an arena sized by
 /// the memory plan, reused by every run.
@@ -105,14 +105,7 @@ impl crate::Executable for Executable {
         inputs: &[DataRef<'_>],
         outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
-        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
-        check_run(
-            &self.optimized,
-            &self.outputs,
-            sizes(donated),
-            given,
-            sizes(outputs),
-        )?;
+        check_data_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         self.launch(donated, inputs, outputs)
     }
 }

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, DevicePtr, PinnedHostSlice};
 use kiln_ir::{Data, DataRef, OutOfMemory, TensorType};
 
 use super::context::{Gpu, driver};
@@ -133,6 +133,13 @@ impl Buffer {
 }
 
 impl Buffer {
+    /// Its first `bytes` bytes, to write.
+    fn first_mut(&mut self, bytes: usize) -> Result<CudaViewMut<'_, u8>, Error> {
+        let slice =
+            (self.slice.as_mut()).ok_or_else(|| Error::Cuda("a freed device buffer".into()))?;
+        Ok(slice.slice_mut(..bytes))
+    }
+
     /// Copies `bytes` (at most the buffer's) to its start, on the compute
     /// stream. The copy is from pageable memory: the driver stages it
     /// before this returns, so `bytes` may go at once.
@@ -141,11 +148,7 @@ impl Buffer {
             return Ok(());
         }
         let gpu = self.gpu.clone();
-        let mut dst = self
-            .slice
-            .as_mut()
-            .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
-            .slice_mut(..bytes.len());
+        let mut dst = self.first_mut(bytes.len())?;
         gpu.stream
             .memcpy_htod(bytes, &mut dst)
             .map_err(|e| driver("copying an input to the device", e))?;
@@ -293,12 +296,7 @@ impl Copier {
         let gpu = self.from.gpu.clone();
         let bytes = self.from.bytes;
         let src = self.from.slice()?.slice(..bytes);
-        let mut dst = self
-            .to
-            .slice
-            .as_mut()
-            .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
-            .slice_mut(..bytes);
+        let mut dst = self.to.first_mut(bytes)?;
         gpu.timed(|| {
             gpu.stream
                 .memcpy_dtod(&src, &mut dst)
@@ -396,11 +394,7 @@ impl Staging {
                 .as_mut_slice()
                 .map_err(|e| driver("writing pinned memory", e))?[..bytes.len()];
             host.copy_from_slice(&bytes);
-            let mut dst = device
-                .slice
-                .as_mut()
-                .ok_or_else(|| Error::Cuda("a freed device buffer".into()))?
-                .slice_mut(..bytes.len());
+            let mut dst = device.first_mut(bytes.len())?;
             self.copy
                 .memcpy_htod(&*host, &mut dst)
                 .map_err(|e| driver("copying an input to the device", e))?;

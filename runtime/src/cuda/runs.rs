@@ -13,7 +13,7 @@ use super::executable::{Executable, Step};
 use super::memory::{Buffer, Resident, Staging, fill, host_bytes};
 use crate::backend::Place;
 use crate::storage::{Arg, Storage};
-use crate::{Error, check, check_run, sizes};
+use crate::{Error, check, check_data_run, check_run};
 
 impl crate::Executable for Executable {
     fn optimized(&self) -> &Optimized {
@@ -49,14 +49,7 @@ impl crate::Executable for Executable {
         inputs: &[DataRef<'_>],
         outputs: &mut [&mut Data],
     ) -> Result<(), Error> {
-        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
-        check_run(
-            &self.optimized,
-            &self.outputs,
-            sizes(donated),
-            given,
-            sizes(outputs),
-        )?;
+        check_data_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         let given: Vec<DataRef<'_>> = (self.places.inputs.iter())
             .map(|place| match *place {
                 Place::Donated(j) => DataRef::from(&*donated[j]),
