@@ -142,7 +142,8 @@ impl Realized {
 
     fn keep(&mut self, key: (Device, Graph), exec: Box<dyn Executable>) {
         let bytes = plan_bytes(exec.as_ref());
-        if bytes > REALIZED_BYTES {
+        // One per graph: another thread may have put its own back meanwhile.
+        if bytes > REALIZED_BYTES || self.0.iter().any(|(k, _)| *k == key) {
             return;
         }
         let mut total: usize = self.0.iter().map(|(_, e)| plan_bytes(e.as_ref())).sum();

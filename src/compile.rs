@@ -246,7 +246,7 @@ impl CompiledGraph {
         self.device
     }
 
-    /// Per spec: the donated buffer `run_donated` takes its value in, if any.
+    /// Per spec: the donated storage `run_stored` takes its value in, if any.
     pub(crate) fn donated_specs(&self) -> Vec<Option<usize>> {
         let donated = |&a: &Argument| match a {
             Argument::Donated(j) => Some(j),

@@ -1,7 +1,7 @@
 //! `kiln::Error`: every mistake a user can make, as a value that names the op
 //! and the shapes involved. The IR's errors are wrapped unchanged.
 
-use kiln_ir::{DType, Shape};
+use kiln_ir::{DType, Shape, TensorType};
 
 /// The result type of every fallible kiln operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -121,11 +121,13 @@ pub enum Error {
     /// A gradient asked of a tensor that reaches the loss through a value
     /// already computed and read, which forgot the ops that made it.
     #[error(
-        "grad: tensor {index} of wrt reaches the loss through a value already computed (by to_vec, to_scalar, realize or to), which forgot the ops that made it; take the gradients before reading values, or read the loss with them from value_and_grad"
+        "grad: tensor {index} of wrt ({ty}) reaches the loss through a value already computed (by to_vec, to_scalar, realize or to), which forgot the ops that made it; take the gradients before reading values, or read the loss with them from value_and_grad"
     )]
     GradThroughRead {
         /// Its position in `wrt`.
         index: usize,
+        /// Its type.
+        ty: TensorType,
     },
     /// Setting a model's parameters by name from values that do not fit it.
     #[error("parameter '{name}': {message}")]

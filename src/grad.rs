@@ -12,7 +12,7 @@
 //! placeholders of a function being traced by `kiln::compile`, and a
 //! compiled function's gradients are traced once, like everything else.
 
-use crate::tensor::{capture_nodes, read_through};
+use crate::tensor::{capture_nodes, cut_by_reads, gradient_inputs};
 use crate::{Error, Result, Tensor};
 
 /// The gradients of `loss` (an f32 tensor of one element) with respect to
@@ -27,7 +27,9 @@ use crate::{Error, Result, Tensor};
 /// read with `to_scalar`, an activation logged with `to_vec`), its
 /// gradient would miss those paths, and `grad` is an `Err` saying so.
 /// Differentiate before reading, or read the loss and the gradients
-/// together (`kiln::realize`, or `value_and_grad`).
+/// together (`kiln::realize`, or `value_and_grad`). (The outputs of a
+/// compiled graph's `call` or of a step are data too, and a gradient never
+/// flows back through them.)
 ///
 /// A loss or a `wrt` tensor of an integer or bool type is an `Err` naming
 /// the op that made it (integer values have no gradient, even where they
@@ -46,11 +48,16 @@ use crate::{Error, Result, Tensor};
 pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let mut outputs = vec![loss];
     outputs.extend_from_slice(wrt);
-    // The tensors the loss is computed from; a read one among them cuts
-    // the paths of what went into it.
-    let (_, _, on_the_way) = capture_nodes("grad", &[loss]);
-    if let Some(index) = wrt.iter().position(|t| read_through(&on_the_way, t)) {
-        return Err(Error::GradThroughRead { index });
+    // The values the loss's gradient reaches; one among them that was
+    // read cuts the paths of what went into it.
+    let (graph, _, tensors) = capture_nodes("grad", &[loss]);
+    let reached = gradient_inputs(&graph, graph.outputs[0]);
+    let cut = cut_by_reads(&reached.iter().map(|&i| &tensors[i]).collect::<Vec<_>>());
+    if let Some(index) = wrt.iter().position(|t| cut.contains(&t.id())) {
+        return Err(Error::GradThroughRead {
+            index,
+            ty: wrt[index].ty().clone(),
+        });
     }
     let (mut graph, _, mut tensors) = capture_nodes("grad", &outputs);
     let (loss_id, wrt_ids) = (graph.outputs[0], graph.outputs[1..].to_vec());

@@ -9,7 +9,8 @@
 //! to are freed.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use kiln_ir::pass::{Optimized, Options};
 use kiln_ir::{DType, Data, Element, Graph, NodeId, Op, Scalar, Shape, TensorType, try_capacity};
@@ -31,12 +32,18 @@ struct Inner {
     ty: TensorType,
     device: Device,
     state: Mutex<State>,
-    /// For a value computed and then realized (or moved by `to`): the
-    /// tensors its graph read, so that `grad` can tell a gradient cut by a
-    /// read from a tensor the loss does not depend on. Weak: they keep no
-    /// value alive.
-    read_from: OnceLock<Box<[Weak<Inner>]>>,
+    /// Its number, for `read_from` sets: unique in the process.
+    id: u64,
+    /// For a float value computed and then realized (or moved by `to`): the
+    /// numbers of the tensors a gradient of it would have reached (through
+    /// float values, not through `detach`), those tensors' own such sets
+    /// included, sorted; so that `grad` can tell a gradient cut by a read
+    /// from a tensor the loss does not depend on.
+    read_from: OnceLock<Arc<[u64]>>,
 }
+
+/// The next tensor's number.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 enum State {
     /// Not computed yet: `op` applied to `src`.
@@ -107,6 +114,7 @@ impl Tensor {
             ty,
             device,
             state: Mutex::new(state),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             read_from: OnceLock::new(),
         }))
     }
@@ -127,7 +135,7 @@ impl Tensor {
         backend(device)?;
         let storage = store(device, &self.0.ty, self.storage()?)?;
         let moved = Tensor::on(self.0.ty.clone(), State::Ready(storage), device);
-        let _ = moved.0.read_from.set(Box::new([Arc::downgrade(&self.0)]));
+        let _ = moved.0.read_from.set(reached(&[self]));
         Ok(moved)
     }
 
@@ -415,35 +423,67 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
     with_realized(&graph, device, |exec| {
         Ok(exec.run_stored(&mut [], &args, &mut outputs)?)
     })?;
-    // The tensors the graph read, by its input nodes.
-    let read: Box<[Weak<Inner>]> = (nodes.iter().zip(&graph.nodes))
-        .filter(|(_, node)| matches!(node.op, Op::Input { .. }))
-        .map(|(t, _)| Arc::downgrade(&t.0))
-        .collect();
-    for (tensor, storage) in pending.iter().zip(outputs) {
+    for (k, (tensor, storage)) in pending.iter().zip(outputs).enumerate() {
         *tensor.state() = State::Ready(storage);
-        let _ = tensor.0.read_from.set(read.clone());
+        let inputs = gradient_inputs(&graph, graph.outputs[k]);
+        let read: Vec<&Tensor> = inputs.iter().map(|&i| &nodes[i]).collect();
+        let _ = tensor.0.read_from.set(reached(&read));
     }
     Ok(())
 }
 
-/// Whether the value of `target` went into a tensor among `tensors` that
-/// was computed and then read (whose graph is gone), following what each
-/// such value was computed from back to the tensors given as data.
-pub(crate) fn read_through(tensors: &[Tensor], target: &Tensor) -> bool {
-    let mut pending: Vec<Arc<Inner>> = tensors.iter().map(|t| t.0.clone()).collect();
-    let mut seen: std::collections::HashSet<*const Inner> = std::collections::HashSet::new();
-    while let Some(inner) = pending.pop() {
-        for weak in inner.read_from.get().into_iter().flatten() {
-            if std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&target.0)) {
-                return true;
-            }
-            if seen.insert(weak.as_ptr()) {
-                pending.extend(weak.upgrade());
-            }
+/// The input nodes of `graph` that a gradient of `output` would reach:
+/// through float values only (a comparison's or a cast from an integer's
+/// result carries none), and not through `detach`.
+pub(crate) fn gradient_inputs(graph: &Graph, output: NodeId) -> Vec<usize> {
+    let mut seen = vec![false; graph.nodes.len()];
+    let mut pending = vec![output];
+    let mut inputs = Vec::new();
+    while let Some(id) = pending.pop() {
+        let node = graph.node(id);
+        if std::mem::replace(&mut seen[id.index()], true) || !node.ty.dtype.is_float() {
+            continue;
+        }
+        match node.op {
+            Op::Input { .. } => inputs.push(id.index()),
+            Op::Unary(kiln_ir::UnaryOp::Detach) => {}
+            _ => pending.extend(node.inputs.iter().copied()),
         }
     }
-    false
+    inputs
+}
+
+/// The numbers of `tensors` and of everything their gradients would have
+/// reached before they were read, sorted, once each.
+fn reached(tensors: &[&Tensor]) -> Arc<[u64]> {
+    let mut ids: Vec<u64> = Vec::new();
+    for t in tensors {
+        ids.push(t.0.id);
+        ids.extend(t.0.read_from.get().iter().flat_map(|r| r.iter()));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids.into()
+}
+
+/// The numbers of the tensors whose gradients the values read among
+/// `tensors` have cut: everything those values were computed from.
+pub(crate) fn cut_by_reads(tensors: &[&Tensor]) -> std::collections::HashSet<u64> {
+    (tensors.iter())
+        .flat_map(|t| {
+            t.0.read_from
+                .get()
+                .into_iter()
+                .flat_map(|r| r.iter().copied())
+        })
+        .collect()
+}
+
+impl Tensor {
+    /// Its number in `read_from` sets.
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
 }
 
 /// Runs kiln's optimizer on the graph behind `outputs` (as `capture` names

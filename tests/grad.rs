@@ -276,8 +276,9 @@ fn tensors_the_loss_does_not_read_get_zeros() -> Result<()> {
 
 #[test]
 fn a_gradient_cut_by_a_value_already_read_is_an_error() -> Result<()> {
-    let cut = "grad: tensor 1 of wrt reaches the loss through a value already computed";
-    let cut_at_0 = "grad: tensor 0 of wrt reaches the loss through a value already computed";
+    let cut = "grad: tensor 1 of wrt (f32[1]) reaches the loss through a value already computed";
+    let cut_at_0 =
+        "grad: tensor 0 of wrt (f32[1]) reaches the loss through a value already computed";
     let w = t(&[3.0], &[1]);
     let h = w.mul(&w)?;
     h.realize()?;
@@ -317,6 +318,37 @@ fn a_gradient_cut_by_a_value_already_read_is_an_error() -> Result<()> {
     scale.realize()?;
     let g = grad(&(&w * &scale)?.sum_all()?, &[&w])?;
     assert_eq!(g[0].to_vec::<f32>()?, [1.5]);
+    // An eager chain of reads whose earlier values are gone still says so.
+    let mut h = (&x * &w)?;
+    for _ in 0..3 {
+        h = (&h * 2.0f32)?;
+        h.realize()?;
+    }
+    let err = grad(&h.sum_all()?, &[&w]).err();
+    assert!(err.is_some_and(|e| e.to_string().starts_with(cut_at_0)));
+    Ok(())
+}
+
+#[test]
+fn values_read_that_no_gradient_would_cross_cut_nothing() -> Result<()> {
+    let w = t(&[3.0, -1.0], &[2]);
+    let x = t(&[1.0, 2.0], &[2]);
+    // Realized together with a value that read w, a value that did not.
+    let feats = (&x * 2.0f32)?;
+    let w_norm = w.square()?.sum_all()?;
+    realize(&[&feats, &w_norm])?;
+    let g = grad(&(&feats * &w)?.sum_all()?, &[&w])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [2.0, 4.0]);
+    // A detached baseline, read, then used in the loss.
+    let baseline = (&x * &w)?.detach()?;
+    baseline.realize()?;
+    let g = grad(&((&x * &w)? - &baseline)?.sum_all()?, &[&w])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [1.0, 2.0]);
+    // A mask of comparisons of w, read: no gradient crosses a comparison.
+    let mask = w.gt(&Tensor::scalar(0.0f32))?.cast(DType::F32)?;
+    mask.realize()?;
+    let g = grad(&(&w * &mask)?.sum_all()?, &[&w])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [1.0, 0.0]);
     Ok(())
 }
 

@@ -454,6 +454,19 @@ impl Data {
         }
     }
 
+    /// The bytes its buffer holds, room beyond its elements included.
+    pub fn capacity_bytes(&self) -> usize {
+        let elements = match self {
+            Data::F32(v) => v.capacity(),
+            Data::I32(v) => v.capacity(),
+            Data::I64(v) => v.capacity(),
+            Data::F64(v) => v.capacity(),
+            Data::U8(v) => v.capacity(),
+            Data::Bool(v) => v.capacity(),
+        };
+        elements * self.dtype().size()
+    }
+
     /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -96,8 +96,11 @@ impl Storage {
             Storage::Cuda(_) => true,
         };
         if fresh {
-            let data = Data::zeros(dtype, len)
-                .map_err(|e| e.in_op(op, format_args!("{len} values of {dtype}")))?;
+            let data = match host_buffer(dtype, len) {
+                Some(data) => data,
+                None => Data::zeros(dtype, len)
+                    .map_err(|e| e.in_op(op, format_args!("{len} values of {dtype}")))?,
+            };
             *self = Storage::Host(Arc::new(data));
         }
         self.host_to_update(op)
@@ -141,7 +144,7 @@ static HOST_POOL: Mutex<HostPool> = Mutex::new(HostPool {
 });
 
 fn bytes_of(data: &Data) -> usize {
-    data.len() * data.dtype().size()
+    data.capacity_bytes()
 }
 
 /// Gives `storage` back to the host pool if it is a host buffer that no one
