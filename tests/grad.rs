@@ -67,6 +67,127 @@ fn check(
     })
 }
 
+/// The gradient of `loss(x)` with respect to `x`, as a function of `x`:
+/// what `check` takes to test second-order gradients, the vector-Jacobian
+/// products of a gradient being Hessian-vector products.
+fn gradient_of(loss: impl Fn(&Tensor) -> Result<Tensor>) -> impl Fn(&[Tensor]) -> Result<Tensor> {
+    move |p: &[Tensor]| Ok(grad(&loss(&p[0])?, &[&p[0]])?.remove(0))
+}
+
+#[test]
+fn second_order_gradients_match_differences_of_gradients() {
+    const SHAPE: [usize; 2] = [3, 5];
+    let mut rng = Rng(17);
+    let weights = rng.fill(15, |r| r.uniform(-1.0, 1.0));
+    let w = Tensor::from_vec(weights, SHAPE).expect("fills");
+    let m = Tensor::from_vec(rng.fill(5 * 4, |r| r.uniform(-1.0, 1.0)), [5, 4]).expect("fills");
+    let targets = Tensor::from_vec(vec![1i32, 4, 0], [3]).expect("fills");
+    // Away from every kink: magnitudes in [0.2, 1) of either sign, or
+    // positive where the op needs it; distinct, so no maximum ties.
+    let signed = rng.fill(15, |r| r.signed(0.2, 1.0));
+    let positive = rng.fill(15, |r| r.uniform(0.5, 2.0));
+    // Rows with one zero, two zeros and none: prod's rule is exact there.
+    let mut zeros = signed.clone();
+    zeros[2] = 0.0;
+    zeros[5] = 0.0;
+    zeros[9] = 0.0;
+    let weighted = |f: fn(&Tensor) -> Result<Tensor>| {
+        let w = w.clone();
+        move |x: &Tensor| f(x)?.mul(&w)?.sum_all()
+    };
+    type Loss = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+    let cases: Vec<(&str, &[f32], Loss)> = vec![
+        ("exp", &signed, Box::new(weighted(|x| x.exp()))),
+        ("tanh", &signed, Box::new(weighted(|x| x.tanh()))),
+        ("sigmoid", &signed, Box::new(weighted(|x| x.sigmoid()))),
+        ("recip", &signed, Box::new(weighted(|x| x.recip()))),
+        ("log", &positive, Box::new(weighted(|x| x.log()))),
+        ("sqrt", &positive, Box::new(weighted(|x| x.sqrt()))),
+        (
+            "cube",
+            &positive,
+            Box::new(weighted(|x| x.pow(&Tensor::scalar(3.0f32)))),
+        ),
+        ("abs", &signed, Box::new(weighted(|x| x.abs()?.square()))),
+        ("relu", &signed, Box::new(weighted(|x| x.relu()?.square()))),
+        ("gelu", &signed, Box::new(weighted(|x| x.gelu()))),
+        (
+            "div",
+            &signed,
+            Box::new(weighted(|x| x.div(&(x.square()? + 1.0f32)?))),
+        ),
+        (
+            "max",
+            &signed,
+            Box::new(|x: &Tensor| x.max(&[1], false)?.square()?.sum_all()),
+        ),
+        (
+            "prod",
+            &signed,
+            Box::new(|x: &Tensor| x.prod(&[1], false)?.sum_all()),
+        ),
+        (
+            "prod at zeros",
+            &zeros,
+            Box::new(|x: &Tensor| x.prod(&[1], false)?.sum_all()),
+        ),
+        (
+            "mean",
+            &signed,
+            Box::new(|x: &Tensor| x.mean(&[0], false)?.exp()?.sum_all()),
+        ),
+        (
+            "matmul",
+            &signed,
+            Box::new({
+                let m = m.clone();
+                move |x: &Tensor| x.matmul(&m)?.tanh()?.sum_all()
+            }),
+        ),
+        ("softmax", &signed, Box::new(weighted(|x| x.softmax(-1)))),
+        (
+            "log_softmax",
+            &signed,
+            Box::new(weighted(|x| x.log_softmax(-1))),
+        ),
+        (
+            "cross_entropy",
+            &signed,
+            Box::new(move |x: &Tensor| x.cross_entropy(&targets)),
+        ),
+        (
+            "layer_norm",
+            &signed,
+            Box::new({
+                let (g, b) = (
+                    Tensor::ones([5], DType::F32).expect("small"),
+                    Tensor::zeros([5], DType::F32).expect("small"),
+                );
+                let w = w.clone();
+                move |x: &Tensor| x.layer_norm(&g, &b, 1e-5)?.mul(&w)?.sum_all()
+            }),
+        ),
+        (
+            "mse",
+            &signed,
+            Box::new({
+                let w = w.clone();
+                move |x: &Tensor| x.mse_loss(&w)
+            }),
+        ),
+    ];
+    let failures: Vec<String> = cases
+        .into_iter()
+        .enumerate()
+        .filter_map(|(seed, (name, x, loss))| {
+            check(&[(&SHAPE, x.to_vec())], seed as u64, gradient_of(loss))
+                .err()
+                .map(|e| format!("{name}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// One composite on random awkward shapes.
 fn composite_case(seed: u64) -> std::result::Result<(), String> {
     let mut rng = Rng(seed);

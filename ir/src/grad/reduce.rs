@@ -1,6 +1,7 @@
 //! The gradients of the reductions that are not linear: max, shared among
 //! the elements equal to the maximum, and prod, the product of the other
-//! elements, made exact where the reduced elements hold zeros.
+//! elements, made exact (to the second order) where the reduced elements
+//! hold zeros.
 
 use smallvec::SmallVec;
 
@@ -30,14 +31,18 @@ pub(super) fn max_rule(
     push(g, Op::Where, &[hit, share, zero])
 }
 
-/// The gradient of `y = prod(x)` over `axes`: for element `i`, `dy` times
-/// the product of the other elements of its row. Dividing `y` by `x_i`
-/// would give NaN at a zero, so with `z` the row's count of zeros and `p`
-/// the product of its non-zero elements (`x` with 1 standing in for each
-/// zero), it is `dy * p / x_i` where the row holds no zero other than
-/// `x_i` (with `x_i` itself a zero, `x_i` reads as 1: `dy * p`), and 0
-/// where it holds one (`z - [x_i == 0] > 0`): ordinary graph ops, exact
-/// up to rounding.
+/// The gradient of `y = prod(x)` over `axes`: for element `j`, `dy` times
+/// the product of the other elements of its row, in a form whose own
+/// gradient is exact too (second-order gradients, Hessian-vector products).
+/// Dividing `y` by `x_j` would give NaN at a zero, so with `p` the product
+/// of the row's non-zero elements (`x` with 1 standing in for each zero,
+/// `safe`), `o` the count of the row's zeros other than `x_j` and `s` their
+/// sum, it is `dy * p / safe_j` times 1 where `o` is 0, `s` where `o` is 1,
+/// and 0 where it is more. `s` is 0, but its gradient is 1 at the one other
+/// zero: the derivative of the product of the others with respect to that
+/// zero, the product of the rest, is not 0, and a constant 0 in its place
+/// would make the Hessian of `prod` asymmetric at zeros. Ordinary graph
+/// ops, exact up to rounding.
 pub(super) fn prod_rule(
     g: &mut Graph,
     axes: &[usize],
@@ -50,16 +55,22 @@ pub(super) fn prod_rule(
     let is_zero = binary(g, BinaryOp::Eq, x, zero)?;
     let safe = push(g, Op::Where, &[is_zero, one, x])?;
     let p = reduce(g, ReduceOp::Prod, axes, safe)?;
+    // The zeros as they are: 0 in value, with a gradient of 1.
+    let zero_values = push(g, Op::Where, &[is_zero, x, zero])?;
     let zeros = cast_like(g, is_zero, x)?;
     let z = reduce(g, ReduceOp::Sum, axes, zeros)?;
+    let s = reduce(g, ReduceOp::Sum, axes, zero_values)?;
     let dp = binary(g, BinaryOp::Mul, dy, p)?;
-    let dp = push(g, Op::Expand(from.clone()), &[dp])?;
-    let z = push(g, Op::Expand(from), &[z])?;
+    let [dp, z, s] = [dp, z, s].map(|n| push(g, Op::Expand(from.clone()), &[n]));
     // Counts of zeros are small integers, exact in f32 and f64.
-    let others = binary(g, BinaryOp::Sub, z, zeros)?;
-    let alone = binary(g, BinaryOp::Eq, others, zero)?;
-    let slope = binary(g, BinaryOp::Div, dp, safe)?;
-    push(g, Op::Where, &[alone, slope, zero])
+    let others = binary(g, BinaryOp::Sub, z?, zeros)?;
+    let other_zeros = binary(g, BinaryOp::Sub, s?, zero_values)?;
+    let none = binary(g, BinaryOp::Eq, others, zero)?;
+    let single = binary(g, BinaryOp::Eq, others, one)?;
+    let by_one = push(g, Op::Where, &[single, other_zeros, zero])?;
+    let factor = push(g, Op::Where, &[none, one, by_one])?;
+    let slope = binary(g, BinaryOp::Div, dp?, safe)?;
+    binary(g, BinaryOp::Mul, slope, factor)
 }
 
 /// `op` over `axes` of `x`, the axes kept as size 1.
