@@ -190,14 +190,22 @@ pub struct Model {
 }
 
 impl Model {
-    /// Reads and decodes a `.onnx` file.
+    /// Reads and decodes a `.onnx` file, and the payloads of its tensors
+    /// stored outside it (ONNX's external data, what `torch.onnx.export`
+    /// writes by default: files beside the model, named relative to its
+    /// folder).
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
         let bytes = read(path)?;
-        Model::from_bytes(&bytes, &path.display().to_string())
+        let mut model = Model::from_bytes(&bytes, &path.display().to_string())?;
+        let folder = path.parent().unwrap_or(Path::new(""));
+        tensor::read_external(&mut model.proto.graph, folder, &model.file)?;
+        Ok(model)
     }
 
-    /// Decodes a model from its bytes; `file` names it in errors.
+    /// Decodes a model from its bytes; `file` names it in errors. A tensor
+    /// stored outside the model (external data) is an `Err` when used:
+    /// `load` reads it from beside the model's file.
     pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Model> {
         let proto = proto::model(bytes).map_err(|e| decode_error(file, e))?;
         Ok(Model {

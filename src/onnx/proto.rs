@@ -75,6 +75,9 @@ pub(super) struct TensorProto {
     pub raw_data: Option<Vec<u8>>,
     /// `data_location` is EXTERNAL, or `external_data` is given.
     pub external: bool,
+    /// `external_data`: where the payload is (`location`, a file beside
+    /// the model; `offset` and `length` in it), as key and value.
+    pub external_data: Vec<(String, String)>,
     /// A `segment` is given: the tensor is one piece of a larger one.
     pub segment: bool,
     /// Where the message starts in its file, for errors.
@@ -267,6 +270,21 @@ fn dimension(field: &Field) -> Decoded<Dim> {
     Ok(dim)
 }
 
+/// A `StringStringEntryProto`: its key and value.
+fn entry(field: &Field) -> Decoded<(String, String)> {
+    const M: &str = "StringStringEntryProto";
+    let mut r = Reader::new(field.bytes(M)?, field.offset, M);
+    let mut entry = (String::new(), String::new());
+    while let Some(f) = r.next_field()? {
+        match f.number {
+            1 => entry.0 = f.string(M)?,
+            2 => entry.1 = f.string(M)?,
+            _ => {}
+        }
+    }
+    Ok(entry)
+}
+
 fn tensor_field(field: &Field, outer: &'static str) -> Decoded<TensorProto> {
     let bytes = field.bytes(outer)?;
     tensor_at(bytes, field.offset)
@@ -292,7 +310,10 @@ pub(super) fn tensor_at(bytes: &[u8], base: usize) -> Decoded<TensorProto> {
             8 => t.name = f.string(M)?,
             9 => t.raw_data = Some(f.bytes(M)?.to_vec()),
             10 => f.push_doubles(M, &mut t.double_data)?,
-            13 => t.external = true,
+            13 => {
+                t.external = true;
+                t.external_data.push(entry(&f)?);
+            }
             14 => t.external |= f.int(M)? == 1,
             _ => {}
         }

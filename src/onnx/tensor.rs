@@ -1,10 +1,13 @@
 //! ONNX tensors on the host: `TensorProto` payloads converted to `Array`s
 //! of kiln's dtypes (f32, f64, i32, i64, u8, bool).
 
+use std::collections::HashMap;
+use std::path::{Component, Path};
+
 use kiln_ir::{DType, Data, Shape, TensorType};
 
 use super::OnnxError;
-use super::proto::TensorProto;
+use super::proto::{GraphProto, TensorProto};
 use crate::Tensor;
 
 /// The `TensorProto.DataType` numbers of onnx.proto.
@@ -145,6 +148,87 @@ impl Array {
     }
 }
 
+/// Reads the payload of every tensor of `graph` (initializers and node
+/// attributes) that is stored outside the model `file` into its
+/// `raw_data`, from the file its `location` names in `folder`, bytes
+/// `offset` to `offset + length` (to the end without a `length`). A
+/// location must stay inside `folder` (relative, no `..`), as ONNX's
+/// checker asks; a file that is missing or too short is an `Err` naming it
+/// and the bytes.
+pub(super) fn read_external(
+    graph: &mut GraphProto,
+    folder: &Path,
+    file: &str,
+) -> Result<(), OnnxError> {
+    let attributes = graph.nodes.iter_mut().flat_map(|n| n.attributes.iter_mut());
+    let tensors = (graph.initializers.iter_mut()).chain(attributes.filter_map(|a| a.t.as_mut()));
+    let mut files: HashMap<String, Vec<u8>> = HashMap::new();
+    for t in tensors.filter(|t| t.external) {
+        let invalid = |message: String| OnnxError::Tensor {
+            file: file.to_string(),
+            name: t.name.clone(),
+            what: message,
+        };
+        let get = |key: &str| {
+            (t.external_data.iter())
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        let number = |key: &str| -> Result<Option<usize>, OnnxError> {
+            get(key)
+                .map(|v| {
+                    v.parse::<usize>()
+                        .map_err(|_| invalid(format!("external data {key} '{v}' is no byte count")))
+                })
+                .transpose()
+        };
+        let location =
+            get("location").ok_or_else(|| invalid("its external data names no location".into()))?;
+        let relative = Path::new(location);
+        if relative.is_absolute()
+            || !relative
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)))
+        {
+            return Err(invalid(format!(
+                "its external data's location '{location}' leaves the model's folder"
+            )));
+        }
+        let path = folder.join(relative);
+        let shown = path.display().to_string();
+        if !files.contains_key(location) {
+            let bytes = std::fs::read(&path).map_err(|e| OnnxError::Io {
+                file: shown.clone(),
+                message: e.to_string(),
+            })?;
+            files.insert(location.to_string(), bytes);
+        }
+        let bytes = &files[location];
+        let offset = number("offset")?.unwrap_or(0);
+        let end = match number("length")? {
+            Some(length) => offset.checked_add(length),
+            None => Some(bytes.len()),
+        };
+        let payload = end
+            .filter(|&end| offset <= end && end <= bytes.len())
+            .map(|end| &bytes[offset..end])
+            .ok_or_else(|| OnnxError::Decode {
+                file: shown.clone(),
+                offset,
+                message: format!(
+                    "tensor '{}' needs bytes from {offset} to {} of a {}-byte file",
+                    t.name,
+                    end.map_or("beyond".to_string(), |e| e.to_string()),
+                    bytes.len()
+                ),
+            })?;
+        t.raw_data = Some(payload.to_vec());
+        t.external = false;
+        t.external_data.clear();
+    }
+    Ok(())
+}
+
 /// Converts a decoded `TensorProto` of `file` to an `Array`: its payload
 /// comes from `raw_data` (little-endian) or from the typed field that
 /// onnx.proto names for its `DataType`.
@@ -160,7 +244,10 @@ pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
         what,
     };
     if t.external {
-        return Err(unsupported("its data is stored outside the file".into()));
+        return Err(unsupported(
+            "its data is stored outside the file (Model::load reads it from beside the model)"
+                .into(),
+        ));
     }
     if t.segment {
         return Err(unsupported("it is a segment of a larger tensor".into()));

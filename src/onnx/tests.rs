@@ -344,3 +344,90 @@ fn float_tensors_read_from_raw_and_typed_fields_alike() {
         assert_eq!(array.data, Data::F32(vec![1.5, -2.0]));
     }
 }
+
+/// An f32 initializer of `dims` whose values are stored outside the model,
+/// at `entries` (`location`, `offset`, `length`) of its external data.
+fn initializer_external(name: &str, dims: &[i64], entries: &[(&str, &str)]) -> Vec<u8> {
+    let mut t: Vec<u8> = dims.iter().flat_map(|&d| int(1, d)).collect();
+    t.extend([int(2, 1), string(8, name)].concat());
+    for (key, value) in entries {
+        t.extend(field(13, &[string(1, key), string(2, value)].concat()));
+    }
+    t.extend(int(14, 1));
+    t
+}
+
+/// `y = x + w` of f32[2, 3], `w` stored outside the model as `entries` say.
+fn external_model(entries: &[(&str, &str)]) -> Vec<u8> {
+    model(
+        &[node("Add", &["x", "w"], &["y"], &[])],
+        &[initializer_external("w", &[2, 3], entries)],
+        &[value_info("x", 1, &[2, 3])],
+        &[value_info("y", 1, &[2, 3])],
+    )
+}
+
+/// A folder of its own for a test's files.
+fn folder(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the temporary folder is writable");
+    dir
+}
+
+#[test]
+fn tensors_stored_beside_the_model_are_read_from_there() -> Result<()> {
+    let dir = folder("external");
+    // Eight bytes of something else first, then w: as torch.onnx.export
+    // packs many tensors into one file.
+    let w = [1.0f32, -2.0, 3.5, 0.25, 8.0, -0.5];
+    let mut data = vec![7u8; 8];
+    data.extend(w.iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(dir.join("model.onnx.data"), &data).expect("writes");
+    let at = [
+        ("location", "model.onnx.data"),
+        ("offset", "8"),
+        ("length", "24"),
+    ];
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, external_model(&at)).expect("writes");
+    let model = Model::load(&path)?;
+    let x = Tensor::from_vec(vec![1.0f32; 6], [2, 3])?;
+    let y = model.compile(&[f32_input(&[2, 3])])?.call(&[&x])?.remove(0);
+    assert_eq!(y.to_vec::<f32>()?, [2.0, -1.0, 4.5, 1.25, 9.0, 0.5]);
+    // From bytes alone, the data has no folder to come from.
+    let err = onnx_error(
+        Model::from_bytes(&external_model(&at), "bytes.onnx")?.compile(&[f32_input(&[2, 3])]),
+    );
+    assert!(err.to_string().contains("Model::load reads it"), "{err}");
+    // A location outside the folder, a file too short, a missing file.
+    let cases = [
+        (
+            [("location", "../model.onnx.data")].as_slice(),
+            "leaves the model's folder",
+        ),
+        (
+            &[
+                ("location", "model.onnx.data"),
+                ("offset", "8"),
+                ("length", "32"),
+            ],
+            "needs bytes from 8 to 40 of a 32-byte file",
+        ),
+        (
+            &[("location", "/etc/hostname")],
+            "leaves the model's folder",
+        ),
+        (&[("location", "missing.data")], "missing.data"),
+        (&[("offset", "0")], "names no location"),
+    ];
+    for (entries, want) in cases {
+        std::fs::write(&path, external_model(entries)).expect("writes");
+        let err = Model::load(&path)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(want), "{entries:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}

@@ -1,7 +1,8 @@
 //! The protobuf wire format, written: the ONNX messages of `proto` encoded
 //! field by field, the inverse of `wire` and `proto`. Only what the
-//! exporter puts in a message is written: a tensor's payload always goes
-//! in `raw_data` (little-endian, as onnx.proto asks), an attribute holds
+//! exporter puts in a message is written: a tensor's payload goes in
+//! `raw_data` (little-endian, as onnx.proto asks) or, where the tensor
+//! names `external_data`, in the file that names, an attribute holds
 //! an int, a list of ints or a tensor. Field numbers are those of
 //! onnx.proto of onnx 1.22.0, as in `proto`.
 
@@ -140,7 +141,18 @@ fn tensor(w: &mut Writer, t: &TensorProto) {
     w.packed_ints(1, &t.dims);
     w.int(2, t.data_type);
     w.string(8, &t.name);
-    w.bytes(9, t.raw_data.as_deref().unwrap_or_default());
+    if t.external_data.is_empty() {
+        w.bytes(9, t.raw_data.as_deref().unwrap_or_default());
+        return;
+    }
+    for (key, value) in &t.external_data {
+        w.message(13, |w| {
+            w.string(1, key);
+            w.string(2, value);
+        });
+    }
+    // `data_location`: EXTERNAL.
+    w.int(14, 1);
 }
 
 fn value_info(w: &mut Writer, v: &ValueInfo) {
