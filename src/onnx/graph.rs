@@ -5,11 +5,11 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use kiln_ir::TensorType;
+use kiln_ir::{DType, TensorType};
 
 use super::proto::{AttributeProto, Dim, GraphProto, ModelProto, NodeProto, ValueInfo, ValueType};
 use super::tensor::{self, Array, dtype_name, kiln_dtype, onnx_code};
-use super::{Feed, OnnxError, ops};
+use super::{Dimension, Feed, OnnxError, ops};
 use crate::{Error, Result, Tensor};
 
 /// A value of the graph: a kiln tensor, or a constant known while tracing.
@@ -59,6 +59,47 @@ pub(super) fn type_name(ty: &ValueType) -> String {
         ValueType::Other(what) => what.to_string(),
         ValueType::Missing => "no type".to_string(),
     }
+}
+
+/// An input as the model declares it, for errors: `'x': FLOAT [batch, 3]`.
+fn declared(v: &ValueInfo) -> String {
+    let dims = match dimensions(&v.ty) {
+        Some(dims) => {
+            let dims: Vec<String> = (dims.iter())
+                .map(|d| match d {
+                    Dimension::Fixed(n) => n.to_string(),
+                    Dimension::Named(name) if name.is_empty() => "?".to_string(),
+                    Dimension::Named(name) => name.clone(),
+                })
+                .collect();
+            format!(" [{}]", dims.join(", "))
+        }
+        None => String::new(),
+    };
+    format!("'{}': {}{dims}", v.name, type_name(&v.ty))
+}
+
+/// The kiln element type of a value type, where it is a tensor of one.
+pub(super) fn element(ty: &ValueType) -> Option<DType> {
+    match ty {
+        ValueType::Tensor { elem_type, .. } => kiln_dtype(*elem_type),
+        ValueType::Other(_) | ValueType::Missing => None,
+    }
+}
+
+/// The dimensions a value type declares, sizes and names.
+pub(super) fn dimensions(ty: &ValueType) -> Option<Vec<Dimension>> {
+    let ValueType::Tensor {
+        dims: Some(dims), ..
+    } = ty
+    else {
+        return None;
+    };
+    let dimension = |d: &Dim| match d {
+        Dim::Value(v) => usize::try_from(*v).ok().map(Dimension::Fixed),
+        Dim::Symbolic(name) => Some(Dimension::Named(name.clone())),
+    };
+    dims.iter().map(dimension).collect()
 }
 
 /// The kiln type of a value type, where its element type is kiln's and
@@ -145,10 +186,21 @@ pub(super) fn trace(
     }
     let inputs: Vec<&ValueInfo> = real_inputs(graph).collect();
     if feeds.len() != inputs.len() {
+        let declared: Vec<String> = inputs.iter().map(|v| declared(v)).collect();
+        let named = inputs
+            .iter()
+            .flat_map(|v| dimensions(&v.ty).unwrap_or_default());
+        let hint = match named.into_iter().any(|d| matches!(d, Dimension::Named(_))) {
+            true => {
+                "; a named dimension is fixed only when the model runs: InputInfo::fixed gives it a size"
+            }
+            false => "",
+        };
         return Err(feed_error(format!(
-            "{} feeds for {} graph inputs",
+            "{} feeds for {} graph inputs ({}){hint}",
             feeds.len(),
-            inputs.len()
+            inputs.len(),
+            declared.join(", ")
         )));
     }
     let mut placeholders = placeholders.iter();

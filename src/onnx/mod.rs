@@ -41,7 +41,7 @@ mod write;
 
 use std::path::Path;
 
-use kiln_ir::TensorType;
+use kiln_ir::{DType, TensorType};
 
 use crate::{CompileOptions, CompiledGraph, Error, Result};
 
@@ -178,9 +178,41 @@ pub struct InputInfo {
     pub dtype: String,
     /// Whether it is a tensor (not a sequence, map or optional).
     pub tensor: bool,
+    /// The kiln element type, where kiln has the input's.
+    pub element: Option<DType>,
     /// The kiln type, where the element type is kiln's and every
     /// dimension is fixed.
     pub ty: Option<TensorType>,
+    /// Its dimensions, where the model declares them: a size, or the name
+    /// of a dimension fixed only when the model runs (`batch`, from an
+    /// export with dynamic axes; empty where it has no name).
+    pub dims: Option<Vec<Dimension>>,
+}
+
+/// A dimension of a graph input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dimension {
+    /// A fixed size.
+    Fixed(usize),
+    /// A size the model leaves open, by its name (empty where it has none).
+    Named(String),
+}
+
+impl InputInfo {
+    /// The kiln type of the input with each named dimension given the size
+    /// `sizes` names for it (`[("batch", 32)]`): what to feed a model
+    /// exported with dynamic axes. `None` where the element type is not
+    /// kiln's, the model declares no dimensions, or a named one (or one
+    /// with no name) is not in `sizes`.
+    pub fn fixed(&self, sizes: &[(&str, usize)]) -> Option<TensorType> {
+        let dims = (self.dims.as_ref()?.iter())
+            .map(|d| match d {
+                Dimension::Fixed(n) => Some(*n),
+                Dimension::Named(name) => sizes.iter().find(|(s, _)| s == name).map(|&(_, n)| n),
+            })
+            .collect::<Option<Vec<usize>>>()?;
+        Some(TensorType::new(self.element?, dims))
+    }
 }
 
 /// An ONNX model, decoded.
@@ -222,7 +254,9 @@ impl Model {
                 name: v.name.clone(),
                 dtype: graph::type_name(&v.ty),
                 tensor: matches!(v.ty, proto::ValueType::Tensor { .. }),
+                element: graph::element(&v.ty),
                 ty: graph::static_type(&v.ty),
+                dims: graph::dimensions(&v.ty),
             })
             .collect()
     }

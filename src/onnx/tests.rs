@@ -4,7 +4,7 @@
 
 use kiln_ir::{DType, Data, TensorType};
 
-use super::{Feed, Model, OnnxError};
+use super::{Dimension, Feed, Model, OnnxError};
 use crate::{CompileOptions, Device, Error, Result, Tensor};
 
 fn varint(mut v: u64, out: &mut Vec<u8>) {
@@ -429,5 +429,46 @@ fn tensors_stored_beside_the_model_are_read_from_there() -> Result<()> {
         assert!(err.contains(want), "{entries:?}: {err}");
     }
     std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+#[test]
+fn inputs_with_named_dimensions_are_fed_at_a_size_given_to_them() -> Result<()> {
+    // `x` of FLOAT [batch, 3], as an export with dynamic axes declares it.
+    let dims = [field(1, &string(2, "batch")), field(1, &int(1, 3))].concat();
+    let tensor = [int(1, 1), field(2, &dims)].concat();
+    let x = [string(1, "x"), field(2, &field(1, &tensor))].concat();
+    let bytes = model(
+        &[node("Relu", &["x"], &["y"], &[])],
+        &[],
+        &[x],
+        &[value_info("y", 1, &[2, 3])],
+    );
+    let m = Model::from_bytes(&bytes, "dynamic.onnx")?;
+    let info = &m.inputs()[0];
+    let named = vec![Dimension::Named("batch".into()), Dimension::Fixed(3)];
+    assert_eq!((info.ty.as_ref(), info.dims.as_ref()), (None, Some(&named)));
+    // The recipe that feeds fixed types only says which input and why.
+    let feeds: Vec<Feed> = m
+        .inputs()
+        .into_iter()
+        .filter_map(|i| i.ty)
+        .map(Feed::Input)
+        .collect();
+    let e = onnx_error(m.compile(&feeds)).to_string();
+    assert!(
+        e.contains("0 feeds for 1 graph inputs ('x': FLOAT [batch, 3])"),
+        "{e}"
+    );
+    assert!(e.contains("InputInfo::fixed"), "{e}");
+    // Given a size, it runs.
+    let ty = info
+        .fixed(&[("batch", 2)])
+        .expect("every dimension has a size");
+    assert_eq!(ty, TensorType::new(DType::F32, [2, 3]));
+    assert_eq!(info.fixed(&[("time", 2)]), None);
+    let x = Tensor::from_vec(vec![-1.0f32, 2.0, -3.0, 4.0, 0.5, -0.5], [2, 3])?;
+    let y = m.compile(&[Feed::Input(ty)])?.call(&[&x])?.remove(0);
+    assert_eq!(y.to_vec::<f32>()?, [0.0, 2.0, 0.0, 4.0, 0.5, 0.0]);
     Ok(())
 }
