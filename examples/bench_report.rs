@@ -14,8 +14,8 @@
 //! through synchronization. A `device_copy` line gives the device's own
 //! copy bandwidth, measured in the same run, to compare memory-bound
 //! workloads with. The training steps (`train_sgd`, `train_adam`) are
-//! timed by the host's clock on every backend, from the batch on the host
-//! to the loss read back.
+//! timed by the host's clock on every backend, the batch already on the
+//! device, through the loss read back.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -533,9 +533,10 @@ fn eager(id: &'static str, quick: bool) -> Result<()> {
 /// cross-entropy on i32 labels, gradients and the update (`train_sgd`: SGD
 /// with momentum 0.9 at 0.05; `train_adam`: Adam at 1e-3), compiled with
 /// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
-/// A timed step reads its loss, so that on a GPU it is the host's time for
-/// a step from the batch on the host to the loss on the host. Checked: the
-/// first step's loss against the interpreter's.
+/// The batch is on the step's device, as the anchors have it; a timed step
+/// reads its loss, so that on a GPU it is the host's time for a step
+/// through the loss on the host. Checked: the first step's loss against
+/// the interpreter's.
 fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     use kiln::optim::{AdamW, Optimizer, Sgd};
     eprintln!("{id}");
@@ -577,10 +578,14 @@ fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
         kiln::TensorType::new(kiln::DType::I32, [250]),
     ];
     let n = params.len();
-    let batch = [Data::U8(images.clone()), Data::I32(labels.clone())];
-    let batch: Vec<&Data> = batch.iter().collect();
-    let mut steps = Vec::new();
     let (device, backend_options) = target(backend);
+    // On the step's device, as the anchors have it.
+    let batch = [
+        Tensor::from_vec(images.clone(), [250, 784])?.to(device)?,
+        Tensor::from_vec(labels.clone(), [250])?.to(device)?,
+    ];
+    let batch: Vec<&Tensor> = batch.iter().collect();
+    let mut steps = Vec::new();
     for fusion in [true, false] {
         let options = Options { fusion };
         let mut step = kiln::compile_step_with(
@@ -600,7 +605,7 @@ fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
                 Ok((vec![loss], p.into_iter().chain(opt).collect()))
             },
         )?;
-        let first = step.run(&batch)?[0].to_scalar::<f32>()?;
+        let first = step.call(&batch)?[0].to_scalar::<f32>()?;
         steps.push((if fusion { "fused" } else { "unfused" }, step, first));
     }
     let on_reference: Vec<Tensor> = params
@@ -611,7 +616,7 @@ fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     let y = Tensor::from_vec(labels, [250])?.to(Device::Reference)?;
     let want = f64::from(loss_of(&on_reference, &x, &y)?.to_scalar::<f32>()?);
     let timings = time(quick, steps.len(), |v| {
-        steps[v].1.run(&batch)?[0].to_scalar::<f32>().map(|_| None)
+        steps[v].1.call(&batch)?[0].to_scalar::<f32>().map(|_| None)
     })?;
     // Each layer's product forward, and its weight's gradient, backward;
     // the gradient of the layer's input for every layer but the first

@@ -140,10 +140,23 @@ impl CompiledStep {
     /// tensors on the step's device (on a GPU, read when they are read).
     /// The state moves on to the new state.
     pub fn run<'a>(&mut self, args: &[impl Into<DataRef<'a>> + Copy]) -> Result<Vec<Tensor>> {
+        self.step(args.iter().map(|&a| Arg::Host(a.into())))
+    }
+
+    /// `run` on tensors, realized first: on a GPU, a batch already there
+    /// (`to(Device::Cuda(n))`) is read where it is, and the step copies
+    /// nothing in.
+    pub fn call(&mut self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let stored: Vec<Storage> = args.iter().map(|t| t.storage()).collect::<Result<_>>()?;
+        self.step(stored.iter().map(Arg::Stored))
+    }
+
+    /// One step on the arguments `args`, after the swapped state.
+    fn step<'a>(&mut self, args: impl Iterator<Item = Arg<'a>>) -> Result<Vec<Tensor>> {
         // Pushed one by one: each argument's borrow shortens to the state's.
         let mut inputs: SmallVec<[Arg; 8]> = self.swapped.iter().map(Arg::Stored).collect();
-        for &a in args {
-            inputs.push(Arg::Host(a.into()));
+        for a in args {
+            inputs.push(a);
         }
         (self.graph).run_stored(&mut self.held, &inputs, &mut self.outputs)?;
         drop(inputs);

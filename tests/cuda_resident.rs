@@ -1,8 +1,9 @@
 //! Values that live on the GPU: eager ops on device tensors read and
 //! write device memory only, compiled calls read device tensors where they
 //! are and leave their outputs there, a training step moves its batch in
-//! and its loss out and nothing else while its state is written in place,
-//! matching the same step run on host data bit for bit, and running out of
+//! and its loss out and nothing else (a batch already on the device, not
+//! even that) while its state is written in place, matching the same step
+//! run on host data bit for bit, and running out of
 //! device memory is an `Err` after which the device still computes. The
 //! traffic is read from `kiln::memory_stats`. Every test skips, saying
 //! why, where there is no GPU.
@@ -146,10 +147,16 @@ fn train(sgd: &Sgd, s: &[Tensor], b: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tens
     Ok((vec![loss], p.into_iter().chain(m).collect()))
 }
 
-fn batch(k: usize) -> [Data; 2] {
+/// Batch `k`'s images and labels.
+fn batch_values(k: usize) -> (Vec<u8>, Vec<i32>) {
     let images = (0..BATCH * 784).map(|i| ((i * 7919 + k * 31) % 256) as u8);
     let labels = (0..BATCH).map(|i| ((i * 31 + k) % 10) as i32);
-    [Data::U8(images.collect()), Data::I32(labels.collect())]
+    (images.collect(), labels.collect())
+}
+
+fn batch(k: usize) -> [Data; 2] {
+    let (images, labels) = batch_values(k);
+    [Data::U8(images), Data::I32(labels)]
 }
 
 fn batch_types() -> [TensorType; 2] {
@@ -237,6 +244,14 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     for (k, (t, want)) in step.state()?.iter().zip(&current).enumerate() {
         assert_eq!(&Data::F32(t.to_vec::<f32>()?), want, "state tensor {k}");
     }
+    // A batch already on the device moves nothing in.
+    let (images, labels) = batch_values(9);
+    let images = Tensor::from_vec(images, [BATCH, 784])?.to(GPU)?;
+    let labels = Tensor::from_vec(labels, [BATCH])?.to(GPU)?;
+    let before = kiln::memory_stats(GPU)?;
+    let loss = step.call(&[&images, &labels])?.remove(0);
+    assert_eq!(moved(before)?, (0, 0, 0), "a step on a batch on the device");
+    assert!(loss.to_scalar::<f32>()?.is_finite());
     Ok(())
 }
 

@@ -160,6 +160,11 @@ fn a_steps_state_is_shared_until_the_step_writes_it() -> Result<()> {
         assert_eq!(loss.to_scalar::<f32>()?, 9.0, "{device:?}");
         assert_eq!(w.to_vec::<f32>()?, vec![1.0, 2.0, 3.0], "{device:?}");
         assert_eq!(step.state()?[0].to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+        // On tensors, as on host data.
+        let ones = Tensor::from_slice(&[1.0f32; 3], [3])?.to(device)?;
+        assert_eq!(step.call(&[&ones])?[0].to_scalar::<f32>()?, 15.0);
+        let wrong = Tensor::from_slice(&[1.0f32; 2], [2])?;
+        assert!(step.call(&[&wrong]).is_err(), "a batch of another type");
     }
     Ok(())
 }
