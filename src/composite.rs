@@ -1,11 +1,21 @@
 //! Composite ops: functions of primitives, so that fusion sees through them
 //! (softmax becomes a max, a sum and elementwise ops that fuse around them).
 
-use kiln_ir::DType;
+use kiln_ir::{DType, Scalar};
 
 use crate::{Error, Result, Tensor};
 
 impl Tensor {
+    /// A constant for a composite of this tensor: `f64_value` where it is
+    /// f64, else `f32_value` (each written in its own precision, so that
+    /// an f32 composite's constants are what they always were).
+    fn constant(&self, f32_value: f32, f64_value: f64) -> Tensor {
+        match self.dtype() {
+            DType::F64 => Tensor::scalar(Scalar::F64(f64_value)),
+            _ => Tensor::scalar(f32_value),
+        }
+    }
+
     /// Softmax along `axis`: `exp(x - max) * (1 / sum(exp(x - max)))`, stable
     /// for large inputs. One reciprocal per row and a multiply per element,
     /// as PyTorch computes it: a division per element costs several
@@ -41,7 +51,8 @@ impl Tensor {
         }
         let centered = self.sub(&self.mean(&[-1], true)?)?;
         let var = centered.square()?.mean(&[-1], true)?;
-        let inv_std = var.add(&Tensor::scalar(eps))?.sqrt()?.recip()?;
+        let eps = Tensor::scalar(Scalar::F32(eps).cast(self.dtype()));
+        let inv_std = var.add(&eps)?.sqrt()?.recip()?;
         centered.mul(&inv_std)?.mul(weight)?.add(bias)
     }
 
@@ -49,12 +60,14 @@ impl Tensor {
     /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, as `jax.nn.gelu` by default.
     pub fn gelu(&self) -> Result<Tensor> {
         let cube = self.square()?.mul(self)?;
-        let inner = self.add(&cube.mul(&Tensor::scalar(0.044715f32))?)?;
-        let t = inner
-            .mul(&Tensor::scalar((2.0 / std::f32::consts::PI).sqrt()))?
-            .tanh()?;
-        self.mul(&Tensor::scalar(0.5f32))?
-            .mul(&t.add(&Tensor::scalar(1.0f32))?)
+        let inner = self.add(&cube.mul(&self.constant(0.044715, 0.044715))?)?;
+        let scale = self.constant(
+            (2.0 / std::f32::consts::PI).sqrt(),
+            (2.0 / std::f64::consts::PI).sqrt(),
+        );
+        let t = inner.mul(&scale)?.tanh()?;
+        self.mul(&self.constant(0.5, 0.5))?
+            .mul(&t.add(&self.constant(1.0, 1.0))?)
     }
 
     /// Mean squared error against `target`, of the same shape, as a rank-0
@@ -104,7 +117,7 @@ impl Tensor {
         // A mean over no rows, or of rows no index can pick, is NaN (as
         // PyTorch's); the weighed sum below would give 0 over nothing.
         if batch == 0 || classes == 0 {
-            return Ok(Tensor::scalar(f32::NAN));
+            return Ok(self.constant(f32::NAN, f64::NAN));
         }
         let labels = targets.unsqueeze(1)?;
         let target = labels.eq(&Tensor::arange(0, classes))?;
@@ -112,15 +125,16 @@ impl Tensor {
         // weighs NaN, which the zero picked for it cannot cancel. One sum over
         // the whole batch, with nothing reduced per row first.
         let valid = labels.ge(&Tensor::scalar(0i32))?;
-        let nan = Tensor::scalar(f32::NAN);
-        let weight = valid.where_cond(&Tensor::scalar(-1.0 / batch as f32), &nan)?;
+        let nan = self.constant(f32::NAN, f64::NAN);
+        let share = self.constant(-1.0 / batch as f32, -1.0 / batch as f64);
+        let weight = valid.where_cond(&share, &nan)?;
         let weight = labels
             .lt(&Tensor::scalar(classes))?
             .where_cond(&weight, &nan)?;
         // The target's log-probability selected, not multiplied by a one-hot
         // row: a class masked out with a logit of -inf has log-probability
         // -inf, and 0 * -inf would make the loss NaN.
-        let picked = target.where_cond(&self.log_softmax(1)?, &Tensor::scalar(0.0f32))?;
+        let picked = target.where_cond(&self.log_softmax(1)?, &self.constant(0.0, 0.0))?;
         picked.mul(&weight)?.sum_all()
     }
 }

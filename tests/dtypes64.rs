@@ -448,3 +448,42 @@ fn a_matmul_feeding_wider_or_narrower_values_matches_the_interpreter() -> Result
     })?;
     Ok(())
 }
+
+#[test]
+fn f64_composites_and_their_gradients_follow_f32s() -> Result<()> {
+    // gelu, layer_norm and cross_entropy build their constants in the
+    // input's dtype: in f64 they compute, and differentiate, what they do
+    // in f32, to f32's precision.
+    let x32 = Tensor::randn([5, 7], 11)?;
+    let targets = Tensor::from_vec(vec![0i32, 6, 3, 1, 2], [5])?;
+    type Loss = fn(&Tensor, &Tensor) -> Result<Tensor>;
+    let losses: [(&str, Loss); 3] = [
+        ("gelu", |x, _| x.gelu()?.sum_all()),
+        ("layer_norm", |x, _| {
+            let (g, b) = (
+                Tensor::ones([7], x.dtype())?,
+                Tensor::zeros([7], x.dtype())?,
+            );
+            x.layer_norm(&g, &b, 1e-5)?.exp()?.sum_all()
+        }),
+        ("cross_entropy", |x, t| x.cross_entropy(t)),
+    ];
+    for (name, loss) in losses {
+        let x64 = x32.cast(DType::F64)?;
+        let (l32, l64) = (loss(&x32, &targets)?, loss(&x64, &targets)?);
+        let g32 = kiln::grad(&l32, &[&x32])?.remove(0).to_vec::<f32>()?;
+        let g64 = kiln::grad(&l64, &[&x64])?.remove(0).to_vec::<f64>()?;
+        let (v32, v64) = (l32.to_scalar::<f32>()?, l64.to_scalar::<f64>()?);
+        assert!(
+            (f64::from(v32) - v64).abs() <= 1e-5 * v64.abs().max(1.0),
+            "{name}: {v32} against {v64}"
+        );
+        for (i, (a, b)) in g32.iter().zip(&g64).enumerate() {
+            assert!(
+                (f64::from(*a) - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{name}[{i}]: {a} against {b}"
+            );
+        }
+    }
+    Ok(())
+}
