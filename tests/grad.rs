@@ -385,6 +385,22 @@ fn a_compiled_training_step_traces_once_and_matches_eager_gradients() -> Result<
 }
 
 #[test]
+fn a_nan_input_shows_in_abs_gradient_as_in_jax_and_pytorch() -> Result<()> {
+    let x = t(&[f32::NAN, -2.0, 0.0, 3.0], &[4]);
+    let g = grad(&x.abs()?.sum_all()?, &[&x])?
+        .remove(0)
+        .to_vec::<f32>()?;
+    assert!(g[0].is_nan(), "{g:?}");
+    assert_eq!(&g[1..], [-1.0, 0.0, 1.0]);
+    // relu's is 0 there, as theirs.
+    let g = grad(&x.relu()?.sum_all()?, &[&x])?
+        .remove(0)
+        .to_vec::<f32>()?;
+    assert_eq!(g, [0.0, 0.0, 0.0, 1.0]);
+    Ok(())
+}
+
+#[test]
 fn tensors_the_loss_does_not_read_get_zeros() -> Result<()> {
     let x = t(&[1.0, 2.0], &[2]);
     let unused = t(&[5.0; 6], &[2, 3]);

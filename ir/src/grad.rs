@@ -303,7 +303,8 @@ fn unary_rule(
             unary(g, UnaryOp::Neg, product)
         }
         UnaryOp::Relu => {
-            // `y > 0` exactly when `x > 0` (NaN fails both): reading the
+            // `y > 0` exactly when `x > 0` (NaN fails both, so a NaN input
+            // gets 0, as JAX's and PyTorch's relu give it): reading the
             // output lets the input die in the kernel that computes both,
             // a matmul's epilogue, instead of being stored for the backward pass.
             let zero = like(g, 0.0, y)?;
@@ -325,12 +326,15 @@ fn unary_rule(
             binary(g, Mul, dy, slope)
         }
         UnaryOp::Abs => {
-            // sign(x) = (x > 0) - (x < 0): 0 at 0 and at NaN.
+            // sign(x) = (x > 0) - (x < 0): 0 at 0; NaN at NaN, as JAX's and
+            // PyTorch's sign, so that a NaN input shows in its gradient.
             let zero = like(g, 0.0, x)?;
             let positive = binary(g, Gt, x, zero)?;
             let negative = binary(g, Lt, x, zero)?;
             let (p, n) = (cast_like(g, positive, x)?, cast_like(g, negative, x)?);
             let sign = binary(g, Sub, p, n)?;
+            let nan = binary(g, BinaryOp::Ne, x, x)?;
+            let sign = push(g, Op::Where, &[nan, x, sign])?;
             binary(g, Mul, dy, sign)
         }
     }
