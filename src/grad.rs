@@ -48,10 +48,11 @@ use crate::{Error, Result, Tensor};
 pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let mut outputs = vec![loss];
     outputs.extend_from_slice(wrt);
+    let (mut graph, _, mut tensors) = capture_nodes("grad", &outputs);
+    let (loss_id, wrt_ids) = (graph.outputs[0], graph.outputs[1..].to_vec());
     // The values the loss's gradient reaches; one among them that was
     // read cuts the paths of what went into it.
-    let (graph, _, tensors) = capture_nodes("grad", &[loss]);
-    let reached = gradient_inputs(&graph, graph.outputs[0]);
+    let reached = gradient_inputs(&graph, loss_id);
     let cut = cut_by_reads(&reached.iter().map(|&i| &tensors[i]).collect::<Vec<_>>());
     if let Some(index) = wrt.iter().position(|t| cut.contains(&t.id())) {
         return Err(Error::GradThroughRead {
@@ -59,8 +60,6 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
             ty: wrt[index].ty().clone(),
         });
     }
-    let (mut graph, _, mut tensors) = capture_nodes("grad", &outputs);
-    let (loss_id, wrt_ids) = (graph.outputs[0], graph.outputs[1..].to_vec());
     let grads = kiln_ir::grad(&mut graph, loss_id, &wrt_ids)?;
     for node in &graph.nodes[tensors.len()..] {
         let src: Vec<&Tensor> = node.inputs.iter().map(|x| &tensors[x.index()]).collect();

@@ -20,6 +20,19 @@ use kiln::{
 
 const GPU: Device = Device::Cuda(0);
 
+/// GPU 0 with matmuls in IEEE f32 (cuBLAS `sgemm`), so that results are
+/// the same bits run after run.
+fn ieee_on_gpu() -> CompileOptions {
+    CompileOptions {
+        device: GPU,
+        backend: BackendOptions {
+            precision: Precision::F32,
+            ..BackendOptions::default()
+        },
+        ..CompileOptions::default()
+    }
+}
+
 /// The counters are the device's, shared by every test of this binary:
 /// each test holds this while it runs.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -82,21 +95,10 @@ fn compiled_calls_read_device_tensors_where_they_are() -> Result<()> {
     }
     let w = Tensor::randn([96, 33], 3)?;
     let spec = [TensorType::new(DType::F32, [70, 96])];
-    let ieee = BackendOptions {
-        precision: Precision::F32,
-        ..BackendOptions::default()
-    };
     // The captured weight is copied in once, when the graph is compiled.
-    let mut layer = kiln::compile_with(
-        "layer",
-        &spec,
-        CompileOptions {
-            device: GPU,
-            backend: ieee,
-            ..CompileOptions::default()
-        },
-        |t| Ok(vec![t[0].matmul(&w)?.relu()?]),
-    )?;
+    let mut layer = kiln::compile_with("layer", &spec, ieee_on_gpu(), |t| {
+        Ok(vec![t[0].matmul(&w)?.relu()?])
+    })?;
     let x = Tensor::randn([70, 96], 4)?;
     let on_gpu = x.to(GPU)?;
     let before = kiln::memory_stats(GPU)?;
@@ -178,21 +180,9 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     };
     let state = mlp_state(&sgd)?;
     let refs: Vec<&Tensor> = state.iter().collect();
-    let ieee = BackendOptions {
-        precision: Precision::F32,
-        ..BackendOptions::default()
-    };
-    let mut step = kiln::compile_step_with(
-        "fit",
-        &refs,
-        &batch_types(),
-        CompileOptions {
-            device: GPU,
-            backend: ieee,
-            ..CompileOptions::default()
-        },
-        |s, b| train(&sgd, s, b),
-    )?;
+    let mut step = kiln::compile_step_with("fit", &refs, &batch_types(), ieee_on_gpu(), |s, b| {
+        train(&sgd, s, b)
+    })?;
     assert!(step.in_place().iter().all(|&b| b), "{:?}", step.in_place());
     drop(state);
     let batches: Vec<[Data; 2]> = (0..4).map(batch).collect();
@@ -217,19 +207,10 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     let state = mlp_state(&sgd)?;
     let mut specs: Vec<TensorType> = state.iter().map(|t| t.ty().clone()).collect();
     specs.extend(batch_types());
-    let mut plain = kiln::compile_with(
-        "fit",
-        &specs,
-        CompileOptions {
-            device: GPU,
-            backend: ieee,
-            ..CompileOptions::default()
-        },
-        |t| {
-            let (loss, next) = train(&sgd, &t[..8], &t[8..])?;
-            Ok(loss.into_iter().chain(next).collect())
-        },
-    )?;
+    let mut plain = kiln::compile_with("fit", &specs, ieee_on_gpu(), |t| {
+        let (loss, next) = train(&sgd, &t[..8], &t[8..])?;
+        Ok(loss.into_iter().chain(next).collect())
+    })?;
     let mut current: Vec<Data> = (state.iter())
         .map(|t| t.to_vec::<f32>().map(Data::F32))
         .collect::<Result<_>>()?;

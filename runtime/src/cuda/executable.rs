@@ -241,18 +241,19 @@ impl Executable {
                 graph.outputs.len()
             )));
         }
-        // Every launch's buffers checked before the first is enqueued: a
-        // run that fails leaves its outputs and donated inputs unwritten.
-        for i in 0..self.optimized.schedule.launches.len() {
-            self.operands(i, inputs, outputs)?;
-        }
+        // Every launch's buffers found and checked before the first is
+        // enqueued: a run that fails leaves its outputs and donated inputs
+        // unwritten.
+        let bound: Vec<Operands> = (0..self.optimized.schedule.launches.len())
+            .map(|i| self.operands(i, inputs, outputs))
+            .collect::<Result<_, _>>()?;
         for (launches, step) in &self.steps {
             match step {
                 Step::Kernel { function, grid } => {
                     let mut pointers = Vec::new();
                     for i in launches.clone() {
-                        let Operands { args, out, side } = self.operands(i, inputs, outputs)?;
-                        for b in args.iter().chain([&out]).chain(&side) {
+                        let Operands { args, out, side } = &bound[i];
+                        for b in args.iter().chain([out]).chain(side) {
                             pointers.push(b.address(0)?);
                         }
                     }
@@ -266,8 +267,7 @@ impl Executable {
                     epilogue_function,
                     scratch,
                 } => {
-                    let Operands { args, out, side } =
-                        self.operands(launches.start, inputs, outputs)?;
+                    let Operands { args, out, side } = &bound[launches.start];
                     let pointers: Vec<u64> = args
                         .iter()
                         .map(|b| b.address(0))
@@ -287,16 +287,16 @@ impl Executable {
                     }
                     let product = match epilogue {
                         GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
-                        GemmEpilogue::None | GemmEpilogue::Bias { .. } => (out, 0),
+                        GemmEpilogue::None | GemmEpilogue::Bias { .. } => (*out, 0),
                     };
-                    self.gemm(gemm, lt.as_ref(), epilogue, &args, scratch, product)?;
+                    self.gemm(gemm, lt.as_ref(), epilogue, args, scratch, product)?;
                     if let (GemmEpilogue::Kernel { acc, program }, Some(function)) =
                         (epilogue, epilogue_function)
                     {
                         let mut args = pointers.clone();
                         args.push(scratch.address(*acc)?);
                         args.push(out.address(0)?);
-                        for b in &side {
+                        for b in side {
                             args.push(b.address(0)?);
                         }
                         self.launch(function, program.grid, &args)?;

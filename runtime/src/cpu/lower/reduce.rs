@@ -18,9 +18,8 @@ use crate::nest::{Access, Nest};
 
 /// Output rows accumulated together by a sum over a leading axis: 16 KiB of
 /// f32, which stay in L1 while the reduced axis is walked, and read as 16 KiB
-/// contiguous runs of each input row (4 KiB runs measured slower, in
-/// `benches/RESULTS-cpu.md`: every run a new page, which prefetchers do not
-/// cross).
+/// contiguous runs of each input row (4 KiB runs were slower: every run a
+/// new page, which prefetchers do not cross; `benches/RESULTS-cpu.md`).
 const COLUMN_BLOCK: i64 = 4096;
 
 /// Rows of a reduction up to this long run four at a time, one per lane:
@@ -30,13 +29,12 @@ const SHORT_ROW: usize = 15;
 
 /// Rows of a reduction from this long (32 KiB of f32) are read as `UNROLL`
 /// segments at once, a vector of each per trip: a core keeps more lines in
-/// flight from several streams than from one, and on Zen 3 four streams of
-/// 16-byte loads read faster than one. Zen 4 reads one stream of 32-byte
-/// loads fastest, faster than four of 16 bytes: where the row calls run, a
-/// plain read's max or sum goes to a 256-bit call instead (`row_call`), and
-/// only computed rows (a sum of squares) come here. Shorter rows come from
-/// cache, where order is moot or worse (sum_all 1024², rows of 4096, took
-/// longer read in segments). Measured in `benches/RESULTS-cpu.md`.
+/// flight from several streams than from one (on Zen 3, four streams of
+/// 16-byte loads beat one). Zen 4 reads one stream of 32-byte loads
+/// fastest: where the row calls run, a plain read's max or sum goes to a
+/// 256-bit call (`row_call`), and only computed rows come here. Shorter
+/// rows come from cache, where order is moot or worse (sum_all 1024² read
+/// in segments took longer). Measured in `benches/RESULTS-cpu.md`.
 const LONG_ROW: usize = 8192;
 
 /// A reduction kernel as lowered: its op, the prologue block and its loop
