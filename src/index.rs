@@ -1,16 +1,12 @@
-//! Index ops as composites of graph ops, so that they fuse with what
-//! surrounds them and differentiate through their parts with no IR op of
-//! their own: `argmax`/`argmin` are a max, a compare, a `where` over an index
-//! ramp and a second max; `gather`/`index_select` are a one-hot compare of an
-//! index ramp with the indices, a `where` and a sum.
-//!
-//! Indices are i32 from end to end, so they are exact for every axis an i32
-//! can index (in f32 they would be exact only below 2^24). The one-hot form
-//! reads every element of the gathered axis once per index: what a fused
-//! reduction does at the cost of a matmul by a one-hot matrix, and fine for
-//! picking labels or a batch's embeddings from a table of thousands of rows.
+//! Index ops. `argmax`/`argmin` are composites of graph ops, so that they
+//! fuse with what surrounds them: a max, a compare, a `where` over an index
+//! ramp and a second max, their indices i32 (exact for every axis an i32 can
+//! index; in f32 they would be exact only below 2^24). `gather` and
+//! `index_select` are `Op::Gather`, an indexed read inside whatever kernel
+//! reads its result: an embedding lookup reads the rows it picks and no
+//! others.
 
-use kiln_ir::{DType, Scalar, Shape};
+use kiln_ir::{DType, Op, Shape};
 
 use crate::ops::normalize_axis;
 use crate::{Error, Result, Tensor};
@@ -97,11 +93,13 @@ impl Tensor {
     /// against `self`'s (NumPy's rule), and the result has that broadcast
     /// shape with `indices`' length on `axis`.
     ///
-    /// Indices are data, so one outside `0..len` cannot be an `Err`: it picks
-    /// NaN from floats (as `cross_entropy`'s bad label makes the loss NaN) and 0
-    /// (false) from the other dtypes; negative indices do not count from the
-    /// end. A -0.0 is picked as +0.0 (the pick is a sum of zeros and the
-    /// element). The gradient flows to the picked elements only.
+    /// Each element is read where it lies (`Op::Gather`): the work is the
+    /// output's size, whatever the length of `axis`. A negative index counts
+    /// from the end, as in NumPy. Indices are data, so one outside
+    /// `-len..len` cannot be an `Err`: it picks NaN from floats (as
+    /// `cross_entropy`'s bad label makes the loss NaN) and 0 (false) from the
+    /// other dtypes, and never reads outside `self`. The gradient flows to
+    /// the picked elements only.
     pub fn gather(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
         let op = "gather";
         let index_type = indices.dtype();
@@ -125,45 +123,26 @@ impl Tensor {
             return Err(mismatch());
         }
         let axis = normalize_axis(op, axis, self.rank())?;
-        let len = indexable(op, self, axis)?;
         // The other axes must broadcast; `axis` itself may differ.
         let (mut a, mut b) = (self.dims().to_vec(), indices.dims().to_vec());
         (a[axis], b[axis]) = (1, 1);
-        Shape::broadcast(op, &Shape::new(&a), &Shape::new(&b)).map_err(|_| mismatch())?;
-        // [.., k, 1, ..] == [1.., n, ..] -> a one-hot [.., k, n, ..] whose row
-        // j marks the index at j; where it holds, the element of `self`
-        // (unsqueezed to [.., 1, n, ..]), summed over the n axis.
-        let positions = ramp((0..len).collect(), axis + 1, self.rank() + 1)?;
-        let one_hot = indices
-            .unsqueeze(axis as isize + 1)?
-            .eq(&positions.cast(index_type)?)?;
-        // Sums need a signed type; u8 and bool go through i32 and back, exactly.
-        let summed = match self.dtype() {
-            DType::F32 | DType::F64 | DType::I32 | DType::I64 => self.clone(),
-            DType::U8 | DType::Bool => self.cast(DType::I32)?,
+        let common =
+            Shape::broadcast(op, &Shape::new(&a), &Shape::new(&b)).map_err(|_| mismatch())?;
+        let along = |len: usize| -> Shape {
+            let mut dims = common.dims().to_vec();
+            dims[axis] = len;
+            Shape::new(&dims)
         };
-        let index = |v: i32| Tensor::scalar(Scalar::I32(v).cast(index_type));
-        let zero = Tensor::scalar(Scalar::I32(0).cast(summed.dtype()));
-        let picked = one_hot
-            .where_cond(&summed.unsqueeze(axis as isize)?, &zero)?
-            .sum(&[axis as isize + 1], false)?;
-        match self.dtype() {
-            dtype @ (DType::F32 | DType::F64) => {
-                let nan = Tensor::scalar(Scalar::F32(f32::NAN).cast(dtype));
-                let out_of_range = indices.lt(&index(0))?;
-                let picked = out_of_range.where_cond(&nan, &picked)?;
-                indices.ge(&index(len))?.where_cond(&nan, &picked)
-            }
-            DType::I32 | DType::I64 => Ok(picked),
-            dtype => picked.cast(dtype),
-        }
+        let table = self.expand(along(self.dims()[axis]))?;
+        let indices = indices.expand(along(indices.dims()[axis]))?;
+        Tensor::lazy(Op::Gather { axis }, &[&table, &indices])
     }
 
-    /// The slices at the i32 `indices` (rank 1) along `axis`, as PyTorch's
-    /// `index_select` and NumPy's `take`: the result is `self` with `axis`
-    /// of `indices`' length. An embedding lookup is
-    /// `table.index_select(0, &ids)`. Indices outside `0..len` act as in
-    /// `gather`.
+    /// The slices at the i32 or i64 `indices` (rank 1) along `axis`, as
+    /// PyTorch's `index_select` and NumPy's `take`: the result is `self`
+    /// with `axis` of `indices`' length. An embedding lookup is
+    /// `table.index_select(0, &ids)`, one row read per id. Negative indices
+    /// and indices outside the axis act as in `gather`.
     pub fn index_select(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
         if indices.rank() != 1 {
             return Err(Error::Rank {

@@ -82,11 +82,18 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
             let (new, state) = optimizer.update(&params, &grads, &state)?;
             std::iter::once(loss).chain(new).chain(state).collect()
         }
+        // Token and position embeddings summed: two gathers in one kernel.
+        "embedding" => {
+            let ids = Tensor::from_vec(vec![3i64, -1, 70, 5], [4])?;
+            let positions = Tensor::from_vec(vec![0i32, 1, 2, 3], [4])?;
+            let tokens = randn(&[71, 24], 0)?.index_select(0, &ids)?;
+            vec![(tokens + randn(&[8, 24], 1)?.index_select(0, &positions)?)?]
+        }
         other => panic!("no pattern {other}"),
     })
 }
 
-const PATTERNS: [&str; 10] = [
+const PATTERNS: [&str; 11] = [
     "relu_add",
     "matmul_bias_relu",
     "matmul_bias_scale_tanh",
@@ -97,6 +104,7 @@ const PATTERNS: [&str; 10] = [
     "sums",
     "sgd_step",
     "adamw_step",
+    "embedding",
 ];
 
 /// The kernels of a fused graph, in launch order.
@@ -176,6 +184,12 @@ fn cuda(name: &str) -> Result<(String, Vec<String>)> {
 #[test]
 fn relu_add_moves_float4_vectors() -> Result<()> {
     insta::assert_snapshot!(cuda("relu_add")?.0);
+    Ok(())
+}
+
+#[test]
+fn embeddings_read_the_rows_their_ids_pick() -> Result<()> {
+    insta::assert_snapshot!(cuda("embedding")?.0);
     Ok(())
 }
 

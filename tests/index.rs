@@ -310,7 +310,7 @@ fn argmax_errors_name_the_op() -> Result<()> {
 fn take_along_axis(
     x: &[f64],
     xd: &[usize],
-    idx: &[i32],
+    idx: &[i64],
     id: &[usize],
     axis: usize,
     float: bool,
@@ -326,8 +326,10 @@ fn take_along_axis(
     let mut values = Vec::new();
     let mut coords = vec![0; out.len()];
     for _ in 0..out.iter().product::<usize>() {
+        let len = xd[axis] as i64;
         let j = idx[offset(id, &coords)];
-        values.push(if (0..xd[axis] as i32).contains(&j) {
+        let j = if j < 0 { j + len } else { j };
+        values.push(if (0..len).contains(&j) {
             let mut at = coords.clone();
             at[axis] = j as usize;
             x[offset(xd, &at)]
@@ -365,23 +367,26 @@ fn check_gathers(name: &str, make: impl Fn(&[usize], u64) -> Result<Tensor>) -> 
     for (seed, &(xd, id, axis)) in GATHERS.iter().enumerate() {
         let x = make(xd, seed as u64)?;
         let a = axis.rem_euclid(xd.len() as isize) as usize;
-        // Every index in range, then one in six out of it (-1, -3, len, len + 2).
-        let len = xd[a] as i32;
-        let mut levels: Vec<i32> = (0..len).collect();
+        // Every index in range, from the start and from the end, then one
+        // in six out of it (-len - 1, -len - 3, len, len + 2).
+        let len = xd[a] as i64;
+        let mut levels: Vec<i64> = (0..len).chain(-len..0).collect();
         levels.extend(levels.clone());
         levels.extend(levels.clone());
-        levels.extend(levels.clone());
-        levels.extend([-1, -3, len, len + 2]);
+        levels.extend([-len - 1, -len - 3, len, len + 2]);
         let idx = draw(&levels, id.iter().product(), seed as u64 + 7);
-        let (dims, want) = take_along_axis(&values(&x)?, xd, &idx, id, a, x.dtype() == DType::F32);
-        check(
-            &format!("gather of {name} {xd:?} along {axis} by {id:?}"),
-            &[x.clone(), Tensor::from_vec(idx, id)?],
-            |t| t[0].gather(axis, &t[1]),
-            x.dtype(),
-            &dims,
-            &want,
-        )?;
+        let (dims, want) = take_along_axis(&values(&x)?, xd, &idx, id, a, x.dtype().is_float());
+        let narrow: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+        for indices in [Tensor::from_vec(idx, id)?, Tensor::from_vec(narrow, id)?] {
+            check(
+                &format!("gather of {name} {xd:?} along {axis} by {:?}", indices.ty()),
+                &[x.clone(), indices],
+                |t| t[0].gather(axis, &t[1]),
+                x.dtype(),
+                &dims,
+                &want,
+            )?;
+        }
     }
     Ok(())
 }
@@ -431,21 +436,26 @@ fn gather_picks_each_label_log_prob() -> Result<()> {
 #[test]
 fn index_select_looks_up_embeddings() -> Result<()> {
     let table = Tensor::randn([11, 4], 5)?;
-    let ids = [3i32, 0, 10, 3, 11, -1];
+    let ids = [3i32, 0, 10, 3, 11, -1, -11, -12];
     let rows = values(&table)?;
     let want: Vec<f64> = ids
         .iter()
-        .flat_map(|&i| match usize::try_from(i).ok().filter(|&i| i < 11) {
-            Some(i) => rows[i * 4..i * 4 + 4].to_vec(),
-            None => vec![f64::NAN; 4],
+        .flat_map(|&i| {
+            match usize::try_from(i.rem_euclid(11))
+                .ok()
+                .filter(|_| (-11..11).contains(&i))
+            {
+                Some(i) => rows[i * 4..i * 4 + 4].to_vec(),
+                None => vec![f64::NAN; 4],
+            }
         })
         .collect();
     check(
         "embedding rows",
-        &[table, Tensor::from_vec(ids.to_vec(), [6])?],
+        &[table, Tensor::from_vec(ids.to_vec(), [ids.len()])?],
         |t| t[0].index_select(0, &t[1]),
         DType::F32,
-        &[6, 4],
+        &[8, 4],
         &want,
     )?;
     // Along a middle axis of an i32 tensor: x[:, ids, :].
@@ -528,5 +538,113 @@ fn accuracy_by_argmax_fuses_into_the_logits_kernels() -> Result<()> {
         (got - hits as f32 / 250.0).abs() <= f32::EPSILON,
         "{got} vs {hits}/250"
     );
+    Ok(())
+}
+
+/// `f` on `inputs` along every path within `tol` (relative to the largest
+/// magnitude) of the interpreter's result, NaN where it has NaN.
+fn close(
+    what: &str,
+    inputs: &[Tensor],
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+    tol: f64,
+) -> Result<()> {
+    let paths = every_path(inputs, &f)?;
+    let want = values(&paths[1].1)?;
+    let scale = want
+        .iter()
+        .filter(|w| w.is_finite())
+        .fold(1.0f64, |m, w| m.max(w.abs()));
+    for (path, out) in &paths {
+        assert_eq!(out.dims(), paths[1].1.dims(), "{what}, {path}: shape");
+        for (i, (g, w)) in values(out)?.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * scale || (g.is_nan() && w.is_nan()),
+                "{what}, {path}: element {i}: got {g}, want {w}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gathered_rows_fuse_into_elementwise_work_sums_and_products() -> Result<()> {
+    // 67 columns: vectors of four and a tail; ids from the end and two
+    // outside the table, which read NaN.
+    let table = Tensor::randn([1000, 67], 11)?;
+    let ids: Vec<i64> = (0..37).map(|t| (t * 389) % 2003 - 1001).collect();
+    let ids = Tensor::from_vec(ids, [37])?;
+    let inputs = [
+        table,
+        ids,
+        Tensor::randn([37, 67], 12)?,
+        Tensor::randn([37, 13], 13)?,
+        Tensor::randn([13, 67], 14)?,
+    ];
+    close(
+        "rows scaled and added to positions",
+        &inputs,
+        |t| (t[0].index_select(0, &t[1])? * 2.0f32)? + &t[2],
+        0.0,
+    )?;
+    close(
+        "rows summed",
+        &inputs,
+        |t| t[0].index_select(0, &t[1])?.sum(&[1], false),
+        1e-5,
+    )?;
+    close(
+        "rows added to a product",
+        &inputs,
+        |t| t[3].matmul(&t[4])? + t[0].index_select(0, &t[1])?,
+        1e-5,
+    )?;
+    // Each a kernel of its own: the rows are read inside it, never copied.
+    let t = &inputs;
+    let rows = t[0].index_select(0, &t[1])?;
+    for (what, y) in [
+        ("sum", rows.sum(&[1], false)?),
+        ("product", (t[3].matmul(&t[4])? + &rows)?),
+    ] {
+        let optimized = kiln::optimize(what, &[&y], Options::default())?;
+        assert_eq!(
+            optimized.schedule.kernels(),
+            1,
+            "{what}:\n{}",
+            optimized.graph
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_gather_sends_each_gradient_to_the_element_it_picked() -> Result<()> {
+    let x = Tensor::randn([7, 5], 21)?;
+    // Repeated picks add up; -7 is 0, 7 and -8 pick nothing.
+    let idx = [
+        0i32, 3, -1, 6, 7, 3, 3, -7, 2, -8, 6, 0, 1, 1, 4, 5, 3, 0, -2, 2,
+    ];
+    let w = Tensor::randn([4, 5], 22)?;
+    let ws = values(&w)?;
+    let mut want = vec![0.0f64; 35];
+    for (k, &i) in idx.iter().enumerate() {
+        let row = if i < 0 { i + 7 } else { i };
+        if (0..7).contains(&row) {
+            want[row as usize * 5 + k % 5] += ws[k];
+        }
+    }
+    let inputs = [x, Tensor::from_vec(idx.to_vec(), [4, 5])?, w];
+    let dx = |t: &[Tensor]| -> Result<Tensor> {
+        let loss = (t[0].gather(0, &t[1])? * &t[2])?.sum_all()?;
+        Ok(kiln::grad(&loss, &[&t[0]])?.remove(0))
+    };
+    for (path, got) in every_path(&inputs, dx)? {
+        for (i, (g, w)) in values(&got)?.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6,
+                "dx, {path}: element {i}: got {g}, want {w}"
+            );
+        }
+    }
     Ok(())
 }

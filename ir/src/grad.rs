@@ -74,6 +74,7 @@ use crate::types::{DType, Scalar, Shape};
 use crate::verify::{verify, verify_graph_ops};
 use crate::view::SliceRange;
 
+mod gather;
 mod reduce;
 
 /// Appends to `graph` the nodes that compute the gradient of `loss` with
@@ -269,6 +270,9 @@ fn rule(
                 })
                 .transpose()?;
             smallvec![da, db]
+        }
+        Op::Gather { axis } => {
+            smallvec![Some(gather::gather_rule(g, *axis, x(0), x(1), dy)?), None]
         }
         // `grad` checked on entry that the graph holds graph ops only.
         Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => {

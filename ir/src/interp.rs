@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::Error;
 use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::graph::Graph;
-use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand, gather_fill, gather_position};
 use crate::op::Op;
 use crate::types::{DType, Data, OutOfMemory, Scalar, Shape, cast_f64, cast_int, try_vec};
 use crate::verify::verify;
@@ -134,6 +134,22 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
             }
             Op::Reduce { op, axes } => reduce(*op, axes, arg(0), arg_shape(0), &out.shape),
             Op::MatMul => matmul(arg(0), arg(1), arg_shape(0), arg_shape(1), &out.shape),
+            Op::Gather { axis } => {
+                let (x, indices) = (arg(0), arg(1));
+                let strides = arg_shape(0).strides();
+                let len = arg_shape(0).dims()[*axis];
+                let out_shape = &out.shape;
+                Data::from_fn(out.dtype, n, |i| {
+                    let mut coords = unravel(i, out_shape);
+                    match gather_position(index_value(indices.get(i)), len) {
+                        Some(at) => {
+                            coords[*axis] = at;
+                            x.get(dot(&coords, &strides))
+                        }
+                        None => gather_fill(out.dtype),
+                    }
+                })
+            }
             Op::View(view) => materialize(arg(0), view),
             Op::Kernel(k) => {
                 let args: Vec<&Data> = node.inputs.iter().map(|id| &values[id.index()]).collect();
@@ -403,6 +419,15 @@ fn read(x: &Data, view: &View, coords: &[usize]) -> Scalar {
     }
 }
 
+/// An i32 or i64 index as an i64.
+fn index_value(i: Scalar) -> i64 {
+    match i.cast(DType::I64) {
+        Scalar::I64(i) => i,
+        // A cast to i64 gives an i64.
+        _ => 0,
+    }
+}
+
 /// The elements `view` presents, densely.
 fn materialize(x: &Data, view: &View) -> Result<Data, OutOfMemory> {
     Data::from_fn(x.dtype(), view.shape.numel(), |i| {
@@ -506,6 +531,19 @@ fn block_value(
             let x = |k: u32| values[k as usize];
             let r = match &v.expr {
                 Expr::Load { input, view } => read(args[*input as usize], view, &coords),
+                Expr::Gather {
+                    input,
+                    view,
+                    index,
+                    stride,
+                    len,
+                } => match gather_position(index_value(x(*index)), *len) {
+                    Some(at) => match view.index(&coords) {
+                        Some(i) => args[*input as usize].get(i + at * stride),
+                        None => read(args[*input as usize], view, &coords),
+                    },
+                    None => gather_fill(v.dtype),
+                },
                 Expr::Const(c) => *c,
                 Expr::Acc => acc(&coords),
                 Expr::Unary(op, a) => unary(*op, x(*a)),

@@ -166,6 +166,25 @@ pub enum Expr {
         /// The index map; its shape is the block's space.
         view: View,
     },
+    /// Kernel input `input` read at a position known only at run time
+    /// (`Op::Gather`): through `view` at the current index, plus `stride`
+    /// elements times the i32 or i64 value `index`, counted from the end of
+    /// an axis of `len` when negative. `view` steps along every axis of the
+    /// input but the gathered one, which it holds at 0. An index outside
+    /// `-len..len` reads `gather_fill` instead, so no index reads outside
+    /// the input.
+    Gather {
+        /// Which input.
+        input: u32,
+        /// The index map of the other axes; its shape is the block's space.
+        view: View,
+        /// The value that indexes the gathered axis.
+        index: u32,
+        /// Elements between neighbours along the gathered axis.
+        stride: usize,
+        /// The gathered axis's length.
+        len: usize,
+    },
     /// A constant.
     Const(Scalar),
     /// The reduced value or the matrix product at the current index.
@@ -185,11 +204,49 @@ impl Expr {
     pub fn operands(&self) -> SmallVec<[u32; 3]> {
         match *self {
             Expr::Load { .. } | Expr::Const(_) | Expr::Acc => SmallVec::new(),
-            Expr::Unary(_, x) | Expr::Cast(x) => SmallVec::from_slice(&[x]),
+            Expr::Unary(_, x) | Expr::Cast(x) | Expr::Gather { index: x, .. } => {
+                SmallVec::from_slice(&[x])
+            }
             Expr::Binary(_, x, y) => SmallVec::from_slice(&[x, y]),
             Expr::Where(c, x, y) => SmallVec::from_slice(&[c, x, y]),
         }
     }
+}
+
+impl Expr {
+    /// The input and index map of a read (a load or a gather).
+    pub fn read(&self) -> Option<(u32, &View)> {
+        match self {
+            Expr::Load { input, view } | Expr::Gather { input, view, .. } => Some((*input, view)),
+            _ => None,
+        }
+    }
+
+    /// The input and index map of a read, to rewrite.
+    pub fn read_mut(&mut self) -> Option<(&mut u32, &mut View)> {
+        match self {
+            Expr::Load { input, view } | Expr::Gather { input, view, .. } => Some((input, view)),
+            _ => None,
+        }
+    }
+}
+
+/// What a gather reads for an index outside its axis: NaN from floats, as a
+/// bad label makes a loss NaN, and zero (false) from the other dtypes.
+pub fn gather_fill(dtype: DType) -> Scalar {
+    match dtype {
+        DType::F32 => Scalar::F32(f32::NAN),
+        DType::F64 => Scalar::F64(f64::NAN),
+        other => Scalar::I32(0).cast(other),
+    }
+}
+
+/// The element an index `i` of a gathered axis of `len` picks: `i`, or
+/// `i + len` when negative; `None` outside `-len..len`.
+pub fn gather_position(i: i64, len: usize) -> Option<usize> {
+    let len = i64::try_from(len).ok()?;
+    let at = if i < 0 { i + len } else { i };
+    (0..len).contains(&at).then_some(at as usize)
 }
 
 impl Block {
@@ -233,6 +290,38 @@ impl Block {
                     })?;
                     view.check(ty, space)
                         .map_err(|e| format!("value {i}: {e}"))?;
+                    ty.dtype
+                }
+                Expr::Gather {
+                    input,
+                    view,
+                    index,
+                    stride,
+                    len,
+                } => {
+                    let ty = inputs.get(*input as usize).ok_or_else(|| {
+                        format!("value {i} gathers from input {input}, which is not declared")
+                    })?;
+                    view.check(ty, space)
+                        .map_err(|e| format!("value {i}: {e}"))?;
+                    if *len == 0 {
+                        return Err(format!("value {i} gathers along an empty axis"));
+                    }
+                    if !matches!(args[0].dtype, DType::I32 | DType::I64) {
+                        return Err(format!(
+                            "value {i} gathers at value {index}, a {} and not an index",
+                            args[0].dtype
+                        ));
+                    }
+                    // The last element along the gathered axis stays inside too.
+                    let last = (*len as i128 - 1) * *stride as i128;
+                    if let Some((_, hi)) = view.bounds()
+                        && hi + last >= ty.shape.numel() as i128
+                    {
+                        return Err(format!(
+                            "value {i} gathers {len} x {stride} past {view}, outside {ty}"
+                        ));
+                    }
                     ty.dtype
                 }
                 Expr::Const(v) => v.dtype(),

@@ -104,6 +104,18 @@ pub enum Op {
     },
     /// `[..., m, k] @ [..., k, n] -> [..., m, n]` over equal batch dims, f32.
     MatMul,
+    // Indexed reads.
+    /// Elements picked along `axis` by run-time indices:
+    /// `out[.., j, ..] = x[.., indices[.., j, ..], ..]` with `j` on `axis`.
+    /// Operands `x` and the i32 or i64 `indices`, of one rank and equal on
+    /// every other axis; the result has `indices`' shape and `x`'s dtype.
+    /// An index counts from the end when negative; one outside `-len..len`
+    /// reads NaN from floats and zero (false) from the other dtypes, so no
+    /// index reads outside `x`.
+    Gather {
+        /// The indexed axis.
+        axis: usize,
+    },
     // The post-fusion layer, produced by the passes.
     /// A chain of movement ops folded into one index map (`fold-views`).
     View(View),
@@ -140,7 +152,8 @@ impl Op {
             | Op::Unfold { .. }
             | Op::Pad { .. }
             | Op::Reduce { .. }
-            | Op::MatMul => OpLayer::Graph,
+            | Op::MatMul
+            | Op::Gather { .. } => OpLayer::Graph,
             Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => OpLayer::Fused,
         }
     }
@@ -162,6 +175,7 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Reduce { op, .. } => op.name(),
             Op::MatMul => "matmul",
+            Op::Gather { .. } => "gather",
             Op::View(_) => "view",
             Op::Kernel(_) => "kernel",
             Op::SideOutput(_) => "side_output",
@@ -183,7 +197,7 @@ impl Op {
             | Op::Reduce { .. }
             | Op::View(_)
             | Op::SideOutput(_) => 1,
-            Op::Binary(_) | Op::MatMul => 2,
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } => 2,
             Op::Where => 3,
             Op::Kernel(k) => k.inputs.len(),
         }
@@ -339,6 +353,7 @@ impl Op {
             }
             Op::Reduce { op: r, axes } => r.infer(axes, args[0]),
             Op::MatMul => infer_matmul(args[0], args[1]),
+            Op::Gather { axis } => infer_gather(*axis, args[0], args[1]),
             Op::View(view) => {
                 view.check(args[0], &view.shape)
                     .map_err(|message| Error::Malformed { op, message })?;
@@ -352,4 +367,33 @@ impl Op {
             }),
         }
     }
+}
+
+/// The type of `x` gathered along `axis` by `indices` (`Op::Gather`).
+fn infer_gather(axis: usize, x: &TensorType, indices: &TensorType) -> Result<TensorType, Error> {
+    let op = "gather";
+    if !matches!(indices.dtype, DType::I32 | DType::I64) {
+        return Err(Error::DType {
+            op,
+            dtype: indices.dtype,
+            expected: "i32 or i64 indices",
+        });
+    }
+    if axis >= x.shape.rank() {
+        return Err(Error::Axis {
+            op,
+            axis: axis as isize,
+            rank: x.shape.rank(),
+        });
+    }
+    let others_equal = x.shape.rank() == indices.shape.rank()
+        && (0..x.shape.rank()).all(|a| a == axis || x.shape.dims()[a] == indices.shape.dims()[a]);
+    if !others_equal {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: x.shape.clone(),
+            rhs: indices.shape.clone(),
+        });
+    }
+    Ok(TensorType::new(x.dtype, indices.shape.clone()))
 }

@@ -131,6 +131,7 @@ impl fmt::Display for Graph {
                     write!(line, " [{}] {value}", parts.join(","))?;
                 }
                 Op::Reduce { axes, .. } => write!(line, " axes {}", compact(axes))?,
+                Op::Gather { axis } => write!(line, " axis {axis}")?,
                 Op::View(view) => write!(line, " {view}")?,
                 Op::SideOutput(k) => write!(line, " {k}")?,
                 Op::Kernel(k) => {
@@ -240,6 +241,19 @@ fn print_block(
             Expr::Load { input, view } => {
                 let source = operands.get(*input as usize).map_or("%?", |s| s);
                 format!("load {source} {view}")
+            }
+            Expr::Gather {
+                input,
+                view,
+                index,
+                stride,
+                len,
+            } => {
+                let source = operands.get(*input as usize).map_or("%?", |s| s);
+                format!(
+                    "gather {source} {view} + {} x {stride} of {len}",
+                    value(index)
+                )
             }
             Expr::Const(c) => format!("const {c}"),
             Expr::Acc => "acc".to_string(),

@@ -439,6 +439,28 @@ impl View {
         self.offset == 0 && self.mask.is_none() && read == own
     }
 
+    /// The view with `axis` held at coordinate 0 and stretched to `picks`,
+    /// and the stride along it: what a gather along `axis` reads besides
+    /// its run-time position (`Expr::Gather`). `None` when the view is
+    /// padded along `axis`, where a position may land in the padding.
+    pub(crate) fn gathered(&self, axis: usize, picks: usize) -> Option<(View, usize)> {
+        let len = self.shape.dims()[axis];
+        if let Some(mask) = &self.mask
+            && mask.valid[axis] != (0, len)
+        {
+            return None;
+        }
+        let mut dims = self.shape.dims().to_vec();
+        dims[axis] = picks;
+        let mut view = self.clone();
+        view.shape = Shape::new(&dims);
+        let stride = std::mem::replace(&mut view.strides[axis], 0);
+        if let Some(mask) = &mut view.mask {
+            mask.valid[axis] = (0, picks);
+        }
+        Some((view.canonical(), stride))
+    }
+
     /// The (extent, stride) of each axis that moves through the source: more
     /// than one element and a nonzero stride.
     fn read_axes(&self) -> SmallVec<[(usize, usize); 4]> {

@@ -15,7 +15,7 @@
 //! its own coordinate (CUDA C): which axes take a place in memory
 //! (`placed_axes`), and a reduction's rows and row elements (`Reduction`).
 
-use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::kernel::Block;
 use kiln_ir::view::View;
 use kiln_ir::{Scalar, Shape};
 
@@ -199,15 +199,15 @@ pub(crate) fn nest(
     }
 }
 
-/// The loads of a block, as (buffer, view), in value order.
+/// The reads of a block (loads and gathers), as (buffer, view), in value
+/// order. A gather's view holds its axis still: its access steps along the
+/// other axes, and the position picked is added to it per element.
 pub(crate) fn loads(block: &Block) -> Vec<(usize, &View)> {
     block
         .values
         .iter()
-        .filter_map(|v| match &v.expr {
-            Expr::Load { input, view } => Some((*input as usize, view)),
-            _ => None,
-        })
+        .filter_map(|v| v.expr.read())
+        .map(|(input, view)| (input as usize, view))
         .collect()
 }
 

@@ -78,6 +78,8 @@ fn joins(graph: &Graph, schedule: &Schedule, group: &Range<usize>, next: usize) 
                     Expr::Load { input: i, view } if *i as usize == input => {
                         row_local(view, &graph.node(*id).ty.shape)
                     }
+                    // Rows the index picks may not be written yet.
+                    Expr::Gather { input: i, .. } => *i as usize != input,
                     _ => true,
                 })
     })

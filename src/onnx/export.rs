@@ -272,6 +272,14 @@ impl Builder<'_> {
             Op::Where => {
                 self.push("Where", args, out);
             }
+            // The same rule: equal shapes off the axis, negative indices
+            // from the end. (ONNX leaves an index outside the axis an
+            // error where kiln reads the gather's fill.)
+            Op::Gather { axis } => {
+                self.push("GatherElements", args, out)
+                    .attributes
+                    .push(int_attr("axis", *axis as i64));
+            }
             Op::Cast(to) => {
                 let to = onnx_code(*to);
                 self.push("Cast", args, out)

@@ -3,7 +3,8 @@
 //! the CUDA code generator's (`tests/cuda_codegen.rs`): elementwise ops,
 //! broadcasts, identities, constants, comparisons, casts, reductions (sum,
 //! max, and products of factors kept near 1) and the sum+broadcast pattern,
-//! every view (sliding windows too), matmul, and detours through i64 and
+//! every view (sliding windows too), gathers at positions computed from the
+//! data (out of range too), matmul, and detours through i64 and
 //! f64 values (cast in, arithmetic with a 64-bit constant, maybe a
 //! reduction, cast out); shapes full of 1s and some 0s; inputs with NaN,
 //! infinities and -0. The graph's first output is f32. The same seed gives
@@ -85,8 +86,9 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
         let x = pick(&mut c, &nodes);
         let shape = g.node(x).ty.shape.clone();
         let rank = shape.rank();
-        // Exact mode stops before the matmuls (13 and 14).
-        let kinds = if mode == Mode::Exact { 13 } else { 15 };
+        // Exact mode stops before the matmuls (14 and 15), Continuous
+        // mode's gather is a matmul instead.
+        let kinds = if mode == Mode::Exact { 14 } else { 16 };
         let built = match c.below(kinds) {
             0 => {
                 use UnaryOp::*;
@@ -238,7 +240,8 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 let step = 1 + c.below(size + 2);
                 g.push(Op::Unfold { axis, size, step }, &[x])
             }
-            13 | 14 => {
+            13 if mode != Mode::Continuous => gathered(&mut c, &mut g, x),
+            13..=15 => {
                 // x @ w with a fresh weight, read transposed half the time.
                 let dims = shape.dims();
                 let k = dims.last().copied().unwrap_or(1);
@@ -268,7 +271,7 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                     g.push(Op::MatMul, &[x, w])
                 }
             }
-            _ => unreachable!("below(15)"),
+            _ => unreachable!("below(16)"),
         };
         if let Ok(id) = built {
             nodes.push(id);
@@ -284,6 +287,29 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
         g.outputs.push(nodes[c.below(nodes.len())]);
     }
     g
+}
+
+/// `x` gathered along a random axis at positions cast from `x` itself,
+/// maybe doubled, as i32 or i64 (negative ones, ones past the end, NaN read
+/// as 0, infinities saturated), over all of that axis or all but its last
+/// element.
+fn gathered(c: &mut Choices, g: &mut Graph, x: NodeId) -> Result<NodeId, kiln_ir::Error> {
+    let dims = g.node(x).ty.shape.dims().to_vec();
+    let axis = c.below(dims.len());
+    let scale = constant(g, [1.0, 2.0][c.below(2)]);
+    let scaled = binary(g, BinaryOp::Mul, x, scale)?;
+    let mut indices = g.push(Op::Cast([DType::I32, DType::I64][c.below(2)]), &[scaled])?;
+    if dims[axis] > 1 && c.below(2) == 0 {
+        let ranges = (0..dims.len())
+            .map(|a| SliceRange {
+                start: 0,
+                end: dims[a] - usize::from(a == axis),
+                step: 1,
+            })
+            .collect();
+        indices = g.push(Op::Slice(ranges), &[indices])?;
+    }
+    g.push(Op::Gather { axis }, &[x, indices])
 }
 
 /// `x` (f32) cast to `wide` (i64 or f64), combined with a constant of that
@@ -471,6 +497,10 @@ mod tests {
         let unfold = |n: &kiln_ir::Node| matches!(n.op, Op::Unfold { .. });
         for mode in [Mode::All, Mode::Exact, Mode::Continuous] {
             assert!(with(mode, unfold) >= 20, "{mode:?}: unfold");
+        }
+        let gather = |n: &kiln_ir::Node| matches!(n.op, Op::Gather { .. });
+        for mode in [Mode::All, Mode::Exact] {
+            assert!(with(mode, gather) >= 20, "{mode:?}: gather");
         }
         for mode in [Mode::All, Mode::Continuous] {
             assert!(with(mode, prod(DType::F32)) >= 20, "{mode:?}: f32 prod");

@@ -178,18 +178,23 @@ fn reads_at_own_index(kernel: &Kernel, k: u32) -> Result<(), String> {
             }
         }
     }
+    let gathered = kernel
+        .body
+        .values
+        .iter()
+        .any(|v| matches!(v.expr, Expr::Gather { input, .. } if input == k));
+    if gathered {
+        return Err("the kernel gathers from the input".to_string());
+    }
     match loads(&kernel.body.values).find(|&(input, view)| input == k && *view != own) {
         Some((_, view)) => Err(format!("the kernel reads the input through {view:?}")),
         None => Ok(()),
     }
 }
 
-/// The loads of a block: which input, through which view.
+/// The reads of a block (loads and gathers): which input, through which view.
 fn loads(values: &[crate::kernel::Value]) -> impl Iterator<Item = (u32, &View)> {
-    values.iter().filter_map(|v| match &v.expr {
-        Expr::Load { input, view } => Some((*input, view)),
-        _ => None,
-    })
+    values.iter().filter_map(|v| v.expr.read())
 }
 
 /// `graph` with each kernel marked in `apart` storing its accumulator as

@@ -72,6 +72,7 @@ fn is_movement(op: &Op) -> bool {
         | Op::Cast(_)
         | Op::Reduce { .. }
         | Op::MatMul
+        | Op::Gather { .. }
         | Op::View(_)
         | Op::Kernel(_)
         | Op::SideOutput(_) => false,
@@ -98,6 +99,7 @@ fn moved(view: &View, op: &Op) -> Option<View> {
         | Op::Cast(_)
         | Op::Reduce { .. }
         | Op::MatMul
+        | Op::Gather { .. }
         | Op::View(_)
         | Op::Kernel(_)
         | Op::SideOutput(_) => None,

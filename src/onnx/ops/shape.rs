@@ -487,14 +487,14 @@ fn indices(node: &Node, i: usize, len: usize) -> Result<Tensor> {
             Tensor::from_vec(known_indices(node, &values, len)?, a.dims.clone())
         }
         None => {
+            // Run-time indices count from the end when negative in
+            // `gather` itself, as ONNX's do.
             let t = node.tensor(i)?;
             let dtype = t.dtype();
             if !matches!(dtype, DType::I32 | DType::I64) {
                 return Err(node.unsupported(format!("indices of {dtype}")));
             }
-            let int = |v: i64| Tensor::scalar(Scalar::I64(v).cast(dtype));
-            let wrapped = t.add(&int(len as i64))?;
-            t.lt(&int(0))?.where_cond(&wrapped, &t)
+            Ok(t)
         }
     }
 }

@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use super::{Plan, Role};
 use crate::Error;
 use crate::graph::{Graph, NodeId};
-use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand, SideOutput};
+use crate::kernel::{Block, Expr, Kernel, KernelKind, Operand, SideOutput, gather_fill};
 use crate::op::Op;
 use crate::view::View;
 
@@ -210,6 +210,8 @@ impl Builder<'_, '_> {
         let dtype = node.ty.dtype;
         let v = if plan.groups[self.group].core == Some(n) && role == Role::Main {
             block.push(Expr::Acc, dtype)
+        } else if let (Op::Gather { axis }, true) = (&node.op, member) {
+            self.gather(block, role, n, *axis, place)?
         } else if plan.inline[n] || member {
             let mut args: SmallVec<[u32; 3]> = SmallVec::new();
             for (p, view) in plan.operands(n) {
@@ -241,5 +243,42 @@ impl Builder<'_, '_> {
         };
         self.memo.insert(key, v);
         Ok(v)
+    }
+
+    /// Gather node `n` along `axis` at the block's index: its indices
+    /// computed there, its table read as a buffer at the positions they give.
+    fn gather(
+        &mut self,
+        block: &mut Block,
+        role: Role,
+        n: usize,
+        axis: usize,
+        place: &View,
+    ) -> Result<u32, Error> {
+        let node = &self.plan.graph.nodes[n];
+        let len = self.plan.graph.nodes[node.inputs[0].index()]
+            .ty
+            .shape
+            .dims()[axis];
+        if len == 0 {
+            // Every index is outside an empty axis.
+            return Ok(block.push(Expr::Const(gather_fill(node.ty.dtype)), node.ty.dtype));
+        }
+        let [(table, from), (indices, view)] =
+            <[(usize, View); 2]>::try_from(self.plan.operands(n).into_vec())
+                .map_err(|_| internal("a gather has two operands".to_string()))?;
+        let index = self.emit(block, role, indices, &view.under(place))?;
+        let picks = node.ty.shape.dims()[axis];
+        let (view, stride) = from
+            .gathered(axis, picks)
+            .ok_or_else(|| internal(format!("node #{n} gathers through padding")))?;
+        let expr = Expr::Gather {
+            input: self.read(table),
+            view: view.under(place),
+            index,
+            stride,
+            len,
+        };
+        Ok(block.push(expr, node.ty.dtype))
     }
 }

@@ -134,10 +134,15 @@ impl<'g> Plan<'g> {
             .map(|(i, node)| matches!(node.op, Op::View(_)) && !output[i])
             .collect();
         for node in &graph.nodes {
-            for id in &node.inputs {
-                let needs_buffer = match (&node.op, &graph.node(*id).op) {
+            for (slot, id) in node.inputs.iter().enumerate() {
+                let source = graph.node(*id);
+                let needs_buffer = match (&node.op, &source.op) {
                     (Op::View(_), _) => true,
                     (Op::MatMul, Op::View(v)) => v.mask.is_some(),
+                    // A gather reads through no padding along its axis.
+                    (Op::Gather { axis }, Op::View(v)) => {
+                        slot == 0 && v.gathered(*axis, node.ty.shape.dims()[*axis]).is_none()
+                    }
                     _ => false,
                 };
                 if needs_buffer {
@@ -348,6 +353,9 @@ impl<'g> Plan<'g> {
     fn candidates(&self, live: &[&Edge]) -> Result<Vec<(usize, Role, View)>, String> {
         let mut out = Vec::new();
         for e in live {
+            if e.slot == 0 && matches!(self.graph.nodes[e.consumer].op, Op::Gather { .. }) {
+                return Err("is gathered from, at positions known only at run time".to_string());
+            }
             for m in &self.members[e.consumer] {
                 if self.groups[m.group].core == Some(e.consumer) {
                     let role = match self.graph.nodes[e.consumer].op {
@@ -435,7 +443,9 @@ impl<'g> Plan<'g> {
         groups.dedup();
         let readers = live.len();
         match &node.op {
-            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
+            // A gather is computed at its reader's index as elementwise ops
+            // are, its table read where it lies.
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) | Op::Gather { .. } => {
                 if groups.len() > 1 && !self.cheap[i] {
                     return Err(format!("has {readers} readers in different kernels"));
                 }

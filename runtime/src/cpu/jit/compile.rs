@@ -12,7 +12,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
-use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use kiln_ir::kernel::{Block, Kernel, KernelKind, Operand};
 use kiln_ir::{DType, NodeId, Shape, TensorType};
 
 use crate::Error;
@@ -142,7 +142,7 @@ fn reads_down_columns(block: &Block, rank: usize) -> bool {
     }
     let mut down = false;
     for v in &block.values {
-        if let Expr::Load { view, .. } = &v.expr {
+        if let Some((_, view)) = v.expr.read() {
             match (view.strides[rank - 2], view.strides[rank - 1]) {
                 (_, 1) => return false,
                 (1, _) => down = true,
@@ -157,7 +157,7 @@ fn reads_down_columns(block: &Block, rank: usize) -> bool {
 fn swapped_reads(block: &Block, swap: &[usize]) -> Block {
     let mut block = block.clone();
     for v in &mut block.values {
-        if let Expr::Load { view, .. } = &mut v.expr {
+        if let Some((_, view)) = v.expr.read_mut() {
             *view = view.permute(swap);
         }
     }
@@ -175,7 +175,7 @@ impl CompiledKernel {
             let prologue = prologue.as_ref()?;
             let mut block = prologue.kernel.kernel.body.clone();
             for v in &mut block.values {
-                if let Expr::Load { input, .. } = &mut v.expr {
+                if let Some((input, _)) = v.expr.read_mut() {
                     *input = nodes.get(*input as usize)?.0;
                 }
             }

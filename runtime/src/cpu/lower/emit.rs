@@ -8,10 +8,10 @@ use cranelift_codegen::ir::{
     Endianness, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
 };
 use cranelift_frontend::FunctionBuilder;
-use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::kernel::{Block, Expr, gather_fill};
 use kiln_ir::{DType, Scalar};
 
-use super::{Calls, Host, clif_type};
+use super::{Calls, Host, clif_type, has_lanes};
 use crate::nest::{Access, Axis};
 
 /// Builds the loops of one kernel.
@@ -183,8 +183,59 @@ impl<'a> Emitter<'a> {
         dtype: DType,
         lanes: bool,
     ) -> Value {
-        let flags = MemFlagsData::new().with_notrap();
+        let at = self.element(access, row, j);
+        self.load_at(access, at, dtype, lanes)
+    }
+
+    /// One element (or four lanes) of a gather (`Expr::Gather`) at `j`: of
+    /// `access` moved along the gathered axis (`stride`, `len`) to where
+    /// the scalar `index` points, or the gather's fill where it points
+    /// outside the axis.
+    #[allow(clippy::too_many_arguments)]
+    fn gathered(
+        &mut self,
+        access: &Access,
+        row: RowBase,
+        j: Value,
+        dtype: DType,
+        lanes: bool,
+        index: Value,
+        (stride, len): (usize, usize),
+    ) -> Value {
+        let index = match self.b.func.dfg.value_type(index) {
+            types::I64 => index,
+            _ => self.b.ins().sextend(types::I64, index),
+        };
+        // Negative indices count from the end; one outside `-len..len` reads
+        // the first element (inside the buffer), replaced by the fill.
+        let negative = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, index, 0);
+        let wrapped = self.b.ins().iadd_imm_s(index, len as i64);
+        let position = self.b.ins().select(negative, wrapped, index);
+        let inside = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, position, len as i64);
+        let zero = self.iconst(0);
+        let position = self.b.ins().select(inside, position, zero);
         let (offset, valid) = self.element(access, row, j);
+        let shift = self.b.ins().imul_imm_s(position, stride as i64);
+        let offset = self.b.ins().iadd(offset, shift);
+        let x = self.load_at(access, (offset, valid), dtype, lanes);
+        let fill = self.scalar_const(gather_fill(dtype));
+        let fill = if lanes { self.splat(dtype, fill) } else { fill };
+        self.b.ins().select(inside, x, fill)
+    }
+
+    /// One element (or four lanes) of `access` at element `offset`, `valid`
+    /// saying whether a padded access reads the buffer there.
+    fn load_at(
+        &mut self,
+        access: &Access,
+        (offset, valid): (Value, Option<Value>),
+        dtype: DType,
+        lanes: bool,
+    ) -> Value {
+        let flags = MemFlagsData::new().with_notrap();
         let addr = self.address(access.buffer, offset, dtype);
         let contiguous = if self.row_lanes {
             access.outer.last().is_some_and(|o| o.stride == 1)
@@ -378,7 +429,7 @@ impl<'a> Emitter<'a> {
         let lanes = matches!(rows, Rows::Four(_));
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
-            let is_load = matches!(v.expr, Expr::Load { .. });
+            let is_load = v.expr.read().is_some();
             if let Some(&Some(x)) = given.get(i) {
                 k += usize::from(is_load);
                 hoisted.push(Some(x));
@@ -394,6 +445,28 @@ impl<'a> Emitter<'a> {
                         let v = self.read(a, rows, k - 1, zero, v.dtype, lanes);
                         if lanes { self.pin(v) } else { v }
                     })
+                }
+                // One row's gather at a position picked once per row.
+                Expr::Gather {
+                    index, stride, len, ..
+                } => {
+                    k += 1;
+                    let a = &accesses[k - 1];
+                    match (rows, hoisted[*index as usize]) {
+                        (Rows::One(bases), Some(at)) if keep(a) => {
+                            let v = self.gathered(
+                                a,
+                                bases[k - 1],
+                                zero,
+                                v.dtype,
+                                false,
+                                at,
+                                (*stride, *len),
+                            );
+                            Some(self.pin(v))
+                        }
+                        _ => None,
+                    }
                 }
                 // Constants are immediates where they are used.
                 Expr::Const(_) => None,
@@ -499,12 +572,34 @@ impl<'a> Emitter<'a> {
         let mut values: Vec<Value> = Vec::with_capacity(block.values.len());
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
-            let is_load = matches!(v.expr, Expr::Load { .. });
+            let is_load = v.expr.read().is_some();
             let r = match (hoisted[i], &v.expr) {
-                // One row's hoisted values are scalars; four rows' are vectors.
-                (Some(h), _) if lanes && matches!(rows, Rows::One(_)) => self.splat(v.dtype, h),
+                // One row's hoisted values are scalars; four rows' are
+                // vectors. A scalar without lanes is a gather's index alone
+                // (`vectorizable_hoisted`), read as it is.
+                (Some(h), _) if lanes && matches!(rows, Rows::One(_)) && has_lanes(v.dtype) => {
+                    self.splat(v.dtype, h)
+                }
                 (Some(h), _) => h,
                 (None, Expr::Load { .. }) => self.read(&accesses[k], rows, k, j, v.dtype, lanes),
+                (
+                    None,
+                    Expr::Gather {
+                        index, stride, len, ..
+                    },
+                ) => {
+                    let Rows::One(bases) = rows else {
+                        unreachable!("four rows at once run f32 arithmetic, which holds no index")
+                    };
+                    // In lanes the position is one per row, hoisted
+                    // (`vectorizable_hoisted`); else this element's.
+                    let at = match hoisted[*index as usize] {
+                        Some(at) => at,
+                        None => values[*index as usize],
+                    };
+                    let stepping = (*stride, *len);
+                    self.gathered(&accesses[k], bases[k], j, v.dtype, lanes, at, stepping)
+                }
                 (None, Expr::Acc) => acc.unwrap_or(j),
                 (None, expr) => {
                     let args: Vec<Value> = expr

@@ -202,7 +202,7 @@ fn product_rows(kernel: &Kernel) -> Option<(Shape, Block)> {
     }
     let mut body = kernel.body.clone();
     for value in &mut body.values {
-        if let Expr::Load { view, .. } = &mut value.expr {
+        if let Some((_, view)) = value.expr.read_mut() {
             *view = view.reshape(&product)?;
         }
     }
@@ -350,7 +350,7 @@ fn drop_dead_loads(block: &mut Block) {
         }
     }
     for (v, live) in block.values.iter_mut().zip(live) {
-        if !live && matches!(v.expr, Expr::Load { .. }) {
+        if !live && v.expr.read().is_some() {
             v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
         }
     }
@@ -430,7 +430,7 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
         && match &v.expr {
             Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
             Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
-            Expr::Where(..) | Expr::Cast(_) => false,
+            Expr::Where(..) | Expr::Cast(_) | Expr::Gather { .. } => false,
         }
 }
 
@@ -446,10 +446,27 @@ fn vectorizable_hoisted(
     out: &Access,
     hoisted: &[Option<Value>],
 ) -> bool {
-    let values_ok = block.values.iter().zip(hoisted).all(|(v, h)| match h {
-        Some(_) => has_lanes(v.dtype),
-        None => lane_op(block, v),
-    });
+    // A hoisted value that only gathers read as their index stays a scalar.
+    let only_indexes = |i: usize| {
+        block.values.iter().zip(hoisted).all(|(u, h)| {
+            h.is_some()
+                || matches!(u.expr, Expr::Gather { index, .. } if index as usize == i)
+                || !u.expr.operands().contains(&(i as u32))
+        })
+    };
+    let values_ok = block
+        .values
+        .iter()
+        .zip(hoisted)
+        .enumerate()
+        .all(|(i, (v, h))| match (h, &v.expr) {
+            (Some(_), _) => has_lanes(v.dtype) || only_indexes(i),
+            // A gather runs in lanes along a row it picks once per row.
+            (None, Expr::Gather { index, .. }) => {
+                has_lanes(v.dtype) && hoisted[*index as usize].is_some()
+            }
+            (None, _) => lane_op(block, v),
+        });
     let stored_ok = matches!(block.dtype(), Some(DType::F32 | DType::I32));
     values_ok && stored_ok && lanes_read(accesses, Some(out))
 }
@@ -482,5 +499,7 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
                 DType::F64 | DType::I64 => false,
             },
             Expr::Cast(x) => has_lanes(dtype_of(*x)),
+            // Only with its index hoisted (`vectorizable_hoisted`).
+            Expr::Gather { .. } => false,
         }
 }

@@ -227,9 +227,9 @@ impl<'a> Emitter<'a> {
             prologue
                 .values
                 .iter()
-                .filter(|v| matches!(v.expr, Expr::Load { .. }))
+                .filter(|v| v.expr.read().is_some())
                 .zip(&pro.accesses)
-                .find(|(_, a)| a.unit_stride())
+                .find(|(v, a)| matches!(v.expr, Expr::Load { .. }) && a.unit_stride())
                 .map(|(v, a)| (e.row_ahead(a, v.dtype, row, pro.rows), v.dtype))
         } else {
             None
@@ -649,10 +649,7 @@ impl<'a> Emitter<'a> {
         // side outputs, one row at a time, its reads placed at the row.
         let in_lanes = f32_arithmetic(body)
             && self.side.is_empty()
-            && !body
-                .values
-                .iter()
-                .any(|v| matches!(v.expr, Expr::Load { .. }));
+            && !body.values.iter().any(|v| v.expr.read().is_some());
         if in_lanes {
             self.row_span(from, to, &mut |e, rr, lanes| {
                 let a = addr(e, rr);

@@ -46,7 +46,7 @@ impl Emitter<'_> {
         }
         let k = at.block.values[..i]
             .iter()
-            .filter(|v| matches!(v.expr, Expr::Load { .. }))
+            .filter(|v| v.expr.read().is_some())
             .count();
         let access = &at.accesses[k];
         access

@@ -30,10 +30,11 @@ pub(crate) fn elementwise(
     let mut w = Writer::new();
     w.signature(inputs, acc.is_some(), out.dtype, side.len());
     let dims = placed_axes(&out.shape, 0..out.shape.rank());
-    let strided = body
-        .values
-        .iter()
-        .any(|v| matches!(&v.expr, Expr::Load { view, .. } if !view.is_contiguous()));
+    let strided = body.values.iter().any(|v| match &v.expr {
+        Expr::Load { view, .. } => !view.is_contiguous(),
+        Expr::Gather { .. } => true,
+        _ => false,
+    });
     let vector = out.dtype == DType::F32 && n >= 4;
     let step = "(long long)gridDim.x * blockDim.x";
     let first = "(long long)blockIdx.x * blockDim.x + threadIdx.x";

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::kernel::{Block, Expr, gather_fill};
 use kiln_ir::view::View;
 use kiln_ir::{BinaryOp, DType, Scalar, TensorType, UnaryOp};
 
@@ -258,6 +258,26 @@ impl Writer {
                         .ok_or_else(|| Error::Codegen(format!("no input {input}")))?;
                     self.load(*input, view, dtype, at)
                 }
+                Expr::Gather {
+                    input,
+                    view,
+                    index,
+                    stride,
+                    len,
+                } => {
+                    // The position, from the end when negative; outside the
+                    // axis the read is not made and the fill stands in.
+                    let (i, p) = (name(*index), format!("p{k}{}", at.suffix));
+                    self.line(
+                        indent,
+                        &format!(
+                            "const long long {p} = (long long){i} < 0 ? (long long){i} + {len} : (long long){i};"
+                        ),
+                    );
+                    let read = self.read(*input, view, at, &format!("{p} * {stride}"));
+                    let fill = literal(gather_fill(ty));
+                    format!("({p} >= 0 && {p} < {len}) ? {read} : {fill}")
+                }
                 Expr::Const(c) => literal(*c),
                 Expr::Acc => at
                     .acc
@@ -286,6 +306,12 @@ impl Writer {
                 _ => format!("in{input}[{}]", at.index),
             };
         }
+        self.read(input, view, at, "")
+    }
+
+    /// A read of input `input` through `view` at the element's coordinates,
+    /// `shift` elements further on (none when empty).
+    fn read(&self, input: u32, view: &View, at: &Element, shift: &str) -> String {
         let mut index = if view.offset == 0 {
             String::new()
         } else {
@@ -298,6 +324,12 @@ impl Writer {
                 }
                 let _ = write!(index, "{}{axis} * {stride}", at.coords);
             }
+        }
+        if !shift.is_empty() {
+            if !index.is_empty() {
+                index.push_str(" + ");
+            }
+            index.push_str(shift);
         }
         if index.is_empty() {
             index.push('0');
