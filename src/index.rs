@@ -138,6 +138,33 @@ impl Tensor {
         Tensor::lazy(Op::Gather { axis }, &[&table, &indices])
     }
 
+    /// `self` with `src` added at the positions `indices` give along `axis`,
+    /// as PyTorch's `scatter_add`: `out[.., indices[.., j, ..], ..] +=
+    /// src[.., j, ..]` with `j` on `axis`. `src` (f32 or f64, `self`'s
+    /// dtype) and the i32 or i64 `indices` have one shape, equal to
+    /// `self`'s off `axis`. A negative index counts from the end; one
+    /// outside `-len..len` adds nowhere. Repeated indices add up, in the
+    /// order of `j`, so every run gives the same sums. The gradient of
+    /// `src` is the output's gradient gathered back (zero where nothing
+    /// was added); `self`'s passes through.
+    pub fn scatter_add(&self, axis: isize, indices: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let op = "scatter_add";
+        let axis = normalize_axis(op, axis, self.rank())?;
+        let fits = src.rank() == self.rank()
+            && (0..self.rank()).all(|a| a == axis || src.dims()[a] == self.dims()[a]);
+        if !fits || src.dtype() != self.dtype() {
+            return Err(kiln_ir::Error::ShapeMismatch {
+                op,
+                lhs: self.shape().clone(),
+                rhs: src.shape().clone(),
+            }
+            .into());
+        }
+        let len = self.dims()[axis];
+        let sums = Tensor::lazy(Op::ScatterAdd { axis, len }, &[src, indices])?;
+        self.add(&sums)
+    }
+
     /// The slices at the i32 or i64 `indices` (rank 1) along `axis`, as
     /// PyTorch's `index_select` and NumPy's `take`: the result is `self`
     /// with `axis` of `indices`' length. An embedding lookup is

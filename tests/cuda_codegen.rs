@@ -89,11 +89,18 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
             let tokens = randn(&[71, 24], 0)?.index_select(0, &ids)?;
             vec![(tokens + randn(&[8, 24], 1)?.index_select(0, &positions)?)?]
         }
+        // The table's gradient: each row added where its id points.
+        "embedding_grad" => {
+            let table = randn(&[71, 24], 0)?;
+            let ids = Tensor::from_vec(vec![3i64, -1, 70, 3], [4])?;
+            let loss = (table.index_select(0, &ids)? * randn(&[4, 24], 1)?)?.sum_all()?;
+            kiln::grad(&loss, &[&table])?
+        }
         other => panic!("no pattern {other}"),
     })
 }
 
-const PATTERNS: [&str; 11] = [
+const PATTERNS: [&str; 12] = [
     "relu_add",
     "matmul_bias_relu",
     "matmul_bias_scale_tanh",
@@ -105,6 +112,7 @@ const PATTERNS: [&str; 11] = [
     "sgd_step",
     "adamw_step",
     "embedding",
+    "embedding_grad",
 ];
 
 /// The kernels of a fused graph, in launch order.
@@ -190,6 +198,12 @@ fn relu_add_moves_float4_vectors() -> Result<()> {
 #[test]
 fn embeddings_read_the_rows_their_ids_pick() -> Result<()> {
     insta::assert_snapshot!(cuda("embedding")?.0);
+    Ok(())
+}
+
+#[test]
+fn an_embedding_gradient_is_a_thread_per_column() -> Result<()> {
+    insta::assert_snapshot!(cuda("embedding_grad")?.0);
     Ok(())
 }
 

@@ -648,3 +648,142 @@ fn a_gather_sends_each_gradient_to_the_element_it_picked() -> Result<()> {
     }
     Ok(())
 }
+
+/// `src` [n, m] added into `out` [len, m] (or, `along_rows`, [n, m] into
+/// [n, len]) at `idx`'s positions, in f64.
+fn scatter_rows(
+    out: &mut [f64],
+    src: &[f64],
+    idx: &[i64],
+    shape: (usize, usize),
+    len: usize,
+    along_rows: bool,
+) {
+    let (n, m) = shape;
+    for r in 0..n {
+        for c in 0..m {
+            let k = r * m + c;
+            let i = if idx[k] < 0 {
+                idx[k] + len as i64
+            } else {
+                idx[k]
+            };
+            if (0..len as i64).contains(&i) {
+                let at = if along_rows {
+                    r * len + i as usize
+                } else {
+                    i as usize * m + c
+                };
+                out[at] += src[k];
+            }
+        }
+    }
+}
+
+#[test]
+fn an_embedding_gradient_adds_each_row_where_its_id_points() -> Result<()> {
+    // 67 columns: vectors of four and a tail; ids repeated, from the end,
+    // and outside the table.
+    let table = Tensor::randn([1000, 67], 31)?;
+    let ids: Vec<i64> = (0..45)
+        .map(|t| (t * 389) % 2003 - 1001)
+        .chain([5, 5, -995])
+        .collect();
+    let w = Tensor::randn([48, 67], 32)?;
+    let expanded: Vec<i64> = ids.iter().flat_map(|&i| [i; 67]).collect();
+    let mut want = vec![0.0; 1000 * 67];
+    scatter_rows(&mut want, &values(&w)?, &expanded, (48, 67), 1000, false);
+    let inputs = [table, Tensor::from_vec(ids, [48])?, w];
+    let dx = |t: &[Tensor]| -> Result<Tensor> {
+        let loss = (t[0].index_select(0, &t[1])? * &t[2])?.sum_all()?;
+        Ok(kiln::grad(&loss, &[&t[0]])?.remove(0))
+    };
+    for (path, got) in every_path(&inputs, dx)? {
+        for (i, (g, w)) in values(&got)?.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "dx, {path}: element {i}: got {g}, want {w}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn scatter_add_sums_repeats_in_order_and_drops_what_falls_outside() -> Result<()> {
+    // Along the last axis (one element per pick) and along the first
+    // (rows), with i32 and i64 indices.
+    let base = Tensor::randn([9, 13], 41)?;
+    let src = Tensor::randn([9, 13], 42)?;
+    let idx: Vec<i64> = (0..9 * 13).map(|k| (k * 7) % 31 - 15).collect();
+    for axis in [1, 0] {
+        let len = if axis == 1 { 13 } else { 9 };
+        let mut want = values(&base)?;
+        scatter_rows(&mut want, &values(&src)?, &idx, (9, 13), len, axis == 1);
+        let narrow: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+        for indices in [
+            Tensor::from_vec(idx.clone(), [9, 13])?,
+            Tensor::from_vec(narrow, [9, 13])?,
+        ] {
+            close(
+                &format!("scatter_add along {axis} by {:?}", indices.dtype()),
+                &[base.clone(), indices, src.clone()],
+                |t| t[0].scatter_add(axis, &t[1], &t[2]),
+                1e-6,
+            )?;
+            let got =
+                values(&base.scatter_add(axis, &Tensor::from_vec(idx.clone(), [9, 13])?, &src)?)?;
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5,
+                    "along {axis}: element {i}: got {g}, want {w}"
+                );
+            }
+        }
+    }
+    let message = base.scatter_add(
+        0,
+        &Tensor::zeros([9, 12], DType::I32)?,
+        &Tensor::zeros([9, 12], DType::F32)?,
+    );
+    assert_eq!(
+        message.map(|_| ()).expect_err("an error").to_string(),
+        "scatter_add: shapes [9, 13] and [9, 12] differ"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_scatter_add_differentiates_to_the_gather_of_its_gradient() -> Result<()> {
+    // d/dsrc sum(scatter_add(base, idx, src) * v) = v at each index, zero
+    // where the index falls outside.
+    let v = Tensor::randn([6, 4], 51)?;
+    let idx = [0i32, 5, -1, 6, 2, -7, 3, 3, 1, 0, -6, 4];
+    let vs = values(&v)?;
+    let want: Vec<f64> = idx
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| {
+            let i = if i < 0 { i + 6 } else { i };
+            if (0..6).contains(&i) {
+                vs[i as usize * 4 + k % 4]
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let inputs = [
+        Tensor::zeros([6, 4], DType::F32)?,
+        Tensor::from_vec(idx.to_vec(), [3, 4])?,
+        Tensor::randn([3, 4], 52)?,
+        v,
+    ];
+    let dsrc = |t: &[Tensor]| -> Result<Tensor> {
+        let loss = (t[0].scatter_add(0, &t[1], &t[2])? * &t[3])?.sum_all()?;
+        Ok(kiln::grad(&loss, &[&t[2]])?.remove(0))
+    };
+    for (path, got) in every_path(&inputs, dsrc)? {
+        assert_eq!(values(&got)?, want, "dsrc, {path}");
+    }
+    Ok(())
+}

@@ -500,6 +500,22 @@ fn reductions_and_matmuls_round_trip() -> Result<()> {
 }
 
 #[test]
+fn gathers_and_scatter_adds_round_trip() -> Result<()> {
+    // Indices inside the axis (ONNX leaves others an error), from the end too.
+    let idx: Vec<i64> = (0..4 * 5).map(|k| (k * 7) % 13 - 6).collect();
+    let inputs = [f32s(&[4, 7], 37)?, Tensor::from_vec(idx, [4, 5])?];
+    round_trip("GatherElements", "GatherElements", &inputs, &|t| {
+        Ok(vec![t[0].gather(1, &t[1])?])
+    })?;
+    let inputs = [f32s(&[4, 7], 38)?, inputs[1].clone(), f32s(&[4, 5], 39)?];
+    round_trip("ScatterElements", "ScatterElements", &inputs, &|t| {
+        let sums = t[0].scatter_add(1, &t[1], &t[2])?;
+        let dx = kiln::grad(&(t[0].gather(1, &t[1])? * &t[2])?.sum_all()?, &[&t[0]])?;
+        Ok(vec![sums, dx[0].clone()])
+    })
+}
+
+#[test]
 fn composites_and_captured_tensors_round_trip() -> Result<()> {
     let x = f32s(&[6, 9], 32)?;
     let (w, bias) = (f32s(&[9], 33)?, f32s(&[9], 34)?);

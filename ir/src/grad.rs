@@ -274,6 +274,10 @@ fn rule(
         Op::Gather { axis } => {
             smallvec![Some(gather::gather_rule(g, *axis, x(0), x(1), dy)?), None]
         }
+        Op::ScatterAdd { axis, len } => {
+            let rule = gather::scatter_add_rule(g, (*axis, *len), x(0), x(1), dy)?;
+            smallvec![Some(rule), None]
+        }
         // `grad` checked on entry that the graph holds graph ops only.
         Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => {
             return Err(Error::Verify {

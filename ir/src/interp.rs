@@ -150,6 +150,7 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
                     }
                 })
             }
+            Op::ScatterAdd { axis, len } => scatter_add(arg(0), arg(1), arg_shape(0), *axis, *len),
             Op::View(view) => materialize(arg(0), view),
             Op::Kernel(k) => {
                 let args: Vec<&Data> = node.inputs.iter().map(|id| &values[id.index()]).collect();
@@ -419,6 +420,29 @@ fn read(x: &Data, view: &View, coords: &[usize]) -> Scalar {
     }
 }
 
+/// `updates` of `shape` summed along `axis` into `len` positions, at the
+/// positions `indices` give (`Op::ScatterAdd`), each sum in f64 and
+/// rounded once.
+fn scatter_add(
+    updates: &Data,
+    indices: &Data,
+    shape: &Shape,
+    axis: usize,
+    len: usize,
+) -> Result<Data, OutOfMemory> {
+    let dims = shape.dims();
+    let (picks, inner) = (dims[axis], dims[axis + 1..].iter().product::<usize>());
+    let mut acc = try_vec(shape.numel() / picks.max(1) * len, 0.0f64)?;
+    for i in 0..shape.numel() {
+        let (outer, within) = (i / (picks * inner), i % inner);
+        if let Some(p) = gather_position(index_value(indices.get(i)), len) {
+            acc[(outer * len + p) * inner + within] += updates.get(i).to_f64();
+        }
+    }
+    let dtype = updates.dtype();
+    Data::from_fn(dtype, acc.len(), |i| cast_f64(acc[i], dtype))
+}
+
 /// An i32 or i64 index as an i64.
 fn index_value(i: Scalar) -> i64 {
     match i.cast(DType::I64) {
@@ -455,6 +479,19 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Result<Vec<Data>, OutOfMemory> {
     match &k.kind {
         // The verifier admits `acc` only in reduction and matmul bodies.
         KernelKind::Elementwise => body(&|_| Scalar::Bool(false)),
+        KernelKind::Scatter {
+            axis,
+            shape,
+            prologue,
+            index,
+        } => {
+            let none = |_: &[usize]| Scalar::Bool(false);
+            let updates = block(prologue, shape, args, &none)?;
+            let indices = block_value(prologue, *index as usize, shape, args, &none)?;
+            let sums = scatter_add(&updates, &indices, shape, *axis, space.dims()[*axis])?;
+            let strides = space.strides();
+            body(&|coords| sums.get(dot(coords, &strides)))
+        }
         KernelKind::Reduce {
             op,
             axes,

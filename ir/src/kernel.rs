@@ -87,6 +87,20 @@ pub enum KernelKind {
         /// The value combined at each index of `shape`.
         prologue: Block,
     },
+    /// `prologue` over `shape` (the updates) added into zeros at the
+    /// position its value `index` picks along `axis` (`Op::ScatterAdd`):
+    /// output `[.., p, ..]` sums the prologue at every `[.., j, ..]` whose
+    /// index picks `p`, in the order of `j`. The body is `acc` alone.
+    Scatter {
+        /// The axis summed into.
+        axis: usize,
+        /// The space the prologue runs over.
+        shape: Shape,
+        /// The update at each index of `shape`: its last value.
+        prologue: Block,
+        /// The value of `prologue` that indexes `axis`.
+        index: u32,
+    },
     /// `a [.., m, k] @ b [.., k, n]`, f32.
     MatMul {
         /// The left operand.
@@ -362,7 +376,7 @@ impl Kernel {
                 .filter(|o| matches!(o, Operand::Computed { .. }))
                 .map(|o| o.shape().numel() * DType::F32.size())
                 .sum(),
-            KernelKind::Elementwise | KernelKind::Reduce { .. } => 0,
+            KernelKind::Elementwise | KernelKind::Reduce { .. } | KernelKind::Scatter { .. } => 0,
         }
     }
 
@@ -406,6 +420,32 @@ impl Kernel {
                     ));
                 }
                 Some(dtype)
+            }
+            KernelKind::Scatter {
+                axis,
+                shape,
+                prologue,
+                index,
+            } => {
+                prologue.check(shape, &self.inputs, None)?;
+                let index_type = prologue.values.get(*index as usize).map(|v| v.dtype);
+                if !matches!(index_type, Some(DType::I32 | DType::I64)) {
+                    return Err(format!("a scatter indexes by value {index}, not an index"));
+                }
+                let (from, to) = (shape.dims(), self.out.shape.dims());
+                let fits = *axis < from.len()
+                    && from.len() == to.len()
+                    && (0..from.len()).all(|a| a == *axis || from[a] == to[a]);
+                if !fits {
+                    return Err(format!(
+                        "a scatter from {shape} along axis {axis} cannot write {}",
+                        self.out.shape
+                    ));
+                }
+                if self.body.values.len() != 1 || !self.side.is_empty() {
+                    return Err("a scatter's body is acc alone".to_string());
+                }
+                Some(prologue.dtype().unwrap_or(DType::F32))
             }
             KernelKind::MatMul { a, b } => {
                 let types: Vec<TensorType> = [a, b]

@@ -116,6 +116,19 @@ pub enum Op {
         /// The indexed axis.
         axis: usize,
     },
+    /// `Gather`'s transpose: `updates` summed at the positions `indices`
+    /// give along `axis`, into zeros of `updates`' shape with `len` on
+    /// `axis`: `out[.., p, ..]` is the sum of every `updates[.., j, ..]`
+    /// whose index picks `p` (counted from the end when negative; one
+    /// outside `-len..len` adds nowhere). Operands f32 or f64 `updates` and
+    /// i32 or i64 `indices` of the same shape. Sums accumulate in the
+    /// order of `j`, so the result is the same on every run.
+    ScatterAdd {
+        /// The axis summed into.
+        axis: usize,
+        /// The output's length along `axis`.
+        len: usize,
+    },
     // The post-fusion layer, produced by the passes.
     /// A chain of movement ops folded into one index map (`fold-views`).
     View(View),
@@ -153,7 +166,8 @@ impl Op {
             | Op::Pad { .. }
             | Op::Reduce { .. }
             | Op::MatMul
-            | Op::Gather { .. } => OpLayer::Graph,
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. } => OpLayer::Graph,
             Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => OpLayer::Fused,
         }
     }
@@ -176,6 +190,7 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::MatMul => "matmul",
             Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
             Op::View(_) => "view",
             Op::Kernel(_) => "kernel",
             Op::SideOutput(_) => "side_output",
@@ -197,7 +212,7 @@ impl Op {
             | Op::Reduce { .. }
             | Op::View(_)
             | Op::SideOutput(_) => 1,
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } => 2,
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::ScatterAdd { .. } => 2,
             Op::Where => 3,
             Op::Kernel(k) => k.inputs.len(),
         }
@@ -354,6 +369,7 @@ impl Op {
             Op::Reduce { op: r, axes } => r.infer(axes, args[0]),
             Op::MatMul => infer_matmul(args[0], args[1]),
             Op::Gather { axis } => infer_gather(*axis, args[0], args[1]),
+            Op::ScatterAdd { axis, len } => infer_scatter_add(*axis, *len, args[0], args[1]),
             Op::View(view) => {
                 view.check(args[0], &view.shape)
                     .map_err(|message| Error::Malformed { op, message })?;
@@ -396,4 +412,46 @@ fn infer_gather(axis: usize, x: &TensorType, indices: &TensorType) -> Result<Ten
         });
     }
     Ok(TensorType::new(x.dtype, indices.shape.clone()))
+}
+
+/// The type of `updates` summed into `len` positions along `axis` by
+/// `indices` (`Op::ScatterAdd`).
+fn infer_scatter_add(
+    axis: usize,
+    len: usize,
+    updates: &TensorType,
+    indices: &TensorType,
+) -> Result<TensorType, Error> {
+    let op = "scatter_add";
+    if !updates.dtype.is_float() {
+        return Err(Error::DType {
+            op,
+            dtype: updates.dtype,
+            expected: "f32 or f64 updates",
+        });
+    }
+    if !matches!(indices.dtype, DType::I32 | DType::I64) {
+        return Err(Error::DType {
+            op,
+            dtype: indices.dtype,
+            expected: "i32 or i64 indices",
+        });
+    }
+    if updates.shape != indices.shape {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: updates.shape.clone(),
+            rhs: indices.shape.clone(),
+        });
+    }
+    if axis >= updates.shape.rank() {
+        return Err(Error::Axis {
+            op,
+            axis: axis as isize,
+            rank: updates.shape.rank(),
+        });
+    }
+    let mut dims = updates.shape.dims().to_vec();
+    dims[axis] = len;
+    Ok(TensorType::new(updates.dtype, dims))
 }

@@ -44,7 +44,9 @@ fn block_values(op: &Op) -> usize {
     match op {
         Op::Kernel(k) => {
             let prologue = match &k.kind {
-                KernelKind::Reduce { prologue, .. } => prologue.values.len(),
+                KernelKind::Reduce { prologue, .. } | KernelKind::Scatter { prologue, .. } => {
+                    prologue.values.len()
+                }
                 KernelKind::MatMul { a, b } => [a, b]
                     .iter()
                     .map(|o| match o {
@@ -132,6 +134,7 @@ impl fmt::Display for Graph {
                 }
                 Op::Reduce { axes, .. } => write!(line, " axes {}", compact(axes))?,
                 Op::Gather { axis } => write!(line, " axis {axis}")?,
+                Op::ScatterAdd { axis, len } => write!(line, " axis {axis} len {len}")?,
                 Op::View(view) => write!(line, " {view}")?,
                 Op::SideOutput(k) => write!(line, " {k}")?,
                 Op::Kernel(k) => {
@@ -191,6 +194,22 @@ fn print_kernel(
             writeln!(f, "{line} : {} {{", k.out)?;
             let result = print_block(f, prologue, shape, operands, next)?;
             writeln!(f, "    reduce %{result}")?;
+            next += prologue.values.len();
+        }
+        KernelKind::Scatter {
+            axis,
+            shape,
+            prologue,
+            index,
+        } => {
+            let space = TensorType::new(prologue.dtype().unwrap_or(k.out.dtype), shape.clone());
+            writeln!(
+                f,
+                "{line} scatter_add axis {axis} over {space} ({args}) : {} {{",
+                k.out
+            )?;
+            let result = print_block(f, prologue, shape, operands, next)?;
+            writeln!(f, "    add %{result} at %{}", next + *index as usize)?;
             next += prologue.values.len();
         }
         KernelKind::MatMul { a, b } => {

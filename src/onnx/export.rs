@@ -280,6 +280,24 @@ impl Builder<'_> {
                     .attributes
                     .push(int_attr("axis", *axis as i64));
             }
+            // Added into zeros of the output's shape.
+            Op::ScatterAdd { axis, .. } => {
+                let shape = self.ints(format!("{out}_shape"), node.ty.shape.dims().iter().copied());
+                let zero = Scalar::I32(0).cast(node.ty.dtype);
+                let zeros = format!("{out}_zeros");
+                self.push("ConstantOfShape", vec![shape], zeros.clone())
+                    .attributes
+                    .push(tensor_attr("value", tensor("", &[1], &scalar_data(zero))));
+                let inputs = vec![zeros, args[1].clone(), args[0].clone()];
+                let scatter = self.push("ScatterElements", inputs, out);
+                scatter.attributes.push(int_attr("axis", *axis as i64));
+                scatter.attributes.push(AttributeProto {
+                    name: "reduction".to_string(),
+                    kind: kind::STRING,
+                    s: b"add".to_vec(),
+                    ..AttributeProto::default()
+                });
+            }
             Op::Cast(to) => {
                 let to = onnx_code(*to);
                 self.push("Cast", args, out)

@@ -13,6 +13,7 @@ use super::proto::{
 /// `AttributeProto.AttributeType` numbers of what the exporter writes.
 pub(super) mod kind {
     pub const INT: i64 = 2;
+    pub const STRING: i64 = 3;
     pub const TENSOR: i64 = 4;
     pub const INTS: i64 = 7;
 }
@@ -126,6 +127,7 @@ fn attribute(w: &mut Writer, a: &AttributeProto) {
     w.string(1, &a.name);
     match a.kind {
         kind::INT => w.int(3, a.i),
+        kind::STRING => w.bytes(4, &a.s),
         kind::INTS => w.packed_ints(8, &a.ints),
         // The exporter writes no other kind.
         _ => {

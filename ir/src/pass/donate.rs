@@ -164,6 +164,11 @@ fn reads_at_own_index(kernel: &Kernel, k: u32) -> Result<(), String> {
                 return Err("the reduction reads the input in its prologue".to_string());
             }
         }
+        KernelKind::Scatter { prologue, .. } => {
+            if loads(&prologue.values).any(|(input, _)| input == k) {
+                return Err("the scatter reads the input in its prologue".to_string());
+            }
+        }
         KernelKind::MatMul { a, b } => {
             for operand in [a, b] {
                 let read = match operand {

@@ -73,6 +73,7 @@ fn is_movement(op: &Op) -> bool {
         | Op::Reduce { .. }
         | Op::MatMul
         | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
         | Op::View(_)
         | Op::Kernel(_)
         | Op::SideOutput(_) => false,
@@ -100,6 +101,7 @@ fn moved(view: &View, op: &Op) -> Option<View> {
         | Op::Reduce { .. }
         | Op::MatMul
         | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
         | Op::View(_)
         | Op::Kernel(_)
         | Op::SideOutput(_) => None,

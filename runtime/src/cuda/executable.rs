@@ -188,7 +188,9 @@ impl Executable {
                                 epilogue_function,
                             }
                         }
-                        KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+                        KernelKind::Elementwise
+                        | KernelKind::Reduce { .. }
+                        | KernelKind::Scatter { .. } => {
                             let program = codegen::kernel(kernel)?;
                             Step::Kernel {
                                 function: compiled(&program, i..i + 1)?,

@@ -26,6 +26,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "CenterCropPad" => center_crop_pad(node),
         "Gather" => gather(node),
         "GatherElements" => gather_elements(node),
+        "ScatterElements" | "Scatter" => scatter_elements(node),
         "DepthToSpace" => depth_to_space(node),
         "SpaceToDepth" => space_to_depth(node),
         "Trilu" => trilu(node),
@@ -533,6 +534,33 @@ fn gather_elements(node: &Node) -> Result<Vec<Value>> {
         }
     }
     one(cut.gather(a as isize, &idx)?)
+}
+
+/// `data` with `updates` added at (`reduction` "add") or written over
+/// (the default, "none") the positions `indices` give along `axis`. A write
+/// is a where over the positions some index picks, of the updates summed
+/// there: ONNX leaves two writes to one position undefined.
+fn scatter_elements(node: &Node) -> Result<Vec<Value>> {
+    let (data, updates) = (node.tensor(0)?, node.tensor(2)?);
+    let a = axis(node, node.attr_int("axis", 0)?, data.rank())?;
+    let idx = indices(node, 1, data.dims()[a])?;
+    if idx.dims() != updates.dims() {
+        return Err(node.invalid("indices and updates differ in shape"));
+    }
+    let added = data.scatter_add(a as isize, &idx, &updates)?;
+    match node.attr_string("reduction", "none")?.as_str() {
+        "add" => one(added),
+        "none" => {
+            let dtype = data.dtype();
+            let zeros = Tensor::zeros(data.shape().clone(), dtype)?;
+            let ones = Tensor::ones(updates.shape().clone(), dtype)?;
+            let hit = zeros.scatter_add(a as isize, &idx, &ones)?;
+            let written = zeros.scatter_add(a as isize, &idx, &updates)?;
+            let picked = hit.gt(&Tensor::zeros([], dtype)?)?;
+            one(picked.where_cond(&written, &data)?)
+        }
+        other => Err(node.unsupported(format!("reduction {other}"))),
+    }
 }
 
 fn block(node: &Node) -> Result<usize> {

@@ -110,6 +110,25 @@ impl Builder<'_, '_> {
                     Err(_) => return Err(internal("a matmul has two operands".to_string())),
                 }
             }
+            Some((c, Op::ScatterAdd { axis, .. })) => {
+                let [(updates, at), (indices, view)] =
+                    <[(usize, View); 2]>::try_from(plan.operands(c).into_vec())
+                        .map_err(|_| internal("a scatter-add has two operands".to_string()))?;
+                let mut prologue = Block::default();
+                let index = self.emit(&mut prologue, Role::Prologue, indices, &view)?;
+                let update = self.emit(&mut prologue, Role::Prologue, updates, &at)?;
+                // The update is the prologue's result: its last value.
+                if update as usize + 1 != prologue.values.len() {
+                    let dtype = prologue.values[update as usize].dtype;
+                    prologue.push(Expr::Cast(update), dtype);
+                }
+                KernelKind::Scatter {
+                    axis: *axis,
+                    shape: at.shape.clone(),
+                    prologue,
+                    index,
+                }
+            }
             Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
         };
         let mut body = Block::default();

@@ -14,7 +14,8 @@
 //!   reduced axes over the space it reduced (the sum+broadcast pattern:
 //!   softmax, `x - mean(x)`);
 //! - the operand of a reduction joins the reduction's prologue by the same
-//!   rules, and may at once be part of the epilogue when that runs over the
+//!   rules (and so do a scatter-add's updates and indices: a scatter-add
+//!   is always a kernel of its own, its sums stored as they are), and may at once be part of the epilogue when that runs over the
 //!   same space (`exp(x - m)` in softmax is recomputed there: the row is in
 //!   cache, a second pass over memory is what fusion saves);
 //! - an operand of a matmul that is elementwise work on graph inputs and
@@ -333,7 +334,11 @@ impl<'g> Plan<'g> {
     /// Makes node `i` the output of a kernel of its own.
     fn root(&mut self, i: usize) {
         let node = &self.graph.nodes[i];
-        let core = matches!(node.op, Op::Reduce { .. } | Op::MatMul).then_some(i);
+        let core = matches!(
+            node.op,
+            Op::Reduce { .. } | Op::MatMul | Op::ScatterAdd { .. }
+        )
+        .then_some(i);
         self.root_of[i] = Some(self.groups.len());
         self.members[i] = vec![Membership {
             group: self.groups.len(),
@@ -531,6 +536,7 @@ impl<'g> Plan<'g> {
                     places: candidates.into_iter().map(|c| c.2).collect(),
                 }])
             }
+            Op::ScatterAdd { .. } => Err("is a scatter-add, which stores its sums".to_string()),
             Op::View(_) => Err("is a view that no reader can fold".to_string()),
             Op::Input { .. }
             | Op::Const(_)

@@ -99,7 +99,7 @@ impl CompiledKernel {
             KernelKind::MatMul { a, b } => {
                 self.run_matmul([a, b], &bound, (inputs, out, scratch), computed)?
             }
-            KernelKind::Elementwise | KernelKind::Reduce { .. } => {
+            KernelKind::Elementwise | KernelKind::Reduce { .. } | KernelKind::Scatter { .. } => {
                 run_rows(std::slice::from_ref(&bound))?
             }
         }

@@ -169,7 +169,7 @@ impl<'a> Emitter<'a> {
         (offset, valid)
     }
 
-    fn address(&mut self, buffer: usize, offset: Value, dtype: DType) -> Value {
+    pub(super) fn address(&mut self, buffer: usize, offset: Value, dtype: DType) -> Value {
         let bytes = self.b.ins().imul_imm_s(offset, dtype.size() as i64);
         self.b.ins().iadd(self.ptrs[buffer], bytes)
     }
@@ -202,12 +202,26 @@ impl<'a> Emitter<'a> {
         index: Value,
         (stride, len): (usize, usize),
     ) -> Value {
+        // One outside the axis reads its first element (inside the
+        // buffer), replaced by the fill.
+        let (position, inside) = self.position(index, len);
+        let (offset, valid) = self.element(access, row, j);
+        let shift = self.b.ins().imul_imm_s(position, stride as i64);
+        let offset = self.b.ins().iadd(offset, shift);
+        let x = self.load_at(access, (offset, valid), dtype, lanes);
+        let fill = self.scalar_const(gather_fill(dtype));
+        let fill = if lanes { self.splat(dtype, fill) } else { fill };
+        self.b.ins().select(inside, x, fill)
+    }
+
+    /// The position an i32 or i64 `index` picks along an axis of `len`,
+    /// counted from the end when negative, as an i64 clamped to 0 where the
+    /// index is outside `-len..len`; and whether it was inside.
+    pub(super) fn position(&mut self, index: Value, len: usize) -> (Value, Value) {
         let index = match self.b.func.dfg.value_type(index) {
             types::I64 => index,
             _ => self.b.ins().sextend(types::I64, index),
         };
-        // Negative indices count from the end; one outside `-len..len` reads
-        // the first element (inside the buffer), replaced by the fill.
         let negative = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, index, 0);
         let wrapped = self.b.ins().iadd_imm_s(index, len as i64);
         let position = self.b.ins().select(negative, wrapped, index);
@@ -216,14 +230,7 @@ impl<'a> Emitter<'a> {
             .ins()
             .icmp_imm_s(IntCC::UnsignedLessThan, position, len as i64);
         let zero = self.iconst(0);
-        let position = self.b.ins().select(inside, position, zero);
-        let (offset, valid) = self.element(access, row, j);
-        let shift = self.b.ins().imul_imm_s(position, stride as i64);
-        let offset = self.b.ins().iadd(offset, shift);
-        let x = self.load_at(access, (offset, valid), dtype, lanes);
-        let fill = self.scalar_const(gather_fill(dtype));
-        let fill = if lanes { self.splat(dtype, fill) } else { fill };
-        self.b.ins().select(inside, x, fill)
+        (self.b.ins().select(inside, position, zero), inside)
     }
 
     /// One element (or four lanes) of `access` at element `offset`, `valid`
@@ -556,7 +563,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Every value of `at`'s block at inner index `j`.
-    fn block_values(
+    pub(super) fn block_values(
         &mut self,
         at: Placed,
         j: Value,

@@ -29,6 +29,7 @@
 //! - `ops`: one value of a block, a cast or a reduction's combine;
 //! - `elementwise`: elementwise kernels and matmul epilogues;
 //! - `reduce`: reductions, by rows, four short rows at once, or by columns;
+//! - `scatter`: scatter-adds, pick by pick into zeroed rows;
 //! - `exp_sum`: a row's sum of exponentials by a call of 256-bit code;
 //! - `row_call`: a row's max or sum, and an epilogue scaling a row, by calls
 //!   of 256-bit code, and how a block is matched to a row function's form.
@@ -39,6 +40,7 @@ mod exp_sum;
 mod ops;
 mod reduce;
 mod row_call;
+mod scatter;
 
 use cranelift_codegen::ir::{
     AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, Value, types,
@@ -54,6 +56,7 @@ use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType};
 use crate::nest::{Access, Reduction, loads, nest};
 use emit::Emitter;
 use reduce::Reduce;
+use scatter::Scatter;
 
 /// How a lowered kernel is driven: the range of `start..end` and what one
 /// unit of it costs, for splitting across threads.
@@ -327,6 +330,26 @@ pub(crate) fn lower<'a>(
                 broadcast,
             };
             e.reduce(reduce, start, end)
+        }
+        KernelKind::Scatter {
+            axis,
+            shape,
+            prologue,
+            index,
+        } => {
+            let identity: Vec<usize> = (0..shape.rank()).collect();
+            let nest = nest(shape, &identity, Some(axis + 1), &loads(prologue));
+            let dims = shape.dims();
+            let scatter = Scatter {
+                prologue,
+                index: *index,
+                nest: &nest,
+                outer: dims[..*axis].iter().product(),
+                picks: dims[*axis],
+                len: space.dims()[*axis],
+                out: out_buffer,
+            };
+            e.scatter(scatter, start, end)
         }
     };
     e.b.ins().return_(&[]);

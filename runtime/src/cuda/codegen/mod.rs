@@ -8,6 +8,7 @@
 //! - `reduce`: a reduction by rows (a block to a row) or by columns (a
 //!   thread to an output), with its broadcast epilogue;
 //! - `row_group`: the reductions of a row group as one kernel;
+//! - `scatter`: a scatter-add, a thread per column of its output;
 //! - `writer`: the C text of values, loads, helpers and signatures that
 //!   the three share.
 //!
@@ -26,6 +27,7 @@
 mod elementwise;
 mod reduce;
 mod row_group;
+mod scatter;
 mod writer;
 
 use kiln_ir::kernel::{Kernel, KernelKind};
@@ -101,6 +103,12 @@ pub fn kernel(kernel: &Kernel) -> Result<Program, Error> {
             shape,
             prologue,
         } => reduce(kernel, *op, axes, shape, prologue),
+        KernelKind::Scatter {
+            axis,
+            shape,
+            prologue,
+            index,
+        } => scatter::scatter(kernel, *axis, shape, prologue, *index),
         KernelKind::MatMul { .. } => Err(Error::Codegen(
             "a matmul kernel is a plan, not one source".to_string(),
         )),

@@ -23,7 +23,7 @@ pub fn reduction_rows(kernel: &Kernel) -> Option<usize> {
             let reduction = Reduction::new(shape, axes);
             by_rows(shape, &reduction).then(|| reduction.rows())
         }
-        KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
+        KernelKind::Elementwise | KernelKind::Scatter { .. } | KernelKind::MatMul { .. } => None,
     }
 }
 
@@ -228,7 +228,7 @@ pub(super) fn reduce_into(
 
 /// The row-major flat index of coordinates `{prefix}{axis}` in `shape`
 /// (size-1 axes have none and add nothing).
-fn flat_index(shape: &Shape, prefix: &str) -> String {
+pub(super) fn flat_index(shape: &Shape, prefix: &str) -> String {
     let strides = shape.strides();
     let terms: Vec<String> = placed_axes(shape, 0..shape.rank())
         .into_iter()

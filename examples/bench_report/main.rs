@@ -22,9 +22,11 @@ use std::collections::hash_map::Entry;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+mod embedding;
+
 use kiln::{
-    BackendOptions, CompileOptions, CompiledGraph, DType, Data, DataRef, Device, Options,
-    Precision, Result, Tensor, TensorType,
+    BackendOptions, CompileOptions, CompiledGraph, Data, DataRef, Device, Options, Precision,
+    Result, Tensor,
 };
 use kiln_support::workloads::{self, Workload};
 
@@ -476,48 +478,8 @@ fn main() -> Result<()> {
         }
     }
     if wanted("embedding") && args.backend == Backend::Cpu {
-        embedding(args.quick)?;
+        embedding::embedding(args.quick)?;
     }
-    Ok(())
-}
-
-/// A GPT-2-sized embedding lookup: 128 i64 token ids (some counted from the
-/// end) into a [50257, 768] f32 table, both inputs of a compiled graph.
-/// Checked: every row against the table's.
-fn embedding(quick: bool) -> Result<()> {
-    eprintln!("embedding");
-    let (vocab, width, tokens) = (50257usize, 768usize, 128usize);
-    let table = Tensor::randn([vocab, width], 3)?;
-    let ids: Vec<i64> = (0..tokens as i64)
-        .map(|t| (t * 7919) % 50257 - 100)
-        .collect();
-    let spec = [table.ty().clone(), TensorType::new(DType::I64, [tokens])];
-    let mut compiled = kiln::compile("embedding", &spec, |t| {
-        Ok(vec![t[0].index_select(0, &t[1])?])
-    })?;
-    let data = [Data::F32(table.to_vec()?), Data::I64(ids.clone())];
-    let refs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
-    let mut out = compiled.output_buffers()?;
-    compiled.run_into(&refs, &mut out)?;
-    let rows = floats(&data[0]);
-    let want: Vec<f64> = ids
-        .iter()
-        .flat_map(|&i| {
-            let r = i.rem_euclid(vocab as i64) as usize;
-            rows[r * width..(r + 1) * width]
-                .iter()
-                .map(|&x| f64::from(x))
-        })
-        .collect();
-    let err = max_rel_err(floats(&out[0]), &want);
-    let timings = time(quick, 1, |_| {
-        compiled.run_into(&refs, &mut out).map(|()| None)
-    })?;
-    println!(
-        "{{\"workload\":\"embedding\",\"shape\":\"{vocab}x{width}[{tokens}]\",\"variant\":\"fused\",\"backend\":\"cpu\",{},\"kernels\":1,\"bytes\":{},\"flops\":0,\"max_rel_err\":{err:.2e}}}",
-        timings[0].fields(),
-        2 * tokens * width * 4,
-    );
     Ok(())
 }
 
