@@ -82,6 +82,9 @@ fn second_order_gradients_match_differences_of_gradients() {
     let w = Tensor::from_vec(weights, SHAPE).expect("fills");
     let m = Tensor::from_vec(rng.fill(5 * 4, |r| r.uniform(-1.0, 1.0)), [5, 4]).expect("fills");
     let targets = Tensor::from_vec(vec![1i32, 4, 0], [3]).expect("fills");
+    // Repeated picks, picks from the end and picks outside the axis.
+    let picks = [0i64, 4, 4, -1, 2, 9, 1, 3, 3, 3, -5, 0, 2, -6, 4];
+    let picks = Tensor::from_vec(picks.to_vec(), SHAPE).expect("fills");
     // Away from every kink: magnitudes in [0.2, 1) of either sign, or
     // positive where the op needs it; distinct, so no maximum ties.
     let signed = rng.fill(15, |r| r.signed(0.2, 1.0));
@@ -165,6 +168,23 @@ fn second_order_gradients_match_differences_of_gradients() {
                 );
                 let w = w.clone();
                 move |x: &Tensor| x.layer_norm(&g, &b, 1e-5)?.mul(&w)?.sum_all()
+            }),
+        ),
+        (
+            "gather",
+            &signed,
+            Box::new({
+                let (picks, w) = (picks.clone(), w.clone());
+                move |x: &Tensor| x.gather(1, &picks)?.tanh()?.mul(&w)?.sum_all()
+            }),
+        ),
+        (
+            "scatter_add",
+            &signed,
+            Box::new({
+                let picks = picks.clone();
+                let base = Tensor::zeros([3, 6], DType::F32).expect("small");
+                move |x: &Tensor| base.scatter_add(1, &picks, x)?.tanh()?.square()?.sum_all()
             }),
         ),
         (
