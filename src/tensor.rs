@@ -398,6 +398,32 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
 }
 
 fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
+    // A constant is stored as it is, with nothing compiled: a value given
+    // to a compiled step as `Tensor::scalar(..)`, call after call, would
+    // otherwise compile a kernel for each new value.
+    let mut computed = Vec::with_capacity(pending.len());
+    for &t in pending {
+        let constant = match &*t.state() {
+            State::Lazy {
+                op: Op::Const(v), ..
+            } => Some(*v),
+            _ => None,
+        };
+        match constant {
+            Some(v) => {
+                let data =
+                    Data::from_fn(v.dtype(), 1, |_| v).map_err(|e| e.in_op("const", &t.0.ty))?;
+                let storage = backend(device)?.store(&t.0.ty, Arc::new(data))?;
+                *t.state() = State::Ready(storage);
+                let _ = t.0.read_from.set(reached(&[]));
+            }
+            None => computed.push(t),
+        }
+    }
+    if computed.is_empty() {
+        return Ok(());
+    }
+    let pending = computed.as_slice();
     let (graph, sources, nodes) = capture_nodes("realize", pending);
     let inputs: Vec<Storage> = sources
         .into_iter()

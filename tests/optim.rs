@@ -272,3 +272,133 @@ fn hyperparameters_out_of_range_are_errors() {
         "a learning rate of 0 is allowed"
     );
 }
+
+#[test]
+fn schedules_give_their_rates_at_the_boundaries() -> Result<()> {
+    use kiln::optim::Schedule;
+    let rates =
+        |s: Schedule, steps: usize| -> Result<Vec<f32>> { (0..steps).map(|k| s.lr(k)).collect() };
+    let near = |got: Vec<f32>, want: &[f32]| {
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1e-6),
+                "step {k}: got {g}, want {w}"
+            );
+        }
+    };
+    near(rates(Schedule::Constant { lr: 0.5 }, 3)?, &[0.5, 0.5, 0.5]);
+    let step = Schedule::Step {
+        lr: 1.0,
+        every: 3,
+        gamma: 0.5,
+    };
+    near(rates(step, 7)?, &[1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25]);
+    let warmup = Schedule::Warmup { lr: 1.0, steps: 4 };
+    near(rates(warmup, 5)?, &[0.25, 0.5, 0.75, 1.0, 1.0]);
+    // Up over two steps, half a cosine over four, the floor after.
+    let cosine = Schedule::Cosine {
+        lr: 1.0,
+        warmup: 2,
+        total: 6,
+        floor: 0.1,
+    };
+    let mid = 0.1 + 0.9 * 0.5 * (1.0 + (std::f32::consts::PI / 4.0).cos());
+    near(
+        rates(cosine, 8)?,
+        &[
+            0.5,
+            1.0,
+            1.0,
+            mid,
+            0.55,
+            0.1 + 0.9 * 0.5 * (1.0 - (std::f32::consts::PI / 4.0).cos()),
+            0.1,
+            0.1,
+        ],
+    );
+    // OneCycleLR(max_lr=1, total_steps=10): up to step 2, down to step 9.
+    let one = rates(Schedule::one_cycle(1.0, 10), 10)?;
+    near(
+        vec![one[0], one[1], one[2], one[9]],
+        &[0.04, 0.52, 1.0, 4e-6],
+    );
+    assert!(one[2..].windows(2).all(|w| w[1] < w[0]), "{one:?}");
+    let bad = [
+        (
+            Schedule::Warmup { lr: 1.0, steps: 0 },
+            0,
+            "needs steps >= 1",
+        ),
+        (
+            Schedule::one_cycle(1.0, 10),
+            10,
+            "OneCycle has 10 steps; step 10 is past them",
+        ),
+        (
+            Schedule::Constant { lr: -1.0 },
+            0,
+            "the rate must be 0 or more, not -1",
+        ),
+    ];
+    for (s, k, message) in bad {
+        let e = s.lr(k).expect_err("an error").to_string();
+        assert!(e.contains(message), "{e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_compiled_step_takes_its_rate_as_an_input_each_step() -> Result<()> {
+    use kiln::optim::Schedule;
+    let schedule = Schedule::Cosine {
+        lr: 0.05,
+        warmup: 2,
+        total: 5,
+        floor: 0.1,
+    };
+    let sgd = Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.0)
+    };
+    let adamw = AdamW::new(0.0);
+    let optimizers: [&dyn Optimizer; 2] = [&sgd, &adamw];
+    for (which, optimizer) in optimizers.into_iter().enumerate() {
+        let params = initial()?;
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let n = params.len();
+        let mut carried = params.clone();
+        carried.extend(optimizer.state(&refs)?);
+        let carried_refs: Vec<&Tensor> = carried.iter().collect();
+        let mut specs: Vec<TensorType> = params.iter().map(|p| p.ty().clone()).collect();
+        specs.push(TensorType::new(DType::F32, Vec::<usize>::new()));
+        let mut compiled =
+            kiln::compile_step("scheduled", &carried_refs, &specs, |state, args| {
+                let (p, opt) = state.split_at(n);
+                let (new_p, new_opt) = optimizer.update_at(p, &args[..n], opt, &args[n])?;
+                Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
+            })?;
+        // The same steps eagerly, each at the rate of its step as a constant.
+        let (mut p, mut state) = (params.clone(), optimizer.state(&refs)?);
+        for step in 0..7 {
+            let lr = schedule.lr(step)?;
+            let g = grads(step as u64)?;
+            let mut args: Vec<&Tensor> = g.iter().collect();
+            let rate = Tensor::scalar(lr);
+            args.push(&rate);
+            compiled.call(&args)?;
+            (p, state) = match which {
+                0 => Sgd { lr, ..sgd }.update(&p, &g, &state)?,
+                _ => AdamW { lr, ..adamw }.update(&p, &g, &state)?,
+            };
+        }
+        let carried = compiled.state()?;
+        for k in 0..n {
+            assert_close(
+                &format!("optimizer {which}, parameter {k}"),
+                &values(&carried[k]),
+                &values(&p[k]),
+            );
+        }
+    }
+    Ok(())
+}

@@ -7,8 +7,15 @@
 //! step by `kiln::compile_step` with the parameters; `update` takes the
 //! parameters, their gradients and the state, and returns the new
 //! parameters and the new state. Hyperparameters are constants of the
-//! traced graph. The formulas are PyTorch's (`torch.optim.SGD`,
-//! `torch.optim.AdamW`), so that a model trained in either moves the same way.
+//! traced graph, but for the learning rate, which `update_at` takes as a
+//! tensor: an input of a compiled step, so that a `Schedule` moves it every
+//! step and the step is never traced or compiled again. The formulas are
+//! PyTorch's (`torch.optim.SGD`, `torch.optim.AdamW`), so that a model
+//! trained in either moves the same way.
+
+mod schedule;
+
+pub use schedule::Schedule;
 
 use crate::{DType, Error, Result, Tensor};
 
@@ -17,13 +24,29 @@ pub trait Optimizer {
     /// The initial state for `params`.
     fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>>;
 
-    /// One step: the new parameters and the new state.
+    /// Its own learning rate.
+    fn lr(&self) -> f32;
+
+    /// One step at learning rate `lr`, a scalar f32 tensor: the new
+    /// parameters and the new state. Where `lr` is an input of a compiled
+    /// step, each call may give another rate.
+    fn update_at(
+        &self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        state: &[Tensor],
+        lr: &Tensor,
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)>;
+
+    /// One step at its own learning rate.
     fn update(
         &self,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-    ) -> Result<(Vec<Tensor>, Vec<Tensor>)>;
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        self.update_at(params, grads, state, &Tensor::scalar(self.lr()))
+    }
 }
 
 /// Stochastic gradient descent with momentum, Nesterov momentum and weight
@@ -65,14 +88,20 @@ impl Optimizer for Sgd {
         params.iter().map(|p| zeros_like(p)).collect()
     }
 
-    fn update(
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    fn update_at(
         &self,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
+        lr: &Tensor,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         check_counts("Sgd", params, grads, state, self.state_len(params))?;
+        check_rate("Sgd", lr)?;
         let mut new_params = Vec::with_capacity(params.len());
         let mut new_state = Vec::with_capacity(state.len());
         for (k, (p, g)) in params.iter().zip(grads).enumerate() {
@@ -89,7 +118,7 @@ impl Optimizer for Sgd {
                 };
                 new_state.push(buf);
             }
-            new_params.push((p - (g * self.lr)?)?);
+            new_params.push((p - (g * lr)?)?);
         }
         Ok((new_params, new_state))
     }
@@ -164,20 +193,27 @@ impl Optimizer for AdamW {
         Ok(state)
     }
 
-    fn update(
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    fn update_at(
         &self,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
+        lr: &Tensor,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         let n = params.len();
         check_counts("AdamW", params, grads, state, 1 + 2 * n)?;
+        check_rate("AdamW", lr)?;
         let t = (&state[0] + 1.0f32)?;
         // The bias corrections, folded into one step size per step.
         let correction1 = (1.0f32 - Tensor::scalar(self.beta1).pow(&t)?)?;
         let correction2 = (1.0f32 - Tensor::scalar(self.beta2).pow(&t)?)?;
-        let step_size = ((correction2.sqrt()? / correction1)? * self.lr)?;
+        let step_size = ((correction2.sqrt()? / correction1)? * lr)?;
+        let decay = (1.0f32 - (lr * self.weight_decay)?)?;
         let correction2_root = correction2.sqrt()?;
         let mut new_params = Vec::with_capacity(n);
         let mut new_m = Vec::with_capacity(n);
@@ -188,7 +224,7 @@ impl Optimizer for AdamW {
             let v = ((v * self.beta2)? + (g.square()? * (1.0 - self.beta2))?)?;
             // p (1 - lr wd) - lr m̂ / (sqrt(v̂) + eps), with m̂ = m / c1 and
             // v̂ = v / c2: lr m̂ / (sqrt(v̂) + eps) = step_size m / (sqrt(v) + eps sqrt(c2)).
-            let decayed = (p * (1.0 - self.lr * self.weight_decay))?;
+            let decayed = (p * &decay)?;
             let denominator = (v.sqrt()? + (&correction2_root * self.eps)?)?;
             let p = (decayed - ((&m * &step_size)? / denominator)?)?;
             new_params.push(p);
@@ -229,6 +265,17 @@ fn at_least_zero(op: &'static str, name: &str, value: f32) -> Result<()> {
         false => Err(Error::Optimizer {
             op,
             message: format!("{name} must be 0 or more, not {value}"),
+        }),
+    }
+}
+
+/// A learning rate given as a tensor must be a scalar f32.
+fn check_rate(op: &'static str, lr: &Tensor) -> Result<()> {
+    match (lr.dtype(), lr.rank()) {
+        (DType::F32, 0) => Ok(()),
+        _ => Err(Error::Optimizer {
+            op,
+            message: format!("the learning rate must be a scalar f32, not {}", lr.ty()),
         }),
     }
 }
