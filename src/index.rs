@@ -152,7 +152,15 @@ impl Tensor {
         let axis = normalize_axis(op, axis, self.rank())?;
         let fits = src.rank() == self.rank()
             && (0..self.rank()).all(|a| a == axis || src.dims()[a] == self.dims()[a]);
-        if !fits || src.dtype() != self.dtype() {
+        if src.dtype() != self.dtype() {
+            return Err(kiln_ir::Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: src.dtype(),
+            }
+            .into());
+        }
+        if !fits {
             return Err(kiln_ir::Error::ShapeMismatch {
                 op,
                 lhs: self.shape().clone(),

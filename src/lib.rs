@@ -42,6 +42,7 @@ mod ops;
 pub mod optim;
 mod overload;
 mod rng;
+mod statistics;
 mod step;
 mod tensor;
 

@@ -171,6 +171,31 @@ fn second_order_gradients_match_differences_of_gradients() {
             }),
         ),
         (
+            "min",
+            &signed,
+            Box::new(|x: &Tensor| x.min(&[1], false)?.square()?.sum_all()),
+        ),
+        (
+            "var",
+            &signed,
+            Box::new(weighted(|x| x.var(&[1], 1, true)?.sqrt())),
+        ),
+        (
+            "std",
+            &signed,
+            Box::new(|x: &Tensor| x.std(&[0], 0, false)?.exp()?.sum_all()),
+        ),
+        (
+            "logsumexp",
+            &signed,
+            Box::new(|x: &Tensor| x.logsumexp(&[1], false)?.square()?.sum_all()),
+        ),
+        (
+            "clamp",
+            &signed,
+            Box::new(weighted(|x| x.clamp(-0.5, 0.5)?.square())),
+        ),
+        (
             "gather",
             &signed,
             Box::new({

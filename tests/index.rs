@@ -787,3 +787,89 @@ fn a_scatter_add_differentiates_to_the_gather_of_its_gradient() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_scatter_add_of_no_picks_leaves_the_tensor_as_it_is() -> Result<()> {
+    let base = Tensor::randn([9, 13], 61)?;
+    let want = values(&base)?;
+    let empty = [
+        base,
+        Tensor::from_vec(Vec::<i64>::new(), [9, 0])?,
+        Tensor::zeros([9, 0], DType::F32)?,
+    ];
+    check(
+        "scatter_add of [9, 0]",
+        &empty,
+        |t| t[0].scatter_add(1, &t[1], &t[2]),
+        DType::F32,
+        &[9, 13],
+        &want,
+    )
+}
+
+#[test]
+fn a_one_element_gradient_kernel_stores_no_scalar_beside_it() -> Result<()> {
+    // The gradient of a one-row table is a one-element scatter kernel, and
+    // `t + 1` a one-element value of the inputs alone, which fusion stores
+    // beside an earlier one-element kernel where it can: never a scatter's.
+    let specs = [
+        TensorType::new(DType::F32, [1]),
+        TensorType::new(DType::I32, [3]),
+        TensorType::new(DType::F32, [3]),
+        TensorType::new(DType::F32, Vec::<usize>::new()),
+    ];
+    let mut graph = kiln::compile("one_row", &specs, |t| {
+        let loss = (t[0].index_select(0, &t[1])? * &t[2])?.sum_all()?;
+        let dtable = kiln::grad(&loss, &[&t[0]])?.remove(0);
+        Ok(vec![dtable, (&t[3] + 1.0f32)?])
+    })?;
+    let inputs = [
+        Tensor::from_vec(vec![0.5f32], [1])?,
+        Tensor::from_vec(vec![0i32, -1, 1], [3])?,
+        Tensor::from_vec(vec![1.0f32, 2.0, 4.0], [3])?,
+        Tensor::scalar(7.0f32),
+    ];
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let out = graph.call(&refs)?;
+    assert_eq!(
+        values(&out[0])?,
+        [3.0],
+        "0 and -1 pick the row, 1 is outside"
+    );
+    assert_eq!(values(&out[1])?, [8.0]);
+    Ok(())
+}
+
+#[test]
+fn a_step_whose_new_state_is_a_scatter_writes_it_in_place() -> Result<()> {
+    let table = Tensor::randn([7, 3], 71)?;
+    let specs = [
+        TensorType::new(DType::I32, [4]),
+        TensorType::new(DType::F32, [4, 3]),
+    ];
+    // The old table is read (its sum, an output), then the scatter that
+    // computes the new one writes over it.
+    let mut step = kiln::compile_step("scatter_state", &[&table], &specs, |s, args| {
+        let loss = (s[0].index_select(0, &args[0])? * &args[1])?.sum_all()?;
+        Ok((vec![s[0].sum_all()?], kiln::grad(&loss, &[&s[0]])?))
+    })?;
+    let ids = Tensor::from_vec(vec![6i32, 0, 6, -7], [4])?;
+    let w = Tensor::randn([4, 3], 72)?;
+    step.call(&[&ids, &w])?;
+    assert!(
+        step.in_place().iter().all(|&b| b),
+        "the scatter writes over the table"
+    );
+    let ws = values(&w)?;
+    let mut want = vec![0.0; 21];
+    for (k, row) in [6usize, 0, 6, 0].into_iter().enumerate() {
+        for c in 0..3 {
+            want[row * 3 + c] += ws[k * 3 + c];
+        }
+    }
+    let got = values(&step.state()?[0])?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-6, "element {i}: got {g}, want {w}");
+    }
+    Ok(())
+}

@@ -432,7 +432,8 @@ fn scatter_add(
 ) -> Result<Data, OutOfMemory> {
     let dims = shape.dims();
     let (picks, inner) = (dims[axis], dims[axis + 1..].iter().product::<usize>());
-    let mut acc = try_vec(shape.numel() / picks.max(1) * len, 0.0f64)?;
+    let outer: usize = dims[..axis].iter().product();
+    let mut acc = try_vec(outer * len * inner, 0.0f64)?;
     for i in 0..shape.numel() {
         let (outer, within) = (i / (picks * inner), i % inner);
         if let Some(p) = gather_position(index_value(indices.get(i)), len) {
@@ -477,7 +478,7 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Result<Vec<Data>, OutOfMemory> {
             .collect()
     };
     match &k.kind {
-        // The verifier admits `acc` only in reduction and matmul bodies.
+        // The verifier admits `acc` only in reduction, scatter and matmul bodies.
         KernelKind::Elementwise => body(&|_| Scalar::Bool(false)),
         KernelKind::Scatter {
             axis,

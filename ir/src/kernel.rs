@@ -225,9 +225,7 @@ impl Expr {
             Expr::Where(c, x, y) => SmallVec::from_slice(&[c, x, y]),
         }
     }
-}
 
-impl Expr {
     /// The input and index map of a read (a load or a gather).
     pub fn read(&self) -> Option<(u32, &View)> {
         match self {

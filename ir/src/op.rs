@@ -121,8 +121,10 @@ pub enum Op {
     /// `axis`: `out[.., p, ..]` is the sum of every `updates[.., j, ..]`
     /// whose index picks `p` (counted from the end when negative; one
     /// outside `-len..len` adds nowhere). Operands f32 or f64 `updates` and
-    /// i32 or i64 `indices` of the same shape. Sums accumulate in the
-    /// order of `j`, so the result is the same on every run.
+    /// i32 or i64 `indices` of the same shape. Each sum is a sum as a
+    /// reduction's is (the interpreter's exact, rounded once; a backend's
+    /// within rounding of it), taken in the order of `j`, so a backend
+    /// gives the same result on every run.
     ScatterAdd {
         /// The axis summed into.
         axis: usize,

@@ -8,7 +8,7 @@ use crate::Error;
 use crate::elementwise::BinaryOp;
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
-use crate::types::Scalar;
+use crate::types::{DType, Scalar};
 
 /// The gradient of `y = gather(x, indices)` along `axis` with respect to
 /// `x`, for `dy` of `indices`' shape.
@@ -35,6 +35,10 @@ pub(super) fn scatter_add_rule(
 ) -> Result<NodeId, Error> {
     let index = g.node(indices).ty.clone();
     let picked = push(g, Op::Gather { axis }, &[dy, indices])?;
+    // Every i32 index is inside an axis longer than i32's range.
+    if index.dtype == DType::I32 && len > i32::MAX as usize {
+        return Ok(picked);
+    }
     let bound = |g: &mut Graph, v: i64| full(g, Scalar::I64(v).cast(index.dtype), &index.shape);
     let (lo, hi) = (bound(g, -(len as i64))?, bound(g, len as i64)?);
     let above = binary(g, BinaryOp::Ge, indices, lo)?;

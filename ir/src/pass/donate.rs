@@ -125,8 +125,13 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
     let Op::Kernel(kernel) = &graph.node(writer).op else {
         return Err("a side output of no kernel".to_string());
     };
-    // A matmul or a reduction accumulates into its output before the body runs.
-    let apart = primary && !matches!(kernel.kind, KernelKind::Elementwise);
+    // A matmul or a reduction accumulates into its output before the body
+    // runs. (A scatter's body is its sums alone, written where they lie.)
+    let apart = primary
+        && matches!(
+            kernel.kind,
+            KernelKind::Reduce { .. } | KernelKind::MatMul { .. }
+        );
     if let KernelKind::Reduce {
         shape, prologue, ..
     } = &kernel.kind

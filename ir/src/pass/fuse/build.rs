@@ -71,6 +71,14 @@ fn internal(message: String) -> Error {
     }
 }
 
+/// The operands of node `n`, of a two-operand op (a gather, a scatter-add).
+fn two_operands(plan: &Plan, n: usize) -> Result<[(usize, View); 2], Error> {
+    <[(usize, View); 2]>::try_from(plan.operands(n).into_vec()).map_err(|_| {
+        let op = plan.graph.nodes[n].op.name();
+        internal(format!("a {op} node has two operands"))
+    })
+}
+
 /// Builds the kernel of one group.
 struct Builder<'p, 'g> {
     plan: &'p Plan<'g>,
@@ -111,9 +119,7 @@ impl Builder<'_, '_> {
                 }
             }
             Some((c, Op::ScatterAdd { axis, .. })) => {
-                let [(updates, at), (indices, view)] =
-                    <[(usize, View); 2]>::try_from(plan.operands(c).into_vec())
-                        .map_err(|_| internal("a scatter-add has two operands".to_string()))?;
+                let [(updates, at), (indices, view)] = two_operands(plan, c)?;
                 let mut prologue = Block::default();
                 let index = self.emit(&mut prologue, Role::Prologue, indices, &view)?;
                 let update = self.emit(&mut prologue, Role::Prologue, updates, &at)?;
@@ -283,9 +289,7 @@ impl Builder<'_, '_> {
             // Every index is outside an empty axis.
             return Ok(block.push(Expr::Const(gather_fill(node.ty.dtype)), node.ty.dtype));
         }
-        let [(table, from), (indices, view)] =
-            <[(usize, View); 2]>::try_from(self.plan.operands(n).into_vec())
-                .map_err(|_| internal("a gather has two operands".to_string()))?;
+        let [(table, from), (indices, view)] = two_operands(self.plan, n)?;
         let index = self.emit(block, role, indices, &view.under(place))?;
         let picks = node.ty.shape.dims()[axis];
         let (view, stride) = from

@@ -14,8 +14,7 @@
 //!   reduced axes over the space it reduced (the sum+broadcast pattern:
 //!   softmax, `x - mean(x)`);
 //! - the operand of a reduction joins the reduction's prologue by the same
-//!   rules (and so do a scatter-add's updates and indices: a scatter-add
-//!   is always a kernel of its own, its sums stored as they are), and may at once be part of the epilogue when that runs over the
+//!   rules, and may at once be part of the epilogue when that runs over the
 //!   same space (`exp(x - m)` in softmax is recomputed there: the row is in
 //!   cache, a second pass over memory is what fusion saves);
 //! - an operand of a matmul that is elementwise work on graph inputs and
@@ -23,6 +22,12 @@
 //!   becomes that operand's prologue, computed once per element inside the
 //!   matmul's kernel. An operand computed from a reduction or a matmul is
 //!   stored instead: it is the epilogue of that kernel.
+//!
+//! A gather joins its readers as an elementwise op does, its table always
+//! a buffer: what it reads depends on indices known only at run time. A
+//! scatter-add is always a kernel of its own, its sums stored with nothing
+//! after them; its updates and indices join its prologue as a reduction's
+//! operand does.
 //!
 //! A graph output that is elementwise and read only by one kernel at that
 //! kernel's own index (the new moments an optimizer's update reads) is
@@ -315,9 +320,10 @@ impl<'g> Plan<'g> {
                     && g.root < first_reader
                     && g.space.numel() == 1
                     && self.may_host(h, node.ty.dtype)
-                    && !g
-                        .core
-                        .is_some_and(|c| self.broadcast_reduction(c, &g.space))
+                    && !g.core.is_some_and(|c| {
+                        self.broadcast_reduction(c, &g.space)
+                            || matches!(self.graph.nodes[c].op, Op::ScatterAdd { .. })
+                    })
             });
             if let Some(h) = host {
                 self.root_of[r] = None;

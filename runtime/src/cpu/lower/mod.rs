@@ -461,8 +461,10 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
 /// at a time: every value a `lane_op`, except those `hoisted` computes once
 /// per row as scalars and splats, which need only have lanes (an
 /// optimizer's bias correction, a `pow` of the step count, leaves its
-/// update in vectors; so does a row's label compared along it); a result
-/// stored as f32 or i32; reads contiguous or constant along the inner loop.
+/// update in vectors; so does a row's label compared along it) or be read
+/// only as gathers' index (an i64 id, kept a scalar), and gathers whose
+/// index is hoisted (a row picked once per row); a result stored as f32 or
+/// i32; reads contiguous or constant along the inner loop.
 fn vectorizable_hoisted(
     block: &Block,
     accesses: &[Access],

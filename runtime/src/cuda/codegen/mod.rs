@@ -10,7 +10,7 @@
 //! - `row_group`: the reductions of a row group as one kernel;
 //! - `scatter`: a scatter-add, a thread per column of its output;
 //! - `writer`: the C text of values, loads, helpers and signatures that
-//!   the three share.
+//!   the others share.
 //!
 //! The matmul's prologue and epilogue kernels are elementwise kernels that
 //! `plan` asks for. Which axes a kernel steps along and a reduction's rows

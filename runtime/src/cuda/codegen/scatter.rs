@@ -7,7 +7,7 @@ use kiln_ir::Shape;
 use kiln_ir::kernel::{Block, Kernel};
 
 use super::reduce::flat_index;
-use super::writer::{Element, Writer};
+use super::writer::{Element, Writer, position};
 use super::{Grid, Program};
 use crate::Error;
 use crate::nest::placed_axes;
@@ -34,8 +34,10 @@ pub(super) fn scatter(
             "for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < {columns}; t += (long long)gridDim.x * blockDim.x) {{"
         ),
     );
-    w.line(2, &format!("const long long o = t / {inner};"));
-    w.line(2, &format!("const long long w = t % {inner};"));
+    // (With no inner elements there are no columns and the loop never runs.)
+    let width = inner.max(1);
+    w.line(2, &format!("const long long o = t / {width};"));
+    w.line(2, &format!("const long long w = t % {width};"));
     w.coords(2, "c", "o", &placed_axes(shape, 0..axis));
     w.coords(2, "c", "w", &placed_axes(shape, axis + 1..dims.len()));
     let column = format!("o * {} + w", len * inner);
@@ -56,14 +58,9 @@ pub(super) fn scatter(
         acc: None,
     };
     let update = w.block(3, prologue, &kernel.inputs, &element)?;
-    // Negative indices count from the end; one outside the axis adds nowhere.
-    let i = format!("v{index}");
-    w.line(
-        3,
-        &format!(
-            "const long long p = (long long){i} < 0 ? (long long){i} + {len} : (long long){i};"
-        ),
-    );
+    // One outside the axis adds nowhere.
+    let at = position(&format!("v{index}"), len);
+    w.line(3, &format!("const long long p = {at};"));
     w.line(
         3,
         &format!("if (p >= 0 && p < {len}) out[{column} + p * {inner}] += {update};"),

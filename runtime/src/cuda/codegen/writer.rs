@@ -42,6 +42,12 @@ pub(super) fn literal(c: Scalar) -> String {
     }
 }
 
+/// The position index `i` picks along an axis of `len`: `i`, or `i + len`
+/// when negative (still outside `0..len` for an index outside `-len..len`).
+pub(super) fn position(i: &str, len: usize) -> String {
+    format!("(long long){i} < 0 ? (long long){i} + {len} : (long long){i}")
+}
+
 /// Helper functions, emitted before the kernel when used.
 const HELPERS: [(&str, &str); 9] = [
     (
@@ -267,13 +273,9 @@ impl Writer {
                 } => {
                     // The position, from the end when negative; outside the
                     // axis the read is not made and the fill stands in.
-                    let (i, p) = (name(*index), format!("p{k}{}", at.suffix));
-                    self.line(
-                        indent,
-                        &format!(
-                            "const long long {p} = (long long){i} < 0 ? (long long){i} + {len} : (long long){i};"
-                        ),
-                    );
+                    let p = format!("p{k}{}", at.suffix);
+                    let picked = position(&name(*index), *len);
+                    self.line(indent, &format!("const long long {p} = {picked};"));
                     let read = self.read(*input, view, at, &format!("{p} * {stride}"));
                     let fill = literal(gather_fill(ty));
                     format!("({p} >= 0 && {p} < {len}) ? {read} : {fill}")

@@ -1,0 +1,74 @@
+//! Reductions and bounds that PyTorch users reach for, as composites of
+//! graph ops (so they fuse and differentiate through their parts): `min`,
+//! `var`, `std`, `logsumexp` and `clamp`.
+
+use kiln_ir::{DType, Scalar};
+
+use crate::{Result, Tensor};
+
+impl Tensor {
+    /// Smallest element over `axes`, as `max` of an order-reversing key: -x
+    /// for floats (NaN propagates, -0 below +0), -1 - x for i32 and i64
+    /// (no overflow), 255 - x for u8, `all` for bool. An empty axis is an
+    /// error, as for `max`. The gradient goes to the smallest elements.
+    pub fn min(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let flip = |x: &Tensor| -> Result<Tensor> {
+            match x.dtype() {
+                DType::F32 | DType::F64 => x.neg(),
+                DType::I32 => Tensor::scalar(-1i32).sub(x),
+                DType::I64 => Tensor::scalar(-1i64).sub(x),
+                DType::U8 => Tensor::scalar(u8::MAX).sub(x),
+                DType::Bool => x.eq(&Tensor::scalar(false)),
+            }
+        };
+        flip(&flip(self)?.max(axes, keepdim)?)
+    }
+
+    /// Variance over `axes`: the mean squared distance from the mean, times
+    /// `n / (n - correction)` for `n` elements per result (1: the unbiased
+    /// estimate, PyTorch's default; 0: the population's). NaN or infinite
+    /// where `n <= correction`, as in PyTorch. f32 or f64.
+    pub fn var(&self, axes: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
+        let mean = self.mean(axes, true)?;
+        let n = self.numel() / mean.numel().max(1);
+        let squares = self.sub(&mean)?.square()?.mean(axes, keepdim)?;
+        let scale = n as f64 / (n as f64 - correction as f64);
+        squares.mul(&Tensor::scalar(Scalar::F64(scale).cast(self.dtype())))
+    }
+
+    /// Standard deviation over `axes`: the root of `var`.
+    pub fn std(&self, axes: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
+        self.var(axes, correction, keepdim)?.sqrt()
+    }
+
+    /// `log(sum(exp(x)))` over `axes`, shifted by the (detached) max so that
+    /// large inputs do not overflow; an infinite max is not shifted by, so
+    /// rows of -inf give -inf and a row holding +inf gives +inf, as
+    /// PyTorch's. f32 or f64.
+    pub fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let zero = Tensor::scalar(Scalar::F32(0.0).cast(self.dtype()));
+        let inf = Tensor::scalar(Scalar::F32(f32::INFINITY).cast(self.dtype()));
+        let max = self.max(axes, true)?.detach()?;
+        let shift = max.abs()?.eq(&inf)?.where_cond(&zero, &max)?;
+        let sum = self.sub(&shift)?.exp()?.sum(axes, true)?;
+        let out = sum.log()?.add(&shift)?;
+        if keepdim {
+            return Ok(out);
+        }
+        // `sum` with `keepdim` left every reduced axis as size 1.
+        let kept = self.sum(axes, false)?;
+        out.reshape(kept.shape().clone())
+    }
+
+    /// Each element bounded to `[min, max]` (`min` first: where `min >
+    /// max`, every element becomes `max`, as in PyTorch's `clamp`); NaN
+    /// stays NaN. The gradient passes where the element is inside the
+    /// bounds, the bounds included, and is zero outside. Bounds are cast to
+    /// the tensor's dtype; pass infinities for one side alone.
+    pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
+        let bound = |v: f64| Tensor::scalar(Scalar::F64(v).cast(self.dtype()));
+        let (lo, hi) = (bound(min), bound(max));
+        let above = self.lt(&lo)?.where_cond(&lo, self)?;
+        self.gt(&hi)?.where_cond(&hi, &above)
+    }
+}

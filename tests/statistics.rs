@@ -1,0 +1,235 @@
+//! `min`, `var`, `std`, `logsumexp` and `clamp` against direct f64 loops,
+//! realized on the CPU and the interpreter and compiled fused and unfused,
+//! on awkward shapes with NaN, infinities and signed zeros.
+
+use kiln::{CompileOptions, DType, Device, Options, Result, Tensor};
+
+/// `f(x)` along every path, each with its name.
+fn every_path(
+    x: &Tensor,
+    f: &dyn Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Vec<(String, Vec<f64>)>> {
+    let values = |t: &Tensor| -> Result<Vec<f64>> {
+        Ok(match t.dtype() {
+            DType::F64 => t.to_vec::<f64>()?,
+            DType::I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
+            _ => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+        })
+    };
+    let mut out = Vec::new();
+    for device in [Device::Cpu, Device::Reference] {
+        out.push((
+            format!("realized on {device:?}"),
+            values(&f(&x.to(device)?)?)?,
+        ));
+    }
+    for fusion in [true, false] {
+        let options = CompileOptions {
+            optimizer: Options { fusion },
+            ..CompileOptions::default()
+        };
+        let mut graph = kiln::compile_with("statistics", &[x.ty().clone()], options, |t| {
+            Ok(vec![f(&t[0])?])
+        })?;
+        let y = graph.call(&[x])?.remove(0);
+        out.push((format!("compiled, fusion {fusion}"), values(&y)?));
+    }
+    Ok(out)
+}
+
+/// Every path within `tol` of `want` (relative, at least absolute), NaN
+/// for NaN, infinities equal.
+fn check(
+    what: &str,
+    x: &Tensor,
+    f: &dyn Fn(&Tensor) -> Result<Tensor>,
+    want: &[f64],
+    tol: f64,
+) -> Result<()> {
+    for (path, got) in every_path(x, f)? {
+        assert_eq!(got.len(), want.len(), "{what}, {path}: length");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let same =
+                g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= tol * w.abs().max(1.0);
+            assert!(same, "{what}, {path}: element {i}: got {g}, want {w}");
+        }
+    }
+    Ok(())
+}
+
+/// Rows of `x` ([rows, cols], row-major) mapped by `f`.
+fn by_rows(x: &[f64], cols: usize, f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    x.chunks(cols).map(f).collect()
+}
+
+/// [5, 37] values with a NaN row, an infinite row, -0 and +0.
+fn awkward() -> Result<(Tensor, Vec<f64>)> {
+    let mut v: Vec<f32> = Tensor::randn([5, 37], 9)?.to_vec()?;
+    v[37 + 3] = f32::NAN;
+    v[2 * 37 + 5] = f32::INFINITY;
+    v[3 * 37] = -0.0;
+    v[3 * 37 + 1] = 0.0;
+    let want = v.iter().map(|&x| f64::from(x)).collect();
+    Ok((Tensor::from_vec(v, [5, 37])?, want))
+}
+
+#[test]
+fn min_takes_the_smallest_nan_first_and_minus_zero_below_plus_zero() -> Result<()> {
+    let (x, v) = awkward()?;
+    let min = |row: &[f64]| {
+        if row.iter().any(|x| x.is_nan()) {
+            return f64::NAN;
+        }
+        row.iter().copied().fold(f64::INFINITY, |m, x| {
+            if x < m || (x == 0.0 && m == 0.0 && x.is_sign_negative()) {
+                x
+            } else {
+                m
+            }
+        })
+    };
+    check(
+        "min over rows",
+        &x,
+        &|t| t.min(&[1], false),
+        &by_rows(&v, 37, min),
+        0.0,
+    )?;
+    // -0 against +0: the minimum is -0.
+    let zeros = Tensor::from_vec(vec![0.0f32, -0.0, 0.0], [3])?;
+    for (path, got) in every_path(&zeros, &|t| t.min(&[0], false))? {
+        assert!(
+            got[0] == 0.0 && got[0].is_sign_negative(),
+            "{path}: {got:?}"
+        );
+    }
+    // Integers at their extremes.
+    let ints = Tensor::from_vec(vec![i32::MAX, i32::MIN, 5, -1, 0, i32::MIN + 1], [2, 3])?;
+    check(
+        "min of i32",
+        &ints,
+        &|t| t.min(&[1], false),
+        &[f64::from(i32::MIN), f64::from(i32::MIN + 1)],
+        0.0,
+    )
+}
+
+#[test]
+fn var_and_std_correct_by_the_count_as_pytorch() -> Result<()> {
+    let (x, v) = awkward()?;
+    for correction in [0usize, 1] {
+        let var = |row: &[f64]| {
+            let mean = row.iter().sum::<f64>() / row.len() as f64;
+            row.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (row.len() - correction) as f64
+        };
+        let want = by_rows(&v, 37, var);
+        check(
+            &format!("var, correction {correction}"),
+            &x,
+            &|t| t.var(&[1], correction, false),
+            &want,
+            1e-5,
+        )?;
+        let std: Vec<f64> = want.iter().map(|w| w.sqrt()).collect();
+        check(
+            &format!("std, correction {correction}"),
+            &x,
+            &|t| t.std(&[-1], correction, false),
+            &std,
+            1e-5,
+        )?;
+    }
+    // One element, unbiased: no estimate (NaN), as PyTorch.
+    let one = Tensor::from_vec(vec![3.0f32], [1])?;
+    check(
+        "var of one element",
+        &one,
+        &|t| t.var(&[0], 1, false),
+        &[f64::NAN],
+        0.0,
+    )
+}
+
+#[test]
+fn logsumexp_stays_finite_for_large_inputs_and_exact_at_infinities() -> Result<()> {
+    let (x, v) = awkward()?;
+    let lse = |row: &[f64]| {
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if row.iter().any(|x| x.is_nan()) {
+            return f64::NAN;
+        }
+        if m.is_infinite() {
+            return m;
+        }
+        m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+    };
+    check(
+        "logsumexp over rows",
+        &x,
+        &|t| t.logsumexp(&[1], false),
+        &by_rows(&v, 37, lse),
+        1e-5,
+    )?;
+    let edges = Tensor::from_vec(
+        vec![1000.0f32, 1000.0, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        [2, 2],
+    )?;
+    let want = [1000.0 + 2f64.ln(), f64::NEG_INFINITY];
+    check(
+        "logsumexp at the edges",
+        &edges,
+        &|t| t.logsumexp(&[1], true),
+        &want,
+        1e-6,
+    )
+}
+
+#[test]
+fn clamp_bounds_each_element_and_keeps_nan() -> Result<()> {
+    let (x, v) = awkward()?;
+    let clamp = |lo: f64, hi: f64| -> Vec<f64> {
+        v.iter()
+            .map(|&e| {
+                if e.is_nan() {
+                    e
+                } else if e > hi {
+                    hi
+                } else if e < lo {
+                    lo
+                } else {
+                    e
+                }
+            })
+            .collect()
+    };
+    check(
+        "clamp to [-0.5, 0.5]",
+        &x,
+        &|t| t.clamp(-0.5, 0.5),
+        &clamp(-0.5, 0.5),
+        0.0,
+    )?;
+    check(
+        "clamp below",
+        &x,
+        &|t| t.clamp(f64::NEG_INFINITY, 0.0),
+        &clamp(f64::NEG_INFINITY, 0.0),
+        0.0,
+    )?;
+    // min above max: every element max, as PyTorch.
+    check(
+        "clamp to [1, -1]",
+        &x,
+        &|t| t.clamp(1.0, -1.0),
+        &clamp(1.0, -1.0),
+        0.0,
+    )?;
+    let ints = Tensor::from_vec(vec![-7i32, 0, 3, 9], [4])?;
+    check(
+        "clamp of i32",
+        &ints,
+        &|t| t.clamp(-2.0, 5.0),
+        &[-2.0, 0.0, 3.0, 5.0],
+        0.0,
+    )
+}
