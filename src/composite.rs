@@ -90,51 +90,134 @@ impl Tensor {
     /// `[batch]`, averaged over the batch. A class index outside `0..classes`
     /// makes the loss NaN rather than a plausible wrong number.
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        self.cross_entropy_with(targets, &CrossEntropy::default())
+    }
+
+    /// `cross_entropy` with PyTorch's options (`F.cross_entropy`, mean
+    /// reduction): each row's loss weighs `weight[target]`, the mean is over
+    /// the weights of the rows counted, rows whose target is `ignore_index`
+    /// count for nothing (every row ignored: NaN), and `label_smoothing`
+    /// mixes in the mean over the classes (each weighed by its class's
+    /// weight) at that share. A target outside `0..classes` that is not
+    /// ignored makes the loss NaN.
+    pub fn cross_entropy_with(&self, targets: &Tensor, options: &CrossEntropy) -> Result<Tensor> {
+        let op = "cross_entropy";
         if self.rank() != 2 {
             return Err(Error::Rank {
-                op: "cross_entropy",
+                op,
                 shape: self.shape().clone(),
                 rank: 2,
             });
         }
         if targets.dtype() != DType::I32 {
             return Err(kiln_ir::Error::DType {
-                op: "cross_entropy",
+                op,
                 dtype: targets.dtype(),
                 expected: "i32 class indices",
             }
             .into());
         }
-        if targets.dims() != [self.dims()[0]] {
-            return Err(kiln_ir::Error::ShapeMismatch {
-                op: "cross_entropy",
+        let mismatch = |rhs: &Tensor| -> Error {
+            kiln_ir::Error::ShapeMismatch {
+                op,
                 lhs: self.shape().clone(),
-                rhs: targets.shape().clone(),
+                rhs: rhs.shape().clone(),
             }
-            .into());
+            .into()
+        };
+        if targets.dims() != [self.dims()[0]] {
+            return Err(mismatch(targets));
         }
         let (batch, classes) = (self.dims()[0], self.dims()[1] as i32);
+        if let Some(w) = options.weight
+            && (w.dims() != [classes as usize] || w.dtype() != self.dtype())
+        {
+            return Err(mismatch(w));
+        }
+        let smoothing = options.label_smoothing;
+        if !(0.0..=1.0).contains(&smoothing) {
+            return Err(Error::Argument {
+                op,
+                message: format!("label_smoothing must be in [0, 1], not {smoothing}"),
+            });
+        }
         // A mean over no rows, or of rows no index can pick, is NaN (as
-        // PyTorch's); the weighed sum below would give 0 over nothing.
+        // PyTorch's); the weighed sums below would give 0 over nothing.
         if batch == 0 || classes == 0 {
             return Ok(self.constant(f32::NAN, f64::NAN));
         }
         let labels = targets.unsqueeze(1)?;
-        let target = labels.eq(&Tensor::arange(0, classes))?;
-        // Each row weighs -1/batch; a row whose index matches no class
-        // weighs NaN, which the zero picked for it cannot cancel. One sum over
-        // the whole batch, with nothing reduced per row first.
-        let valid = labels.ge(&Tensor::scalar(0i32))?;
+        let mut target = labels.eq(&Tensor::arange(0, classes))?;
         let nan = self.constant(f32::NAN, f64::NAN);
-        let share = self.constant(-1.0 / batch as f32, -1.0 / batch as f64);
-        let weight = valid.where_cond(&share, &nan)?;
-        let weight = labels
-            .lt(&Tensor::scalar(classes))?
-            .where_cond(&weight, &nan)?;
+        let zero = self.constant(0.0, 0.0);
+        // `x` in a row whose index is a class, NaN in one whose index
+        // matches no class: the zero picked for it cannot cancel a NaN.
+        let or_nan = |x: &Tensor| -> Result<Tensor> {
+            let x = labels.ge(&Tensor::scalar(0i32))?.where_cond(x, &nan)?;
+            labels.lt(&Tensor::scalar(classes))?.where_cond(&x, &nan)
+        };
+        // Each row's share of the mean (negated): -1/batch, or with weights
+        // or ignored rows, its target's weight (0 ignored) over their sum.
+        // `keep` is the share of a row, `pick` that of its target's term.
+        let ignored = options
+            .ignore_index
+            .map(|i| labels.eq(&Tensor::scalar(i)))
+            .transpose()?;
+        let (keep, pick) = if options.weight.is_none() && ignored.is_none() {
+            let share = or_nan(&self.constant(-1.0 / batch as f32, -1.0 / batch as f64))?;
+            (share.clone(), share)
+        } else {
+            let mut counted = or_nan(&self.constant(1.0, 1.0))?;
+            if let Some(ignored) = &ignored {
+                target = ignored.where_cond(&Tensor::scalar(false), &target)?;
+                counted = ignored.where_cond(&zero, &counted)?;
+            }
+            let weighed = match options.weight {
+                Some(w) => counted.mul(
+                    &target
+                        .where_cond(&w.unsqueeze(0)?, &zero)?
+                        .sum(&[1], true)?,
+                )?,
+                None => counted.clone(),
+            };
+            let per_weight = weighed.sum_all()?.recip()?.neg()?;
+            (counted.mul(&per_weight)?, weighed.mul(&per_weight)?)
+        };
         // The target's log-probability selected, not multiplied by a one-hot
         // row: a class masked out with a logit of -inf has log-probability
         // -inf, and 0 * -inf would make the loss NaN.
-        let picked = target.where_cond(&self.log_softmax(1)?, &self.constant(0.0, 0.0))?;
-        picked.mul(&weight)?.sum_all()
+        let log_p = self.log_softmax(1)?;
+        let picked = target.where_cond(&log_p, &zero)?;
+        let nll = picked.mul(&pick)?.sum_all()?;
+        if smoothing == 0.0 {
+            return Ok(nll);
+        }
+        let spread = match options.weight {
+            Some(w) => log_p.mul(&w.unsqueeze(0)?)?,
+            None => log_p,
+        };
+        // An ignored row spreads nothing, whatever its logits (a class
+        // masked with -inf would make 0 * -inf).
+        let mut spread = spread.sum(&[1], true)?;
+        if let Some(ignored) = &ignored {
+            spread = ignored.where_cond(&zero, &spread)?;
+        }
+        let spread = spread.mul(&keep)?.sum_all()?;
+        let (kept, shared) = (1.0 - smoothing, smoothing / classes as f32);
+        let kept = self.constant(kept, 1.0 - f64::from(smoothing));
+        let shared = self.constant(shared, f64::from(smoothing) / f64::from(classes));
+        nll.mul(&kept)?.add(&spread.mul(&shared)?)
     }
+}
+
+/// The options of `Tensor::cross_entropy_with`: PyTorch's `weight`,
+/// `ignore_index` and `label_smoothing`, none by default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CrossEntropy<'a> {
+    /// A weight per class, of the logits' dtype.
+    pub weight: Option<&'a Tensor>,
+    /// A target that counts for nothing (PyTorch's default is -100).
+    pub ignore_index: Option<i32>,
+    /// The share of the loss spread over every class, in [0, 1].
+    pub label_smoothing: f32,
 }

@@ -109,6 +109,14 @@ pub enum Error {
         /// Its length.
         len: usize,
     },
+    /// An argument outside its range (a loss's option, say).
+    #[error("{op}: {message}")]
+    Argument {
+        /// The operation.
+        op: &'static str,
+        /// Which argument, its value and its range.
+        message: String,
+    },
     /// A convolution or pooling whose operands or window do not fit: the
     /// message names the shapes.
     #[error("{op}: {message}")]

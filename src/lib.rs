@@ -48,6 +48,7 @@ mod tensor;
 
 pub use backend::memory_stats;
 pub use compile::{CompileOptions, CompiledGraph, compile, compile_with};
+pub use composite::CrossEntropy;
 pub use conv::Pool2d;
 pub use device::Device;
 pub use error::{Error, Result};

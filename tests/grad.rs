@@ -156,7 +156,10 @@ fn second_order_gradients_match_differences_of_gradients() {
         (
             "cross_entropy",
             &signed,
-            Box::new(move |x: &Tensor| x.cross_entropy(&targets)),
+            Box::new({
+                let targets = targets.clone();
+                move |x: &Tensor| x.cross_entropy(&targets)
+            }),
         ),
         (
             "layer_norm",
@@ -168,6 +171,23 @@ fn second_order_gradients_match_differences_of_gradients() {
                 );
                 let w = w.clone();
                 move |x: &Tensor| x.layer_norm(&g, &b, 1e-5)?.mul(&w)?.sum_all()
+            }),
+        ),
+        (
+            "cross_entropy with options",
+            &signed,
+            Box::new({
+                let targets = targets.clone();
+                let weight =
+                    Tensor::from_vec(vec![0.5f32, 2.0, 1.0, 0.25, 3.0], [5]).expect("fills");
+                move |x: &Tensor| {
+                    let options = kiln::CrossEntropy {
+                        weight: Some(&weight),
+                        ignore_index: Some(4),
+                        label_smoothing: 0.1,
+                    };
+                    x.cross_entropy_with(&targets, &options)
+                }
             }),
         ),
         (

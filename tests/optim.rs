@@ -402,3 +402,43 @@ fn a_compiled_step_takes_its_rate_as_an_input_each_step() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn clip_grad_norm_scales_every_gradient_by_the_global_norm() -> Result<()> {
+    use kiln::optim::clip_grad_norm;
+    let g = grads(3)?;
+    let flat: Vec<Vec<f64>> = g.iter().map(values).collect();
+    let norm = flat.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+    let specs: Vec<TensorType> = g.iter().map(|t| t.ty().clone()).collect();
+    // Below the norm (clipped) and above it (kept as they are).
+    for max_norm in [0.5f32, 1e6] {
+        let scale = (f64::from(max_norm) / (norm + 1e-6)).min(1.0);
+        let mut compiled = kiln::compile("clip", &specs, |t| {
+            let (clipped, n) = clip_grad_norm(t, max_norm)?;
+            Ok(clipped.into_iter().chain([n]).collect())
+        })?;
+        let refs: Vec<&Tensor> = g.iter().collect();
+        let from_step = compiled.call(&refs)?;
+        let (eager, eager_norm) = clip_grad_norm(&g, max_norm)?;
+        for out in [
+            eager.into_iter().chain([eager_norm]).collect::<Vec<_>>(),
+            from_step,
+        ] {
+            for (k, f) in flat.iter().enumerate() {
+                let want: Vec<f64> = f.iter().map(|x| x * scale).collect();
+                assert_close(
+                    &format!("max_norm {max_norm}, gradient {k}"),
+                    &values(&out[k]),
+                    &want,
+                );
+            }
+            assert_close("the norm", &values(&out[2]), &[norm]);
+        }
+    }
+    let e = clip_grad_norm(&g, -1.0).map(|_| ()).expect_err("an error");
+    assert_eq!(
+        e.to_string(),
+        "clip_grad_norm: max_norm must be 0 or more, not -1"
+    );
+    Ok(())
+}

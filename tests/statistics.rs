@@ -1,6 +1,7 @@
-//! `min`, `var`, `std`, `logsumexp` and `clamp` against direct f64 loops,
-//! realized on the CPU and the interpreter and compiled fused and unfused,
-//! on awkward shapes with NaN, infinities and signed zeros.
+//! `min`, `var`, `std`, `logsumexp`, `clamp` and `cross_entropy`'s options
+//! against direct f64 loops, realized on the CPU and the interpreter and
+//! compiled fused and unfused, on awkward shapes with NaN, infinities and
+//! signed zeros.
 
 use kiln::{CompileOptions, DType, Device, Options, Result, Tensor};
 
@@ -232,4 +233,92 @@ fn clamp_bounds_each_element_and_keeps_nan() -> Result<()> {
         &[-2.0, 0.0, 3.0, 5.0],
         0.0,
     )
+}
+
+/// PyTorch's `F.cross_entropy` (mean reduction) in f64, as its docs
+/// write it: weighed negative log-likelihoods over the weights of the rows
+/// counted, plus the label-smoothing share of the mean over classes.
+fn cross_entropy_reference(
+    x: &[f64],
+    classes: usize,
+    targets: &[i32],
+    weight: Option<&[f64]>,
+    ignore: Option<i32>,
+    smoothing: f64,
+) -> f64 {
+    let w = |c: usize| weight.map_or(1.0, |w| w[c]);
+    let (mut nll, mut smooth, mut total) = (0.0, 0.0, 0.0);
+    for (row, &t) in x.chunks(classes).zip(targets) {
+        if Some(t) == ignore {
+            continue;
+        }
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        let t = t as usize;
+        nll -= w(t) * (row[t] - lse);
+        smooth -= (0..classes).map(|c| w(c) * (row[c] - lse)).sum::<f64>();
+        total += w(t);
+    }
+    ((1.0 - smoothing) * nll + smoothing / classes as f64 * smooth) / total
+}
+
+#[test]
+fn cross_entropy_weighs_ignores_and_smooths_as_pytorch() -> Result<()> {
+    use kiln::CrossEntropy;
+    let x: Vec<f64> = (0..6)
+        .flat_map(|i| (0..5).map(move |j| f64::from(((i * 5 + j) * 7 % 11) - 5) * 0.37))
+        .collect();
+    let logits = Tensor::from_vec(x.iter().map(|&v| v as f32).collect::<Vec<f32>>(), [6, 5])?;
+    let weights = [0.5, 2.0, 1.0, 0.25, 3.0];
+    let weight = Tensor::from_vec(weights.iter().map(|&v| v as f32).collect::<Vec<f32>>(), [5])?;
+    let (t1, t2) = ([1, -100, 4, 0, 3, 4], [1, 3, 4, 0, 3, 2]);
+    // (targets, weighed, ignored, smoothing, torch 2.x's F.cross_entropy
+    // on these f64 logits)
+    type Case<'a> = (&'a [i32], bool, Option<i32>, f64, f64);
+    let cases: [Case; 5] = [
+        (&t1, true, Some(-100), 0.0, 1.5351757600084106),
+        (&t2, false, Some(3), 0.1, 1.88487623007492),
+        (&t1, true, Some(-100), 0.2, 1.5915729566748722),
+        (&[3; 6], false, Some(3), 0.0, f64::NAN),
+        (&t2, false, None, 0.3, 2.080086609649353),
+    ];
+    for (k, &(targets, weighed, ignore_index, smoothing, torch)) in cases.iter().enumerate() {
+        let w = weighed.then_some(&weights[..]);
+        let reference = |s: f64| cross_entropy_reference(&x, 5, targets, w, ignore_index, s);
+        let exact = reference(smoothing);
+        assert!(
+            (exact - torch).abs() <= 1e-12 || (exact.is_nan() && torch.is_nan()),
+            "case {k}: the reference {exact} is not torch's {torch}"
+        );
+        // kiln's smoothing is an f32, a little off the decimal.
+        let label_smoothing = smoothing as f32;
+        let want = reference(f64::from(label_smoothing));
+        let options = CrossEntropy {
+            weight: weighed.then_some(&weight),
+            ignore_index,
+            label_smoothing,
+        };
+        let labels = Tensor::from_vec(targets.to_vec(), [6])?;
+        check(
+            &format!("cross_entropy case {k}"),
+            &logits,
+            &|t| t.cross_entropy_with(&labels, &options),
+            &[want],
+            1e-5,
+        )?;
+    }
+    let labels = Tensor::from_vec(t2.to_vec(), [6])?;
+    let bad = CrossEntropy {
+        label_smoothing: 1.5,
+        ..CrossEntropy::default()
+    };
+    let e = logits
+        .cross_entropy_with(&labels, &bad)
+        .map(|_| ())
+        .expect_err("an error");
+    assert_eq!(
+        e.to_string(),
+        "cross_entropy: label_smoothing must be in [0, 1], not 1.5"
+    );
+    Ok(())
 }

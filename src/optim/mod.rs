@@ -269,6 +269,32 @@ fn at_least_zero(op: &'static str, name: &str, value: f32) -> Result<()> {
     }
 }
 
+/// `grads` scaled together so that their global L2 norm is at most
+/// `max_norm`, and that norm before scaling, as PyTorch's
+/// `clip_grad_norm_`: each gradient times `min(1, max_norm / (norm +
+/// 1e-6))`. Graph ops like the rest of a step, so inside a compiled step
+/// the sums of squares are its reductions and the scaling fuses into each
+/// update. A NaN or infinite norm makes every gradient NaN, as PyTorch's
+/// (unless asked to raise) does.
+pub fn clip_grad_norm(grads: &[Tensor], max_norm: f32) -> Result<(Vec<Tensor>, Tensor)> {
+    at_least_zero("clip_grad_norm", "max_norm", max_norm)?;
+    let mut squares = Tensor::scalar(0.0f32);
+    for g in grads {
+        if g.dtype() != DType::F32 {
+            return Err(Error::Optimizer {
+                op: "clip_grad_norm",
+                message: format!("gradients must be f32, not {}", g.ty()),
+            });
+        }
+        squares = (squares + g.square()?.sum_all()?)?;
+    }
+    let norm = squares.sqrt()?;
+    let scale = Tensor::scalar(max_norm).div(&(norm.clone() + 1e-6f32)?)?;
+    let scale = scale.minimum(&Tensor::scalar(1.0f32))?;
+    let clipped = grads.iter().map(|g| g.mul(&scale)).collect::<Result<_>>()?;
+    Ok((clipped, norm))
+}
+
 /// A learning rate given as a tensor must be a scalar f32.
 fn check_rate(op: &'static str, lr: &Tensor) -> Result<()> {
     match (lr.dtype(), lr.rank()) {
