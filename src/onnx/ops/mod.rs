@@ -7,6 +7,7 @@ mod constant;
 mod conv;
 mod elementwise;
 mod fold;
+mod index;
 mod nn;
 mod reduce;
 mod shape;
@@ -29,6 +30,7 @@ pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
     let converted = constant::convert(node)
         .or_else(|| elementwise::convert(node))
         .or_else(|| shape::convert(node))
+        .or_else(|| index::convert(node))
         .or_else(|| reduce::convert(node))
         .or_else(|| nn::convert(node))
         .or_else(|| conv::convert(node));

@@ -1,7 +1,7 @@
-//! ONNX's movement and indexing ops as kiln views and index composites:
-//! reshapes, transposes, slices (a negative step through `index_select`),
+//! ONNX's movement ops as kiln views and index composites: reshapes,
+//! transposes, slices (a negative step through `index_select`),
 //! concatenation as a `where` over padded operands, padding in every mode
-//! as a gather of positions, gathers, and masks over the diagonal.
+//! as a gather of positions, and masks over the diagonal.
 
 use kiln_ir::{DType, Scalar, Shape};
 
@@ -24,9 +24,6 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "Tile" => tile(node),
         "Pad" => pad(node),
         "CenterCropPad" => center_crop_pad(node),
-        "Gather" => gather(node),
-        "GatherElements" => gather_elements(node),
-        "ScatterElements" | "Scatter" => scatter_elements(node),
         "DepthToSpace" => depth_to_space(node),
         "SpaceToDepth" => space_to_depth(node),
         "Trilu" => trilu(node),
@@ -460,107 +457,6 @@ fn pad(node: &Node) -> Result<Vec<Value>> {
         y = take(&y, a, positions)?;
     }
     one(y)
-}
-
-/// Known indices along an axis of length `len`, negative ones counted from
-/// the end, as i32; one out of range is an error.
-fn known_indices(node: &Node, values: &[i64], len: usize) -> Result<Vec<i32>> {
-    values
-        .iter()
-        .map(|&i| {
-            let j = if i < 0 { i + len as i64 } else { i };
-            match (0..len as i64).contains(&j) {
-                true => Ok(j as i32),
-                false => Err(node.invalid(format!("index {i} is outside an axis of {len}"))),
-            }
-        })
-        .collect()
-}
-
-/// Indices as a tensor of `dims`: known ones checked and normalized (as
-/// i32), run-time i32 or i64 ones with negatives counted from the end.
-fn indices(node: &Node, i: usize, len: usize) -> Result<Tensor> {
-    match node.known(i) {
-        Some(a) => {
-            let values = a
-                .ints()
-                .ok_or_else(|| node.invalid(format!("input {i} is not integers")))?;
-            Tensor::from_vec(known_indices(node, &values, len)?, a.dims.clone())
-        }
-        None => {
-            // Run-time indices count from the end when negative in
-            // `gather` itself, as ONNX's do.
-            let t = node.tensor(i)?;
-            let dtype = t.dtype();
-            if !matches!(dtype, DType::I32 | DType::I64) {
-                return Err(node.unsupported(format!("indices of {dtype}")));
-            }
-            Ok(t)
-        }
-    }
-}
-
-fn gather(node: &Node) -> Result<Vec<Value>> {
-    let x = node.tensor(0)?;
-    let a = axis(node, node.attr_int("axis", 0)?, x.rank())?;
-    let idx = indices(node, 1, x.dims()[a])?;
-    let picked = x.index_select(a as isize, &idx.reshape([idx.numel()])?)?;
-    let mut dims = x.dims()[..a].to_vec();
-    dims.extend_from_slice(idx.dims());
-    dims.extend_from_slice(&x.dims()[a + 1..]);
-    one(picked.reshape(dims)?)
-}
-
-fn gather_elements(node: &Node) -> Result<Vec<Value>> {
-    let x = node.tensor(0)?;
-    let a = axis(node, node.attr_int("axis", 0)?, x.rank())?;
-    let idx = indices(node, 1, x.dims()[a])?;
-    if idx.rank() != x.rank() {
-        return Err(node.invalid("indices and data differ in rank"));
-    }
-    // The output has the indices' shape: the other axes of the data are cut
-    // to it (ONNX reads only that corner).
-    let mut cut = x.clone();
-    for (b, (&n, &d)) in idx.dims().iter().zip(x.dims()).enumerate() {
-        if b != a && n != d {
-            if n > d {
-                return Err(node.invalid(format!(
-                    "indices {:?} exceed data {:?}",
-                    idx.dims(),
-                    x.dims()
-                )));
-            }
-            cut = cut.slice(b as isize, 0, n, 1)?;
-        }
-    }
-    one(cut.gather(a as isize, &idx)?)
-}
-
-/// `data` with `updates` added at (`reduction` "add") or written over
-/// (the default, "none") the positions `indices` give along `axis`. A write
-/// is a where over the positions some index picks, of the updates summed
-/// there: ONNX leaves two writes to one position undefined.
-fn scatter_elements(node: &Node) -> Result<Vec<Value>> {
-    let (data, updates) = (node.tensor(0)?, node.tensor(2)?);
-    let a = axis(node, node.attr_int("axis", 0)?, data.rank())?;
-    let idx = indices(node, 1, data.dims()[a])?;
-    if idx.dims() != updates.dims() {
-        return Err(node.invalid("indices and updates differ in shape"));
-    }
-    let added = data.scatter_add(a as isize, &idx, &updates)?;
-    match node.attr_string("reduction", "none")?.as_str() {
-        "add" => one(added),
-        "none" => {
-            let dtype = data.dtype();
-            let zeros = Tensor::zeros(data.shape().clone(), dtype)?;
-            let ones = Tensor::ones(updates.shape().clone(), dtype)?;
-            let hit = zeros.scatter_add(a as isize, &idx, &ones)?;
-            let written = zeros.scatter_add(a as isize, &idx, &updates)?;
-            let picked = hit.gt(&Tensor::zeros([], dtype)?)?;
-            one(picked.where_cond(&written, &data)?)
-        }
-        other => Err(node.unsupported(format!("reduction {other}"))),
-    }
 }
 
 fn block(node: &Node) -> Result<usize> {
