@@ -461,3 +461,67 @@ fn corrupt_files_name_the_file_and_the_offset() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn an_embedding_reads_rows_by_id_and_learns_them() -> Result<()> {
+    use kiln::nn::Embedding;
+    use kiln::optim::{AdamW, Optimizer};
+    use kiln::{DType, TensorType};
+    let table = Embedding::new(50, 6, 7)?;
+    let ids = Tensor::from_vec(vec![3i64, 49, -1, 0, 3, 17], [2, 3])?;
+    let rows = table.forward(&ids)?;
+    assert_eq!(rows.dims(), [2, 3, 6]);
+    let (got, all) = (rows.to_vec::<f32>()?, table.weight.to_vec::<f32>()?);
+    for (k, id) in [3usize, 49, 49, 0, 3, 17].into_iter().enumerate() {
+        assert_eq!(got[k * 6..k * 6 + 6], all[id * 6..id * 6 + 6], "id {k}");
+    }
+    // A compiled step pulls each id's row toward a target of its own: the
+    // table's gradient reaches the rows read, and only those.
+    // No weight decay: it would move every row.
+    let adamw = AdamW {
+        weight_decay: 0.0,
+        ..AdamW::new(0.05)
+    };
+    let mut state = vec![table.weight.clone()];
+    state.extend(adamw.state(&[&table.weight])?);
+    let state_refs: Vec<&Tensor> = state.iter().collect();
+    let specs = [
+        TensorType::new(DType::I32, [8]),
+        TensorType::new(DType::F32, [8, 6]),
+    ];
+    let mut step = kiln::compile_step("embedding", &state_refs, &specs, |s, b| {
+        let model = Embedding {
+            weight: s[0].clone(),
+        };
+        let loss = model.forward(&b[0])?.mse_loss(&b[1])?;
+        let grads = kiln::grad(&loss, &[&s[0]])?;
+        let (p, opt) = adamw.update(&s[..1], &grads, &s[1..])?;
+        Ok((vec![loss], p.into_iter().chain(opt).collect()))
+    })?;
+    let batch = Tensor::from_vec(vec![1i32, 5, 9, 1, 30, 44, 5, 12], [8])?;
+    let targets = Tensor::randn([8, 6], 8)?;
+    // Rows 1 and 5 appear twice, with different targets.
+    let mut losses = Vec::new();
+    for _ in 0..200 {
+        losses.push(
+            step.call(&[&batch, &targets])?
+                .remove(0)
+                .to_scalar::<f32>()?,
+        );
+    }
+    assert!(
+        losses[199] < 0.5 * losses[0],
+        "{} -> {}",
+        losses[0],
+        losses[199]
+    );
+    let learned = step.state()?[0].to_vec::<f32>()?;
+    for untouched in [0usize, 2, 49] {
+        assert_eq!(
+            learned[untouched * 6..untouched * 6 + 6],
+            all[untouched * 6..untouched * 6 + 6],
+            "row {untouched}"
+        );
+    }
+    Ok(())
+}

@@ -1,5 +1,6 @@
-//! `Linear`, `LayerNorm` and `Mlp`: parameters in public fields, seeded
-//! initialization as PyTorch's, named for saving and for setting by name.
+//! `Linear`, `Embedding`, `LayerNorm` and `Mlp`: parameters in public
+//! fields, seeded initialization as PyTorch's, named for saving and for
+//! setting by name.
 
 use std::collections::HashMap;
 
@@ -63,6 +64,46 @@ impl Linear {
             ("weight".into(), &mut self.weight),
             ("bias".into(), &mut self.bias),
         ]
+    }
+}
+
+/// A table of learned vectors looked up by id, as PyTorch's
+/// `nn.Embedding`: each id reads its row (`Tensor::index_select`, work the
+/// size of the rows read), and the table's gradient adds each row's
+/// gradient where its id points (a scatter-add).
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    /// f32 `[ids, width]`.
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    /// A table of `ids` vectors of `width`, drawn from N(0, 1) by `seed`,
+    /// as PyTorch's `nn.Embedding` initializes it.
+    pub fn new(ids: usize, width: usize, seed: u64) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: Tensor::randn([ids, width], seed)?,
+        })
+    }
+
+    /// The rows of i32 or i64 `ids` of any shape: `ids`' shape with the
+    /// width last. A negative id counts from the end; one outside the table
+    /// reads NaN (see `Tensor::gather`).
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let rows = self.weight.index_select(0, &ids.reshape([ids.numel()])?)?;
+        let mut dims = ids.dims().to_vec();
+        dims.push(self.weight.dims()[1]);
+        rows.reshape(dims)
+    }
+
+    /// `weight`, by name.
+    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
+        vec![("weight".into(), &self.weight)]
+    }
+
+    /// `weight`, by name, to be replaced.
+    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![("weight".into(), &mut self.weight)]
     }
 }
 

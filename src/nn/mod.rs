@@ -24,4 +24,4 @@ mod checkpoint;
 mod layer;
 
 pub use checkpoint::{load, save};
-pub use layer::{LayerNorm, Linear, Mlp, set_parameters};
+pub use layer::{Embedding, LayerNorm, Linear, Mlp, set_parameters};
