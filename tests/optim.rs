@@ -442,3 +442,33 @@ fn clip_grad_norm_scales_every_gradient_by_the_global_norm() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn optimizer_state_is_named_as_pytorch_names_it() -> Result<()> {
+    let params = initial()?;
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let names = ["w", "b"];
+    let sgd = Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.1)
+    };
+    let cases: [(&dyn Optimizer, Vec<&str>); 3] = [
+        (&sgd, vec!["momentum_buffer.w", "momentum_buffer.b"]),
+        (&Sgd::new(0.1), vec![]),
+        (
+            &AdamW::new(1e-3),
+            vec![
+                "step",
+                "exp_avg.w",
+                "exp_avg.b",
+                "exp_avg_sq.w",
+                "exp_avg_sq.b",
+            ],
+        ),
+    ];
+    for (optimizer, want) in cases {
+        assert_eq!(optimizer.state_names(&names), want);
+        assert_eq!(optimizer.state(&refs)?.len(), want.len(), "{want:?}");
+    }
+    Ok(())
+}

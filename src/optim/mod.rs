@@ -24,6 +24,12 @@ pub trait Optimizer {
     /// The initial state for `params`.
     fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>>;
 
+    /// A name for each tensor of the state, in its order, from the
+    /// parameters' names: PyTorch's names for the same state, so that a
+    /// checkpoint (`nn::save`) holds the parameters and their optimizer
+    /// state side by side, each found by name when a run resumes.
+    fn state_names(&self, params: &[&str]) -> Vec<String>;
+
     /// Its own learning rate.
     fn lr(&self) -> f32;
 
@@ -86,6 +92,17 @@ impl Optimizer for Sgd {
             return Ok(Vec::new());
         }
         params.iter().map(|p| zeros_like(p)).collect()
+    }
+
+    /// `momentum_buffer.{param}` per parameter (none without momentum).
+    fn state_names(&self, params: &[&str]) -> Vec<String> {
+        match self.momentum == 0.0 {
+            true => Vec::new(),
+            false => params
+                .iter()
+                .map(|p| format!("momentum_buffer.{p}"))
+                .collect(),
+        }
     }
 
     fn lr(&self) -> f32 {
@@ -191,6 +208,17 @@ impl Optimizer for AdamW {
             }
         }
         Ok(state)
+    }
+
+    /// `step`, then `exp_avg.{param}` and `exp_avg_sq.{param}` per parameter.
+    fn state_names(&self, params: &[&str]) -> Vec<String> {
+        let moments = ["exp_avg", "exp_avg_sq"];
+        let per_param = moments
+            .iter()
+            .flat_map(|m| params.iter().map(move |p| format!("{m}.{p}")));
+        std::iter::once("step".to_string())
+            .chain(per_param)
+            .collect()
     }
 
     fn lr(&self) -> f32 {
