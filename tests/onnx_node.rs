@@ -143,16 +143,17 @@ fn needs_constants(o: &Outcome) -> bool {
 /// (a shape, axes), again with the INT64 inputs bound as constants
 /// (`Feed::Constant`). The second element says whether they were bound.
 fn run_case(dir: &Path) -> (Outcome, bool) {
-    let outcome = run_case_with(dir, false);
+    let outcome = run_case_with(dir, &|_, _| false);
     if needs_constants(&outcome) {
-        return (run_case_with(dir, true), true);
+        let int64 = |_: usize, a: &Array| a.data.dtype() == DType::I64;
+        return (run_case_with(dir, &int64), true);
     }
     (outcome, false)
 }
 
-/// Runs one model on every data set and both devices; `bind_int64` binds
-/// INT64 inputs as constants.
-fn run_case_with(dir: &Path, bind_int64: bool) -> Outcome {
+/// Runs one model on every data set and both devices, binding as constants
+/// the inputs `bind` picks (by position and value).
+fn run_case_with(dir: &Path, bind: &dyn Fn(usize, &Array) -> bool) -> Outcome {
     let model = match Model::load(dir.join("model.onnx")) {
         Ok(m) => m,
         Err(e) => return classify(&e),
@@ -195,8 +196,8 @@ fn run_case_with(dir: &Path, bind_int64: bool) -> Outcome {
         }
         let mut feeds = Vec::new();
         let mut runtime: Vec<Tensor> = Vec::new();
-        for a in &inputs {
-            if bind_int64 && a.data.dtype() == DType::I64 {
+        for (i, a) in inputs.iter().enumerate() {
+            if bind(i, a) {
                 feeds.push(Feed::Constant(a.clone()));
                 continue;
             }
@@ -497,4 +498,38 @@ fn onnx_backend_tests() {
         total.passed, total.unsupported, total.failed
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// `Resize` by scales: exported models hold the scales as constants, the
+/// backend tests feed them as inputs. Bound as constants here (every
+/// input after the image), every scales case of the modes kiln runs
+/// matches ONNX's outputs.
+#[test]
+fn resize_by_known_scales_matches_onnx() {
+    let root = data_dir().join("node");
+    if !root.is_dir() {
+        let why = format!("no ONNX backend test data at {}", root.display());
+        assert!(
+            std::env::var("KILN_REQUIRE_ONNX").as_deref() != Ok("1"),
+            "{why}"
+        );
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let scales = |i: usize, _: &Array| i > 0;
+    for name in [
+        "downsample_scales_linear",
+        "downsample_scales_linear_align_corners",
+        "downsample_scales_linear_half_pixel_symmetric",
+        "downsample_scales_nearest",
+        "upsample_scales_linear",
+        "upsample_scales_linear_align_corners",
+        "upsample_scales_linear_half_pixel_symmetric",
+        "upsample_scales_nearest",
+        "upsample_scales_nearest_axes_2_3",
+        "upsample_scales_nearest_axes_3_2",
+    ] {
+        let outcome = run_case_with(&root.join(format!("test_resize_{name}")), &scales);
+        assert!(outcome == Outcome::Passed, "{name}: {outcome:?}");
+    }
 }

@@ -10,6 +10,7 @@ mod fold;
 mod index;
 mod nn;
 mod reduce;
+mod resize;
 mod shape;
 
 use kiln_ir::{DType, Scalar};
@@ -31,6 +32,7 @@ pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
         .or_else(|| elementwise::convert(node))
         .or_else(|| shape::convert(node))
         .or_else(|| index::convert(node))
+        .or_else(|| resize::convert(node))
         .or_else(|| reduce::convert(node))
         .or_else(|| nn::convert(node))
         .or_else(|| conv::convert(node));
