@@ -142,6 +142,20 @@ fn window_error(op: &'static str, message: String) -> Error {
     Error::Window { op, message }
 }
 
+/// `x` with `(before, after)` elements cut from the ends of `axis`.
+fn crop(x: &Tensor, axis: usize, (before, after): (usize, usize)) -> Result<Tensor> {
+    let len = x.dims()[axis];
+    if before == 0 && after == 0 {
+        return Ok(x.clone());
+    }
+    x.slice(
+        axis as isize,
+        before.min(len),
+        len.saturating_sub(after).max(before.min(len)),
+        1,
+    )
+}
+
 /// The two spatial axes of `x` (NCHW) under a window, checked.
 fn spatial(
     op: &'static str,
@@ -299,6 +313,111 @@ impl Tensor {
             Some(b) => y.add(&b.reshape([1, o, 1, 1])?),
             None => Ok(y),
         }
+    }
+
+    /// 2-D transposed convolution of NCHW f32 data with IOHW weights
+    /// (`[in_channels, out_channels / groups, kh, kw]`), PyTorch's
+    /// `conv_transpose2d` and ONNX's `ConvTranspose`: the gradient of
+    /// `conv2d` with respect to its input. Each output axis is `(len - 1) *
+    /// stride - before - after + dilation * (k - 1) + output_padding + 1`
+    /// long, `output_padding` below `stride` or `dilation`.
+    ///
+    /// Computed as the convolution it transposes: the input spread out by
+    /// the stride (zeros between its elements), padded by the kernel's
+    /// reach less `padding`, convolved with the weight flipped and its
+    /// channel axes swapped per group.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_transpose2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: [usize; 2],
+        padding: [(usize, usize); 2],
+        output_padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<Tensor> {
+        const OP: &str = "conv_transpose2d";
+        check_4d(OP, self, true)?;
+        check_4d(OP, weight, true)?;
+        let (x, w) = (self.dims().to_vec(), weight.dims().to_vec());
+        let mismatch = |message: String| {
+            window_error(
+                OP,
+                format!(
+                    "input {} and weight {}: {message}",
+                    self.shape(),
+                    weight.shape()
+                ),
+            )
+        };
+        if groups == 0 || x[1] != w[0] || w[0] % groups != 0 {
+            return Err(mismatch(format!(
+                "the weight's {} input channels, in {groups} groups, must be the input's {}",
+                w[0], x[1]
+            )));
+        }
+        let kernel = [w[2], w[3]];
+        let mut pads = [(0, 0); 2];
+        let mut crops = [(0, 0); 2];
+        for a in 0..2 {
+            if stride[a] == 0 || dilation[a] == 0 || kernel[a] == 0 {
+                return Err(mismatch(
+                    "stride, dilation and kernel must be at least 1".to_string(),
+                ));
+            }
+            if output_padding[a] >= stride[a].max(dilation[a]) {
+                return Err(mismatch(format!(
+                    "output_padding {output_padding:?} must be below the stride or the dilation"
+                )));
+            }
+            // The kernel's reach beyond each edge, less the padding: padded
+            // where positive, cropped where the padding is larger.
+            let reach = dilation[a] * (kernel[a] - 1);
+            let (before, after) = (padding[a].0, padding[a].1);
+            let after_reach = reach + output_padding[a];
+            pads[a] = (
+                reach.saturating_sub(before),
+                after_reach.saturating_sub(after),
+            );
+            crops[a] = (
+                before.saturating_sub(reach),
+                after.saturating_sub(after_reach),
+            );
+        }
+        let (n, c) = (x[0], x[1]);
+        // Zeros between the elements: [N, C, H, 1, W, 1] padded to the
+        // stride, merged, and the trailing zeros cut.
+        let spread = self
+            .reshape([n, c, x[2], 1, x[3], 1])?
+            .pad(
+                &[
+                    (0, 0),
+                    (0, 0),
+                    (0, 0),
+                    (0, stride[0] - 1),
+                    (0, 0),
+                    (0, stride[1] - 1),
+                ],
+                0.0f32,
+            )?
+            .reshape([n, c, x[2] * stride[0], x[3] * stride[1]])?
+            .slice(2, 0, (x[2] - 1) * stride[0] + 1, 1)?
+            .slice(3, 0, (x[3] - 1) * stride[1] + 1, 1)?;
+        let padded = spread.pad(&[(0, 0), (0, 0), pads[0], pads[1]], 0.0f32)?;
+        let cropped = crop(&padded, 2, crops[0])?;
+        let cropped = crop(&cropped, 3, crops[1])?;
+        // [in, out/g, kh, kw] -> [out, in/g, kh, kw], flipped in space.
+        let (ig, og) = (w[0] / groups, w[1]);
+        let flip =
+            |len: usize| Tensor::from_vec((0..len as i32).rev().collect::<Vec<i32>>(), [len]);
+        let swapped = weight
+            .reshape([groups, ig, og, w[2], w[3]])?
+            .permute(&[0, 2, 1, 3, 4])?
+            .reshape([groups * og, ig, w[2], w[3]])?
+            .index_select(2, &flip(w[2])?)?
+            .index_select(3, &flip(w[3])?)?;
+        cropped.conv2d(&swapped, bias, [1, 1], [(0, 0); 2], dilation, groups)
     }
 
     /// Max pooling of NCHW numbers (not bool) over `window`: `[N, C,

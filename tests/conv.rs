@@ -510,3 +510,111 @@ fn shapes_that_do_not_fit_are_errors_naming_the_op() -> Result<()> {
     assert!(e.contains("stride 0"), "{e}");
     Ok(())
 }
+
+/// The transposed convolution as its definition scatters it, in f64: input
+/// element `(iy, ix)` adds `x * w` at output `(iy * s - before + ky * d,
+/// ...)` for each kernel position. `p.c` and `p.o` are its input and
+/// output channels; the weight is `[c, o / groups, kh, kw]`.
+fn conv_transpose_loop(
+    p: &Conv,
+    extra: [usize; 2],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+) -> (usize, usize, Vec<f32>) {
+    let len = |a: usize, n: usize| {
+        (n - 1) * p.stride[a] + p.dil[a] * (p.k[a] - 1) + extra[a] + 1 - p.pad[a].0 - p.pad[a].1
+    };
+    let (oh, ow) = (len(0, p.h), len(1, p.w));
+    let (cg, og) = (p.c / p.groups, p.o / p.groups);
+    let mut out: Vec<f64> = (0..p.n * p.o * oh * ow)
+        .map(|i| f64::from(b[i / (oh * ow) % p.o]))
+        .collect();
+    for n in 0..p.n {
+        for c in 0..p.c {
+            let g = c / cg;
+            for iy in 0..p.h {
+                for ix in 0..p.w {
+                    let xv = f64::from(x[((n * p.c + c) * p.h + iy) * p.w + ix]);
+                    for oc in 0..og {
+                        for ky in 0..p.k[0] {
+                            for kx in 0..p.k[1] {
+                                let y = (iy * p.stride[0] + ky * p.dil[0]) as isize
+                                    - p.pad[0].0 as isize;
+                                let xx = (ix * p.stride[1] + kx * p.dil[1]) as isize
+                                    - p.pad[1].0 as isize;
+                                if y < 0 || xx < 0 || y >= oh as isize || xx >= ow as isize {
+                                    continue;
+                                }
+                                let o = g * og + oc;
+                                let wv = f64::from(w[((c * og + oc) * p.k[0] + ky) * p.k[1] + kx]);
+                                out[((n * p.o + o) * oh + y as usize) * ow + xx as usize] +=
+                                    xv * wv;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (oh, ow, out.into_iter().map(|v| v as f32).collect())
+}
+
+#[test]
+fn conv_transpose2d_scatters_each_input_through_the_kernel() -> Result<()> {
+    let cases = [
+        (BASE, [0, 0]),
+        // Stride 2 (an upsampling decoder), output padding, no padding.
+        (
+            Conv {
+                stride: [2, 2],
+                pad: [(0, 0), (0, 0)],
+                ..BASE
+            },
+            [1, 1],
+        ),
+        // Stride 3 by 2, dilation, uneven padding larger than the reach on one side.
+        (
+            Conv {
+                stride: [3, 2],
+                dil: [2, 1],
+                pad: [(1, 4), (0, 2)],
+                k: [2, 3],
+                ..BASE
+            },
+            [1, 0],
+        ),
+        // Groups: 4 input channels in 2 groups, 6 outputs.
+        (
+            Conv {
+                c: 4,
+                o: 6,
+                groups: 2,
+                stride: [2, 1],
+                ..BASE
+            },
+            [0, 0],
+        ),
+    ];
+    for (seed, (p, extra)) in cases.into_iter().enumerate() {
+        let mut rng = Rng(40 + seed as u64);
+        let x = rng.fill(p.n * p.c * p.h * p.w, |r| r.uniform(-1.0, 1.0));
+        let w = rng.fill(p.c * (p.o / p.groups) * p.k[0] * p.k[1], |r| {
+            r.uniform(-1.0, 1.0)
+        });
+        let b = rng.fill(p.o, |r| r.uniform(-1.0, 1.0));
+        let (_, _, want) = conv_transpose_loop(&p, extra, &x, &w, &b);
+        let inputs = [
+            (vec![p.n, p.c, p.h, p.w], x),
+            (vec![p.c, p.o / p.groups, p.k[0], p.k[1]], w),
+            (vec![p.o], b),
+        ];
+        check_all(
+            &format!("transposed {p:?}, output padding {extra:?}"),
+            &inputs,
+            &want,
+            &|t| t[0].conv_transpose2d(&t[1], Some(&t[2]), p.stride, p.pad, extra, p.dil, p.groups),
+        )?;
+    }
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! ONNX's convolution and pooling over one or two spatial axes, as
-//! `Tensor::conv2d`, `max_pool2d` and `avg_pool2d`: `Conv`, `MaxPool` and
-//! `AveragePool`, their `auto_pad`, `pads`, `strides`, `dilations`,
+//! `Tensor::conv2d`, `conv_transpose2d`, `max_pool2d` and `avg_pool2d`:
+//! `Conv`, `ConvTranspose` (its `output_padding` and `output_shape` too),
+//! `MaxPool` and `AveragePool`, their `auto_pad`, `pads`, `strides`, `dilations`,
 //! `group`, `kernel_shape`, `ceil_mode` and `count_include_pad`. One
 //! spatial axis runs as two, the first of height one. What kiln cannot
 //! compute (three spatial axes, MaxPool's indices) is an unsupported `Err`.
@@ -13,6 +14,7 @@ use crate::{Pool2d, Result, Tensor};
 pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
     Some(match node.op() {
         "Conv" => conv(node),
+        "ConvTranspose" => conv_transpose(node),
         "MaxPool" | "AveragePool" => pool(node),
         _ => return None,
     })
@@ -157,6 +159,93 @@ fn conv(node: &Node) -> Result<Vec<Value>> {
         win.stride,
         win.padding,
         win.dilation,
+        group,
+    )?;
+    one(back(y, rank)?)
+}
+
+/// `ConvTranspose`: the padding from `pads`, or worked out from
+/// `output_shape` (or `auto_pad`'s `input * stride`) as ONNX says, the odd
+/// element of a split at the end for `SAME_UPPER` and at the start
+/// otherwise.
+fn conv_transpose(node: &Node) -> Result<Vec<Value>> {
+    let (x, w) = (node.tensor(0)?, node.tensor(1)?);
+    let rank = x.rank();
+    let x2 = as_2d(node, &x)?;
+    if w.rank() != rank {
+        return Err(node.invalid(format!("weight {} for input {}", w.shape(), x.shape())));
+    }
+    let spatial = rank - 2;
+    let kernel = w.dims()[2..].to_vec();
+    if node.attr_ints("kernel_shape")?.is_some()
+        && per_axis(node, "kernel_shape", spatial, 1, 1)? != kernel
+    {
+        return Err(node.invalid(format!("kernel_shape for weight {}", w.shape())));
+    }
+    let stride = per_axis(node, "strides", spatial, 1, 1)?;
+    let dilation = per_axis(node, "dilations", spatial, 1, 1)?;
+    let extra = per_axis(node, "output_padding", spatial, 0, 0)?;
+    let group = usize::try_from(node.attr_int("group", 1)?)
+        .map_err(|_| node.invalid("group must be positive"))?;
+    let auto_pad = node.attr_string("auto_pad", "NOTSET")?;
+    let inputs = &x.dims()[2..];
+    let wanted: Option<Vec<usize>> = match (node.attr_ints("output_shape")?, auto_pad.as_str()) {
+        (Some(shape), _) => {
+            // The spatial sizes, alone or after N and C.
+            let shape = &shape[shape.len().saturating_sub(spatial)..];
+            let sizes = shape.iter().map(|&s| usize::try_from(s).ok());
+            Some(
+                sizes
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| node.invalid("output_shape"))?,
+            )
+        }
+        (None, "SAME_UPPER" | "SAME_LOWER") => {
+            Some((0..spatial).map(|a| inputs[a] * stride[a]).collect())
+        }
+        (None, "NOTSET" | "VALID") => None,
+        (None, other) => return Err(node.invalid(format!("auto_pad '{other}'"))),
+    };
+    let padding: Vec<(usize, usize)> = match wanted {
+        Some(out) => (0..spatial)
+            .map(|a| {
+                let full =
+                    stride[a] * (inputs[a] - 1) + extra[a] + (kernel[a] - 1) * dilation[a] + 1;
+                let total = full.checked_sub(out[a]).ok_or_else(|| {
+                    node.unsupported(format!("output_shape {out:?} past the full output"))
+                })?;
+                Ok(match auto_pad.as_str() {
+                    "SAME_UPPER" => (total / 2, total - total / 2),
+                    _ => (total - total / 2, total / 2),
+                })
+            })
+            .collect::<Result<_>>()?,
+        None if auto_pad == "VALID" => vec![(0, 0); spatial],
+        None => {
+            let pads = match node.attr_ints("pads")? {
+                None => vec![0; 2 * spatial],
+                Some(_) => per_axis(node, "pads", 2 * spatial, 0, 0)?,
+            };
+            (0..spatial).map(|a| (pads[a], pads[spatial + a])).collect()
+        }
+    };
+    let two = |v: &[usize], unit: usize| match v {
+        [w] => [unit, *w],
+        _ => [v[0], v[1]],
+    };
+    let padding = match padding.as_slice() {
+        [w] => [(0, 0), *w],
+        _ => [padding[0], padding[1]],
+    };
+    let w2 = as_2d(node, &w)?;
+    let bias = node.opt_tensor(2)?;
+    let y = x2.conv_transpose2d(
+        &w2,
+        bias.as_ref(),
+        two(&stride, 1),
+        padding,
+        two(&extra, 0),
+        two(&dilation, 1),
         group,
     )?;
     one(back(y, rank)?)
