@@ -545,6 +545,18 @@ impl<'a> Node<'a> {
             .map(|a| a.floats.clone()))
     }
 
+    /// A STRINGS attribute, if given.
+    pub fn attr_strings(&self, name: &str) -> Result<Option<Vec<String>>> {
+        let Some(a) = self.attr_of(name, 8, "a list of strings")? else {
+            return Ok(None);
+        };
+        let strings = a.strings.iter().map(|s| String::from_utf8(s.clone()).ok());
+        let strings: Option<Vec<String>> = strings.collect();
+        strings
+            .map(Some)
+            .ok_or_else(|| self.invalid(format!("attribute '{name}' is not UTF-8")))
+    }
+
     /// A STRING attribute, or `default`.
     pub fn attr_string(&self, name: &str, default: &str) -> Result<String> {
         match self.attr_of(name, 3, "a string")? {

@@ -9,6 +9,7 @@ mod elementwise;
 mod fold;
 mod index;
 mod nn;
+mod recurrent;
 mod reduce;
 mod resize;
 mod shape;
@@ -33,6 +34,7 @@ pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
         .or_else(|| shape::convert(node))
         .or_else(|| index::convert(node))
         .or_else(|| resize::convert(node))
+        .or_else(|| recurrent::convert(node))
         .or_else(|| reduce::convert(node))
         .or_else(|| nn::convert(node))
         .or_else(|| conv::convert(node));
