@@ -39,11 +39,14 @@ mod tensor;
 mod wire;
 mod write;
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::Path;
+use std::sync::Mutex;
 
 use kiln_ir::{DType, TensorType};
 
-use crate::{CompileOptions, CompiledGraph, Error, Result};
+use crate::{CompileOptions, CompiledGraph, Device, Error, Result, Tensor};
 
 pub use export::{OPSET, export, export_file, export_graph};
 pub use tensor::Array;
@@ -219,6 +222,9 @@ impl InputInfo {
 pub struct Model {
     proto: proto::ModelProto,
     file: String,
+    /// The graphs `call` compiled, by the types of their inputs and the
+    /// device.
+    compiled: Mutex<HashMap<(Vec<TensorType>, Device), CompiledGraph>>,
 }
 
 impl Model {
@@ -243,6 +249,7 @@ impl Model {
         Ok(Model {
             proto,
             file: file.to_string(),
+            compiled: Mutex::new(HashMap::new()),
         })
     }
 
@@ -276,6 +283,65 @@ impl Model {
     pub fn output_names(&self) -> Vec<String> {
         let outputs = &self.proto.graph.outputs;
         outputs.iter().map(|v| v.name.clone()).collect()
+    }
+
+    /// Runs the model on `inputs`, one per graph input (`inputs`), on their
+    /// device, compiling it for their types on first use and reusing that
+    /// graph for inputs of the same types after: one `Model` serves every
+    /// batch size of an export with dynamic axes. An input whose dtype, rank
+    /// or a fixed dimension is not the model's is an `Err` naming the input
+    /// and the dimension.
+    pub fn call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let declared = self.inputs();
+        let mismatch = |message: String| -> crate::Error {
+            OnnxError::Feed {
+                file: self.file.clone(),
+                message,
+            }
+            .into()
+        };
+        if inputs.len() != declared.len() {
+            return Err(mismatch(format!(
+                "{} inputs for {} graph inputs",
+                inputs.len(),
+                declared.len()
+            )));
+        }
+        for (info, t) in declared.iter().zip(inputs) {
+            let given = format!("input '{}' given {}", info.name, t.ty());
+            if info.element != Some(t.dtype()) {
+                return Err(mismatch(format!("{given}, declared {}", info.dtype)));
+            }
+            let Some(dims) = &info.dims else { continue };
+            if dims.len() != t.rank() {
+                return Err(mismatch(format!(
+                    "{given}, declared of rank {}",
+                    dims.len()
+                )));
+            }
+            for (axis, (d, &n)) in dims.iter().zip(t.dims()).enumerate() {
+                if let Dimension::Fixed(size) = d
+                    && *size != n
+                {
+                    return Err(mismatch(format!("{given}: dimension {axis} is {size}")));
+                }
+            }
+        }
+        let device = inputs.first().map_or(Device::Cpu, |t| t.device());
+        let key = (
+            inputs.iter().map(|t| t.ty().clone()).collect::<Vec<_>>(),
+            device,
+        );
+        // A poisoned lock held compiled graphs only: they are whole.
+        let mut compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        let graph = match compiled.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let feeds: Vec<Feed> = e.key().0.iter().cloned().map(Feed::Input).collect();
+                e.insert(self.compile_with(&feeds, CompileOptions::on(device))?)
+            }
+        };
+        graph.call(inputs)
     }
 
     /// Compiles the graph for the CPU with fusion on; `feeds` gives every

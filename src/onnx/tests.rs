@@ -470,5 +470,24 @@ fn inputs_with_named_dimensions_are_fed_at_a_size_given_to_them() -> Result<()> 
     let x = Tensor::from_vec(vec![-1.0f32, 2.0, -3.0, 4.0, 0.5, -0.5], [2, 3])?;
     let y = m.compile(&[Feed::Input(ty)])?.call(&[&x])?.remove(0);
     assert_eq!(y.to_vec::<f32>()?, [0.0, 2.0, 0.0, 4.0, 0.5, 0.0]);
+    // With `y` of [batch, 3] too, `call` compiles for each batch size it
+    // meets, and checks the rest.
+    let y_info = [string(1, "y"), field(2, &field(1, &tensor))].concat();
+    let x = [string(1, "x"), field(2, &field(1, &tensor))].concat();
+    let bytes = model(&[node("Relu", &["x"], &["y"], &[])], &[], &[x], &[y_info]);
+    let m = Model::from_bytes(&bytes, "dynamic.onnx")?;
+    for batch in [2usize, 5, 2] {
+        let values: Vec<f32> = (0..batch * 3).map(|i| i as f32 - 4.0).collect();
+        let want: Vec<f32> = values.iter().map(|v| v.max(0.0)).collect();
+        let y = m.call(&[&Tensor::from_vec(values, [batch, 3])?])?.remove(0);
+        assert_eq!(y.dims(), [batch, 3]);
+        assert_eq!(y.to_vec::<f32>()?, want);
+    }
+    let wide = Tensor::zeros([2, 4], DType::F32)?;
+    let e = m.call(&[&wide]).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.ends_with("input 'x' given f32[2,4]: dimension 1 is 3"), "{e}");
+    let ints = Tensor::zeros([2, 3], DType::I32)?;
+    let e = m.call(&[&ints]).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.ends_with("input 'x' given i32[2,3], declared FLOAT"), "{e}");
     Ok(())
 }
