@@ -484,10 +484,24 @@ fn inputs_with_named_dimensions_are_fed_at_a_size_given_to_them() -> Result<()> 
         assert_eq!(y.to_vec::<f32>()?, want);
     }
     let wide = Tensor::zeros([2, 4], DType::F32)?;
-    let e = m.call(&[&wide]).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.ends_with("input 'x' given f32[2,4]: dimension 1 is 3"), "{e}");
+    let e = m
+        .call(&[&wide])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.ends_with("input 'x' given f32[2,4]: dimension 1 is 3"),
+        "{e}"
+    );
     let ints = Tensor::zeros([2, 3], DType::I32)?;
-    let e = m.call(&[&ints]).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.ends_with("input 'x' given i32[2,3], declared FLOAT"), "{e}");
+    let e = m
+        .call(&[&ints])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.ends_with("input 'x' given i32[2,3], declared FLOAT"),
+        "{e}"
+    );
     Ok(())
 }
