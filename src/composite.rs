@@ -129,10 +129,18 @@ impl Tensor {
             return Err(mismatch(targets));
         }
         let (batch, classes) = (self.dims()[0], self.dims()[1] as i32);
-        if let Some(w) = options.weight
-            && (w.dims() != [classes as usize] || w.dtype() != self.dtype())
-        {
-            return Err(mismatch(w));
+        if let Some(w) = options.weight {
+            if w.dtype() != self.dtype() {
+                return Err(kiln_ir::Error::DTypeMismatch {
+                    op,
+                    lhs: self.dtype(),
+                    rhs: w.dtype(),
+                }
+                .into());
+            }
+            if w.dims() != [classes as usize] {
+                return Err(mismatch(w));
+            }
         }
         let smoothing = options.label_smoothing;
         if !(0.0..=1.0).contains(&smoothing) {

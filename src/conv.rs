@@ -358,6 +358,11 @@ impl Tensor {
             )));
         }
         let kernel = [w[2], w[3]];
+        if x[2] == 0 || x[3] == 0 {
+            return Err(mismatch(
+                "an empty spatial axis has nothing to spread".to_string(),
+            ));
+        }
         let mut pads = [(0, 0); 2];
         let mut crops = [(0, 0); 2];
         for a in 0..2 {
@@ -375,6 +380,14 @@ impl Tensor {
             // where positive, cropped where the padding is larger.
             let reach = dilation[a] * (kernel[a] - 1);
             let (before, after) = (padding[a].0, padding[a].1);
+            let full = (x[2 + a] - 1) * stride[a] + reach + output_padding[a] + 1;
+            if before + after >= full {
+                return Err(mismatch(format!(
+                    "padding {:?} leaves no output of axis {} ({full} long before it)",
+                    padding[a],
+                    2 + a
+                )));
+            }
             let after_reach = reach + output_padding[a];
             pads[a] = (
                 reach.saturating_sub(before),

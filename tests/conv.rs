@@ -584,6 +584,15 @@ fn conv_transpose2d_scatters_each_input_through_the_kernel() -> Result<()> {
             },
             [1, 0],
         ),
+        // Padding larger than the reach on the first side: cropped there.
+        (
+            Conv {
+                pad: [(3, 0), (2, 1)],
+                stride: [2, 2],
+                ..BASE
+            },
+            [0, 1],
+        ),
         // Groups: 4 input channels in 2 groups, 6 outputs.
         (
             Conv {
@@ -603,7 +612,17 @@ fn conv_transpose2d_scatters_each_input_through_the_kernel() -> Result<()> {
             r.uniform(-1.0, 1.0)
         });
         let b = rng.fill(p.o, |r| r.uniform(-1.0, 1.0));
-        let (_, _, want) = conv_transpose_loop(&p, extra, &x, &w, &b);
+        let (oh, ow, want) = conv_transpose_loop(&p, extra, &x, &w, &b);
+        let shape = Tensor::zeros([p.n, p.c, p.h, p.w], DType::F32)?.conv_transpose2d(
+            &Tensor::zeros([p.c, p.o / p.groups, p.k[0], p.k[1]], DType::F32)?,
+            None,
+            p.stride,
+            p.pad,
+            extra,
+            p.dil,
+            p.groups,
+        )?;
+        assert_eq!(shape.dims(), [p.n, p.o, oh, ow], "{p:?}");
         let inputs = [
             (vec![p.n, p.c, p.h, p.w], x),
             (vec![p.c, p.o / p.groups, p.k[0], p.k[1]], w),

@@ -295,7 +295,7 @@ fn schedules_give_their_rates_at_the_boundaries() -> Result<()> {
     near(rates(step, 7)?, &[1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25]);
     let warmup = Schedule::Warmup { lr: 1.0, steps: 4 };
     near(rates(warmup, 5)?, &[0.25, 0.5, 0.75, 1.0, 1.0]);
-    // Up over two steps, half a cosine over four, the floor after.
+    // Up from 0 over two steps, half a cosine over four, the floor after.
     let cosine = Schedule::Cosine {
         lr: 1.0,
         warmup: 2,
@@ -306,8 +306,8 @@ fn schedules_give_their_rates_at_the_boundaries() -> Result<()> {
     near(
         rates(cosine, 8)?,
         &[
+            0.0,
             0.5,
-            1.0,
             1.0,
             mid,
             0.55,

@@ -119,6 +119,22 @@ fn a_run_resumed_in_a_new_process_ends_where_an_unbroken_run_ends() -> Result<()
     );
     let names = names(&adam)?;
     let got = load(&dir.join("end.safetensors"), &names)?;
+    // Each moment beside its parameter, of its shape; second moments are
+    // squares' averages, never negative.
+    for (name, t) in names.iter().zip(&got) {
+        if let Some((moment, param)) = name.split_once('.')
+            && moment.starts_with("exp_avg")
+        {
+            let p = names
+                .iter()
+                .position(|n| n == param)
+                .expect("a parameter of that name");
+            assert_eq!(t.dims(), got[p].dims(), "{name}");
+            if moment == "exp_avg_sq" {
+                assert!(t.to_vec::<f32>()?.iter().all(|&v| v >= 0.0), "{name}");
+            }
+        }
+    }
     assert_eq!(names.len(), want.len());
     for ((name, g), w) in names.iter().zip(&got).zip(&want) {
         assert_eq!(g.ty(), w.ty(), "{name}");

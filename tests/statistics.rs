@@ -320,5 +320,40 @@ fn cross_entropy_weighs_ignores_and_smooths_as_pytorch() -> Result<()> {
         e.to_string(),
         "cross_entropy: label_smoothing must be in [0, 1], not 1.5"
     );
-    Ok(())
+    let f64_weight = CrossEntropy {
+        weight: Some(&Tensor::from_vec(weights.to_vec(), [5])?),
+        ..CrossEntropy::default()
+    };
+    let e = logits
+        .cross_entropy_with(&labels, &f64_weight)
+        .map(|_| ())
+        .expect_err("an error");
+    assert_eq!(
+        e.to_string(),
+        "cross_entropy: dtypes f32 and f64 differ (cast one of them first)"
+    );
+    // A class masked with -inf in an ignored row, with smoothing: the row
+    // counts for nothing, and the loss is the other rows' alone.
+    let mut masked = x.clone();
+    masked[5] = f64::NEG_INFINITY;
+    let masked_logits = Tensor::from_vec(
+        masked.iter().map(|&v| v as f32).collect::<Vec<f32>>(),
+        [6, 5],
+    )?;
+    let targets = [1, 3, 4, 0, 3, 2];
+    let ignored = Tensor::from_vec(targets.to_vec(), [6])?;
+    let options = CrossEntropy {
+        ignore_index: Some(3),
+        label_smoothing: 0.25,
+        ..CrossEntropy::default()
+    };
+    let want = cross_entropy_reference(&masked, 5, &targets, None, Some(3), 0.25);
+    assert!(want.is_finite());
+    check(
+        "an ignored row with -inf",
+        &masked_logits,
+        &|t| t.cross_entropy_with(&ignored, &options),
+        &[want],
+        1e-5,
+    )
 }

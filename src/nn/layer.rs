@@ -90,6 +90,13 @@ impl Embedding {
     /// width last. A negative id counts from the end; one outside the table
     /// reads NaN (see `Tensor::gather`).
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        if self.weight.rank() != 2 {
+            return Err(Error::Rank {
+                op: "Embedding",
+                shape: self.weight.shape().clone(),
+                rank: 2,
+            });
+        }
         let rows = self.weight.index_select(0, &ids.reshape([ids.numel()])?)?;
         let mut dims = ids.dims().to_vec();
         dims.push(self.weight.dims()[1]);

@@ -289,8 +289,10 @@ impl Model {
     /// device, compiling it for their types on first use and reusing that
     /// graph for inputs of the same types after: one `Model` serves every
     /// batch size of an export with dynamic axes. An input whose dtype, rank
-    /// or a fixed dimension is not the model's is an `Err` naming the input
-    /// and the dimension.
+    /// or a fixed dimension is not the model's, or a named dimension given
+    /// two sizes, is an `Err` naming the input and the dimension. Calls take
+    /// turns (compiling and running under one lock), and every set of types
+    /// met keeps its compiled graph for the model's life.
     pub fn call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         let declared = self.inputs();
         let mismatch = |message: String| -> crate::Error {
@@ -307,6 +309,7 @@ impl Model {
                 declared.len()
             )));
         }
+        let mut named: Vec<(&str, usize)> = Vec::new();
         for (info, t) in declared.iter().zip(inputs) {
             let given = format!("input '{}' given {}", info.name, t.ty());
             if info.element != Some(t.dtype()) {
@@ -320,10 +323,22 @@ impl Model {
                 )));
             }
             for (axis, (d, &n)) in dims.iter().zip(t.dims()).enumerate() {
-                if let Dimension::Fixed(size) = d
-                    && *size != n
-                {
-                    return Err(mismatch(format!("{given}: dimension {axis} is {size}")));
+                match d {
+                    Dimension::Fixed(size) if *size != n => {
+                        return Err(mismatch(format!("{given}: dimension {axis} is {size}")));
+                    }
+                    Dimension::Named(name) if !name.is_empty() => {
+                        match named.iter().find(|(m, _)| m == name) {
+                            Some(&(_, size)) if size != n => {
+                                return Err(mismatch(format!(
+                                    "{given}: dimension {axis} is '{name}', {size} elsewhere"
+                                )));
+                            }
+                            Some(_) => {}
+                            None => named.push((name, n)),
+                        }
+                    }
+                    _ => {}
                 }
             }
         }

@@ -25,9 +25,10 @@ pub trait Optimizer {
     fn state(&self, params: &[&Tensor]) -> Result<Vec<Tensor>>;
 
     /// A name for each tensor of the state, in its order, from the
-    /// parameters' names: PyTorch's names for the same state, so that a
-    /// checkpoint (`nn::save`) holds the parameters and their optimizer
-    /// state side by side, each found by name when a run resumes.
+    /// parameters' names, after the keys of PyTorch's optimizer state
+    /// (`exp_avg.{param}`), so that a checkpoint (`nn::save`) holds the
+    /// parameters and their optimizer state side by side, each found by
+    /// name when a run resumes.
     fn state_names(&self, params: &[&str]) -> Vec<String>;
 
     /// Its own learning rate.
@@ -302,8 +303,9 @@ fn at_least_zero(op: &'static str, name: &str, value: f32) -> Result<()> {
 /// `clip_grad_norm_`: each gradient times `min(1, max_norm / (norm +
 /// 1e-6))`. Graph ops like the rest of a step, so inside a compiled step
 /// the sums of squares are its reductions and the scaling fuses into each
-/// update. A NaN or infinite norm makes every gradient NaN, as PyTorch's
-/// (unless asked to raise) does.
+/// update. A NaN norm makes every gradient NaN; an infinite one makes the
+/// finite gradients 0 and the infinite ones NaN, as PyTorch's (unless
+/// asked to raise) does.
 pub fn clip_grad_norm(grads: &[Tensor], max_norm: f32) -> Result<(Vec<Tensor>, Tensor)> {
     at_least_zero("clip_grad_norm", "max_norm", max_norm)?;
     let mut squares = Tensor::scalar(0.0f32);

@@ -32,9 +32,10 @@ pub enum Schedule {
         /// Steps to reach it, at least 1.
         steps: usize,
     },
-    /// A linear warmup over the first `warmup` steps (as `Warmup`), then
-    /// half a cosine from `lr` down to `lr * floor` at step `total`, kept
-    /// after: optax's `warmup_cosine_decay_schedule`.
+    /// A linear warmup from 0 at step 0 to `lr` at step `warmup`, then half
+    /// a cosine down to `lr * floor` at step `total`, kept after: optax's
+    /// `warmup_cosine_decay_schedule` (its `init_value` 0, `decay_steps`
+    /// `total`).
     Cosine {
         /// The peak rate.
         lr: f32,
@@ -96,7 +97,7 @@ impl Schedule {
             } => {
                 let lr = f64::from(lr);
                 if step < warmup {
-                    lr * (t + 1.0) / warmup as f64
+                    lr * t / warmup as f64
                 } else {
                     let pct = ((t - warmup as f64) / (total - warmup) as f64).min(1.0);
                     lr * cos_anneal(1.0, f64::from(floor), pct)

@@ -189,10 +189,18 @@ fn conv_transpose(node: &Node) -> Result<Vec<Value>> {
         .map_err(|_| node.invalid("group must be positive"))?;
     let auto_pad = node.attr_string("auto_pad", "NOTSET")?;
     let inputs = &x.dims()[2..];
+    if inputs.contains(&0) || kernel.contains(&0) {
+        return Err(node.invalid(format!("input {} and weight {}", x.shape(), w.shape())));
+    }
     let wanted: Option<Vec<usize>> = match (node.attr_ints("output_shape")?, auto_pad.as_str()) {
         (Some(shape), _) => {
+            if shape.len() < spatial {
+                return Err(
+                    node.invalid(format!("output_shape {shape:?} for {spatial} spatial axes"))
+                );
+            }
             // The spatial sizes, alone or after N and C.
-            let shape = &shape[shape.len().saturating_sub(spatial)..];
+            let shape = &shape[shape.len() - spatial..];
             let sizes = shape.iter().map(|&s| usize::try_from(s).ok());
             Some(
                 sizes

@@ -94,12 +94,8 @@ fn recurrent(node: &Node, cell: Cell) -> Result<Vec<Value>> {
     let (w, r) = (node.tensor(1)?, node.tensor(2)?);
     let hidden = r.dims().get(2).copied().unwrap_or(0);
     let given_hidden = node.attr_int("hidden_size", hidden as i64)?;
-    if given_hidden != hidden as i64 || w.rank() != 3 || r.rank() != 3 {
-        return Err(node.invalid(format!(
-            "W {} and R {} for hidden_size {given_hidden}",
-            w.shape(),
-            r.shape()
-        )));
+    if given_hidden != hidden as i64 {
+        return Err(node.invalid(format!("R {} for hidden_size {given_hidden}", r.shape())));
     }
     let reverse: Vec<bool> = match node.attr_string("direction", "forward")?.as_str() {
         "forward" => vec![false],
@@ -154,6 +150,28 @@ fn recurrent(node: &Node, cell: Cell) -> Result<Vec<Value>> {
         Cell::Lstm => (node.opt_tensor(6)?, node.opt_tensor(7)?),
         _ => (None, None),
     };
+    // Every operand's shape, before any is sliced.
+    let (dirs, gates) = (reverse.len(), cell.gates() * hidden);
+    let state_dims = match batch_first {
+        true => [batch, dirs, hidden],
+        false => [dirs, batch, hidden],
+    };
+    let expected: [(&str, Option<&Tensor>, Vec<usize>); 7] = [
+        ("W", Some(&w), vec![dirs, gates, x.dims()[2]]),
+        ("R", Some(&r), vec![dirs, gates, hidden]),
+        ("B", b.as_ref(), vec![dirs, 2 * gates]),
+        ("initial_h", h0.as_ref(), state_dims.to_vec()),
+        ("initial_c", c0.as_ref(), state_dims.to_vec()),
+        ("P", p.as_ref(), vec![dirs, 3 * hidden]),
+        ("sequence_lens", lens.as_ref(), vec![batch, 1]),
+    ];
+    for (name, t, dims) in expected {
+        if let Some(t) = t
+            && t.dims() != dims
+        {
+            return Err(node.invalid(format!("{name} {} where {dims:?} fits", t.shape())));
+        }
+    }
     let zeros = Tensor::zeros([batch, hidden], x.dtype())?;
     let g = cell.gates() * hidden;
     let mut ys = Vec::new();
@@ -270,9 +288,15 @@ fn step_cell(
             None => Ok(t),
         }
     };
-    let mut hr = dir.h.matmul(&dir.recurrent)?;
+    // `h @ R^T + Rb`, of every gate (of z and r alone for a GRU that
+    // multiplies after the reset).
+    let width = match (cell, linear_before_reset) {
+        (Cell::Gru, false) => 2 * hidden,
+        _ => cell.gates() * hidden,
+    };
+    let mut hr = dir.h.matmul(&dir.recurrent.slice(1, 0, width, 1)?)?;
     if let Some(rb) = &dir.recurrent_bias {
-        hr = hr.add(rb)?;
+        hr = hr.add(&rb.slice(0, 0, width, 1)?)?;
     }
     match cell {
         Cell::Rnn => dir.h = acts[0].apply(&clipped(step.add(&hr)?)?)?,

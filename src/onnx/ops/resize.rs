@@ -7,7 +7,7 @@
 //! one axis after another (bilinear is linear along each axis in turn).
 //! `cubic` and `antialias` are refused as unsupported.
 
-use kiln_ir::DType;
+use kiln_ir::{DType, TensorType};
 
 use super::{axes, one};
 use crate::onnx::graph::{Node, Value};
@@ -90,12 +90,19 @@ fn resize(node: &Node) -> Result<Vec<Value>> {
     let sizes = node.opt_ints(3)?.filter(|s| !s.is_empty());
     // (output length, scale) per resized axis.
     let targets: Vec<(usize, f64)> = match (scales, sizes) {
-        (Some(scales), None) if scales.len() == axes.len() => axes
-            .iter()
-            .zip(&scales)
-            .map(|(&a, &s)| ((dims[a] as f64 * s).floor() as usize, s))
-            .collect(),
+        (Some(scales), None) if scales.len() == axes.len() => {
+            if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+                return Err(node.invalid(format!("scale {s}")));
+            }
+            axes.iter()
+                .zip(&scales)
+                .map(|(&a, &s)| ((dims[a] as f64 * s).floor() as usize, s))
+                .collect()
+        }
         (None, Some(sizes)) if sizes.len() == axes.len() => {
+            if let Some(s) = sizes.iter().find(|&&s| s < 0) {
+                return Err(node.invalid(format!("size {s}")));
+            }
             let ratios = axes
                 .iter()
                 .zip(&sizes)
@@ -123,6 +130,12 @@ fn resize(node: &Node) -> Result<Vec<Value>> {
         }
         _ => return Err(node.invalid("exactly one of scales and sizes, one value per axis")),
     };
+    // The output addressable before any position is computed.
+    let mut out_dims = dims.clone();
+    for (&axis, &(out, _)) in axes.iter().zip(&targets) {
+        out_dims[axis] = out;
+    }
+    TensorType::new(x.dtype(), out_dims).checked("Resize")?;
     let mut y = x;
     for (&axis, &(out, scale)) in axes.iter().zip(&targets) {
         let len = dims[axis];
@@ -130,7 +143,7 @@ fn resize(node: &Node) -> Result<Vec<Value>> {
             continue;
         }
         if len == 0 || out == 0 {
-            return Err(node.unsupported("resizing an empty axis or to one"));
+            return Err(node.unsupported("resizing an empty axis, or to none"));
         }
         let from: Vec<f64> = (0..out)
             .map(|i| source(transform, i, (len, out), scale))
