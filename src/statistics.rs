@@ -1,6 +1,6 @@
 //! Reductions and bounds that PyTorch users reach for, as composites of
 //! graph ops (so they fuse and differentiate through their parts): `min`,
-//! `var`, `std`, `logsumexp` and `clamp`.
+//! `var`, `std`, `logsumexp`, `cumsum` and `clamp`.
 
 use kiln_ir::{DType, Scalar};
 
@@ -58,6 +58,45 @@ impl Tensor {
         // `sum` with `keepdim` left every reduced axis as size 1.
         let kept = self.sum(axes, false)?;
         out.reshape(kept.shape().clone())
+    }
+
+    /// Running sums along `axis` (negative counts from the end): element `i`
+    /// is the sum of elements `0..=i`, as PyTorch's `cumsum`. f32, f64, i32
+    /// or i64 (integers wrap). Each output element sums its prefix as a
+    /// reduction over a `[len, len]` triangle of the axis, so the work grows
+    /// with the square of the axis's length: for the axes of masks and
+    /// positions, not for a million-element scan. The gradient is the
+    /// running sum of the output's gradient from the other end.
+    pub fn cumsum(&self, axis: isize) -> Result<Tensor> {
+        let op = "cumsum";
+        if !matches!(
+            self.dtype(),
+            DType::F32 | DType::F64 | DType::I32 | DType::I64
+        ) {
+            return Err(kiln_ir::Error::DType {
+                op,
+                dtype: self.dtype(),
+                expected: "f32, f64, i32 or i64",
+            }
+            .into());
+        }
+        let axis = crate::ops::normalize_axis(op, axis, self.rank())?;
+        let len = self.dims()[axis];
+        let positions =
+            i32::try_from(len).map_err(|_| crate::Error::AxisTooLong { op, axis, len })?;
+        // [.., i, j, ..]: element j of the axis counts toward output i when j <= i.
+        let mut along = vec![1; self.rank() + 1];
+        along[axis] = len;
+        let rows = Tensor::arange(0, positions).reshape(along.clone())?;
+        along[axis] = 1;
+        along[axis + 1] = len;
+        let columns = Tensor::arange(0, positions).reshape(along)?;
+        let counted = columns.le(&rows)?;
+        let zero = Tensor::scalar(Scalar::I32(0).cast(self.dtype()));
+        let spread = self.unsqueeze(axis as isize)?;
+        counted
+            .where_cond(&spread, &zero)?
+            .sum(&[axis as isize + 1], false)
     }
 
     /// Each element bounded to `[min, max]` (`min` first: where `min >

@@ -211,6 +211,11 @@ fn second_order_gradients_match_differences_of_gradients() {
             Box::new(|x: &Tensor| x.logsumexp(&[1], false)?.square()?.sum_all()),
         ),
         (
+            "cumsum",
+            &signed,
+            Box::new(weighted(|x| x.cumsum(1)?.square())),
+        ),
+        (
             "clamp",
             &signed,
             Box::new(weighted(|x| x.clamp(-0.5, 0.5)?.square())),

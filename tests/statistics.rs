@@ -1,7 +1,7 @@
-//! `min`, `var`, `std`, `logsumexp`, `clamp` and `cross_entropy`'s options
-//! against direct f64 loops, realized on the CPU and the interpreter and
-//! compiled fused and unfused, on awkward shapes with NaN, infinities and
-//! signed zeros.
+//! `min`, `var`, `std`, `logsumexp`, `cumsum`, `clamp` and
+//! `cross_entropy`'s options against direct f64 loops, realized on the CPU
+//! and the interpreter and compiled fused and unfused, on awkward shapes
+//! with NaN, infinities and signed zeros.
 
 use kiln::{CompileOptions, DType, Device, Options, Result, Tensor};
 
@@ -356,4 +356,30 @@ fn cross_entropy_weighs_ignores_and_smooths_as_pytorch() -> Result<()> {
         &[want],
         1e-5,
     )
+}
+
+#[test]
+fn cumsum_runs_along_either_axis_and_wraps_integers() -> Result<()> {
+    let (x, v) = awkward()?;
+    let prefix = |values: &[f64]| -> Vec<f64> {
+        values
+            .iter()
+            .scan(0.0, |s, &e| {
+                *s += e;
+                Some(*s)
+            })
+            .collect()
+    };
+    let along_rows: Vec<f64> = v.chunks(37).flat_map(prefix).collect();
+    check("cumsum along rows", &x, &|t| t.cumsum(1), &along_rows, 1e-5)?;
+    let columns: Vec<Vec<f64>> = (0..37)
+        .map(|c| prefix(&(0..5).map(|r| v[r * 37 + c]).collect::<Vec<_>>()))
+        .collect();
+    let down: Vec<f64> = (0..5)
+        .flat_map(|r| columns.iter().map(move |col| col[r]))
+        .collect();
+    check("cumsum down columns", &x, &|t| t.cumsum(-2), &down, 1e-5)?;
+    let ints = Tensor::from_vec(vec![i32::MAX, 1, 5, -7], [4])?;
+    let wrapped = [i32::MAX, i32::MIN, i32::MIN + 5, i32::MAX - 1].map(f64::from);
+    check("cumsum of i32", &ints, &|t| t.cumsum(0), &wrapped, 0.0)
 }
