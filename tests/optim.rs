@@ -472,3 +472,56 @@ fn optimizer_state_is_named_as_pytorch_names_it() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn groups_update_each_run_of_parameters_with_its_own_optimizer() -> Result<()> {
+    use kiln::optim::Groups;
+    // Weight decay on the weight, none on the bias, one rate for both.
+    let decayed = AdamW {
+        weight_decay: 0.1,
+        ..AdamW::new(1e-2)
+    };
+    let plain = AdamW {
+        weight_decay: 0.0,
+        ..AdamW::new(1e-2)
+    };
+    let groups = Groups::new(vec![(Box::new(decayed), 1), (Box::new(plain), 1)]);
+    let params = initial()?;
+    let refs: Vec<&Tensor> = params.iter().collect();
+    assert_eq!(
+        groups.state_names(&["w", "b"]),
+        [
+            "groups.0.step",
+            "groups.0.exp_avg.w",
+            "groups.0.exp_avg_sq.w",
+            "groups.1.step",
+            "groups.1.exp_avg.b",
+            "groups.1.exp_avg_sq.b"
+        ]
+    );
+    // Eagerly, against each optimizer on its own parameter.
+    let (mut p, mut state) = (params.clone(), groups.state(&refs)?);
+    let (mut w, mut w_state) = (params[..1].to_vec(), decayed.state(&refs[..1])?);
+    let (mut b, mut b_state) = (params[1..].to_vec(), plain.state(&refs[1..])?);
+    for step in 0..4 {
+        let g = grads(step)?;
+        (p, state) = groups.update(&p, &g, &state)?;
+        (w, w_state) = decayed.update(&w, &g[..1], &w_state)?;
+        (b, b_state) = plain.update(&b, &g[1..], &b_state)?;
+    }
+    assert_eq!(values(&p[0]), values(&w[0]));
+    assert_eq!(values(&p[1]), values(&b[0]));
+    assert_eq!(state.len(), w_state.len() + b_state.len());
+    // The decay reached the weight alone: a group without it differs.
+    let undecayed = Groups::new(vec![(Box::new(plain), 2)]);
+    let (q, _) = undecayed.update(&params, &grads(0)?, &undecayed.state(&refs)?)?;
+    let (once, _) = groups.update(&params, &grads(0)?, &groups.state(&refs)?)?;
+    assert_ne!(values(&q[0]), values(&once[0]));
+    assert_eq!(values(&q[1]), values(&once[1]));
+    let e = groups
+        .update(&params[..1], &grads(0)?[..1], &state)
+        .map(|_| ())
+        .expect_err("an error");
+    assert_eq!(e.to_string(), "Groups: groups of 2 parameters given 1");
+    Ok(())
+}

@@ -13,8 +13,10 @@
 //! PyTorch's (`torch.optim.SGD`, `torch.optim.AdamW`), so that a model
 //! trained in either moves the same way.
 
+mod groups;
 mod schedule;
 
+pub use groups::Groups;
 pub use schedule::Schedule;
 
 use crate::{DType, Error, Result, Tensor};
