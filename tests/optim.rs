@@ -525,3 +525,71 @@ fn groups_update_each_run_of_parameters_with_its_own_optimizer() -> Result<()> {
     assert_eq!(e.to_string(), "Groups: groups of 2 parameters given 1");
     Ok(())
 }
+
+#[test]
+fn accumulate_applies_the_mean_gradient_every_few_updates() -> Result<()> {
+    use kiln::optim::Accumulate;
+    let adamw = AdamW::new(1e-2);
+    let accumulate = Accumulate {
+        optimizer: adamw,
+        every: 3,
+    };
+    let params = initial()?;
+    let refs: Vec<&Tensor> = params.iter().collect();
+    // In a compiled step, the gradients as its arguments.
+    let mut carried = params.clone();
+    carried.extend(accumulate.state(&refs)?);
+    let carried_refs: Vec<&Tensor> = carried.iter().collect();
+    let specs: Vec<TensorType> = params.iter().map(|p| p.ty().clone()).collect();
+    let mut step = kiln::compile_step("accumulate", &carried_refs, &specs, |s, g| {
+        let (p, o) = s.split_at(2);
+        let (new_p, new_o) = accumulate.update(p, g, o)?;
+        Ok((Vec::new(), new_p.into_iter().chain(new_o).collect()))
+    })?;
+    // The same by hand: AdamW on each run's mean, ((0 + g0) + g1) + g2 over 3.
+    let (mut want, mut adam_state) = (params.clone(), adamw.state(&refs)?);
+    let mut sums: Vec<Tensor> = params
+        .iter()
+        .map(|p| Tensor::zeros(p.shape().clone(), DType::F32))
+        .collect::<Result<_>>()?;
+    for call in 0..6u64 {
+        let g = grads(call)?;
+        let g_refs: Vec<&Tensor> = g.iter().collect();
+        step.call(&g_refs)?;
+        sums = sums
+            .iter()
+            .zip(&g)
+            .map(|(s, g)| s + g)
+            .collect::<Result<_>>()?;
+        if call % 3 == 2 {
+            let means: Vec<Tensor> = sums
+                .iter()
+                .map(|s| s * (1.0f32 / 3.0))
+                .collect::<Result<_>>()?;
+            (want, adam_state) = adamw.update(&want, &means, &adam_state)?;
+            sums = params
+                .iter()
+                .map(|p| Tensor::zeros(p.shape().clone(), DType::F32))
+                .collect::<Result<_>>()?;
+        }
+        let got = step.state()?;
+        for k in 0..2 {
+            assert_close(
+                &format!("call {call}, parameter {k}"),
+                &values(&got[k]),
+                &values(&want[k]),
+            );
+        }
+        // Between applications the parameters are the ones before.
+        if call < 2 {
+            assert_eq!(values(&got[0]), values(&params[0]), "call {call}");
+        }
+    }
+    let none = Accumulate {
+        optimizer: adamw,
+        every: 0,
+    };
+    let e = none.state(&refs).map(|_| ()).expect_err("an error");
+    assert_eq!(e.to_string(), "Accumulate: every must be at least 1");
+    Ok(())
+}

@@ -13,9 +13,11 @@
 //! PyTorch's (`torch.optim.SGD`, `torch.optim.AdamW`), so that a model
 //! trained in either moves the same way.
 
+mod accumulate;
 mod groups;
 mod schedule;
 
+pub use accumulate::Accumulate;
 pub use groups::Groups;
 pub use schedule::Schedule;
 
