@@ -1,5 +1,5 @@
 //! Every workload of benches/README.md on the CPU backend, fused and unfused
-//! (`Options { fusion: false }`: one kernel per primitive op), for
+//! (`fusion: false`: one kernel per primitive op), for
 //! day-to-day work with criterion's reports. Groups are `workload/cpu`, ids
 //! `fused/<shape>` and `unfused/<shape>`; compilation happens before the
 //! timed loop, which runs the compiled graph with reused output buffers.
@@ -33,7 +33,10 @@ fn bench(c: &mut Criterion) {
                 w.id,
                 &w.specs,
                 CompileOptions {
-                    optimizer: Options { fusion },
+                    optimizer: Options {
+                        fusion,
+                        ..Options::default()
+                    },
                     ..CompileOptions::default()
                 },
                 |t| (w.build)(t),

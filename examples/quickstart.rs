@@ -64,7 +64,10 @@ fn training_step(
         &batch,
         CompileOptions {
             device,
-            optimizer: Options { fusion },
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
             ..CompileOptions::default()
         },
         |state, batch| {

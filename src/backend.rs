@@ -65,7 +65,11 @@ pub(crate) fn compile_graph(
     if dump_requested("graph") {
         eprintln!("// kiln: graph\n{graph}");
     }
-    let mut optimized = optimize_with_dumps(graph, options.optimizer)?;
+    let facts = Options {
+        parallel: backend.parallel(),
+        ..options.optimizer
+    };
+    let mut optimized = optimize_with_dumps(graph, facts)?;
     if !donate.is_empty() && backend.donates() {
         let notes;
         (optimized, notes) = kiln_ir::pass::donate(&optimized, donate)?;

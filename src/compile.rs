@@ -54,8 +54,8 @@ enum Argument {
 
 /// Where and how a traced function is compiled, in one value (as JAX's
 /// `jit(f, device=...)`): the device it runs on, what the optimizer may do
-/// (`Options { fusion: false }`, the unfused baseline of benchmarks), and
-/// how the backend computes (a GPU's matmul precision). The default is the
+/// (`fusion: false`, the unfused baseline of benchmarks; the backend sets
+/// `parallel` from its own facts), and how the backend computes (a GPU's matmul precision). The default is the
 /// CPU with fusion on. On `Device::Reference` the interpreter runs the
 /// fused graph.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

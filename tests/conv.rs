@@ -40,7 +40,10 @@ fn run(
         &specs,
         CompileOptions {
             device,
-            optimizer: Options { fusion },
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
             ..CompileOptions::default()
         },
         |t| Ok(vec![f(t)?]),

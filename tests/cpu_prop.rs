@@ -27,8 +27,15 @@ fn run(
     let refs: Vec<&Data> = data.iter().collect();
     let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}\nfrom:\n{graph}"));
     let expected = interp::eval(&graph, &refs).map_err(|e| fail(&e))?;
-    let mut optimized =
-        optimize(&graph, Options { fusion }, &mut |_, _| {}).map_err(|e| fail(&e))?;
+    let mut optimized = optimize(
+        &graph,
+        Options {
+            fusion,
+            ..Options::default()
+        },
+        &mut |_, _| {},
+    )
+    .map_err(|e| fail(&e))?;
     if in_place {
         // Each output offered the first input of its type not yet taken.
         let types = graph.output_types();

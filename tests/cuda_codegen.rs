@@ -346,8 +346,15 @@ mod nvrtc {
             .chain(wide_graphs()?);
         for graph in graphs {
             for fusion in [true, false] {
-                let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {})
-                    .map_err(kiln::Error::from)?;
+                let optimized = optimize(
+                    &graph,
+                    Options {
+                        fusion,
+                        ..Options::default()
+                    },
+                    &mut |_, _| {},
+                )
+                .map_err(kiln::Error::from)?;
                 sources.extend(super::generate(&optimized)?.1);
             }
         }

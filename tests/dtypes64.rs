@@ -80,7 +80,10 @@ fn run(
         .iter()
         .map(|t| TensorType::new(t.dtype(), t.dims()))
         .collect();
-    let options = Options { fusion };
+    let options = Options {
+        fusion,
+        ..Options::default()
+    };
     let mut graph = kiln::compile_with(
         "dtypes64",
         &specs,

@@ -125,7 +125,10 @@ fn fusion_off_gives_one_kernel_per_op() -> Result<()> {
     let w = randn(&[784, 256], 1)?;
     let b = randn(&[256], 2)?;
     let y = (x.matmul(&w)? + &b)?.relu()?;
-    let off = Options { fusion: false };
+    let off = Options {
+        fusion: false,
+        ..Options::default()
+    };
     let optimized = kiln::optimize("unfused", &[&y], off)?;
     // matmul, add (the broadcast folds into its read), relu.
     assert_eq!(optimized.schedule.kernels(), 3);

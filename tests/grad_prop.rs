@@ -71,7 +71,15 @@ fn run(seed: u64, steps: usize, mode: Mode, fusion: bool) -> Result<(), TestCase
     let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}\nfrom:\n{graph}"));
     let refs: Vec<&Data> = data.iter().collect();
     let want = interp::eval(&graph, &refs).map_err(|e| fail(&e))?;
-    let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {}).map_err(|e| fail(&e))?;
+    let optimized = optimize(
+        &graph,
+        Options {
+            fusion,
+            ..Options::default()
+        },
+        &mut |_, _| {},
+    )
+    .map_err(|e| fail(&e))?;
     let text = format!("{graph}\n{}", optimized.graph);
     let mut exec = Cpu
         .compile(optimized, BackendOptions::default())

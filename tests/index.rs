@@ -18,15 +18,39 @@ fn every_path(
         results.push((format!("realized on {device:?}"), f(&moved)?));
     }
     let mut compiled = vec![
-        (Device::Cpu, Options { fusion: true }),
-        (Device::Cpu, Options { fusion: false }),
+        (
+            Device::Cpu,
+            Options {
+                fusion: true,
+                ..Options::default()
+            },
+        ),
+        (
+            Device::Cpu,
+            Options {
+                fusion: false,
+                ..Options::default()
+            },
+        ),
     ];
     if let Some(n) = std::env::var("KILN_TEST_DEVICE")
         .ok()
         .and_then(|d| d.strip_prefix("cuda:").and_then(|n| n.parse().ok()))
     {
-        compiled.push((Device::Cuda(n), Options { fusion: true }));
-        compiled.push((Device::Cuda(n), Options { fusion: false }));
+        compiled.push((
+            Device::Cuda(n),
+            Options {
+                fusion: true,
+                ..Options::default()
+            },
+        ));
+        compiled.push((
+            Device::Cuda(n),
+            Options {
+                fusion: false,
+                ..Options::default()
+            },
+        ));
     }
     let specs: Vec<_> = inputs
         .iter()
@@ -258,7 +282,10 @@ fn indices_past_2_pow_24_are_exact() -> Result<()> {
                 TensorType::new(DType::I32, [2]),
             ],
             CompileOptions {
-                optimizer: Options { fusion },
+                optimizer: Options {
+                    fusion,
+                    ..Options::default()
+                },
                 ..CompileOptions::default()
             },
             |t| {

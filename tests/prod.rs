@@ -66,7 +66,15 @@ fn graph(ty: &TensorType, axes: &[usize]) -> Graph {
 /// `graph` on the CPU, fused or not, and on the interpreter.
 fn run(graph: &Graph, x: &Data, fusion: bool) -> (Vec<Data>, Vec<Data>) {
     let want = interp::eval(graph, &[x]).expect("the interpreter runs it");
-    let optimized = optimize(graph, Options { fusion }, &mut |_, _| {}).expect("optimizes");
+    let optimized = optimize(
+        graph,
+        Options {
+            fusion,
+            ..Options::default()
+        },
+        &mut |_, _| {},
+    )
+    .expect("optimizes");
     let mut exec = Cpu
         .compile(optimized, BackendOptions::default())
         .unwrap_or_else(|e| panic!("{e}\n{graph}"));

@@ -26,7 +26,10 @@ fn every_path(
     }
     for fusion in [true, false] {
         let options = CompileOptions {
-            optimizer: Options { fusion },
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
             ..CompileOptions::default()
         };
         let mut graph = kiln::compile_with("statistics", &[x.ty().clone()], options, |t| {

@@ -75,7 +75,10 @@ fn step(optimizer: &dyn Optimizer, fusion: bool) -> Result<CompiledStep> {
         &state,
         &batch_types(),
         CompileOptions {
-            optimizer: Options { fusion },
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
             ..CompileOptions::default()
         },
         |s, b| train(&mlp, optimizer, s, b),

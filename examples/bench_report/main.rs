@@ -269,7 +269,10 @@ fn compiled(w: &Workload, fusion: bool, backend: Backend) -> Result<CompiledGrap
         &w.specs,
         CompileOptions {
             device,
-            optimizer: Options { fusion },
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
             backend: backend_options,
         },
         |t| (w.build)(t),
@@ -592,7 +595,10 @@ fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     let batch: Vec<&Tensor> = batch.iter().collect();
     let mut steps = Vec::new();
     for fusion in [true, false] {
-        let options = Options { fusion };
+        let options = Options {
+            fusion,
+            ..Options::default()
+        };
         let mut step = kiln::compile_step_with(
             id,
             &state,

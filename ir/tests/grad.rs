@@ -140,7 +140,15 @@ impl Case {
         all.push(r.clone());
         let analytic = eval(&g, &all).map_err(TestCaseError::fail)?;
         for fusion in [true, false] {
-            let optimized = optimize(&g, Options { fusion }, &mut |_, _| {}).map_err(fail)?;
+            let optimized = optimize(
+                &g,
+                Options {
+                    fusion,
+                    ..Options::default()
+                },
+                &mut |_, _| {},
+            )
+            .map_err(fail)?;
             let again = eval(&optimized.graph, &all).map_err(TestCaseError::fail)?;
             for (k, (want, have)) in analytic.iter().zip(&again).enumerate() {
                 prop_assert!(

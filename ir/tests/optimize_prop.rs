@@ -18,8 +18,15 @@ fn check(seed: u64, steps: usize) -> Result<(), TestCaseError> {
     let refs: Vec<&Data> = data.iter().collect();
     let expected = interp::eval(&graph, &refs).map_err(|e| TestCaseError::fail(e.to_string()))?;
     for fusion in [true, false] {
-        let optimized = optimize(&graph, Options { fusion }, &mut |_, _| {})
-            .map_err(|e| TestCaseError::fail(format!("{e}\nfrom:\n{graph}")))?;
+        let optimized = optimize(
+            &graph,
+            Options {
+                fusion,
+                ..Options::default()
+            },
+            &mut |_, _| {},
+        )
+        .map_err(|e| TestCaseError::fail(format!("{e}\nfrom:\n{graph}")))?;
         let got = interp::eval(&optimized.graph, &refs)
             .map_err(|e| TestCaseError::fail(format!("{e}\nfrom:\n{graph}")))?;
         for (k, (want, have)) in expected.iter().zip(&got).enumerate() {

@@ -51,6 +51,13 @@ pub trait Backend {
         false
     }
 
+    /// How many pieces of work it runs at once (threads, GPU blocks): the
+    /// optimizer's `Options::parallel` for the graphs it compiles. One for
+    /// a backend that runs a kernel on one thread.
+    fn parallel(&self) -> usize {
+        1
+    }
+
     /// Storage for a value of `ty`, its contents to be written by a run;
     /// running out of memory is an `Err` naming `op`, `ty` and the bytes.
     /// On the host: a buffer from the host pool (`storage::recycle`), else

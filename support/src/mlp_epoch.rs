@@ -76,7 +76,10 @@ pub fn layers() -> Result<Vec<(Tensor, Tensor)>> {
 pub fn compiled(layers: &[(Tensor, Tensor)], fusion: bool) -> Result<CompiledGraph> {
     let spec = TensorType::new(DType::U8, [BATCH, 28, 28]);
     let options = CompileOptions {
-        optimizer: Options { fusion },
+        optimizer: Options {
+            fusion,
+            ..Options::default()
+        },
         ..CompileOptions::default()
     };
     kiln::compile_with("mlp", &[spec], options, |x| {

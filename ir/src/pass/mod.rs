@@ -54,11 +54,19 @@ pub struct Options {
     /// (movement ops still fold into reads): the baseline of the fused-vs-unfused
     /// benchmarks.
     pub fusion: bool,
+    /// How many pieces of work the target runs at once, which sizes the
+    /// splits a pass makes (`split-reduce`'s partial results): a fact of the
+    /// backend, which kiln's compile sets from it (`Backend::parallel`).
+    pub parallel: usize,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { fusion: true }
+        // A GPU's blocks: what the CUDA backend states, enough for a CPU.
+        Options {
+            fusion: true,
+            parallel: 1024,
+        }
     }
 }
 
@@ -94,7 +102,7 @@ pub fn optimize(
     };
     let graph = stage("simplify", simplify::run(graph))?;
     let graph = stage("cse", (cse::run(&graph), Vec::new()))?;
-    let graph = stage("split-reduce", split_reduce::run(&graph))?;
+    let graph = stage("split-reduce", split_reduce::run(&graph, options.parallel))?;
     let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;
     let graph = stage("fuse", fuse::run(&graph, options)?)?;
     let graph = stage("dce", (dce::run(&graph), Vec::new()))?;
@@ -128,6 +136,23 @@ const REWRITE_CAP: usize = 16;
 /// `REWRITE_CAP` rewrites. Returns the graph and a note per rule that fired
 /// and why the driver stopped.
 pub(crate) fn rewrite(graph: &Graph, pass: &str, rules: &[Rule]) -> (Graph, Vec<String>) {
+    let rules: Vec<(&str, &RuleFn)> = rules
+        .iter()
+        .map(|r| (r.name, &r.apply as &RuleFn))
+        .collect();
+    rewrite_with(graph, pass, &rules)
+}
+
+/// A rule's function, as `rewrite_with` takes it: a `Rule`'s, or a closure
+/// over what a pass was told (`split-reduce`'s parallelism).
+pub(crate) type RuleFn = dyn Fn(&mut Graph, &Op, &[NodeId], &TensorType) -> Option<Rewrite>;
+
+/// `rewrite` with named rule functions.
+pub(crate) fn rewrite_with(
+    graph: &Graph,
+    pass: &str,
+    rules: &[(&str, &RuleFn)],
+) -> (Graph, Vec<String>) {
     let mut fired = vec![0usize; rules.len()];
     let mut capped = 0;
     let out = rebuild(graph, |g, node, inputs| {
@@ -136,7 +161,7 @@ pub(crate) fn rewrite(graph: &Graph, pass: &str, rules: &[Rule]) -> (Graph, Vec<
             let Some((k, rw)) = rules
                 .iter()
                 .enumerate()
-                .find_map(|(k, r)| (r.apply)(g, &op, &inputs, &node.ty).map(|rw| (k, rw)))
+                .find_map(|(k, r)| (r.1)(g, &op, &inputs, &node.ty).map(|rw| (k, rw)))
             else {
                 return g.push_typed(op, inputs, node.ty.clone());
             };
@@ -153,7 +178,7 @@ pub(crate) fn rewrite(graph: &Graph, pass: &str, rules: &[Rule]) -> (Graph, Vec<
         .iter()
         .zip(&fired)
         .filter(|(_, n)| **n > 0)
-        .map(|(r, n)| format!("{pass}: {} x{n}", r.name))
+        .map(|(r, n)| format!("{pass}: {} x{n}", r.0))
         .collect();
     notes.push(match capped {
         0 => format!("{pass}: stopped at a fixpoint"),

@@ -5,8 +5,8 @@
 //! which one thread walks alone. `sum(x, axis 0)` has 4096 outputs, but a
 //! kernel splits them across threads by columns, so each thread reads a few
 //! KiB of every row: page after page that prefetchers do not follow. Split,
-//! the first kernel reads `CHUNKS` contiguous blocks of rows (up to
-//! `PARALLEL` where the outputs are few), one row of its output each, across
+//! the first kernel reads `CHUNKS` contiguous blocks of rows (up to the
+//! target's parallelism where the outputs are few), one row of its output each, across
 //! threads (or GPU blocks); the second reduces those partial results.
 //!
 //! A sum's additions and a product's multiplications are reassociated: the
@@ -16,15 +16,10 @@
 
 use smallvec::smallvec;
 
-use super::{Rewrite, Rule};
+use super::Rewrite;
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
 use crate::types::{Shape, TensorType};
-
-const RULES: &[Rule] = &[Rule {
-    name: "split-reduce",
-    apply: split,
-}];
 
 /// Reductions over fewer elements than this stay one kernel.
 const MIN_ELEMENTS: usize = 1 << 18;
@@ -37,27 +32,35 @@ const FEW_ROWS: usize = 16;
 /// few values left for the second kernel.
 const CHUNKS: usize = 32;
 
-/// Partial results enough for every block of a GPU (an H100 runs 132
-/// multiprocessors). A reduction whose kept axes give fewer is cut into up
-/// to this many chunks in all, rather than `CHUNKS`: `sum(x)` over
-/// `[4096, 4096]` in 32 chunks kept only 32 of a GPU's blocks busy and read
-/// far below the memory's bandwidth (`benches/RESULTS-cuda.md`). Each
-/// partial result still sums `MIN_CHUNK` elements or more.
-const PARALLEL: usize = 1024;
-
 /// Elements of one chunk at least, so that each partial result is real work.
 const MIN_CHUNK: usize = 4096;
 
-pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
-    super::rewrite(graph, "split-reduce", RULES)
+/// The pass, for a target that runs `parallel` pieces of work at once
+/// (`Options::parallel`): a reduction whose kept axes give fewer partial
+/// results than that is cut into up to `parallel` chunks in all, rather
+/// than `CHUNKS`, so that every thread or GPU block has one (`sum(x)` over
+/// `[4096, 4096]` in 32 chunks kept 32 of a GPU's blocks busy:
+/// `benches/RESULTS-cuda.md`). Each partial result still sums `MIN_CHUNK`
+/// elements or more.
+pub(crate) fn run(graph: &Graph, parallel: usize) -> (Graph, Vec<String>) {
+    let rule = move |g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType| {
+        split(g, op, inputs, ty, parallel)
+    };
+    super::rewrite_with(graph, "split-reduce", &[("split-reduce", &rule)])
 }
 
 /// `reduce(x, axes)` over a run of adjacent axes, seen as `[outer, reduced,
 /// inner]`, as `reshape(reduce(reduce(x as [outer, c, reduced / c, inner],
 /// 2), 1))` with `c` the largest divisor of `reduced` up to `CHUNKS` (or
-/// `PARALLEL / (outer * inner)` where that is more) that leaves
+/// `parallel / (outer * inner)` where that is more) that leaves
 /// `MIN_CHUNK` elements per chunk.
-fn split(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<Rewrite> {
+fn split(
+    g: &mut Graph,
+    op: &Op,
+    inputs: &[NodeId],
+    ty: &TensorType,
+    parallel: usize,
+) -> Option<Rewrite> {
     let Op::Reduce { op: reduce, axes } = op else {
         return None;
     };
@@ -72,7 +75,7 @@ fn split(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<R
     if outer >= FEW_ROWS || outer * reduced * inner < MIN_ELEMENTS {
         return None;
     }
-    let most = CHUNKS.max(PARALLEL / (outer * inner));
+    let most = CHUNKS.max(parallel / (outer * inner));
     let chunks = (2..=most)
         .rev()
         .find(|&c| reduced.is_multiple_of(c) && reduced / c * inner >= MIN_CHUNK)?;

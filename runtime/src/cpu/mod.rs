@@ -44,6 +44,11 @@ impl Backend for Cpu {
     fn donates(&self) -> bool {
         true
     }
+
+    /// Its threads (`KILN_THREADS`, else a thread per core).
+    fn parallel(&self) -> usize {
+        team::threads()
+    }
 }
 
 /// The GEMM path this process's matmuls take: `avx512` or `avx2` (kiln's

@@ -66,6 +66,14 @@ impl crate::Backend for Cuda {
         true
     }
 
+    /// Blocks enough for every multiprocessor of an H100 or H200 (132) to
+    /// hold several: `sum(x)` over `[4096, 4096]` split in 32 kept 32
+    /// blocks busy and read far below the memory's bandwidth
+    /// (`benches/RESULTS-cuda.md`).
+    fn parallel(&self) -> usize {
+        1024
+    }
+
     fn alloc(&self, op: &str, ty: &kiln_ir::TensorType) -> Result<crate::Storage, crate::Error> {
         let value = Resident::alloc(&gpu(self.ordinal)?, op, ty)?;
         Ok(crate::Storage::Cuda(std::sync::Arc::new(value)))
