@@ -142,18 +142,13 @@ fn window_error(op: &'static str, message: String) -> Error {
     Error::Window { op, message }
 }
 
-/// `x` with `(before, after)` elements cut from the ends of `axis`.
+/// `x` with `(before, after)` elements cut from the ends of `axis`, which
+/// is longer than both together.
 fn crop(x: &Tensor, axis: usize, (before, after): (usize, usize)) -> Result<Tensor> {
-    let len = x.dims()[axis];
     if before == 0 && after == 0 {
         return Ok(x.clone());
     }
-    x.slice(
-        axis as isize,
-        before.min(len),
-        len.saturating_sub(after).max(before.min(len)),
-        1,
-    )
+    x.slice(axis as isize, before, x.dims()[axis] - after, 1)
 }
 
 /// The two spatial axes of `x` (NCHW) under a window, checked.

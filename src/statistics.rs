@@ -50,14 +50,9 @@ impl Tensor {
         let inf = Tensor::scalar(Scalar::F32(f32::INFINITY).cast(self.dtype()));
         let max = self.max(axes, true)?.detach()?;
         let shift = max.abs()?.eq(&inf)?.where_cond(&zero, &max)?;
-        let sum = self.sub(&shift)?.exp()?.sum(axes, true)?;
-        let out = sum.log()?.add(&shift)?;
-        if keepdim {
-            return Ok(out);
-        }
-        // `sum` with `keepdim` left every reduced axis as size 1.
-        let kept = self.sum(axes, false)?;
-        out.reshape(kept.shape().clone())
+        let sum = self.sub(&shift)?.exp()?.sum(axes, keepdim)?;
+        // The shift has the reduced axes as size 1; the sum, as asked.
+        sum.log()?.add(&shift.reshape(sum.shape().clone())?)
     }
 
     /// Running sums along `axis` (negative counts from the end): element `i`

@@ -401,6 +401,7 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
     // A constant is stored as it is, with nothing compiled: a value given
     // to a compiled step as `Tensor::scalar(..)`, call after call, would
     // otherwise compile a kernel for each new value.
+    let backend = backend(device)?;
     let mut computed = Vec::with_capacity(pending.len());
     for &t in pending {
         let constant = match &*t.state() {
@@ -413,7 +414,7 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
             Some(v) => {
                 let data =
                     Data::from_fn(v.dtype(), 1, |_| v).map_err(|e| e.in_op("const", &t.0.ty))?;
-                let storage = backend(device)?.store(&t.0.ty, Arc::new(data))?;
+                let storage = backend.store(&t.0.ty, Arc::new(data))?;
                 *t.state() = State::Ready(storage);
                 let _ = t.0.read_from.set(reached(&[]));
             }
@@ -435,7 +436,6 @@ fn realize_on(device: Device, pending: &[&Tensor]) -> Result<()> {
     let args: Vec<Arg> = inputs.iter().map(Arg::Stored).collect();
     // The results' memory first, so that a result too large for it is an
     // `Err` naming its op before anything is compiled.
-    let backend = backend(device)?;
     let mut outputs = pending
         .iter()
         .map(|t| {

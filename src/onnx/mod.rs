@@ -222,6 +222,8 @@ impl InputInfo {
 pub struct Model {
     proto: proto::ModelProto,
     file: String,
+    /// The graph's inputs as `inputs` gives them, read once.
+    declared: Vec<InputInfo>,
     /// The graphs `call` compiled, by the types of their inputs and the
     /// device.
     compiled: Mutex<HashMap<(Vec<TensorType>, Device), CompiledGraph>>,
@@ -246,17 +248,7 @@ impl Model {
     /// `load` reads it from beside the model's file.
     pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Model> {
         let proto = proto::model(bytes).map_err(|e| decode_error(file, e))?;
-        Ok(Model {
-            proto,
-            file: file.to_string(),
-            compiled: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// The graph's inputs, in order, without the initializers that old
-    /// models also list as inputs.
-    pub fn inputs(&self) -> Vec<InputInfo> {
-        graph::real_inputs(&self.proto.graph)
+        let declared = graph::real_inputs(&proto.graph)
             .map(|v| InputInfo {
                 name: v.name.clone(),
                 dtype: graph::type_name(&v.ty),
@@ -265,7 +257,19 @@ impl Model {
                 ty: graph::static_type(&v.ty),
                 dims: graph::dimensions(&v.ty),
             })
-            .collect()
+            .collect();
+        Ok(Model {
+            proto,
+            file: file.to_string(),
+            declared,
+            compiled: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The graph's inputs, in order, without the initializers that old
+    /// models also list as inputs.
+    pub fn inputs(&self) -> Vec<InputInfo> {
+        self.declared.clone()
     }
 
     /// The op types the graph's nodes use, each once, in order of first use.
@@ -294,7 +298,7 @@ impl Model {
     /// turns (compiling and running under one lock), and every set of types
     /// met keeps its compiled graph for the model's life.
     pub fn call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let declared = self.inputs();
+        let declared = &self.declared;
         let mismatch = |message: String| -> crate::Error {
             OnnxError::Feed {
                 file: self.file.clone(),
@@ -311,27 +315,29 @@ impl Model {
         }
         let mut named: Vec<(&str, usize)> = Vec::new();
         for (info, t) in declared.iter().zip(inputs) {
-            let given = format!("input '{}' given {}", info.name, t.ty());
+            let given = || format!("input '{}' given {}", info.name, t.ty());
             if info.element != Some(t.dtype()) {
-                return Err(mismatch(format!("{given}, declared {}", info.dtype)));
+                return Err(mismatch(format!("{}, declared {}", given(), info.dtype)));
             }
             let Some(dims) = &info.dims else { continue };
             if dims.len() != t.rank() {
                 return Err(mismatch(format!(
-                    "{given}, declared of rank {}",
+                    "{}, declared of rank {}",
+                    given(),
                     dims.len()
                 )));
             }
             for (axis, (d, &n)) in dims.iter().zip(t.dims()).enumerate() {
                 match d {
                     Dimension::Fixed(size) if *size != n => {
-                        return Err(mismatch(format!("{given}: dimension {axis} is {size}")));
+                        return Err(mismatch(format!("{}: dimension {axis} is {size}", given())));
                     }
                     Dimension::Named(name) if !name.is_empty() => {
                         match named.iter().find(|(m, _)| m == name) {
                             Some(&(_, size)) if size != n => {
                                 return Err(mismatch(format!(
-                                    "{given}: dimension {axis} is '{name}', {size} elsewhere"
+                                    "{}: dimension {axis} is '{name}', {size} elsewhere",
+                                    given()
                                 )));
                             }
                             Some(_) => {}

@@ -30,46 +30,62 @@ fn known_indices(node: &Node, values: &[i64], len: usize) -> Result<Vec<i32>> {
         .collect()
 }
 
-/// Indices as a tensor of `dims`: known ones checked and normalized (as
-/// i32), run-time i32 or i64 ones with negatives counted from the end.
+/// Input `i`'s indices into an axis of `len` with their dims, where they
+/// are known: checked and normalized (as i32).
+fn known_values(node: &Node, i: usize, len: usize) -> Result<Option<(Vec<i32>, Vec<usize>)>> {
+    let Some(a) = node.known(i) else {
+        return Ok(None);
+    };
+    let values = a
+        .ints()
+        .ok_or_else(|| node.invalid(format!("input {i} is not integers")))?;
+    Ok(Some((known_indices(node, &values, len)?, a.dims.clone())))
+}
+
+/// Indices as a tensor: known ones checked and normalized (as i32),
+/// run-time i32 or i64 ones with negatives counted from the end.
 fn indices(node: &Node, i: usize, len: usize) -> Result<Tensor> {
-    match node.known(i) {
-        Some(a) => {
-            let values = a
-                .ints()
-                .ok_or_else(|| node.invalid(format!("input {i} is not integers")))?;
-            Tensor::from_vec(known_indices(node, &values, len)?, a.dims.clone())
-        }
-        None => {
-            // Run-time indices count from the end when negative in
-            // `gather` itself, as ONNX's do.
-            let t = node.tensor(i)?;
-            let dtype = t.dtype();
-            if !matches!(dtype, DType::I32 | DType::I64) {
-                return Err(node.unsupported(format!("indices of {dtype}")));
-            }
-            Ok(t)
-        }
+    match known_values(node, i, len)? {
+        Some((values, dims)) => Tensor::from_vec(values, dims),
+        None => runtime_indices(node, i),
     }
+}
+
+/// Input `i` as indices given at run time: they count from the end when
+/// negative in `gather` itself, as ONNX's do.
+fn runtime_indices(node: &Node, i: usize) -> Result<Tensor> {
+    let t = node.tensor(i)?;
+    let dtype = t.dtype();
+    if !matches!(dtype, DType::I32 | DType::I64) {
+        return Err(node.unsupported(format!("indices of {dtype}")));
+    }
+    Ok(t)
 }
 
 fn gather(node: &Node) -> Result<Vec<Value>> {
     let x = node.tensor(0)?;
     let a = axis(node, node.attr_int("axis", 0)?, x.rank())?;
-    let idx = indices(node, 1, x.dims()[a])?;
-    let mut dims = x.dims()[..a].to_vec();
-    dims.extend_from_slice(idx.dims());
-    dims.extend_from_slice(&x.dims()[a + 1..]);
-    // Known indices that step evenly (one index, or attention's split of a
-    // fused q, k, v projection) pick a slice: a view, read where it lies.
-    if node.known(1).is_some()
-        && let Some((start, step)) = even_steps(&idx.to_vec::<i32>()?)
-    {
-        let end = start + step * (idx.numel() - 1) + 1;
-        return one(x.slice(a as isize, start, end, step)?.reshape(dims)?);
-    }
+    let output = |index_dims: &[usize]| {
+        let mut dims = x.dims()[..a].to_vec();
+        dims.extend_from_slice(index_dims);
+        dims.extend_from_slice(&x.dims()[a + 1..]);
+        dims
+    };
+    let idx = match known_values(node, 1, x.dims()[a])? {
+        // Known indices that step evenly (one index, or attention's split of
+        // a fused q, k, v projection) pick a slice: a view, read where it lies.
+        Some((values, dims)) => match even_steps(&values) {
+            Some((start, step)) => {
+                let end = start + step * (values.len() - 1) + 1;
+                let sliced = x.slice(a as isize, start, end, step)?;
+                return one(sliced.reshape(output(&dims))?);
+            }
+            None => Tensor::from_vec(values, dims)?,
+        },
+        None => runtime_indices(node, 1)?,
+    };
     let picked = x.index_select(a as isize, &idx.reshape([idx.numel()])?)?;
-    one(picked.reshape(dims)?)
+    one(picked.reshape(output(idx.dims()))?)
 }
 
 /// The first index and the step of `indices` when they rise by one step of
@@ -80,9 +96,10 @@ fn even_steps(indices: &[i32]) -> Option<(usize, usize)> {
         [a, b, ..] => usize::try_from(b - a).ok().filter(|&s| s >= 1)?,
         _ => 1,
     };
+    // A fall is negative, which no step equals.
     let even = indices
         .windows(2)
-        .all(|w| (w[1] - w[0]) as usize == step && w[1] > w[0]);
+        .all(|w| usize::try_from(w[1] - w[0]) == Ok(step));
     even.then_some((first, step))
 }
 
