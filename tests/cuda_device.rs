@@ -6,7 +6,7 @@
 //! place at unaligned offsets, cuBLASLt's fused ReLU against kiln's (NaN,
 //! infinities, signed zeros), one launch per `prepare`, empty inputs, an
 //! executable run on another thread, and staging dropped mid-copy.
-//! Every op and fusion kind runs on the GPU through `tests/cpu.rs` with
+//! Every op and fusion kind runs on the GPU through `tests/cpu.rs` and `tests/cpu_products.rs` with
 //! `KILN_TEST_DEVICE=cuda:0`. GPU-only tests print why they skip.
 
 #![cfg(feature = "cuda")]

@@ -191,7 +191,7 @@ fn rule(
     Ok(match &node.op {
         Op::Input { .. } | Op::Const(_) => SmallVec::new(),
         Op::Unary(op) => smallvec![Some(unary_rule(g, *op, x(0), y, dy)?)],
-        Op::Binary(op) => binary_rule(g, *op, x(0), x(1), y, dy, want)?,
+        Op::Binary(op) => binary_rule(g, *op, [x(0), x(1)], y, dy, want)?,
         Op::Where => {
             let zero = like(g, 0.0, y)?;
             let on_true = want[1]
@@ -352,8 +352,7 @@ fn unary_rule(
 fn binary_rule(
     g: &mut Graph,
     op: BinaryOp,
-    a: NodeId,
-    b: NodeId,
+    [a, b]: [NodeId; 2],
     y: NodeId,
     dy: NodeId,
     want: &[bool],

@@ -257,7 +257,7 @@ mod tests {
                 g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
                 "exp({v:e}): {g:e} here, {w:e} generated"
             );
-            // `Math::exp`'s bound (tests/cpu.rs), against f64.
+            // `Math::exp`'s bound (tests/cpu_products.rs), against f64.
             let exact = f64::from(v).exp();
             let e32 = exact as f32;
             let err = if e32.is_nan() {

@@ -3,7 +3,7 @@
 //! vector loop.
 //!
 //! Error bounds, measured against f64 over the whole f32 range by the
-//! backend tests (`tests/cpu.rs`, `transcendentals_stay_within_their_bounds`):
+//! backend tests (`tests/cpu_products.rs`, `transcendentals_stay_within_their_bounds`):
 //! - `exp`: relative error below 2e-7 wherever the result is a normal f32;
 //!   +inf above 88.7228, subnormal results correctly scaled, NaN kept;
 //! - `log`: absolute error below 2e-7 near 1, relative below 2e-7 elsewhere;

@@ -291,7 +291,7 @@ impl Executable {
                         GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
                         GemmEpilogue::None | GemmEpilogue::Bias { .. } => (*out, 0),
                     };
-                    self.gemm(gemm, lt.as_ref(), epilogue, args, scratch, product)?;
+                    self.gemm((gemm, lt.as_ref()), epilogue, args, scratch, product)?;
                     if let (GemmEpilogue::Kernel { acc, program }, Some(function)) =
                         (epilogue, epilogue_function)
                     {
@@ -389,11 +389,11 @@ impl Executable {
     }
 
     /// The GEMM of `plan` into `product` (a buffer and a byte offset), with
-    /// cuBLASLt's epilogue when `epilogue` is one (`lt`, the TF32 path).
+    /// cuBLASLt's epilogue when `epilogue` is one (`lt`, the plan's cuBLASLt
+    /// matmul on the TF32 path).
     fn gemm(
         &self,
-        plan: &GemmPlan,
-        lt: Option<&blaslt::Matmul>,
+        (plan, lt): (&GemmPlan, Option<&blaslt::Matmul>),
         epilogue: &GemmEpilogue,
         args: &[&Buffer],
         scratch: &Buffer,

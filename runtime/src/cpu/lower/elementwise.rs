@@ -4,6 +4,8 @@
 //! block allows (`lane_op`); a
 //! row of padded reads in three stretches, its middle unpadded.
 
+use std::ops::Range;
+
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::DType;
 use kiln_ir::kernel::Block;
@@ -29,7 +31,7 @@ impl<'a> Emitter<'a> {
         if flat {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
-            let hoisted = self.hoist(body, reads, Rows::One(&bases), zero, nest.inner[0], None);
+            let hoisted = self.hoist(body, reads, Rows::One(&bases), nest.inner[0], None);
             let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
             let at = Placed {
                 block: body,
@@ -38,7 +40,7 @@ impl<'a> Emitter<'a> {
                 hoisted: &hoisted,
             };
             let out_base = bases[bases.len() - 1];
-            self.inner_loop(at, out, out_base, start, end, lanes, acc_in_place);
+            self.inner_loop(at, (out, out_base), start..end, lanes, acc_in_place);
             RowRange {
                 rows: nest.inner[0],
                 row_len: 1,
@@ -54,8 +56,7 @@ impl<'a> Emitter<'a> {
                 let n = e.iconst(inner_len as i64);
                 let whole = |e: &mut Self, from: Value, to: Value, vector: bool| {
                     let rows = Rows::One(&bases);
-                    let hoisted =
-                        e.hoist_over(body, reads, rows, zero, inner_len, None, &invariant);
+                    let hoisted = e.hoist_over(body, reads, rows, inner_len, &invariant);
                     let lanes = vector && vectorizable_hoisted(body, reads, out, &hoisted);
                     let at = Placed {
                         block: body,
@@ -63,7 +64,7 @@ impl<'a> Emitter<'a> {
                         rows,
                         hoisted: &hoisted,
                     };
-                    e.inner_loop(at, out, out_base, from, to, lanes, acc_in_place);
+                    e.inner_loop(at, (out, out_base), from..to, lanes, acc_in_place);
                 };
                 let Some((lo, hi, clear)) = &unpadded else {
                     whole(e, zero, n, true);
@@ -94,7 +95,7 @@ impl<'a> Emitter<'a> {
                     .map(|b| RowBase { valid: None, ..*b })
                     .collect();
                 let rows = Rows::One(&plain);
-                let hoisted = e.hoist_over(body, clear, rows, zero, inner_len, None, &invariant);
+                let hoisted = e.hoist_over(body, clear, rows, inner_len, &invariant);
                 let lanes = vectorizable_hoisted(body, clear, out, &hoisted);
                 let at = Placed {
                     block: body,
@@ -102,7 +103,7 @@ impl<'a> Emitter<'a> {
                     rows,
                     hoisted: &hoisted,
                 };
-                e.inner_loop(at, out, out_base, lo, hi, lanes, acc_in_place);
+                e.inner_loop(at, (out, out_base), lo..hi, lanes, acc_in_place);
                 whole(e, hi, n, false);
                 e.b.ins().jump(done, &[]);
                 if let Some(edge) = edge {
@@ -122,18 +123,15 @@ impl<'a> Emitter<'a> {
     /// `for j in from..to`, four lanes at a time when `lanes`, then one at a
     /// time: `body` at `j` stored into `out` at `j`, with `acc_in_place` given
     /// the output's value there as its `acc`.
-    #[allow(clippy::too_many_arguments)]
     fn inner_loop(
         &mut self,
         body: Placed,
-        out: &Access,
-        out_base: RowBase,
-        from: Value,
-        to: Value,
+        (out, out_base): (&Access, RowBase),
+        Range { start, end: to }: Range<Value>,
         lanes: bool,
         acc_in_place: bool,
     ) {
-        let mut from = from;
+        let mut from = start;
         if lanes {
             // Four independent vectors per trip, then one, then the scalar tail.
             for unroll in [UNROLL, 1] {

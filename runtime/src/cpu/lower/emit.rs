@@ -41,6 +41,34 @@ pub(super) enum Rows<'r> {
     Four(&'r [[Value; 4]]),
 }
 
+/// One access of `Rows` positioned: at one row, or at four rows' first
+/// elements' addresses, one per lane.
+#[derive(Clone, Copy)]
+enum At {
+    One(RowBase),
+    Four([Value; 4]),
+}
+
+impl Rows<'_> {
+    /// Access `k` positioned at these rows.
+    fn at(self, k: usize) -> At {
+        match self {
+            Rows::One(bases) => At::One(bases[k]),
+            Rows::Four(bases) => At::Four(bases[k]),
+        }
+    }
+}
+
+/// A gather's read (`Expr::Gather`): the element type, the picked position
+/// (a scalar value) and the gathered axis's stride and length.
+#[derive(Clone, Copy)]
+struct Pick {
+    dtype: DType,
+    index: Value,
+    stride: usize,
+    len: usize,
+}
+
 /// An access positioned at a row: its base element offset (coordinates
 /// clamped when padded) and, when padded, whether the row is valid.
 #[derive(Clone, Copy)]
@@ -188,20 +216,22 @@ impl<'a> Emitter<'a> {
     }
 
     /// One element (or four lanes) of a gather (`Expr::Gather`) at `j`: of
-    /// `access` moved along the gathered axis (`stride`, `len`) to where
-    /// the scalar `index` points, or the gather's fill where it points
-    /// outside the axis.
-    #[allow(clippy::too_many_arguments)]
+    /// `access` moved along the gathered axis to where `pick` points, or
+    /// the gather's fill where it points outside the axis.
     fn gathered(
         &mut self,
         access: &Access,
         row: RowBase,
         j: Value,
-        dtype: DType,
         lanes: bool,
-        index: Value,
-        (stride, len): (usize, usize),
+        pick: Pick,
     ) -> Value {
+        let Pick {
+            dtype,
+            index,
+            stride,
+            len,
+        } = pick;
         // One outside the axis reads its first element (inside the
         // buffer), replaced by the fill.
         let (position, inside) = self.position(index, len);
@@ -365,36 +395,29 @@ impl<'a> Emitter<'a> {
         block: &Block,
         accesses: &[Access],
         rows: Rows,
-        zero: Value,
         inner: usize,
         acc: Option<Value>,
     ) -> Vec<Option<Value>> {
-        self.hoist_over(block, accesses, rows, zero, inner, acc, &[])
+        if inner == 0 {
+            return vec![None; block.values.len()];
+        }
+        self.hoisted(block, accesses, rows, (acc, &[]), Access::row_invariant)
     }
 
-    /// `hoist`, the values `given` holds (`invariant`) taken as they are.
-    #[allow(clippy::too_many_arguments)]
+    /// `hoist` of a block without a reduced value, the values `given` holds
+    /// (`invariant`) taken as they are.
     pub(super) fn hoist_over(
         &mut self,
         block: &Block,
         accesses: &[Access],
         rows: Rows,
-        zero: Value,
         inner: usize,
-        acc: Option<Value>,
         given: &[Option<Value>],
     ) -> Vec<Option<Value>> {
         if inner == 0 {
             return vec![None; block.values.len()];
         }
-        self.hoisted(
-            block,
-            accesses,
-            (rows, zero),
-            acc,
-            given,
-            Access::row_invariant,
-        )
+        self.hoisted(block, accesses, rows, (None, given), Access::row_invariant)
     }
 
     /// The values of an elementwise block that are the same all over its
@@ -417,20 +440,21 @@ impl<'a> Emitter<'a> {
         }
         let zero = self.iconst(0);
         let bases = self.bases(accesses, zero);
-        self.hoisted(block, accesses, (Rows::One(&bases), zero), None, &[], fixed)
+        self.hoisted(block, accesses, Rows::One(&bases), (None, &[]), fixed)
     }
 
     /// The values of `block` that `keep` says its reads are constant over,
-    /// and every op of those, of constants and of `given`'s values.
+    /// and every op of those, of constants and of the values known: the
+    /// reduced value `acc` and `given`'s.
     fn hoisted(
         &mut self,
         block: &Block,
         accesses: &[Access],
-        (rows, zero): (Rows, Value),
-        acc: Option<Value>,
-        given: &[Option<Value>],
+        rows: Rows,
+        (acc, given): (Option<Value>, &[Option<Value>]),
         keep: impl Fn(&Access) -> bool,
     ) -> Vec<Option<Value>> {
+        let zero = self.iconst(0);
         let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
         // Four rows at once hold every value, constant or not, in vectors.
         let lanes = matches!(rows, Rows::Four(_));
@@ -449,7 +473,7 @@ impl<'a> Emitter<'a> {
                     // Four rows' values are gathered once, and pinned: left
                     // to Cranelift, the lanes were inserted on every trip.
                     keep(a).then(|| {
-                        let v = self.read(a, rows, k - 1, zero, v.dtype, lanes);
+                        let v = self.read(a, rows.at(k - 1), zero, v.dtype, lanes);
                         if lanes { self.pin(v) } else { v }
                     })
                 }
@@ -460,16 +484,14 @@ impl<'a> Emitter<'a> {
                     k += 1;
                     let a = &accesses[k - 1];
                     match (rows, hoisted[*index as usize]) {
-                        (Rows::One(bases), Some(at)) if keep(a) => {
-                            let v = self.gathered(
-                                a,
-                                bases[k - 1],
-                                zero,
-                                v.dtype,
-                                false,
-                                at,
-                                (*stride, *len),
-                            );
+                        (Rows::One(bases), Some(index)) if keep(a) => {
+                            let pick = Pick {
+                                dtype: v.dtype,
+                                index,
+                                stride: *stride,
+                                len: *len,
+                            };
+                            let v = self.gathered(a, bases[k - 1], zero, false, pick);
                             Some(self.pin(v))
                         }
                         _ => None,
@@ -508,20 +530,12 @@ impl<'a> Emitter<'a> {
         hoisted
     }
 
-    /// Access `k` (`access`) at inner index `j`: of one row (four inner
-    /// elements at once with `lanes`), or of four rows, one per lane.
-    fn read(
-        &mut self,
-        access: &Access,
-        rows: Rows,
-        k: usize,
-        j: Value,
-        dtype: DType,
-        lanes: bool,
-    ) -> Value {
-        match rows {
-            Rows::One(bases) => self.load(access, bases[k], j, dtype, lanes),
-            Rows::Four(bases) => self.gather(access, bases[k], j),
+    /// `access` at inner index `j`: of one row (four inner elements at once
+    /// with `lanes`), or of four rows, one per lane.
+    fn read(&mut self, access: &Access, at: At, j: Value, dtype: DType, lanes: bool) -> Value {
+        match at {
+            At::One(base) => self.load(access, base, j, dtype, lanes),
+            At::Four(bases) => self.gather(access, bases, j),
         }
     }
 
@@ -588,7 +602,7 @@ impl<'a> Emitter<'a> {
                     self.splat(v.dtype, h)
                 }
                 (Some(h), _) => h,
-                (None, Expr::Load { .. }) => self.read(&accesses[k], rows, k, j, v.dtype, lanes),
+                (None, Expr::Load { .. }) => self.read(&accesses[k], rows.at(k), j, v.dtype, lanes),
                 (
                     None,
                     Expr::Gather {
@@ -600,12 +614,17 @@ impl<'a> Emitter<'a> {
                     };
                     // In lanes the position is one per row, hoisted
                     // (`vectorizable_hoisted`); else this element's.
-                    let at = match hoisted[*index as usize] {
+                    let index = match hoisted[*index as usize] {
                         Some(at) => at,
                         None => values[*index as usize],
                     };
-                    let stepping = (*stride, *len);
-                    self.gathered(&accesses[k], bases[k], j, v.dtype, lanes, at, stepping)
+                    let pick = Pick {
+                        dtype: v.dtype,
+                        index,
+                        stride: *stride,
+                        len: *len,
+                    };
+                    self.gathered(&accesses[k], bases[k], j, lanes, pick)
                 }
                 (None, Expr::Acc) => acc.unwrap_or(j),
                 (None, expr) => {

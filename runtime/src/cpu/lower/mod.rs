@@ -51,7 +51,7 @@ use cranelift_module::{Linkage, Module};
 use kiln_ir::elementwise::infer_matmul;
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use kiln_ir::view::View;
-use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType};
+use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, Shape, TensorType};
 
 use crate::nest::{Access, Reduction, loads, nest};
 use emit::Emitter;
@@ -239,7 +239,6 @@ pub(crate) fn lower<'a>(
         })
         .collect();
     let out_buffer = kernel.inputs.len();
-    let space = &kernel.out.shape;
     let mut e = Emitter {
         b,
         ptrs,
@@ -254,24 +253,7 @@ pub(crate) fn lower<'a>(
     };
     let range = match &kernel.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
-            // An epilogue over a reshape of the product runs over the
-            // product's own shape where its reads allow, so that its rows
-            // are the product's and follow the GEMM's row blocks.
-            let product = product_rows(kernel);
-            let (space, body) = product
-                .as_ref()
-                .map_or((space, &kernel.body), |(s, b)| (s, b));
-            let identity: Vec<usize> = (0..space.rank()).collect();
-            let out_view = View::contiguous(space);
-            let mut views = loads(body);
-            views.push((out_buffer, &out_view));
-            // A matmul's product is already in the output and its epilogue reads
-            // it in place, a row of the output's last axis per unit, so that it
-            // can follow the GEMM's row blocks.
-            let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
-            let split = acc.then(|| space.rank().saturating_sub(1));
-            let nest = nest(space, &identity, split, &views);
-            e.elementwise(body, &nest, acc, start, end)
+            elementwise(&mut e, kernel, start, end)
         }
         KernelKind::Reduce {
             op,
@@ -280,82 +262,135 @@ pub(crate) fn lower<'a>(
             prologue,
         } => {
             let reduction = Reduction::new(shape, axes);
-            let pro = reduction.nest(shape, &loads(prologue));
-            let broadcast = space == shape;
-            let out_view = View::contiguous(space);
-            // Over the whole space, an epilogue value equal to the prologue's
-            // (softmax's `exp(x - max)`) is stored by the prologue pass and read
-            // back from the output row, still in cache, instead of recomputed.
-            let mut reuse = if broadcast {
-                recomputed(prologue, &kernel.body)
-            } else {
-                None
-            };
-            // Four prologue lanes are stored as one vector: only into a contiguous row.
-            if reuse.is_some() {
-                let out_nest = reduction.nest(space, &[(out_buffer, &out_view)]);
-                if vectorizable(prologue, &pro.accesses, None)
-                    && !out_nest.accesses[0].unit_stride()
-                {
-                    reuse = None;
-                }
-            }
-            let body = match reuse {
-                Some(i) => {
-                    let mut body = kernel.body.clone();
-                    body.values[i].expr = Expr::Load {
-                        input: out_buffer as u32,
-                        view: out_view.clone(),
-                    };
-                    drop_dead_loads(&mut body);
-                    body
-                }
-                None => kernel.body.clone(),
-            };
-            let mut views = loads(&body);
-            views.push((out_buffer, &out_view));
-            let epilogue = if broadcast {
-                reduction.nest(space, &views)
-            } else {
-                let all: Vec<usize> = (0..space.rank()).collect();
-                nest(space, &all, Some(space.rank()), &views)
-            };
-            e.store_prologue = reuse.is_some();
-            let reduce = Reduce {
-                op: *op,
-                prologue,
-                pro: &pro,
-                body: &body,
-                epi: &epilogue,
-                broadcast,
-            };
-            e.reduce(reduce, start, end)
+            reduce(
+                &mut e,
+                kernel,
+                (*op, &reduction, shape, prologue),
+                start,
+                end,
+            )
         }
         KernelKind::Scatter {
             axis,
             shape,
             prologue,
             index,
-        } => {
-            let identity: Vec<usize> = (0..shape.rank()).collect();
-            let nest = nest(shape, &identity, Some(axis + 1), &loads(prologue));
-            let dims = shape.dims();
-            let scatter = Scatter {
-                prologue,
-                index: *index,
-                nest: &nest,
-                outer: dims[..*axis].iter().product(),
-                picks: dims[*axis],
-                len: space.dims()[*axis],
-                out: out_buffer,
-            };
-            e.scatter(scatter, start, end)
-        }
+        } => scatter(&mut e, kernel, (*axis, shape, prologue, *index), start, end),
     };
     e.b.ins().return_(&[]);
     e.b.seal_all_blocks();
     e.b.finalize(target);
     range
+}
+
+/// An elementwise kernel, or a matmul's epilogue over the product in place.
+fn elementwise(e: &mut Emitter, kernel: &Kernel, start: Value, end: Value) -> RowRange {
+    let out_buffer = kernel.inputs.len();
+    let space = &kernel.out.shape;
+    // An epilogue over a reshape of the product runs over the
+    // product's own shape where its reads allow, so that its rows
+    // are the product's and follow the GEMM's row blocks.
+    let product = product_rows(kernel);
+    let (space, body) = product
+        .as_ref()
+        .map_or((space, &kernel.body), |(s, b)| (s, b));
+    let identity: Vec<usize> = (0..space.rank()).collect();
+    let out_view = View::contiguous(space);
+    let mut views = loads(body);
+    views.push((out_buffer, &out_view));
+    // A matmul's product is already in the output and its epilogue reads
+    // it in place, a row of the output's last axis per unit, so that it
+    // can follow the GEMM's row blocks.
+    let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
+    let split = acc.then(|| space.rank().saturating_sub(1));
+    let nest = nest(space, &identity, split, &views);
+    e.elementwise(body, &nest, acc, start, end)
+}
+
+/// A reduction kernel: its prologue's nest along the reduced axes, the
+/// epilogue's over the output, and a prologue value the epilogue reuses.
+fn reduce(
+    e: &mut Emitter,
+    kernel: &Kernel,
+    (op, reduction, shape, prologue): (ReduceOp, &Reduction, &Shape, &Block),
+    start: Value,
+    end: Value,
+) -> RowRange {
+    let out_buffer = kernel.inputs.len();
+    let space = &kernel.out.shape;
+    let pro = reduction.nest(shape, &loads(prologue));
+    let broadcast = space == shape;
+    let out_view = View::contiguous(space);
+    // Over the whole space, an epilogue value equal to the prologue's
+    // (softmax's `exp(x - max)`) is stored by the prologue pass and read
+    // back from the output row, still in cache, instead of recomputed.
+    let mut reuse = if broadcast {
+        recomputed(prologue, &kernel.body)
+    } else {
+        None
+    };
+    // Four prologue lanes are stored as one vector: only into a contiguous row.
+    if reuse.is_some() {
+        let out_nest = reduction.nest(space, &[(out_buffer, &out_view)]);
+        if vectorizable(prologue, &pro.accesses, None) && !out_nest.accesses[0].unit_stride() {
+            reuse = None;
+        }
+    }
+    let body = match reuse {
+        Some(i) => {
+            let mut body = kernel.body.clone();
+            body.values[i].expr = Expr::Load {
+                input: out_buffer as u32,
+                view: out_view.clone(),
+            };
+            drop_dead_loads(&mut body);
+            body
+        }
+        None => kernel.body.clone(),
+    };
+    let mut views = loads(&body);
+    views.push((out_buffer, &out_view));
+    let epilogue = if broadcast {
+        reduction.nest(space, &views)
+    } else {
+        let all: Vec<usize> = (0..space.rank()).collect();
+        nest(space, &all, Some(space.rank()), &views)
+    };
+    e.store_prologue = reuse.is_some();
+    let reduce = Reduce {
+        op,
+        prologue,
+        pro: &pro,
+        body: &body,
+        epi: &epilogue,
+        broadcast,
+    };
+    e.reduce(reduce, start, end)
+}
+
+/// A scatter-add kernel: its updates' nest, row by row of its outer axes.
+fn scatter(
+    e: &mut Emitter,
+    kernel: &Kernel,
+    (axis, shape, prologue, index): (usize, &Shape, &Block, u32),
+    start: Value,
+    end: Value,
+) -> RowRange {
+    let out_buffer = kernel.inputs.len();
+    let space = &kernel.out.shape;
+    let identity: Vec<usize> = (0..shape.rank()).collect();
+    let nest = nest(shape, &identity, Some(axis + 1), &loads(prologue));
+    let dims = shape.dims();
+    let scatter = Scatter {
+        prologue,
+        index,
+        nest: &nest,
+        outer: dims[..axis].iter().product(),
+        picks: dims[axis],
+        len: space.dims()[axis],
+        out: out_buffer,
+    };
+    e.scatter(scatter, start, end)
 }
 
 /// Makes the loads that `block`'s result does not depend on constants: a

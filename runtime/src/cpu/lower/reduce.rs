@@ -138,6 +138,19 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// The prologue's first contiguous read, a line of which each trip
+    /// reads `ahead` rows on (see `signature`): its address there, and its
+    /// element type.
+    fn first_ahead(&mut self, prologue: &Block, pro: &Nest, row: Value) -> Option<(Value, DType)> {
+        prologue
+            .values
+            .iter()
+            .filter(|v| v.expr.read().is_some())
+            .zip(&pro.accesses)
+            .find(|(v, a)| matches!(v.expr, Expr::Load { .. }) && a.unit_stride())
+            .map(|(v, a)| (self.row_ahead(a, v.dtype, row, pro.rows), v.dtype))
+    }
+
     /// One row of a reduction: the prologue combined over the inner loop
     /// (four inner elements per lane group when it can), then the epilogue.
     fn reduce_row(&mut self, r: Reduce, dtype: DType, row: Value, inner_len: usize) {
@@ -145,24 +158,14 @@ impl<'a> Emitter<'a> {
             op,
             prologue,
             pro,
-            body,
             epi,
-            broadcast,
+            ..
         } = r;
         let lanes = vectorizable(prologue, &pro.accesses, None);
-        let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
-        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
         let e = self;
         let bases = e.bases(&pro.accesses, row);
         let zero = e.iconst(0);
-        let hoisted = e.hoist(
-            prologue,
-            &pro.accesses,
-            Rows::One(&bases),
-            zero,
-            inner_len,
-            None,
-        );
+        let hoisted = e.hoist(prologue, &pro.accesses, Rows::One(&bases), inner_len, None);
         let pro_at = Placed {
             block: prologue,
             accesses: &pro.accesses,
@@ -221,16 +224,8 @@ impl<'a> Emitter<'a> {
             }
             fold(e, a, v)
         };
-        // The first contiguous read, a line of it per trip read `ahead` rows
-        // on (see `signature`).
         let ahead = if lanes {
-            prologue
-                .values
-                .iter()
-                .filter(|v| v.expr.read().is_some())
-                .zip(&pro.accesses)
-                .find(|(v, a)| matches!(v.expr, Expr::Load { .. }) && a.unit_stride())
-                .map(|(v, a)| (e.row_ahead(a, v.dtype, row, pro.rows), v.dtype))
+            e.first_ahead(prologue, pro, row)
         } else {
             None
         };
@@ -374,21 +369,35 @@ impl<'a> Emitter<'a> {
         }
         let total = e.b.use_var(acc);
         let total = e.pin(total);
-        let bases = epi_bases;
+        e.row_epilogue(r, &epi_bases, total, inner_len);
+    }
+
+    /// The epilogue of one row of a reduction, from the row's reduced value
+    /// `total`: over the row (four lanes at a time where it can, or by a
+    /// call), or once for a reduced output. `bases`: the epilogue's reads
+    /// and the output positioned at the row.
+    fn row_epilogue(&mut self, r: Reduce, bases: &[RowBase], total: Value, inner_len: usize) {
+        let Reduce {
+            body,
+            epi,
+            broadcast,
+            ..
+        } = r;
+        let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
+        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
+        let e = self;
+        let out_base = bases[bases.len() - 1];
+        let out = &epi.accesses[epi.accesses.len() - 1];
+        let store = e.store_prologue;
+        let zero = e.iconst(0);
+        let n = e.iconst(inner_len as i64);
         // A reduced output's epilogue runs once per row, whatever the inner extent.
         let extent = if broadcast { inner_len } else { 1 };
-        let hoisted = e.hoist(
-            body,
-            epi_reads,
-            Rows::One(&bases),
-            zero,
-            extent,
-            Some(total),
-        );
+        let hoisted = e.hoist(body, epi_reads, Rows::One(bases), extent, Some(total));
         let epi_at = Placed {
             block: body,
             accesses: epi_reads,
-            rows: Rows::One(&bases),
+            rows: Rows::One(bases),
             hoisted: &hoisted,
         };
         // An epilogue scaling a long enough row: by a call, in 256-bit vectors.
@@ -471,7 +480,7 @@ impl<'a> Emitter<'a> {
             let run = e.b.ins().iadd(first, k);
             let bases = e.bases(&accesses, run);
             let rows = Rows::One(&bases);
-            let hoisted = e.hoist_over(prologue, &accesses, rows, zero, along, None, hoisted);
+            let hoisted = e.hoist_over(prologue, &accesses, rows, along, hoisted);
             let at = Placed {
                 block: prologue,
                 accesses: &accesses,
@@ -508,7 +517,6 @@ impl<'a> Emitter<'a> {
             prologue,
             &pro.accesses,
             Rows::Four(&pro_bases),
-            zero,
             inner_len,
             None,
         );
@@ -534,14 +542,7 @@ impl<'a> Emitter<'a> {
         }
         let total = self.b.use_var(acc);
         let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
-        let hoisted = self.hoist(
-            body,
-            reads,
-            Rows::Four(&epi_bases),
-            zero,
-            inner_len,
-            Some(total),
-        );
+        let hoisted = self.hoist(body, reads, Rows::Four(&epi_bases), inner_len, Some(total));
         let epi_at = Placed {
             block: body,
             accesses: reads,

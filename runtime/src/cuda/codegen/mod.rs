@@ -97,12 +97,7 @@ pub fn kernel(kernel: &Kernel) -> Result<Program, Error> {
             &kernel.out,
             &kernel.side,
         ),
-        KernelKind::Reduce {
-            op,
-            axes,
-            shape,
-            prologue,
-        } => reduce(kernel, *op, axes, shape, prologue),
+        KernelKind::Reduce { .. } => reduce(kernel),
         KernelKind::Scatter {
             axis,
             shape,

@@ -7,7 +7,7 @@
 //! reduced, while it is in cache. A reduction by rows can also be written
 //! as a device function of one row, for a row group (`row_group`).
 
-use kiln_ir::kernel::{Block, Kernel, KernelKind};
+use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_ir::{DType, ReduceOp, Shape};
 
 use super::writer::{Element, Writer, ctype, literal, widen, wrap};
@@ -38,17 +38,11 @@ fn by_rows(shape: &Shape, reduction: &Reduction) -> bool {
     last.is_some() && innermost && reduction.row_len() > 1
 }
 
-/// A reduction kernel: the prologue over `shape` combined along `axes`,
-/// then the body over the output.
-pub(super) fn reduce(
-    kernel: &Kernel,
-    op: ReduceOp,
-    axes: &[usize],
-    shape: &Shape,
-    prologue: &Block,
-) -> Result<Program, Error> {
+/// A reduction kernel: the prologue over its space combined along its
+/// axes, then the body over the output.
+pub(super) fn reduce(kernel: &Kernel) -> Result<Program, Error> {
     let mut w = Writer::new();
-    let grid = reduce_into(&mut w, kernel, op, axes, shape, prologue, None)?;
+    let grid = reduce_into(&mut w, kernel, None)?;
     Ok(w.finish(grid))
 }
 
@@ -59,34 +53,23 @@ pub(super) fn reduce(
 pub(super) fn reduce_into(
     w: &mut Writer,
     kernel: &Kernel,
-    op: ReduceOp,
-    axes: &[usize],
-    shape: &Shape,
-    prologue: &Block,
     row: Option<(&str, &[bool])>,
 ) -> Result<Grid, Error> {
+    let KernelKind::Reduce {
+        op,
+        axes,
+        shape,
+        prologue,
+    } = &kernel.kind
+    else {
+        return Err(Error::Codegen("a reduction kernel of another kind".into()));
+    };
     let reduction = Reduction::new(shape, axes);
     let (kept, reduced) = (&reduction.kept, &reduction.reduced);
     let (rows, length) = (reduction.rows(), reduction.row_len());
     let dtype = prologue.dtype().unwrap_or(DType::F32);
     let t = ctype(dtype);
     let init = literal(op.init(dtype));
-    let combine = |w: &mut Writer, a: &str, b: &str| match (op, dtype) {
-        (ReduceOp::Sum, DType::F32 | DType::F64) => format!("{a} + {b}"),
-        (ReduceOp::Sum, ty) => wrap(&format!("{} + {}", widen(a, ty), widen(b, ty)), ty),
-        (ReduceOp::Max, DType::F32) => {
-            w.helpers.insert("kiln_max");
-            format!("kiln_max({a}, {b})")
-        }
-        (ReduceOp::Max, DType::F64) => {
-            w.helpers.insert("kiln_maxd");
-            format!("kiln_maxd({a}, {b})")
-        }
-        (ReduceOp::Max, _) => format!("{a} > {b} ? {a} : {b}"),
-        (ReduceOp::Prod, DType::F32 | DType::F64) => format!("{a} * {b}"),
-        // In `long long` (unsigned for i64), wrapped back, as `mul` of integers.
-        (ReduceOp::Prod, ty) => wrap(&format!("{} * {}", widen(a, ty), widen(b, ty)), ty),
-    };
     // The output is the whole space (broadcast epilogue) or the reduced values.
     let broadcast = kernel.out.shape == *shape;
     let by_rows = by_rows(shape, &reduction);
@@ -115,12 +98,10 @@ pub(super) fn reduce_into(
         );
         (2, "0", "1")
     };
+    let row_loop = format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{");
     w.coords(indent, "c", "o", kept);
     w.line(indent, &format!("{t} acc = {init};"));
-    w.line(
-        indent,
-        &format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{"),
-    );
+    w.line(indent, &row_loop);
     w.coords(indent + 1, "c", "r", reduced);
     let space_index = flat_index(shape, "c");
     let element = Element {
@@ -131,82 +112,25 @@ pub(super) fn reduce_into(
         acc: None,
     };
     let value = w.block(indent + 1, prologue, &kernel.inputs, &element)?;
-    let combined = combine(w, "acc", &value);
+    let combined = combine(w, (*op, dtype), "acc", &value);
     w.line(indent + 1, &format!("acc = {combined};"));
     w.line(indent, "}");
     if by_rows {
-        let shuffle = match dtype {
-            DType::F32 => "float",
-            DType::F64 => "double",
-            DType::I64 => "long long",
-            DType::I32 | DType::U8 | DType::Bool => "int",
-        };
-        // The shuffle into a variable first: every lane of the warp must
-        // reach it, and an integer max names its operand twice, the second
-        // time on one side of `?:` only (lanes that skipped it left the
-        // others waiting: argmax hung on the GPU).
-        let across = format!(
-            "for (int s = 16; s > 0; s >>= 1) {{ const {t} down = ({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s); acc = {}; }}",
-            combine(w, "acc", "down")
-        );
-        w.line(indent, &format!("__shared__ {t} partial[32];"));
-        w.line(indent, &across);
-        w.line(
-            indent,
-            "if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;",
-        );
-        w.line(indent, "__syncthreads();");
-        w.line(indent, "if (threadIdx.x < 32) {");
-        w.line(
-            indent + 1,
-            &format!("acc = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : {init};"),
-        );
-        w.line(indent + 1, &across);
-        w.line(indent + 1, "if (threadIdx.x == 0) partial[0] = acc;");
-        w.line(indent, "}");
-        w.line(indent, "__syncthreads();");
-        w.line(indent, "acc = partial[0];");
+        across_block(w, indent, (*op, dtype), &init);
     }
     if broadcast {
         // The body over the row just reduced, `acc` broadcast along it.
-        w.line(
-            indent,
-            &format!("for (long long r = {lane_start}; r < {length}; r += {lane_step}) {{"),
-        );
+        w.line(indent, &row_loop);
         w.coords(indent + 1, "c", "r", reduced);
         let element = Element {
-            suffix: "",
-            index: &space_index,
-            coords: "c",
-            lane: None,
             acc: Some("acc"),
+            ..element
         };
         let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
         w.line(indent + 1, &format!("out[{space_index}] = {result};"));
         w.line(indent, "}");
     } else {
-        // Output element `o` reads combined value `o`, at its own coordinates.
-        if by_rows {
-            w.line(indent, "if (threadIdx.x == 0) {");
-        } else {
-            w.line(indent, "{");
-        }
-        let out = &kernel.out.shape;
-        w.coords(indent + 1, "e", "o", &placed_axes(out, 0..out.rank()));
-        let element = Element {
-            suffix: "",
-            index: "o",
-            coords: "e",
-            lane: None,
-            acc: Some("acc"),
-        };
-        let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
-        w.line(indent + 1, &format!("out[o] = {result};"));
-        // Only a reduced output has side outputs (`Kernel::check`).
-        for (k, s) in kernel.side.iter().enumerate() {
-            w.line(indent + 1, &format!("side{k}[o] = v{};", s.value));
-        }
-        w.line(indent, "}");
+        reduced_output(w, indent, kernel, by_rows)?;
     }
     if by_rows {
         // `partial` is written again by the next row, and in a row group
@@ -224,6 +148,97 @@ pub(super) fn reduce_into(
         Grid::Flat { steps: rows.max(1) }
     };
     Ok(grid)
+}
+
+/// `a` and `b` combined by `op` in `dtype`.
+fn combine(w: &mut Writer, (op, dtype): (ReduceOp, DType), a: &str, b: &str) -> String {
+    match (op, dtype) {
+        (ReduceOp::Sum, DType::F32 | DType::F64) => format!("{a} + {b}"),
+        (ReduceOp::Sum, ty) => wrap(&format!("{} + {}", widen(a, ty), widen(b, ty)), ty),
+        (ReduceOp::Max, DType::F32) => {
+            w.helpers.insert("kiln_max");
+            format!("kiln_max({a}, {b})")
+        }
+        (ReduceOp::Max, DType::F64) => {
+            w.helpers.insert("kiln_maxd");
+            format!("kiln_maxd({a}, {b})")
+        }
+        (ReduceOp::Max, _) => format!("{a} > {b} ? {a} : {b}"),
+        (ReduceOp::Prod, DType::F32 | DType::F64) => format!("{a} * {b}"),
+        // In `long long` (unsigned for i64), wrapped back, as `mul` of integers.
+        (ReduceOp::Prod, ty) => wrap(&format!("{} * {}", widen(a, ty), widen(b, ty)), ty),
+    }
+}
+
+/// Each thread's `acc` combined across the block (a warp shuffle, then
+/// the warps' partial values through shared memory), left in every
+/// thread's `acc`.
+fn across_block(w: &mut Writer, indent: usize, (op, dtype): (ReduceOp, DType), init: &str) {
+    let t = ctype(dtype);
+    let shuffle = match dtype {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::I64 => "long long",
+        DType::I32 | DType::U8 | DType::Bool => "int",
+    };
+    // The shuffle into a variable first: every lane of the warp must
+    // reach it, and an integer max names its operand twice, the second
+    // time on one side of `?:` only (lanes that skipped it left the
+    // others waiting: argmax hung on the GPU).
+    let across = format!(
+        "for (int s = 16; s > 0; s >>= 1) {{ const {t} down = ({t})__shfl_down_sync(0xffffffffu, ({shuffle})acc, s); acc = {}; }}",
+        combine(w, (op, dtype), "acc", "down")
+    );
+    w.line(indent, &format!("__shared__ {t} partial[32];"));
+    w.line(indent, &across);
+    w.line(
+        indent,
+        "if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;",
+    );
+    w.line(indent, "__syncthreads();");
+    w.line(indent, "if (threadIdx.x < 32) {");
+    w.line(
+        indent + 1,
+        &format!("acc = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : {init};"),
+    );
+    w.line(indent + 1, &across);
+    w.line(indent + 1, "if (threadIdx.x == 0) partial[0] = acc;");
+    w.line(indent, "}");
+    w.line(indent, "__syncthreads();");
+    w.line(indent, "acc = partial[0];");
+}
+
+/// The body of a reduced output at output element `o`, from `acc`, with
+/// the kernel's side outputs; by one thread of the block when `by_rows`.
+fn reduced_output(
+    w: &mut Writer,
+    indent: usize,
+    kernel: &Kernel,
+    by_rows: bool,
+) -> Result<(), Error> {
+    // Output element `o` reads combined value `o`, at its own coordinates.
+    if by_rows {
+        w.line(indent, "if (threadIdx.x == 0) {");
+    } else {
+        w.line(indent, "{");
+    }
+    let out = &kernel.out.shape;
+    w.coords(indent + 1, "e", "o", &placed_axes(out, 0..out.rank()));
+    let element = Element {
+        suffix: "",
+        index: "o",
+        coords: "e",
+        lane: None,
+        acc: Some("acc"),
+    };
+    let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
+    w.line(indent + 1, &format!("out[o] = {result};"));
+    // Only a reduced output has side outputs (`Kernel::check`).
+    for (k, s) in kernel.side.iter().enumerate() {
+        w.line(indent + 1, &format!("side{k}[o] = v{};", s.value));
+    }
+    w.line(indent, "}");
+    Ok(())
 }
 
 /// The row-major flat index of coordinates `{prefix}{axis}` in `shape`

@@ -67,27 +67,13 @@ fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Program, Error> {
     let mut params = Vec::new();
     let mut calls = Vec::new();
     for (m, (kernel, written)) in members.iter().enumerate() {
-        let KernelKind::Reduce {
-            op,
-            axes,
-            shape,
-            prologue,
-        } = &kernel.kind
-        else {
+        if !matches!(kernel.kind, KernelKind::Reduce { .. }) {
             return Err(Error::Codegen(format!(
                 "row group member {m} is not a reduction"
             )));
-        };
+        }
         let name = format!("kiln_row{m}");
-        let grid = reduce_into(
-            &mut w,
-            kernel,
-            *op,
-            axes,
-            shape,
-            prologue,
-            Some((&name, written)),
-        )?;
+        let grid = reduce_into(&mut w, kernel, Some((&name, written)))?;
         let Grid::Rows { rows, threads } = grid else {
             return Err(Error::Codegen(format!(
                 "row group member {m} is not by rows"
