@@ -31,7 +31,7 @@ impl<'a> Emitter<'a> {
         if flat {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
-            let hoisted = self.hoist(body, reads, Rows::One(&bases), nest.inner[0], None);
+            let hoisted = self.hoist(body, reads, Rows::One(&bases), nest.inner[0], (None, &[]));
             let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
             let at = Placed {
                 block: body,
@@ -56,7 +56,7 @@ impl<'a> Emitter<'a> {
                 let n = e.iconst(inner_len as i64);
                 let whole = |e: &mut Self, from: Value, to: Value, vector: bool| {
                     let rows = Rows::One(&bases);
-                    let hoisted = e.hoist_over(body, reads, rows, inner_len, &invariant);
+                    let hoisted = e.hoist(body, reads, rows, inner_len, (None, &invariant));
                     let lanes = vector && vectorizable_hoisted(body, reads, out, &hoisted);
                     let at = Placed {
                         block: body,
@@ -95,7 +95,7 @@ impl<'a> Emitter<'a> {
                     .map(|b| RowBase { valid: None, ..*b })
                     .collect();
                 let rows = Rows::One(&plain);
-                let hoisted = e.hoist_over(body, clear, rows, inner_len, &invariant);
+                let hoisted = e.hoist(body, clear, rows, inner_len, (None, &invariant));
                 let lanes = vectorizable_hoisted(body, clear, out, &hoisted);
                 let at = Placed {
                     block: body,

@@ -386,38 +386,23 @@ impl<'a> Emitter<'a> {
     }
 
     /// The values of a block that are the same all along the inner loop
-    /// (constants, row-invariant loads, the reduced value `acc` of an
-    /// epilogue, and every op of those), computed once per row. Only where
-    /// the inner loop has elements (`inner > 0`): a view of an empty space may
-    /// point anywhere, and the verifier bounds only the reads it makes.
+    /// (constants, row-invariant loads, the values known: the reduced
+    /// value `acc` of an epilogue and `given`'s, and every op of those),
+    /// computed once per row. Only where the inner loop has elements
+    /// (`inner > 0`): a view of an empty space may point anywhere, and the
+    /// verifier bounds only the reads it makes.
     pub(super) fn hoist(
         &mut self,
         block: &Block,
         accesses: &[Access],
         rows: Rows,
         inner: usize,
-        acc: Option<Value>,
+        known: (Option<Value>, &[Option<Value>]),
     ) -> Vec<Option<Value>> {
         if inner == 0 {
             return vec![None; block.values.len()];
         }
-        self.hoisted(block, accesses, rows, (acc, &[]), Access::row_invariant)
-    }
-
-    /// `hoist` of a block without a reduced value, the values `given` holds
-    /// (`invariant`) taken as they are.
-    pub(super) fn hoist_over(
-        &mut self,
-        block: &Block,
-        accesses: &[Access],
-        rows: Rows,
-        inner: usize,
-        given: &[Option<Value>],
-    ) -> Vec<Option<Value>> {
-        if inner == 0 {
-            return vec![None; block.values.len()];
-        }
-        self.hoisted(block, accesses, rows, (None, given), Access::row_invariant)
+        self.hoisted(block, accesses, rows, known, Access::row_invariant)
     }
 
     /// The values of an elementwise block that are the same all over its
@@ -444,8 +429,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// The values of `block` that `keep` says its reads are constant over,
-    /// and every op of those, of constants and of the values known: the
-    /// reduced value `acc` and `given`'s.
+    /// and every op of those, of constants and of the values known (`hoist`).
     fn hoisted(
         &mut self,
         block: &Block,

@@ -165,7 +165,13 @@ impl<'a> Emitter<'a> {
         let e = self;
         let bases = e.bases(&pro.accesses, row);
         let zero = e.iconst(0);
-        let hoisted = e.hoist(prologue, &pro.accesses, Rows::One(&bases), inner_len, None);
+        let hoisted = e.hoist(
+            prologue,
+            &pro.accesses,
+            Rows::One(&bases),
+            inner_len,
+            (None, &[]),
+        );
         let pro_at = Placed {
             block: prologue,
             accesses: &pro.accesses,
@@ -393,7 +399,13 @@ impl<'a> Emitter<'a> {
         let n = e.iconst(inner_len as i64);
         // A reduced output's epilogue runs once per row, whatever the inner extent.
         let extent = if broadcast { inner_len } else { 1 };
-        let hoisted = e.hoist(body, epi_reads, Rows::One(bases), extent, Some(total));
+        let hoisted = e.hoist(
+            body,
+            epi_reads,
+            Rows::One(bases),
+            extent,
+            (Some(total), &[]),
+        );
         let epi_at = Placed {
             block: body,
             accesses: epi_reads,
@@ -480,7 +492,7 @@ impl<'a> Emitter<'a> {
             let run = e.b.ins().iadd(first, k);
             let bases = e.bases(&accesses, run);
             let rows = Rows::One(&bases);
-            let hoisted = e.hoist_over(prologue, &accesses, rows, along, hoisted);
+            let hoisted = e.hoist(prologue, &accesses, rows, along, (None, hoisted));
             let at = Placed {
                 block: prologue,
                 accesses: &accesses,
@@ -518,7 +530,7 @@ impl<'a> Emitter<'a> {
             &pro.accesses,
             Rows::Four(&pro_bases),
             inner_len,
-            None,
+            (None, &[]),
         );
         let pro_at = Placed {
             block: prologue,
@@ -542,7 +554,13 @@ impl<'a> Emitter<'a> {
         }
         let total = self.b.use_var(acc);
         let (reads, out) = epi.accesses.split_at(epi.accesses.len() - 1);
-        let hoisted = self.hoist(body, reads, Rows::Four(&epi_bases), inner_len, Some(total));
+        let hoisted = self.hoist(
+            body,
+            reads,
+            Rows::Four(&epi_bases),
+            inner_len,
+            (Some(total), &[]),
+        );
         let epi_at = Placed {
             block: body,
             accesses: reads,

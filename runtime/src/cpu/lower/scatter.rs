@@ -64,7 +64,7 @@ impl Emitter<'_> {
         let accesses = &s.nest.accesses;
         let bases = self.bases(accesses, row);
         let zero = self.iconst(0);
-        let hoisted = self.hoist(s.prologue, accesses, Rows::One(&bases), inner, None);
+        let hoisted = self.hoist(s.prologue, accesses, Rows::One(&bases), inner, (None, &[]));
         let at = Placed {
             block: s.prologue,
             accesses,
