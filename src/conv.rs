@@ -439,6 +439,8 @@ impl Tensor {
             DType::I32 => Scalar::I32(i32::MIN),
             DType::I64 => Scalar::I64(i64::MIN),
             DType::U8 => Scalar::U8(0),
+            DType::BF16 => Scalar::BF16(kiln_ir::bf16::NEG_INFINITY),
+            DType::F16 => Scalar::F16(kiln_ir::f16::NEG_INFINITY),
             DType::Bool => {
                 return Err(kiln_ir::Error::DType {
                     op: OP,

@@ -14,7 +14,7 @@ impl Tensor {
     pub fn min(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let flip = |x: &Tensor| -> Result<Tensor> {
             match x.dtype() {
-                DType::F32 | DType::F64 => x.neg(),
+                DType::F32 | DType::F64 | DType::BF16 | DType::F16 => x.neg(),
                 DType::I32 => Tensor::scalar(-1i32).sub(x),
                 DType::I64 => Tensor::scalar(-1i64).sub(x),
                 DType::U8 => Tensor::scalar(u8::MAX).sub(x),

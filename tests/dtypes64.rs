@@ -61,7 +61,7 @@ fn input(dtype: DType, dims: &[usize], seed: u64) -> Result<Tensor> {
             // The 32-bit and narrower types from i64 values, wrapped, and
             // f32 from f64 values, rounded: specials included.
             let wide = match other {
-                DType::F32 => Tensor::from_vec(f64s(n, seed), dims)?,
+                DType::F32 | DType::BF16 | DType::F16 => Tensor::from_vec(f64s(n, seed), dims)?,
                 _ => Tensor::from_vec(i64s(n, seed), dims)?,
             };
             wide.cast(other)

@@ -146,6 +146,10 @@ fn io_error(path: &Path, e: std::io::Error) -> Error {
 /// of `target/tmp/onnx_export/` named by `what` and a hash of the model
 /// and its inputs, so that the same case always lands in the same folder.
 fn save(what: &str, model: &[u8], inputs: &[Tensor], outputs: &[Tensor]) -> Result<()> {
+    // kiln's `.npy` has no 16-bit floats: such cases are checked here only.
+    if inputs.iter().chain(outputs).any(|t| t.dtype().is_half()) {
+        return Ok(());
+    }
     let npy = |t: &Tensor| -> Result<(NpyDType, Vec<u8>)> {
         Ok(match t.dtype() {
             DType::F32 => (
@@ -181,6 +185,8 @@ fn save(what: &str, model: &[u8], inputs: &[Tensor], outputs: &[Tensor]) -> Resu
                 NpyDType::Bool,
                 t.to_vec::<bool>()?.iter().map(|&b| u8::from(b)).collect(),
             ),
+            // Returned above.
+            dtype @ (DType::BF16 | DType::F16) => panic!("{what}: no .npy of {dtype}"),
         })
     };
     let mut hasher = DefaultHasher::new();
@@ -230,6 +236,24 @@ fn bits(t: &Tensor) -> Result<Vec<u64>> {
         DType::I64 => t.to_vec::<i64>()?.iter().map(|&x| x as u64).collect(),
         DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u64::from(x)).collect(),
         DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u64::from(x)).collect(),
+        DType::BF16 => (t.to_vec::<kiln::bf16>()?.iter())
+            .map(|x| {
+                if x.is_nan() {
+                    u64::MAX
+                } else {
+                    x.to_bits().into()
+                }
+            })
+            .collect(),
+        DType::F16 => (t.to_vec::<kiln::f16>()?.iter())
+            .map(|x| {
+                if x.is_nan() {
+                    u64::MAX
+                } else {
+                    x.to_bits().into()
+                }
+            })
+            .collect(),
     })
 }
 

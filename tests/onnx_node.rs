@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln::onnx::{Array, Feed, Model, read_array};
-use kiln::{CompileOptions, DType, Data, Device, Error, Tensor, TensorType};
+use kiln::{CompileOptions, DType, Data, Device, Error, Tensor, TensorType, bf16, f16};
 
 const SUITES: [&str; 3] = ["node", "pytorch-converted", "pytorch-operator"];
 const RTOL: f64 = 1e-3;
@@ -128,6 +128,8 @@ fn mismatch(got: &Tensor, want: &Array) -> Option<String> {
         Data::I64(w) => first_difference(got, w, |g, w| g == w),
         Data::U8(w) => first_difference(got, w, |g, w| g == w),
         Data::Bool(w) => first_difference(got, w, |g, w| g == w),
+        Data::BF16(w) => first_difference(got, w, |g: bf16, w: bf16| close(g.to_f64(), w.to_f64())),
+        Data::F16(w) => first_difference(got, w, |g: f16, w: f16| close(g.to_f64(), w.to_f64())),
     };
     first_bad.map(|m| format!("got {m}"))
 }

@@ -26,7 +26,7 @@ fn values(dtype: DType, n: usize, seed: u64) -> Data {
     let mut rng = Rng(seed);
     let zeros = n <= 200;
     Data::from_fn(dtype, n, |i| match dtype {
-        DType::F32 | DType::F64 => match (i * 7 + seed as usize) % 31 {
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => match (i * 7 + seed as usize) % 31 {
             0 if zeros => Scalar::F64(0.0),
             1 if zeros => Scalar::F64(-0.0),
             _ => Scalar::F64(1.0 + f64::from(rng.uniform(-1.0, 1.0)) / 20.0),

@@ -114,7 +114,7 @@ impl UnaryOp {
             | UnaryOp::Sqrt
             | UnaryOp::Recip
             | UnaryOp::Sigmoid
-            | UnaryOp::Tanh => accept(dtype, FLOATS, "f32 or f64"),
+            | UnaryOp::Tanh => accept(dtype, FLOATS, "a float type"),
         }
     }
 
@@ -170,7 +170,7 @@ impl BinaryOp {
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => {
                 accept(dtype, NUMBERS, "a number type")
             }
-            BinaryOp::Div | BinaryOp::Pow => accept(dtype, FLOATS, "f32 or f64"),
+            BinaryOp::Div | BinaryOp::Pow => accept(dtype, FLOATS, "a float type"),
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
                 accept(dtype, NUMBERS, "a number type")
             }
@@ -231,6 +231,8 @@ impl ReduceOp {
             (ReduceOp::Max, DType::I64) => Scalar::I64(i64::MIN),
             (ReduceOp::Max, DType::U8) => Scalar::U8(0),
             (ReduceOp::Max, DType::Bool) => Scalar::Bool(false),
+            (ReduceOp::Max, DType::BF16) => Scalar::BF16(crate::bf16::NEG_INFINITY),
+            (ReduceOp::Max, DType::F16) => Scalar::F16(crate::f16::NEG_INFINITY),
         }
     }
 
@@ -299,7 +301,11 @@ pub fn infer_matmul(lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, Er
             rhs: rhs.dtype,
         });
     }
-    check_dtype(op, lhs.dtype, accept(lhs.dtype, &[DType::F32], "f32"))?;
+    check_dtype(
+        op,
+        lhs.dtype,
+        accept(lhs.dtype, HALVES_AND_F32, "f32, bf16 or f16"),
+    )?;
     let (ls, rs) = (lhs.shape.dims(), rhs.shape.dims());
     let rank = ls.len();
     if rank < 2
@@ -318,13 +324,31 @@ pub fn infer_matmul(lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, Er
 }
 
 /// The float types.
-const FLOATS: &[DType] = &[DType::F32, DType::F64];
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::BF16, DType::F16];
+
+/// The matmul's types: f32, and the 16-bit floats it computes in f32.
+const HALVES_AND_F32: &[DType] = &[DType::F32, DType::BF16, DType::F16];
 
 /// The signed number types: what negation and sums take.
-const SIGNED: &[DType] = &[DType::F32, DType::F64, DType::I32, DType::I64];
+const SIGNED: &[DType] = &[
+    DType::F32,
+    DType::F64,
+    DType::BF16,
+    DType::F16,
+    DType::I32,
+    DType::I64,
+];
 
 /// Every number type (not bool).
-const NUMBERS: &[DType] = &[DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
+const NUMBERS: &[DType] = &[
+    DType::F32,
+    DType::F64,
+    DType::BF16,
+    DType::F16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+];
 
 fn accept(dtype: DType, allowed: &[DType], expected: &'static str) -> Result<(), &'static str> {
     if allowed.contains(&dtype) {

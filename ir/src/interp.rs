@@ -207,6 +207,8 @@ fn num(x: Scalar) -> Num {
         Scalar::F64(v) => Num::Float(v),
         Scalar::U8(v) => Num::Int(v as i64),
         Scalar::Bool(v) => Num::Int(v as i64),
+        Scalar::BF16(v) => Num::Float(v.to_f64()),
+        Scalar::F16(v) => Num::Float(v.to_f64()),
     }
 }
 

@@ -24,6 +24,7 @@ pub use elementwise::{BinaryOp, ReduceOp, UnaryOp};
 pub use error::Error;
 pub use grad::grad;
 pub use graph::{Graph, Node, NodeId};
+pub use half::{bf16, f16};
 pub use op::{Op, OpLayer};
 pub use types::{
     DType, Data, DataRef, Element, OutOfMemory, Scalar, Shape, TensorType, try_capacity, try_vec,

@@ -102,7 +102,8 @@ pub enum Op {
         /// The reduced axes.
         axes: SmallVec<[usize; 4]>,
     },
-    /// `[..., m, k] @ [..., k, n] -> [..., m, n]` over equal batch dims, f32.
+    /// `[..., m, k] @ [..., k, n] -> [..., m, n]` over equal batch dims, f32,
+    /// bf16 or f16.
     MatMul,
     // Indexed reads.
     /// Elements picked along `axis` by run-time indices:

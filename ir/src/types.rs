@@ -6,6 +6,7 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+use half::{bf16, f16};
 use smallvec::SmallVec;
 
 use crate::Error;
@@ -26,13 +27,21 @@ pub enum DType {
     I64,
     /// 64-bit IEEE float.
     F64,
+    /// bfloat16: f32's exponent with an 8-bit significand. Ops compute in
+    /// f32 and round to nearest even at their result.
+    BF16,
+    /// 16-bit IEEE float (binary16). Ops compute in f32 and round to
+    /// nearest even at their result.
+    F16,
 }
 
 impl DType {
     /// Every dtype, for code and tests that go through all of them.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 8] = [
         DType::F32,
         DType::F64,
+        DType::BF16,
+        DType::F16,
         DType::I32,
         DType::I64,
         DType::U8,
@@ -48,6 +57,8 @@ impl DType {
             DType::F64 => "f64",
             DType::U8 => "u8",
             DType::Bool => "bool",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
         }
     }
 
@@ -56,6 +67,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::I64 | DType::F64 => 8,
+            DType::BF16 | DType::F16 => 2,
             DType::U8 | DType::Bool => 1,
         }
     }
@@ -63,8 +75,17 @@ impl DType {
     /// Whether the type is a float type.
     pub fn is_float(self) -> bool {
         match self {
-            DType::F32 | DType::F64 => true,
+            DType::F32 | DType::F64 | DType::BF16 | DType::F16 => true,
             DType::I32 | DType::I64 | DType::U8 | DType::Bool => false,
+        }
+    }
+
+    /// Whether the type is a 16-bit float, which backends hold in f32
+    /// registers and compute on in f32 (`pass::widen`).
+    pub fn is_half(self) -> bool {
+        match self {
+            DType::BF16 | DType::F16 => true,
+            DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::U8 | DType::Bool => false,
         }
     }
 }
@@ -272,6 +293,10 @@ pub enum Scalar {
     U8(u8),
     /// A bool value.
     Bool(bool),
+    /// A bfloat16 value.
+    BF16(bf16),
+    /// A binary16 value.
+    F16(f16),
 }
 
 impl Scalar {
@@ -284,6 +309,8 @@ impl Scalar {
             Scalar::F64(_) => DType::F64,
             Scalar::U8(_) => DType::U8,
             Scalar::Bool(_) => DType::Bool,
+            Scalar::BF16(_) => DType::BF16,
+            Scalar::F16(_) => DType::F16,
         }
     }
 
@@ -297,6 +324,8 @@ impl Scalar {
             Scalar::F64(v) => v,
             Scalar::U8(v) => v as f64,
             Scalar::Bool(v) => v as u8 as f64,
+            Scalar::BF16(v) => v.to_f64(),
+            Scalar::F16(v) => v.to_f64(),
         }
     }
 
@@ -309,6 +338,8 @@ impl Scalar {
             Scalar::F64(v) => cast_f64(v, dtype),
             Scalar::U8(v) => cast_int(v as i64, dtype),
             Scalar::Bool(v) => cast_int(v as i64, dtype),
+            Scalar::BF16(v) => cast_f64(v.to_f64(), dtype),
+            Scalar::F16(v) => cast_f64(v.to_f64(), dtype),
         }
     }
 
@@ -320,6 +351,8 @@ impl Scalar {
             Scalar::F64(v) => v.to_bits(),
             Scalar::U8(v) => u64::from(v),
             Scalar::Bool(v) => u64::from(v),
+            Scalar::BF16(v) => u64::from(v.to_bits()),
+            Scalar::F16(v) => u64::from(v.to_bits()),
         };
         (self.dtype(), bits)
     }
@@ -335,7 +368,28 @@ pub(crate) fn cast_f64(v: f64, dtype: DType) -> Scalar {
         DType::I64 => Scalar::I64(v as i64),
         DType::U8 => Scalar::U8(v as u8),
         DType::Bool => Scalar::Bool(v != 0.0),
+        DType::BF16 => Scalar::BF16(bf16::from_f32(round_to_odd(v))),
+        DType::F16 => Scalar::F16(f16::from_f32(round_to_odd(v))),
     }
+}
+
+/// `v` as f32 rounded to odd: toward zero, with the last bit set where
+/// that dropped anything. Rounded again to nearest even into a type at
+/// least two bits narrower (bf16, f16), it gives what rounding `v` there
+/// directly gives, where rounding to f32 first can round twice: a value
+/// just above a tie of bf16 would land on the tie and go to even.
+fn round_to_odd(v: f64) -> f32 {
+    let r = v as f32;
+    if !r.is_finite() || f64::from(r) == v {
+        return r;
+    }
+    // `r` is nearest; step back toward zero where it rounded away.
+    let toward_zero = if f64::from(r).abs() > v.abs() {
+        f32::from_bits(r.to_bits() - 1)
+    } else {
+        r
+    };
+    f32::from_bits(toward_zero.to_bits() | 1)
 }
 
 /// Integer to any type: two's-complement wrapping to narrower integers.
@@ -347,6 +401,7 @@ pub(crate) fn cast_int(v: i64, dtype: DType) -> Scalar {
         DType::I64 => Scalar::I64(v),
         DType::U8 => Scalar::U8(v as u8),
         DType::Bool => Scalar::Bool(v != 0),
+        DType::BF16 | DType::F16 => cast_f64(v as f64, dtype),
     }
 }
 
@@ -374,6 +429,8 @@ impl fmt::Display for Scalar {
             Scalar::F64(v) => write!(f, "{v:?}"),
             Scalar::U8(v) => write!(f, "{v}"),
             Scalar::Bool(v) => write!(f, "{v}"),
+            Scalar::BF16(v) => write!(f, "{:?}", v.to_f32()),
+            Scalar::F16(v) => write!(f, "{:?}", v.to_f32()),
         }
     }
 }
@@ -411,6 +468,18 @@ impl From<bool> for Scalar {
     }
 }
 
+impl From<bf16> for Scalar {
+    fn from(v: bf16) -> Scalar {
+        Scalar::BF16(v)
+    }
+}
+
+impl From<f16> for Scalar {
+    fn from(v: f16) -> Scalar {
+        Scalar::F16(v)
+    }
+}
+
 /// A dense, row-major array of elements on the host: what graph inputs are fed
 /// with and what the interpreter returns.
 #[derive(Clone, Debug, PartialEq)]
@@ -427,6 +496,10 @@ pub enum Data {
     U8(Vec<u8>),
     /// bool elements.
     Bool(Vec<bool>),
+    /// bfloat16 elements.
+    BF16(Vec<bf16>),
+    /// binary16 elements.
+    F16(Vec<f16>),
 }
 
 impl Data {
@@ -439,6 +512,8 @@ impl Data {
             Data::F64(_) => DType::F64,
             Data::U8(_) => DType::U8,
             Data::Bool(_) => DType::Bool,
+            Data::BF16(_) => DType::BF16,
+            Data::F16(_) => DType::F16,
         }
     }
 
@@ -451,6 +526,8 @@ impl Data {
             Data::F64(v) => v.len(),
             Data::U8(v) => v.len(),
             Data::Bool(v) => v.len(),
+            Data::BF16(v) => v.len(),
+            Data::F16(v) => v.len(),
         }
     }
 
@@ -463,6 +540,8 @@ impl Data {
             Data::F64(v) => v.capacity(),
             Data::U8(v) => v.capacity(),
             Data::Bool(v) => v.capacity(),
+            Data::BF16(v) => v.capacity(),
+            Data::F16(v) => v.capacity(),
         };
         elements * self.dtype().size()
     }
@@ -481,6 +560,8 @@ impl Data {
             Data::F64(v) => Scalar::F64(v[i]),
             Data::U8(v) => Scalar::U8(v[i]),
             Data::Bool(v) => Scalar::Bool(v[i]),
+            Data::BF16(v) => Scalar::BF16(v[i]),
+            Data::F16(v) => Scalar::F16(v[i]),
         }
     }
 
@@ -494,6 +575,8 @@ impl Data {
             DType::F64 => Data::F64(try_vec(n, 0.0)?),
             DType::U8 => Data::U8(try_vec(n, 0)?),
             DType::Bool => Data::Bool(try_vec(n, false)?),
+            DType::BF16 => Data::BF16(try_vec(n, bf16::ZERO)?),
+            DType::F16 => Data::F16(try_vec(n, f16::ZERO)?),
         })
     }
 
@@ -511,6 +594,8 @@ impl Data {
             Data::F64(v) => Data::F64(copy(v)?),
             Data::U8(v) => Data::U8(copy(v)?),
             Data::Bool(v) => Data::Bool(copy(v)?),
+            Data::BF16(v) => Data::BF16(copy(v)?),
+            Data::F16(v) => Data::F16(copy(v)?),
         })
     }
 
@@ -537,6 +622,8 @@ impl Data {
             DType::F64 => Data::F64(build(n, f)?),
             DType::U8 => Data::U8(build(n, f)?),
             DType::Bool => Data::Bool(build(n, f)?),
+            DType::BF16 => Data::BF16(build(n, f)?),
+            DType::F16 => Data::F16(build(n, f)?),
         })
     }
 }
@@ -596,6 +683,10 @@ pub enum DataRef<'a> {
     U8(&'a [u8]),
     /// bool elements.
     Bool(&'a [bool]),
+    /// bfloat16 elements.
+    BF16(&'a [bf16]),
+    /// binary16 elements.
+    F16(&'a [f16]),
 }
 
 impl DataRef<'_> {
@@ -608,6 +699,8 @@ impl DataRef<'_> {
             DataRef::F64(_) => DType::F64,
             DataRef::U8(_) => DType::U8,
             DataRef::Bool(_) => DType::Bool,
+            DataRef::BF16(_) => DType::BF16,
+            DataRef::F16(_) => DType::F16,
         }
     }
 
@@ -620,6 +713,8 @@ impl DataRef<'_> {
             DataRef::F64(v) => v.len(),
             DataRef::U8(v) => v.len(),
             DataRef::Bool(v) => v.len(),
+            DataRef::BF16(v) => v.len(),
+            DataRef::F16(v) => v.len(),
         }
     }
 
@@ -637,6 +732,8 @@ impl DataRef<'_> {
             DataRef::F64(v) => Data::F64(v.to_vec()),
             DataRef::U8(v) => Data::U8(v.to_vec()),
             DataRef::Bool(v) => Data::Bool(v.to_vec()),
+            DataRef::BF16(v) => Data::BF16(v.to_vec()),
+            DataRef::F16(v) => Data::F16(v.to_vec()),
         }
     }
 }
@@ -650,6 +747,8 @@ impl<'a> From<&'a Data> for DataRef<'a> {
             Data::F64(v) => DataRef::F64(v),
             Data::U8(v) => DataRef::U8(v),
             Data::Bool(v) => DataRef::Bool(v),
+            Data::BF16(v) => DataRef::BF16(v),
+            Data::F16(v) => DataRef::F16(v),
         }
     }
 }
@@ -695,3 +794,5 @@ element!(i64, I64);
 element!(f64, F64);
 element!(u8, U8);
 element!(bool, Bool);
+element!(bf16, BF16);
+element!(f16, F16);

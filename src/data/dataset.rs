@@ -47,6 +47,8 @@ pub trait Dataset: Send + Sync {
                     Data::I32(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
                     Data::I64(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
                     Data::F64(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
+                    Data::BF16(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
+                    Data::F16(v) => self.read(index, f, bytemuck::cast_slice_mut(v))?,
                     Data::U8(v) => self.read(index, f, v)?,
                     Data::Bool(v) => {
                         let mut bytes = vec![0u8; n];
@@ -89,6 +91,8 @@ impl Mapped {
             DType::I32 => bytemuck::try_cast_slice::<u8, i32>(bytes).is_ok(),
             DType::I64 => bytemuck::try_cast_slice::<u8, i64>(bytes).is_ok(),
             DType::F64 => bytemuck::try_cast_slice::<u8, f64>(bytes).is_ok(),
+            DType::BF16 => bytemuck::try_cast_slice::<u8, kiln_ir::bf16>(bytes).is_ok(),
+            DType::F16 => bytemuck::try_cast_slice::<u8, kiln_ir::f16>(bytes).is_ok(),
             DType::U8 => true,
             DType::Bool => false,
         };
@@ -109,6 +113,8 @@ impl Mapped {
             DType::I32 => DataRef::I32(bytemuck::cast_slice(bytes)),
             DType::I64 => DataRef::I64(bytemuck::cast_slice(bytes)),
             DType::F64 => DataRef::F64(bytemuck::cast_slice(bytes)),
+            DType::BF16 => DataRef::BF16(bytemuck::cast_slice(bytes)),
+            DType::F16 => DataRef::F16(bytemuck::cast_slice(bytes)),
             DType::U8 | DType::Bool => DataRef::U8(bytes),
         }
     }

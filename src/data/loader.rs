@@ -507,6 +507,16 @@ fn read_items(
                     f,
                     bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
                 ),
+                Field::Owned(Data::BF16(v)) => dataset.read(
+                    item,
+                    f,
+                    bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
+                ),
+                Field::Owned(Data::F16(v)) => dataset.read(
+                    item,
+                    f,
+                    bytemuck::cast_slice_mut(&mut v[slot * n..(slot + 1) * n]),
+                ),
                 Field::Owned(Data::U8(v)) => {
                     dataset.read(item, f, &mut v[slot * n..(slot + 1) * n])
                 }
@@ -578,5 +588,7 @@ fn truncate(data: &mut Data, n: usize) {
         Data::F64(v) => v.truncate(n),
         Data::U8(v) => v.truncate(n),
         Data::Bool(v) => v.truncate(n),
+        Data::BF16(v) => v.truncate(n),
+        Data::F16(v) => v.truncate(n),
     }
 }

@@ -418,6 +418,8 @@ impl NpyArray {
             // datasets feed what losses take; these arms are never reached.
             Data::I64(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::F64(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
+            Data::BF16(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
+            Data::F16(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::U8(v) => dtype.narrow(bytes, v),
             Data::Bool(v) => {
                 for (o, &b) in v.iter_mut().zip(bytes) {

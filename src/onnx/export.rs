@@ -471,6 +471,8 @@ fn scalar_data(s: Scalar) -> Data {
         Scalar::F64(v) => Data::F64(vec![v]),
         Scalar::U8(v) => Data::U8(vec![v]),
         Scalar::Bool(v) => Data::Bool(vec![v]),
+        Scalar::BF16(v) => Data::BF16(vec![v]),
+        Scalar::F16(v) => Data::F16(vec![v]),
     }
 }
 
@@ -484,6 +486,8 @@ fn tensor(name: &str, dims: &[usize], data: &Data) -> TensorProto {
         Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::U8(v) => v.clone(),
         Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+        Data::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     };
     TensorProto {
         name: name.to_string(),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path};
 
-use kiln_ir::{DType, Data, Shape, TensorType};
+use kiln_ir::{DType, Data, Shape, TensorType, bf16, f16};
 
 use super::OnnxError;
 use super::proto::{GraphProto, TensorProto};
@@ -18,6 +18,8 @@ pub(super) mod code {
     pub const INT64: i64 = 7;
     pub const BOOL: i64 = 9;
     pub const DOUBLE: i64 = 11;
+    pub const FLOAT16: i64 = 10;
+    pub const BFLOAT16: i64 = 16;
 }
 
 /// The name onnx.proto gives a `DataType` number, for errors.
@@ -67,6 +69,8 @@ pub(super) fn kiln_dtype(code: i64) -> Option<DType> {
         code::DOUBLE => Some(DType::F64),
         code::UINT8 => Some(DType::U8),
         code::BOOL => Some(DType::Bool),
+        code::FLOAT16 => Some(DType::F16),
+        code::BFLOAT16 => Some(DType::BF16),
         _ => None,
     }
 }
@@ -80,6 +84,8 @@ pub(super) fn onnx_code(dtype: DType) -> i64 {
         DType::F64 => code::DOUBLE,
         DType::U8 => code::UINT8,
         DType::Bool => code::BOOL,
+        DType::F16 => code::FLOAT16,
+        DType::BF16 => code::BFLOAT16,
     }
 }
 
@@ -129,7 +135,7 @@ impl Array {
             Data::I64(v) => Some(v.clone()),
             Data::I32(v) => Some(v.iter().map(|&x| i64::from(x)).collect()),
             Data::U8(v) => Some(v.iter().map(|&x| i64::from(x)).collect()),
-            Data::F32(_) | Data::F64(_) | Data::Bool(_) => None,
+            Data::F32(_) | Data::F64(_) | Data::BF16(_) | Data::F16(_) | Data::Bool(_) => None,
         }
     }
 
@@ -267,6 +273,7 @@ pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
             let size = match ty {
                 code::FLOAT | code::INT32 => 4,
                 code::INT64 | code::DOUBLE => 8,
+                code::FLOAT16 | code::BFLOAT16 => 2,
                 code::UINT8 | code::BOOL => 1,
                 _ => 0,
             };
@@ -300,6 +307,16 @@ pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
                 ),
                 code::UINT8 => Data::U8(raw.clone()),
                 code::BOOL => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
+                code::FLOAT16 => Data::F16(
+                    raw.chunks_exact(2)
+                        .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                ),
+                code::BFLOAT16 => Data::BF16(
+                    raw.chunks_exact(2)
+                        .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                ),
                 _ => return Err(unsupported(format!("its type is {}", dtype_name(ty)))),
             }
         }
@@ -309,6 +326,19 @@ pub(super) fn array(t: &TensorProto, file: &str) -> Result<Array, OnnxError> {
             code::INT32 => Data::I32(t.int32_data.iter().map(|&v| v as i32).collect()),
             code::UINT8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
             code::BOOL => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+            // and FLOAT16 and BFLOAT16 as their bits.
+            code::FLOAT16 => Data::F16(
+                t.int32_data
+                    .iter()
+                    .map(|&v| f16::from_bits(v as u16))
+                    .collect(),
+            ),
+            code::BFLOAT16 => Data::BF16(
+                t.int32_data
+                    .iter()
+                    .map(|&v| bf16::from_bits(v as u16))
+                    .collect(),
+            ),
             code::INT64 => Data::I64(t.int64_data.clone()),
             code::DOUBLE => Data::F64(t.double_data.clone()),
             _ => return Err(unsupported(format!("its type is {}", dtype_name(ty)))),

@@ -20,5 +20,7 @@ pub fn data(t: &Tensor) -> Result<Data> {
         DType::I64 => Data::I64(t.to_vec()?),
         DType::U8 => Data::U8(t.to_vec()?),
         DType::Bool => Data::Bool(t.to_vec()?),
+        DType::BF16 => Data::BF16(t.to_vec()?),
+        DType::F16 => Data::F16(t.to_vec()?),
     })
 }

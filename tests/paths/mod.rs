@@ -82,6 +82,16 @@ pub fn values(t: &Tensor) -> Result<Vec<f64>> {
         DType::I32 => t.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
         DType::U8 => t.to_vec::<u8>()?.into_iter().map(f64::from).collect(),
         DType::Bool => t.to_vec::<bool>()?.into_iter().map(f64::from).collect(),
+        DType::BF16 => t
+            .to_vec::<kiln::bf16>()?
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::F16 => t
+            .to_vec::<kiln::f16>()?
+            .into_iter()
+            .map(f64::from)
+            .collect(),
     })
 }
 

@@ -2,14 +2,14 @@
 //! kernels, with the verifier after every stage.
 //!
 //! ```text
-//! simplify -> cse -> split-reduce -> fold-views -> fuse -> dce
+//! simplify -> widen -> cse -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
 //! then the schedule, and for a compiled step `donate`, which writes
 //! outputs over the inputs they replace where that is safe.
 //!
-//! The pipeline takes graph ops only (checked on entry): `simplify`, `cse`
-//! and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
+//! The pipeline takes graph ops only (checked on entry): `simplify`,
+//! `widen`, `cse` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
 //! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
 //!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
@@ -32,12 +32,14 @@ mod fold_views;
 mod fuse;
 mod simplify;
 mod split_reduce;
+mod widen;
 
 pub use donate::donate;
 
 /// The stages in pipeline order, as `KILN_DUMP` names them.
-pub const STAGES: [&str; 8] = [
+pub const STAGES: [&str; 9] = [
     "simplify",
+    "widen",
     "cse",
     "split-reduce",
     "fold-views",
@@ -101,6 +103,7 @@ pub fn optimize(
         Ok(graph)
     };
     let graph = stage("simplify", simplify::run(graph))?;
+    let graph = stage("widen", widen::run(&graph))?;
     let graph = stage("cse", (cse::run(&graph), Vec::new()))?;
     let graph = stage("split-reduce", split_reduce::run(&graph, options.parallel))?;
     let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;

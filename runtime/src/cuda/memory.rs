@@ -419,6 +419,8 @@ pub(super) fn host_bytes(data: DataRef<'_>) -> Cow<'_, [u8]> {
         DataRef::F64(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         DataRef::U8(v) => Cow::Borrowed(v),
         DataRef::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
+        DataRef::BF16(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        DataRef::F16(v) => Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
     }
 }
 
@@ -451,6 +453,16 @@ pub(super) fn fill(data: &mut Data, bytes: &[u8]) {
         Data::Bool(v) => {
             for (x, &b) in v.iter_mut().zip(bytes) {
                 *x = b != 0;
+            }
+        }
+        Data::BF16(v) => {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(2)) {
+                *x = kiln_ir::bf16::from_le_bytes([c[0], c[1]]);
+            }
+        }
+        Data::F16(v) => {
+            for (x, c) in v.iter_mut().zip(bytes.chunks_exact(2)) {
+                *x = kiln_ir::f16::from_le_bytes([c[0], c[1]]);
             }
         }
     }

@@ -284,6 +284,9 @@ fn integral(dtype: DType) -> Option<(DType, f64)> {
     match dtype {
         DType::F32 => Some((DType::I32, 8_388_608.0)),
         DType::F64 => Some((DType::I64, 4_503_599_627_370_496.0)),
+        // 2^7 and 2^10: significands of 8 and 11 bits.
+        DType::BF16 => Some((DType::I32, 128.0)),
+        DType::F16 => Some((DType::I32, 1024.0)),
         DType::I32 | DType::I64 | DType::U8 | DType::Bool => None,
     }
 }

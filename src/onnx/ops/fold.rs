@@ -161,6 +161,16 @@ fn like_first(node: &Node, h: Host) -> Array {
         // Floats are never folded (see `fold`), so never moved here.
         DType::F32 => Data::F32(h.v.iter().map(|&v| v as f32).collect()),
         DType::F64 => Data::F64(h.v.iter().map(|&v| v as f64).collect()),
+        DType::BF16 => Data::BF16(
+            h.v.iter()
+                .map(|&v| kiln_ir::bf16::from_f64(v as f64))
+                .collect(),
+        ),
+        DType::F16 => Data::F16(
+            h.v.iter()
+                .map(|&v| kiln_ir::f16::from_f64(v as f64))
+                .collect(),
+        ),
     };
     Array { dims: h.dims, data }
 }

@@ -65,7 +65,9 @@ fn axes(node: &Node, list: &[i64], rank: usize) -> Result<Vec<usize>> {
 /// to the narrower integers through i32).
 fn scalar(value: f64, dtype: DType) -> Tensor {
     let s = match dtype {
-        DType::F32 | DType::F64 | DType::I64 => Scalar::F64(value).cast(dtype),
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 | DType::I64 => {
+            Scalar::F64(value).cast(dtype)
+        }
         DType::I32 | DType::U8 | DType::Bool => Scalar::I32(value as i32).cast(dtype),
     };
     Tensor::scalar(s)

@@ -118,7 +118,7 @@ fn max(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
 /// (NaN stays NaN), -1 - x (bitwise not) for i32 and i64, 255 - x for u8.
 fn min(x: &Tensor, axes: &[isize], keep: bool) -> Result<Tensor> {
     match x.dtype() {
-        DType::F32 | DType::F64 => x.neg()?.max(axes, keep)?.neg(),
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => x.neg()?.max(axes, keep)?.neg(),
         DType::I32 => {
             let flip = |t: &Tensor| Tensor::scalar(-1i32).sub(t);
             flip(&flip(x)?.max(axes, keep)?)

@@ -237,6 +237,8 @@ impl Buffer {
             DataRef::F64(v) => (v.as_ptr() as *mut u8, v.len() * 8),
             DataRef::U8(v) => (v.as_ptr() as *mut u8, v.len()),
             DataRef::Bool(v) => (v.as_ptr() as *mut u8, v.len()),
+            DataRef::BF16(v) => (v.as_ptr() as *mut u8, v.len() * 2),
+            DataRef::F16(v) => (v.as_ptr() as *mut u8, v.len() * 2),
         };
         Buffer { ptr, bytes }
     }
@@ -251,6 +253,8 @@ impl Buffer {
             Data::U8(v) => (v.as_mut_ptr(), v.len()),
             // `bool` is one byte holding 0 or 1, which is all generated code stores.
             Data::Bool(v) => (v.as_mut_ptr() as *mut u8, v.len()),
+            Data::BF16(v) => (v.as_mut_ptr() as *mut u8, v.len() * 2),
+            Data::F16(v) => (v.as_mut_ptr() as *mut u8, v.len() * 2),
         };
         Buffer { ptr, bytes }
     }

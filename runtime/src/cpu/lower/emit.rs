@@ -299,7 +299,12 @@ impl<'a> Emitter<'a> {
                 _ => self.b.ins().load(types::F32X4, flags, addr, 0),
             };
         }
-        let x = self.b.ins().load(clif_type(dtype), flags, addr, 0);
+        let x = if dtype.is_half() {
+            let bits = self.b.ins().uload16(types::I32, flags, addr, 0);
+            self.widen_half(dtype, bits)
+        } else {
+            self.b.ins().load(clif_type(dtype), flags, addr, 0)
+        };
         let x = match (valid, access.fill) {
             (Some(ok), Some(fill)) => {
                 let f = self.scalar_const(fill);
@@ -333,10 +338,15 @@ impl<'a> Emitter<'a> {
 
     /// `x` stored at element `offset` of output buffer `buffer`.
     fn store_at(&mut self, buffer: usize, offset: Value, x: Value) {
-        let addr = self.address(buffer, offset, self.out_dtype);
-        self.b
-            .ins()
-            .store(MemFlagsData::new().with_notrap(), x, addr, 0);
+        let dtype = self.out_dtype;
+        let addr = self.address(buffer, offset, dtype);
+        let flags = MemFlagsData::new().with_notrap();
+        if dtype.is_half() {
+            let bits = self.narrow_half(dtype, x);
+            self.b.ins().istore16(flags, bits, addr, 0);
+        } else {
+            self.b.ins().store(flags, x, addr, 0);
+        }
     }
 
     /// The address of row `row + self.ahead` of `access`, that row clamped
@@ -382,6 +392,8 @@ impl<'a> Emitter<'a> {
             Scalar::I64(v) => self.b.ins().iconst(types::I64, v),
             Scalar::U8(v) => self.b.ins().iconst(types::I8, i64::from(v)),
             Scalar::Bool(v) => self.b.ins().iconst(types::I8, i64::from(v)),
+            Scalar::BF16(v) => self.b.ins().f32const(v.to_f32()),
+            Scalar::F16(v) => self.b.ins().f32const(v.to_f32()),
         }
     }
 

@@ -37,6 +37,7 @@
 mod elementwise;
 mod emit;
 mod exp_sum;
+mod half;
 mod ops;
 mod reduce;
 mod row_call;
@@ -454,7 +455,8 @@ fn recomputed(prologue: &Block, body: &Block) -> Option<usize> {
 
 fn clif_type(dtype: DType) -> Type {
     match dtype {
-        DType::F32 => types::F32,
+        // 16-bit floats are held as the f32 of their value (`half`).
+        DType::F32 | DType::BF16 | DType::F16 => types::F32,
         DType::F64 => types::F64,
         DType::I32 => types::I32,
         DType::I64 => types::I64,
@@ -536,7 +538,7 @@ fn vectorizable_hoisted(
 /// comparison makes it) in i32x4. The 64-bit types do not: two lanes would
 /// not pay for the conversions around them.
 fn has_lanes(dtype: DType) -> bool {
-    !matches!(dtype, DType::F64 | DType::I64)
+    !matches!(dtype, DType::F64 | DType::I64 | DType::BF16 | DType::F16)
 }
 
 /// Whether `v` of `block` has a lane form: f32 arithmetic but `pow`, i32
@@ -556,7 +558,7 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
                 DType::U8 | DType::Bool => {
                     op.is_comparison() || matches!(op, BinaryOp::Max | BinaryOp::Min)
                 }
-                DType::F64 | DType::I64 => false,
+                DType::F64 | DType::I64 | DType::BF16 | DType::F16 => false,
             },
             Expr::Cast(x) => has_lanes(dtype_of(*x)),
             // Only with its index hoisted (`vectorizable_hoisted`).

@@ -65,7 +65,9 @@ impl<'a> Emitter<'a> {
 
     fn unary(&mut self, op: UnaryOp, dtype: DType, x: Value, lanes: bool) -> Value {
         match dtype {
-            DType::F32 => {}
+            // `pass::widen` leaves no arithmetic on 16-bit floats; held as
+            // f32, they would compute as f32.
+            DType::F32 | DType::BF16 | DType::F16 => {}
             DType::F64 => return self.unary_f64(op, x),
             // Typing admits neg, abs and relu on i32 and i64 only.
             DType::I32 | DType::I64 | DType::U8 | DType::Bool => {
@@ -130,7 +132,8 @@ impl<'a> Emitter<'a> {
         match dtype {
             // Scalar f64 `fmax`/`fmin` (what `maximum` emits for a scalar)
             // propagate NaN and order -0 below +0, as the interpreter.
-            DType::F32 | DType::F64 => match op {
+            // 16-bit floats are held as f32 (see `unary`).
+            DType::F32 | DType::F64 | DType::BF16 | DType::F16 => match op {
                 BinaryOp::Add => ins.fadd(x, y),
                 BinaryOp::Sub => ins.fsub(x, y),
                 BinaryOp::Mul => ins.fmul(x, y),
@@ -179,6 +182,19 @@ impl<'a> Emitter<'a> {
     /// to 0), int to narrower wraps, anything to bool is `!= 0`.
     fn cast(&mut self, x: Value, from: DType, to: DType) -> Value {
         let ty = clif_type(to);
+        match (from, to) {
+            (a, b) if a == b => return x,
+            // A 16-bit value is its f32: exactly that, then on from f32.
+            (DType::BF16 | DType::F16, _) => return self.cast(x, DType::F32, to),
+            (DType::F32, DType::BF16 | DType::F16) => return self.round_half(to, x),
+            (DType::F64, DType::BF16 | DType::F16) => return self.round_f64_half(to, x),
+            // Integers through f64, which holds them exactly up to 2^53.
+            (_, DType::BF16 | DType::F16) => {
+                let wide = self.cast(x, from, DType::F64);
+                return self.round_f64_half(to, wide);
+            }
+            _ => {}
+        }
         let ins = self.b.ins();
         match (from, to) {
             (a, b) if a == b => x,

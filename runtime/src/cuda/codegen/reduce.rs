@@ -180,6 +180,8 @@ fn across_block(w: &mut Writer, indent: usize, (op, dtype): (ReduceOp, DType), i
         DType::F64 => "double",
         DType::I64 => "long long",
         DType::I32 | DType::U8 | DType::Bool => "int",
+        // `pass::widen` reduces 16-bit floats in f32.
+        DType::BF16 | DType::F16 => "float",
     };
     // The shuffle into a variable first: every lane of the warp must
     // reach it, and an integer max names its operand twice, the second

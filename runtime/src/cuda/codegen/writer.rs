@@ -23,6 +23,8 @@ pub(super) fn ctype(dtype: DType) -> &'static str {
         DType::I64 => "long long",
         DType::U8 => "unsigned char",
         DType::Bool => "bool",
+        DType::BF16 => "__nv_bfloat16",
+        DType::F16 => "__half",
     }
 }
 
@@ -39,6 +41,8 @@ pub(super) fn literal(c: Scalar) -> String {
         Scalar::I64(v) => format!("{v}LL"),
         Scalar::U8(v) => format!("(unsigned char){v}"),
         Scalar::Bool(v) => v.to_string(),
+        Scalar::BF16(v) => format!("__ushort_as_bfloat16(0x{:04x})", v.to_bits()),
+        Scalar::F16(v) => format!("__ushort_as_half(0x{:04x})", v.to_bits()),
     }
 }
 
