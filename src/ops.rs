@@ -313,14 +313,14 @@ impl Tensor {
         self.reduce(ReduceOp::Prod, axes, keepdim)
     }
 
-    /// Mean over `axes` (f32 or f64): the sum times 1/n. NaN over an empty
+    /// Mean over `axes` (of floats): the sum times 1/n. NaN over an empty
     /// axis, as in NumPy.
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         if !self.dtype().is_float() {
             return Err(kiln_ir::Error::DType {
                 op: "mean",
                 dtype: self.dtype(),
-                expected: "f32 or f64",
+                expected: "a float type",
             }
             .into());
         }

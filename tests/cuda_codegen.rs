@@ -190,6 +190,22 @@ fn cuda(name: &str) -> Result<(String, Vec<String>)> {
 }
 
 #[test]
+fn sixteen_bit_floats_are_refused_with_an_error() -> Result<()> {
+    for dtype in [DType::BF16, DType::F16] {
+        let x = Tensor::randn([4, 9], 1)?.cast(dtype)?;
+        let y = (&x + &x)?.relu()?;
+        let optimized = kiln::optimize("half", &[&y], Options::default())?;
+        let kernels = kernels(&optimized.graph, &optimized);
+        assert!(!kernels.is_empty());
+        for kernel in kernels {
+            let err = codegen::kernel(&kernel).expect_err("a 16-bit kernel on the GPU");
+            assert!(err.to_string().contains("bf16 or f16"), "{err}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn relu_add_moves_float4_vectors() -> Result<()> {
     insta::assert_snapshot!(cuda("relu_add")?.0);
     Ok(())
@@ -419,7 +435,9 @@ mod nvrtc {
     /// i32 and u8, and of casts between every pair of dtypes.
     fn wide_graphs() -> kiln::Result<Vec<kiln_ir::Graph>> {
         use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
-        let dtypes = DType::ALL;
+        // 16-bit floats are refused on the GPU so far
+        // (`sixteen_bit_floats_are_refused_with_an_error`).
+        let dtypes: Vec<DType> = DType::ALL.into_iter().filter(|d| !d.is_half()).collect();
         let mut graphs = Vec::new();
         for wide in [DType::I64, DType::F64] {
             let mut g = Graph::new("wide");
@@ -490,10 +508,10 @@ mod nvrtc {
             }
             graphs.push(g);
         }
-        for from in dtypes {
+        for &from in &dtypes {
             let mut g = Graph::new("casts");
             let x = g.input(TensorType::new(from, [3, 5]));
-            for to in dtypes {
+            for &to in &dtypes {
                 let c = g.push(Op::Cast(to), &[x])?;
                 g.outputs.push(c);
             }

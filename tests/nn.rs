@@ -228,6 +228,12 @@ fn bits(t: &Tensor) -> Result<Vec<u64>> {
         DType::I64 => t.to_vec::<i64>()?.iter().map(|&x| x as u64).collect(),
         DType::U8 => t.to_vec::<u8>()?.iter().map(|&x| u64::from(x)).collect(),
         DType::Bool => t.to_vec::<bool>()?.iter().map(|&x| u64::from(x)).collect(),
+        DType::BF16 => (t.to_vec::<kiln::bf16>()?.iter())
+            .map(|x| x.to_bits().into())
+            .collect(),
+        DType::F16 => (t.to_vec::<kiln::f16>()?.iter())
+            .map(|x| x.to_bits().into())
+            .collect(),
     })
 }
 
