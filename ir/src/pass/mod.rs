@@ -103,7 +103,12 @@ pub fn optimize(
         Ok(graph)
     };
     let graph = stage("simplify", simplify::run(graph))?;
-    let graph = stage("widen", widen::run(&graph))?;
+    // Only graphs with 16-bit floats have anything to widen, or to show.
+    let graph = if graph.nodes.iter().any(|n| n.ty.dtype.is_half()) {
+        stage("widen", widen::run(&graph))?
+    } else {
+        graph
+    };
     let graph = stage("cse", (cse::run(&graph), Vec::new()))?;
     let graph = stage("split-reduce", split_reduce::run(&graph, options.parallel))?;
     let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;
