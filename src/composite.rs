@@ -16,6 +16,17 @@ impl Tensor {
         }
     }
 
+    /// `f` of this tensor, computed in f32 where it holds 16-bit floats and
+    /// rounded back once: what PyTorch does for the softmax, norms and
+    /// means of half tensors, whose steps rounded each to 16 bits would
+    /// each add a rounding error.
+    pub(crate) fn in_f32(&self, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        if !self.dtype().is_half() {
+            return f(self);
+        }
+        f(&self.cast(DType::F32)?)?.cast(self.dtype())
+    }
+
     /// Softmax along `axis`: `exp(x - max) * (1 / sum(exp(x - max)))`, stable
     /// for large inputs. One reciprocal per row and a multiply per element,
     /// as PyTorch computes it: a division per element costs several
@@ -23,16 +34,20 @@ impl Tensor {
     /// as in JAX: the result does not depend on it, so neither does the
     /// gradient (see `kiln_ir::grad`).
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        let shifted = self.sub(&self.max(&[axis], true)?.detach()?)?;
-        let e = shifted.exp()?;
-        e.mul(&e.sum(&[axis], true)?.recip()?)
+        self.in_f32(|x| {
+            let shifted = x.sub(&x.max(&[axis], true)?.detach()?)?;
+            let e = shifted.exp()?;
+            e.mul(&e.sum(&[axis], true)?.recip()?)
+        })
     }
 
     /// Log of the softmax along `axis`: `x - max - log(sum(exp(x - max)))`,
     /// the max detached as in `softmax`.
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
-        let shifted = self.sub(&self.max(&[axis], true)?.detach()?)?;
-        shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?)
+        self.in_f32(|x| {
+            let shifted = x.sub(&x.max(&[axis], true)?.detach()?)?;
+            shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?)
+        })
     }
 
     /// Layer normalization over the last axis: `(x - mean) / sqrt(var + eps)`
@@ -49,25 +64,30 @@ impl Tensor {
                 .into());
             }
         }
-        let centered = self.sub(&self.mean(&[-1], true)?)?;
-        let var = centered.square()?.mean(&[-1], true)?;
-        let eps = Tensor::scalar(Scalar::F32(eps).cast(self.dtype()));
-        let inv_std = var.add(&eps)?.sqrt()?.recip()?;
-        centered.mul(&inv_std)?.mul(weight)?.add(bias)
+        self.in_f32(|x| {
+            let centered = x.sub(&x.mean(&[-1], true)?)?;
+            let var = centered.square()?.mean(&[-1], true)?;
+            let eps = Tensor::scalar(Scalar::F32(eps).cast(x.dtype()));
+            let inv_std = var.add(&eps)?.sqrt()?.recip()?;
+            let (weight, bias) = (weight.cast(x.dtype())?, bias.cast(x.dtype())?);
+            centered.mul(&inv_std)?.mul(&weight)?.add(&bias)
+        })
     }
 
     /// GELU with the tanh approximation,
     /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, as `jax.nn.gelu` by default.
     pub fn gelu(&self) -> Result<Tensor> {
-        let cube = self.square()?.mul(self)?;
-        let inner = self.add(&cube.mul(&self.constant(0.044715, 0.044715))?)?;
-        let scale = self.constant(
-            (2.0 / std::f32::consts::PI).sqrt(),
-            (2.0 / std::f64::consts::PI).sqrt(),
-        );
-        let t = inner.mul(&scale)?.tanh()?;
-        self.mul(&self.constant(0.5, 0.5))?
-            .mul(&t.add(&self.constant(1.0, 1.0))?)
+        self.in_f32(|x| {
+            let cube = x.square()?.mul(x)?;
+            let inner = x.add(&cube.mul(&x.constant(0.044715, 0.044715))?)?;
+            let scale = x.constant(
+                (2.0 / std::f32::consts::PI).sqrt(),
+                (2.0 / std::f64::consts::PI).sqrt(),
+            );
+            let t = inner.mul(&scale)?.tanh()?;
+            x.mul(&x.constant(0.5, 0.5))?
+                .mul(&t.add(&x.constant(1.0, 1.0))?)
+        })
     }
 
     /// Mean squared error against `target`, of the same shape, as a rank-0

@@ -324,16 +324,18 @@ impl Tensor {
             }
             .into());
         }
-        // `sum` checks the axes, so indexing by them below is in bounds.
-        let sum = self.sum(axes, keepdim)?;
-        let count: usize = axes
-            .iter()
-            .map(|&a| Ok(self.dims()[normalize_axis("mean", a, self.rank())?]))
-            .product::<Result<usize>>()?;
-        match self.dtype() {
-            DType::F64 => sum.mul(&Tensor::scalar(Scalar::F64(1.0 / count as f64))),
-            _ => sum.mul(&Tensor::scalar(1.0 / count as f32)),
-        }
+        self.in_f32(|x| {
+            // `sum` checks the axes, so indexing by them below is in bounds.
+            let sum = x.sum(axes, keepdim)?;
+            let count: usize = axes
+                .iter()
+                .map(|&a| Ok(x.dims()[normalize_axis("mean", a, x.rank())?]))
+                .product::<Result<usize>>()?;
+            match x.dtype() {
+                DType::F64 => sum.mul(&Tensor::scalar(Scalar::F64(1.0 / count as f64))),
+                _ => sum.mul(&Tensor::scalar(1.0 / count as f32)),
+            }
+        })
     }
 
     /// Sum of every element, as a rank-0 tensor.

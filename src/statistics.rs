@@ -29,11 +29,13 @@ impl Tensor {
     /// estimate, PyTorch's default; 0: the population's). NaN or infinite
     /// where `n <= correction`, as in PyTorch. f32 or f64.
     pub fn var(&self, axes: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
-        let mean = self.mean(axes, true)?;
-        let n = self.numel() / mean.numel().max(1);
-        let squares = self.sub(&mean)?.square()?.mean(axes, keepdim)?;
-        let scale = n as f64 / (n as f64 - correction as f64);
-        squares.mul(&Tensor::scalar(Scalar::F64(scale).cast(self.dtype())))
+        self.in_f32(|x| {
+            let mean = x.mean(axes, true)?;
+            let n = x.numel() / mean.numel().max(1);
+            let squares = x.sub(&mean)?.square()?.mean(axes, keepdim)?;
+            let scale = n as f64 / (n as f64 - correction as f64);
+            squares.mul(&Tensor::scalar(Scalar::F64(scale).cast(x.dtype())))
+        })
     }
 
     /// Standard deviation over `axes`: the root of `var`.
@@ -46,13 +48,15 @@ impl Tensor {
     /// rows of -inf give -inf and a row holding +inf gives +inf, as
     /// PyTorch's. f32 or f64.
     pub fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
-        let zero = Tensor::scalar(Scalar::F32(0.0).cast(self.dtype()));
-        let inf = Tensor::scalar(Scalar::F32(f32::INFINITY).cast(self.dtype()));
-        let max = self.max(axes, true)?.detach()?;
-        let shift = max.abs()?.eq(&inf)?.where_cond(&zero, &max)?;
-        let sum = self.sub(&shift)?.exp()?.sum(axes, keepdim)?;
-        // The shift has the reduced axes as size 1; the sum, as asked.
-        sum.log()?.add(&shift.reshape(sum.shape().clone())?)
+        self.in_f32(|x| {
+            let zero = Tensor::scalar(Scalar::F32(0.0).cast(x.dtype()));
+            let inf = Tensor::scalar(Scalar::F32(f32::INFINITY).cast(x.dtype()));
+            let max = x.max(axes, true)?.detach()?;
+            let shift = max.abs()?.eq(&inf)?.where_cond(&zero, &max)?;
+            let sum = x.sub(&shift)?.exp()?.sum(axes, keepdim)?;
+            // The shift has the reduced axes as size 1; the sum, as asked.
+            sum.log()?.add(&shift.reshape(sum.shape().clone())?)
+        })
     }
 
     /// Running sums along `axis` (negative counts from the end): element `i`

@@ -327,7 +327,7 @@ fn safetensors_tensors_are_datasets_too() -> Result<(), DataError> {
         ),
         (
             "h",
-            TensorView::new(Dtype::F16, vec![5], &halves).expect("a valid view"),
+            TensorView::new(Dtype::BF16, vec![5], &halves).expect("a valid view"),
         ),
     ];
     safetensors::serialize_to_file(views, None, &path).expect("written");
@@ -353,7 +353,7 @@ fn safetensors_tensors_are_datasets_too() -> Result<(), DataError> {
     assert_eq!(
         err(ArrayDataset::safetensors(&path, "h")),
         Some(format!(
-            "{shown}: at byte 0: tensor 'h' has unsupported dtype F16"
+            "{shown}: at byte 0: tensor 'h' has unsupported dtype BF16"
         ))
     );
     assert!(

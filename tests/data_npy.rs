@@ -27,7 +27,7 @@ fn valid(path: &Path) -> Vec<u8> {
 #[test]
 fn every_dtype_round_trips() -> Result<()> {
     let d = dir("roundtrip");
-    let cases: [(NpyDType, Vec<u8>, DType); 6] = [
+    let cases: [(NpyDType, Vec<u8>, DType); 7] = [
         (
             NpyDType::F32,
             [1.5f32, -2.0, 0.25, 8.0]
@@ -60,6 +60,14 @@ fn every_dtype_round_trips() -> Result<()> {
                 .collect(),
             DType::I32,
         ),
+        (
+            NpyDType::F16,
+            [1.5f32, -2.0, 0.25, 8.0]
+                .iter()
+                .flat_map(|&v| kiln::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::F16,
+        ),
         (NpyDType::U8, vec![1, 2, 3, 250], DType::U8),
         (NpyDType::Bool, vec![1, 0, 0, 1], DType::Bool),
     ];
@@ -82,9 +90,13 @@ fn every_dtype_round_trips() -> Result<()> {
             DType::I32 => assert_eq!(rows.to_vec::<i32>()?, [3, 4]),
             DType::U8 => assert_eq!(rows.to_vec::<u8>()?, [3, 250]),
             DType::Bool => assert_eq!(rows.to_vec::<bool>()?, [false, true]),
+            DType::F16 => assert_eq!(
+                rows.to_vec::<kiln::f16>()?,
+                [0.25f32, 8.0].map(kiln::f16::from_f32)
+            ),
             // `.npy` files of 64-bit elements are read narrowed to 32 bits,
-            // and none holds 16-bit floats.
-            DType::I64 | DType::F64 | DType::BF16 | DType::F16 => {
+            // and numpy has no bf16.
+            DType::I64 | DType::F64 | DType::BF16 => {
                 panic!("{kiln_dtype} read from {dtype:?}")
             }
         }

@@ -268,6 +268,20 @@ fn every_dtype_and_shape_round_trips_bit_for_bit() -> Result<()> {
             "i64",
             Tensor::from_vec(vec![i64::MIN, -1, 1 << 40, i64::MAX], [2, 2])?,
         ),
+        // Their NaN, infinities, subnormals and signed zeros.
+        (
+            "bf16",
+            Tensor::from_vec(specials.map(kiln::bf16::from_f32).to_vec(), [3, 2])?,
+        ),
+        (
+            "f16",
+            Tensor::from_vec(
+                [f32::NAN, -0.0, f32::INFINITY, 6.0e-8, -65504.0, 3.0]
+                    .map(kiln::f16::from_f32)
+                    .to_vec(),
+                [6],
+            )?,
+        ),
         ("scalar", Tensor::from_vec(vec![2.5f32], [])?),
         ("empty", Tensor::from_vec(Vec::<f32>::new(), [0, 3])?),
         // Lazy: computed by `save`.
@@ -451,12 +465,13 @@ fn corrupt_files_name_the_file_and_the_offset() -> Result<()> {
             "at byte 65: tensor 'm': a bool holds a byte other than 0 or 1".into(),
         ),
         (
-            "f16",
+            "i16",
             file(
-                r#"{"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#,
+                r#"{"h":{"dtype":"I16","shape":[2],"data_offsets":[0,4]}}"#,
                 &[0; 4],
             ),
-            "at byte 62: tensor 'h' is F16; kiln reads f32, f64, i32, i64, u8 and bool".into(),
+            "at byte 62: tensor 'h' is I16; kiln reads f32, f64, bf16, f16, i32, i64, u8 and bool"
+                .into(),
         ),
     ];
     for (what, bytes, expected) in cases {

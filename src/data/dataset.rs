@@ -211,10 +211,11 @@ impl ArrayDataset {
 
 /// How kiln reads elements stored as safetensors' `dtype`: the dtypes it
 /// holds, and f64 and i64 narrowed as in `.npy` files; `None` for the rest.
-pub(crate) fn stored_dtype(dtype: Dtype) -> Option<NpyDType> {
+fn stored_dtype(dtype: Dtype) -> Option<NpyDType> {
     Some(match dtype {
         Dtype::F32 => NpyDType::F32,
         Dtype::F64 => NpyDType::F64,
+        Dtype::F16 => NpyDType::F16,
         Dtype::I32 => NpyDType::I32,
         Dtype::I64 => NpyDType::I64,
         Dtype::U8 => NpyDType::U8,

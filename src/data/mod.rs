@@ -13,7 +13,6 @@ mod loader;
 pub mod npy;
 pub mod record;
 
-pub(crate) use dataset::stored_dtype;
 pub use dataset::{ArrayDataset, Dataset, Mapped, Subset, Zip};
 pub use loader::{Batch, DataLoader, Epoch, Field, LoaderOptions, Metrics, OnError};
 

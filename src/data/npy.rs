@@ -27,6 +27,8 @@ pub enum NpyDType {
     F32,
     /// `<f8`, read as f32
     F64,
+    /// `<f2`
+    F16,
     /// `<i4`
     I32,
     /// `<i8`, read as i32 (wrapping)
@@ -42,6 +44,7 @@ impl NpyDType {
         Some(match descr {
             "<f4" => NpyDType::F32,
             "<f8" => NpyDType::F64,
+            "<f2" => NpyDType::F16,
             "<i4" => NpyDType::I32,
             "<i8" => NpyDType::I64,
             "|u1" | "<u1" | "u1" => NpyDType::U8,
@@ -55,6 +58,7 @@ impl NpyDType {
         match self {
             NpyDType::F32 => "<f4",
             NpyDType::F64 => "<f8",
+            NpyDType::F16 => "<f2",
             NpyDType::I32 => "<i4",
             NpyDType::I64 => "<i8",
             NpyDType::U8 => "|u1",
@@ -67,6 +71,7 @@ impl NpyDType {
         match self {
             NpyDType::F32 | NpyDType::I32 => 4,
             NpyDType::F64 | NpyDType::I64 => 8,
+            NpyDType::F16 => 2,
             NpyDType::U8 | NpyDType::Bool => 1,
         }
     }
@@ -76,7 +81,7 @@ impl NpyDType {
     /// wrapped to i32); `out` holds exactly that many bytes.
     pub(crate) fn narrow(self, stored: &[u8], out: &mut [u8]) {
         match self {
-            NpyDType::F32 | NpyDType::I32 | NpyDType::U8 | NpyDType::Bool => {
+            NpyDType::F32 | NpyDType::F16 | NpyDType::I32 | NpyDType::U8 | NpyDType::Bool => {
                 out.copy_from_slice(stored)
             }
             NpyDType::F64 => {
@@ -98,6 +103,7 @@ impl NpyDType {
     pub fn dtype(self) -> DType {
         match self {
             NpyDType::F32 | NpyDType::F64 => DType::F32,
+            NpyDType::F16 => DType::F16,
             NpyDType::I32 | NpyDType::I64 => DType::I32,
             NpyDType::U8 => DType::U8,
             NpyDType::Bool => DType::Bool,

@@ -7,12 +7,11 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use kiln_ir::{DType, Data, TensorType};
+use kiln_ir::{DType, Data, TensorType, bf16, f16};
 use safetensors::tensor::{SafeTensorError, View};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::data::npy::NpyDType;
-use crate::data::{DataError, map, stored_dtype};
+use crate::data::{DataError, map};
 use crate::{Result, Tensor};
 
 /// The header's length comes first, as a little-endian u64.
@@ -120,8 +119,8 @@ pub fn save<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> 
 
 /// The tensors of the safetensors file at `path` with their names, in the
 /// order their bytes lie in the file (match them by name:
-/// `nn::set_parameters`). f32, f64, i32, i64, u8 and bool load as they
-/// are; other dtypes (f16, bf16, ..) are an `Err`.
+/// `nn::set_parameters`). f32, f64, bf16, f16, i32, i64, u8 and bool load
+/// as they are; other dtypes (i8, f8, ..) are an `Err`.
 pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
     let path = path.as_ref();
     let file = map(path)?;
@@ -143,21 +142,20 @@ pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
     views.sort_by_key(|&(name, ref view)| (offset_of(view.data()), name));
     for (name, view) in views {
         let offset = offset_of(view.data());
-        let stored = stored_dtype(view.dtype()).ok_or_else(|| {
-            fail(
-                offset,
-                format!(
-                    "tensor '{name}' is {:?}; kiln reads f32, f64, i32, i64, u8 and bool",
+        let data = match decode(view.dtype(), view.data()) {
+            Some(Ok(data)) => data,
+            Some(Err(bad)) => {
+                let message = format!("tensor '{name}': a bool holds a byte other than 0 or 1");
+                return Err(fail(offset + bad, message).into());
+            }
+            None => {
+                let message = format!(
+                    "tensor '{name}' is {:?}; kiln reads f32, f64, bf16, f16, i32, i64, u8 and bool",
                     view.dtype()
-                ),
-            )
-        })?;
-        let data = decode(stored, view.data()).map_err(|bad| {
-            fail(
-                offset + bad,
-                format!("tensor '{name}': a bool holds a byte other than 0 or 1"),
-            )
-        })?;
+                );
+                return Err(fail(offset, message).into());
+            }
+        };
         let ty = TensorType::new(data.dtype(), view.shape()).checked("load")?;
         if data.len() != ty.shape.numel() {
             return Err(fail(
@@ -172,24 +170,28 @@ pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
 }
 
 /// The elements stored as `stored` in `bytes`, little-endian, in the kiln
-/// dtype of the same width; for a bool byte other than 0 or 1, its index.
-fn decode(stored: NpyDType, bytes: &[u8]) -> std::result::Result<Data, usize> {
+/// dtype of the same kind; `None` for a dtype kiln has none of, and for a
+/// bool byte other than 0 or 1, its index.
+fn decode(stored: Dtype, bytes: &[u8]) -> Option<std::result::Result<Data, usize>> {
     fn le<const N: usize, T>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
         (bytes.chunks_exact(N))
             .map(|c| from(c.try_into().unwrap_or([0; N])))
             .collect()
     }
-    Ok(match stored {
-        NpyDType::F32 => Data::F32(le(bytes, f32::from_le_bytes)),
-        NpyDType::F64 => Data::F64(le(bytes, f64::from_le_bytes)),
-        NpyDType::I32 => Data::I32(le(bytes, i32::from_le_bytes)),
-        NpyDType::I64 => Data::I64(le(bytes, i64::from_le_bytes)),
-        NpyDType::U8 => Data::U8(bytes.to_vec()),
-        NpyDType::Bool => match bytes.iter().position(|&b| b > 1) {
-            Some(bad) => return Err(bad),
+    Some(Ok(match stored {
+        Dtype::F32 => Data::F32(le(bytes, f32::from_le_bytes)),
+        Dtype::F64 => Data::F64(le(bytes, f64::from_le_bytes)),
+        Dtype::BF16 => Data::BF16(le(bytes, bf16::from_le_bytes)),
+        Dtype::F16 => Data::F16(le(bytes, f16::from_le_bytes)),
+        Dtype::I32 => Data::I32(le(bytes, i32::from_le_bytes)),
+        Dtype::I64 => Data::I64(le(bytes, i64::from_le_bytes)),
+        Dtype::U8 => Data::U8(bytes.to_vec()),
+        Dtype::BOOL => match bytes.iter().position(|&b| b > 1) {
+            Some(bad) => return Some(Err(bad)),
             None => Data::Bool(bytes.iter().map(|&b| b == 1).collect()),
         },
-    })
+        _ => return None,
+    }))
 }
 
 /// Where in `bytes` the safetensors reader's `error` lies, and what it is.

@@ -90,6 +90,11 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
         // mode's gather is a matmul instead.
         let kinds = if mode == Mode::Exact { 14 } else { 16 };
         let built = match c.below(kinds) {
+            // A detour through bf16 or f16 at times.
+            0 if c.below(4) == 0 => {
+                let half = [DType::BF16, DType::F16][c.below(2)];
+                narrow(&mut c, &mut g, &mut nodes, x, half, mode)
+            }
             0 => {
                 use UnaryOp::*;
                 let ops: &[UnaryOp] = match mode {
@@ -372,6 +377,59 @@ fn wide(
     g.push(Op::Cast(DType::F32), &[y])
 }
 
+/// `x` (f32) rounded to `half` (bf16 or f16), combined with a constant of
+/// that type, maybe through a unary op and a max over random axes, and
+/// widened back to f32. Every op on the 16-bit values is one that rounds
+/// correctly: the backends compute in f32 and round to 16 bits, which for
+/// these gives what the interpreter's f64 rounded to 16 bits gives, so
+/// `Mode::Exact` stays bit for bit. Only there is the 16-bit value kept in
+/// `nodes` for later steps, whose other modes' ops (exp, sums) would round
+/// in f32 and then to 16 bits where the interpreter rounds once, a unit of
+/// the 16-bit type apart, past those modes' f32 tolerances.
+fn narrow(
+    c: &mut Choices,
+    g: &mut Graph,
+    nodes: &mut Vec<NodeId>,
+    x: NodeId,
+    half: DType,
+    mode: Mode,
+) -> Result<NodeId, kiln_ir::Error> {
+    let x = g.push(Op::Cast(half), &[x])?;
+    let k = g.push_typed(
+        Op::Const(Scalar::F64(f64::from(c.value())).cast(half)),
+        SmallVec::new(),
+        TensorType::new(half, Shape::scalar()),
+    );
+    use BinaryOp::*;
+    let ops: &[BinaryOp] = match mode {
+        Mode::Continuous => &[Add, Sub, Mul, Max, Min],
+        Mode::All | Mode::Exact => &[Add, Sub, Mul, Div, Max, Min],
+    };
+    let mut y = binary(g, ops[c.below(ops.len())], x, k)?;
+    if c.below(2) == 0 {
+        use UnaryOp::*;
+        let ops = [Neg, Sqrt, Relu, Abs];
+        y = g.push(Op::Unary(ops[c.below(ops.len())]), &[y])?;
+    }
+    if c.below(3) == 0 {
+        let rank = g.node(y).ty.shape.rank();
+        let axes = random_axes(c, rank);
+        if let Ok(r) = g.push(
+            Op::Reduce {
+                op: ReduceOp::Max,
+                axes,
+            },
+            &[y],
+        ) {
+            y = r;
+        }
+    }
+    if mode == Mode::Exact {
+        nodes.push(y);
+    }
+    g.push(Op::Cast(DType::F32), &[y])
+}
+
 /// The factors a product over `axes` of `x` reads: `x` clamped to [-2, 2]
 /// where the axes hold at most 8 elements (zeros, -0 and NaN stay), else
 /// `1 + clamp(x, -1, 1) / 128`, so that a product of thousands stays
@@ -445,6 +503,12 @@ pub fn same(a: &Data, b: &Data) -> bool {
             (Scalar::F64(x), Scalar::F64(y)) => {
                 x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
             }
+            (Scalar::BF16(x), Scalar::BF16(y)) => {
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+            }
+            (Scalar::F16(x), Scalar::F16(y)) => {
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+            }
             (x, y) => x == y,
         })
 }
@@ -464,12 +528,17 @@ mod tests {
     }
 
     #[test]
-    fn graphs_pass_through_64_bit_values() {
+    fn graphs_pass_through_64_and_16_bit_values() {
         for mode in [Mode::All, Mode::Exact, Mode::Continuous] {
             assert!(holding(mode, DType::F64) >= 20, "{mode:?}: f64");
         }
         for mode in [Mode::All, Mode::Exact] {
             assert!(holding(mode, DType::I64) >= 20, "{mode:?}: i64");
+        }
+        for mode in [Mode::All, Mode::Exact, Mode::Continuous] {
+            for half in [DType::BF16, DType::F16] {
+                assert!(holding(mode, half) >= 10, "{mode:?}: {half}");
+            }
         }
         assert_eq!(holding(Mode::Continuous, DType::I64), 0);
     }

@@ -128,9 +128,11 @@ pub(crate) fn elementwise(
         acc: acc.map(|_| "acc[i]"),
     };
     let result = w.block(2, body, inputs, &element)?;
+    let result = w.stored(out.dtype, &result);
     w.line(2, &format!("out[i] = {result};"));
     for (k, s) in side.iter().enumerate() {
-        w.line(2, &format!("side{k}[i] = v{};", s.value));
+        let value = w.stored(out.dtype, &format!("v{}", s.value));
+        w.line(2, &format!("side{k}[i] = {value};"));
     }
     w.line(1, "}");
     w.line(0, "}");

@@ -89,28 +89,6 @@ pub enum Grid {
 
 /// The CUDA C of an elementwise or reduction kernel.
 pub fn kernel(kernel: &Kernel) -> Result<Program, Error> {
-    // 16-bit floats load, store and cast on the CPU only so far.
-    let prologue = match &kernel.kind {
-        KernelKind::Reduce { prologue, .. } | KernelKind::Scatter { prologue, .. } => {
-            Some(prologue)
-        }
-        KernelKind::Elementwise | KernelKind::MatMul { .. } => None,
-    };
-    let halves = kernel
-        .inputs
-        .iter()
-        .chain([&kernel.out])
-        .any(|t| t.dtype.is_half())
-        || [&kernel.body]
-            .into_iter()
-            .chain(prologue)
-            .any(|b| b.values.iter().any(|v| v.dtype.is_half()));
-    if halves {
-        return Err(Error::Codegen(format!(
-            "a kernel of {} reading or writing bf16 or f16: 16-bit floats run on the CPU only so far",
-            kernel.out
-        )));
-    }
     match &kernel.kind {
         KernelKind::Elementwise => elementwise(
             &kernel.inputs,

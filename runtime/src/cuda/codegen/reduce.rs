@@ -127,6 +127,7 @@ pub(super) fn reduce_into(
             ..element
         };
         let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
+        let result = w.stored(kernel.out.dtype, &result);
         w.line(indent + 1, &format!("out[{space_index}] = {result};"));
         w.line(indent, "}");
     } else {
@@ -234,10 +235,12 @@ fn reduced_output(
         acc: Some("acc"),
     };
     let result = w.block(indent + 1, &kernel.body, &kernel.inputs, &element)?;
+    let result = w.stored(kernel.out.dtype, &result);
     w.line(indent + 1, &format!("out[o] = {result};"));
     // Only a reduced output has side outputs (`Kernel::check`).
     for (k, s) in kernel.side.iter().enumerate() {
-        w.line(indent + 1, &format!("side{k}[o] = v{};", s.value));
+        let value = w.stored(kernel.out.dtype, &format!("v{}", s.value));
+        w.line(indent + 1, &format!("side{k}[o] = {value};"));
     }
     w.line(indent, "}");
     Ok(())

@@ -10,7 +10,7 @@ use kiln_ir::pass::Optimized;
 use kiln_ir::schedule::Location;
 
 use super::reduce::{reduce_into, reduction_rows};
-use super::writer::{Writer, ctype};
+use super::writer::{Writer, storage};
 use super::{ENTRY, Grid, Program};
 use crate::Error;
 
@@ -88,10 +88,10 @@ fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Program, Error> {
         rows_and_threads = Some((rows, threads.max(group_threads)));
         let mut args = vec!["o".to_string()];
         for (i, t) in kernel.inputs.iter().enumerate() {
-            params.push(format!("const {}* m{m}_in{i}", ctype(t.dtype)));
+            params.push(format!("const {}* m{m}_in{i}", storage(t.dtype)));
             args.push(format!("m{m}_in{i}"));
         }
-        params.push(format!("{}* m{m}_out", ctype(kernel.out.dtype)));
+        params.push(format!("{}* m{m}_out", storage(kernel.out.dtype)));
         args.push(format!("m{m}_out"));
         calls.push(format!("{name}({});", args.join(", ")));
     }

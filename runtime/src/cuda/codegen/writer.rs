@@ -14,17 +14,25 @@ use kiln_ir::{BinaryOp, DType, Scalar, TensorType, UnaryOp};
 use super::{ENTRY, Grid, Program};
 use crate::Error;
 
-/// The C type of a dtype.
+/// The C type of a dtype's values in registers: 16-bit floats are held as
+/// the float of their value, as on the CPU (`storage` gives their bits).
 pub(super) fn ctype(dtype: DType) -> &'static str {
     match dtype {
-        DType::F32 => "float",
+        DType::F32 | DType::BF16 | DType::F16 => "float",
         DType::F64 => "double",
         DType::I32 => "int",
         DType::I64 => "long long",
         DType::U8 => "unsigned char",
         DType::Bool => "bool",
-        DType::BF16 => "__nv_bfloat16",
-        DType::F16 => "__half",
+    }
+}
+
+/// The C type of a dtype's elements in memory.
+pub(super) fn storage(dtype: DType) -> &'static str {
+    if dtype.is_half() {
+        "unsigned short"
+    } else {
+        ctype(dtype)
     }
 }
 
@@ -41,8 +49,9 @@ pub(super) fn literal(c: Scalar) -> String {
         Scalar::I64(v) => format!("{v}LL"),
         Scalar::U8(v) => format!("(unsigned char){v}"),
         Scalar::Bool(v) => v.to_string(),
-        Scalar::BF16(v) => format!("__ushort_as_bfloat16(0x{:04x})", v.to_bits()),
-        Scalar::F16(v) => format!("__ushort_as_half(0x{:04x})", v.to_bits()),
+        // Held as floats: their exact f32 value.
+        Scalar::BF16(v) => literal(Scalar::F32(v.to_f32())),
+        Scalar::F16(v) => literal(Scalar::F32(v.to_f32())),
     }
 }
 
@@ -53,7 +62,47 @@ pub(super) fn position(i: &str, len: usize) -> String {
 }
 
 /// Helper functions, emitted before the kernel when used.
-const HELPERS: [(&str, &str); 9] = [
+const HELPERS: [(&str, &str); 12] = [
+    (
+        "kiln_bf16",
+        "// bf16 bits and the float of their value; rounding to nearest even
+// (PTX `cvt.rn`, which keeps NaN a NaN and overflows to infinity).
+__device__ __forceinline__ float kiln_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
+__device__ __forceinline__ unsigned short kiln_f32_to_bf16(float x) {
+  unsigned short h;
+  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x));
+  return h;
+}
+__device__ __forceinline__ float kiln_round_bf16(float x) { return kiln_bf16_to_f32(kiln_f32_to_bf16(x)); }
+",
+    ),
+    (
+        "kiln_f16",
+        "// f16 bits and the float of their value, as kiln_bf16's.
+__device__ __forceinline__ float kiln_f16_to_f32(unsigned short h) {
+  float x;
+  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(x) : \"h\"(h));
+  return x;
+}
+__device__ __forceinline__ unsigned short kiln_f32_to_f16(float x) {
+  unsigned short h;
+  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x));
+  return h;
+}
+__device__ __forceinline__ float kiln_round_f16(float x) { return kiln_f16_to_f32(kiln_f32_to_f16(x)); }
+",
+    ),
+    (
+        "kiln_d2f_odd",
+        "// A double as float rounded to odd: toward zero, the last bit set where
+// that dropped anything; rounded again to 16 bits, the direct rounding.
+__device__ __forceinline__ float kiln_d2f_odd(double x) {
+  float r = __double2float_rz(x);
+  if ((double)r != x && r == r) r = __uint_as_float(__float_as_uint(r) | 1u);
+  return r;
+}
+",
+    ),
     (
         "kiln_max",
         "// IEEE maximum: NaN if either is, +0 above -0.
@@ -176,13 +225,13 @@ impl Writer {
         let mut params: Vec<String> = inputs
             .iter()
             .enumerate()
-            .map(|(i, t)| format!("const {}* __restrict__ in{i}", ctype(t.dtype)))
+            .map(|(i, t)| format!("const {}* __restrict__ in{i}", storage(t.dtype)))
             .collect();
         if acc {
             params.push("const float* __restrict__ acc".to_string());
         }
-        params.push(format!("{}* __restrict__ out", ctype(out)));
-        params.extend((0..side).map(|k| format!("{}* __restrict__ side{k}", ctype(out))));
+        params.push(format!("{}* __restrict__ out", storage(out)));
+        params.extend((0..side).map(|k| format!("{}* __restrict__ side{k}", storage(out))));
         self.line(
             0,
             &format!(
@@ -209,14 +258,14 @@ impl Writer {
     ) {
         let mut params = vec!["const long long o".to_string()];
         params.extend(inputs.iter().enumerate().map(|(i, t)| {
-            let t = ctype(t.dtype);
+            let t = storage(t.dtype);
             if written.get(i) == Some(&true) {
                 format!("const volatile {t}* in{i}")
             } else {
                 format!("const {t}* __restrict__ in{i}")
             }
         }));
-        params.push(format!("{}* __restrict__ out", ctype(out)));
+        params.push(format!("{}* __restrict__ out", storage(out)));
         self.line(
             0,
             &format!(
@@ -280,7 +329,7 @@ impl Writer {
                     let p = format!("p{k}{}", at.suffix);
                     let picked = position(&name(*index), *len);
                     self.line(indent, &format!("const long long {p} = {picked};"));
-                    let read = self.read(*input, view, at, &format!("{p} * {stride}"));
+                    let read = self.read(*input, view, ty, at, &format!("{p} * {stride}"));
                     let fill = literal(gather_fill(ty));
                     format!("({p} >= 0 && {p} < {len}) ? {read} : {fill}")
                 }
@@ -309,15 +358,47 @@ impl Writer {
         if view.is_contiguous() {
             return match at.lane {
                 Some(lane) if dtype == DType::F32 => format!("l{input}.{lane}"),
-                _ => format!("in{input}[{}]", at.index),
+                _ => self.widened(dtype, &format!("in{input}[{}]", at.index)),
             };
         }
-        self.read(input, view, at, "")
+        self.read(input, view, dtype, at, "")
     }
 
-    /// A read of input `input` through `view` at the element's coordinates,
-    /// `shift` elements further on (none when empty).
-    fn read(&self, input: u32, view: &View, at: &Element, shift: &str) -> String {
+    /// An element of `dtype` read from memory (`element`), as registers
+    /// hold it: 16-bit floats as the float of their value.
+    fn widened(&mut self, dtype: DType, element: &str) -> String {
+        match dtype {
+            DType::BF16 => {
+                self.helpers.insert("kiln_bf16");
+                format!("kiln_bf16_to_f32({element})")
+            }
+            DType::F16 => {
+                self.helpers.insert("kiln_f16");
+                format!("kiln_f16_to_f32({element})")
+            }
+            _ => element.to_string(),
+        }
+    }
+
+    /// Value `v` of `dtype` as memory holds it: a 16-bit float's bits (its
+    /// value is one already, so this only narrows).
+    pub(super) fn stored(&mut self, dtype: DType, v: &str) -> String {
+        match dtype {
+            DType::BF16 => {
+                self.helpers.insert("kiln_bf16");
+                format!("kiln_f32_to_bf16({v})")
+            }
+            DType::F16 => {
+                self.helpers.insert("kiln_f16");
+                format!("kiln_f32_to_f16({v})")
+            }
+            _ => v.to_string(),
+        }
+    }
+
+    /// A read of input `input` (of `dtype`) through `view` at the element's
+    /// coordinates, `shift` elements further on (none when empty).
+    fn read(&mut self, input: u32, view: &View, dtype: DType, at: &Element, shift: &str) -> String {
         let mut index = if view.offset == 0 {
             String::new()
         } else {
@@ -340,7 +421,7 @@ impl Writer {
         if index.is_empty() {
             index.push('0');
         }
-        let read = format!("in{input}[{index}]");
+        let read = self.widened(dtype, &format!("in{input}[{index}]"));
         let Some(mask) = &view.mask else {
             return read;
         };
@@ -370,7 +451,9 @@ impl Writer {
     }
 
     fn unary(&mut self, op: UnaryOp, x: &str, ty: DType) -> Result<String, Error> {
-        if ty == DType::F32 {
+        // `pass::widen` leaves no arithmetic on 16-bit floats; held as
+        // floats, they would compute as f32.
+        if ty == DType::F32 || ty.is_half() {
             return Ok(match op {
                 UnaryOp::Detach => x.to_string(),
                 UnaryOp::Neg => format!("-{x}"),
@@ -426,10 +509,10 @@ impl Writer {
                 _ => infix("!="),
             });
         }
-        if matches!(ty, DType::F32 | DType::F64) {
+        if ty.is_float() {
             let (max, min) = match ty {
-                DType::F32 => ("kiln_max", "kiln_min"),
-                _ => ("kiln_maxd", "kiln_mind"),
+                DType::F64 => ("kiln_maxd", "kiln_mind"),
+                _ => ("kiln_max", "kiln_min"),
             };
             return Ok(match op {
                 BinaryOp::Add => infix("+"),
@@ -445,7 +528,7 @@ impl Writer {
                     format!("{min}({x}, {y})")
                 }
                 // f32's pow in double, as the interpreter computes it.
-                BinaryOp::Pow if ty == DType::F32 => {
+                BinaryOp::Pow if ty != DType::F64 => {
                     format!("(float)pow((double){x}, (double){y})")
                 }
                 BinaryOp::Pow => format!("pow({x}, {y})"),
@@ -471,6 +554,25 @@ impl Writer {
     fn cast(&mut self, x: &str, from: DType, to: DType) -> String {
         match (from, to) {
             (a, b) if a == b => x.to_string(),
+            // A 16-bit value is its float: exactly that, then on from f32.
+            (DType::BF16 | DType::F16, to) => self.cast(x, DType::F32, to),
+            (DType::F32, to @ (DType::BF16 | DType::F16)) => {
+                let (helper, round) = half_helpers(to);
+                self.helpers.insert(helper);
+                format!("{round}({x})")
+            }
+            // Through a double rounded to odd, so that rounding happens once;
+            // integers through double, which holds them up to 2^53.
+            (from, to @ (DType::BF16 | DType::F16)) => {
+                let (helper, round) = half_helpers(to);
+                self.helpers.extend([helper, "kiln_d2f_odd"]);
+                let wide = if from == DType::F64 {
+                    x.to_string()
+                } else {
+                    format!("(double){x}")
+                };
+                format!("{round}(kiln_d2f_odd({wide}))")
+            }
             (_, DType::Bool) => format!("{x} != 0"),
             (DType::F32, DType::I32) => {
                 self.helpers.insert("kiln_f2i");
@@ -496,6 +598,15 @@ impl Writer {
             (DType::I64, DType::I32) => format!("(int)(unsigned int){x}"),
             (_, to) => format!("({}){x}", ctype(to)),
         }
+    }
+}
+
+/// The helper group of a 16-bit float type and its rounding function.
+fn half_helpers(dtype: DType) -> (&'static str, &'static str) {
+    if dtype == DType::BF16 {
+        ("kiln_bf16", "kiln_round_bf16")
+    } else {
+        ("kiln_f16", "kiln_round_f16")
     }
 }
 
