@@ -218,11 +218,16 @@ fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64
         .iter()
         .zip(&w.specs)
         .map(|(d, ty)| {
-            Tensor::from_vec(floats(d).to_vec(), ty.shape.clone())?.to(Device::Reference)
+            let shape = ty.shape.clone();
+            match d {
+                Data::BF16(v) => Tensor::from_vec(v.clone(), shape),
+                _ => Tensor::from_vec(floats(d).to_vec(), shape),
+            }?
+            .to(Device::Reference)
         })
         .collect::<Result<_>>()?;
-    let out = (w.build)(&tensors)?.remove(0).to_vec::<f32>()?;
-    Ok(indices.iter().map(|&i| f64::from(out[i])).collect())
+    let out = kiln_support::data(&(w.build)(&tensors)?.remove(0))?;
+    Ok(indices.iter().map(|&i| out.get(i).to_f64()).collect())
 }
 
 /// Element `i` of `conv2d_bias_relu` (x [64,3,32,32], w [32,3,3,3], b
@@ -302,7 +307,7 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
         let mut g = compiled(w, fusion, backend)?;
         let mut outputs = g.output_buffers()?;
         g.run_into(&refs, &mut outputs)?;
-        let got = floats(&outputs[0]);
+        let got = &outputs[0];
         // Every element, except a sample of 4096 for matmuls and convolutions.
         let indices: Vec<usize> = if w.product.is_some() || w.id == "conv2d_bias_relu" {
             (0..4096).map(|i| (i * 7919) % got.len()).collect()
@@ -313,7 +318,12 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
             checked = Some(reference(w, &inputs, &indices)?);
         }
         let want = checked.as_deref().unwrap_or_default();
-        let sample: Vec<f32> = indices.iter().map(|&i| got[i]).collect();
+        // Every dtype's values are f32s exactly, but f64's and i64's, which
+        // no workload outputs.
+        let sample: Vec<f32> = indices
+            .iter()
+            .map(|&i| got.get(i).to_f64() as f32)
+            .collect();
         let err = max_rel_err(&sample, want);
         runs.push((variant, g, outputs, err));
     }

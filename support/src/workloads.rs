@@ -1,7 +1,7 @@
 //! The workloads of benches/README.md, shared by the criterion benches
 //! (`benches/fusion.rs`, `benches/compile.rs`) and `examples/bench_report`:
-//! what each computes, its inputs (seeded normal f32), and how its
-//! throughput is counted.
+//! what each computes, its inputs (seeded normal values, f32 but for the
+//! 16-bit workloads), and how its throughput is counted.
 
 use kiln::{DType, Data, Result, Tensor, TensorType};
 
@@ -69,15 +69,14 @@ impl Product {
 }
 
 impl Workload {
-    /// Seeded normal inputs, one per spec.
+    /// Seeded normal inputs, one per spec, rounded to its dtype.
     pub fn inputs(&self) -> Result<Vec<Data>> {
         self.specs
             .iter()
             .enumerate()
             .map(|(i, ty)| {
-                Ok(Data::F32(
-                    Tensor::randn(ty.shape.clone(), 1000 + i as u64)?.to_vec()?,
-                ))
+                let normal = Tensor::randn(ty.shape.clone(), 1000 + i as u64)?;
+                crate::data(&normal.cast(ty.dtype)?)
             })
             .collect()
     }
@@ -176,6 +175,27 @@ pub fn all() -> Vec<Workload> {
         },
         bytes: 0,
         flops: 2 * 64 * 32 * 32 * 32 * 27,
+        product: None,
+    });
+    // 16-bit floats: elementwise work on bf16 (loaded into f32 lanes and
+    // rounded as stored), and the cast that makes them from f32.
+    let bf16s = TensorType::new(DType::BF16, [4096, 4096]);
+    w.push(Workload {
+        id: "ew_add_relu_bf16",
+        shape: "4096x4096".into(),
+        specs: vec![bf16s.clone(), bf16s],
+        build: |t| Ok(vec![(&t[0] + &t[1])?.relu()?]),
+        bytes: 3 * MIB64 / 2,
+        flops: 0,
+        product: None,
+    });
+    w.push(Workload {
+        id: "cast_bf16",
+        shape: "4096x4096".into(),
+        specs: vec![f32s(&[4096, 4096])],
+        build: |t| Ok(vec![t[0].cast(DType::BF16)?]),
+        bytes: MIB64 + MIB64 / 2,
+        flops: 0,
         product: None,
     });
     w.push(Workload {

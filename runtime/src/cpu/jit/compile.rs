@@ -223,7 +223,14 @@ impl CompiledKernel {
         let ptr = target.pointer_type();
         let mut ctx = module.make_context();
         ctx.func.signature = lower::signature(ptr, target.default_call_conv);
-        let codegen = |e: cranelift_module::ModuleError| Error::Codegen(e.to_string());
+        // A verifier error names the instruction it rejects, which the
+        // error's own text leaves out.
+        let codegen = |e: cranelift_module::ModuleError| match e {
+            cranelift_module::ModuleError::Compilation(
+                cranelift_codegen::CodegenError::Verifier(errors),
+            ) => Error::Codegen(format!("generated code failed verification: {errors}")),
+            e => Error::Codegen(e.to_string()),
+        };
         let mut fbc = FunctionBuilderContext::new();
         let calls = lower::Calls::new(&mut module, row_calls()?);
         let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, calls, target);

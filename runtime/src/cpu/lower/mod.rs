@@ -529,16 +529,19 @@ fn vectorizable_hoisted(
             }
             (None, _) => lane_op(block, v),
         });
-    let stored_ok = matches!(block.dtype(), Some(DType::F32 | DType::I32));
+    let stored_ok = matches!(
+        block.dtype(),
+        Some(DType::F32 | DType::I32 | DType::BF16 | DType::F16)
+    );
     values_ok && stored_ok && lanes_read(accesses, Some(out))
 }
 
-/// Whether values of `dtype` run four to a vector: f32 in f32x4; i32, u8
-/// (zero-extended) and bool (a mask of all ones or all zeros, as a
-/// comparison makes it) in i32x4. The 64-bit types do not: two lanes would
+/// Whether values of `dtype` run four to a vector: f32, bf16 and f16 (as
+/// f32, `half`) in f32x4; i32, u8 (zero-extended) and bool (a mask of all
+/// ones or all zeros, as a comparison makes it) in i32x4. The 64-bit types do not: two lanes would
 /// not pay for the conversions around them.
 fn has_lanes(dtype: DType) -> bool {
-    !matches!(dtype, DType::F64 | DType::I64 | DType::BF16 | DType::F16)
+    !matches!(dtype, DType::F64 | DType::I64)
 }
 
 /// Whether `v` of `block` has a lane form: f32 arithmetic but `pow`, i32

@@ -27,6 +27,16 @@ impl<'a> Emitter<'a> {
                 let s = self.scalar_const(*c);
                 if lanes { self.splat(v.dtype, s) } else { s }
             }
+            // `pass::widen` leaves no arithmetic on 16-bit floats; were there
+            // any, its result would round as the interpreter rounds it.
+            (Expr::Unary(op, _), &[a]) if v.dtype.is_half() => {
+                let r = self.unary(*op, v.dtype, a, lanes);
+                self.round_half(v.dtype, r, lanes)
+            }
+            (Expr::Binary(op, _, _), &[a, b]) if v.dtype.is_half() => {
+                let r = self.binary(*op, operand_dtype(0), a, b);
+                self.round_half(v.dtype, r, lanes)
+            }
             (Expr::Unary(op, _), &[a]) => self.unary(*op, v.dtype, a, lanes),
             (Expr::Binary(op, _, _), &[a, b]) => self.binary(*op, operand_dtype(0), a, b),
             (Expr::Where(..), &[c, a, b]) if lanes => {
@@ -65,8 +75,7 @@ impl<'a> Emitter<'a> {
 
     fn unary(&mut self, op: UnaryOp, dtype: DType, x: Value, lanes: bool) -> Value {
         match dtype {
-            // `pass::widen` leaves no arithmetic on 16-bit floats; held as
-            // f32, they would compute as f32.
+            // 16-bit floats compute as f32, rounded by `op`.
             DType::F32 | DType::BF16 | DType::F16 => {}
             DType::F64 => return self.unary_f64(op, x),
             // Typing admits neg, abs and relu on i32 and i64 only.
@@ -132,7 +141,7 @@ impl<'a> Emitter<'a> {
         match dtype {
             // Scalar f64 `fmax`/`fmin` (what `maximum` emits for a scalar)
             // propagate NaN and order -0 below +0, as the interpreter.
-            // 16-bit floats are held as f32 (see `unary`).
+            // 16-bit floats are held as f32, rounded by `op`.
             DType::F32 | DType::F64 | DType::BF16 | DType::F16 => match op {
                 BinaryOp::Add => ins.fadd(x, y),
                 BinaryOp::Sub => ins.fsub(x, y),
@@ -186,7 +195,7 @@ impl<'a> Emitter<'a> {
             (a, b) if a == b => return x,
             // A 16-bit value is its f32: exactly that, then on from f32.
             (DType::BF16 | DType::F16, _) => return self.cast(x, DType::F32, to),
-            (DType::F32, DType::BF16 | DType::F16) => return self.round_half(to, x),
+            (DType::F32, DType::BF16 | DType::F16) => return self.round_half(to, x, false),
             (DType::F64, DType::BF16 | DType::F16) => return self.round_f64_half(to, x),
             // Integers through f64, which holds them exactly up to 2^53.
             (_, DType::BF16 | DType::F16) => {
@@ -243,6 +252,14 @@ impl<'a> Emitter<'a> {
             e.b.ins().splat(types::I32X4, c)
         };
         match (from, to) {
+            (a, b) if a == b => x,
+            // A 16-bit value is its f32, as in `cast`.
+            (DType::BF16 | DType::F16, to) => self.cast_lanes(x, DType::F32, to),
+            (DType::F32, to @ (DType::BF16 | DType::F16)) => self.round_half(to, x, true),
+            (from, to @ (DType::BF16 | DType::F16)) => {
+                let wide = self.cast_lanes(x, from, DType::F32);
+                self.round_half(to, wide, true)
+            }
             (DType::F32, DType::I32) => self.b.ins().fcvt_to_sint_sat(types::I32X4, x),
             (DType::F32, DType::U8) => {
                 let i = self.b.ins().fcvt_to_sint_sat(types::I32X4, x);
