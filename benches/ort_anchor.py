@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""onnxruntime on bench_report's `embedding` workload: a Gather of 128
-int64 ids (the same ids, some counted from the end) from a [50257, 768]
-f32 table, both graph inputs, two intra-op threads as kiln's team. Three
-warm-up calls, then calls for a second; one JSON line in bench_report's
-form (median and median absolute deviation).
+"""onnxruntime on bench_report's `embedding` and `max_pool2d` workloads, two
+intra-op threads as kiln's team:
+
+- `embedding`: a Gather of 128 int64 ids (the same ids, some counted from
+  the end) from a [50257, 768] f32 table, both graph inputs;
+- `max_pool2d`: MaxPool 3x3, stride 2, padding 1 over [1, 64, 112, 112].
+
+Three warm-up calls, then calls for a second; one JSON line each in
+bench_report's form (median and median absolute deviation).
 
   python3 -m venv /tmp/ort && /tmp/ort/bin/pip install onnxruntime onnx numpy
   /tmp/ort/bin/python benches/ort_anchor.py
 
-Run it right after `bench_report --workload embedding`, in the same sitting.
+Run it right after `bench_report --workload embedding --workload
+max_pool2d`, in the same sitting.
 """
 import json
 import statistics
@@ -22,40 +27,31 @@ from onnx import TensorProto, helper
 VOCAB, WIDTH, TOKENS = 50257, 768, 128
 
 
-def model():
-    table = helper.make_tensor_value_info("table", TensorProto.FLOAT, [VOCAB, WIDTH])
-    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [TOKENS])
-    rows = helper.make_tensor_value_info("rows", TensorProto.FLOAT, [TOKENS, WIDTH])
-    node = helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)
-    graph = helper.make_graph([node], "embedding", [table, ids], [rows])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def main():
+def session(node, inputs, output):
+    graph = helper.make_graph([node], node.op_type, inputs, [output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(
-        model().SerializeToString(), options, providers=["CPUExecutionProvider"]
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
-    table = np.random.default_rng(3).standard_normal((VOCAB, WIDTH), dtype=np.float32)
-    ids = np.array([(t * 7919) % 50257 - 100 for t in range(TOKENS)], dtype=np.int64)
-    feeds = {"table": table, "ids": ids}
-    (rows,) = session.run(None, feeds)
-    assert np.array_equal(rows, table[ids]), "onnxruntime's rows differ from numpy's"
+
+
+def report(workload, shape, run):
     for _ in range(3):
-        session.run(None, feeds)
+        run()
     samples = []
     start = time.perf_counter()
     while time.perf_counter() - start < 1.0 or len(samples) < 7:
         t = time.perf_counter()
-        session.run(None, feeds)
+        run()
         samples.append(time.perf_counter() - t)
     median = statistics.median(samples)
     spread = statistics.median(abs(s - median) for s in samples)
     print(json.dumps({
-        "workload": "embedding",
-        "shape": f"{VOCAB}x{WIDTH}[{TOKENS}]",
+        "workload": workload,
+        "shape": shape,
         "variant": f"onnxruntime {ort.__version__}",
         "backend": "cpu",
         "median_s": median,
@@ -63,5 +59,36 @@ def main():
     }))
 
 
+def embedding():
+    s = session(
+        helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+        [
+            helper.make_tensor_value_info("table", TensorProto.FLOAT, [VOCAB, WIDTH]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [TOKENS]),
+        ],
+        helper.make_tensor_value_info("rows", TensorProto.FLOAT, [TOKENS, WIDTH]),
+    )
+    table = np.random.default_rng(3).standard_normal((VOCAB, WIDTH), dtype=np.float32)
+    ids = np.array([(t * 7919) % 50257 - 100 for t in range(TOKENS)], dtype=np.int64)
+    feeds = {"table": table, "ids": ids}
+    (rows,) = s.run(None, feeds)
+    assert np.array_equal(rows, table[ids]), "onnxruntime's rows differ from numpy's"
+    report("embedding", f"{VOCAB}x{WIDTH}[{TOKENS}]", lambda: s.run(None, feeds))
+
+
+def max_pool():
+    dims = [1, 64, 112, 112]
+    s = session(
+        helper.make_node(
+            "MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
+        ),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56]),
+    )
+    feeds = {"x": np.random.default_rng(4).standard_normal(dims, dtype=np.float32)}
+    report("max_pool2d", "x".join(map(str, dims)), lambda: s.run(None, feeds))
+
+
 if __name__ == "__main__":
-    main()
+    embedding()
+    max_pool()

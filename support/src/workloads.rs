@@ -177,6 +177,24 @@ pub fn all() -> Vec<Workload> {
         flops: 2 * 64 * 32 * 32 * 32 * 27,
         product: None,
     });
+    // ResNet's first pooling: 3x3, stride 2, padding 1, each window's first
+    // maximum (the element a gradient goes to).
+    w.push(Workload {
+        id: "max_pool2d",
+        shape: "1x64x112x112".into(),
+        specs: vec![f32s(&[1, 64, 112, 112])],
+        build: |t| {
+            let window = kiln::Pool2d {
+                stride: [2, 2],
+                padding: [(1, 1); 2],
+                ..kiln::Pool2d::new([3, 3])
+            };
+            Ok(vec![t[0].max_pool2d(&window)?])
+        },
+        bytes: (64 * 112 * 112 + 64 * 56 * 56) * 4,
+        flops: 0,
+        product: None,
+    });
     // 16-bit floats: elementwise work on bf16 (loaded into f32 lanes and
     // rounded as stored), and the cast that makes them from f32.
     let bf16s = TensorType::new(DType::BF16, [4096, 4096]);
