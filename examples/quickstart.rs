@@ -22,7 +22,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
-use kiln::nn::Mlp;
+use kiln::nn::{Mlp, Module};
 use kiln::optim::{AdamW, Optimizer};
 use kiln::{CompileOptions, CompiledStep, DType, Device, Options, Result, Tensor, TensorType};
 

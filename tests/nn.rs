@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use kiln::nn::{self, LayerNorm, Linear, Mlp};
+use kiln::nn::{self, LayerNorm, Linear, Mlp, Module};
 use kiln::{DType, Device, Error, Result, Tensor};
 
 /// A fresh directory for one test's files.
@@ -544,5 +544,82 @@ fn an_embedding_reads_rows_by_id_and_learns_them() -> Result<()> {
             "row {untouched}"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn a_conv2d_module_is_tensor_conv2d_with_its_fields_and_pytorch_init() -> Result<()> {
+    let mut conv = nn::Conv2d::new(3, 5, [3, 2], 7)?;
+    conv.stride = [2, 1];
+    conv.padding = [(1, 0), (0, 1)];
+    // PyTorch's bound: 1/sqrt(fan_in), fan_in = 3 * 3 * 2.
+    let bound = 1.0 / 18f32.sqrt();
+    for (name, t) in conv.parameters() {
+        let values = t.to_vec::<f32>()?;
+        assert!(values.iter().all(|v| v.abs() < bound), "{name}");
+        assert!(
+            values.iter().any(|v| v.abs() > bound / 2.0),
+            "{name}: spread"
+        );
+    }
+    assert_eq!(conv.weight.dims(), [5, 3, 3, 2]);
+    let x = Tensor::randn([2, 3, 7, 6], 8)?;
+    let want = x.conv2d(
+        &conv.weight,
+        Some(&conv.bias),
+        [2, 1],
+        conv.padding,
+        [1, 1],
+        1,
+    )?;
+    assert_eq!(conv.forward(&x)?.to_vec::<f32>()?, want.to_vec::<f32>()?);
+    Ok(())
+}
+
+#[test]
+fn sequential_names_chains_and_replaces_its_layers_parameters() -> Result<()> {
+    let mut conv = nn::Conv2d::new(1, 4, [3, 3], 1)?;
+    conv.padding = [(1, 1); 2];
+    let net = nn::Sequential::new(vec![
+        Box::new(conv.clone()),
+        Box::new(nn::Relu),
+        Box::new(nn::MaxPool2d(kiln::Pool2d::new([2, 2]))),
+        Box::new(nn::Flatten),
+        Box::new(Linear::new(4 * 3 * 3, 2, 2)?),
+    ]);
+    let named: Vec<String> = net.parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        named,
+        [
+            "layers.0.weight",
+            "layers.0.bias",
+            "layers.4.weight",
+            "layers.4.bias"
+        ]
+    );
+    let x = Tensor::randn([5, 1, 6, 6], 3)?;
+    let pooled = conv
+        .forward(&x)?
+        .relu()?
+        .max_pool2d(&kiln::Pool2d::new([2, 2]))?;
+    let linear = Linear {
+        weight: net.parameters()[2].1.clone(),
+        bias: net.parameters()[3].1.clone(),
+    };
+    let want = linear.forward(&pooled.reshape([5, 36])?)?;
+    assert_eq!(net.forward(&x)?.to_vec::<f32>()?, want.to_vec::<f32>()?);
+    // A copy with other values; the original keeps its own.
+    let values: Vec<Tensor> = net
+        .parameters()
+        .iter()
+        .map(|(_, t)| t.mul(&Tensor::scalar(2.0f32)))
+        .collect::<Result<_>>()?;
+    let doubled = net.with_parameters(&values)?;
+    for ((name, a), (_, b)) in doubled.parameters().into_iter().zip(net.parameters()) {
+        let twice: Vec<f32> = b.to_vec::<f32>()?.iter().map(|v| v * 2.0).collect();
+        assert_eq!(a.to_vec::<f32>()?, twice, "{name}");
+    }
+    let short = message(net.with_parameters(&values[..3]));
+    assert!(short.contains("layers.4.bias"), "{short}");
     Ok(())
 }

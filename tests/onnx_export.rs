@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use kiln::data::npy::{NpyArray, NpyDType, write_npy};
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
-use kiln::nn::Mlp;
+use kiln::nn::{Mlp, Module};
 use kiln::onnx::{Feed, Model, OnnxError};
 use kiln::optim::{AdamW, Optimizer};
 use kiln::{CompileOptions, DType, Device, Error, Result, Scalar, Tensor, TensorType};

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln::nn::{self, Mlp};
+use kiln::nn::{self, Mlp, Module};
 use kiln::optim::{AdamW, Optimizer};
 use kiln::{CompiledStep, DType, Error, Result, Tensor, TensorType};
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
-use kiln::nn::Mlp;
+use kiln::nn::{Mlp, Module};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Result, Tensor, TensorType};
 

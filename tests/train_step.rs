@@ -9,7 +9,7 @@
 //! (`kiln_runtime::bind`): each new state tensor written by its kernel over
 //! the old one, nothing copied after.
 
-use kiln::nn::Mlp;
+use kiln::nn::{Mlp, Module};
 use kiln::optim::{AdamW, Optimizer, Sgd};
 use kiln::{CompileOptions, CompiledStep, DType, Data, Options, Result, Tensor, TensorType};
 use kiln_runtime::bind::{Bindings, Bound};

@@ -1,9 +1,10 @@
-//! `Linear`, `Embedding`, `LayerNorm` and `Mlp`: parameters in public
-//! fields, seeded initialization as PyTorch's, named for saving and for
-//! setting by name.
+//! `Linear`, `Conv2d`, `Embedding`, `LayerNorm` and `Mlp`: parameters in
+//! public fields, seeded initialization as PyTorch's, named for saving and
+//! for setting by name (`Module`).
 
 use std::collections::HashMap;
 
+use super::Module;
 use crate::rng::SplitMix64;
 use crate::{Error, Result, Tensor};
 
@@ -47,24 +48,39 @@ impl Linear {
             bias: Tensor::from_vec(uniform(outputs), [outputs])?,
         })
     }
+}
 
+impl Module for Linear {
     /// `x @ weight + bias` for `x` of shape `[.., in]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.matmul(&self.weight)?.add(&self.bias)
     }
 
     /// `weight` and `bias`, by name.
-    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
-        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
+        weight_and_bias(&self.weight, &self.bias)
     }
 
-    /// `weight` and `bias`, by name, to be replaced.
-    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        vec![
-            ("weight".into(), &mut self.weight),
-            ("bias".into(), &mut self.bias),
-        ]
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
+    }
+}
+
+/// A layer's `weight` and `bias`, by name.
+fn weight_and_bias<'a>(weight: &'a Tensor, bias: &'a Tensor) -> Vec<(String, &'a Tensor)> {
+    vec![("weight".into(), weight), ("bias".into(), bias)]
+}
+
+/// A layer's `weight` and `bias`, by name, to be replaced.
+fn weight_and_bias_mut<'a>(
+    weight: &'a mut Tensor,
+    bias: &'a mut Tensor,
+) -> Vec<(String, &'a mut Tensor)> {
+    vec![("weight".into(), weight), ("bias".into(), bias)]
 }
 
 /// A table of learned vectors looked up by id, as PyTorch's
@@ -85,11 +101,13 @@ impl Embedding {
             weight: Tensor::randn([ids, width], seed)?,
         })
     }
+}
 
+impl Module for Embedding {
     /// The rows of i32 or i64 `ids` of any shape: `ids`' shape with the
     /// width last. A negative id counts from the end; one outside the table
     /// reads NaN (see `Tensor::gather`).
-    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         if self.weight.rank() != 2 {
             return Err(Error::Rank {
                 op: "Embedding",
@@ -104,13 +122,16 @@ impl Embedding {
     }
 
     /// `weight`, by name.
-    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
         vec![("weight".into(), &self.weight)]
     }
 
-    /// `weight`, by name, to be replaced.
-    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         vec![("weight".into(), &mut self.weight)]
+    }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
     }
 }
 
@@ -135,23 +156,25 @@ impl LayerNorm {
             eps: 1e-5,
         })
     }
+}
 
+impl Module for LayerNorm {
     /// `x` normalized over its last axis, scaled and shifted.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.layer_norm(&self.weight, &self.bias, self.eps)
     }
 
     /// `weight` and `bias`, by name.
-    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
-        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
+        weight_and_bias(&self.weight, &self.bias)
     }
 
-    /// `weight` and `bias`, by name, to be replaced.
-    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        vec![
-            ("weight".into(), &mut self.weight),
-            ("bias".into(), &mut self.bias),
-        ]
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
+    }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
     }
 }
 
@@ -173,9 +196,11 @@ impl Mlp {
             .collect::<Result<_>>()?;
         Ok(Mlp { layers })
     }
+}
 
+impl Module for Mlp {
     /// The layers applied in order, relu between them.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             h = layer.forward(&h)?;
@@ -187,7 +212,7 @@ impl Mlp {
     }
 
     /// Every layer's parameters, named `layers.{i}.weight` and `layers.{i}.bias`.
-    pub fn parameters(&self) -> Vec<(String, &Tensor)> {
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
         let mut all = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, t) in layer.parameters() {
@@ -197,28 +222,7 @@ impl Mlp {
         all
     }
 
-    /// A copy holding `values`, in `parameters` order, in place of its own
-    /// parameters: how a traced training step puts the state it is given
-    /// into the model. Each value is checked as `set_parameters` checks it.
-    pub fn with_parameters(&self, values: &[Tensor]) -> Result<Mlp> {
-        let names: Vec<String> = self.parameters().into_iter().map(|(n, _)| n).collect();
-        // Too few values leave a parameter with none, which `set_parameters` names.
-        if values.len() > names.len() {
-            return Err(Error::Parameter {
-                name: format!("#{}", names.len()),
-                message: format!("{} values for {} parameters", values.len(), names.len()),
-            });
-        }
-        let mut model = self.clone();
-        set_parameters(
-            model.parameters_mut(),
-            names.into_iter().zip(values.iter().cloned()),
-        )?;
-        Ok(model)
-    }
-
-    /// Every layer's parameters, named as `parameters` names them, to be replaced.
-    pub fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut all = Vec::new();
         for (i, layer) in self.layers.iter_mut().enumerate() {
             for (name, t) in layer.parameters_mut() {
@@ -226,6 +230,87 @@ impl Mlp {
             }
         }
         all
+    }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
+    }
+}
+
+/// A 2-D convolution of NCHW f32 data (`Tensor::conv2d`), as PyTorch's
+/// `nn.Conv2d`.
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    /// f32 `[out, in / groups, kh, kw]`.
+    pub weight: Tensor,
+    /// f32 `[out]`.
+    pub bias: Tensor,
+    /// Steps between windows along height and width.
+    pub stride: [usize; 2],
+    /// `(before, after)` zero padding of height and width.
+    pub padding: [(usize, usize); 2],
+    /// Steps between a window's elements along height and width.
+    pub dilation: [usize; 2],
+    /// Input and output channels split into this many groups.
+    pub groups: usize,
+}
+
+impl Conv2d {
+    /// A convolution from `inputs` to `outputs` channels over a `kernel`
+    /// window, stride 1, no padding, one group, initialized as PyTorch's
+    /// `nn.Conv2d`: weight and bias uniform in `[-1/sqrt(fan_in),
+    /// 1/sqrt(fan_in))`, `fan_in = inputs * kh * kw`, drawn from `seed`,
+    /// weight first. Set the other fields for strides and padding.
+    pub fn new(inputs: usize, outputs: usize, kernel: [usize; 2], seed: u64) -> Result<Conv2d> {
+        let fan_in = inputs * kernel[0] * kernel[1];
+        let bound = if fan_in == 0 {
+            0.0
+        } else {
+            1.0 / (fan_in as f32).sqrt()
+        };
+        let mut rng = SplitMix64::new(seed);
+        let mut uniform = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
+                .collect()
+        };
+        Ok(Conv2d {
+            weight: Tensor::from_vec(
+                uniform(outputs * fan_in),
+                [outputs, inputs, kernel[0], kernel[1]],
+            )?,
+            bias: Tensor::from_vec(uniform(outputs), [outputs])?,
+            stride: [1, 1],
+            padding: [(0, 0); 2],
+            dilation: [1, 1],
+            groups: 1,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.conv2d(
+            &self.weight,
+            Some(&self.bias),
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+        )
+    }
+
+    /// `weight` and `bias`, by name.
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
+        weight_and_bias(&self.weight, &self.bias)
+    }
+
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
+    }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
     }
 }
 
