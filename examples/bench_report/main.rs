@@ -13,9 +13,9 @@
 //! inputs already on the device: the time is the device's work, launches
 //! through synchronization. A `device_copy` line gives the device's own
 //! copy bandwidth, measured in the same run, to compare memory-bound
-//! workloads with. The training steps (`train_sgd`, `train_adam`) are
-//! timed by the host's clock on every backend, the batch already on the
-//! device, through the loss read back.
+//! workloads with. The training steps (`train_sgd`, `train_adam`,
+//! `train_cnn`) are timed by the host's clock on every backend, the batch
+//! already on the device, through the loss read back.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -23,6 +23,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 mod embedding;
+mod train;
 
 use kiln::{
     BackendOptions, CompileOptions, CompiledGraph, Data, DataRef, Device, Options, Precision,
@@ -480,9 +481,9 @@ fn main() -> Result<()> {
     if wanted("compile_mlp3") && args.backend == Backend::Cpu {
         compile_mlp3(args.quick)?;
     }
-    for id in ["train_sgd", "train_adam"] {
+    for id in ["train_sgd", "train_adam", "train_cnn"] {
         if wanted(id) {
-            train(id, args.quick, args.backend)?;
+            train::train(id, args.quick, args.backend)?;
         }
     }
     for id in ["eager_add_relu", "eager_chain10"] {
@@ -540,117 +541,6 @@ fn eager(id: &'static str, quick: bool) -> Result<()> {
             "{{\"workload\":\"{id}\",\"shape\":\"256x256\",\"variant\":\"{variant}\",\"backend\":\"cpu\",{},\"kernels\":1,\"bytes\":{},\"flops\":0,\"max_rel_err\":{err:.2e}}}",
             timing.fields(),
             3 * 256 * 256 * 4,
-        );
-    }
-    Ok(())
-}
-
-/// The training step of `../shared/anchors/train_anchor.py`: an MLP
-/// 784-256-256-10 (weights normal times sqrt(2 / fan-in), biases zero),
-/// a batch of 250 u8 images normalized inside the step, softmax
-/// cross-entropy on i32 labels, gradients and the update (`train_sgd`: SGD
-/// with momentum 0.9 at 0.05; `train_adam`: Adam at 1e-3), compiled with
-/// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
-/// The batch is on the step's device, as the anchors have it; a timed step
-/// reads its loss, so that on a GPU it is the host's time for a step
-/// through the loss on the host. Checked: the first step's loss against
-/// the interpreter's.
-fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
-    use kiln::optim::{AdamW, Optimizer, Sgd};
-    eprintln!("{id}");
-    let sizes = [784usize, 256, 256, 10];
-    let mut params = Vec::new();
-    for (i, pair) in sizes.windows(2).enumerate() {
-        let scale = (2.0 / pair[0] as f32).sqrt();
-        params.push((Tensor::randn([pair[0], pair[1]], i as u64)? * scale)?);
-        params.push(Tensor::zeros([pair[1]], kiln::DType::F32)?);
-    }
-    let images: Vec<u8> = (0..250 * 784).map(|i| (i * 7919 % 256) as u8).collect();
-    let labels: Vec<i32> = (0..250).map(|i| i * 31 % 10).collect();
-    let loss_of = |params: &[Tensor], x: &Tensor, y: &Tensor| -> Result<Tensor> {
-        let mut h =
-            (((x.cast(kiln::DType::F32)? * (1.0f32 / 255.0))? - 0.1307f32)? * (1.0f32 / 0.3081))?;
-        for (i, layer) in params.chunks(2).enumerate() {
-            h = (h.matmul(&layer[0])? + &layer[1])?;
-            if i + 1 < params.len() / 2 {
-                h = h.relu()?;
-            }
-        }
-        h.cross_entropy(y)
-    };
-    let sgd = Sgd {
-        momentum: 0.9,
-        ..Sgd::new(0.05)
-    };
-    let adam = AdamW {
-        weight_decay: 0.0,
-        ..AdamW::new(1e-3)
-    };
-    let optimizer: &dyn Optimizer = if id == "train_sgd" { &sgd } else { &adam };
-    let refs: Vec<&Tensor> = params.iter().collect();
-    let mut state = params.clone();
-    state.extend(optimizer.state(&refs)?);
-    let state: Vec<&Tensor> = state.iter().collect();
-    let specs = [
-        kiln::TensorType::new(kiln::DType::U8, [250, 784]),
-        kiln::TensorType::new(kiln::DType::I32, [250]),
-    ];
-    let n = params.len();
-    let (device, backend_options) = target(backend);
-    // On the step's device, as the anchors have it.
-    let batch = [
-        Tensor::from_vec(images.clone(), [250, 784])?.to(device)?,
-        Tensor::from_vec(labels.clone(), [250])?.to(device)?,
-    ];
-    let batch: Vec<&Tensor> = batch.iter().collect();
-    let mut steps = Vec::new();
-    for fusion in [true, false] {
-        let options = Options {
-            fusion,
-            ..Options::default()
-        };
-        let mut step = kiln::compile_step_with(
-            id,
-            &state,
-            &specs,
-            CompileOptions {
-                device,
-                optimizer: options,
-                backend: backend_options,
-            },
-            |s, b| {
-                let (p, opt) = s.split_at(n);
-                let loss = loss_of(p, &b[0], &b[1])?;
-                let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
-                let (p, opt) = optimizer.update(p, &grads, opt)?;
-                Ok((vec![loss], p.into_iter().chain(opt).collect()))
-            },
-        )?;
-        let first = step.call(&batch)?[0].to_scalar::<f32>()?;
-        steps.push((if fusion { "fused" } else { "unfused" }, step, first));
-    }
-    let on_reference: Vec<Tensor> = params
-        .iter()
-        .map(|p| p.to(Device::Reference))
-        .collect::<Result<_>>()?;
-    let x = Tensor::from_vec(images, [250, 784])?.to(Device::Reference)?;
-    let y = Tensor::from_vec(labels, [250])?.to(Device::Reference)?;
-    let want = f64::from(loss_of(&on_reference, &x, &y)?.to_scalar::<f32>()?);
-    let timings = time(quick, steps.len(), |v| {
-        steps[v].1.call(&batch)?[0].to_scalar::<f32>().map(|_| None)
-    })?;
-    // Each layer's product forward, and its weight's gradient, backward;
-    // the gradient of the layer's input for every layer but the first
-    // (the images have none): 302 MFLOP.
-    let macs: usize = sizes.windows(2).map(|p| p[0] * p[1]).sum();
-    let flops = (2 * 250 * (3 * macs - sizes[0] * sizes[1])) as u64;
-    for ((variant, step, first), timing) in steps.iter().zip(timings) {
-        println!(
-            "{{\"workload\":\"{id}\",\"shape\":\"250x784-256-256-10\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"kernels\":{},\"bytes\":0,\"flops\":{flops},\"max_rel_err\":{:.2e}}}",
-            backend.name(),
-            timing.fields(),
-            step.graph().launches(),
-            max_rel_err(&[*first], &[want])
         );
     }
     Ok(())
