@@ -6,6 +6,7 @@
 //! This crate has no `unsafe` and links no system library: a graph can be
 //! built, printed, checked and evaluated anywhere.
 
+mod data;
 pub mod elementwise;
 mod error;
 pub mod grad;

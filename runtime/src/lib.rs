@@ -21,6 +21,12 @@
 //! `unsafe` is confined to where machine code is made and called (the CPU
 //! backend's JIT and its GEMM cores) and to the CUDA libraries and
 //! device memory; each module that holds it says so in its doc.
+//!
+//! No function here takes more than six parameters or runs over 120 lines
+//! (`clippy.toml`), but the GEMM cores', whose arguments are the BLAS
+//! interface.
+
+#![warn(clippy::too_many_lines)]
 
 pub mod backend;
 pub mod bind;

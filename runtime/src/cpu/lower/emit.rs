@@ -282,10 +282,7 @@ impl<'a> Emitter<'a> {
         if lanes && contiguous {
             return match dtype {
                 DType::I32 => self.b.ins().load(types::I32X4, flags, addr, 0),
-                DType::BF16 | DType::F16 => {
-                    let bits = self.b.ins().uload16x4(flags, addr, 0);
-                    self.widen_half(dtype, bits, true)
-                }
+                DType::BF16 | DType::F16 => self.load_half(dtype, addr, true),
                 DType::U8 | DType::Bool => {
                     // Four bytes, and no more: the row may end there.
                     let word = self.b.ins().load(types::I32, flags, addr, 0);
@@ -304,8 +301,7 @@ impl<'a> Emitter<'a> {
             };
         }
         let x = if dtype.is_half() {
-            let bits = self.b.ins().uload16(types::I32, flags, addr, 0);
-            self.widen_half(dtype, bits, false)
+            self.load_half(dtype, addr, false)
         } else {
             self.b.ins().load(clif_type(dtype), flags, addr, 0)
         };
@@ -344,20 +340,10 @@ impl<'a> Emitter<'a> {
     fn store_at(&mut self, buffer: usize, offset: Value, x: Value) {
         let dtype = self.out_dtype;
         let addr = self.address(buffer, offset, dtype);
-        let flags = MemFlagsData::new().with_notrap();
-        let lanes = self.b.func.dfg.value_type(x).is_vector();
-        if dtype.is_half() && lanes {
-            // Four 16-bit lanes packed into the low 64 bits, stored at once.
-            let bits = self.half_bits(dtype, x, true);
-            let packed = self.b.ins().unarrow(bits, bits);
-            let little = MemFlagsData::new().with_endianness(Endianness::Little);
-            let words = self.b.ins().bitcast(types::I64X2, little, packed);
-            let four = self.b.ins().extractlane(words, 0);
-            self.b.ins().store(flags, four, addr, 0);
-        } else if dtype.is_half() {
-            let bits = self.half_bits(dtype, x, false);
-            self.b.ins().istore16(flags, bits, addr, 0);
+        if dtype.is_half() {
+            self.store_half(dtype, x, addr);
         } else {
+            let flags = MemFlagsData::new().with_notrap();
             self.b.ins().store(flags, x, addr, 0);
         }
     }

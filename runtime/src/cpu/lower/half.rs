@@ -10,7 +10,7 @@
 //! machine kiln runs on, and bf16's are AVX512-BF16.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Type, Value, types};
 use kiln_ir::DType;
 
 use super::emit::Emitter;
@@ -149,6 +149,35 @@ impl Emitter<'_> {
         let quiet = self.int(0x7e00, lanes);
         let value = self.choose(nan, quiet, value, lanes);
         self.b.ins().bor(value, sign)
+    }
+
+    /// The `dtype` element at `addr` (four with `lanes`), as f32.
+    pub(super) fn load_half(&mut self, dtype: DType, addr: Value, lanes: bool) -> Value {
+        let flags = MemFlagsData::new().with_notrap();
+        let bits = if lanes {
+            self.b.ins().uload16x4(flags, addr, 0)
+        } else {
+            self.b.ins().uload16(types::I32, flags, addr, 0)
+        };
+        self.widen_half(dtype, bits, lanes)
+    }
+
+    /// `x`, an f32 holding a `dtype` value (or four lanes of them), stored
+    /// at `addr` as its 16 bits.
+    pub(super) fn store_half(&mut self, dtype: DType, x: Value, addr: Value) {
+        let flags = MemFlagsData::new().with_notrap();
+        if self.b.func.dfg.value_type(x).is_vector() {
+            // Four 16-bit lanes packed into the low 64 bits, stored at once.
+            let bits = self.half_bits(dtype, x, true);
+            let packed = self.b.ins().unarrow(bits, bits);
+            let little = MemFlagsData::new().with_endianness(Endianness::Little);
+            let words = self.b.ins().bitcast(types::I64X2, little, packed);
+            let four = self.b.ins().extractlane(words, 0);
+            self.b.ins().store(flags, four, addr, 0);
+        } else {
+            let bits = self.half_bits(dtype, x, false);
+            self.b.ins().istore16(flags, bits, addr, 0);
+        }
     }
 
     /// The bits memory holds of `x`, an f32 (or four) holding a `dtype`

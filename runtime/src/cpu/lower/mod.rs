@@ -41,6 +41,7 @@ mod half;
 mod ops;
 mod reduce;
 mod row_call;
+mod row_fold;
 mod scatter;
 
 use cranelift_codegen::ir::{

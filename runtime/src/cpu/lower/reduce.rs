@@ -4,7 +4,7 @@
 //! lane; or, for a sum over a leading axis, blocks of output rows
 //! accumulated in place while the reduced axis is walked in memory order.
 
-use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use cranelift_frontend::Variable;
 use kiln_ir::kernel::{Block, Expr};
@@ -13,6 +13,7 @@ use kiln_ir::{DType, ReduceOp};
 use super::emit::{Emitter, Placed, RowBase, Rows};
 use super::exp_sum::exp_argument;
 use super::row_call::ROW_CALL_MIN;
+use super::row_fold::RowFold;
 use super::{Host, RowRange, UNROLL, clif_type, f32_arithmetic, vectorizable};
 use crate::nest::{Access, Nest};
 
@@ -35,7 +36,7 @@ const SHORT_ROW: usize = 15;
 /// 256-bit call (`row_call`), and only computed rows come here. Shorter
 /// rows come from cache, where order is moot or worse (sum_all 1024² read
 /// in segments took longer). Measured in `benches/RESULTS-cpu.md`.
-const LONG_ROW: usize = 8192;
+pub(super) const LONG_ROW: usize = 8192;
 
 /// A reduction kernel as lowered: its op, the prologue block and its loop
 /// nest, the epilogue block and its nest, and whether the epilogue runs
@@ -152,7 +153,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// One row of a reduction: the prologue combined over the inner loop
-    /// (four inner elements per lane group when it can), then the epilogue.
+    /// (four inner elements per lane group when it can, or by a call), then
+    /// the epilogue.
     fn reduce_row(&mut self, r: Reduce, dtype: DType, row: Value, inner_len: usize) {
         let Reduce {
             op,
@@ -186,26 +188,6 @@ impl<'a> Emitter<'a> {
         let out_base = epi_bases[epi_bases.len() - 1];
         let out = &epi.accesses[epi.accesses.len() - 1];
         let store = e.store_prologue;
-        // The prologue at inner index `j` (four elements with `lanes`), also
-        // stored into the output row where the epilogue reads it back.
-        let element = |e: &mut Self, j: Value, lanes: bool| {
-            let v = e.block(pro_at, j, None, lanes);
-            if store {
-                e.store(out, out_base, j, v);
-            }
-            v
-        };
-        // The prologue combined into `acc` one element at a time, from `from`
-        // to the row's end.
-        let scalars = |e: &mut Self, acc: Variable, from: Value| {
-            e.counted_loop(from, n, 1, |e, j| {
-                let v = element(e, j, false);
-                let a = e.b.use_var(acc);
-                let a = e.combine(op, dtype, a, v);
-                e.b.def_var(acc, a);
-            });
-        };
-        let mut from = zero;
         // A max over vectors runs `maxps` alone, where IEEE `maximum` takes
         // five instructions: NaNs are noted apart, and a row whose max comes
         // out zero, where `maxps` may have kept -0 over +0, is walked again.
@@ -216,20 +198,17 @@ impl<'a> Emitter<'a> {
             e.b.def_var(nans, none);
             nans
         });
-        let fold = |e: &mut Self, a: Value, v: Value| match nans {
-            Some(_) => e.math(true).fast_max(v, a),
-            None => e.combine(op, DType::F32, a, v),
+        let f = RowFold {
+            op,
+            dtype,
+            pro_at,
+            stored: store.then_some((out, out_base)),
+            n,
+            zero,
+            init,
+            nans,
         };
-        // Folds a vector of the row into an accumulator, noting its NaNs.
-        let vcombine = |e: &mut Self, a: Value, v: Value| {
-            if let Some(nans) = nans {
-                let nan = e.b.ins().fcmp(FloatCC::Unordered, v, v);
-                let seen = e.b.use_var(nans);
-                let seen = e.b.ins().bor(seen, nan);
-                e.b.def_var(nans, seen);
-            }
-            fold(e, a, v)
-        };
+        let mut from = zero;
         let ahead = if lanes {
             e.first_ahead(prologue, pro, row)
         } else {
@@ -261,117 +240,16 @@ impl<'a> Emitter<'a> {
                 hoisted: &hoisted[..=a],
                 ..pro_at
             };
-            let out = store.then_some((out, out_base));
-            let total = e.exp_sum_row(at, out, inner_len, ahead);
+            let total = e.exp_sum_row(at, f.stored, inner_len, ahead);
             e.b.def_var(acc, total);
             from = n;
         } else if lanes {
-            // UNROLL independent vector accumulators, so that additions do not
-            // wait on each other, then one, folded together at the end.
-            let vinit = e.b.ins().splat(types::F32X4, init);
-            let vaccs: Vec<_> = (0..UNROLL)
-                .map(|_| {
-                    let v = e.b.declare_var(types::F32X4);
-                    e.b.def_var(v, vinit);
-                    v
-                })
-                .collect();
-            // A long row is read as UNROLL segments at once, one vector of
-            // each per trip (see `LONG_ROW`); a shorter one, from cache, in
-            // order, UNROLL vectors per trip.
-            let (segment, step, trips) = if inner_len >= LONG_ROW {
-                let segment = inner_len / (4 * UNROLL) * 4;
-                (segment, 4, e.iconst(segment as i64))
-            } else {
-                (4, 4 * UNROLL, n)
-            };
-            let last = e.counted_loop(zero, trips, step as i64, |e, j| {
-                // Rows read in segments read no line ahead: alone in a launch
-                // (`ahead` 0) the line is one of the row's own, ahead of its
-                // segments, and sum_all 4096² took longer reading it
-                // (`benches/RESULTS-cpu.md`).
-                if let Some((row_ahead, dtype)) = ahead.filter(|_| segment == 4) {
-                    let bytes = e.b.ins().imul_imm_s(j, dtype.size() as i64);
-                    let at = e.b.ins().iadd(row_ahead, bytes);
-                    // Without `notrap` a load stays although nothing uses it.
-                    e.b.ins().load(types::I8, MemFlagsData::new(), at, 0);
-                }
-                for (u, &vacc) in vaccs.iter().enumerate() {
-                    let j = e.b.ins().iadd_imm_s(j, (segment * u) as i64);
-                    let v = element(e, j, true);
-                    let a = e.b.use_var(vacc);
-                    let a = vcombine(e, a, v);
-                    e.b.def_var(vacc, a);
-                }
-            });
-            // The rest of the row, after the segments or the last trip.
-            from = if step == 4 {
-                e.iconst((segment * UNROLL) as i64)
-            } else {
-                last
-            };
-            from = e.counted_loop(from, n, 4, |e, j| {
-                let v = element(e, j, true);
-                let a = e.b.use_var(vaccs[0]);
-                let a = vcombine(e, a, v);
-                e.b.def_var(vaccs[0], a);
-            });
-            // A ragged tail of a row of at least four: one more vector over the
-            // last four elements, the lanes already counted masked to `init`.
-            let ragged = inner_len % 4;
-            if ragged != 0 && inner_len >= 4 {
-                let j = e.iconst((inner_len - 4) as i64);
-                let v = element(e, j, true);
-                let lanes: Vec<u8> = (0..4u32)
-                    .flat_map(|k| if k >= 4 - ragged as u32 { u32::MAX } else { 0 }.to_le_bytes())
-                    .collect();
-                let mask = e.b.func.dfg.constants.insert(lanes.into());
-                let mask = e.b.ins().vconst(types::I32X4, mask);
-                let mask = e.b.ins().bitcast(types::F32X4, MemFlagsData::new(), mask);
-                let v = e.b.ins().bitselect(mask, v, vinit);
-                let a = e.b.use_var(vaccs[0]);
-                let a = vcombine(e, a, v);
-                e.b.def_var(vaccs[0], a);
-                from = n;
-            }
-            // The accumulators hold no NaN (`maxps` keeps the accumulator
-            // over a NaN of the row), so folding them notes nothing.
-            let mut v = e.b.use_var(vaccs[0]);
-            for &vacc in &vaccs[1..] {
-                let w = e.b.use_var(vacc);
-                v = fold(e, v, w);
-            }
-            let mut total = e.b.ins().extractlane(v, 0);
-            for lane in 1..4 {
-                let x = e.b.ins().extractlane(v, lane);
-                total = e.combine(op, DType::F32, total, x);
-            }
-            if let Some(nans) = nans {
-                let seen = e.b.use_var(nans);
-                let any = e.b.ins().vany_true(seen);
-                let nan = e.b.ins().f32const(f32::NAN);
-                total = e.b.ins().select(any, nan, total);
-                let zero_f32 = e.b.ins().f32const(0.0);
-                let is_zero = e.b.ins().fcmp(FloatCC::Equal, total, zero_f32);
-                let (again, join) = (e.b.create_block(), e.b.create_block());
-                e.b.set_cold_block(again);
-                let max = e.b.append_block_param(join, types::F32);
-                e.b.ins().brif(is_zero, again, &[], join, &[total.into()]);
-                e.b.switch_to_block(again);
-                let exact = e.b.declare_var(types::F32);
-                e.b.def_var(exact, init);
-                scalars(e, exact, zero);
-                let exact = e.b.use_var(exact);
-                e.b.ins().jump(join, &[exact.into()]);
-                e.b.switch_to_block(join);
-                total = max;
-            }
-            e.b.def_var(acc, total);
+            from = e.fold_row_lanes(&f, acc, inner_len, ahead);
         }
         if !lanes && !store && pro.inner.len() >= 2 && inner_len > 0 {
             e.reduce_runs(r, dtype, row, acc, &hoisted);
         } else {
-            scalars(e, acc, from);
+            e.fold_scalars(&f, acc, from);
         }
         let total = e.b.use_var(acc);
         let total = e.pin(total);
