@@ -15,10 +15,12 @@
 
 mod accumulate;
 mod groups;
+mod scaler;
 mod schedule;
 
 pub use accumulate::Accumulate;
 pub use groups::Groups;
+pub use scaler::GradScaler;
 pub use schedule::Schedule;
 
 use crate::{DType, Error, Result, Tensor};
