@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::Module;
+use super::module::layered;
 use crate::rng::SplitMix64;
 use crate::{Error, Result, Tensor};
 
@@ -32,17 +33,7 @@ impl Linear {
     }
 
     fn drawn(inputs: usize, outputs: usize, rng: &mut SplitMix64) -> Result<Linear> {
-        // PyTorch's bound, and 0 for a layer with no inputs, as it uses.
-        let bound = if inputs == 0 {
-            0.0
-        } else {
-            1.0 / (inputs as f32).sqrt()
-        };
-        let mut uniform = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
-                .collect()
-        };
+        let mut uniform = fan_in_uniform(inputs, rng);
         Ok(Linear {
             weight: Tensor::from_vec(uniform(inputs * outputs), [inputs, outputs])?,
             bias: Tensor::from_vec(uniform(outputs), [outputs])?,
@@ -67,6 +58,21 @@ impl Module for Linear {
 
     fn boxed(&self) -> Box<dyn Module> {
         Box::new(self.clone())
+    }
+}
+
+/// `n` values uniform in PyTorch's `[-1/sqrt(fan_in), 1/sqrt(fan_in))`,
+/// from `rng`; zeros for a layer with no inputs, as PyTorch draws them.
+fn fan_in_uniform(fan_in: usize, rng: &mut SplitMix64) -> impl FnMut(usize) -> Vec<f32> + '_ {
+    let bound = if fan_in == 0 {
+        0.0
+    } else {
+        1.0 / (fan_in as f32).sqrt()
+    };
+    move |n| {
+        (0..n)
+            .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
+            .collect()
     }
 }
 
@@ -213,23 +219,11 @@ impl Module for Mlp {
 
     /// Every layer's parameters, named `layers.{i}.weight` and `layers.{i}.bias`.
     fn parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut all = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            for (name, t) in layer.parameters() {
-                all.push((format!("layers.{i}.{name}"), t));
-            }
-        }
-        all
+        layered(self.layers.iter().map(Module::parameters))
     }
 
     fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut all = Vec::new();
-        for (i, layer) in self.layers.iter_mut().enumerate() {
-            for (name, t) in layer.parameters_mut() {
-                all.push((format!("layers.{i}.{name}"), t));
-            }
-        }
-        all
+        layered(self.layers.iter_mut().map(Module::parameters_mut))
     }
 
     fn boxed(&self) -> Box<dyn Module> {
@@ -263,17 +257,8 @@ impl Conv2d {
     /// weight first. Set the other fields for strides and padding.
     pub fn new(inputs: usize, outputs: usize, kernel: [usize; 2], seed: u64) -> Result<Conv2d> {
         let fan_in = inputs * kernel[0] * kernel[1];
-        let bound = if fan_in == 0 {
-            0.0
-        } else {
-            1.0 / (fan_in as f32).sqrt()
-        };
         let mut rng = SplitMix64::new(seed);
-        let mut uniform = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| (2.0 * rng.next_f32() - 1.0) * bound)
-                .collect()
-        };
+        let mut uniform = fan_in_uniform(fan_in, &mut rng);
         Ok(Conv2d {
             weight: Tensor::from_vec(
                 uniform(outputs * fan_in),

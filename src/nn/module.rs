@@ -14,11 +14,15 @@ pub trait Module: Send + Sync {
     /// The output for `x`.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
-    /// The parameters, by name, in a fixed order.
-    fn parameters(&self) -> Vec<(String, &Tensor)>;
+    /// The parameters, by name, in a fixed order (none by default).
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
+        Vec::new()
+    }
 
     /// The parameters, named and ordered as `parameters`, to be replaced.
-    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)>;
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
 
     /// A copy of this module behind a box: how `Sequential` copies layers
     /// of any type.
@@ -87,28 +91,28 @@ impl Module for Sequential {
     }
 
     fn parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut all = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            for (name, t) in layer.parameters() {
-                all.push((format!("layers.{i}.{name}"), t));
-            }
-        }
-        all
+        layered(self.layers.iter().map(|l| l.parameters()))
     }
 
     fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut all = Vec::new();
-        for (i, layer) in self.layers.iter_mut().enumerate() {
-            for (name, t) in layer.parameters_mut() {
-                all.push((format!("layers.{i}.{name}"), t));
-            }
-        }
-        all
+        layered(self.layers.iter_mut().map(|l| l.parameters_mut()))
     }
 
     fn boxed(&self) -> Box<dyn Module> {
         Box::new(self.clone())
     }
+}
+
+/// Each layer's parameters named `layers.{i}.{name}`, in order: the names
+/// of a list of layers.
+pub(super) fn layered<T>(layers: impl Iterator<Item = Vec<(String, T)>>) -> Vec<(String, T)> {
+    let mut all = Vec::new();
+    for (i, params) in layers.enumerate() {
+        for (name, t) in params {
+            all.push((format!("layers.{i}.{name}"), t));
+        }
+    }
+    all
 }
 
 /// `relu`, as a layer.
@@ -118,14 +122,6 @@ pub struct Relu;
 impl Module for Relu {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.relu()
-    }
-
-    fn parameters(&self) -> Vec<(String, &Tensor)> {
-        Vec::new()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        Vec::new()
     }
 
     fn boxed(&self) -> Box<dyn Module> {
@@ -145,14 +141,6 @@ impl Module for Flatten {
         x.reshape([rows, dims.iter().skip(1).product()])
     }
 
-    fn parameters(&self) -> Vec<(String, &Tensor)> {
-        Vec::new()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        Vec::new()
-    }
-
     fn boxed(&self) -> Box<dyn Module> {
         Box::new(*self)
     }
@@ -165,14 +153,6 @@ pub struct MaxPool2d(pub Pool2d);
 impl Module for MaxPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.max_pool2d(&self.0)
-    }
-
-    fn parameters(&self) -> Vec<(String, &Tensor)> {
-        Vec::new()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        Vec::new()
     }
 
     fn boxed(&self) -> Box<dyn Module> {
