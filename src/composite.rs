@@ -69,8 +69,18 @@ impl Tensor {
             let var = centered.square()?.mean(&[-1], true)?;
             let eps = Tensor::scalar(Scalar::F32(eps).cast(x.dtype()));
             let inv_std = var.add(&eps)?.sqrt()?.recip()?;
-            let (weight, bias) = (weight.cast(x.dtype())?, bias.cast(x.dtype())?);
-            centered.mul(&inv_std)?.mul(&weight)?.add(&bias)
+            // 16-bit parameters of 16-bit data compute in f32 with it.
+            let wide = |p: &Tensor| {
+                if p.dtype().is_half() {
+                    p.cast(x.dtype())
+                } else {
+                    Ok(p.clone())
+                }
+            };
+            centered
+                .mul(&inv_std)?
+                .mul(&wide(weight)?)?
+                .add(&wide(bias)?)
         })
     }
 

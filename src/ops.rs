@@ -104,7 +104,7 @@ impl Tensor {
         self.binary(BinaryOp::Mul, rhs)
     }
 
-    /// a / b, broadcasting (f32 or f64).
+    /// a / b, broadcasting (floats).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Div, rhs)
     }
@@ -119,7 +119,7 @@ impl Tensor {
         self.binary(BinaryOp::Min, rhs)
     }
 
-    /// a^b, broadcasting (f32 or f64).
+    /// a^b, broadcasting (floats).
     pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Pow, rhs)
     }

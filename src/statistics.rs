@@ -27,7 +27,8 @@ impl Tensor {
     /// Variance over `axes`: the mean squared distance from the mean, times
     /// `n / (n - correction)` for `n` elements per result (1: the unbiased
     /// estimate, PyTorch's default; 0: the population's). NaN or infinite
-    /// where `n <= correction`, as in PyTorch. f32 or f64.
+    /// where `n <= correction`, as in PyTorch. Floats; 16-bit ones computed in
+    /// f32 and rounded once.
     pub fn var(&self, axes: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
         self.in_f32(|x| {
             let mean = x.mean(axes, true)?;
@@ -46,7 +47,7 @@ impl Tensor {
     /// `log(sum(exp(x)))` over `axes`, shifted by the (detached) max so that
     /// large inputs do not overflow; an infinite max is not shifted by, so
     /// rows of -inf give -inf and a row holding +inf gives +inf, as
-    /// PyTorch's. f32 or f64.
+    /// PyTorch's. Floats; 16-bit ones computed in f32 and rounded once.
     pub fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         self.in_f32(|x| {
             let zero = Tensor::scalar(Scalar::F32(0.0).cast(x.dtype()));

@@ -152,5 +152,15 @@ fn bad_settings_are_errors_naming_them() -> Result<()> {
             .unwrap_or_default();
         assert!(e.contains("GradScaler") && e.contains(what), "{e}");
     }
+    // f16 gradients would be unscaled below f16's range, as PyTorch refuses.
+    let scaler = GradScaler::new(Sgd::new(0.1));
+    let h = w.cast(DType::F16)?;
+    let state = scaler.state(&[&h])?;
+    let e = scaler
+        .update(std::slice::from_ref(&h), std::slice::from_ref(&h), &state)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("unscaled in f32") && e.contains("f16[2]"), "{e}");
     Ok(())
 }

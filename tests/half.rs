@@ -294,3 +294,28 @@ fn softmax_norms_and_means_of_halves_round_once() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_gather_of_halves_outside_the_table_reads_nan() -> Result<()> {
+    for dtype in [DType::BF16, DType::F16] {
+        let table = Tensor::randn([5, 3], 11)?.cast(dtype)?;
+        let ids = Tensor::from_vec(vec![0i64, -1, 5, 7, 2], [5])?;
+        let want = as_f32(&table)?;
+        for (path, got) in every_path(&[table, ids], |t| t[0].index_select(0, &t[1]))? {
+            let got = as_f32(&got)?;
+            for (k, row) in [Some(0), Some(4), None, None, Some(2)]
+                .into_iter()
+                .enumerate()
+            {
+                for c in 0..3 {
+                    let g = got[k * 3 + c];
+                    match row {
+                        Some(r) => assert_eq!(g.to_bits(), want[r * 3 + c].to_bits(), "{path}"),
+                        None => assert!(g.is_nan(), "{dtype}, {path}: id {k} read {g}"),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

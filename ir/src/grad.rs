@@ -6,7 +6,7 @@
 //! The walk goes once over the arena from the loss back to the front. A
 //! node gets a gradient (the cotangent of its value, of its shape) when it
 //! lies on a path from a value to differentiate to the loss through float
-//! (f32 or f64) values; its rule turns that gradient into one contribution
+//! (float) values; its rule turns that gradient into one contribution
 //! per operand that is on such a path too, and the contributions of a node's readers
 //! are summed (`add`). No other node is built: nothing for operands that
 //! lead to no value asked for (the data fed to a network), nothing after
@@ -80,7 +80,7 @@ mod reduce;
 /// Appends to `graph` the nodes that compute the gradient of `loss` with
 /// respect to each node of `wrt`, and returns them in order (of the shapes of
 /// the `wrt` nodes). The loss must be a float value of one element (any rank);
-/// every `wrt` node must be a float (f32 or f64). A `wrt` node the loss does
+/// every `wrt` node must be a float. A `wrt` node the loss does
 /// not depend on gets zeros, as in JAX. The graph's outputs are left as they are.
 ///
 /// `graph` must hold graph ops only; a graph the optimizer has fused is an
@@ -635,7 +635,8 @@ fn full(g: &mut Graph, v: Scalar, shape: &Shape) -> Result<NodeId, Error> {
     push(g, Op::Expand(shape.clone()), &[k])
 }
 
-/// The constant `v` of `x`'s shape and dtype (f32 or f64: `v` is exact in both).
+/// The constant `v` of `x`'s shape and dtype (a float: the `v`s of the rules,
+/// 0, 0.5 and 1, are exact in each).
 fn like(g: &mut Graph, v: f32, x: NodeId) -> Result<NodeId, Error> {
     let ty = g.node(x).ty.clone();
     full(g, Scalar::F32(v).cast(ty.dtype), &ty.shape)

@@ -246,10 +246,10 @@ impl Expr {
 /// What a gather reads for an index outside its axis: NaN from floats, as a
 /// bad label makes a loss NaN, and zero (false) from the other dtypes.
 pub fn gather_fill(dtype: DType) -> Scalar {
-    match dtype {
-        DType::F32 => Scalar::F32(f32::NAN),
-        DType::F64 => Scalar::F64(f64::NAN),
-        other => Scalar::I32(0).cast(other),
+    if dtype.is_float() {
+        Scalar::F64(f64::NAN).cast(dtype)
+    } else {
+        Scalar::I32(0).cast(dtype)
     }
 }
 

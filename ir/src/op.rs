@@ -121,7 +121,7 @@ pub enum Op {
     /// give along `axis`, into zeros of `updates`' shape with `len` on
     /// `axis`: `out[.., p, ..]` is the sum of every `updates[.., j, ..]`
     /// whose index picks `p` (counted from the end when negative; one
-    /// outside `-len..len` adds nowhere). Operands f32 or f64 `updates` and
+    /// outside `-len..len` adds nowhere). Operands float `updates` and
     /// i32 or i64 `indices` of the same shape. Each sum is a sum as a
     /// reduction's is (the interpreter's exact, rounded once; a backend's
     /// within rounding of it), taken in the order of `j`, so a backend
@@ -430,7 +430,7 @@ fn infer_scatter_add(
         return Err(Error::DType {
             op,
             dtype: updates.dtype,
-            expected: "f32 or f64 updates",
+            expected: "float updates",
         });
     }
     if !matches!(indices.dtype, DType::I32 | DType::I64) {

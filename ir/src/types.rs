@@ -403,6 +403,8 @@ pub(crate) fn cast_int(v: i64, dtype: DType) -> Scalar {
         DType::I64 => Scalar::I64(v),
         DType::U8 => Scalar::U8(v as u8),
         DType::Bool => Scalar::Bool(v != 0),
+        // Through f64, which holds every integer up to 2^53 exactly; one
+        // beyond rounds to f64 first, then to 16 bits.
         DType::BF16 | DType::F16 => cast_f64(v as f64, dtype),
     }
 }

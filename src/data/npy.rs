@@ -420,12 +420,13 @@ impl NpyArray {
         match &mut data {
             Data::F32(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::I32(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
+            Data::F16(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             // `NpyDType::dtype` narrows 64-bit files to f32 and i32, so that
-            // datasets feed what losses take; these arms are never reached.
+            // datasets feed what losses take, and no `.npy` holds bf16:
+            // these arms are never reached.
             Data::I64(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::F64(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::BF16(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
-            Data::F16(v) => dtype.narrow(bytes, bytemuck::cast_slice_mut(v)),
             Data::U8(v) => dtype.narrow(bytes, v),
             Data::Bool(v) => {
                 for (o, &b) in v.iter_mut().zip(bytes) {

@@ -251,10 +251,11 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// A convolution from `inputs` to `outputs` channels over a `kernel`
-    /// window, stride 1, no padding, one group, initialized as PyTorch's
-    /// `nn.Conv2d`: weight and bias uniform in `[-1/sqrt(fan_in),
+    /// window, stride 1, no padding, no dilation, one group, initialized as
+    /// PyTorch's `nn.Conv2d`: weight and bias uniform in `[-1/sqrt(fan_in),
     /// 1/sqrt(fan_in))`, `fan_in = inputs * kh * kw`, drawn from `seed`,
-    /// weight first. Set the other fields for strides and padding.
+    /// weight first. Set `stride`, `padding` and `dilation` as needed; a
+    /// grouped convolution also needs a weight of its own shape.
     pub fn new(inputs: usize, outputs: usize, kernel: [usize; 2], seed: u64) -> Result<Conv2d> {
         let fan_in = inputs * kernel[0] * kernel[1];
         let mut rng = SplitMix64::new(seed);

@@ -52,8 +52,9 @@ pub trait Module: Send + Sync {
     }
 }
 
-/// Layers applied in order, as PyTorch's `nn.Sequential`: layer `i`'s
-/// parameters are named `layers.{i}.{name}`.
+/// Layers applied in order, as PyTorch's `nn.Sequential`; layer `i`'s
+/// parameters are named `layers.{i}.{name}`, as `Mlp` names its layers'
+/// (PyTorch's `Sequential` names them `{i}.{name}`).
 pub struct Sequential {
     /// The layers, input first.
     pub layers: Vec<Box<dyn Module>>,

@@ -123,14 +123,26 @@ impl<O: Optimizer> Optimizer for GradScaler<O> {
                 ),
             });
         }
+        // As PyTorch's: gradients divided by a scale of up to 2^24 and more
+        // would fall below f16's range; mixed precision keeps f32 master
+        // weights, whose gradients are f32.
+        if let Some(g) = grads.iter().find(|g| g.dtype() != DType::F32) {
+            return Err(Error::Optimizer {
+                op: "GradScaler",
+                message: format!(
+                    "gradients are unscaled in f32: keep f32 parameters (master weights), not {}",
+                    g.ty()
+                ),
+            });
+        }
         let (scale, clean, inner) = (&state[0], &state[1], &state[2..]);
         let inverse = Tensor::scalar(1.0f32).div(scale)?;
         // x * 0 is 0 for every finite x, NaN for an infinity or a NaN.
-        let mut bad = Tensor::scalar(0.0f32);
+        let zero = Tensor::scalar(0.0f32);
+        let mut bad = zero.clone();
         let mut unscaled = Vec::with_capacity(n);
         for g in grads {
-            let u = g.mul(&inverse.cast(g.dtype())?)?;
-            let zero = Tensor::scalar(kiln_ir::Scalar::F32(0.0).cast(u.dtype()));
+            let u = g.mul(&inverse)?;
             let flagged = u.mul(&zero)?.ne(&zero)?.cast(DType::F32)?.sum_all()?;
             bad = (bad + flagged)?;
             unscaled.push(u);
@@ -143,7 +155,6 @@ impl<O: Optimizer> Optimizer for GradScaler<O> {
             .collect::<Result<_>>()?;
         let counted = (clean + 1.0f32)?;
         let grow = counted.ge(&Tensor::scalar(self.growth_interval as f32))?;
-        let zero = Tensor::scalar(0.0f32);
         let grown = grow.where_cond(&(scale * self.growth_factor)?, scale)?;
         let new_scale = ok.where_cond(&grown, &(scale * self.backoff_factor)?)?;
         let new_clean = ok.where_cond(&grow.where_cond(&zero, &counted)?, &zero)?;

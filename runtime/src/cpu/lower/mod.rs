@@ -501,8 +501,8 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
 /// optimizer's bias correction, a `pow` of the step count, leaves its
 /// update in vectors; so does a row's label compared along it) or be read
 /// only as gathers' index (an i64 id, kept a scalar), and gathers whose
-/// index is hoisted (a row picked once per row); a result stored as f32 or
-/// i32; reads contiguous or constant along the inner loop.
+/// index is hoisted (a row picked once per row); a result stored as f32,
+/// i32, bf16 or f16; reads contiguous or constant along the inner loop.
 fn vectorizable_hoisted(
     block: &Block,
     accesses: &[Access],
@@ -564,7 +564,11 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
                 }
                 DType::F64 | DType::I64 | DType::BF16 | DType::F16 => false,
             },
-            Expr::Cast(x) => has_lanes(dtype_of(*x)),
+            // An i32 into a 16-bit float goes through f64 (`cast`), which
+            // has no lanes: through f32 it could round twice.
+            Expr::Cast(x) => {
+                has_lanes(dtype_of(*x)) && !(dtype_of(*x) == DType::I32 && v.dtype.is_half())
+            }
             // Only with its index hoisted (`vectorizable_hoisted`).
             Expr::Gather { .. } => false,
         }

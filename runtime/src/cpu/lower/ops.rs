@@ -244,8 +244,9 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// `Scalar::cast` of four lanes (`has_lanes`), between f32, i32, u8
-    /// and bool: the conversions of `cast`, on lanes as they are held.
+    /// `Scalar::cast` of four lanes (`has_lanes`), between f32, i32, u8,
+    /// bool, bf16 and f16 (but i32 to a 16-bit float, `lane_op`): the
+    /// conversions of `cast`, on lanes as they are held.
     fn cast_lanes(&mut self, x: Value, from: DType, to: DType) -> Value {
         let int = |e: &mut Self, v: i64| {
             let c = e.b.ins().iconst(types::I32, v);

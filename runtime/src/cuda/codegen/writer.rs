@@ -338,6 +338,16 @@ impl Writer {
                     .acc
                     .ok_or_else(|| Error::Codegen("acc outside a reduction or matmul".into()))?
                     .to_string(),
+                // `pass::widen` leaves no arithmetic on 16-bit floats; were
+                // there any, its result would round as the interpreter's.
+                Expr::Unary(op, x) if ty.is_half() => {
+                    let r = self.unary(*op, &name(*x), ty)?;
+                    self.cast(&r, DType::F32, ty)
+                }
+                Expr::Binary(op, x, y) if ty.is_half() => {
+                    let r = self.binary(*op, &name(*x), &name(*y), operand_type(*x))?;
+                    self.cast(&r, DType::F32, ty)
+                }
                 Expr::Unary(op, x) => self.unary(*op, &name(*x), ty)?,
                 Expr::Binary(op, x, y) => {
                     self.binary(*op, &name(*x), &name(*y), operand_type(*x))?
