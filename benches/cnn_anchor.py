@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """jax.jit on bench_report's `train_cnn` step: one Adam step (1e-3) of the
-CNN of examples/train_cnn.rs (5x5 convolutions to 16 and 32 channels, each
-with ReLU and 2x2 max pooling, a linear layer to 10 classes; weights
-normal times sqrt(2 / fan-in), biases zero), u8 images normalized inside
-the step, softmax cross-entropy on int labels, batch 100, buffers donated,
-on the CPU. One JSON line in train_anchor.py's form.
+CNN of examples/train_cnn.rs without its batch norms (5x5 convolutions to
+16 and 32 channels, each with ReLU and 2x2 max pooling, a linear layer to
+10 classes; weights normal times sqrt(2 / fan-in), biases zero), u8
+images normalized inside the step, softmax cross-entropy on int labels,
+batch 100, buffers donated, on the CPU. One JSON line in
+train_anchor.py's form.
 
   python3 -m venv /tmp/jax && /tmp/jax/bin/pip install jax numpy
   /tmp/jax/bin/python benches/cnn_anchor.py [--steps N]

@@ -2,12 +2,13 @@
 //!
 //! The same 4,000 training and 1,000 test digits as the quickstart
 //! (`data/digits/`, CC BY-SA 3.0), through `nn::Sequential`: a 5x5
-//! convolution to 16 channels, ReLU, 2x2 max pooling, a 5x5 convolution to
-//! 32 channels, ReLU, 2x2 max pooling, and a linear layer to the ten
-//! classes. One training step (the bytes normalized inside it, the forward
-//! pass, cross-entropy, the gradients, AdamW's update) is compiled once
-//! with `kiln::compile_step`; each epoch prints the loss, the test accuracy
-//! and samples/s.
+//! convolution to 16 channels, batch norm, ReLU, 2x2 max pooling, a 5x5
+//! convolution to 32 channels, batch norm, ReLU, 2x2 max pooling, and a
+//! linear layer to the ten classes. One training step (the bytes
+//! normalized inside it, the forward pass in training mode, cross-entropy,
+//! the gradients, AdamW's update, the batch norms' running statistics) is
+//! compiled once with `kiln::compile_step`; each epoch prints the loss, the
+//! test accuracy (inference mode: the running statistics) and samples/s.
 //!
 //! Run with `cargo run --release --example train_cnn`.
 
@@ -17,7 +18,7 @@ use std::time::Instant;
 
 use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
-use kiln::nn::{Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
+use kiln::nn::{BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use kiln::optim::{AdamW, Optimizer};
 use kiln::{CompiledStep, DType, Pool2d, Result, Tensor, TensorType};
 
@@ -41,9 +42,11 @@ fn network() -> Result<Sequential> {
     let pool = MaxPool2d(Pool2d::new([2, 2]));
     Ok(Sequential::new(vec![
         Box::new(Conv2d::new(1, 16, [5, 5], 0)?),
+        Box::new(BatchNorm2d::new(16)?),
         Box::new(Relu),
         Box::new(pool),
         Box::new(Conv2d::new(16, 32, [5, 5], 1)?),
+        Box::new(BatchNorm2d::new(32)?),
         Box::new(Relu),
         Box::new(pool),
         Box::new(Flatten),
@@ -51,32 +54,43 @@ fn network() -> Result<Sequential> {
     ]))
 }
 
-/// The training step: state = parameters, then AdamW's state; arguments =
-/// a batch of images and labels; output = the batch's loss.
+/// The training step: state = parameters, buffers, then AdamW's state;
+/// arguments = a batch of images and labels; output = the batch's loss.
 fn training_step(net: &Sequential, optimizer: &AdamW) -> Result<CompiledStep> {
     let params: Vec<&Tensor> = net.parameters().into_iter().map(|(_, p)| p).collect();
+    let buffers = net.buffers();
     let mut state: Vec<Tensor> = params.iter().map(|&p| p.clone()).collect();
+    state.extend(buffers.iter().map(|(_, b)| (*b).clone()));
     state.extend(optimizer.state(&params)?);
     let state: Vec<&Tensor> = state.iter().collect();
     let batch = [
         TensorType::new(DType::U8, [BATCH, 28, 28]),
         TensorType::new(DType::I32, [BATCH]),
     ];
-    let n = params.len();
+    let (n, m) = (params.len(), buffers.len());
     kiln::compile_step("train_cnn", &state, &batch, |state, batch| {
-        let (params, moments) = state.split_at(n);
-        let logits = net.with_parameters(params)?.forward(&pixels(&batch[0])?)?;
+        let (params, rest) = state.split_at(n);
+        let (buffers, moments) = rest.split_at(m);
+        let model = net.with_parameters(params)?.with_buffers(buffers)?;
+        let mut new_buffers = Vec::new();
+        let logits = model.forward_train(&pixels(&batch[0])?, &mut new_buffers)?;
         let loss = logits.cross_entropy(&batch[1])?;
         let param_refs: Vec<&Tensor> = params.iter().collect();
         let grads = kiln::grad(&loss, &param_refs)?;
         let (params, moments) = optimizer.update(params, &grads, moments)?;
-        Ok((vec![loss], params.into_iter().chain(moments).collect()))
+        let state = params.into_iter().chain(new_buffers).chain(moments);
+        Ok((vec![loss], state.collect()))
     })
 }
 
-/// The fraction of `images` whose argmax of the logits is the label.
-fn accuracy(net: &Sequential, params: &[Tensor], images: &Tensor, labels: &Tensor) -> Result<f32> {
-    let logits = net.with_parameters(params)?.forward(&pixels(images)?)?;
+/// The fraction of `images` whose argmax of the logits is the label, the
+/// network given `state`'s parameters and buffers.
+fn accuracy(net: &Sequential, state: &[Tensor], images: &Tensor, labels: &Tensor) -> Result<f32> {
+    let (params, buffers) = state.split_at(net.parameters().len());
+    let model = net
+        .with_parameters(params)?
+        .with_buffers(&buffers[..net.buffers().len()])?;
+    let logits = model.forward(&pixels(images)?)?;
     let right = logits.argmax(-1, false)?.eq(labels)?.cast(DType::F32)?;
     right.mean_all()?.to_scalar()
 }
@@ -97,7 +111,7 @@ fn main() -> Result<()> {
     let compiling = Instant::now();
     let mut step = training_step(&net, &optimizer)?;
     println!(
-        "training a CNN (conv 5x5 x16, pool, conv 5x5 x32, pool, linear) on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, traced and compiled in {:.0} ms",
+        "training a CNN (conv 5x5 x16, batch norm, pool, conv 5x5 x32, batch norm, pool, linear) on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, traced and compiled in {:.0} ms",
         step.graph().launches(),
         compiling.elapsed().as_secs_f64() * 1e3,
     );
@@ -110,7 +124,6 @@ fn main() -> Result<()> {
             ..LoaderOptions::default()
         },
     )?;
-    let n = net.parameters().len();
     for e in 0..EPOCHS {
         let start = Instant::now();
         let mut batches = loader.epoch(e);
@@ -125,7 +138,7 @@ fn main() -> Result<()> {
             total += loss.to_scalar::<f32>()?;
         }
         let seconds = start.elapsed().as_secs_f64();
-        let acc = accuracy(&net, &step.state()?[..n], &test_images, &test_labels)?;
+        let acc = accuracy(&net, &step.state()?, &test_images, &test_labels)?;
         println!(
             "epoch {:>2}: loss {:.4}, test accuracy {:.1}%, {:.0} samples/s",
             e + 1,

@@ -623,3 +623,94 @@ fn sequential_names_chains_and_replaces_its_layers_parameters() -> Result<()> {
     assert!(short.contains("layers.4.bias"), "{short}");
     Ok(())
 }
+
+#[test]
+fn batch_norm_trains_by_the_batch_and_infers_by_its_running_statistics() -> Result<()> {
+    let mut bn = nn::BatchNorm2d::new(3)?;
+    bn.weight = Tensor::from_vec(vec![1.5f32, -0.5, 2.0], [3])?;
+    bn.bias = Tensor::from_vec(vec![0.25f32, 0.0, -1.0], [3])?;
+    let x = Tensor::randn([4, 3, 5, 6], 9)?;
+    let xs = x.to_vec::<f32>()?;
+    let (w, b) = (bn.weight.to_vec::<f32>()?, bn.bias.to_vec::<f32>()?);
+    let at = |n: usize, c: usize, k: usize| xs[(n * 3 + c) * 30 + k];
+    // Per channel, in f64: the batch's mean and biased variance over 120 values.
+    let stats: Vec<(f64, f64)> = (0..3)
+        .map(|c| {
+            let v: Vec<f64> = (0..4)
+                .flat_map(|n| (0..30).map(move |k| (n, k)))
+                .map(|(n, k)| f64::from(at(n, c, k)))
+                .collect();
+            let mean = v.iter().sum::<f64>() / 120.0;
+            let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 120.0;
+            (mean, var)
+        })
+        .collect();
+    let mut buffers = Vec::new();
+    let y = bn.forward_train(&x, &mut buffers)?.to_vec::<f32>()?;
+    for n in 0..4 {
+        for c in 0..3 {
+            let (mean, var) = stats[c];
+            for k in 0..30 {
+                let want = (f64::from(at(n, c, k)) - mean) / (var + 1e-5).sqrt() * f64::from(w[c])
+                    + f64::from(b[c]);
+                let got = f64::from(y[(n * 3 + c) * 30 + k]);
+                assert!(
+                    (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "{n} {c} {k}: {got} {want}"
+                );
+            }
+        }
+    }
+    // The running statistics move a tenth of the way, the variance unbiased.
+    let (rm, rv) = (buffers[0].to_vec::<f32>()?, buffers[1].to_vec::<f32>()?);
+    for c in 0..3 {
+        let (mean, var) = stats[c];
+        assert!((f64::from(rm[c]) - 0.1 * mean).abs() < 1e-6, "mean {c}");
+        assert!(
+            (f64::from(rv[c]) - (0.9 + 0.1 * var * 120.0 / 119.0)).abs() < 1e-6,
+            "var {c}"
+        );
+    }
+    // Inference reads the running statistics.
+    let trained = bn.with_buffers(&buffers)?;
+    let y = trained.forward(&x)?.to_vec::<f32>()?;
+    for c in 0..3 {
+        let want = (f64::from(at(0, c, 0)) - f64::from(rm[c])) / (f64::from(rv[c]) + 1e-5).sqrt()
+            * f64::from(w[c])
+            + f64::from(b[c]);
+        let got = f64::from(y[c * 30]);
+        assert!(
+            (got - want).abs() < 1e-5 * want.abs().max(1.0),
+            "eval {c}: {got} {want}"
+        );
+    }
+    // A wrong channel count is an error naming the layer and the shapes.
+    let e = message(bn.forward(&Tensor::randn([2, 4, 3, 3], 1)?));
+    assert!(
+        e.contains("BatchNorm2d") && e.contains("[2, 4, 3, 3]"),
+        "{e}"
+    );
+    Ok(())
+}
+
+#[test]
+fn sequential_buffers_are_named_and_replaced_by_layer() -> Result<()> {
+    let net = nn::Sequential::new(vec![
+        Box::new(nn::Conv2d::new(1, 2, [3, 3], 1)?),
+        Box::new(nn::BatchNorm2d::new(2)?),
+        Box::new(nn::Relu),
+    ]);
+    let named: Vec<String> = net.buffers().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(named, ["layers.1.running_mean", "layers.1.running_var"]);
+    let x = Tensor::randn([3, 1, 6, 6], 2)?;
+    let mut buffers = Vec::new();
+    net.forward_train(&x, &mut buffers)?;
+    assert_eq!(buffers.len(), 2);
+    let trained = net.with_buffers(&buffers)?;
+    for ((name, got), want) in trained.buffers().into_iter().zip(&buffers) {
+        assert_eq!(got.to_vec::<f32>()?, want.to_vec::<f32>()?, "{name}");
+    }
+    let e = message(net.with_buffers(&buffers[..1]));
+    assert!(e.contains("layers.1.running_var"), "{e}");
+    Ok(())
+}

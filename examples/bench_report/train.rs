@@ -72,7 +72,8 @@ fn mlp() -> Result<Case> {
     })
 }
 
-/// The CNN of `examples/train_cnn.rs` and `cnn_anchor.py` on a batch of
+/// The CNN of `examples/train_cnn.rs` without its batch norms, and of
+/// `cnn_anchor.py`, on a batch of
 /// 100: 5x5 convolutions to 16 and 32 channels, each with ReLU and 2x2 max
 /// pooling, and a linear layer to 10 classes. Its flops: each layer's
 /// products forward and for its weight's gradient, and for its input's

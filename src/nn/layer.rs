@@ -61,6 +61,125 @@ impl Module for Linear {
     }
 }
 
+/// Batch normalization of NCHW f32 data over the batch and the plane, per
+/// channel, with a learned scale and shift, as PyTorch's `nn.BatchNorm2d`:
+/// `forward_train` normalizes by the batch's mean and (biased) variance
+/// and moves the running statistics toward them by `momentum` (the
+/// variance unbiased, as PyTorch's); `forward` normalizes by the running
+/// statistics.
+#[derive(Clone, Debug)]
+pub struct BatchNorm2d {
+    /// f32 `[channels]`, initially ones.
+    pub weight: Tensor,
+    /// f32 `[channels]`, initially zeros.
+    pub bias: Tensor,
+    /// f32 `[channels]`, initially zeros: a buffer.
+    pub running_mean: Tensor,
+    /// f32 `[channels]`, initially ones: a buffer.
+    pub running_var: Tensor,
+    /// Added to the variance: 1e-5.
+    pub eps: f32,
+    /// How far a step moves the running statistics: 0.1.
+    pub momentum: f32,
+}
+
+impl BatchNorm2d {
+    /// Normalization of `channels` channels: the identity scale and shift,
+    /// PyTorch's defaults.
+    pub fn new(channels: usize) -> Result<BatchNorm2d> {
+        let ones = Tensor::from_vec(vec![1.0f32; channels], [channels])?;
+        let zeros = Tensor::from_vec(vec![0.0f32; channels], [channels])?;
+        Ok(BatchNorm2d {
+            weight: ones.clone(),
+            bias: zeros.clone(),
+            running_mean: zeros,
+            running_var: ones,
+            eps: 1e-5,
+            momentum: 0.1,
+        })
+    }
+
+    /// `x` normalized by `mean` and `var` (`[1, C, 1, 1]`), scaled and shifted.
+    fn normalized(&self, x: &Tensor, mean: &Tensor, var: &Tensor) -> Result<Tensor> {
+        let c = self.weight.numel();
+        let channel = |t: &Tensor| t.reshape([1, c, 1, 1]);
+        let inv_std = (var + self.eps)?.sqrt()?.recip()?;
+        let y = x.sub(mean)?.mul(&inv_std)?;
+        y.mul(&channel(&self.weight)?)?.add(&channel(&self.bias)?)
+    }
+
+    fn check(&self, x: &Tensor) -> Result<()> {
+        let c = self.weight.numel();
+        if x.rank() != 4 || x.dims()[1] != c {
+            return Err(kiln_ir::Error::ShapeMismatch {
+                op: "BatchNorm2d",
+                lhs: x.shape().clone(),
+                rhs: self.weight.shape().clone(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+}
+
+impl Module for BatchNorm2d {
+    /// `x` normalized by the running statistics (PyTorch's eval mode).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.check(x)?;
+        let c = self.weight.numel();
+        let mean = self.running_mean.reshape([1, c, 1, 1])?;
+        let var = self.running_var.reshape([1, c, 1, 1])?;
+        self.normalized(x, &mean, &var)
+    }
+
+    /// `weight` and `bias`, by name.
+    fn parameters(&self) -> Vec<(String, &Tensor)> {
+        weight_and_bias(&self.weight, &self.bias)
+    }
+
+    fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
+    }
+
+    /// `running_mean` and `running_var`, by name.
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        vec![
+            ("running_mean".into(), &self.running_mean),
+            ("running_var".into(), &self.running_var),
+        ]
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("running_mean".into(), &mut self.running_mean),
+            ("running_var".into(), &mut self.running_var),
+        ]
+    }
+
+    /// `x` normalized by the batch's statistics; the running statistics
+    /// moved toward them pushed onto `buffers`.
+    fn forward_train(&self, x: &Tensor, buffers: &mut Vec<Tensor>) -> Result<Tensor> {
+        self.check(x)?;
+        let axes = [0, 2, 3];
+        let mean = x.mean(&axes, true)?;
+        let var = x.var(&axes, 0, true)?;
+        let n = x.numel() / self.weight.numel().max(1);
+        // The running statistics carry no gradient; the variance unbiased.
+        let c = self.weight.numel();
+        let batch_mean = mean.detach()?.reshape([c])?;
+        let unbiased = n as f32 / (n.max(2) - 1) as f32;
+        let batch_var = (var.detach()?.reshape([c])? * unbiased)?;
+        let m = self.momentum;
+        buffers.push(((&self.running_mean * (1.0 - m))? + (batch_mean * m)?)?);
+        buffers.push(((&self.running_var * (1.0 - m))? + (batch_var * m)?)?);
+        self.normalized(x, &mean, &var)
+    }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
+    }
+}
+
 /// `n` values uniform in PyTorch's `[-1/sqrt(fan_in), 1/sqrt(fan_in))`,
 /// from `rng`; zeros for a layer with no inputs, as PyTorch draws them.
 fn fan_in_uniform(fan_in: usize, rng: &mut SplitMix64) -> impl FnMut(usize) -> Vec<f32> + '_ {

@@ -3,9 +3,10 @@
 //! kiln's models are plain structs of tensors behind one trait, `Module`:
 //! a forward pass, and parameters named by their field paths (as PyTorch's
 //! `state_dict` names them: `layers.0.weight`), which `set_parameters` and
-//! `Module::with_parameters` replace by name. `Linear`, `Conv2d`,
-//! `Embedding`, `LayerNorm` and `Mlp` hold parameters; `Relu`, `Flatten`
-//! and `MaxPool2d` do not; `Sequential` chains any of them. Everything else
+//! `Module::with_parameters` replace by name, and buffers (a batch norm's
+//! running statistics). `Linear`, `Conv2d`, `BatchNorm2d`, `Embedding`,
+//! `LayerNorm` and `Mlp` hold parameters; `Relu`, `Flatten` and
+//! `MaxPool2d` do not; `Sequential` chains any of them. Everything else
 //! without parameters (softmax, gelu, the losses) stays a `Tensor` method.
 //! `save` and `load` write and read named tensors as a safetensors file,
 //! the format PyTorch, JAX and candle checkpoints share.
@@ -40,5 +41,5 @@ mod layer;
 mod module;
 
 pub use checkpoint::{load, save};
-pub use layer::{Conv2d, Embedding, LayerNorm, Linear, Mlp, set_parameters};
+pub use layer::{BatchNorm2d, Conv2d, Embedding, LayerNorm, Linear, Mlp, set_parameters};
 pub use module::{Flatten, MaxPool2d, Module, Relu, Sequential};

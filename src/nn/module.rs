@@ -1,8 +1,11 @@
-//! The `Module` trait: a layer's forward pass and its parameters by name,
-//! so that layers compose (`Sequential`) and a traced training step puts
-//! the state it is given into any model (`Module::with_parameters`).
-//! `Relu`, `Flatten` and `MaxPool2d` are modules without parameters, for
-//! `Sequential`.
+//! The `Module` trait: a layer's forward pass, its parameters and buffers
+//! by name, so that layers compose (`Sequential`) and a traced training
+//! step puts the state it is given into any model
+//! (`Module::with_parameters`, `Module::with_buffers`). A module trains by
+//! `forward_train`, which also gives its buffers' new values (a batch
+//! norm's running statistics), and infers by `forward`: PyTorch's train and
+//! eval modes, as Flax passes them, by the call. `Relu`, `Flatten` and
+//! `MaxPool2d` are modules without parameters, for `Sequential`.
 
 use crate::{Pool2d, Result, Tensor};
 
@@ -24,6 +27,26 @@ pub trait Module: Send + Sync {
         Vec::new()
     }
 
+    /// State carried from step to step that is not learned (a batch norm's
+    /// running statistics), by name, as PyTorch's buffers; none by default.
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        Vec::new()
+    }
+
+    /// The buffers, named and ordered as `buffers`, to be replaced.
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+
+    /// The output for `x` in training, each buffer's new value pushed onto
+    /// `buffers` in `buffers` order: a batch norm normalizes by the batch's
+    /// statistics and moves its running ones toward them. A module without
+    /// buffers trains as it infers.
+    fn forward_train(&self, x: &Tensor, buffers: &mut Vec<Tensor>) -> Result<Tensor> {
+        let _ = buffers;
+        self.forward(x)
+    }
+
     /// A copy of this module behind a box: how `Sequential` copies layers
     /// of any type.
     fn boxed(&self) -> Box<dyn Module>;
@@ -35,21 +58,44 @@ pub trait Module: Send + Sync {
     where
         Self: Sized + Clone,
     {
-        let names: Vec<String> = self.parameters().into_iter().map(|(n, _)| n).collect();
-        // Too few values leave a parameter with none, which `set_parameters` names.
-        if values.len() > names.len() {
-            return Err(crate::Error::Parameter {
-                name: format!("#{}", names.len()),
-                message: format!("{} values for {} parameters", values.len(), names.len()),
-            });
-        }
-        let mut model = self.clone();
-        set_parameters(
-            model.parameters_mut(),
-            names.into_iter().zip(values.iter().cloned()),
-        )?;
-        Ok(model)
+        let names = self.parameters().into_iter().map(|(n, _)| n).collect();
+        replaced(self, names, values, "parameters", |m| m.parameters_mut())
     }
+
+    /// A copy holding `values`, in `buffers` order, in place of its own
+    /// buffers, checked as `set_parameters` checks them.
+    fn with_buffers(&self, values: &[Tensor]) -> Result<Self>
+    where
+        Self: Sized + Clone,
+    {
+        let names = self.buffers().into_iter().map(|(n, _)| n).collect();
+        replaced(self, names, values, "buffers", |m| m.buffers_mut())
+    }
+}
+
+/// A copy of `model` whose tensors `targets` names (`names`, in order)
+/// hold `values`, each checked as `set_parameters` checks it; `what` they
+/// are, for the error.
+fn replaced<M: Clone>(
+    model: &M,
+    names: Vec<String>,
+    values: &[Tensor],
+    what: &str,
+    targets: impl FnOnce(&mut M) -> Vec<(String, &mut Tensor)>,
+) -> Result<M> {
+    // Too few values leave a target with none, which `set_parameters` names.
+    if values.len() > names.len() {
+        return Err(crate::Error::Parameter {
+            name: format!("#{}", names.len()),
+            message: format!("{} values for {} {what}", values.len(), names.len()),
+        });
+    }
+    let mut copy = model.clone();
+    set_parameters(
+        targets(&mut copy),
+        names.into_iter().zip(values.iter().cloned()),
+    )?;
+    Ok(copy)
 }
 
 /// Layers applied in order, as PyTorch's `nn.Sequential`; layer `i`'s
@@ -97,6 +143,20 @@ impl Module for Sequential {
 
     fn parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         layered(self.layers.iter_mut().map(|l| l.parameters_mut()))
+    }
+
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        layered(self.layers.iter().map(|l| l.buffers()))
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        layered(self.layers.iter_mut().map(|l| l.buffers_mut()))
+    }
+
+    fn forward_train(&self, x: &Tensor, buffers: &mut Vec<Tensor>) -> Result<Tensor> {
+        self.layers
+            .iter()
+            .try_fold(x.clone(), |h, layer| layer.forward_train(&h, buffers))
     }
 
     fn boxed(&self) -> Box<dyn Module> {
