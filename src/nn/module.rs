@@ -42,8 +42,7 @@ pub trait Module: Send + Sync {
     /// `buffers` in `buffers` order: a batch norm normalizes by the batch's
     /// statistics and moves its running ones toward them. A module without
     /// buffers trains as it infers.
-    fn forward_train(&self, x: &Tensor, buffers: &mut Vec<Tensor>) -> Result<Tensor> {
-        let _ = buffers;
+    fn forward_train(&self, x: &Tensor, _buffers: &mut Vec<Tensor>) -> Result<Tensor> {
         self.forward(x)
     }
 
