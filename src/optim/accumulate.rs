@@ -4,7 +4,7 @@
 //! made inside the graph (a `where` on a count in the state), so a
 //! compiled step accumulates without being traced or compiled again.
 
-use super::Optimizer;
+use super::{Optimizer, check_wrapped};
 use crate::{Error, Result, Tensor};
 
 /// `optimizer` applied every `every` updates to the mean of their
@@ -65,16 +65,7 @@ impl<O: Optimizer> Optimizer for Accumulate<O> {
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         let n = params.len();
-        if grads.len() != n || state.len() < 1 + n {
-            return Err(Error::Optimizer {
-                op: "Accumulate",
-                message: format!(
-                    "{n} parameters, {} gradients and {} state tensors",
-                    grads.len(),
-                    state.len()
-                ),
-            });
-        }
+        check_wrapped("Accumulate", params, grads, state, 1 + n)?;
         let count = (&state[0] + 1.0f32)?;
         let apply = count.ge(&Tensor::scalar(self.every as f32))?;
         let sums: Vec<Tensor> = (0..n)

@@ -349,6 +349,30 @@ fn zeros_like(p: &Tensor) -> Result<Tensor> {
 
 /// One gradient per parameter, every parameter f32, and the state the
 /// optimizer made.
+/// A gradient per parameter, and at least the `own` state tensors an
+/// optimizer that wraps another keeps before the inner one's (which checks
+/// its own).
+fn check_wrapped(
+    op: &'static str,
+    params: &[Tensor],
+    grads: &[Tensor],
+    state: &[Tensor],
+    own: usize,
+) -> Result<()> {
+    if grads.len() == params.len() && state.len() >= own {
+        return Ok(());
+    }
+    Err(Error::Optimizer {
+        op,
+        message: format!(
+            "{} parameters, {} gradients and {} state tensors",
+            params.len(),
+            grads.len(),
+            state.len()
+        ),
+    })
+}
+
 fn check_counts(
     op: &'static str,
     params: &[Tensor],

@@ -8,7 +8,7 @@
 //! and a count kept in the state, so a compiled step scales without a
 //! trip to the host and without being traced or compiled again.
 
-use super::Optimizer;
+use super::{Optimizer, check_wrapped};
 use crate::{DType, Error, Result, Tensor};
 
 /// `optimizer` given the gradients of a scaled loss (`GradScaler::loss`),
@@ -113,16 +113,7 @@ impl<O: Optimizer> Optimizer for GradScaler<O> {
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         let n = params.len();
-        if grads.len() != n || state.len() < 2 {
-            return Err(Error::Optimizer {
-                op: "GradScaler",
-                message: format!(
-                    "{n} parameters, {} gradients and {} state tensors",
-                    grads.len(),
-                    state.len()
-                ),
-            });
-        }
+        check_wrapped("GradScaler", params, grads, state, 2)?;
         // As PyTorch's: gradients divided by a scale of up to 2^24 and more
         // would fall below f16's range; mixed precision keeps f32 master
         // weights, whose gradients are f32.

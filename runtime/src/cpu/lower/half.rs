@@ -25,8 +25,8 @@ fn shapes(lanes: bool) -> (Type, Type) {
 }
 
 impl Emitter<'_> {
-    /// `v` as an i32 of each lane.
-    fn int(&mut self, v: i64, lanes: bool) -> Value {
+    /// `v` as an i32, or in each of four lanes.
+    pub(super) fn int(&mut self, v: i64, lanes: bool) -> Value {
         let c = self.b.ins().iconst(types::I32, v);
         if lanes {
             self.b.ins().splat(types::I32X4, c)

@@ -248,10 +248,6 @@ impl<'a> Emitter<'a> {
     /// bool, bf16 and f16 (but i32 to a 16-bit float, `lane_op`): the
     /// conversions of `cast`, on lanes as they are held.
     fn cast_lanes(&mut self, x: Value, from: DType, to: DType) -> Value {
-        let int = |e: &mut Self, v: i64| {
-            let c = e.b.ins().iconst(types::I32, v);
-            e.b.ins().splat(types::I32X4, c)
-        };
         match (from, to) {
             (a, b) if a == b => x,
             // A 16-bit value is its f32, as in `cast`.
@@ -264,7 +260,7 @@ impl<'a> Emitter<'a> {
             (DType::F32, DType::I32) => self.b.ins().fcvt_to_sint_sat(types::I32X4, x),
             (DType::F32, DType::U8) => {
                 let i = self.b.ins().fcvt_to_sint_sat(types::I32X4, x);
-                let (zero, max) = (int(self, 0), int(self, 255));
+                let (zero, max) = (self.int(0, true), self.int(255, true));
                 let i = self.b.ins().smax(i, zero);
                 self.b.ins().smin(i, max)
             }
@@ -275,19 +271,19 @@ impl<'a> Emitter<'a> {
             (DType::I32 | DType::U8, DType::F32) => self.b.ins().fcvt_from_sint(types::F32X4, x),
             // A mask's lanes keep 1.0's bits, or none.
             (DType::Bool, DType::F32) => {
-                let one = int(self, i64::from(1.0f32.to_bits()));
+                let one = self.int(i64::from(1.0f32.to_bits()), true);
                 let bits = self.b.ins().band(x, one);
                 self.b
                     .ins()
                     .bitcast(types::F32X4, MemFlagsData::new(), bits)
             }
             (DType::I32, DType::U8) => {
-                let byte = int(self, 0xff);
+                let byte = self.int(0xff, true);
                 self.b.ins().band(x, byte)
             }
             (DType::Bool, DType::I32 | DType::U8) => self.b.ins().ineg(x),
             (DType::I32 | DType::U8, DType::Bool) => {
-                let zero = int(self, 0);
+                let zero = self.int(0, true);
                 self.b.ins().icmp(IntCC::NotEqual, x, zero)
             }
             // The same type; u8 -> i32 is held widened already.
