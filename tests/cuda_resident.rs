@@ -3,8 +3,9 @@
 //! are and leave their outputs there, a training step moves its batch in
 //! and its loss out and nothing else (a batch already on the device, not
 //! even that) while its state is written in place, matching the same step
-//! run on host data bit for bit, and running out of
-//! device memory is an `Err` after which the device still computes. The
+//! run on host data bit for bit, steps on the buffers of the step before
+//! replay as one CUDA graph launch with the same results, and running out
+//! of device memory is an `Err` after which the device still computes. The
 //! traffic is read from `kiln::memory_stats`. Every test skips, saying
 //! why, where there is no GPU.
 
@@ -233,6 +234,65 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     let loss = step.call(&[&images, &labels])?.remove(0);
     assert_eq!(moved(before)?, (0, 0, 0), "a step on a batch on the device");
     assert!(loss.to_scalar::<f32>()?.is_finite());
+    Ok(())
+}
+
+/// Steps on `batches` moved to the GPU one at a time from `state`, each
+/// batch and loss let go before the next (`keep` false) or all kept to the
+/// end: the losses, the state after, and the graph launches counted.
+fn steps_on_device(
+    sgd: &Sgd,
+    state: &[Tensor],
+    batches: &[(Vec<u8>, Vec<i32>)],
+    keep: bool,
+) -> Result<(Vec<f32>, Vec<Vec<f32>>, u64)> {
+    let refs: Vec<&Tensor> = state.iter().collect();
+    let options = CompileOptions {
+        device: GPU,
+        ..CompileOptions::default()
+    };
+    let mut step = kiln::compile_step_with("fit", &refs, &batch_types(), options, |s, b| {
+        train(sgd, s, b)
+    })?;
+    let before = kiln::memory_stats(GPU)?;
+    let (mut losses, mut kept) = (Vec::new(), Vec::new());
+    for (images, labels) in batches {
+        let images = Tensor::from_slice(images, [BATCH, 784])?.to(GPU)?;
+        let labels = Tensor::from_slice(labels, [BATCH])?.to(GPU)?;
+        let loss = step.call(&[&images, &labels])?.remove(0);
+        losses.push(loss.to_scalar::<f32>()?);
+        if keep {
+            kept.push([images, labels, loss]);
+        }
+    }
+    let launches = kiln::memory_stats(GPU)?.graph_launches - before.graph_launches;
+    let state = (step.state()?.iter())
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Result<_>>()?;
+    Ok((losses, state, launches))
+}
+
+#[test]
+fn steps_on_the_same_buffers_replay_as_one_graph_launch() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if stats_or_skip().is_none() {
+        return Ok(());
+    }
+    let sgd = Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.05)
+    };
+    let state = mlp_state(&sgd)?;
+    let batches: Vec<(Vec<u8>, Vec<i32>)> = (0..6).map(batch_values).collect();
+    // Every step on new buffers: launched kernel by kernel.
+    let (losses, after, launches) = steps_on_device(&sgd, &state, &batches, true)?;
+    assert_eq!(launches, 0, "steps on buffers never seen before");
+    // The batch and loss of one step let go before the next: the second
+    // step is captured, every step from it one graph launch.
+    let (replayed, replayed_after, launches) = steps_on_device(&sgd, &state, &batches, false)?;
+    assert_eq!(launches, 5, "graph launches over 6 steps");
+    assert_eq!(replayed, losses, "losses");
+    assert_eq!(replayed_after, after, "state after the steps");
     Ok(())
 }
 

@@ -33,6 +33,9 @@ pub struct BackendOptions {
     /// Print the code generated for each kernel compiled to stderr (the
     /// Cranelift IR and machine code on the CPU, the CUDA C on a GPU).
     pub dump_code: bool,
+    /// Print, for each executable of the CUDA backend, whether its runs
+    /// replay as one CUDA graph launch, and why not where they do not.
+    pub dump_replay: bool,
 }
 
 /// A place that runs fused graphs.

@@ -212,8 +212,8 @@ impl Arg<'_> {
 
 /// What a backend has moved and how often the host waited for it, since
 /// the process started, as `torch.cuda.memory_stats` reports. The CPU and
-/// the interpreter keep every value in host memory: they copy nothing and
-/// never wait, and report zeros.
+/// the interpreter keep every value in host memory: they copy nothing,
+/// never wait and launch no graph, and report zeros.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
     /// Bytes copied from the host to the device.
@@ -222,6 +222,8 @@ pub struct MemoryStats {
     pub bytes_to_host: u64,
     /// Times the host waited for the device's work to end.
     pub host_waits: u64,
+    /// Runs replayed as one CUDA graph launch each.
+    pub graph_launches: u64,
     /// Device memory handed out to values and buffers now, in bytes (as
     /// `torch.cuda.memory_allocated`); memory the pool keeps for reuse is
     /// not counted.

@@ -25,17 +25,17 @@ fn fail(what: &str, e: CublasError) -> Error {
     Error::Cuda(format!("cuBLASLt {what}: {e:?}"))
 }
 
-/// A cuBLASLt handle, the one stream its products run on, and the workspace
-/// they use (one at a time, in that stream's order).
+/// A cuBLASLt handle and the workspace its products use (one at a time, in
+/// the order of the compute stream, where they all run).
 pub struct Lt {
     handle: sys::cublasLtHandle_t,
-    stream: Arc<CudaStream>,
     workspace: CudaSlice<u8>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread (cuBLASLt keeps no
-// thread-local state in it); every product runs on `stream`, so uses of the
-// one workspace are ordered.
+// thread-local state in it); every product runs on the compute stream
+// (enqueued there, or captured and replayed there), so uses of the one
+// workspace are ordered.
 unsafe impl Send for Lt {}
 // SAFETY: as above; the handle is only read after creation.
 unsafe impl Sync for Lt {}
@@ -51,11 +51,7 @@ impl Lt {
             ))
         })?;
         let handle = result::create_handle().map_err(|e| fail("handle", e))?;
-        Ok(Lt {
-            handle,
-            stream: stream.clone(),
-            workspace,
-        })
+        Ok(Lt { handle, workspace })
     }
 }
 
@@ -204,13 +200,19 @@ impl Matmul {
         Ok(matmul)
     }
 
-    /// Enqueues `C = epilogue(op(A) op(B))` on `lt`'s stream.
+    /// Enqueues `C = epilogue(op(A) op(B))` on `stream` (the compute
+    /// stream, or the capture stream for a graph the compute stream runs).
     ///
     /// # Safety
     /// `a`, `b`, `c` (and `bias` with an epilogue, `m` elements) must be
     /// device addresses of this context with every element the product
     /// describes inside a live allocation, `c` not overlapping the others.
-    pub unsafe fn run(&self, lt: &Lt, [a, b, c]: [u64; 3], bias: Option<u64>) -> Result<(), Error> {
+    pub unsafe fn run(
+        &self,
+        (lt, stream): (&Lt, &CudaStream),
+        [a, b, c]: [u64; 3],
+        bias: Option<u64>,
+    ) -> Result<(), Error> {
         let mut chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         use sys::cublasLtMatmulDescAttributes_t as D;
         if self.epilogue != Epilogue::None {
@@ -235,7 +237,6 @@ impl Matmul {
             }
         };
         let (one, zero) = (1.0f32, 0.0f32);
-        let stream = &lt.stream;
         let (workspace, _record) = lt.workspace.device_ptr(stream);
         // SAFETY: the caller's promise for the pointers; the descriptors are
         // live, the algorithm was chosen for these layouts and alignments,

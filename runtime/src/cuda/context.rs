@@ -26,7 +26,10 @@ pub struct Gpu {
     /// Its ordinal, as CUDA counts devices.
     pub(super) ordinal: usize,
     pub(super) ctx: Arc<CudaContext>,
+    /// The compute stream: every launch, copy and free, in order.
     pub(super) stream: Arc<CudaStream>,
+    /// The stream runs are captured on (`replay`), one capture at a time.
+    pub(super) capture: Mutex<Arc<CudaStream>>,
     arch: String,
     name: String,
     pub(super) lt: blaslt::Lt,
@@ -37,6 +40,30 @@ pub struct Gpu {
     pub(super) pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
     /// What it has copied, waited for and handed out.
     pub(super) counters: Counters,
+    /// The graphs whose runs were enqueued since the host last waited:
+    /// what a failure that the next wait finds is named by.
+    enqueued: Mutex<Enqueued>,
+}
+
+/// Names of the graphs run since the last wait, the oldest first, at most
+/// `NAMED` of them, and how many more.
+#[derive(Default)]
+struct Enqueued {
+    names: Vec<String>,
+    more: usize,
+}
+
+const NAMED: usize = 4;
+
+impl Enqueued {
+    /// What the work waited for was, as an error message says it.
+    fn describe(&self) -> String {
+        match (self.names.as_slice(), self.more) {
+            ([], _) => "the work".into(),
+            (names, 0) => format!("the runs of {}", names.join(", ")),
+            (names, more) => format!("the runs of {} and {more} more", names.join(", ")),
+        }
+    }
 }
 
 /// A GPU's traffic and memory counters (`crate::MemoryStats`).
@@ -45,6 +72,7 @@ pub(super) struct Counters {
     to_device: AtomicU64,
     to_host: AtomicU64,
     waits: AtomicU64,
+    graphs: AtomicU64,
     in_use: AtomicU64,
     peak: AtomicU64,
 }
@@ -62,6 +90,10 @@ impl Counters {
         self.waits.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(super) fn replayed(&self) {
+        self.graphs.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn handed_out(&self, bytes: usize) {
         let now = self.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
         self.peak.fetch_max(now, Ordering::Relaxed);
@@ -76,6 +108,7 @@ impl Counters {
             bytes_to_device: self.to_device.load(Ordering::Relaxed),
             bytes_to_host: self.to_host.load(Ordering::Relaxed),
             host_waits: self.waits.load(Ordering::Relaxed),
+            graph_launches: self.graphs.load(Ordering::Relaxed),
             bytes_in_use: self.in_use.load(Ordering::Relaxed),
             peak_bytes_in_use: self.peak.load(Ordering::Relaxed),
         }
@@ -187,13 +220,18 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
     // SAFETY: every buffer of the device is used on its one compute stream,
     // where work runs in order, except the standby input buffers, which a
     // copy stream writes, ordered against the compute stream by the events
-    // `Staging` records and waits on (`copied`, `released`); cudarc's per-use
+    // `Staging` records and waits on (`copied`, `released`); the capture
+    // stream records launches and runs none (its graphs run on the compute
+    // stream). cudarc's per-use
     // events (recorded on every pointer taken) would only cost time.
     unsafe { ctx.disable_event_tracking() };
     let (major, minor) = ctx
         .compute_capability()
         .map_err(|e| driver("compute capability", e))?;
     let stream = ctx.default_stream();
+    let capture = ctx
+        .new_stream()
+        .map_err(|e| driver("creating a capture stream", e))?;
     let d = Arc::new(Gpu {
         ordinal,
         name: ctx.name().map_err(|e| driver("device name", e))?,
@@ -202,9 +240,11 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
         blas: CudaBlas::new(stream.clone()).map_err(|e| driver("cuBLAS", e))?,
         ctx,
         stream,
+        capture: Mutex::new(capture),
         functions: Mutex::new(HashMap::new()),
         pool: Mutex::new(HashMap::new()),
         counters: Counters::default(),
+        enqueued: Mutex::new(Enqueued::default()),
     });
     gpus.insert(ordinal, d.clone());
     Ok(d)
@@ -249,13 +289,28 @@ impl Gpu {
         self.counters.read()
     }
 
+    /// Notes that a run of graph `name` was enqueued, for the error of the
+    /// next wait if the run fails.
+    pub(super) fn enqueued(&self, name: &str) {
+        let mut enqueued = self.enqueued.lock().unwrap_or_else(|e| e.into_inner());
+        if enqueued.names.iter().any(|n| n == name) {
+            return;
+        }
+        match enqueued.names.len() < NAMED {
+            true => enqueued.names.push(name.to_string()),
+            false => enqueued.more += 1,
+        }
+    }
+
     /// Waits for all the work enqueued on its stream: where a failed
-    /// launch surfaces, as an `Err` saying what the host was waiting for.
+    /// launch surfaces, as an `Err` naming the graphs run since the last
+    /// wait and what the host was waiting for.
     pub(super) fn wait(&self, what: &str) -> Result<(), Error> {
         self.counters.waited();
-        self.stream
-            .synchronize()
-            .map_err(|e| driver(&format!("running the work {what} waited for"), e))
+        let waited = self.stream.synchronize();
+        let enqueued =
+            std::mem::take(&mut *self.enqueued.lock().unwrap_or_else(|e| e.into_inner()));
+        waited.map_err(|e| driver(&format!("{} ({what})", enqueued.describe()), e))
     }
 
     /// The architecture kernels are compiled for (`sm_90`).

@@ -16,9 +16,9 @@
 #![allow(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kiln_ir::kernel::KernelKind;
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Op, TensorType};
@@ -27,6 +27,7 @@ use super::codegen::{self, FLAT_THREADS, Grid};
 use super::context::{Gpu, driver};
 use super::memory::{Buffer, Staging};
 use super::plan::{self, Gemm as GemmPlan, GemmEpilogue, GemmOperand, OperandSource};
+use super::replay::Replays;
 use super::runs::HostBuffers;
 use super::{blas, blaslt};
 use crate::Error;
@@ -96,6 +97,8 @@ pub struct Executable {
     pub(super) outputs: Vec<TensorType>,
     /// The next run's inputs, on their way to the device (`prepare`).
     pub(super) staging: Option<Staging>,
+    /// Runs on the buffers of an earlier run, replayed as one graph launch.
+    pub(super) replays: Mutex<Replays>,
 }
 
 /// The buffers one launch reads and writes.
@@ -207,6 +210,15 @@ impl Executable {
             .map(|(&bytes, &used)| gpu.alloc(if used { bytes } else { 0 }))
             .collect::<Result<_, Error>>()?;
         let outputs = graph.output_types();
+        let launches = launch_count(&steps);
+        let sgemm = precision == Precision::F32
+            && steps.iter().any(|(_, s)| matches!(s, Step::MatMul { .. }));
+        let refused = match (launches < 2, sgemm) {
+            (true, _) => Some("a run of one launch gains nothing from a graph".into()),
+            (_, true) => Some("cuBLAS's sgemm (F32 precision) runs on its handle's stream".into()),
+            _ => None,
+        };
+        let replays = Replays::new(&graph.name, refused, options.dump_replay);
         Ok(Executable {
             gpu,
             places,
@@ -218,7 +230,15 @@ impl Executable {
             slots,
             outputs,
             staging: None,
+            replays: Mutex::new(replays),
         })
+    }
+
+    /// Why its runs are plain launches rather than replays of a CUDA
+    /// graph, where they are (`replay`).
+    pub fn replay_refused(&self) -> Option<String> {
+        let replays = self.replays.lock().unwrap_or_else(|e| e.into_inner());
+        replays.refused().map(str::to_string)
     }
 
     /// How its matmuls compute.
@@ -229,7 +249,9 @@ impl Executable {
     /// Enqueues every launch on the device's stream, reading graph input
     /// `i` from `inputs[i]` and writing graph output `k` into
     /// `outputs[k]`, then copies the outputs that no kernel writes (graph
-    /// inputs, and values that are an earlier output too) on the device.
+    /// inputs, and values that are an earlier output too) on the device:
+    /// as one graph launch where a recent run had the same buffers
+    /// (`replay`).
     pub(super) fn enqueue(&self, inputs: &[&Buffer], outputs: &[&Buffer]) -> Result<(), Error> {
         self.gpu.bind()?;
         let graph = &self.optimized.graph;
@@ -249,6 +271,25 @@ impl Executable {
         let bound: Vec<Operands> = (0..self.optimized.schedule.launches.len())
             .map(|i| self.operands(i, inputs, outputs))
             .collect::<Result<_, _>>()?;
+        let addresses = (inputs.iter().chain(outputs))
+            .map(|b| b.address(0))
+            .collect::<Result<_, _>>()?;
+        self.gpu.enqueued(&graph.name);
+        let mut replays = self.replays.lock().unwrap_or_else(|e| e.into_inner());
+        replays.run(&self.gpu, addresses, |stream| {
+            self.enqueue_on(stream, &bound, inputs, outputs)
+        })
+    }
+
+    /// Enqueues every launch of a run on `stream`, on the buffers `bound`
+    /// (by launch), `inputs` and `outputs` (checked by `enqueue`).
+    fn enqueue_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        bound: &[Operands],
+        inputs: &[&Buffer],
+        outputs: &[&Buffer],
+    ) -> Result<(), Error> {
         for (launches, step) in &self.steps {
             match step {
                 Step::Kernel { function, grid } => {
@@ -259,7 +300,7 @@ impl Executable {
                             pointers.push(b.address(0)?);
                         }
                     }
-                    self.launch(function, *grid, &pointers)?;
+                    launch(stream, function, *grid, &pointers)?;
                 }
                 Step::MatMul {
                     prologues,
@@ -285,13 +326,14 @@ impl Executable {
                     for ((function, grid), at) in prologues.iter().zip(&operands) {
                         let mut args = pointers.clone();
                         args.push(scratch.address(*at)?);
-                        self.launch(function, *grid, &args)?;
+                        launch(stream, function, *grid, &args)?;
                     }
                     let product = match epilogue {
                         GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
                         GemmEpilogue::None | GemmEpilogue::Bias { .. } => (*out, 0),
                     };
-                    self.gemm((gemm, lt.as_ref()), epilogue, args, scratch, product)?;
+                    let plan = (gemm, lt.as_ref(), epilogue);
+                    self.gemm(stream, plan, args, scratch, product)?;
                     if let (GemmEpilogue::Kernel { acc, program }, Some(function)) =
                         (epilogue, epilogue_function)
                     {
@@ -301,7 +343,7 @@ impl Executable {
                         for b in side {
                             args.push(b.address(0)?);
                         }
-                        self.launch(function, program.grid, &args)?;
+                        launch(stream, function, program.grid, &args)?;
                     }
                 }
             }
@@ -309,7 +351,7 @@ impl Executable {
         for &(k, from) in &self.bindings.copies {
             let ty = &self.outputs[k];
             let bytes = ty.shape.numel() * ty.dtype.size();
-            outputs[k].copy_from(self.buffer(from, inputs, outputs), bytes)?;
+            outputs[k].copy_from(self.buffer(from, inputs, outputs), bytes, stream)?;
         }
         Ok(())
     }
@@ -372,29 +414,13 @@ impl Executable {
         Ok(Operands { args, out, side })
     }
 
-    fn launch(&self, function: &CudaFunction, grid: Grid, pointers: &[u64]) -> Result<(), Error> {
-        let Some(config) = launch_config(grid) else {
-            return Ok(());
-        };
-        let mut builder = self.gpu.stream.launch_builder(function);
-        for p in pointers {
-            builder.arg(p);
-        }
-        // SAFETY: the pointers are the kernel's inputs then its output, in the
-        // order of its parameters, each checked above to hold its type; the
-        // generated code reads and writes only inside those types.
-        unsafe { builder.launch(config) }
-            .map(|_| ())
-            .map_err(|e| driver("launching a kernel", e))
-    }
-
     /// The GEMM of `plan` into `product` (a buffer and a byte offset), with
     /// cuBLASLt's epilogue when `epilogue` is one (`lt`, the plan's cuBLASLt
     /// matmul on the TF32 path).
     fn gemm(
         &self,
-        (plan, lt): (&GemmPlan, Option<&blaslt::Matmul>),
-        epilogue: &GemmEpilogue,
+        stream: &CudaStream,
+        (plan, lt, epilogue): (&GemmPlan, Option<&blaslt::Matmul>, &GemmEpilogue),
         args: &[&Buffer],
         scratch: &Buffer,
         product: (&Buffer, usize),
@@ -432,7 +458,6 @@ impl Executable {
             return Err(Error::Launch("the GEMM's product does not fit".into()));
         }
         let c = c.address(c_at)?;
-        let stream = &self.gpu.stream;
         if k == 0 {
             // An empty sum: cuBLAS takes no k = 0 product, and none is needed.
             // SAFETY: the product's bytes lie in `c`'s buffer (checked above).
@@ -466,10 +491,15 @@ impl Executable {
                 // buffer and the bias holds a row (checked above); the product
                 // is written to its own slot or scratch part, which no operand
                 // of the same kernel is.
-                unsafe { lt.run(&self.gpu.lt, [b, a, c], bias) }
+                unsafe { lt.run((&self.gpu.lt, stream), [b, a, c], bias) }
             }
             (Precision::Tf32, None) => Err(Error::Launch("a TF32 matmul with no plan".into())),
             (Precision::F32, _) => {
+                // Refused by `Replays` for that reason: the handle enqueues
+                // on the compute stream, which a capture would not record.
+                if stream.cu_stream() != self.gpu.stream.cu_stream() {
+                    return Err(Error::Launch("sgemm captured on another stream".into()));
+                }
                 if bias.is_some() {
                     return Err(Error::Launch("sgemm has no bias epilogue".into()));
                 }
@@ -479,4 +509,43 @@ impl Executable {
             }
         }
     }
+}
+
+/// Kernel launches per run: a row group is one, a matmul its operand
+/// prologues, its GEMM and its epilogue kernel if it has one.
+pub(super) fn launch_count(steps: &[(Range<usize>, Step)]) -> usize {
+    (steps.iter())
+        .map(|(_, step)| match step {
+            Step::Kernel { .. } => 1,
+            Step::MatMul {
+                prologues,
+                epilogue_function,
+                ..
+            } => prologues.len() + 1 + usize::from(epilogue_function.is_some()),
+        })
+        .sum()
+}
+
+/// Enqueues `function` on `grid` on `stream`, with `pointers` as its
+/// parameters; a grid with no block launches nothing.
+fn launch(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    grid: Grid,
+    pointers: &[u64],
+) -> Result<(), Error> {
+    let Some(config) = launch_config(grid) else {
+        return Ok(());
+    };
+    let mut builder = stream.launch_builder(function);
+    for p in pointers {
+        builder.arg(p);
+    }
+    // SAFETY: the pointers are the kernel's inputs then its output, in the
+    // order of its parameters, each checked to hold its type
+    // (`Executable::operands`); the generated code reads and writes only
+    // inside those types.
+    unsafe { builder.launch(config) }
+        .map(|_| ())
+        .map_err(|e| driver("launching a kernel", e))
 }

@@ -174,9 +174,14 @@ impl Buffer {
         Ok(host)
     }
 
-    /// Copies the first `bytes` bytes of `from` over its own, on the
-    /// compute stream.
-    pub(super) fn copy_from(&self, from: &Buffer, bytes: usize) -> Result<(), Error> {
+    /// Copies the first `bytes` bytes of `from` over its own, on `stream`
+    /// (the compute stream, or the capture stream).
+    pub(super) fn copy_from(
+        &self,
+        from: &Buffer,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
         if bytes > self.bytes || bytes > from.bytes {
             return Err(Error::Launch(format!(
                 "a copy of {bytes} bytes between buffers of {} and {}",
@@ -188,11 +193,10 @@ impl Buffer {
         }
         let (dst, src) = (self.address(0)?, from.address(0)?);
         // SAFETY: both ranges lie in their buffers (checked above), which
-        // are device memory of this context, used in the stream's order.
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.gpu.stream.cu_stream())
-        }
-        .map_err(|e| driver("copying on the device", e))
+        // are device memory of this context, used in the compute stream's
+        // order (a captured copy runs there too).
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+            .map_err(|e| driver("copying on the device", e))
     }
 }
 
@@ -256,7 +260,9 @@ impl Resident {
     /// `op`'s `Err`.
     pub(super) fn duplicate(&self, op: &str) -> Result<Resident, Error> {
         let copy = Resident::alloc(&self.buffer.gpu, op, &self.ty)?;
-        copy.buffer.copy_from(&self.buffer, self.buffer.bytes)?;
+        let stream = &self.buffer.gpu.stream;
+        copy.buffer
+            .copy_from(&self.buffer, self.buffer.bytes, stream)?;
         Ok(copy)
     }
 

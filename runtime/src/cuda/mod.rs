@@ -10,13 +10,15 @@
 //! - `memory`: the caching allocator, device buffers and pinned staging;
 //! - `executable`: a fused graph compiled for a GPU, its launches enqueued;
 //! - `runs`: its runs, on device storage or on host data;
+//! - `replay`: runs on the buffers of an earlier run, replayed as one
+//!   CUDA graph launch;
 //! - `blaslt`, `blas`: the GEMM through cuBLASLt (TF32) or cuBLAS (f32);
 //! - `nvrtc`: CUDA C to CUBIN.
 //!
-//! `context`, `memory`, `executable`, `blas`, `blaslt` and `nvrtc` are the
-//! modules of the CUDA backend with `unsafe`: device memory is made and
-//! handed to generated kernels and to the BLAS libraries as raw pointers,
-//! and kernels are launched.
+//! `context`, `memory`, `executable`, `replay`, `blas`, `blaslt` and `nvrtc`
+//! are the modules of the CUDA backend with `unsafe`: device memory is made
+//! and handed to generated kernels and to the BLAS libraries as raw
+//! pointers, and kernels and graphs are launched.
 
 #[cfg(feature = "cuda")]
 mod blas;
@@ -32,6 +34,8 @@ mod memory;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod plan;
+#[cfg(feature = "cuda")]
+mod replay;
 #[cfg(feature = "cuda")]
 mod runs;
 

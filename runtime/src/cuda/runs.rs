@@ -9,7 +9,7 @@ use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
 use super::context::driver;
-use super::executable::{Executable, Step};
+use super::executable::{Executable, launch_count};
 use super::memory::{Buffer, Resident, Staging, fill, host_bytes};
 use crate::backend::Place;
 use crate::storage::{Arg, Storage};
@@ -20,20 +20,8 @@ impl crate::Executable for Executable {
         &self.optimized
     }
 
-    /// Kernel launches per run: a row group is one, a matmul its operand
-    /// prologues, its GEMM and its epilogue kernel if it has one.
     fn launches(&self) -> usize {
-        self.steps
-            .iter()
-            .map(|(_, step)| match step {
-                Step::Kernel { .. } => 1,
-                Step::MatMul {
-                    prologues,
-                    epilogue_function,
-                    ..
-                } => prologues.len() + 1 + usize::from(epilogue_function.is_some()),
-            })
-            .sum()
+        launch_count(&self.steps)
     }
 
     fn output_types(&self) -> &[TensorType] {
