@@ -108,15 +108,13 @@ fn epoch(
     bar: &ProgressBar,
 ) -> Result<(f32, f64)> {
     let start = Instant::now();
-    let mut batches = loader.epoch(index);
-    // The losses are read at the end: on a GPU the steps queue up meanwhile.
+    // The losses are read at the end: on a GPU the steps queue up meanwhile,
+    // each batch's copy in overlapping the step before.
     let mut losses = Vec::new();
-    while let Some(batch) = batches.next() {
+    for batch in loader.epoch(index).to_device(step.graph().device())? {
         let batch = batch?;
-        losses.push(step.run(&batch.inputs())?.remove(0));
+        losses.push(step.call(&[&batch[0], &batch[1]])?.remove(0));
         bar.inc(1);
-        // Its buffers are filled again by a later batch: no allocation per step.
-        batches.recycle(batch);
     }
     let mut total = 0.0f32;
     for loss in &losses {

@@ -1,11 +1,11 @@
 //! The CUDA runtime: opening a device fails with a clear `Err` where there is
 //! none (no driver, no NVRTC, no such ordinal), never a panic; on a GPU,
-//! compiled graphs agree with the interpreter in both matmul precisions, and
-//! batches staged through pinned memory while the previous launch computes
-//! give the results of plain runs. Also on a GPU: matmul operands read in
-//! place at unaligned offsets, cuBLASLt's fused ReLU against kiln's (NaN,
-//! infinities, signed zeros), one launch per `prepare`, empty inputs, an
-//! executable run on another thread, and staging dropped mid-copy.
+//! compiled graphs agree with the interpreter in both matmul precisions.
+//! Also on a GPU: matmul operands read in place at unaligned offsets,
+//! cuBLASLt's fused ReLU against kiln's (NaN, infinities, signed zeros),
+//! empty inputs, an executable run on another thread, and the feed of
+//! batches through pinned memory: each batch handed out once, values held
+//! by the caller kept, a feed dropped mid-copy.
 //! Every op and fusion kind runs on the GPU through `tests/cpu.rs` and `tests/cpu_products.rs` with
 //! `KILN_TEST_DEVICE=cuda:0`. GPU-only tests print why they skip.
 
@@ -13,7 +13,7 @@
 
 use kiln::{CompileOptions, DType, Data, DataRef, Device, Options, Result, Tensor, TensorType};
 use kiln_runtime::cuda::{self, Executable};
-use kiln_runtime::{Executable as _, Precision};
+use kiln_runtime::{Backend as _, Executable as _, Precision};
 
 /// Backend options with matmuls in `precision`.
 fn options(precision: Precision) -> kiln::BackendOptions {
@@ -125,54 +125,6 @@ fn compiled_graphs_agree_with_the_interpreter_in_both_precisions() -> Result<()>
     Ok(())
 }
 
-#[test]
-fn prepared_inputs_overlap_the_previous_launch_and_give_the_same_results() -> Result<()> {
-    let Some(d) = gpu_or_skip() else {
-        return Ok(());
-    };
-    let w = Tensor::randn([64, 32], 1)?;
-    let graph = |x: &Tensor| (x.cast(DType::F32)? * (1.0f32 / 255.0))?.matmul(&w)?.relu();
-    let spec = Tensor::from_vec(vec![0u8; 16 * 64], [16, 64])?;
-    let optimized = kiln::optimize("batches", &[&graph(&spec)?], Options::default())?;
-    let batches: Vec<Data> = (0..4u8)
-        .map(|b| {
-            Data::U8(
-                (0..16 * 64)
-                    .map(|i| (i as u8).wrapping_mul(b + 1))
-                    .collect(),
-            )
-        })
-        .collect();
-    let weights = Data::F32(w.to_vec()?);
-    let types = optimized.graph.inputs.clone();
-    let mut plain = Executable::new(optimized.clone(), d.clone(), options(Precision::F32))?;
-    let mut piped = Executable::new(optimized.clone(), d, options(Precision::F32))?;
-    piped.prepare(&arguments(&types, &batches[0], &weights))?;
-    for (i, batch) in batches.iter().enumerate() {
-        piped.launch_prepared()?;
-        if let Some(next) = batches.get(i + 1) {
-            piped.prepare(&arguments(&types, next, &weights))?;
-        }
-        let mut got = vec![Data::zeros(DType::F32, 16 * 32).unwrap()];
-        piped.finish(&mut got)?;
-        let mut want = vec![Data::zeros(DType::F32, 16 * 32).unwrap()];
-        plain.run_into(&arguments(&types, batch, &weights), &mut want)?;
-        assert_eq!(got, want, "batch {i}");
-    }
-    Ok(())
-}
-
-/// The graph's inputs in order: the batch for the u8 input, the weights for the other.
-fn arguments<'a>(types: &[TensorType], x: &'a Data, weights: &'a Data) -> Vec<DataRef<'a>> {
-    types
-        .iter()
-        .map(|ty| match ty.dtype {
-            DType::U8 => DataRef::from(x),
-            _ => DataRef::from(weights),
-        })
-        .collect()
-}
-
 /// `f` on GPU 0 (matmuls in TF32) against the interpreter: NaN exactly
 /// where the interpreter has NaN, zeros of its sign, other values within
 /// `rtol` of the largest magnitude. Returns false, saying why, where there is no GPU.
@@ -265,44 +217,7 @@ fn relu_after_a_fused_bias_keeps_nan_and_gives_plus_zero() -> Result<()> {
 }
 
 #[test]
-fn launch_prepared_takes_one_prepare_each() -> Result<()> {
-    let Some(d) = gpu_or_skip() else {
-        return Ok(());
-    };
-    let x = Tensor::randn([8, 16], 1)?;
-    let optimized = kiln::optimize("twice", &[&(&x * 2.0f32)?.relu()?], Options::default())?;
-    let mut exec = Executable::new(optimized, d, options(Precision::F32))?;
-    let batch = Data::F32(x.to_vec()?);
-    let inputs = [DataRef::from(&batch)];
-    let mut out = vec![Data::zeros(DType::F32, 8 * 16).unwrap()];
-    assert!(
-        exec.launch_prepared().is_err(),
-        "a launch before any prepare"
-    );
-    exec.prepare(&inputs)?;
-    exec.launch_prepared()?;
-    let again = exec.launch_prepared().err().map(|e| e.to_string());
-    assert!(
-        again
-            .as_deref()
-            .is_some_and(|e| e.contains("without a prepare")),
-        "{again:?}"
-    );
-    exec.finish(&mut out)?;
-    exec.prepare(&inputs)?;
-    exec.launch_prepared()?;
-    exec.finish(&mut out)?;
-    let want: Vec<f32> = x
-        .to_vec::<f32>()?
-        .iter()
-        .map(|v| (v * 2.0).max(0.0))
-        .collect();
-    assert_eq!(out[0], Data::F32(want));
-    Ok(())
-}
-
-#[test]
-fn empty_inputs_are_staged_and_run() -> Result<()> {
+fn empty_inputs_run() -> Result<()> {
     let Some(d) = gpu_or_skip() else {
         return Ok(());
     };
@@ -321,21 +236,62 @@ fn empty_inputs_are_staged_and_run() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let inputs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
-    let want = Data::F32(y.to_vec()?);
     let mut out = vec![
         Data::zeros(DType::F32, 0).unwrap(),
         Data::zeros(DType::F32, 4).unwrap(),
     ];
     exec.run_into(&inputs, &mut out)?;
-    assert_eq!(out[1], want);
-    let mut staged = vec![
-        Data::zeros(DType::F32, 0).unwrap(),
-        Data::zeros(DType::F32, 4).unwrap(),
-    ];
-    exec.prepare(&inputs)?;
-    exec.launch_prepared()?;
-    exec.finish(&mut staged)?;
-    assert_eq!(staged, out);
+    assert_eq!(out[1], Data::F32(y.to_vec()?));
+    Ok(())
+}
+
+/// A batch's values, borrowed.
+fn refs(b: &[Data; 2]) -> [DataRef<'_>; 2] {
+    [DataRef::from(&b[0]), DataRef::from(&b[1])]
+}
+
+/// Batch `k` of a feed test: `n` bytes and `n` i32 values.
+fn fed(k: i32, n: usize) -> [Data; 2] {
+    [
+        Data::U8((0..n).map(|i| (i as i32 * 7 + k) as u8).collect()),
+        Data::I32((0..n as i32).map(|i| i * 3 - k).collect()),
+    ]
+}
+
+#[test]
+fn a_feed_hands_out_each_batch_and_keeps_what_is_held() -> Result<()> {
+    if gpu_or_skip().is_none() {
+        return Ok(());
+    }
+    let mut feed = cuda::Cuda { ordinal: 0 }.feed()?;
+    assert!(feed.take().is_err(), "a take with nothing put");
+    let types = |n: usize| {
+        [
+            TensorType::new(DType::U8, [n]),
+            TensorType::new(DType::I32, [n]),
+        ]
+    };
+    let first = fed(0, 1000);
+    feed.put(&types(1000), &refs(&first))?;
+    assert!(
+        feed.put(&types(1000), &refs(&first)).is_err(),
+        "a second put before a take"
+    );
+    // Held while three more batches go through the same two sets of buffers.
+    let held = feed.take()?;
+    for k in 1..4 {
+        // The last batch is shorter, and the one before it empty.
+        let n = [1000, 0, 77][k as usize - 1];
+        let batch = fed(k, n);
+        feed.put(&types(n), &refs(&batch))?;
+        let got = feed.take()?;
+        for (storage, want) in got.iter().zip(&batch) {
+            assert_eq!(&*storage.to_host()?, want, "batch {k}");
+        }
+    }
+    for (storage, want) in held.iter().zip(&first) {
+        assert_eq!(&*storage.to_host()?, want, "the batch held");
+    }
     Ok(())
 }
 
@@ -367,18 +323,19 @@ fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
 }
 
 #[test]
-fn staging_dropped_with_a_copy_in_flight_frees_safely() -> Result<()> {
+fn a_feed_dropped_with_a_copy_in_flight_frees_safely() -> Result<()> {
     let Some(d) = gpu_or_skip() else {
         return Ok(());
     };
     let x = Tensor::randn([4096, 4096], 1)?;
-    let optimized = kiln::optimize("dropped", &[&x.relu()?], Options::default())?;
     let batch = Data::F32(x.to_vec()?);
+    let ty = [TensorType::new(DType::F32, [4096, 4096])];
     for _ in 0..3 {
-        // A 64 MiB copy is still running when the executable goes.
-        let mut exec = Executable::new(optimized.clone(), d.clone(), options(Precision::F32))?;
-        exec.prepare(&[DataRef::from(&batch)])?;
+        // A 64 MiB copy is still running when the feed goes.
+        let mut feed = cuda::Cuda { ordinal: 0 }.feed()?;
+        feed.put(&ty, &[DataRef::from(&batch)])?;
     }
+    let optimized = kiln::optimize("dropped", &[&x.relu()?], Options::default())?;
     let mut exec = Executable::new(optimized, d, options(Precision::F32))?;
     let mut out = vec![Data::zeros(DType::F32, 4096 * 4096).unwrap()];
     exec.run_into(&[DataRef::from(&batch)], &mut out)?;

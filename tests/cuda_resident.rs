@@ -4,15 +4,18 @@
 //! and its loss out and nothing else (a batch already on the device, not
 //! even that) while its state is written in place, matching the same step
 //! run on host data bit for bit, steps on the buffers of the step before
-//! replay as one CUDA graph launch with the same results, and running out
+//! replay as one CUDA graph launch with the same results, a loader's epoch
+//! fed to the GPU copies each batch in once and trains as host batches do,
+//! and running out
 //! of device memory is an `Err` after which the device still computes. The
 //! traffic is read from `kiln::memory_stats`. Every test skips, saying
 //! why, where there is no GPU.
 
 #![cfg(feature = "cuda")]
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use kiln::data::{DataError, DataLoader, Dataset, LoaderOptions};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{
     BackendOptions, CompileOptions, DType, Data, Device, MemoryStats, Precision, Result, Tensor,
@@ -293,6 +296,100 @@ fn steps_on_the_same_buffers_replay_as_one_graph_launch() -> Result<()> {
     assert_eq!(launches, 5, "graph launches over 6 steps");
     assert_eq!(replayed, losses, "losses");
     assert_eq!(replayed_after, after, "state after the steps");
+    Ok(())
+}
+
+/// `batch_values` as a dataset: item `i` is row `i % BATCH` of batch
+/// `i / BATCH`, an image and its label.
+struct Digits(usize);
+
+impl Dataset for Digits {
+    fn len(&self) -> usize {
+        self.0
+    }
+
+    fn fields(&self) -> Vec<TensorType> {
+        vec![
+            TensorType::new(DType::U8, [784]),
+            TensorType::new(DType::I32, []),
+        ]
+    }
+
+    fn read(
+        &self,
+        index: usize,
+        field: usize,
+        out: &mut [u8],
+    ) -> std::result::Result<(), DataError> {
+        let (images, labels) = batch_values(index / BATCH);
+        let row = index % BATCH;
+        match field {
+            0 => out.copy_from_slice(&images[row * 784..(row + 1) * 784]),
+            _ => out.copy_from_slice(&labels[row].to_le_bytes()),
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_fed_epoch_copies_each_batch_in_once_and_trains_as_host_batches() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if stats_or_skip().is_none() {
+        return Ok(());
+    }
+    let sgd = Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.05)
+    };
+    let batches = 7;
+    let options = LoaderOptions {
+        batch_size: BATCH,
+        ..LoaderOptions::default()
+    };
+    let mut loader = DataLoader::new(Arc::new(Digits(batches * BATCH)), options)?;
+    let mut steps = Vec::new();
+    for _ in 0..2 {
+        let state = mlp_state(&sgd)?;
+        let refs: Vec<&Tensor> = state.iter().collect();
+        let step = kiln::compile_step_with("fit", &refs, &batch_types(), ieee_on_gpu(), |s, b| {
+            train(&sgd, s, b)
+        })?;
+        steps.push(step);
+    }
+    let state_bytes: u64 = (mlp_state(&sgd)?.iter())
+        .map(|t| t.ty().shape.numel() as u64 * 4)
+        .sum();
+    // Fed: each batch copied in while the step before runs.
+    let before = kiln::memory_stats(GPU)?;
+    let mut losses = Vec::new();
+    for batch in loader.epoch(0).to_device(GPU)? {
+        let batch = batch?;
+        losses.push(steps[0].call(&[&batch[0], &batch[1]])?.remove(0));
+    }
+    let batch_bytes = (BATCH * 784 + BATCH * 4) as u64;
+    // The pinned buffers of the batch before last are reused from batch 3.
+    let copies = (batches - 2) as u64;
+    assert_eq!(
+        moved(before)?,
+        (state_bytes + batches as u64 * batch_bytes, 0, copies),
+        "the initial state and every batch in, nothing out, a wait per reused pinned buffer"
+    );
+    let fed: Vec<f32> = losses
+        .iter()
+        .map(|l| l.to_scalar::<f32>())
+        .collect::<Result<_>>()?;
+    // The same steps on the loader's host batches.
+    let mut plain = Vec::new();
+    for batch in loader.epoch(0) {
+        let batch = batch?;
+        plain.push(
+            steps[1]
+                .run(&batch.inputs())?
+                .remove(0)
+                .to_scalar::<f32>()?,
+        );
+    }
+    assert_eq!(fed, plain, "losses");
     Ok(())
 }
 

@@ -1,8 +1,10 @@
 //! The data loader: order is a pure function of (seed, epoch) whatever the
 //! number of workers, epochs resume exactly, shards are disjoint and cover
 //! the dataset, corrupt items fail or are skipped as asked, a panicking
-//! dataset is an `Err`, dropping a loader mid-epoch ends its threads, and
-//! `.npy` files zip into (features, labels) batches with their values.
+//! dataset is an `Err`, dropping a loader mid-epoch ends its threads,
+//! `.npy` files zip into (features, labels) batches with their values, and
+//! an epoch's batches come as tensors on a device in order, each error in
+//! its batch's place.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use kiln::data::npy::{NpyDType, write_npy};
 use kiln::data::{
     ArrayDataset, Batch, DataError, DataLoader, Dataset, Field, LoaderOptions, OnError, Zip,
 };
-use kiln::{DType, Data, DataRef, TensorType};
+use kiln::{DType, Data, DataRef, Device, TensorType};
 
 /// Item `i` is the i32 `i`; items listed in `bad` cannot be read; reading
 /// item `panic_at` panics; each read sleeps `delay`.
@@ -202,6 +204,49 @@ fn corrupt_items_fail_their_batch_or_are_skipped() {
         .collect();
     assert_eq!(batches.iter().map(|b| b.skipped).sum::<usize>(), 2);
     assert_eq!(batches[1].items, [4, 6, 7]);
+}
+
+#[test]
+fn batches_on_a_device_hold_each_batch_in_order_errors_in_their_place() -> kiln::Result<()> {
+    for device in [Device::Cpu, Device::Reference] {
+        // 23 items in batches of 5: the last holds 3; item 5 fails batch 1,
+        // item 13 is left out of batch 2 where skipping.
+        for on_error in [OnError::Fail, OnError::Skip] {
+            let mut data = Counting::new(23);
+            data.bad = vec![5, 13];
+            let options = LoaderOptions {
+                batch_size: 5,
+                shuffle: Some(3),
+                on_error,
+                ..LoaderOptions::default()
+            };
+            let mut l = loader(data, options);
+            let want: Vec<Result<Vec<i32>, String>> = (l.epoch(0))
+                .map(|b| match b {
+                    Ok(b) => Ok(b.items.iter().map(|&i| i as i32).collect()),
+                    Err(e) => Err(e.to_string()),
+                })
+                .collect();
+            let got: Vec<Result<Vec<i32>, String>> = (l.epoch(0).to_device(device)?)
+                .map(|b| match b {
+                    Ok(t) => {
+                        assert_eq!((t.len(), t[0].device()), (1, device));
+                        t[0].to_vec::<i32>().map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                })
+                .collect();
+            assert_eq!(got, want, "{device:?}, {on_error:?}");
+            assert_eq!(
+                want.iter().filter(|b| b.is_err()).count(),
+                match on_error {
+                    OnError::Fail => 2,
+                    OnError::Skip => 0,
+                }
+            );
+        }
+    }
+    Ok(())
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! value in place, an output into its own buffer), and they count nothing
 //! as moved. Through the API: compiled calls and steps leave their values
 //! on their device, and reading a step's state shares it until the step
-//! writes it.
+//! writes it. A host feed hands out each batch put once, copied.
 
 use std::sync::Arc;
 
@@ -197,5 +197,27 @@ fn a_host_buffer_no_value_holds_serves_the_next_value_of_its_type() -> Result<()
     kiln_runtime::storage::recycle(reused);
     let other = Cpu.alloc("relu", &TensorType::new(DType::F32, [127, 128]))?;
     assert_ne!(address(&other), place);
+    Ok(())
+}
+
+#[test]
+fn a_host_feed_hands_out_each_put_once_as_a_copy_of_its_own() -> Result<()> {
+    for (name, backend) in host_backends() {
+        let mut feed = backend.feed()?;
+        assert!(feed.take().is_err(), "{name}: a take with nothing put");
+        let ty = [TensorType::new(DType::F32, [2])];
+        let values = Data::F32(vec![1.5, -2.0]);
+        feed.put(&ty, &[(&values).into()])?;
+        assert!(
+            feed.put(&ty, &[(&values).into()]).is_err(),
+            "{name}: a second put before a take"
+        );
+        let taken = feed.take()?;
+        assert_eq!(floats(&taken[0]), [1.5, -2.0], "{name}");
+        assert!(feed.take().is_err(), "{name}: a put is taken once");
+        // The feed copied: the values put may go, or change, after `put`.
+        drop(values);
+        assert_eq!(floats(&taken[0]), [1.5, -2.0], "{name}");
+    }
     Ok(())
 }

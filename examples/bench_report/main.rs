@@ -486,6 +486,9 @@ fn main() -> Result<()> {
             train::train(id, args.quick, args.backend)?;
         }
     }
+    if wanted("train_fed") {
+        train::fed(args.quick, args.backend)?;
+    }
     for id in ["eager_add_relu", "eager_chain10"] {
         if wanted(id) && args.backend == Backend::Cpu {
             eager(id, args.quick)?;

@@ -1,9 +1,15 @@
 //! `bench_report`'s training steps: `train_sgd` and `train_adam`, the MLP
-//! step of `../shared/anchors/train_anchor.py`, and `train_cnn`, the CNN
-//! step of `benches/cnn_anchor.py`.
+//! step of `../shared/anchors/train_anchor.py`, `train_cnn`, the CNN step
+//! of `benches/cnn_anchor.py`, and `train_fed`, an epoch of MLP steps fed
+//! by a data loader.
 
+use std::sync::Arc;
+
+use kiln::data::{DataError, DataLoader, Dataset, LoaderOptions};
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{CompileOptions, DType, Device, Options, Pool2d, Result, Tensor, TensorType};
+use kiln::{
+    CompileOptions, CompiledStep, DType, Device, Options, Pool2d, Result, Tensor, TensorType,
+};
 
 use crate::{Backend, max_rel_err, target, time};
 
@@ -111,6 +117,32 @@ fn cnn() -> Result<Case> {
     })
 }
 
+/// The training step of `case` with `optimizer`, compiled with `options`.
+fn compile(
+    id: &str,
+    case: &Case,
+    optimizer: &dyn Optimizer,
+    options: CompileOptions,
+) -> Result<CompiledStep> {
+    let params = &case.params;
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let mut state = params.clone();
+    state.extend(optimizer.state(&refs)?);
+    let state: Vec<&Tensor> = state.iter().collect();
+    let specs = [
+        TensorType::new(DType::U8, case.images.shape().clone()),
+        TensorType::new(DType::I32, case.labels.shape().clone()),
+    ];
+    let n = params.len();
+    kiln::compile_step_with(id, &state, &specs, options, |s, b| {
+        let (p, opt) = s.split_at(n);
+        let loss = (case.loss)(p, &b[0], &b[1])?;
+        let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
+        let (p, opt) = optimizer.update(p, &grads, opt)?;
+        Ok((vec![loss], p.into_iter().chain(opt).collect()))
+    })
+}
+
 /// A training step (`train_sgd`: SGD with momentum 0.9 at 0.05;
 /// `train_adam` and `train_cnn`: Adam at 1e-3) compiled with
 /// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
@@ -130,46 +162,25 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
         ..AdamW::new(1e-3)
     };
     let optimizer: &dyn Optimizer = if id == "train_sgd" { &sgd } else { &adam };
-    let params = &case.params;
-    let refs: Vec<&Tensor> = params.iter().collect();
-    let mut state = params.clone();
-    state.extend(optimizer.state(&refs)?);
-    let state: Vec<&Tensor> = state.iter().collect();
-    let specs = [
-        TensorType::new(DType::U8, case.images.shape().clone()),
-        TensorType::new(DType::I32, case.labels.shape().clone()),
-    ];
-    let n = params.len();
     let (device, backend_options) = target(backend);
     // On the step's device, as the anchors have it.
     let batch = [case.images.to(device)?, case.labels.to(device)?];
     let batch: Vec<&Tensor> = batch.iter().collect();
     let mut steps = Vec::new();
     for fusion in [true, false] {
-        let options = Options {
-            fusion,
-            ..Options::default()
+        let options = CompileOptions {
+            device,
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
+            backend: backend_options,
         };
-        let mut step = kiln::compile_step_with(
-            id,
-            &state,
-            &specs,
-            CompileOptions {
-                device,
-                optimizer: options,
-                backend: backend_options,
-            },
-            |s, b| {
-                let (p, opt) = s.split_at(n);
-                let loss = (case.loss)(p, &b[0], &b[1])?;
-                let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
-                let (p, opt) = optimizer.update(p, &grads, opt)?;
-                Ok((vec![loss], p.into_iter().chain(opt).collect()))
-            },
-        )?;
+        let mut step = compile(id, &case, optimizer, options)?;
         let first = step.call(&batch)?[0].to_scalar::<f32>()?;
         steps.push((if fusion { "fused" } else { "unfused" }, step, first));
     }
+    let params = &case.params;
     let on_reference: Vec<Tensor> = params
         .iter()
         .map(|p| p.to(Device::Reference))
@@ -189,6 +200,104 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
             step.graph().launches(),
             case.flops,
             max_rel_err(&[*first], &[want])
+        );
+    }
+    Ok(())
+}
+
+/// Batches of `EPOCH_STEPS` per epoch of `train_fed`.
+const EPOCH_STEPS: usize = 16;
+
+/// The MLP case's batch repeated as a dataset of `EPOCH_STEPS` batches:
+/// item `i` is row `i % 250` of its images and labels.
+struct Repeated {
+    images: Vec<u8>,
+    labels: Vec<i32>,
+}
+
+impl Dataset for Repeated {
+    fn len(&self) -> usize {
+        self.labels.len() * EPOCH_STEPS
+    }
+
+    fn fields(&self) -> Vec<TensorType> {
+        vec![
+            TensorType::new(DType::U8, [784]),
+            TensorType::new(DType::I32, []),
+        ]
+    }
+
+    fn read(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        let row = index % self.labels.len();
+        match field {
+            0 => out.copy_from_slice(&self.images[row * 784..(row + 1) * 784]),
+            _ => out.copy_from_slice(&self.labels[row].to_le_bytes()),
+        }
+        Ok(())
+    }
+}
+
+/// `train_fed`: an epoch of `EPOCH_STEPS` fused `train_sgd` steps fed by a
+/// `DataLoader` through `Epoch::to_device` (variant `fed`), against the
+/// same steps on one batch already on the device (`on_device`), the loss
+/// of every step read at the epoch's end. On a GPU, `fed` copies each batch
+/// in while the step before runs; the target is `fed` within 10% of
+/// `on_device`. Checked: the epochs' last losses agree.
+pub(crate) fn fed(quick: bool, backend: Backend) -> Result<()> {
+    eprintln!("train_fed");
+    let case = mlp()?;
+    let sgd = Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.05)
+    };
+    let (device, backend_options) = target(backend);
+    let options = CompileOptions {
+        device,
+        backend: backend_options,
+        ..CompileOptions::default()
+    };
+    let mut steps = [
+        compile("train_fed", &case, &sgd, options)?,
+        compile("train_fed", &case, &sgd, options)?,
+    ];
+    let data = Repeated {
+        images: case.images.to_vec()?,
+        labels: case.labels.to_vec()?,
+    };
+    let loader_options = LoaderOptions {
+        batch_size: data.labels.len(),
+        ..LoaderOptions::default()
+    };
+    let mut loader = DataLoader::new(Arc::new(data), loader_options)?;
+    let batch = [case.images.to(device)?, case.labels.to(device)?];
+    let mut last = [0.0f32; 2];
+    let mut epoch = |v: usize| -> Result<Option<f64>> {
+        let mut losses = Vec::with_capacity(EPOCH_STEPS);
+        if v == 0 {
+            for fed in loader.epoch(0).to_device(device)? {
+                let fed = fed?;
+                losses.push(steps[0].call(&[&fed[0], &fed[1]])?.remove(0));
+            }
+        } else {
+            for _ in 0..EPOCH_STEPS {
+                losses.push(steps[1].call(&[&batch[0], &batch[1]])?.remove(0));
+            }
+        }
+        for loss in &losses {
+            last[v] = loss.to_scalar::<f32>()?;
+        }
+        Ok(None)
+    };
+    let timings = time(quick, 2, &mut epoch)?;
+    for (variant, timing) in ["fed", "on_device"].iter().zip(timings) {
+        println!(
+            "{{\"workload\":\"train_fed\",\"shape\":\"{EPOCH_STEPS}x{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"kernels\":{},\"bytes\":0,\"flops\":{},\"max_rel_err\":{:.2e}}}",
+            case.shape,
+            backend.name(),
+            timing.fields(),
+            steps[0].graph().launches(),
+            case.flops * EPOCH_STEPS as u64,
+            max_rel_err(&[last[0]], &[f64::from(last[1])])
         );
     }
     Ok(())

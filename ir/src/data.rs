@@ -111,21 +111,7 @@ impl Data {
 
     /// A copy, or the bytes that could not be had.
     pub fn try_clone(&self) -> Result<Data, OutOfMemory> {
-        fn copy<T: Clone>(v: &[T]) -> Result<Vec<T>, OutOfMemory> {
-            let mut c = try_capacity(v.len())?;
-            c.extend_from_slice(v);
-            Ok(c)
-        }
-        Ok(match self {
-            Data::F32(v) => Data::F32(copy(v)?),
-            Data::I32(v) => Data::I32(copy(v)?),
-            Data::I64(v) => Data::I64(copy(v)?),
-            Data::F64(v) => Data::F64(copy(v)?),
-            Data::U8(v) => Data::U8(copy(v)?),
-            Data::Bool(v) => Data::Bool(copy(v)?),
-            Data::BF16(v) => Data::BF16(copy(v)?),
-            Data::F16(v) => Data::F16(copy(v)?),
-        })
+        DataRef::from(self).try_to_data()
     }
 
     /// `n` elements of `dtype`, the `i`-th being `f(i)` converted to `dtype`,
@@ -250,6 +236,25 @@ impl DataRef<'_> {
     /// Whether there are no elements.
     pub fn is_empty(self) -> bool {
         self.len() == 0
+    }
+
+    /// An owned copy, or the bytes that could not be had.
+    pub fn try_to_data(self) -> Result<Data, OutOfMemory> {
+        fn copy<T: Clone>(v: &[T]) -> Result<Vec<T>, OutOfMemory> {
+            let mut c = try_capacity(v.len())?;
+            c.extend_from_slice(v);
+            Ok(c)
+        }
+        Ok(match self {
+            DataRef::F32(v) => Data::F32(copy(v)?),
+            DataRef::I32(v) => Data::I32(copy(v)?),
+            DataRef::I64(v) => Data::I64(copy(v)?),
+            DataRef::F64(v) => Data::F64(copy(v)?),
+            DataRef::U8(v) => Data::U8(copy(v)?),
+            DataRef::Bool(v) => Data::Bool(copy(v)?),
+            DataRef::BF16(v) => Data::BF16(copy(v)?),
+            DataRef::F16(v) => Data::F16(copy(v)?),
+        })
     }
 
     /// An owned copy.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
-use crate::storage::{Arg, MemoryStats, Storage, host_buffer};
+use crate::storage::{Arg, Feed, HostFeed, MemoryStats, Storage, host_buffer};
 use crate::{Error, check_data_run};
 
 /// How a matmul computes its products in f32 where the backend has a choice
@@ -84,6 +84,11 @@ pub trait Backend {
     /// copies it in, and `store` moves it).
     fn holds(&self, storage: &Storage) -> bool {
         matches!(storage, Storage::Host(_))
+    }
+
+    /// A feed of batches into its storage, one ahead of their use.
+    fn feed(&self) -> Result<Box<dyn Feed>, Error> {
+        Ok(Box::new(HostFeed::default()))
     }
 
     /// What it has copied, waited for and allocated so far.

@@ -39,7 +39,7 @@ pub mod stored;
 
 pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;
-pub use storage::{Arg, MemoryStats, Storage};
+pub use storage::{Arg, Feed, MemoryStats, Storage};
 
 use kiln_ir::TensorType;
 use kiln_ir::pass::Optimized;

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use kiln_ir::{DType, Data, DataRef};
+use kiln_ir::{DType, Data, DataRef, TensorType};
 
 use crate::Error;
 
@@ -207,6 +207,50 @@ impl Arg<'_> {
     /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Batches moved into a backend's storage one ahead of their use, as a
+/// data loader hands them out: `put` starts moving the next batch in while
+/// the work enqueued so far runs (on a GPU, through pinned memory on a copy
+/// stream), and `take` hands out the batch put last, as storage that every
+/// run enqueued after it reads in full.
+pub trait Feed: Send {
+    /// Starts moving `values` (host data of `types`, one per value) in; the
+    /// host data may go when this returns. A second `put` before a `take`
+    /// is an `Err`.
+    fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error>;
+
+    /// The values of the last `put`; an `Err` where none waits.
+    fn take(&mut self) -> Result<Vec<Storage>, Error>;
+}
+
+/// The feed of backends that keep values in host memory: each value copied
+/// into a host buffer of its own at `put`.
+#[derive(Default)]
+pub struct HostFeed {
+    waiting: Option<Vec<Storage>>,
+}
+
+impl Feed for HostFeed {
+    fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error> {
+        if self.waiting.is_some() {
+            return Err(Error::Launch(
+                "a feed's put before the last one was taken".into(),
+            ));
+        }
+        let stored = (types.iter().zip(values))
+            .map(|(ty, value)| {
+                let data = value.try_to_data().map_err(|e| e.in_op("feed", ty))?;
+                Ok(Storage::Host(Arc::new(data)))
+            })
+            .collect::<Result<_, Error>>()?;
+        self.waiting = Some(stored);
+        Ok(())
+    }
+
+    fn take(&mut self) -> Result<Vec<Storage>, Error> {
+        (self.waiting.take()).ok_or_else(|| Error::Launch("a feed's take with nothing put".into()))
     }
 }
 

@@ -14,7 +14,7 @@ pub mod npy;
 pub mod record;
 
 pub use dataset::{ArrayDataset, Dataset, Mapped, Subset, Zip};
-pub use loader::{Batch, DataLoader, Epoch, Field, LoaderOptions, Metrics, OnError};
+pub use loader::{Batch, DataLoader, Epoch, Field, LoaderOptions, Metrics, OnDevice, OnError};
 
 use std::path::{Path, PathBuf};
 

@@ -25,7 +25,7 @@ use kiln_ir::{Op, TensorType};
 
 use super::codegen::{self, FLAT_THREADS, Grid};
 use super::context::{Gpu, driver};
-use super::memory::{Buffer, Staging};
+use super::memory::Buffer;
 use super::plan::{self, Gemm as GemmPlan, GemmEpilogue, GemmOperand, OperandSource};
 use super::replay::Replays;
 use super::runs::HostBuffers;
@@ -95,8 +95,6 @@ pub struct Executable {
     pub(super) host: Option<HostBuffers>,
     pub(super) slots: Vec<Buffer>,
     pub(super) outputs: Vec<TensorType>,
-    /// The next run's inputs, on their way to the device (`prepare`).
-    pub(super) staging: Option<Staging>,
     /// Runs on the buffers of an earlier run, replayed as one graph launch.
     pub(super) replays: Mutex<Replays>,
 }
@@ -229,7 +227,6 @@ impl Executable {
             host: None,
             slots,
             outputs,
-            staging: None,
             replays: Mutex::new(replays),
         })
     }

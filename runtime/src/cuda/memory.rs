@@ -1,8 +1,8 @@
 //! Device memory: the caching allocator (freed buffers go back to their
 //! GPU's pool by size, and are reused in the order of its one compute
 //! stream), the buffers it hands out, values that live on the device
-//! (`Resident`), the pinned host memory and standby buffers that stage the
-//! next run's inputs while the current one computes, a device-to-device
+//! (`Resident`), the feed that copies batches in through pinned memory on
+//! a copy stream while the runs before them compute, a device-to-device
 //! copy for measuring bandwidth, and the bytes of host data as the device
 //! holds them.
 
@@ -16,7 +16,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, DevicePtr, P
 use kiln_ir::{Data, DataRef, OutOfMemory, TensorType};
 
 use super::context::{Gpu, driver};
-use crate::Error;
+use crate::{Error, Storage};
 
 impl Gpu {
     /// Two device buffers of `bytes` and a copy between them: the device's
@@ -134,7 +134,7 @@ impl Buffer {
 
 impl Buffer {
     /// Its first `bytes` bytes, to write.
-    fn first_mut(&mut self, bytes: usize) -> Result<CudaViewMut<'_, u8>, Error> {
+    pub(super) fn first_mut(&mut self, bytes: usize) -> Result<CudaViewMut<'_, u8>, Error> {
         let slice =
             (self.slice.as_mut()).ok_or_else(|| Error::Cuda("a freed device buffer".into()))?;
         Ok(slice.slice_mut(..bytes))
@@ -311,108 +311,159 @@ impl Copier {
     }
 }
 
-/// Inputs staged for the next launch: copied into pinned host memory, then
-/// to a second set of device input buffers on a copy stream, while the
-/// current launch computes on the first set.
-pub(super) struct Staging {
+/// A feed of batches into a GPU's memory (`crate::Feed`): each batch is
+/// copied into pinned host memory, then on a copy stream into device
+/// memory, while the work already enqueued on the compute stream runs; the
+/// compute stream waits for the copy where the batch is taken.
+///
+/// Two sets of buffers take turns: a `put` fills the set of the batch
+/// before last, after the work enqueued so far (which includes every run
+/// that read that batch), and where someone still holds one of that
+/// batch's values, into new memory instead of over it.
+pub struct Feeder {
+    gpu: Arc<Gpu>,
     copy: Arc<CudaStream>,
-    pinned: Vec<PinnedHostSlice<u8>>,
-    pub(super) standby: Vec<Buffer>,
-    /// Recorded on the copy stream after the last copy into `standby`.
-    pub(super) copied: Option<CudaEvent>,
-    /// Recorded on the compute stream when the work that read the buffers
-    /// now in `standby` was enqueued in full, and first when they were
-    /// allocated (and zeroed) there: a pooled buffer may still be read by
-    /// the work of an executable that was dropped, and a new one's zeroing
-    /// is stream-ordered; the copy stream waits for either.
-    pub(super) released: CudaEvent,
-    /// Whether `standby` holds inputs that no launch has taken yet.
-    pub(super) ready: bool,
+    sets: [FeedSet; 2],
+    /// The set the next `put` fills.
+    next: usize,
+    /// Whether a `put` waits for its `take`.
+    waiting: bool,
 }
 
-impl Drop for Staging {
+/// One batch's buffers: pinned host memory and device values, per value.
+#[derive(Default)]
+struct FeedSet {
+    pinned: Vec<PinnedHostSlice<u8>>,
+    values: Vec<Arc<Resident>>,
+    /// Recorded on the copy stream after the set's last copy.
+    copied: Option<CudaEvent>,
+}
+
+impl Drop for Feeder {
     fn drop(&mut self) {
         // With cudarc's event tracking off, freeing pinned memory waits on
-        // nothing: a copy still reading it (or writing a standby buffer that
-        // goes back to the pool) must end first. A failure leaves nothing
-        // better to do than to free.
+        // nothing, and device buffers go back to the pool in the compute
+        // stream's order only: a copy still reading the one or writing the
+        // other must end first. A failure leaves nothing better to do than
+        // to free.
         let _ = self.copy.synchronize();
     }
 }
 
-impl Staging {
-    /// A copy stream, and pinned host memory and a standby device buffer
-    /// for each input of `types`.
-    pub(super) fn new(gpu: &Arc<Gpu>, types: &[TensorType]) -> Result<Staging, Error> {
-        let copy = gpu
-            .ctx
-            .new_stream()
-            .map_err(|e| driver("creating a copy stream", e))?;
-        let mut pinned = Vec::with_capacity(types.len());
-        let mut standby = Vec::with_capacity(types.len());
-        for ty in types {
-            let bytes = ty.shape.numel() * ty.dtype.size();
-            // SAFETY: the memory is written in full (`stage`) before any read.
-            // Flags 0: cached host memory, fast for the CPU to write. At
-            // least a byte: cuMemHostAlloc of 0 bytes may leave the
-            // pointer unwritten.
-            let host = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }
-                .map_err(|e| driver("allocating pinned memory", e))?;
-            pinned.push(host);
-            standby.push(gpu.alloc(bytes)?);
-        }
-        let released = gpu
-            .stream
-            .record_event(None)
-            .map_err(|e| driver("recording the standby buffers' allocation", e))?;
-        Ok(Staging {
+impl Feeder {
+    /// A feed into `gpu`'s memory, with a copy stream of its own.
+    pub(super) fn new(gpu: Arc<Gpu>) -> Result<Feeder, Error> {
+        gpu.bind()?;
+        let copy = (gpu.ctx.new_stream()).map_err(|e| driver("creating a copy stream", e))?;
+        Ok(Feeder {
+            gpu,
             copy,
-            pinned,
-            standby,
-            copied: None,
-            released,
-            ready: false,
+            sets: Default::default(),
+            next: 0,
+            waiting: false,
         })
     }
+}
 
-    /// Starts copying `inputs` (of the types `new` was given, checked by
-    /// the caller) through the pinned buffers into the standby buffers, on
-    /// the copy stream; they are `ready` once every copy is enqueued.
-    pub(super) fn stage(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
-        // The pinned buffers are reused: the last copy out of them must be done.
-        if let Some(copied) = &self.copied {
+impl crate::Feed for Feeder {
+    fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error> {
+        if self.waiting {
+            return Err(Error::Launch(
+                "a feed's put before the last one was taken".into(),
+            ));
+        }
+        if types.len() != values.len() {
+            return Err(Error::Launch(format!(
+                "a feed's put of {} values of {} types",
+                values.len(),
+                types.len()
+            )));
+        }
+        self.gpu.bind()?;
+        let (gpu, copy) = (&self.gpu, &self.copy);
+        let set = &mut self.sets[self.next];
+        // The pinned buffers are reused: their last copy must be done.
+        if let Some(copied) = &set.copied {
+            gpu.counters.waited();
             copied
                 .synchronize()
                 .map_err(|e| driver("waiting for a copy", e))?;
         }
-        // The device buffers are reused: the launch that read them must be done.
-        self.copy
-            .wait(&self.released)
-            .map_err(|e| driver("ordering a copy after a launch", e))?;
-        // Until the copies below are all enqueued, no launch may take them.
-        self.ready = false;
-        for ((host, device), data) in self.pinned.iter_mut().zip(&mut self.standby).zip(inputs) {
+        // A value of the set that someone holds, or of another type, is
+        // replaced by new memory. Allocated before `released` is recorded:
+        // a new buffer's zeroing is enqueued on the compute stream.
+        set.values.truncate(types.len());
+        for (k, ty) in types.iter().enumerate() {
+            let reusable =
+                (set.values.get_mut(k)).is_some_and(|v| v.ty() == ty && Arc::get_mut(v).is_some());
+            if !reusable {
+                let value = Arc::new(Resident::alloc(gpu, "feed", ty)?);
+                match set.values.get_mut(k) {
+                    Some(v) => *v = value,
+                    None => set.values.push(value),
+                }
+            }
+        }
+        // Every run enqueued so far (those that read this set's last batch
+        // among them, and those that used a pooled buffer before it was
+        // freed) ends before the copies write.
+        let released = (gpu.stream.record_event(None))
+            .map_err(|e| driver("recording the feed's release", e))?;
+        copy.wait(&released)
+            .map_err(|e| driver("ordering a copy after the runs before it", e))?;
+        for (k, data) in values.iter().enumerate() {
             let bytes = host_bytes(*data);
+            if set.pinned.get(k).is_none_or(|p| p.len() < bytes.len()) {
+                // SAFETY: the memory is written (below) before the copy that
+                // reads it. Flags 0: cached host memory, fast for the CPU to
+                // write. At least a byte: cuMemHostAlloc of 0 bytes may leave
+                // the pointer unwritten.
+                let host = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes.len().max(1), 0) }
+                    .map_err(|e| driver("allocating pinned memory", e))?;
+                match set.pinned.get_mut(k) {
+                    Some(p) => *p = host,
+                    None => set.pinned.push(host),
+                }
+            }
             if bytes.is_empty() {
                 continue;
             }
-            let host = &mut host
+            let host = &mut set.pinned[k]
                 .as_mut_slice()
                 .map_err(|e| driver("writing pinned memory", e))?[..bytes.len()];
             host.copy_from_slice(&bytes);
-            let mut dst = device.first_mut(bytes.len())?;
-            self.copy
-                .memcpy_htod(&*host, &mut dst)
-                .map_err(|e| driver("copying an input to the device", e))?;
-            device.gpu.counters.copied_to_device(bytes.len());
+            let value = (Arc::get_mut(&mut set.values[k]))
+                .ok_or_else(|| Error::Launch("a fed value held elsewhere".into()))?;
+            let mut dst = value.buffer.first_mut(bytes.len())?;
+            copy.memcpy_htod(&*host, &mut dst)
+                .map_err(|e| driver("copying a batch to the device", e))?;
+            gpu.counters.copied_to_device(bytes.len());
         }
-        self.copied = Some(
-            self.copy
-                .record_event(None)
+        set.copied = Some(
+            copy.record_event(None)
                 .map_err(|e| driver("recording a copy", e))?,
         );
-        self.ready = true;
+        self.waiting = true;
         Ok(())
+    }
+
+    fn take(&mut self) -> Result<Vec<Storage>, Error> {
+        if !self.waiting {
+            return Err(Error::Launch("a feed's take with nothing put".into()));
+        }
+        let set = &self.sets[self.next];
+        self.next = 1 - self.next;
+        let copied = (set.copied.as_ref())
+            .ok_or_else(|| Error::Launch("a feed's take before its copy".into()))?;
+        self.gpu.bind()?;
+        (self.gpu.stream.wait(copied))
+            .map_err(|e| driver("ordering the runs after a batch's copy", e))?;
+        self.waiting = false;
+        Ok(set
+            .values
+            .iter()
+            .map(|v| Storage::Cuda(v.clone()))
+            .collect())
     }
 }
 

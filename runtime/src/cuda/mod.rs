@@ -7,7 +7,8 @@
 //! - `plan`: a matmul as prologue kernels, a GEMM and an epilogue;
 //! - `context`: a GPU opened (`gpu`), its stream, library handles and
 //!   compiled kernels;
-//! - `memory`: the caching allocator, device buffers and pinned staging;
+//! - `memory`: the caching allocator, device buffers, and the feed of
+//!   batches through pinned memory;
 //! - `executable`: a fused graph compiled for a GPU, its launches enqueued;
 //! - `runs`: its runs, on device storage or on host data;
 //! - `replay`: runs on the buffers of an earlier run, replayed as one
@@ -44,7 +45,7 @@ pub use context::{Gpu, gpu};
 #[cfg(feature = "cuda")]
 pub use executable::Executable;
 #[cfg(feature = "cuda")]
-pub use memory::{Copier, Resident};
+pub use memory::{Copier, Feeder, Resident};
 
 /// GPU `ordinal` as a backend.
 #[cfg(feature = "cuda")]
@@ -91,6 +92,11 @@ impl crate::Backend for Cuda {
     ) -> Result<crate::Storage, crate::Error> {
         let value = Resident::upload(&gpu(self.ordinal)?, data.as_ref().into(), ty, "to")?;
         Ok(crate::Storage::Cuda(std::sync::Arc::new(value)))
+    }
+
+    /// Batches copied in through pinned memory on a copy stream.
+    fn feed(&self) -> Result<Box<dyn crate::Feed>, crate::Error> {
+        Ok(Box::new(Feeder::new(gpu(self.ordinal)?)?))
     }
 
     fn holds(&self, storage: &crate::Storage) -> bool {

@@ -1,16 +1,15 @@
 //! The runs of a fused graph compiled for one GPU (`Executable`): on
 //! storage (`run_stored`: values that live on the device read where they
 //! are, host inputs copied in, every launch enqueued and nothing waited
-//! for), on host data (`run_donated`: copied in and out), timed
-//! (`launch_all`), or with the next inputs staged while the current ones
-//! compute (`prepare`, `launch_prepared`, `finish`).
+//! for), on host data (`run_donated`: copied in and out), or timed
+//! (`launch_all`). Batches copied in while the runs before them compute
+//! come through a `Feeder`, as storage.
 
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, TensorType};
 
-use super::context::driver;
 use super::executable::{Executable, launch_count};
-use super::memory::{Buffer, Resident, Staging, fill, host_bytes};
+use super::memory::{Buffer, Resident, fill, host_bytes};
 use crate::backend::Place;
 use crate::storage::{Arg, Storage};
 use crate::{Error, check, check_data_run, check_run};
@@ -240,82 +239,6 @@ impl Executable {
     /// last one's end, in seconds: the work alone, as a benchmark times it.
     pub fn launch_all(&self) -> Result<f64, Error> {
         self.gpu.timed(|| self.enqueue_host())
-    }
-
-    /// Starts copying `inputs` to the device for the next `launch_prepared`,
-    /// on a stream of their own: called while the current launch computes
-    /// (after `launch_prepared`, before `finish`), the copy overlaps it. The
-    /// host data goes through pinned memory, so the caller's buffers are
-    /// free again when this returns.
-    pub fn prepare(&mut self, inputs: &[DataRef<'_>]) -> Result<(), Error> {
-        self.undonated()?;
-        let graph = &self.optimized.graph;
-        let given = inputs.iter().map(|d| (d.dtype(), d.len()));
-        check(&graph.name, "input", &graph.inputs, given)?;
-        self.gpu.bind()?;
-        self.host_buffers()?;
-        if self.staging.is_none() {
-            let types = &self.optimized.graph.inputs;
-            self.staging = Some(Staging::new(&self.gpu, types)?);
-        }
-        let Some(staging) = self.staging.as_mut() else {
-            return Err(Error::Cuda("no staging buffers".into()));
-        };
-        staging.stage(inputs)
-    }
-
-    /// Staged runs are for graphs with no donated input: a run writes a
-    /// donated input, and a standby copy of it would be stale.
-    fn undonated(&self) -> Result<(), Error> {
-        match self.optimized.schedule.donated.is_empty() {
-            true => Ok(()),
-            false => Err(Error::Launch(format!(
-                "{}: a graph with donated inputs runs on storage, not on staged inputs",
-                self.optimized.graph.name
-            ))),
-        }
-    }
-
-    /// Launches the graph on the inputs of the last `prepare`, without
-    /// waiting for it: `prepare` the next inputs meanwhile, then `finish`.
-    /// Each `prepare` serves one launch: a second launch without one would
-    /// run on inputs from two batches ago, and is an `Err`.
-    pub fn launch_prepared(&mut self) -> Result<(), Error> {
-        let stream = self.gpu.stream.clone();
-        let staging = match self.staging.as_mut() {
-            Some(s) if s.ready => s,
-            _ => {
-                return Err(Error::Launch(
-                    "launch_prepared without a prepare since the last launch".into(),
-                ));
-            }
-        };
-        let Some(copied) = &staging.copied else {
-            return Err(Error::Launch("launch_prepared before prepare".into()));
-        };
-        self.gpu.bind()?;
-        stream
-            .wait(copied)
-            .map_err(|e| driver("ordering a launch after its copy", e))?;
-        // Everything enqueued so far read the buffers that now go to standby.
-        staging.released = stream
-            .record_event(None)
-            .map_err(|e| driver("recording a launch", e))?;
-        staging.ready = false;
-        let host = (self.host.as_mut())
-            .ok_or_else(|| Error::Launch("launch_prepared before prepare".into()))?;
-        std::mem::swap(&mut host.inputs, &mut staging.standby);
-        self.enqueue_host()
-    }
-
-    /// Waits for the last launch and copies its outputs into `outputs`.
-    pub fn finish(&self, outputs: &mut [Data]) -> Result<(), Error> {
-        self.undonated()?;
-        let mut outputs: Vec<&mut Data> = outputs.iter_mut().collect();
-        let name = &self.optimized.graph.name;
-        let given = outputs.iter().map(|d| (d.dtype(), d.len()));
-        check(name, "output", &self.outputs, given)?;
-        self.download(&mut [], &mut outputs)
     }
 
     /// Copies the outputs of the last run on host data into `donated`
