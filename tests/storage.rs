@@ -201,12 +201,20 @@ fn a_host_buffer_no_value_holds_serves_the_next_value_of_its_type() -> Result<()
 }
 
 #[test]
-fn a_host_feed_hands_out_each_put_once_as_a_copy_of_its_own() -> Result<()> {
+fn a_host_feed_checks_its_values_and_hands_out_each_put_once_as_a_copy() -> Result<()> {
     for (name, backend) in host_backends() {
         let mut feed = backend.feed()?;
         assert!(feed.take().is_err(), "{name}: a take with nothing put");
         let ty = [TensorType::new(DType::F32, [2])];
         let values = Data::F32(vec![1.5, -2.0]);
+        let three = Data::F32(vec![0.0; 3]);
+        let wrong = feed.put(&ty, &[(&three).into()]).err().map(|e| e.to_string());
+        assert_eq!(
+            wrong.as_deref(),
+            Some("feed: value 0 must be f32[2], got 3 values of f32"),
+            "{name}"
+        );
+        assert!(feed.put(&ty, &[]).is_err(), "{name}: no value for a type");
         feed.put(&ty, &[(&values).into()])?;
         assert!(
             feed.put(&ty, &[(&values).into()]).is_err(),

@@ -217,8 +217,8 @@ impl Arg<'_> {
 /// run enqueued after it reads in full.
 pub trait Feed: Send {
     /// Starts moving `values` (host data of `types`, one per value) in; the
-    /// host data may go when this returns. A second `put` before a `take`
-    /// is an `Err`.
+    /// host data may go when this returns. Values not of their types, and a
+    /// second `put` before a `take`, are an `Err`.
     fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error>;
 
     /// The values of the last `put`; an `Err` where none waits.
@@ -239,6 +239,12 @@ impl Feed for HostFeed {
                 "a feed's put before the last one was taken".into(),
             ));
         }
+        crate::check(
+            "feed",
+            "value",
+            types,
+            values.iter().map(|v| (v.dtype(), v.len())),
+        )?;
         let stored = (types.iter().zip(values))
             .map(|(ty, value)| {
                 let data = value.try_to_data().map_err(|e| e.in_op("feed", ty))?;

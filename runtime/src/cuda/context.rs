@@ -46,11 +46,11 @@ pub struct Gpu {
 }
 
 /// Names of the graphs run since the last wait, the oldest first, at most
-/// `NAMED` of them, and how many more.
+/// `NAMED` of them, and whether there were others.
 #[derive(Default)]
 struct Enqueued {
     names: Vec<String>,
-    more: usize,
+    more: bool,
 }
 
 const NAMED: usize = 4;
@@ -60,8 +60,8 @@ impl Enqueued {
     fn describe(&self) -> String {
         match (self.names.as_slice(), self.more) {
             ([], _) => "the work".into(),
-            (names, 0) => format!("the runs of {}", names.join(", ")),
-            (names, more) => format!("the runs of {} and {more} more", names.join(", ")),
+            (names, false) => format!("the runs of {}", names.join(", ")),
+            (names, true) => format!("the runs of {} and other graphs", names.join(", ")),
         }
     }
 }
@@ -218,12 +218,12 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
     }
     let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the device", e))?;
     // SAFETY: every buffer of the device is used on its one compute stream,
-    // where work runs in order, except the standby input buffers, which a
-    // copy stream writes, ordered against the compute stream by the events
-    // `Staging` records and waits on (`copied`, `released`); the capture
+    // where work runs in order, except a feed's values, which its copy
+    // stream writes, ordered against the compute stream by the events the
+    // `Feeder` records and waits on (`released`, `copied`); the capture
     // stream records launches and runs none (its graphs run on the compute
-    // stream). cudarc's per-use
-    // events (recorded on every pointer taken) would only cost time.
+    // stream). cudarc's per-use events (recorded on every pointer taken)
+    // would only cost time.
     unsafe { ctx.disable_event_tracking() };
     let (major, minor) = ctx
         .compute_capability()
@@ -298,7 +298,7 @@ impl Gpu {
         }
         match enqueued.names.len() < NAMED {
             true => enqueued.names.push(name.to_string()),
-            false => enqueued.more += 1,
+            false => enqueued.more = true,
         }
     }
 
@@ -307,9 +307,10 @@ impl Gpu {
     /// wait and what the host was waiting for.
     pub(super) fn wait(&self, what: &str) -> Result<(), Error> {
         self.counters.waited();
-        let waited = self.stream.synchronize();
+        // Taken before: runs enqueued meanwhile are the next wait's.
         let enqueued =
             std::mem::take(&mut *self.enqueued.lock().unwrap_or_else(|e| e.into_inner()));
+        let waited = self.stream.synchronize();
         waited.map_err(|e| driver(&format!("{} ({what})", enqueued.describe()), e))
     }
 

@@ -365,6 +365,47 @@ impl Feeder {
     }
 }
 
+impl Feeder {
+    /// Copies `values` into `set`'s values through its pinned memory, on
+    /// the copy stream (ordered after the runs before by the caller).
+    fn copy(
+        gpu: &Arc<Gpu>,
+        copy: &Arc<CudaStream>,
+        set: &mut FeedSet,
+        values: &[DataRef<'_>],
+    ) -> Result<(), Error> {
+        for (k, data) in values.iter().enumerate() {
+            let bytes = host_bytes(*data);
+            if set.pinned.get(k).is_none_or(|p| p.len() < bytes.len()) {
+                // SAFETY: the memory is written (below) before the copy that
+                // reads it. Flags 0: cached host memory, fast for the CPU to
+                // write. At least a byte: cuMemHostAlloc of 0 bytes may leave
+                // the pointer unwritten.
+                let host = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes.len().max(1), 0) }
+                    .map_err(|e| driver("allocating pinned memory", e))?;
+                match set.pinned.get_mut(k) {
+                    Some(p) => *p = host,
+                    None => set.pinned.push(host),
+                }
+            }
+            if bytes.is_empty() {
+                continue;
+            }
+            let host = &mut set.pinned[k]
+                .as_mut_slice()
+                .map_err(|e| driver("writing pinned memory", e))?[..bytes.len()];
+            host.copy_from_slice(&bytes);
+            let value = (Arc::get_mut(&mut set.values[k]))
+                .ok_or_else(|| Error::Launch("a fed value held elsewhere".into()))?;
+            let mut dst = value.buffer.first_mut(bytes.len())?;
+            copy.memcpy_htod(&*host, &mut dst)
+                .map_err(|e| driver("copying a batch to the device", e))?;
+            gpu.counters.copied_to_device(bytes.len());
+        }
+        Ok(())
+    }
+}
+
 impl crate::Feed for Feeder {
     fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error> {
         if self.waiting {
@@ -372,13 +413,12 @@ impl crate::Feed for Feeder {
                 "a feed's put before the last one was taken".into(),
             ));
         }
-        if types.len() != values.len() {
-            return Err(Error::Launch(format!(
-                "a feed's put of {} values of {} types",
-                values.len(),
-                types.len()
-            )));
-        }
+        crate::check(
+            "feed",
+            "value",
+            types,
+            values.iter().map(|v| (v.dtype(), v.len())),
+        )?;
         self.gpu.bind()?;
         let (gpu, copy) = (&self.gpu, &self.copy);
         let set = &mut self.sets[self.next];
@@ -411,34 +451,13 @@ impl crate::Feed for Feeder {
             .map_err(|e| driver("recording the feed's release", e))?;
         copy.wait(&released)
             .map_err(|e| driver("ordering a copy after the runs before it", e))?;
-        for (k, data) in values.iter().enumerate() {
-            let bytes = host_bytes(*data);
-            if set.pinned.get(k).is_none_or(|p| p.len() < bytes.len()) {
-                // SAFETY: the memory is written (below) before the copy that
-                // reads it. Flags 0: cached host memory, fast for the CPU to
-                // write. At least a byte: cuMemHostAlloc of 0 bytes may leave
-                // the pointer unwritten.
-                let host = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes.len().max(1), 0) }
-                    .map_err(|e| driver("allocating pinned memory", e))?;
-                match set.pinned.get_mut(k) {
-                    Some(p) => *p = host,
-                    None => set.pinned.push(host),
-                }
-            }
-            if bytes.is_empty() {
-                continue;
-            }
-            let host = &mut set.pinned[k]
-                .as_mut_slice()
-                .map_err(|e| driver("writing pinned memory", e))?[..bytes.len()];
-            host.copy_from_slice(&bytes);
-            let value = (Arc::get_mut(&mut set.values[k]))
-                .ok_or_else(|| Error::Launch("a fed value held elsewhere".into()))?;
-            let mut dst = value.buffer.first_mut(bytes.len())?;
-            copy.memcpy_htod(&*host, &mut dst)
-                .map_err(|e| driver("copying a batch to the device", e))?;
-            gpu.counters.copied_to_device(bytes.len());
+        let copied = Self::copy(gpu, copy, set, values);
+        if copied.is_err() {
+            // Copies enqueued before the failure may still read the pinned
+            // memory and write the values: they end before either is reused.
+            let _ = copy.synchronize();
         }
+        copied?;
         set.copied = Some(
             copy.record_event(None)
                 .map_err(|e| driver("recording a copy", e))?,

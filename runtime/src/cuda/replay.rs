@@ -6,8 +6,9 @@
 //!
 //! Runs on host data reuse the executable's own buffers, and so does a
 //! training step whose state is written in place and whose outputs were
-//! let go before the next step: these replay from their third run. A run
-//! on new buffers launches as it is, and is remembered.
+//! let go before the next step: from their second run on, each is one
+//! graph launch. A run on new buffers launches as it is, and is
+//! remembered.
 //!
 //! Capturing goes on a stream of its own because work enqueued on a stream
 //! being captured is recorded, not run: another thread's launches on the
@@ -17,7 +18,8 @@
 //! and says why (`Replays::refused`, `KILN_DUMP=replay`): a run of one
 //! launch gains nothing from a graph, cuBLAS's `sgemm` (the IEEE f32 path)
 //! runs on the handle's own stream, and a capture the driver refuses is
-//! not tried again.
+//! not tried again. A run that fails while it is captured (a check, a
+//! driver error) is that run's `Err`, as it would be uncaptured.
 
 #![allow(unsafe_code)]
 
@@ -100,7 +102,7 @@ impl Replays {
         };
         self.seen.remove(at);
         match Graph::capture(gpu, &enqueue) {
-            Ok(graph) => {
+            Captured::Graph(graph) => {
                 if self.dump {
                     eprintln!(
                         "// kiln: {}: runs on these buffers replay as one graph launch",
@@ -114,14 +116,44 @@ impl Replays {
                 }
                 Ok(())
             }
-            Err(why) => {
+            Captured::Refused(why) => {
                 if self.dump {
                     eprintln!("// kiln: {}: runs are not replayed: {why}", self.name);
                 }
                 self.refused = Some(why);
                 enqueue(&gpu.stream)
             }
+            Captured::Failed(e) => Err(e),
         }
+    }
+}
+
+/// What a capture made.
+enum Captured {
+    Graph(Graph),
+    /// The driver would not capture or instantiate the run: why.
+    Refused(String),
+    /// The run itself failed as it was captured.
+    Failed(Error),
+}
+
+/// A capture under way on a stream: ended when dropped, if not before.
+struct Capturing<'a>(Option<&'a Arc<CudaStream>>);
+
+impl Capturing<'_> {
+    /// Ends the capture and instantiates what it recorded.
+    fn end(&mut self) -> Result<Option<CudaGraph>, cudarc::driver::DriverError> {
+        match self.0.take() {
+            Some(stream) => stream.end_capture(CUgraphInstantiate_flags(0)),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for Capturing<'_> {
+    fn drop(&mut self) {
+        // Unwinding: the stream must not stay capturing; the graph goes.
+        let _ = self.end();
     }
 }
 
@@ -134,27 +166,29 @@ struct Graph(CudaGraph);
 unsafe impl Send for Graph {}
 
 impl Graph {
-    /// The launches `enqueue` makes, captured on `gpu`'s capture stream,
-    /// or why they could not be. Nothing runs: the device is left as it
-    /// was, whatever happens.
-    fn capture(
-        gpu: &Gpu,
-        enqueue: &impl Fn(&Arc<CudaStream>) -> Result<(), Error>,
-    ) -> Result<Graph, String> {
+    /// The launches `enqueue` makes, captured on `gpu`'s capture stream.
+    /// Nothing runs: the device is left as it was, whatever happens, the
+    /// capture ended even where `enqueue` panics.
+    fn capture(gpu: &Gpu, enqueue: &impl Fn(&Arc<CudaStream>) -> Result<(), Error>) -> Captured {
         let stream = gpu.capture.lock().unwrap_or_else(|e| e.into_inner());
         // Thread-local: calls of other threads that would break a capture
         // (a synchronize, an allocation) are theirs to make meanwhile.
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| format!("beginning a capture: {e:?}"))?;
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        if let Err(e) = stream.begin_capture(mode) {
+            return Captured::Refused(format!("beginning a capture: {e:?}"));
+        }
+        let mut capturing = Capturing(Some(&stream));
         let enqueued = enqueue(&stream);
-        // The capture ends whether or not every launch was recorded.
-        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
-        enqueued.map_err(|e| format!("capturing the launches: {e}"))?;
-        match ended {
-            Ok(Some(graph)) => Ok(Graph(graph)),
-            Ok(None) => Err("the capture recorded no graph".into()),
-            Err(e) => Err(format!("ending the capture: {e:?}")),
+        let ended = capturing.end();
+        match (enqueued, ended) {
+            (Ok(()), Ok(Some(graph))) => Captured::Graph(Graph(graph)),
+            (Ok(()), Ok(None)) => Captured::Refused("the capture recorded no graph".into()),
+            (Ok(()), Err(e)) => Captured::Refused(format!("ending the capture: {e:?}")),
+            // A launch the capture refused is the driver's, not the run's.
+            (Err(e), _) if e.to_string().contains("STREAM_CAPTURE") => {
+                Captured::Refused(format!("capturing the launches: {e}"))
+            }
+            (Err(e), _) => Captured::Failed(e),
         }
     }
 
