@@ -14,7 +14,8 @@ use kiln::{DType, Options, Result, Tensor};
 use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_ir::{Graph, Op};
 use kiln_runtime::cuda::codegen;
-use kiln_runtime::cuda::plan::{self, GemmEpilogue};
+use kiln_runtime::cuda::gemm;
+use kiln_runtime::matmul::Epilogue;
 use kiln_runtime::rows::row_groups;
 
 /// The mission's patterns, by name.
@@ -167,21 +168,21 @@ fn generate(optimized: &kiln::Optimized) -> Result<(String, Vec<String>)> {
 fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
     let (mut text, mut sources) = (String::new(), Vec::new());
     if let KernelKind::MatMul { .. } = kernel.kind {
-        let plan = plan::matmul(kernel, true).map_err(kiln::Error::from)?;
-        for (i, p) in plan.prologues.iter().enumerate() {
+        let matmul = gemm::matmul(kernel, true).map_err(kiln::Error::from)?;
+        for (i, p) in matmul.prologues.iter().enumerate() {
             text += &format!("// @k{k} operand prologue {i}: {:?}\n{}", p.grid, p.code);
             sources.push(p.code.clone());
         }
-        text += &format!("// @k{k} gemm: {:?}\n", plan.gemm);
-        match &plan.epilogue {
-            GemmEpilogue::Kernel { acc, program } => {
+        text += &format!("// @k{k} gemm: {:?}\n", matmul.gemm);
+        match (&matmul.plan.epilogue, &matmul.epilogue) {
+            (Epilogue::Kernel { acc: Some(acc) }, Some(program)) => {
                 text += &format!(
                     "// @k{k} epilogue, product at scratch byte {acc}: {:?}\n{}",
                     program.grid, program.code
                 );
                 sources.push(program.code.clone());
             }
-            other => text += &format!("// @k{k} epilogue: {other:?}\n"),
+            (other, _) => text += &format!("// @k{k} epilogue: {other:?}\n"),
         }
     } else {
         let program = codegen::kernel(kernel).map_err(kiln::Error::from)?;
@@ -288,11 +289,11 @@ fn an_operand_at_an_offset_is_planned_in_place_at_that_offset() -> Result<()> {
     let y = (x.matmul(&Tensor::randn([128, 32], 1)?)? + &Tensor::randn([32], 2)?)?.relu()?;
     let optimized = kiln::optimize("offset", &[&y], Options::default())?;
     let kernels = kernels(&optimized.graph, &optimized);
-    let plan = plan::matmul(&kernels[0], true).map_err(kiln::Error::from)?;
-    assert!(plan.prologues.is_empty(), "{plan:?}");
-    assert_eq!((plan.gemm.a.offset, plan.gemm.a.row_stride), (1, 129));
+    let matmul = gemm::matmul(&kernels[0], true).map_err(kiln::Error::from)?;
+    assert!(matmul.prologues.is_empty(), "{matmul:?}");
+    assert_eq!((matmul.gemm.a.offset, matmul.gemm.a.row_stride), (1, 129));
     // Column-major, kiln's right operand is BLAS's A: C' (32 x 64) = w' x'.
-    let cm = plan.gemm.column_major();
+    let cm = matmul.gemm.column_major();
     assert_eq!(
         (cm.m, cm.n, cm.k, cm.lda, cm.ldb, cm.ldc),
         (32, 64, 128, 32, 129, 32)
@@ -307,11 +308,11 @@ fn an_operand_at_an_offset_is_planned_in_place_at_that_offset() -> Result<()> {
 #[test]
 fn batch_axes_are_one_stride_or_a_copy() -> Result<()> {
     let w = Tensor::randn([2, 3, 5, 6], 1)?;
-    let plan_of = |x: Tensor| -> Result<plan::MatMulPlan> {
+    let plan_of = |x: Tensor| -> Result<gemm::MatMul> {
         let y = x.matmul(&w)?;
         let optimized = kiln::optimize("batch", &[&y], Options::default())?;
         let kernels = kernels(&optimized.graph, &optimized);
-        plan::matmul(&kernels[0], true).map_err(kiln::Error::from)
+        gemm::matmul(&kernels[0], true).map_err(kiln::Error::from)
     };
     let in_place = plan_of(Tensor::randn([2, 3, 4, 5], 0)?)?;
     assert!(in_place.prologues.is_empty(), "{in_place:?}");
@@ -325,7 +326,7 @@ fn batch_axes_are_one_stride_or_a_copy() -> Result<()> {
     assert_eq!(swapped.gemm.a.batch_stride, 20);
     assert_eq!(
         swapped.gemm.a.source,
-        plan::OperandSource::Scratch(0),
+        gemm::OperandSource::Scratch(0),
         "{swapped:?}"
     );
     Ok(())

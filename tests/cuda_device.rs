@@ -272,6 +272,10 @@ fn a_feed_hands_out_each_batch_and_keeps_what_is_held() -> Result<()> {
         ]
     };
     let first = fed(0, 1000);
+    assert!(
+        feed.put(&types(999), &refs(&first)).is_err(),
+        "values longer than their types"
+    );
     feed.put(&types(1000), &refs(&first))?;
     assert!(
         feed.put(&types(1000), &refs(&first)).is_err(),

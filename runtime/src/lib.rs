@@ -9,14 +9,15 @@
 //! - `cuda`: kernels printed as CUDA C (always, so that they can be checked
 //!   anywhere), compiled by NVRTC and run with cuBLAS/cuBLASLt matmuls (with
 //!   feature `cuda`);
+//! - `matmul`: a matmul kernel's plan (operands in place or written into
+//!   scratch first, the epilogue the GEMM applies), made for both backends
+//!   from what their GEMMs take;
 //! - `nest`: loop nests, a kernel's space split into rows and an inner loop
 //!   with each access's strides over them, and a reduction's rows, for both
 //!   backends;
 //! - `rows`: which reductions can run row by row, for both backends;
 //! - `storage`: where realized values live (host data, GPU memory) and
-//!   what a backend has copied;
-//! - `stored`: the matmul epilogues a GEMM applies as it stores the
-//!   product, for both backends.
+//!   what a backend has copied.
 //!
 //! `unsafe` is confined to where machine code is made and called (the CPU
 //! backend's JIT and its GEMM cores) and to the CUDA libraries and
@@ -32,10 +33,10 @@ pub mod backend;
 pub mod bind;
 pub mod cpu;
 pub mod cuda;
+pub mod matmul;
 pub(crate) mod nest;
 pub mod rows;
 pub mod storage;
-pub mod stored;
 
 pub use backend::{Backend, BackendOptions, Executable, Precision, Reference};
 pub use kiln_ir::interp::eval as eval_reference;

@@ -6,7 +6,7 @@
 use cudarc::cublas::{CudaBlas, sys::cublasOperation_t};
 
 use super::context::driver;
-use super::plan::ColumnMajor;
+use super::gemm::ColumnMajor;
 use crate::Error;
 
 /// Enqueues `C = op(A) op(B)`, batch by batch, on `blas`'s stream.

@@ -18,8 +18,9 @@ use cudarc::cublaslt::result::{self, CublasError};
 use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use super::plan::ColumnMajor;
+use super::gemm::ColumnMajor;
 use crate::Error;
+use crate::matmul::Epilogue;
 
 fn fail(what: &str, e: CublasError) -> Error {
     Error::Cuda(format!("cuBLASLt {what}: {e:?}"))
@@ -63,21 +64,6 @@ impl Drop for Lt {
     }
 }
 
-/// What cuBLASLt applies to the product before writing it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Epilogue {
-    /// The product as it is.
-    None,
-    /// Plus a bias per row of the column-major result (per column of kiln's
-    /// row-major product).
-    Bias,
-    /// ReLU of the product plus the bias, with kiln's semantics as measured
-    /// on an H100 with cuBLASLt 13: NaN stays NaN, infinities pass, and
-    /// negatives and -0 become +0 (`relu_after_a_fused_bias_keeps_nan_and_
-    /// gives_plus_zero` in `tests/cuda_device.rs` checks it on every GPU run).
-    BiasRelu,
-}
-
 /// The largest power of two, up to 256, that divides `address`: the
 /// alignment cuBLASLt's heuristic is told a pointer has.
 pub fn alignment(address: u64) -> u32 {
@@ -92,13 +78,14 @@ pub fn alignment(address: u64) -> u32 {
 /// last pointers it ran on.
 pub struct Matmul {
     product: ColumnMajor,
-    epilogue: Epilogue,
+    /// Whether its epilogue adds a bias (`bias` of `run`).
+    bias: bool,
     desc: sys::cublasLtMatmulDesc_t,
     /// The layouts of `A`, `B` and `C` (also `D`, written in place of `C`).
     layouts: [sys::cublasLtMatrixLayout_t; 3],
     /// The alignments of `A`, `B`, `C` the algorithm was chosen for. The
-    /// bias is always a whole buffer (`stored::stored` takes none at
-    /// an offset), 256-byte aligned, so it needs no key here.
+    /// bias is always a whole buffer (`matmul::plan` takes none at an
+    /// offset), 256-byte aligned, so it needs no key here.
     chosen: Mutex<Option<([u32; 3], sys::cublasLtMatmulAlgo_t)>>,
 }
 
@@ -110,8 +97,10 @@ unsafe impl Send for Matmul {}
 unsafe impl Sync for Matmul {}
 
 impl Matmul {
-    /// Describes `product` in f32 with TF32 tensor-core products.
-    pub fn new(product: ColumnMajor, epilogue: Epilogue) -> Result<Matmul, Error> {
+    /// Describes `product` in f32 with TF32 tensor-core products, storing
+    /// it through cuBLASLt's epilogue for `epilogue`: a bias epilogue as
+    /// its own, the product (and a kernel's product) as it is.
+    pub fn new(product: ColumnMajor, epilogue: &Epilogue) -> Result<Matmul, Error> {
         let f32 = sys::cudaDataType_t::CUDA_R_32F;
         let desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, f32)
@@ -119,7 +108,7 @@ impl Matmul {
         // From here on `Drop` releases what exists.
         let mut matmul = Matmul {
             product,
-            epilogue,
+            bias: matches!(epilogue, Epilogue::Bias { .. }),
             desc,
             layouts: [std::ptr::null_mut(); 3],
             chosen: Mutex::new(None),
@@ -161,10 +150,20 @@ impl Matmul {
             }
         }
         use sys::cublasLtMatmulDescAttributes_t as D;
+        // The bias is per row of the column-major result (per column of
+        // kiln's row-major product). RELU_BIAS has kiln's semantics as
+        // measured on an H100 with cuBLASLt 13: NaN stays NaN, infinities
+        // pass, and negatives and -0 become +0
+        // (`relu_after_a_fused_bias_keeps_nan_and_gives_plus_zero` in
+        // `tests/cuda_device.rs` checks it on every GPU run).
         let code = match epilogue {
-            Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-            Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            Epilogue::BiasRelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+            Epilogue::Product | Epilogue::Kernel { .. } => {
+                sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+            }
+            Epilogue::Bias { relu: false, .. } => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::Bias { relu: true, .. } => {
+                sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS
+            }
         };
         // SAFETY: the descriptor was just created; each value has the type
         // cuBLASLt documents for its attribute.
@@ -187,7 +186,7 @@ impl Matmul {
                 D::CUBLASLT_MATMUL_DESC_EPILOGUE,
                 &code,
             )?;
-            if p.batches > 1 && epilogue != Epilogue::None {
+            if p.batches > 1 && matmul.bias {
                 // One bias for every batch.
                 set(
                     result::set_matmul_desc_attribute,
@@ -215,7 +214,7 @@ impl Matmul {
     ) -> Result<(), Error> {
         let mut chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         use sys::cublasLtMatmulDescAttributes_t as D;
-        if self.epilogue != Epilogue::None {
+        if self.bias {
             let bias = bias.ok_or_else(|| Error::Launch("a bias epilogue with no bias".into()))?;
             // SAFETY: the descriptor is live; the attribute takes a device pointer.
             unsafe {
@@ -310,8 +309,8 @@ impl Matmul {
             .map_err(|e| {
                 fail(
                     &format!(
-                        "no algorithm for {:?} with {:?} at alignments {aligned:?}",
-                        self.product, self.epilogue
+                        "no algorithm for {:?} (bias {}) at alignments {aligned:?}",
+                        self.product, self.bias
                     ),
                     e,
                 )

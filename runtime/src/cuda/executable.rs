@@ -25,14 +25,15 @@ use kiln_ir::{Op, TensorType};
 
 use super::codegen::{self, FLAT_THREADS, Grid};
 use super::context::{Gpu, driver};
+use super::gemm::{self, Gemm, GemmOperand, OperandSource};
 use super::memory::Buffer;
-use super::plan::{self, Gemm as GemmPlan, GemmEpilogue, GemmOperand, OperandSource};
 use super::replay::Replays;
 use super::runs::HostBuffers;
 use super::{blas, blaslt};
 use crate::Error;
 use crate::backend::{BackendOptions, Place, Places, Precision};
 use crate::bind::{Bindings, Bound};
+use crate::matmul::Epilogue;
 
 /// The launch configuration of a generated kernel's grid.
 fn launch_config(grid: Grid) -> Option<LaunchConfig> {
@@ -69,11 +70,12 @@ pub(super) enum Step {
     /// scratch memory they share.
     MatMul {
         prologues: Vec<(CudaFunction, Grid)>,
-        gemm: GemmPlan,
+        gemm: Gemm,
         /// The cuBLASLt product, in TF32.
         lt: Option<blaslt::Matmul>,
-        epilogue: GemmEpilogue,
-        epilogue_function: Option<CudaFunction>,
+        epilogue: Epilogue,
+        /// The epilogue kernel and its grid, where `epilogue` is one.
+        epilogue_function: Option<(CudaFunction, Grid)>,
         scratch: Buffer,
     },
 }
@@ -157,35 +159,24 @@ impl Executable {
                     i..i + 1,
                     match kernel.kind {
                         KernelKind::MatMul { .. } => {
-                            let plan = plan::matmul(kernel, precision == Precision::Tf32)?;
-                            let prologues = plan
-                                .prologues
-                                .iter()
+                            let matmul = gemm::matmul(kernel, precision == Precision::Tf32)?;
+                            let prologues = (matmul.prologues.iter())
                                 .map(|p| Ok((gpu.function(&p.code)?, p.grid)))
                                 .collect::<Result<_, Error>>()?;
-                            let (epilogue_function, fused) = match &plan.epilogue {
-                                GemmEpilogue::Kernel { program, .. } => {
-                                    (Some(compiled(program, i..i + 1)?), blaslt::Epilogue::None)
-                                }
-                                GemmEpilogue::None => (None, blaslt::Epilogue::None),
-                                GemmEpilogue::Bias { relu: false, .. } => {
-                                    (None, blaslt::Epilogue::Bias)
-                                }
-                                GemmEpilogue::Bias { relu: true, .. } => {
-                                    (None, blaslt::Epilogue::BiasRelu)
-                                }
-                            };
-                            let g = &plan.gemm;
+                            let epilogue_function = (matmul.epilogue.as_ref())
+                                .map(|p| Ok::<_, Error>((compiled(p, i..i + 1)?, p.grid)))
+                                .transpose()?;
+                            let g = &matmul.gemm;
                             let lt = (precision == Precision::Tf32
                                 && [g.m, g.n, g.k, g.batches].iter().all(|&d| d > 0))
-                            .then(|| blaslt::Matmul::new(g.column_major(), fused))
+                            .then(|| blaslt::Matmul::new(g.column_major(), &matmul.plan.epilogue))
                             .transpose()?;
                             Step::MatMul {
                                 prologues,
                                 lt,
-                                scratch: gpu.alloc(plan.scratch_bytes)?,
-                                gemm: plan.gemm,
-                                epilogue: plan.epilogue,
+                                scratch: gpu.alloc(matmul.plan.scratch_bytes)?,
+                                gemm: matmul.gemm,
+                                epilogue: matmul.plan.epilogue,
                                 epilogue_function,
                             }
                         }
@@ -326,21 +317,22 @@ impl Executable {
                         launch(stream, function, *grid, &args)?;
                     }
                     let product = match epilogue {
-                        GemmEpilogue::Kernel { acc, .. } => (scratch, *acc),
-                        GemmEpilogue::None | GemmEpilogue::Bias { .. } => (*out, 0),
+                        Epilogue::Kernel { acc: Some(acc) } => (scratch, *acc),
+                        Epilogue::Kernel { acc: None } => {
+                            return Err(Error::Launch("an epilogue with no product".into()));
+                        }
+                        Epilogue::Product | Epilogue::Bias { .. } => (*out, 0),
                     };
                     let plan = (gemm, lt.as_ref(), epilogue);
                     self.gemm(stream, plan, args, scratch, product)?;
-                    if let (GemmEpilogue::Kernel { acc, program }, Some(function)) =
-                        (epilogue, epilogue_function)
-                    {
+                    if let Some((function, grid)) = epilogue_function {
                         let mut args = pointers.clone();
-                        args.push(scratch.address(*acc)?);
+                        args.push(scratch.address(product.1)?);
                         args.push(out.address(0)?);
                         for b in side {
                             args.push(b.address(0)?);
                         }
-                        launch(stream, function, program.grid, &args)?;
+                        launch(stream, function, *grid, &args)?;
                     }
                 }
             }
@@ -417,7 +409,7 @@ impl Executable {
     fn gemm(
         &self,
         stream: &CudaStream,
-        (plan, lt, epilogue): (&GemmPlan, Option<&blaslt::Matmul>, &GemmEpilogue),
+        (plan, lt, epilogue): (&Gemm, Option<&blaslt::Matmul>, &Epilogue),
         args: &[&Buffer],
         scratch: &Buffer,
         product: (&Buffer, usize),
@@ -470,7 +462,7 @@ impl Executable {
         }
         let (a, b) = (operand(&plan.a, m, k)?, operand(&plan.b, k, n)?);
         let bias = match epilogue {
-            GemmEpilogue::Bias { bias, .. } => {
+            Epilogue::Bias { bias, .. } => {
                 let buffer = *args
                     .get(*bias as usize)
                     .ok_or_else(|| Error::Launch(format!("no bias input {bias}")))?;
@@ -479,7 +471,7 @@ impl Executable {
                 }
                 Some(buffer.address(0)?)
             }
-            GemmEpilogue::None | GemmEpilogue::Kernel { .. } => None,
+            Epilogue::Product | Epilogue::Kernel { .. } => None,
         };
         let shape = plan.column_major();
         match (self.precision, lt) {

@@ -4,7 +4,8 @@
 //! feature `cuda`; the code generation is always built, for its tests).
 //!
 //! - `codegen`: the CUDA C of elementwise, reduction and row-group kernels;
-//! - `plan`: a matmul as prologue kernels, a GEMM and an epilogue;
+//! - `gemm`: a matmul's plan rendered as prologue kernels, a GEMM and an
+//!   epilogue kernel;
 //! - `context`: a GPU opened (`gpu`), its stream, library handles and
 //!   compiled kernels;
 //! - `memory`: the caching allocator, device buffers, and the feed of
@@ -30,11 +31,11 @@ pub mod codegen;
 mod context;
 #[cfg(feature = "cuda")]
 mod executable;
+pub mod gemm;
 #[cfg(feature = "cuda")]
 mod memory;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
-pub mod plan;
 #[cfg(feature = "cuda")]
 mod replay;
 #[cfg(feature = "cuda")]

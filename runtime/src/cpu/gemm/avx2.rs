@@ -367,7 +367,7 @@ unsafe fn whole_row<const EPILOGUE: bool>(
 }
 
 /// `v` plus `bias` where there is one, then ReLU if `relu`: lane by lane
-/// as `Epilogue::apply` (the same bits).
+/// as `Fused::apply` (the same bits).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn apply(v: __m256, bias: Option<__m256>, relu: bool) -> __m256 {

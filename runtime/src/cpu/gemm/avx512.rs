@@ -174,7 +174,7 @@ unsafe fn microkernel<const R: usize, const V: usize, const EPILOGUE: bool, A: P
 }
 
 /// `v` plus `bias` where there is one, then ReLU if `relu`: lane by lane
-/// as `Epilogue::apply` (the same bits).
+/// as `Fused::apply` (the same bits).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn apply(v: __m512, bias: Option<__m512>, relu: bool) -> __m512 {

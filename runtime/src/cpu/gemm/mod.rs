@@ -187,20 +187,20 @@ unsafe impl Sync for Operand {}
 unsafe impl Send for Operand {}
 
 /// What kiln's cores apply to each element of the product in registers
-/// as they store it (`stored::Stored`): `c + bias[j]` where `bias` is not
+/// as they store it (`matmul::Epilogue::Bias`): `c + bias[j]` where `bias` is not
 /// null, then ReLU where `relu`, in the order and with the rounding of the
 /// generated epilogue, so that both give the same bits.
 #[derive(Clone, Copy)]
-pub(crate) struct Epilogue {
+pub(crate) struct Fused {
     /// Null, or the first of one value per column of the product.
     pub bias: *const f32,
     /// Whether ReLU follows.
     pub relu: bool,
 }
 
-impl Epilogue {
+impl Fused {
     /// The product as it is.
-    pub(crate) const NONE: Epilogue = Epilogue {
+    pub(crate) const NONE: Fused = Fused {
         bias: std::ptr::null(),
         relu: false,
     };
@@ -211,10 +211,10 @@ impl Epilogue {
     }
 
     /// The same epilogue for the columns from `j` on.
-    pub(crate) fn at_column(self, j: usize) -> Epilogue {
+    pub(crate) fn at_column(self, j: usize) -> Fused {
         match self.bias.is_null() {
             true => self,
-            false => Epilogue {
+            false => Fused {
                 bias: self.bias.wrapping_add(j),
                 ..self
             },
@@ -240,8 +240,8 @@ impl Epilogue {
 
 // SAFETY: the bias is only read, while the caller of `gemm` keeps its
 // buffer alive (the contract of `gemm`).
-unsafe impl Sync for Epilogue {}
-unsafe impl Send for Epilogue {}
+unsafe impl Sync for Fused {}
+unsafe impl Send for Fused {}
 
 /// Products of at least this many multiply-adds run on kiln's AVX-512
 /// core, which there took less time than the `gemm` crate's 256-bit
@@ -316,7 +316,7 @@ pub(crate) unsafe fn gemm(
     b: Operand,
     c: &mut [f32],
     threads: usize,
-    epilogue: Epilogue,
+    epilogue: Fused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let tabled = a.tabled() || b.tabled();

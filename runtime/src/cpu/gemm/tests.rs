@@ -66,7 +66,7 @@ unsafe fn core(
     b: Operand,
     c: &mut [f32],
     threads: usize,
-    epilogue: Epilogue,
+    epilogue: Fused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) {
     // SAFETY: the contract of this function.
@@ -107,7 +107,7 @@ fn a_product_started_by_finish_leaves_both_exact() {
             );
             // SAFETY: `isa` is available; the operands index inside `x` and
             // `y`, `c` holds 40 x 50.
-            unsafe { core(isa, (40, 50, 300), x, y, c, 2, Epilogue::NONE, &|_, _| {}) };
+            unsafe { core(isa, (40, 50, 300), x, y, c, 2, Fused::NONE, &|_, _| {}) };
         };
         let mut alone = vec![0.0; 40 * 50];
         inner(&mut alone);
@@ -119,7 +119,7 @@ fn a_product_started_by_finish_leaves_both_exact() {
                     Operand::strided(b.as_ptr(), n as isize, 1),
                 );
                 // SAFETY: as above, for `a`, `b` and `c` (`m x n`).
-                unsafe { core(isa, (m, n, k), a, b, c, 2, Epilogue::NONE, finish) };
+                unsafe { core(isa, (m, n, k), a, b, c, 2, Fused::NONE, finish) };
             };
             let mut want = vec![0.0; m * n];
             outer(&mut want, &|_, _| {});
@@ -166,7 +166,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         (1, 0, row_major, (true, true)),
         (2, usize::MAX, row_major, (false, true)),
     ] {
-        let epilogue = Epilogue {
+        let epilogue = Fused {
             bias: if with_bias {
                 bias.as_ptr()
             } else {
@@ -314,20 +314,7 @@ fn tabled_operands_agree_with_a_plain_product() {
                 let mut c = vec![f32::NAN; m * n];
                 // SAFETY: `isa` is available; the tables index inside the
                 // vectors.
-                unsafe {
-                    gemm(
-                        isa,
-                        m,
-                        n,
-                        k,
-                        a,
-                        b,
-                        &mut c,
-                        threads,
-                        Epilogue::NONE,
-                        &|_, _| {},
-                    )
-                };
+                unsafe { gemm(isa, m, n, k, a, b, &mut c, threads, Fused::NONE, &|_, _| {}) };
                 let what = format!("{} {m}x{k}x{n} threads {threads}", isa.name());
                 for i in 0..m {
                     for j in 0..n {

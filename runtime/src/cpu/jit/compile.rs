@@ -1,7 +1,7 @@
 //! Compiling one kernel: the host ISA, a Cranelift JIT module per kernel,
 //! the kernel lowered into it (`lower`) and finalized into a function
-//! pointer, with a matmul's computed operands compiled as kernels of their
-//! own.
+//! pointer, with a matmul's plan made and the prologues of its written
+//! operands compiled as kernels of their own.
 
 #![allow(unsafe_code)]
 
@@ -12,15 +12,15 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
-use kiln_ir::kernel::{Block, Kernel, KernelKind, Operand};
-use kiln_ir::{DType, NodeId, Shape, TensorType};
+use kiln_ir::kernel::{Block, Kernel, KernelKind};
+use kiln_ir::{NodeId, Shape};
 
 use crate::Error;
 use crate::cpu::f64_math;
 use crate::cpu::lower::{self, RowRange};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::{exp_row, gemm, row_ops};
-use crate::stored::{Stored, stored};
+use crate::matmul::{self, Plan, PlanOperand, Source, Target};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
 /// many rows ahead it reads a line in advance (see `lower::signature`).
@@ -98,89 +98,41 @@ pub(crate) struct CompiledKernel {
     pub(super) func: KernelFn,
     pub(super) range: RowRange,
     pub(super) kernel: Kernel,
-    /// For a matmul, each computed operand's block as an elementwise kernel
-    /// that writes the operand before the product (`Computed`: into
-    /// scratch, or a buffer kept for a later launch).
-    pub(super) operands: [Option<Prologue>; 2],
-    /// For a matmul, what its GEMM can store itself (recognized once here,
-    /// not at every launch).
-    pub(super) stored: Option<Stored>,
+    /// For a matmul, its plan and the prologues of its written operands.
+    pub(super) matmul: Option<MatMul>,
 }
 
-/// A matmul's computed operand: an elementwise kernel that writes it
-/// before the product, and the layout it writes.
-pub(super) struct Prologue {
-    pub(super) kernel: Box<CompiledKernel>,
-    /// Written with its last two axes swapped (`reads_down_columns`); the
-    /// GEMM reads it through the swapped strides.
-    pub(super) transposed: bool,
-}
-
-/// The permutation that swaps the last two of `rank` axes.
-pub(super) fn swapped_axes(rank: usize) -> Vec<usize> {
-    let mut axes: Vec<usize> = (0..rank).collect();
-    if rank >= 2 {
-        axes.swap(rank - 2, rank - 1);
-    }
-    axes
-}
-
-fn swapped_shape(shape: &Shape, swap: &[usize]) -> Shape {
-    Shape(swap.iter().map(|&a| shape.dims()[a]).collect())
-}
-
-/// Whether a computed operand's reads run down its columns and none along
-/// its rows (the input of a weight gradient, `xᵀ @ g`, cast or normalized on
-/// the way): written in that order, the prologue reads and writes
-/// contiguous rows, in vectors, where the operand's own order would gather
-/// every element from a row of its source apart (the normalized `xᵀ` of
-/// the training step's first layer, 784x250 from u8, took longer:
-/// `benches/RESULTS-cpu.md`).
-fn reads_down_columns(block: &Block, rank: usize) -> bool {
-    if rank < 2 {
-        return false;
-    }
-    let mut down = false;
-    for v in &block.values {
-        if let Some((_, view)) = v.expr.read() {
-            match (view.strides[rank - 2], view.strides[rank - 1]) {
-                (_, 1) => return false,
-                (1, _) => down = true,
-                _ => {}
-            }
-        }
-    }
-    down
-}
-
-/// `block` with every read's last two axes swapped.
-fn swapped_reads(block: &Block, swap: &[usize]) -> Block {
-    let mut block = block.clone();
-    for v in &mut block.values {
-        if let Some((_, view)) = v.expr.read_mut() {
-            *view = view.permute(swap);
-        }
-    }
-    block
+/// A matmul kernel's plan (`matmul::plan` for kiln's cores, made once here,
+/// not at every launch), and, for `a` and `b`, the prologue that writes
+/// the operand where the plan has one.
+pub(super) struct MatMul {
+    pub(super) plan: Plan,
+    pub(super) prologues: [Option<Box<CompiledKernel>>; 2],
 }
 
 impl CompiledKernel {
-    /// For each operand of a matmul computed before the product, what its
+    /// For each operand of a matmul written before the product, what its
     /// prologue writes: its block with each read naming the value it reads
     /// (`nodes`, the launch's inputs), and the shape it writes (how the
-    /// product reads that, as it is or transposed, is the launch's own).
+    /// product reads that, as it is or transposed, is the plan's).
     /// Two launches with the same write the same values.
     pub(crate) fn computed(&self, nodes: &[NodeId]) -> [Option<(Block, Shape)>; 2] {
-        self.operands.each_ref().map(|prologue| {
-            let prologue = prologue.as_ref()?;
-            let mut block = prologue.kernel.kernel.body.clone();
-            for v in &mut block.values {
-                if let Some((input, _)) = v.expr.read_mut() {
-                    *input = nodes.get(*input as usize)?.0;
+        let written = |o: &PlanOperand| match &o.source {
+            Source::Written { prologue, .. } => {
+                let mut block = prologue.body.clone();
+                for v in &mut block.values {
+                    if let Some((input, _)) = v.expr.read_mut() {
+                        *input = nodes.get(*input as usize)?.0;
+                    }
                 }
+                Some((block, prologue.out.shape.clone()))
             }
-            Some((block, prologue.kernel.kernel.out.shape.clone()))
-        })
+            Source::Input { .. } => None,
+        };
+        match &self.matmul {
+            Some(m) => [written(&m.plan.a), written(&m.plan.b)],
+            None => [None, None],
+        }
     }
 
     /// Lowers and compiles `kernel`; `code` receives the Cranelift IR, then
@@ -189,32 +141,20 @@ impl CompiledKernel {
         kernel: &Kernel,
         mut code: Option<&mut dyn FnMut(&str)>,
     ) -> Result<CompiledKernel, Error> {
-        let mut operands = [None, None];
-        if let KernelKind::MatMul { a, b } = &kernel.kind {
-            for (slot, side) in operands.iter_mut().zip([a, b]) {
-                if let Operand::Computed { shape, block } = side {
-                    let swap = swapped_axes(shape.rank());
-                    let transposed = reads_down_columns(block, shape.rank());
-                    let (shape, body) = if transposed {
-                        (swapped_shape(shape, &swap), swapped_reads(block, &swap))
-                    } else {
-                        (shape.clone(), block.clone())
-                    };
-                    let prologue = Kernel {
-                        inputs: kernel.inputs.clone(),
-                        out: TensorType::new(DType::F32, shape),
-                        kind: KernelKind::Elementwise,
-                        body,
-                        side: Vec::new(),
-                    };
-                    let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
-                    *slot = Some(Prologue {
-                        kernel: Box::new(CompiledKernel::new(&prologue, code)?),
-                        transposed,
-                    });
+        let matmul = match &kernel.kind {
+            KernelKind::MatMul { .. } => {
+                let plan = matmul::plan(kernel, Target::CPU)?;
+                let mut prologues = [None, None];
+                for (slot, o) in prologues.iter_mut().zip([&plan.a, &plan.b]) {
+                    if let Source::Written { prologue, .. } = &o.source {
+                        let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
+                        *slot = Some(Box::new(CompiledKernel::new(prologue, code)?));
+                    }
                 }
+                Some(MatMul { plan, prologues })
             }
-        }
+            _ => None,
+        };
         let isa = isa()?;
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
         jit.symbol_lookup_fn(Box::new(host_address));
@@ -259,8 +199,7 @@ impl CompiledKernel {
             func,
             range,
             kernel: kernel.clone(),
-            operands,
-            stored: stored(kernel),
+            matmul,
         })
     }
 }
@@ -268,7 +207,7 @@ impl CompiledKernel {
 #[cfg(test)]
 mod tests {
     use kiln_ir::pass::{Options, optimize};
-    use kiln_ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp};
+    use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
     use smallvec::smallvec;
 
     use super::*;

@@ -5,7 +5,6 @@
 
 #![allow(unsafe_code)]
 
-use kiln_ir::kernel::KernelKind;
 use kiln_ir::{Data, DataRef, TensorType};
 
 use super::{CompiledKernel, Computed};
@@ -95,15 +94,10 @@ impl CompiledKernel {
         computed: &[Computed; 2],
     ) -> Result<(), Error> {
         let bound = self.bind(inputs, out, side, scratch)?;
-        match &self.kernel.kind {
-            KernelKind::MatMul { a, b } => {
-                self.run_matmul([a, b], &bound, (inputs, out, scratch), computed)?
-            }
-            KernelKind::Elementwise | KernelKind::Reduce { .. } | KernelKind::Scatter { .. } => {
-                run_rows(std::slice::from_ref(&bound))?
-            }
+        match &self.matmul {
+            Some(matmul) => self.run_matmul(matmul, &bound, (inputs, out, scratch), computed),
+            None => run_rows(std::slice::from_ref(&bound)),
         }
-        Ok(())
     }
 }
 

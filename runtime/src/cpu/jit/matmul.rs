@@ -1,8 +1,9 @@
-//! The matmul driver: a matmul kernel's computed operands run into scratch,
-//! its operands as strided matrices, and the product batch by batch by the
-//! GEMM path of this process (`cpu::gemm`), with the epilogue applied in
-//! registers by kiln's cores where it is a bias and ReLU (`stored`), else
-//! run over each block of rows as they finish it, or over the product after.
+//! The matmul driver: a matmul kernel's plan (`crate::matmul`) run, its
+//! written operands into scratch first, its operands as strided matrices,
+//! and the product batch by batch by the GEMM path of this process
+//! (`cpu::gemm`), with the epilogue applied in registers by kiln's cores
+//! where it is a bias and ReLU, else run over each block of rows as they
+//! finish it, or over the product after.
 
 #![allow(unsafe_code)]
 
@@ -10,16 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use kiln_ir::DType;
 use kiln_ir::Shape;
-use kiln_ir::kernel::Operand;
 use kiln_ir::view::View;
 
 use super::CompiledKernel;
-use super::compile::swapped_axes;
+use super::compile::MatMul;
 use super::launch::{Bound, Buffer, run_rows};
 use crate::Error;
 use crate::cpu::gemm::{self, Isa};
 use crate::cpu::team;
-use crate::stored::Stored;
+use crate::matmul::{Epilogue, Source};
 
 /// Batches of at most this many multiply-adds each run side by side, one
 /// thread each, rather than one after the other across every thread.
@@ -36,62 +36,50 @@ pub(crate) enum Computed {
 }
 
 impl CompiledKernel {
-    /// Runs a matmul kernel over its launch's buffers (`bound`): its
-    /// computed operands where `computed` says, the GEMM core, then the
-    /// epilogue.
+    /// Runs a matmul kernel by its plan over its launch's buffers
+    /// (`bound`): its written operands where `computed` says, the GEMM
+    /// core, then the epilogue.
     pub(super) fn run_matmul(
         &self,
-        [a, b]: [&Operand; 2],
+        MatMul { plan, prologues }: &MatMul,
         bound: &Bound<'_>,
         (inputs, out, scratch): (&[&Buffer], &Buffer, &Buffer),
         computed: &[Computed; 2],
     ) -> Result<(), Error> {
-        let (k, table) = (&self.kernel, &bound.table);
+        let table = &bound.table;
         let isa = gemm::isa()?;
-        // Computed operands written to scratch lie one after the other there.
         let mut parts = Vec::with_capacity(2);
-        let mut at = 0;
-        let sides = [a, b].into_iter().zip(&self.operands).zip(computed);
-        for ((side, prologue), place) in sides {
-            parts.push(match (side, prologue) {
-                (Operand::Read { input, view }, _) => {
-                    Strided::new(view, &view.shape, inputs[*input as usize])?
+        let sides = [&plan.a, &plan.b].into_iter().zip(prologues).zip(computed);
+        for ((operand, prologue), place) in sides {
+            let shape = &operand.shape;
+            parts.push(match (&operand.source, prologue, operand.written_view()) {
+                (Source::Input { input, view }, _, _) => {
+                    let buffer = inputs.get(*input as usize).ok_or_else(|| {
+                        Error::Launch(format!("a matmul operand of input {input}"))
+                    })?;
+                    Strided::new(view, shape, buffer)?
                 }
-                (Operand::Merged { input, view, shape }, _) => {
-                    Strided::new(view, shape, inputs[*input as usize])?
-                }
-                (Operand::Computed { shape, .. }, Some(prologue)) => {
+                (Source::Written { at, .. }, Some(prologue), Some(view)) => {
                     let bytes = shape.numel() * DType::F32.size();
                     let (mut part, there) = match place {
-                        Computed::Scratch => {
-                            at += bytes;
-                            (scratch.part(at - bytes, bytes), false)
-                        }
+                        Computed::Scratch => (scratch.part(*at, bytes), false),
                         Computed::Keep(buffer) => (buffer.alias(), false),
                         Computed::Kept(buffer) => (buffer.alias(), true),
                     };
                     if part.bytes < bytes {
                         return Err(Error::Launch(format!(
-                            "a computed operand {shape} in {} bytes",
+                            "a written operand {shape} in {} bytes",
                             part.bytes
                         )));
                     }
-                    let written = &prologue.kernel.kernel.out.shape;
                     if !there {
-                        let kernel = &prologue.kernel;
-                        kernel.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
+                        prologue.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
                     }
-                    let view = View::contiguous(written);
-                    let view = if prologue.transposed {
-                        view.permute(&swapped_axes(shape.rank()))
-                    } else {
-                        view
-                    };
                     Strided::new(&view, shape, &part)?
                 }
-                (Operand::Computed { .. }, None) => {
+                (Source::Written { .. }, _, _) => {
                     return Err(Error::Launch(
-                        "a computed operand was not compiled".to_string(),
+                        "a written operand was not compiled".to_string(),
                     ));
                 }
             });
@@ -100,10 +88,6 @@ impl CompiledKernel {
         let (Some(a), Some(b)) = (a, b) else {
             return Err(Error::Launch("a matmul has two operands".to_string()));
         };
-        // Only an epilogue that does more than copy the product needs a
-        // pass: over each block of rows as the GEMM core finishes it,
-        // or over the whole product after.
-        let epilogue = k.body.values.len() > 1;
         let (batches, m, n) = (a.batches(), a.rows, b.cols);
         if a.cols != b.rows || batches * m * n > out.bytes / 4 {
             return Err(Error::Launch(format!(
@@ -112,22 +96,28 @@ impl CompiledKernel {
             )));
         }
         // A bias and ReLU kiln's cores apply as they store the product.
-        let in_registers = match self.stored {
-            Some(Stored::Bias { bias, relu }) => {
-                let bias = inputs[bias as usize];
+        let in_registers = match plan.epilogue {
+            Epilogue::Bias { bias, relu } => {
+                let bias = inputs
+                    .get(bias as usize)
+                    .ok_or_else(|| Error::Launch(format!("a bias of input {bias}")))?;
                 if bias.bytes < n * 4 {
                     return Err(Error::Launch(format!(
                         "a bias of {} bytes for a product of {n} columns",
                         bias.bytes
                     )));
                 }
-                Some(gemm::Epilogue {
+                Some(gemm::Fused {
                     bias: bias.ptr as *const f32,
                     relu,
                 })
             }
-            _ => None,
+            Epilogue::Product | Epilogue::Kernel { .. } => None,
         };
+        // An epilogue needs a pass where the GEMM core does not apply it (a
+        // kernel's, or a bias on a path other than kiln's cores): over each
+        // block of rows as the core finishes it, or over the product after.
+        let epilogue = plan.epilogue != Epilogue::Product;
         // The GEMM core splits its own work across threads (each packs what
         // it reads of the operands); the epilogue then sweeps the
         // output in row ranges. A thread per 64³ multiply-adds, up to the
@@ -146,7 +136,7 @@ impl CompiledKernel {
         // What kiln's cores leave done: the epilogue, where they apply it or
         // call the rows' pass as they finish them.
         let done = by_rows || in_registers.is_some();
-        let in_registers = in_registers.unwrap_or(gemm::Epilogue::NONE);
+        let in_registers = in_registers.unwrap_or(gemm::Fused::NONE);
         let mut pending = epilogue;
         let one_batch = |batch: usize, threads: usize| {
             let rows = |r0: usize, r1: usize| {
@@ -322,7 +312,7 @@ unsafe fn gemm_block(
     (a, b, out): (&Strided, &Strided, *mut u8),
     batch: usize,
     threads: usize,
-    epilogue: gemm::Epilogue,
+    epilogue: gemm::Fused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let (m, k, n) = (a.rows, a.cols, b.cols);

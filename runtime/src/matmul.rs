@@ -1,0 +1,396 @@
+//! The plan of a matmul kernel, made once when it is compiled, for every
+//! backend: where the GEMM reads each operand (a kernel input in place, or
+//! scratch that a prologue kernel writes first), what the GEMM stores
+//! (`Epilogue`), and the scratch it needs. A backend states what its GEMM
+//! takes (`Target`); every decision is made here, and the backends render
+//! the plan: the CPU with kiln's cores, CUDA with cuBLASLt or cuBLAS
+//! between generated kernels.
+
+use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use kiln_ir::view::View;
+use kiln_ir::{BinaryOp, DType, Shape, TensorType, UnaryOp};
+
+use crate::Error;
+use crate::nest::nest;
+
+/// What a backend's GEMM takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// It reads any view in place, axes merged without one stride included
+    /// (through tables of offsets: kiln's cores); else only a matrix with
+    /// one unit stride and batches of one stride (`blas`), and other views
+    /// are copied into scratch first.
+    pub any_view: bool,
+    /// It adds a bias and applies ReLU as it stores the product (kiln's
+    /// cores, cuBLASLt's epilogues), rather than a kernel after.
+    pub bias_epilogue: bool,
+    /// An epilogue kernel reads the product from scratch (a CUDA kernel
+    /// after the GEMM); else from the output, where the GEMM stored it,
+    /// writing over it (the CPU's kernel, row block by row block).
+    pub product_in_scratch: bool,
+    /// A prologue that reads its source down columns writes the operand
+    /// transposed, so that it reads and writes along rows
+    /// (`reads_down_columns`).
+    pub transposes: bool,
+    /// Scratch parts start at multiples of this many bytes.
+    pub align: usize,
+}
+
+impl Target {
+    /// kiln's CPU cores.
+    pub const CPU: Target = Target {
+        any_view: true,
+        bias_epilogue: true,
+        product_in_scratch: false,
+        transposes: true,
+        align: 4,
+    };
+
+    /// cuBLASLt in TF32 (`fused`), or cuBLAS's IEEE `sgemm`, which has no
+    /// epilogue; scratch parts aligned for `float4` accesses.
+    pub fn cuda(fused: bool) -> Target {
+        Target {
+            any_view: false,
+            bias_epilogue: fused,
+            product_in_scratch: true,
+            transposes: false,
+            align: 256,
+        }
+    }
+}
+
+/// A matmul kernel as a GEMM: `out[batch] = a[batch] @ b[batch]`, each
+/// `[m, k] @ [k, n]`, between prologues and an epilogue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Products.
+    pub batches: usize,
+    /// Rows of each product.
+    pub m: usize,
+    /// Columns of each product.
+    pub n: usize,
+    /// The shared dimension.
+    pub k: usize,
+    /// The left operand, `[.., m, k]`.
+    pub a: PlanOperand,
+    /// The right operand, `[.., k, n]`.
+    pub b: PlanOperand,
+    /// What becomes of the product.
+    pub epilogue: Epilogue,
+    /// Bytes of scratch: the written operands, then the product where an
+    /// epilogue kernel reads it from there.
+    pub scratch_bytes: usize,
+}
+
+/// One operand of the GEMM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanOperand {
+    /// As the GEMM reads it: `[batch axes.., rows, cols]`.
+    pub shape: Shape,
+    /// Where it lies.
+    pub source: Source,
+}
+
+/// Where a GEMM operand lies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Kernel input `input`, read in place through `view`, whose axes
+    /// merge into the operand's where they differ from them.
+    Input {
+        /// The kernel input.
+        input: u32,
+        /// Its elements in the operand's order.
+        view: View,
+    },
+    /// Scratch from byte `at`, written by `prologue` (an elementwise
+    /// kernel over the matmul kernel's inputs) before the product: the
+    /// operand's elements in order, or with its last two axes swapped
+    /// (`transposed`).
+    Written {
+        /// The kernel that writes it.
+        prologue: Box<Kernel>,
+        /// Whether it writes the operand transposed.
+        transposed: bool,
+        /// Where in scratch.
+        at: usize,
+    },
+}
+
+impl PlanOperand {
+    /// The view of a written operand over what its prologue wrote, in the
+    /// operand's shape; `None` for an input.
+    pub fn written_view(&self) -> Option<View> {
+        let Source::Written { transposed, .. } = &self.source else {
+            return None;
+        };
+        Some(match transposed {
+            true => View::contiguous(&swapped_shape(&self.shape))
+                .permute(&swapped_axes(self.shape.rank())),
+            false => View::contiguous(&self.shape),
+        })
+    }
+}
+
+/// What becomes of the product.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    /// It is the output: the kernel's body is its `acc`.
+    Product,
+    /// The GEMM adds kernel input `bias` (one value per column of the
+    /// product, broadcast over its rows and batches) as it stores it, then
+    /// ReLU if `relu`.
+    Bias {
+        /// The kernel input holding the bias.
+        bias: u32,
+        /// Whether ReLU follows.
+        relu: bool,
+    },
+    /// The kernel's body computes the output from the product: read from
+    /// scratch at byte `acc`, or from the output where `acc` is `None`.
+    Kernel {
+        /// Where the product is.
+        acc: Option<usize>,
+    },
+}
+
+/// The plan of matmul `kernel` for `target`.
+pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
+    let KernelKind::MatMul { a, b } = &kernel.kind else {
+        return Err(Error::Codegen("not a matmul kernel".to_string()));
+    };
+    let (ad, bd) = (a.shape().dims(), b.shape().dims());
+    let (ra, rb) = (ad.len(), bd.len());
+    if ra < 2 || rb < 2 {
+        return Err(Error::Codegen(format!(
+            "matmul operands {} and {} have no matrix",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
+    let batches = kernel.out.shape.numel() / (m * n).max(1);
+    let mut scratch = 0;
+    let mut operand = |o: &Operand| {
+        let shape = o.shape().clone();
+        let source = match o {
+            Operand::Read { input, view } if target.any_view || blas(view).is_some() => {
+                Source::Input {
+                    input: *input,
+                    view: view.clone(),
+                }
+            }
+            Operand::Merged { input, view, .. } if target.any_view => Source::Input {
+                input: *input,
+                view: view.clone(),
+            },
+            _ => {
+                let (body, written, transposed) = written(o, target);
+                let at = scratch;
+                scratch =
+                    (scratch + shape.numel() * DType::F32.size()).next_multiple_of(target.align);
+                let prologue = Box::new(Kernel {
+                    inputs: kernel.inputs.clone(),
+                    out: TensorType::new(DType::F32, written),
+                    kind: KernelKind::Elementwise,
+                    body,
+                    side: Vec::new(),
+                });
+                Source::Written {
+                    prologue,
+                    transposed,
+                    at,
+                }
+            }
+        };
+        PlanOperand { shape, source }
+    };
+    let (a, b) = (operand(a), operand(b));
+    let epilogue = match stored(kernel, n) {
+        Some(Epilogue::Product) => Epilogue::Product,
+        // With k = 0 the product is zeros, which a runtime may write
+        // without a GEMM (CUDA does): the bias then needs the kernel.
+        Some(bias @ Epilogue::Bias { .. }) if target.bias_epilogue && k > 0 => bias,
+        _ => Epilogue::Kernel {
+            acc: target.product_in_scratch.then(|| {
+                let acc = scratch;
+                scratch += kernel.out.shape.numel() * DType::F32.size();
+                acc
+            }),
+        },
+    };
+    Ok(Plan {
+        batches,
+        m,
+        n,
+        k,
+        a,
+        b,
+        epilogue,
+        scratch_bytes: scratch,
+    })
+}
+
+/// What the prologue of operand `o` writes: its block, the shape it
+/// writes, and whether that is the operand transposed. A computed operand
+/// is its own block; a view the target cannot read in place is copied, in
+/// its own (perhaps finer) shape: the operand's elements in its order.
+fn written(o: &Operand, target: Target) -> (Block, Shape, bool) {
+    match o {
+        Operand::Computed { block, shape } => {
+            if target.transposes && reads_down_columns(block, shape.rank()) {
+                let swap = swapped_axes(shape.rank());
+                let mut block = block.clone();
+                for v in &mut block.values {
+                    if let Some((_, view)) = v.expr.read_mut() {
+                        *view = view.permute(&swap);
+                    }
+                }
+                (block, swapped_shape(shape), true)
+            } else {
+                (block.clone(), shape.clone(), false)
+            }
+        }
+        Operand::Read { input, view } | Operand::Merged { input, view, .. } => {
+            let mut copy = Block::default();
+            copy.push(
+                Expr::Load {
+                    input: *input,
+                    view: view.clone(),
+                },
+                DType::F32,
+            );
+            (copy, view.shape.clone(), false)
+        }
+    }
+}
+
+/// Whether a computed operand's reads run down its columns and none along
+/// its rows (the input of a weight gradient, `xᵀ @ g`, cast or normalized on
+/// the way): written in that order, the prologue reads and writes
+/// contiguous rows, in vectors, where the operand's own order would gather
+/// every element from a row of its source apart (the normalized `xᵀ` of
+/// the training step's first layer, 784x250 from u8, took longer on the
+/// CPU: `benches/RESULTS-cpu.md`).
+fn reads_down_columns(block: &Block, rank: usize) -> bool {
+    if rank < 2 {
+        return false;
+    }
+    let mut down = false;
+    for v in &block.values {
+        if let Some((_, view)) = v.expr.read() {
+            match (view.strides[rank - 2], view.strides[rank - 1]) {
+                (_, 1) => return false,
+                (1, _) => down = true,
+                _ => {}
+            }
+        }
+    }
+    down
+}
+
+/// The permutation that swaps the last two of `rank` axes.
+fn swapped_axes(rank: usize) -> Vec<usize> {
+    let mut axes: Vec<usize> = (0..rank).collect();
+    if rank >= 2 {
+        axes.swap(rank - 2, rank - 1);
+    }
+    axes
+}
+
+fn swapped_shape(shape: &Shape) -> Shape {
+    Shape(
+        swapped_axes(shape.rank())
+            .iter()
+            .map(|&a| shape.dims()[a])
+            .collect(),
+    )
+}
+
+/// An operand as BLAS steps through it, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    /// The element of coordinates zero.
+    pub offset: usize,
+    /// Between neighbouring rows.
+    pub row: usize,
+    /// Between neighbouring columns.
+    pub col: usize,
+    /// Between batches (0 broadcasts one matrix to every batch).
+    pub batch: usize,
+}
+
+/// `view` as BLAS takes an operand: unmasked, one unit stride (or a single
+/// row or column) and the other a leading dimension that does not overlap
+/// it, and batch axes that merge into one stride; `None` otherwise.
+pub fn blas(view: &View) -> Option<Strides> {
+    if view.mask.is_some() || view.offset < 0 {
+        return None;
+    }
+    let d = view.shape.dims();
+    let r = d.len();
+    let (rows, cols) = (d[r - 2], d[r - 1]);
+    // Size-1 axes have stride 0 in canonical views; any stride serves them.
+    let row = if rows == 1 { cols } else { view.strides[r - 2] };
+    let col = if cols == 1 { 1 } else { view.strides[r - 1] };
+    // A matrix broadcast along rows or columns overlaps itself.
+    let leading = if col == 1 {
+        rows == 1 || row >= cols
+    } else {
+        row == 1 && (cols == 1 || col >= rows)
+    };
+    if !leading {
+        return None;
+    }
+    // A loop nest over the batch axes alone merges them into one.
+    let batch_axes: Vec<usize> = (0..r - 2).collect();
+    let batch = nest(&view.shape, &batch_axes, Some(r - 2), &[(0, view)]);
+    let batch = &batch.accesses[0].outer;
+    if batch.len() > 1 {
+        return None;
+    }
+    Some(Strides {
+        offset: view.offset as usize,
+        row,
+        col,
+        batch: batch.first().map_or(0, |b| b.stride as usize),
+    })
+}
+
+/// The epilogue a GEMM can apply itself as it stores the product of a
+/// matmul `kernel` of `n` columns: `Product` or `Bias`, when its body is
+/// one of those forms, it writes no side output and the output's rows are
+/// the product's; `None` otherwise.
+fn stored(kernel: &Kernel, n: usize) -> Option<Epilogue> {
+    let out = kernel.out.shape.dims();
+    if !kernel.side.is_empty() || out.last() != Some(&n) {
+        return None;
+    }
+    // One value per column, at offset 0 (so that the bias is the input's
+    // first `n` elements).
+    let is_bias = |e: &Expr| match e {
+        Expr::Load { input, view } => {
+            let mut strides = vec![0usize; out.len()];
+            strides[out.len() - 1] = usize::from(n != 1);
+            (view.mask.is_none() && view.offset == 0 && view.strides.as_slice() == strides)
+                .then_some(*input)
+        }
+        _ => None,
+    };
+    match kernel.body.values.as_slice() {
+        [acc] if acc.expr == Expr::Acc => Some(Epilogue::Product),
+        [acc, bias, add, rest @ ..] if acc.expr == Expr::Acc => {
+            let bias = is_bias(&bias.expr)?;
+            let added = matches!(
+                add.expr,
+                Expr::Binary(BinaryOp::Add, 0, 1) | Expr::Binary(BinaryOp::Add, 1, 0)
+            );
+            let relu = match rest {
+                [] => false,
+                [r] if r.expr == Expr::Unary(UnaryOp::Relu, 2) => true,
+                _ => return None,
+            };
+            added.then_some(Epilogue::Bias { bias, relu })
+        }
+        _ => None,
+    }
+}
