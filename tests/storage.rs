@@ -208,7 +208,10 @@ fn a_host_feed_checks_its_values_and_hands_out_each_put_once_as_a_copy() -> Resu
         let ty = [TensorType::new(DType::F32, [2])];
         let values = Data::F32(vec![1.5, -2.0]);
         let three = Data::F32(vec![0.0; 3]);
-        let wrong = feed.put(&ty, &[(&three).into()]).err().map(|e| e.to_string());
+        let wrong = feed
+            .put(&ty, &[(&three).into()])
+            .err()
+            .map(|e| e.to_string());
         assert_eq!(
             wrong.as_deref(),
             Some("feed: value 0 must be f32[2], got 3 values of f32"),

@@ -131,6 +131,39 @@ impl PlanOperand {
     }
 }
 
+/// The plan in a few lines, as its snapshots show it:
+/// `2 x [4, 5] @ [5, 6]`, then each operand (`a f32[2,4,5]: input 0
+/// strides [20,5,1]`, or `written at byte 0 by a 3-value prologue, as
+/// f32[..]`, `transposed`), then the epilogue and the scratch.
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (b, m, n, k) = (self.batches, self.m, self.n, self.k);
+        writeln!(f, "{b} x [{m}, {k}] @ [{k}, {n}]")?;
+        for (name, o) in [("a", &self.a), ("b", &self.b)] {
+            write!(f, "{name} f32{}: ", o.shape)?;
+            match &o.source {
+                Source::Input { input, view } => writeln!(f, "input {input} {view}")?,
+                Source::Written {
+                    prologue,
+                    transposed,
+                    at,
+                } => writeln!(
+                    f,
+                    "written at byte {at} by a {}-value prologue, as {}{}",
+                    prologue.body.values.len(),
+                    prologue.out,
+                    if *transposed { ", transposed" } else { "" }
+                )?,
+            }
+        }
+        writeln!(
+            f,
+            "epilogue {:?}, {} scratch bytes",
+            self.epilogue, self.scratch_bytes
+        )
+    }
+}
+
 /// What becomes of the product.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Epilogue {

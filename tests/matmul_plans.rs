@@ -1,0 +1,82 @@
+//! The plans of matmul kernels (`kiln_runtime::matmul`), made for kiln's CPU
+//! cores and for cuBLASLt from the same kernels: a bias and ReLU the GEMM
+//! applies, bytes normalized on the way into the product and into its
+//! weight gradient (written transposed for the CPU), a convolution's
+//! windows (read in place through tables on the CPU, copied for CUDA), and
+//! batch axes swapped by a permute. A change to either backend's decisions
+//! shows up here as a reviewable diff.
+
+use kiln::{DType, Options, Result, Tensor};
+use kiln_ir::Op;
+use kiln_ir::kernel::{Kernel, KernelKind};
+use kiln_runtime::matmul::{Target, plan};
+
+/// The plans of every matmul kernel of `outputs`, optimized, for the CPU
+/// and for CUDA in TF32.
+fn plans(name: &str, outputs: &[&Tensor]) -> Result<String> {
+    let optimized = kiln::optimize(name, outputs, Options::default())?;
+    let mut text = String::new();
+    for launch in &optimized.schedule.launches {
+        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            continue;
+        };
+        let kernel: &Kernel = kernel;
+        if !matches!(kernel.kind, KernelKind::MatMul { .. }) {
+            continue;
+        }
+        for (target, on) in [(Target::CPU, "cpu"), (Target::cuda(true), "cuda")] {
+            let plan = plan(kernel, target).map_err(kiln::Error::from)?;
+            text += &format!("// {} on {on}\n{plan}", launch.node);
+        }
+    }
+    Ok(text)
+}
+
+#[test]
+fn a_bias_and_relu_are_the_gemms_own() -> Result<()> {
+    let (x, w, b) = (
+        Tensor::randn([64, 96], 0)?,
+        Tensor::randn([96, 32], 1)?,
+        Tensor::randn([32], 2)?,
+    );
+    insta::assert_snapshot!(plans("dense", &[&(x.matmul(&w)? + &b)?.relu()?])?);
+    Ok(())
+}
+
+#[test]
+fn normalized_bytes_are_written_and_transposed_for_the_weight_gradient() -> Result<()> {
+    let bytes = Tensor::from_vec(
+        (0..8 * 20)
+            .map(|i| (i * 7 % 256) as u8)
+            .collect::<Vec<u8>>(),
+        [8, 20],
+    )?;
+    let x = (bytes.cast(DType::F32)? * (1.0f32 / 255.0))?;
+    let g = Tensor::randn([8, 5], 1)?;
+    let forward = x.matmul(&Tensor::randn([20, 5], 2)?)?;
+    let weight_gradient = x.t()?.matmul(&g)?;
+    insta::assert_snapshot!(plans("normalized", &[&forward, &weight_gradient])?);
+    Ok(())
+}
+
+#[test]
+fn convolution_windows_are_read_in_place_or_copied() -> Result<()> {
+    let x = Tensor::randn([2, 3, 9, 9], 0)?;
+    let w = Tensor::randn([4, 3, 3, 3], 1)?;
+    insta::assert_snapshot!(plans(
+        "conv",
+        &[&x.conv2d(&w, None, [1, 1], [(1, 1), (1, 1)], [1, 1], 1)?]
+    )?);
+    Ok(())
+}
+
+#[test]
+fn batch_axes_of_one_stride_are_read_in_place() -> Result<()> {
+    let w = Tensor::randn([2, 3, 5, 6], 1)?;
+    let in_place = Tensor::randn([2, 3, 4, 5], 0)?.matmul(&w)?;
+    let swapped = Tensor::randn([3, 2, 4, 5], 0)?
+        .permute(&[1, 0, 2, 3])?
+        .matmul(&w)?;
+    insta::assert_snapshot!(plans("batched", &[&in_place, &swapped])?);
+    Ok(())
+}
