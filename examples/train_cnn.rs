@@ -3,12 +3,13 @@
 //! The same 4,000 training and 1,000 test digits as the quickstart
 //! (`data/digits/`, CC BY-SA 3.0), through `nn::Sequential`: a 5x5
 //! convolution to 16 channels, batch norm, ReLU, 2x2 max pooling, a 5x5
-//! convolution to 32 channels, batch norm, ReLU, 2x2 max pooling, and a
-//! linear layer to the ten classes. One training step (the bytes
-//! normalized inside it, the forward pass in training mode, cross-entropy,
-//! the gradients, AdamW's update, the batch norms' running statistics) is
-//! compiled once with `kiln::compile_step`; each epoch prints the loss, the
-//! test accuracy (inference mode: the running statistics) and samples/s.
+//! convolution to 32 channels, batch norm, ReLU, 2x2 max pooling, dropout
+//! of a quarter, and a linear layer to the ten classes. One training step
+//! (the bytes normalized inside it, the forward pass in training mode,
+//! cross-entropy, the gradients, AdamW's update, the batch norms' running
+//! statistics, the dropout's next key) is compiled once with
+//! `kiln::compile_step`; each epoch prints the loss, the test accuracy
+//! (inference mode: the running statistics, no dropout) and samples/s.
 //!
 //! Run with `cargo run --release --example train_cnn`.
 
@@ -18,7 +19,9 @@ use std::time::Instant;
 
 use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
-use kiln::nn::{BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
+use kiln::nn::{
+    BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Module, Relu, Sequential,
+};
 use kiln::optim::{AdamW, Optimizer};
 use kiln::{CompiledStep, DType, Pool2d, Result, Tensor, TensorType};
 
@@ -37,7 +40,7 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
 }
 
 /// The network: 28x28 -> 16 maps of 24x24 -> 12x12 -> 32 maps of 8x8 ->
-/// 4x4 -> 10 logits.
+/// 4x4 -> (a quarter dropped in training) -> 10 logits.
 fn network() -> Result<Sequential> {
     let pool = MaxPool2d(Pool2d::new([2, 2]));
     Ok(Sequential::new(vec![
@@ -50,6 +53,7 @@ fn network() -> Result<Sequential> {
         Box::new(Relu),
         Box::new(pool),
         Box::new(Flatten),
+        Box::new(Dropout::new(0.25, 3)?),
         Box::new(Linear::new(32 * 4 * 4, 10, 2)?),
     ]))
 }
@@ -111,7 +115,7 @@ fn main() -> Result<()> {
     let compiling = Instant::now();
     let mut step = training_step(&net, &optimizer)?;
     println!(
-        "training a CNN (conv 5x5 x16, batch norm, pool, conv 5x5 x32, batch norm, pool, linear) on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, traced and compiled in {:.0} ms",
+        "training a CNN (conv 5x5 x16, batch norm, pool, conv 5x5 x32, batch norm, pool, dropout, linear) on {TRAIN} digits, batches of {BATCH}, AdamW: {} kernels per step, traced and compiled in {:.0} ms",
         step.graph().launches(),
         compiling.elapsed().as_secs_f64() * 1e3,
     );

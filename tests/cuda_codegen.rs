@@ -98,6 +98,8 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
             let tokens = randn(&[71, 24], 0)?.index_select(0, &ids)?;
             vec![(tokens + randn(&[8, 24], 1)?.index_select(0, &positions)?)?]
         }
+        // Dropout: Threefry of each element's position, in the kernel.
+        "dropout" => vec![randn(&[64, 33], 0)?.dropout(0.25, &Tensor::scalar(7i32))?],
         // The table's gradient: each row added where its id points.
         "embedding_grad" => {
             let table = randn(&[71, 24], 0)?;
@@ -109,7 +111,7 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
     })
 }
 
-const PATTERNS: [&str; 13] = [
+const PATTERNS: [&str; 14] = [
     "relu_add",
     "bf16_scale",
     "matmul_bias_relu",
@@ -123,6 +125,7 @@ const PATTERNS: [&str; 13] = [
     "adamw_step",
     "embedding",
     "embedding_grad",
+    "dropout",
 ];
 
 /// The kernels of a fused graph, in launch order.
@@ -220,6 +223,12 @@ fn embeddings_read_the_rows_their_ids_pick() -> Result<()> {
 #[test]
 fn an_embedding_gradient_is_a_thread_per_column() -> Result<()> {
     insta::assert_snapshot!(cuda("embedding_grad")?.0);
+    Ok(())
+}
+
+#[test]
+fn dropout_draws_threefry_in_its_kernel() -> Result<()> {
+    insta::assert_snapshot!(cuda("dropout")?.0);
     Ok(())
 }
 

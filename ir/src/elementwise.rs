@@ -71,6 +71,10 @@ pub enum BinaryOp {
     Eq,
     /// a != b
     Ne,
+    /// `uniform(key, counter)`: an f32 in [0, 1) that is a pure function of
+    /// the two i32s (Threefry-2x32-20, `random::uniform`); a tensor of
+    /// counters that number its elements gives a random tensor.
+    Uniform,
 }
 
 /// How a reduction combines elements.
@@ -142,6 +146,7 @@ impl BinaryOp {
             BinaryOp::Ge => "ge",
             BinaryOp::Eq => "eq",
             BinaryOp::Ne => "ne",
+            BinaryOp::Uniform => "uniform",
         }
     }
 
@@ -160,7 +165,8 @@ impl BinaryOp {
             | BinaryOp::Div
             | BinaryOp::Max
             | BinaryOp::Min
-            | BinaryOp::Pow => false,
+            | BinaryOp::Pow
+            | BinaryOp::Uniform => false,
         }
     }
 
@@ -175,11 +181,12 @@ impl BinaryOp {
                 accept(dtype, NUMBERS, "a number type")
             }
             BinaryOp::Eq | BinaryOp::Ne => Ok(()),
+            BinaryOp::Uniform => accept(dtype, &[DType::I32], "i32"),
         }
     }
 
     /// The result type of `lhs op rhs`: operands of one shape and one dtype
-    /// the op accepts; comparisons give bool.
+    /// the op accepts; comparisons give bool, `uniform` f32.
     pub fn infer(self, lhs: &TensorType, rhs: &TensorType) -> Result<TensorType, Error> {
         let op = self.name();
         if lhs.dtype != rhs.dtype {
@@ -191,10 +198,10 @@ impl BinaryOp {
         }
         same_shape(op, &lhs.shape, &rhs.shape)?;
         check_dtype(op, lhs.dtype, self.accepts(lhs.dtype))?;
-        let dtype = if self.is_comparison() {
-            DType::Bool
-        } else {
-            lhs.dtype
+        let dtype = match self {
+            BinaryOp::Uniform => DType::F32,
+            _ if self.is_comparison() => DType::Bool,
+            _ => lhs.dtype,
         };
         Ok(TensorType::new(dtype, lhs.shape.clone()))
     }

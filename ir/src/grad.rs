@@ -415,9 +415,14 @@ fn binary_rule(
             };
             binary(g, Mul, dy, slope)
         }),
-        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
-            Ok(smallvec![None, None])
-        }
+        // Integer operands: nothing to differentiate.
+        BinaryOp::Lt
+        | BinaryOp::Le
+        | BinaryOp::Gt
+        | BinaryOp::Ge
+        | BinaryOp::Eq
+        | BinaryOp::Ne
+        | BinaryOp::Uniform => Ok(smallvec![None, None]),
     }
 }
 

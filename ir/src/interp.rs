@@ -257,6 +257,10 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
 fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
     let dtype = a.dtype();
     match (num(a), num(b)) {
+        // Typing admits i32 operands only.
+        (Num::Int(x), Num::Int(y)) if op == BinaryOp::Uniform => {
+            Scalar::F32(crate::random::uniform(x as i32, y as i32))
+        }
         // Operands have one dtype: integers compare exactly in i64, floats in
         // f64, which holds f32 exactly.
         (Num::Int(x), Num::Int(y)) if op.is_comparison() => Scalar::Bool(compare(op, x, y)),
@@ -285,6 +289,8 @@ fn int_binary(op: BinaryOp, x: i64, y: i64) -> i64 {
         BinaryOp::Min => x.min(y),
         // Typing admits these for floats only; they are defined through f64 anyway.
         BinaryOp::Div | BinaryOp::Pow => float_binary(op, x as f64, y as f64) as i64,
+        // Typed f32; `binary` computes it.
+        BinaryOp::Uniform => 0,
         BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
             compare(op, x, y) as i64
         }
@@ -303,6 +309,8 @@ fn float_binary(op: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
             compare(op, x, y) as u8 as f64
         }
+        // Typing admits i32 operands only; `binary` computes it.
+        BinaryOp::Uniform => f64::NAN,
     }
 }
 
@@ -335,7 +343,8 @@ fn compare<T: PartialOrd>(op: BinaryOp, x: T, y: T) -> bool {
         | BinaryOp::Div
         | BinaryOp::Max
         | BinaryOp::Min
-        | BinaryOp::Pow => false,
+        | BinaryOp::Pow
+        | BinaryOp::Uniform => false,
     }
 }
 

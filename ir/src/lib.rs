@@ -16,6 +16,7 @@ pub mod kernel;
 pub mod op;
 pub mod pass;
 mod print;
+pub mod random;
 pub mod schedule;
 pub mod types;
 pub mod verify;

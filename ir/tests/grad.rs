@@ -228,7 +228,7 @@ fn binary_case(seed: u64) -> Result<(), TestCaseError> {
         Pow => rng.uniform(0.3, 2.5),
         Max | Min => grid(rng),
         Add | Sub | Mul | Div => rng.uniform(-3.0, 3.0),
-        Lt | Le | Gt | Ge | Eq | Ne => unreachable!("not drawn"),
+        Lt | Le | Gt | Ge | Eq | Ne | Uniform => unreachable!("not drawn"),
     });
     let b = if c.rng.below(5) == 0 {
         // The same value on both sides: max(x, x) ties everywhere.
@@ -239,7 +239,7 @@ fn binary_case(seed: u64) -> Result<(), TestCaseError> {
             Div => rng.signed(0.5, 2.0),
             Max | Min => grid(rng),
             Add | Sub | Mul => rng.uniform(-3.0, 3.0),
-            Lt | Le | Gt | Ge | Eq | Ne => unreachable!("not drawn"),
+            Lt | Le | Gt | Ge | Eq | Ne | Uniform => unreachable!("not drawn"),
         })
     };
     let y = c.binary(op, a, b);

@@ -6,7 +6,8 @@
 //! `Module::with_parameters` replace by name, and buffers (a batch norm's
 //! running statistics). `Linear`, `Conv2d`, `BatchNorm2d`, `Embedding`,
 //! `LayerNorm` and `Mlp` hold parameters; `Relu`, `Flatten` and
-//! `MaxPool2d` do not; `Sequential` chains any of them. Everything else
+//! `MaxPool2d` do not, and `Dropout` holds only its random key, a buffer;
+//! `Sequential` chains any of them. Everything else
 //! without parameters (softmax, gelu, the losses) stays a `Tensor` method.
 //! `save` and `load` write and read named tensors as a safetensors file,
 //! the format PyTorch, JAX and candle checkpoints share.
@@ -42,4 +43,4 @@ mod module;
 
 pub use checkpoint::{load, save};
 pub use layer::{BatchNorm2d, Conv2d, Embedding, LayerNorm, Linear, Mlp, set_parameters};
-pub use module::{Flatten, MaxPool2d, Module, Relu, Sequential};
+pub use module::{Dropout, Flatten, MaxPool2d, Module, Relu, Sequential};

@@ -219,3 +219,55 @@ impl Module for MaxPool2d {
         Box::new(*self)
     }
 }
+
+/// Dropout (`Tensor::dropout`) in training, nothing in inference, as a
+/// layer. Its key is a buffer: a training step draws with it and moves it
+/// on, so a compiled step that carries its buffers draws a new mask each
+/// step without a recompile. The next key is `key * 1103515245 + 12345`
+/// (wrapping: a linear congruential step of full period over the i32s), so
+/// two layers seeded apart follow one cycle far apart.
+#[derive(Clone, Debug)]
+pub struct Dropout {
+    /// The probability of zeroing an element.
+    pub p: f32,
+    key: Tensor,
+}
+
+impl Dropout {
+    /// Dropout with probability `p` (in [0, 1], else an `Err`), its first
+    /// key from `seed`.
+    pub fn new(p: f32, seed: u64) -> Result<Dropout> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(crate::Error::Argument {
+                op: "Dropout",
+                message: format!("p must lie in [0, 1], not {p}"),
+            });
+        }
+        let key = Tensor::scalar((seed ^ (seed >> 32)) as u32 as i32);
+        Ok(Dropout { p, key })
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        vec![("key".to_string(), &self.key)]
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![("key".to_string(), &mut self.key)]
+    }
+
+    fn forward_train(&self, x: &Tensor, buffers: &mut Vec<Tensor>) -> Result<Tensor> {
+        let y = x.dropout(self.p, &self.key)?;
+        buffers.push(((&self.key * 1_103_515_245i32)? + 12_345i32)?);
+        Ok(y)
+    }
+
+    fn boxed(&self) -> Box<dyn Module> {
+        Box::new(self.clone())
+    }
+}

@@ -261,6 +261,14 @@ impl Builder<'_> {
             Op::Unary(u) => {
                 self.push(unary(*u), args, out);
             }
+            // ONNX's random ops take no key: their draws are the runtime's.
+            Op::Binary(BinaryOp::Uniform) => {
+                return Err(self.error(
+                    id,
+                    "uniform",
+                    "keyed random numbers have no ONNX op; export without dropout (eval mode)",
+                ));
+            }
             Op::Binary(BinaryOp::Ne) => {
                 let eq = format!("{out}_eq");
                 self.push("Equal", args, eq.clone());
@@ -459,6 +467,8 @@ fn binary(op: BinaryOp) -> &'static str {
         BinaryOp::Gt => "Greater",
         BinaryOp::Ge => "GreaterOrEqual",
         BinaryOp::Eq | BinaryOp::Ne => "Equal",
+        // Refused by `convert`.
+        BinaryOp::Uniform => "RandomUniformLike",
     }
 }
 

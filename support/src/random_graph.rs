@@ -149,10 +149,14 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                         let k = g.push(Op::Expand(shape.clone()), &[k])?;
                         g.push(Op::Where, &[m, x, k])
                     }),
-                    // A round trip through i32 truncates and saturates.
+                    // A round trip through i32 truncates and saturates; or
+                    // Threefry of those i32s, the same draws on every path.
                     _ => g
                         .push(Op::Cast(DType::I32), &[x])
-                        .and_then(|i| g.push(Op::Cast(DType::F32), &[i])),
+                        .and_then(|i| match c.below(2) {
+                            0 => g.push(Op::Cast(DType::F32), &[i]),
+                            _ => g.push(Op::Binary(BinaryOp::Uniform), &[i, i]),
+                        }),
                 }
             }
             5 | 6 => {
@@ -551,7 +555,7 @@ mod tests {
     }
 
     #[test]
-    fn graphs_hold_windows_and_products() {
+    fn graphs_hold_windows_products_and_draws() {
         let prod = |dtype: DType| {
             move |n: &kiln_ir::Node| {
                 matches!(
@@ -577,6 +581,11 @@ mod tests {
         // Float products round in the backend's order: never in Exact.
         assert_eq!(with(Mode::Exact, prod(DType::F32)), 0);
         assert!(with(Mode::Exact, prod(DType::I64)) >= 5, "Exact: i64 prod");
+        let uniform = |n: &kiln_ir::Node| matches!(n.op, Op::Binary(BinaryOp::Uniform));
+        for mode in [Mode::All, Mode::Exact] {
+            assert!(with(mode, uniform) >= 10, "{mode:?}: uniform");
+        }
+        assert_eq!(with(Mode::Continuous, uniform), 0);
     }
 
     #[test]

@@ -9,7 +9,6 @@
 //! other activations are refused as unsupported.
 
 use super::one;
-use super::shape::concat_tensors;
 use crate::onnx::graph::{Node, Value};
 use crate::{Result, Scalar, Tensor};
 
@@ -247,14 +246,17 @@ fn recurrent(node: &Node, cell: Cell) -> Result<Vec<Value>> {
     let steps: Vec<Tensor> = (0..seq)
         .map(|t| {
             let per: Vec<Tensor> = ys.iter().map(|y| y[t].clone()).collect();
-            concat_tensors(node, &per, 0)?.unsqueeze(0)
+            Tensor::cat(&per.iter().collect::<Vec<_>>(), 0)?.unsqueeze(0)
         })
         .collect::<Result<_>>()?;
     let y = match steps.is_empty() {
         true => Tensor::zeros([0, reverse.len(), batch, hidden], x.dtype())?,
-        false => concat_tensors(node, &steps, 0)?,
+        false => Tensor::cat(&steps.iter().collect::<Vec<_>>(), 0)?,
     };
-    let (y_h, y_c) = (concat_tensors(node, &hs, 0)?, concat_tensors(node, &cs, 0)?);
+    let (y_h, y_c) = (
+        Tensor::cat(&hs.iter().collect::<Vec<_>>(), 0)?,
+        Tensor::cat(&cs.iter().collect::<Vec<_>>(), 0)?,
+    );
     let (y, y_h, y_c) = match batch_first {
         true => (
             y.permute(&[2, 0, 1, 3])?,

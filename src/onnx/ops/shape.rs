@@ -268,45 +268,13 @@ fn take(x: &Tensor, a: usize, positions: Vec<i32>) -> Result<Tensor> {
     x.index_select(a as isize, &Tensor::from_vec(positions, [n])?)
 }
 
-/// Concatenation along `a`: each operand padded to the full length, and a
-/// `where` over a position ramp picking the one that covers each position.
-pub(super) fn concat_tensors(node: &Node, parts: &[Tensor], a: usize) -> Result<Tensor> {
-    let first = parts.first().ok_or_else(|| node.invalid("no inputs"))?;
-    let total: usize = parts.iter().map(|p| p.dims()[a]).sum();
-    let zero = Scalar::I32(0).cast(first.dtype());
-    let position = ramp(total, a, first.rank())?;
-    let mut out: Option<Tensor> = None;
-    let mut offset = 0;
-    for p in parts {
-        let len = p.dims()[a];
-        if len == 0 {
-            continue;
-        }
-        let mut pads = vec![(0, 0); p.rank()];
-        pads[a] = (offset, total - offset - len);
-        let padded = p.pad(&pads, zero)?;
-        out = Some(match out {
-            None => padded,
-            Some(prev) => position
-                .ge(&Tensor::scalar(offset as i32))?
-                .where_cond(&padded, &prev)?,
-        });
-        offset += len;
-    }
-    match out {
-        Some(t) => Ok(t),
-        // Every operand is empty along the axis: so is the result.
-        None => first.slice(a as isize, 0, 0, 1),
-    }
-}
-
 fn concat(node: &Node) -> Result<Vec<Value>> {
     let parts: Vec<Tensor> = (0..node.input_count())
         .map(|i| node.tensor(i))
         .collect::<Result<_>>()?;
     let rank = parts.first().map_or(0, Tensor::rank);
     let a = axis(node, node.attr_int("axis", 0)?, rank)?;
-    one(concat_tensors(node, &parts, a)?)
+    one(Tensor::cat(&parts.iter().collect::<Vec<_>>(), a as isize)?)
 }
 
 /// The lengths of `Split`'s outputs along an axis of length `len`.

@@ -600,7 +600,7 @@ impl<'g> Plan<'g> {
         let node = &self.graph.nodes[i];
         let cheap_op = match node.op {
             Op::Unary(u) => matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs),
-            Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow),
+            Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Uniform),
             Op::Where | Op::Cast(_) => true,
             _ => false,
         };

@@ -10,7 +10,7 @@
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::kernel::{Block, Expr};
-use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
+use kiln_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp, random};
 
 use super::emit::Emitter;
 use super::{Host, clif_type};
@@ -137,6 +137,9 @@ impl<'a> Emitter<'a> {
 
     /// `dtype` is the operands' type.
     fn binary(&mut self, op: BinaryOp, dtype: DType, x: Value, y: Value) -> Value {
+        if op == BinaryOp::Uniform {
+            return self.uniform(x, y);
+        }
         let ins = self.b.ins();
         match dtype {
             // Scalar f64 `fmax`/`fmin` (what `maximum` emits for a scalar)
@@ -163,6 +166,8 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Ge => ins.fcmp(FloatCC::GreaterThanOrEqual, x, y),
                 BinaryOp::Eq => ins.fcmp(FloatCC::Equal, x, y),
                 BinaryOp::Ne => ins.fcmp(FloatCC::NotEqual, x, y),
+                // Typing admits i32 operands only; returned above.
+                BinaryOp::Uniform => x,
             },
             DType::I32 | DType::I64 | DType::U8 | DType::Bool => {
                 let signed = matches!(dtype, DType::I32 | DType::I64);
@@ -180,11 +185,44 @@ impl<'a> Emitter<'a> {
                     BinaryOp::Ge => ins.icmp(int_cc(false, true, signed), x, y),
                     BinaryOp::Eq => ins.icmp(IntCC::Equal, x, y),
                     BinaryOp::Ne => ins.icmp(IntCC::NotEqual, x, y),
-                    // Typing admits div and pow on floats only.
-                    BinaryOp::Div | BinaryOp::Pow => x,
+                    // Typing admits div and pow on floats only; `uniform`
+                    // returned above.
+                    BinaryOp::Div | BinaryOp::Pow | BinaryOp::Uniform => x,
                 }
             }
         }
+    }
+
+    /// `uniform(key, counter)` of i32s or four i32 lanes: Threefry-2x32-20
+    /// of `(counter, 0)` under `(key, 0)`, round by round as
+    /// `kiln_ir::random::threefry2x32`, the first word's top 24 bits times
+    /// 2^-24 (exact in f32).
+    fn uniform(&mut self, key: Value, counter: Value) -> Value {
+        let lanes = self.b.func.dfg.value_type(key) == types::I32X4;
+        let parity = self.int(i64::from(random::PARITY), lanes);
+        let zero = self.int(0, lanes);
+        let ks = [key, zero, self.b.ins().bxor(parity, key)];
+        let mut x = [self.b.ins().iadd(counter, ks[0]), ks[1]];
+        for round in 0..20 {
+            let r = i64::from(random::ROTATIONS[round % 8]);
+            x[0] = self.b.ins().iadd(x[0], x[1]);
+            let left = self.b.ins().ishl_imm_u(x[1], r);
+            let right = self.b.ins().ushr_imm_u(x[1], 32 - r);
+            let rotated = self.b.ins().bor(left, right);
+            x[1] = self.b.ins().bxor(rotated, x[0]);
+            if round % 4 == 3 {
+                let s = round / 4 + 1;
+                x[0] = self.b.ins().iadd(x[0], ks[s % 3]);
+                let count = self.int(s as i64, lanes);
+                let added = self.b.ins().iadd(ks[(s + 1) % 3], count);
+                x[1] = self.b.ins().iadd(x[1], added);
+            }
+        }
+        let top = self.b.ins().ushr_imm_u(x[0], 8);
+        let ty = if lanes { types::F32X4 } else { types::F32 };
+        let float = self.b.ins().fcvt_from_sint(ty, top);
+        let scale = self.math(lanes).f(1.0 / (1u32 << 24) as f32);
+        self.b.ins().fmul(float, scale)
     }
 
     /// `Scalar::cast` semantics: float to int truncates and saturates (NaN

@@ -62,7 +62,7 @@ pub(super) fn position(i: &str, len: usize) -> String {
 }
 
 /// Helper functions, emitted before the kernel when used.
-const HELPERS: [(&str, &str); 12] = [
+const HELPERS: [(&str, &str); 13] = [
     (
         "kiln_bf16",
         "// bf16 bits and the float of their value; rounding to nearest even
@@ -160,6 +160,28 @@ __device__ __forceinline__ int kiln_d2i(double x) {
         "kiln_d2l",
         "__device__ __forceinline__ long long kiln_d2l(double x) {
   return x != x ? 0 : x >= 9223372036854775808.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x;
+}
+",
+    ),
+    (
+        "kiln_uniform",
+        "// Threefry-2x32-20 of (ctr, 0) under (key, 0), the top 24 bits of its
+// first word as a float in [0, 1): kiln_ir::random::uniform, bit for bit.
+__device__ __forceinline__ float kiln_uniform(int key, int ctr) {
+  const unsigned int r[8] = {13u, 15u, 26u, 6u, 17u, 29u, 16u, 24u};
+  const unsigned int ks[3] = {(unsigned int)key, 0u, 0x1BD11BDAu ^ (unsigned int)key};
+  unsigned int x0 = (unsigned int)ctr + ks[0], x1 = ks[1];
+#pragma unroll
+  for (int i = 0; i < 20; i++) {
+    x0 += x1;
+    x1 = ((x1 << r[i % 8]) | (x1 >> (32u - r[i % 8]))) ^ x0;
+    if (i % 4 == 3) {
+      unsigned int s = i / 4 + 1;
+      x0 += ks[s % 3];
+      x1 += ks[(s + 1) % 3] + s;
+    }
+  }
+  return (float)(x0 >> 8) * 5.9604644775390625e-8f;
 }
 ",
     ),
@@ -509,6 +531,10 @@ impl Writer {
 
     fn binary(&mut self, op: BinaryOp, x: &str, y: &str, ty: DType) -> Result<String, Error> {
         let infix = |sign: &str| format!("{x} {sign} {y}");
+        if op == BinaryOp::Uniform {
+            self.helpers.insert("kiln_uniform");
+            return Ok(format!("kiln_uniform({x}, {y})"));
+        }
         if op.is_comparison() {
             return Ok(match op {
                 BinaryOp::Lt => infix("<"),

@@ -1,0 +1,149 @@
+//! Joining tensors and taking them apart along an axis, as PyTorch's `cat`,
+//! `stack`, `split` and `chunk`: `cat` is one fused kernel, each part
+//! padded to the whole axis and a `where` over a position ramp picking
+//! the part that covers each position (exact: no sum of zeros turns -0
+//! into +0); the parts of `split` and `chunk` are views.
+
+use kiln_ir::Scalar;
+
+use crate::ops::normalize_axis;
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    /// `parts` joined along `axis`: every part of one dtype and rank, the
+    /// same size along every other axis. Parts empty along `axis` add
+    /// nothing. No part is an `Err`.
+    pub fn cat(parts: &[&Tensor], axis: isize) -> Result<Tensor> {
+        const OP: &str = "cat";
+        let Some(first) = parts.first() else {
+            return Err(Error::Argument {
+                op: OP,
+                message: "no tensors to join".into(),
+            });
+        };
+        let a = normalize_axis(OP, axis, first.rank())?;
+        for p in &parts[1..] {
+            if p.dtype() != first.dtype() {
+                return Err(kiln_ir::Error::DTypeMismatch {
+                    op: OP,
+                    lhs: first.dtype(),
+                    rhs: p.dtype(),
+                }
+                .into());
+            }
+            let fits = p.rank() == first.rank()
+                && (p.dims().iter().zip(first.dims()).enumerate())
+                    .all(|(i, (x, y))| i == a || x == y);
+            if !fits {
+                return Err(kiln_ir::Error::ShapeMismatch {
+                    op: OP,
+                    lhs: first.shape().clone(),
+                    rhs: p.shape().clone(),
+                }
+                .into());
+            }
+        }
+        let total: usize = parts.iter().map(|p| p.dims()[a]).sum();
+        let zero = Scalar::I32(0).cast(first.dtype());
+        let mut dims = vec![1; first.rank()];
+        dims[a] = total;
+        let positions = i32::try_from(total).map_err(|_| Error::Argument {
+            op: OP,
+            message: format!("{total} positions along axis {a} exceed i32"),
+        })?;
+        let position = Tensor::from_vec((0..positions).collect::<Vec<i32>>(), dims)?;
+        let mut joined: Option<Tensor> = None;
+        let mut offset = 0;
+        for p in parts {
+            let len = p.dims()[a];
+            if len == 0 {
+                continue;
+            }
+            let mut pads = vec![(0, 0); p.rank()];
+            pads[a] = (offset, total - offset - len);
+            let padded = p.pad(&pads, zero)?;
+            joined = Some(match joined {
+                None => padded,
+                Some(before) => position
+                    .ge(&Tensor::scalar(offset as i32))?
+                    .where_cond(&padded, &before)?,
+            });
+            offset += len;
+        }
+        match joined {
+            Some(t) => Ok(t),
+            // Every part is empty along the axis: so is the result.
+            None => first.slice(a as isize, 0, 0, 1),
+        }
+    }
+
+    /// `parts`, each of one shape, joined along a new axis `axis` (counted
+    /// among the result's axes).
+    pub fn stack(parts: &[&Tensor], axis: isize) -> Result<Tensor> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Argument {
+                op: "stack",
+                message: "no tensors to join".into(),
+            });
+        };
+        let a = normalize_axis("stack", axis, first.rank() + 1)?;
+        for p in &parts[1..] {
+            if p.shape() != first.shape() {
+                return Err(kiln_ir::Error::ShapeMismatch {
+                    op: "stack",
+                    lhs: first.shape().clone(),
+                    rhs: p.shape().clone(),
+                }
+                .into());
+            }
+        }
+        let raised: Vec<Tensor> = (parts.iter())
+            .map(|p| p.unsqueeze(a as isize))
+            .collect::<Result<_>>()?;
+        Tensor::cat(&raised.iter().collect::<Vec<_>>(), a as isize)
+    }
+
+    /// Views of consecutive pieces of `axis`, of the given `sizes`, which
+    /// must add up to its length.
+    pub fn split(&self, sizes: &[usize], axis: isize) -> Result<Vec<Tensor>> {
+        let a = normalize_axis("split", axis, self.rank())?;
+        let len = self.dims()[a];
+        if sizes.iter().sum::<usize>() != len {
+            return Err(Error::Argument {
+                op: "split",
+                message: format!(
+                    "sizes {sizes:?} do not add up to axis {a} of {}",
+                    self.shape()
+                ),
+            });
+        }
+        let mut start = 0;
+        (sizes.iter())
+            .map(|&size| {
+                start += size;
+                self.slice(a as isize, start - size, start, 1)
+            })
+            .collect()
+    }
+
+    /// `axis` cut into `chunks` views of equal length, the last shorter
+    /// where the length does not divide (PyTorch's `chunk`, which may give
+    /// fewer pieces: `ceil(len / ceil(len / chunks))`).
+    pub fn chunk(&self, chunks: usize, axis: isize) -> Result<Vec<Tensor>> {
+        let a = normalize_axis("chunk", axis, self.rank())?;
+        if chunks == 0 {
+            return Err(Error::Argument {
+                op: "chunk",
+                message: "0 chunks".into(),
+            });
+        }
+        let len = self.dims()[a];
+        let step = len.div_ceil(chunks).max(1);
+        let sizes: Vec<usize> = (0..len).step_by(step).map(|s| step.min(len - s)).collect();
+        match sizes.is_empty() {
+            // An empty axis is one empty chunk, as in PyTorch.
+            true => Ok(vec![self.slice(a as isize, 0, 0, 1)?]),
+            false => self.split(&sizes, axis),
+        }
+    }
+}
