@@ -4,7 +4,11 @@ intra-op threads as kiln's team:
 
 - `embedding`: a Gather of 128 int64 ids (the same ids, some counted from
   the end) from a [50257, 768] f32 table, both graph inputs;
-- `max_pool2d`: MaxPool 3x3, stride 2, padding 1 over [1, 64, 112, 112].
+- `max_pool2d`: MaxPool 3x3, stride 2, padding 1 over [1, 64, 112, 112];
+- `depthwise_conv2d`: MobileNetV2's depthwise Conv 3x3, padding 1, group =
+  channels, bias, then Relu: stride 2 over [1, 96, 112, 112], stride 1 over
+  [1, 144, 56, 56] (the weights and bias initializers, as an exported model
+  holds them).
 
 Three warm-up calls, then calls for a second; one JSON line each in
 bench_report's form (median and median absolute deviation).
@@ -13,7 +17,7 @@ bench_report's form (median and median absolute deviation).
   /tmp/ort/bin/python benches/ort_anchor.py
 
 Run it right after `bench_report --workload embedding --workload
-max_pool2d`, in the same sitting.
+max_pool2d --workload depthwise_conv2d`, in the same sitting.
 """
 import json
 import statistics
@@ -27,8 +31,10 @@ from onnx import TensorProto, helper
 VOCAB, WIDTH, TOKENS = 50257, 768, 128
 
 
-def session(node, inputs, output):
-    graph = helper.make_graph([node], node.op_type, inputs, [output])
+def session(node, inputs, output, nodes=(), initializers=()):
+    graph = helper.make_graph(
+        [node, *nodes], node.op_type, inputs, [output], initializer=list(initializers)
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
@@ -89,6 +95,30 @@ def max_pool():
     report("max_pool2d", "x".join(map(str, dims)), lambda: s.run(None, feeds))
 
 
+def depthwise():
+    rng = np.random.default_rng(5)
+    for c, hw, stride in [(96, 112, 2), (144, 56, 1)]:
+        out = hw // stride
+        weight = rng.standard_normal((c, 1, 3, 3), dtype=np.float32)
+        bias = rng.standard_normal(c, dtype=np.float32)
+        s = session(
+            helper.make_node(
+                "Conv", ["x", "w", "b"], ["z"], kernel_shape=[3, 3], strides=[stride, stride],
+                pads=[1, 1, 1, 1], group=c,
+            ),
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, out, out]),
+            nodes=[helper.make_node("Relu", ["z"], ["y"])],
+            initializers=[
+                helper.make_tensor("w", TensorProto.FLOAT, weight.shape, weight.flatten()),
+                helper.make_tensor("b", TensorProto.FLOAT, bias.shape, bias),
+            ],
+        )
+        feeds = {"x": rng.standard_normal((1, c, hw, hw), dtype=np.float32)}
+        report("depthwise_conv2d", f"1x{c}x{hw}x{hw}-s{stride}", lambda: s.run(None, feeds))
+
+
 if __name__ == "__main__":
     embedding()
     max_pool()
+    depthwise()

@@ -377,6 +377,23 @@ fn views_fold_into_reads() -> Result<()> {
             EXACT,
             |t| t[0].slice(1, n / 3, n, 2)?.neg(),
         )?;
+        // Every other element to the row's last, in lanes (two vectors and
+        // a shuffle): f32, and i32 through its own lanes.
+        check(
+            &format!("every other to the end [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].slice(1, (n + 1) % 2, n, 2)? * 3.0f32,
+        )?;
+        check(
+            &format!("every other i32 [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| {
+                let i = (&t[0] * 100.0f32)?.cast(DType::I32)?;
+                (i.slice(1, 1 - n % 2, n, 2)? * 3i32)?.cast(DType::F32)
+            },
+        )?;
         check(
             &format!("pad [3,{n}]"),
             std::slice::from_ref(&x),

@@ -57,6 +57,12 @@ impl Access {
     pub(crate) fn unit_stride(&self) -> bool {
         self.fill.is_none() && self.inner.len() == 1 && self.inner[0].stride == 1
     }
+
+    /// Every other element along a single inner axis (a stride-2
+    /// convolution's or pooling's window).
+    pub(crate) fn stride_two(&self) -> bool {
+        self.fill.is_none() && self.inner.len() == 1 && self.inner[0].stride == 2
+    }
 }
 
 /// A loop nest: the extents of the inner loop, and the reads and the write

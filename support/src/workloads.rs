@@ -82,6 +82,21 @@ impl Workload {
     }
 }
 
+/// A depthwise 3x3 convolution of `t[0]` by `t[1]` with bias `t[2]`,
+/// padding 1 and `stride`, then ReLU.
+fn depthwise(t: &[Tensor], stride: usize) -> Result<Vec<Tensor>> {
+    let channels = t[0].dims()[1];
+    let y = t[0].conv2d(
+        &t[1],
+        Some(&t[2]),
+        [stride; 2],
+        [(1, 1); 2],
+        [1, 1],
+        channels,
+    )?;
+    Ok(vec![y.relu()?])
+}
+
 fn f32s(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, dims)
 }
@@ -177,6 +192,25 @@ pub fn all() -> Vec<Workload> {
         flops: 2 * 64 * 32 * 32 * 32 * 27,
         product: None,
     });
+    // MobileNetV2's depthwise convolutions: 3x3, padding 1, one filter per
+    // channel, the bias and ReLU after; stride 2 over 96 channels of
+    // 112x112, stride 1 over 144 channels of 56x56.
+    for (c, hw, stride) in [(96usize, 112usize, 2usize), (144, 56, 1)] {
+        let out = hw / stride;
+        w.push(Workload {
+            id: "depthwise_conv2d",
+            shape: format!("1x{c}x{hw}x{hw}-s{stride}"),
+            specs: vec![f32s(&[1, c, hw, hw]), f32s(&[c, 1, 3, 3]), f32s(&[c])],
+            build: if stride == 2 {
+                |t| depthwise(t, 2)
+            } else {
+                |t| depthwise(t, 1)
+            },
+            bytes: ((c * hw * hw + c * out * out) * 4) as u64,
+            flops: (2 * c * out * out * 9) as u64,
+            product: None,
+        });
+    }
     // ResNet's first pooling: 3x3, stride 2, padding 1, each window's first
     // maximum (the element a gradient goes to).
     w.push(Workload {

@@ -5,7 +5,7 @@
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    Endianness, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
+    ConstantData, Endianness, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types,
 };
 use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{Block, Expr, gather_fill};
@@ -274,6 +274,9 @@ impl<'a> Emitter<'a> {
     ) -> Value {
         let flags = MemFlagsData::new().with_notrap();
         let addr = self.address(access.buffer, offset, dtype);
+        if lanes && !self.row_lanes && access.stride_two() && dtype.size() == 4 {
+            return self.every_other(addr, dtype);
+        }
         let contiguous = if self.row_lanes {
             access.outer.last().is_some_and(|o| o.stride == 1)
         } else {
@@ -313,6 +316,32 @@ impl<'a> Emitter<'a> {
             _ => x,
         };
         if lanes { self.splat(dtype, x) } else { x }
+    }
+
+    /// Four lanes of 4-byte `dtype` from every other element from `addr`
+    /// (elements 0, 2, 4, 6): lanes 0 and 2 of the vector at element 0 and
+    /// lanes 1 and 3 of the one at element 3, so that the last element read
+    /// is the last one wanted (never one past the row's end).
+    fn every_other(&mut self, addr: Value, dtype: DType) -> Value {
+        let flags = MemFlagsData::new().with_notrap();
+        let ty = if dtype == DType::I32 {
+            types::I32X4
+        } else {
+            types::F32X4
+        };
+        let low = self.b.ins().load(ty, flags, addr, 0);
+        let high = self.b.ins().load(ty, flags, addr, 12);
+        let little = MemFlagsData::new().with_endianness(Endianness::Little);
+        let low = self.b.ins().bitcast(types::I8X16, little, low);
+        let high = self.b.ins().bitcast(types::I8X16, little, high);
+        // Bytes 0..16 name `low`'s, 16..32 `high`'s.
+        let lanes: [u8; 4] = [0, 2, 5, 7];
+        let bytes: Vec<u8> = (lanes.iter())
+            .flat_map(|&l| (0..4).map(move |b| l * 4 + b))
+            .collect();
+        let mask = self.b.func.dfg.immediates.push(ConstantData::from(bytes));
+        let picked = self.b.ins().shuffle(low, high, mask);
+        self.b.ins().bitcast(ty, little, picked)
     }
 
     /// Scalar `x` of `dtype` in four lanes, as `has_lanes` holds them.

@@ -466,17 +466,23 @@ fn clif_type(dtype: DType) -> Type {
 }
 
 /// Whether `block` can run four lanes at a time: f32 arithmetic only, with
-/// reads contiguous or constant along the inner loop.
+/// reads contiguous, every other element, or constant along the inner loop.
 fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
-    f32_arithmetic(block) && lanes_read(accesses, out)
+    f32_arithmetic(block) && lanes_read(block, accesses, out)
 }
 
-/// Whether every read is contiguous or constant along the inner loop, and
-/// the write (if any) contiguous.
-fn lanes_read(accesses: &[Access], out: Option<&Access>) -> bool {
-    let reads_ok = accesses
-        .iter()
-        .all(|a| a.row_invariant() || a.unit_stride());
+/// Whether every read of `block` (`accesses`, in its order) is contiguous
+/// or constant along the inner loop, or a 4-byte load of every other
+/// element (two vectors and a shuffle, `Emitter::load_at`), and the write
+/// (if any) contiguous.
+fn lanes_read(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
+    let mut reads = block.values.iter().filter(|v| v.expr.read().is_some());
+    let reads_ok = accesses.iter().all(|a| {
+        let paired = reads
+            .next()
+            .is_some_and(|v| matches!(v.expr, Expr::Load { .. }) && v.dtype.size() == 4);
+        a.row_invariant() || a.unit_stride() || (paired && a.stride_two())
+    });
     reads_ok && out.is_none_or(Access::unit_stride)
 }
 
@@ -502,7 +508,7 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
 /// update in vectors; so does a row's label compared along it) or be read
 /// only as gathers' index (an i64 id, kept a scalar), and gathers whose
 /// index is hoisted (a row picked once per row); a result stored as f32,
-/// i32, bf16 or f16; reads contiguous or constant along the inner loop.
+/// i32, bf16 or f16; reads as `lanes_read` takes them.
 fn vectorizable_hoisted(
     block: &Block,
     accesses: &[Access],
@@ -534,7 +540,7 @@ fn vectorizable_hoisted(
         block.dtype(),
         Some(DType::F32 | DType::I32 | DType::BF16 | DType::F16)
     );
-    values_ok && stored_ok && lanes_read(accesses, Some(out))
+    values_ok && stored_ok && lanes_read(block, accesses, Some(out))
 }
 
 /// Whether values of `dtype` run four to a vector: f32, bf16 and f16 (as
