@@ -200,8 +200,12 @@ fn check_4d(op: &'static str, t: &Tensor, f32_only: bool) -> Result<()> {
 }
 
 /// `x` padded with `fill` on its spatial axes (the ceil-mode extra
-/// included) and stored once (see the module doc), with a trailing axis of
-/// one that the windows drop again.
+/// included), as its windows read it: stored once (see the module doc), with
+/// a trailing axis of one that the windows drop again, where they step by
+/// one; in place, through the padding's masks, where they stride. Then the
+/// input is several times the output, and storing it cost more than the
+/// scalar reads at the edges of each row that masks leave (the rest of a
+/// row reads in vectors): `benches/RESULTS-cpu.md`.
 fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
     let [h, w] = axes;
     let pads = [
@@ -211,6 +215,9 @@ fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
         (w.pad.0, w.pad.1 + w.extra),
     ];
     let p = x.pad(&pads, fill)?;
+    if h.stride > 1 || w.stride > 1 {
+        return Ok(p);
+    }
     let mut d = p.dims().to_vec();
     // A padded view cannot take this reshape, so `fold-views` keeps the
     // padding a node of its own, read through by the windows' views, and
@@ -220,8 +227,9 @@ fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
     p.reshape(d)
 }
 
-/// The windows of the padded input `xp` (`[N, C, H, W, 1]`), one
-/// `[N, C, out_h, out_w]` view per kernel position, row-major over `(kh, kw)`.
+/// The windows of the padded input `xp` (`[N, C, H, W]`, or with a
+/// trailing axis of one, `padded`), one `[N, C, out_h, out_w]` view per
+/// kernel position, row-major over `(kh, kw)`.
 fn windows(xp: &Tensor, [h, w]: &[Axis; 2]) -> Result<Vec<Tensor>> {
     let d = xp.dims();
     let mut out = Vec::with_capacity(h.kernel * w.kernel);
