@@ -19,8 +19,9 @@
 //!   (`Tensor::unfold`) that the GEMM packs where it lies, the bias and
 //!   whatever follows in the product's epilogue.
 //!
-//! The padded input is stored once before the windows read it. A padded
-//! view cannot be reshaped (`fold-views` keeps it a node of its own and
+//! Where the windows step by one, the padded input is stored once before
+//! they read it (strided windows read the input in place, `padded`). A
+//! padded view cannot be reshaped (`fold-views` keeps it a node of its own and
 //! `fuse` copies it), so a reshape adding an axis of one makes it a buffer:
 //! each window then reads it without a mask, which the CPU backend does
 //! four lanes at a time, where a masked read is a scalar load and a select.

@@ -8,21 +8,13 @@
 
 use kiln_ir::{DType, Op, Shape};
 
-use crate::ops::normalize_axis;
+use crate::ops::{normalize_axis, ramp};
 use crate::{Error, Result, Tensor};
 
 /// The length of `axis` of `x`, checked to fit an i32 index.
 fn indexable(op: &'static str, x: &Tensor, axis: usize) -> Result<i32> {
     let len = x.dims()[axis];
     i32::try_from(len).map_err(|_| Error::AxisTooLong { op, axis, len })
-}
-
-/// `values` as i32 along `axis` of a tensor of rank `rank`, every other
-/// axis of size 1 so that it broadcasts against that tensor.
-fn ramp(values: Vec<i32>, axis: usize, rank: usize) -> Result<Tensor> {
-    let mut dims = vec![1; rank];
-    dims[axis] = values.len();
-    Tensor::from_vec(values, dims)
 }
 
 impl Tensor {
@@ -81,7 +73,7 @@ impl Tensor {
         }
         // len - i at the hits and 0 elsewhere: the largest is len minus the
         // first hit's index.
-        let countdown = ramp((1..=len).rev().collect(), axis, self.rank())?;
+        let countdown = ramp((1..=len).rev(), axis, self.rank())?;
         let score = hit.where_cond(&countdown, &Tensor::scalar(0i32))?;
         Tensor::scalar(len).sub(&score.max(&[axis as isize], keepdim)?)
     }

@@ -6,7 +6,7 @@
 
 use kiln_ir::Scalar;
 
-use crate::ops::normalize_axis;
+use crate::ops::{normalize_axis, ramp};
 use crate::{Error, Result, Tensor};
 
 impl Tensor {
@@ -43,15 +43,22 @@ impl Tensor {
                 .into());
             }
         }
-        let total: usize = parts.iter().map(|p| p.dims()[a]).sum();
+        let total = (parts.iter())
+            .try_fold(0usize, |n, p| n.checked_add(p.dims()[a]))
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(|| Error::Argument {
+                op: OP,
+                message: format!("the joined axis {a} is longer than an i32 counts"),
+            })?;
+        if total == 0 || parts.iter().all(|p| p.numel() == 0) {
+            // Nothing to pick between: the joined shape, empty.
+            let mut dims = first.dims().to_vec();
+            dims[a] = total as usize;
+            return Tensor::scalar(0i32).cast(first.dtype())?.expand(dims);
+        }
+        let total = total as usize;
         let zero = Scalar::I32(0).cast(first.dtype());
-        let mut dims = vec![1; first.rank()];
-        dims[a] = total;
-        let positions = i32::try_from(total).map_err(|_| Error::Argument {
-            op: OP,
-            message: format!("{total} positions along axis {a} exceed i32"),
-        })?;
-        let position = Tensor::from_vec((0..positions).collect::<Vec<i32>>(), dims)?;
+        let position = ramp(0..total as i32, a, first.rank())?;
         let mut joined: Option<Tensor> = None;
         let mut offset = 0;
         for p in parts {
@@ -70,11 +77,10 @@ impl Tensor {
             });
             offset += len;
         }
-        match joined {
-            Some(t) => Ok(t),
-            // Every part is empty along the axis: so is the result.
-            None => first.slice(a as isize, 0, 0, 1),
-        }
+        joined.ok_or_else(|| Error::Argument {
+            op: OP,
+            message: "no part to join".into(),
+        })
     }
 
     /// `parts`, each of one shape, joined along a new axis `axis` (counted
@@ -108,7 +114,7 @@ impl Tensor {
     pub fn split(&self, sizes: &[usize], axis: isize) -> Result<Vec<Tensor>> {
         let a = normalize_axis("split", axis, self.rank())?;
         let len = self.dims()[a];
-        if sizes.iter().sum::<usize>() != len {
+        if sizes.iter().try_fold(0usize, |n, &s| n.checked_add(s)) != Some(len) {
             return Err(Error::Argument {
                 op: "split",
                 message: format!(
@@ -128,7 +134,8 @@ impl Tensor {
 
     /// `axis` cut into `chunks` views of equal length, the last shorter
     /// where the length does not divide (PyTorch's `chunk`, which may give
-    /// fewer pieces: `ceil(len / ceil(len / chunks))`).
+    /// fewer pieces: `ceil(len / ceil(len / chunks))`; an empty axis gives
+    /// `chunks` empty pieces, as PyTorch's does).
     pub fn chunk(&self, chunks: usize, axis: isize) -> Result<Vec<Tensor>> {
         let a = normalize_axis("chunk", axis, self.rank())?;
         if chunks == 0 {
@@ -139,11 +146,10 @@ impl Tensor {
         }
         let len = self.dims()[a];
         let step = len.div_ceil(chunks).max(1);
-        let sizes: Vec<usize> = (0..len).step_by(step).map(|s| step.min(len - s)).collect();
-        match sizes.is_empty() {
-            // An empty axis is one empty chunk, as in PyTorch.
-            true => Ok(vec![self.slice(a as isize, 0, 0, 1)?]),
-            false => self.split(&sizes, axis),
-        }
+        let sizes: Vec<usize> = match len {
+            0 => vec![0; chunks],
+            _ => (0..len).step_by(step).map(|s| step.min(len - s)).collect(),
+        };
+        self.split(&sizes, axis)
     }
 }

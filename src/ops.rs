@@ -8,6 +8,20 @@ use smallvec::SmallVec;
 
 use crate::{Error, Result, Tensor};
 
+/// i32 `values` along `axis` of a tensor of rank `rank`, the other axes of
+/// size 1: a position index to compare against or add up, broadcast to a
+/// shape by the op that reads it.
+pub(crate) fn ramp(
+    values: impl IntoIterator<Item = i32>,
+    axis: usize,
+    rank: usize,
+) -> Result<Tensor> {
+    let values: Vec<i32> = values.into_iter().collect();
+    let mut dims = vec![1; rank];
+    dims[axis] = values.len();
+    Tensor::from_vec(values, dims)
+}
+
 /// `axis` counted from the end when negative, checked against `rank`.
 pub(crate) fn normalize_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
     let resolved = if axis < 0 { axis + rank as isize } else { axis };

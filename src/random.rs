@@ -6,9 +6,21 @@
 //! threading; `nn::Dropout` carries its key as a buffer) draws anew without
 //! a recompile. `Tensor::rand` and `randn`, by contrast, draw on the host.
 
-use kiln_ir::{BinaryOp, DType, Op, Shape};
+use kiln_ir::{BinaryOp, DType, Op, Scalar, Shape};
 
+use crate::ops::ramp;
 use crate::{Error, Result, Tensor};
+
+/// A key must be one i32.
+fn check_key(op: &'static str, key: &Tensor) -> Result<()> {
+    match key.dtype() == DType::I32 && key.numel() == 1 {
+        true => Ok(()),
+        false => Err(Error::Argument {
+            op,
+            message: format!("the key must be one i32, not {}", key.ty()),
+        }),
+    }
+}
 
 impl Tensor {
     /// f32 values drawn uniformly from [0, 1) in the graph, of `shape`:
@@ -19,11 +31,9 @@ impl Tensor {
     pub fn uniform(key: &Tensor, shape: impl Into<Shape>) -> Result<Tensor> {
         const OP: &str = "uniform";
         let shape = shape.into();
-        if key.dtype() != DType::I32 || key.numel() != 1 {
-            return Err(Error::Argument {
-                op: OP,
-                message: format!("the key must be one i32, not {}", key.ty()),
-            });
+        check_key(OP, key)?;
+        if shape.numel() == 0 {
+            return Tensor::scalar(0.0f32).expand(shape);
         }
         if i32::try_from(shape.numel()).is_err() {
             return Err(Error::Argument {
@@ -31,16 +41,17 @@ impl Tensor {
                 message: format!("{shape} has more positions than an i32 counts"),
             });
         }
-        // Each element's position: one ramp per axis, scaled by its
-        // stride, added up (broadcast ramps, not a tensor of positions).
+        // Each element's position: one ramp per axis (of more than one
+        // element), scaled by its stride, added up: broadcast ramps as long
+        // as the axes, not a tensor of positions.
         let dims = shape.dims();
         let mut position = Tensor::scalar(0i32).expand(shape.clone())?;
         let mut stride = 1;
         for a in (0..dims.len()).rev() {
-            let mut ramp_dims = vec![1; dims.len()];
-            ramp_dims[a] = dims[a];
-            let ramp: Vec<i32> = (0..dims[a]).map(|i| (i * stride) as i32).collect();
-            position = (position + Tensor::from_vec(ramp, ramp_dims)?)?;
+            if dims[a] > 1 {
+                let steps = (0..dims[a]).map(|i| (i * stride) as i32);
+                position = (position + ramp(steps, a, dims.len())?)?;
+            }
             stride *= dims[a];
         }
         let key = key.reshape(Shape::new(&[]))?.expand(shape)?;
@@ -54,9 +65,19 @@ impl Tensor {
     /// 1 none; `p` outside [0, 1] is an `Err`. The gradient flows through
     /// the kept elements, scaled alike. Float tensors only.
     pub fn dropout(&self, p: f32, key: &Tensor) -> Result<Tensor> {
+        const OP: &str = "dropout";
+        check_key(OP, key)?;
+        if !self.dtype().is_float() {
+            return Err(kiln_ir::Error::DType {
+                op: OP,
+                dtype: self.dtype(),
+                expected: "a float type",
+            }
+            .into());
+        }
         if !(0.0..=1.0).contains(&p) {
             return Err(Error::Argument {
-                op: "dropout",
+                op: OP,
                 message: format!("p must lie in [0, 1], not {p}"),
             });
         }
@@ -69,7 +90,8 @@ impl Tensor {
         if p == 1.0 {
             return Ok(zeros);
         }
-        let scale = Tensor::scalar(1.0 / (1.0 - p)).cast(self.dtype())?;
+        // Rounded once, from f64, to the tensor's type.
+        let scale = Tensor::scalar(Scalar::F64(1.0 / (1.0 - f64::from(p)))).cast(self.dtype())?;
         let kept = Tensor::uniform(key, self.shape().clone())?.ge(&Tensor::scalar(p))?;
         kept.where_cond(&(self * &scale)?, &zeros)
     }

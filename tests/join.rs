@@ -121,6 +121,10 @@ fn stack_split_and_chunk_are_cat_and_views() -> Result<()> {
     };
     assert_eq!(lengths(&x, 4)?, [3, 3, 3, 1]);
     assert_eq!(lengths(&x.slice(0, 0, 2, 1)?, 4)?, [1, 1]);
+    assert_eq!(lengths(&x.slice(0, 0, 0, 1)?, 3)?, [0, 0, 0]);
+    // Parts all empty along the axis: the joined shape, empty.
+    let empty = x.slice(0, 0, 0, 1)?;
+    assert_eq!(Tensor::cat(&[&empty, &empty], 0)?.dims(), [0, 2]);
     let back: Vec<Tensor> = x.chunk(4, 0)?;
     let rejoined = Tensor::cat(&back.iter().collect::<Vec<_>>(), 0)?;
     assert_eq!(rejoined.to_vec::<f32>()?, x.to_vec::<f32>()?);
@@ -167,6 +171,7 @@ fn joins_that_do_not_fit_are_errors_naming_the_shapes() -> Result<()> {
         message(Tensor::stack(&[&a, &b], 0)).as_deref(),
         Some("stack: shapes [2, 3] and [3, 3] differ")
     );
+    assert!(a.split(&[usize::MAX, 4], 1).is_err(), "sizes that overflow");
     let split = a.split(&[1, 1], 1).err().map(|e| e.to_string());
     assert_eq!(
         split.as_deref(),

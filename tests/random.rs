@@ -106,13 +106,15 @@ fn draws_look_uniform_and_keys_give_new_draws() -> Result<()> {
 fn dropout_zeroes_about_p_and_scales_the_rest_with_its_gradient() -> Result<()> {
     let x = (Tensor::rand([100, 300], 3)? + 0.5f32)?;
     let p = 0.3f32;
+    // 1 / (1 - p) rounded once, from f64.
+    let scale = (1.0 / (1.0 - f64::from(p))) as f32;
     let y = x.dropout(p, &key(5))?;
     let (xs, ys) = (x.to_vec::<f32>()?, y.to_vec::<f32>()?);
     let dropped = ys.iter().filter(|&&v| v == 0.0).count() as f64 / ys.len() as f64;
     assert!((dropped - 0.3).abs() < 0.01, "dropped {dropped}");
     for (i, (&a, &b)) in xs.iter().zip(&ys).enumerate() {
         let kept = uniform(5, i as i32) >= p;
-        let want = if kept { a * (1.0 / (1.0 - p)) } else { 0.0 };
+        let want = if kept { a * scale } else { 0.0 };
         assert_eq!(b, want, "element {i}");
     }
     let w = Tensor::randn([100, 300], 4)?;
@@ -120,7 +122,7 @@ fn dropout_zeroes_about_p_and_scales_the_rest_with_its_gradient() -> Result<()> 
     let grad = kiln::grad(&loss, &[&x])?.remove(0).to_vec::<f32>()?;
     for (i, (g, w)) in grad.iter().zip(w.to_vec::<f32>()?).enumerate() {
         let want = if uniform(5, i as i32) >= p {
-            w * (1.0 / (1.0 - p))
+            w * scale
         } else {
             0.0
         };
@@ -150,6 +152,10 @@ fn bad_keys_and_probabilities_are_errors() -> Result<()> {
         Some("dropout: p must lie in [0, 1], not 1.5")
     );
     assert!(Dropout::new(-0.1, 0).is_err());
+    let ints = Tensor::zeros([3], DType::I32)?;
+    assert!(message(ints.dropout(0.5, &key(0))).is_some_and(|m| m.starts_with("dropout:")));
+    // Nothing to draw: no ramp of 2^40 positions is made.
+    assert_eq!(Tensor::uniform(&key(0), [0, 1 << 40])?.dims(), [0, 1 << 40]);
     Ok(())
 }
 

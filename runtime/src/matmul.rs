@@ -140,7 +140,11 @@ impl std::fmt::Display for Plan {
         let (b, m, n, k) = (self.batches, self.m, self.n, self.k);
         writeln!(f, "{b} x [{m}, {k}] @ [{k}, {n}]")?;
         for (name, o) in [("a", &self.a), ("b", &self.b)] {
-            write!(f, "{name} f32{}: ", o.shape)?;
+            write!(
+                f,
+                "{name} {}: ",
+                TensorType::new(DType::F32, o.shape.clone())
+            )?;
             match &o.source {
                 Source::Input { input, view } => writeln!(f, "input {input} {view}")?,
                 Source::Written {
@@ -361,6 +365,9 @@ pub fn blas(view: &View) -> Option<Strides> {
     }
     let d = view.shape.dims();
     let r = d.len();
+    if r < 2 {
+        return None;
+    }
     let (rows, cols) = (d[r - 2], d[r - 1]);
     // Size-1 axes have stride 0 in canonical views; any stride serves them.
     let row = if rows == 1 { cols } else { view.strides[r - 2] };
@@ -390,12 +397,22 @@ pub fn blas(view: &View) -> Option<Strides> {
 }
 
 /// The epilogue a GEMM can apply itself as it stores the product of a
-/// matmul `kernel` of `n` columns: `Product` or `Bias`, when its body is
-/// one of those forms, it writes no side output and the output's rows are
-/// the product's; `None` otherwise.
+/// matmul `kernel` of `n` columns, where it writes no side output:
+/// `Product` when its body is the product, `Bias` when it is a bias (and
+/// ReLU) over the product's rows; `None` otherwise.
 fn stored(kernel: &Kernel, n: usize) -> Option<Epilogue> {
+    if !kernel.side.is_empty() {
+        return None;
+    }
+    // The product in order is the output, whatever the output's shape (a
+    // convolution's NCHW).
+    if let [acc] = kernel.body.values.as_slice()
+        && acc.expr == Expr::Acc
+    {
+        return Some(Epilogue::Product);
+    }
     let out = kernel.out.shape.dims();
-    if !kernel.side.is_empty() || out.last() != Some(&n) {
+    if out.last() != Some(&n) {
         return None;
     }
     // One value per column, at offset 0 (so that the bias is the input's
@@ -410,7 +427,6 @@ fn stored(kernel: &Kernel, n: usize) -> Option<Epilogue> {
         _ => None,
     };
     match kernel.body.values.as_slice() {
-        [acc] if acc.expr == Expr::Acc => Some(Epilogue::Product),
         [acc, bias, add, rest @ ..] if acc.expr == Expr::Acc => {
             let bias = is_bias(&bias.expr)?;
             let added = matches!(

@@ -5,7 +5,8 @@
 //! `forward_train`, which also gives its buffers' new values (a batch
 //! norm's running statistics), and infers by `forward`: PyTorch's train and
 //! eval modes, as Flax passes them, by the call. `Relu`, `Flatten` and
-//! `MaxPool2d` are modules without parameters, for `Sequential`.
+//! `MaxPool2d` are modules without parameters, for `Sequential`, and so is
+//! `Dropout`, whose random key is a buffer.
 
 use crate::{Pool2d, Result, Tensor};
 
@@ -224,8 +225,9 @@ impl Module for MaxPool2d {
 /// layer. Its key is a buffer: a training step draws with it and moves it
 /// on, so a compiled step that carries its buffers draws a new mask each
 /// step without a recompile. The next key is `key * 1103515245 + 12345`
-/// (wrapping: a linear congruential step of full period over the i32s), so
-/// two layers seeded apart follow one cycle far apart.
+/// (wrapping: a linear congruential step of full period over the i32s):
+/// every layer walks the same cycle of keys, each from where its seed put
+/// it, and draws one key's numbers only where two walks meet.
 #[derive(Clone, Debug)]
 pub struct Dropout {
     /// The probability of zeroing an element.
@@ -243,7 +245,9 @@ impl Dropout {
                 message: format!("p must lie in [0, 1], not {p}"),
             });
         }
-        let key = Tensor::scalar((seed ^ (seed >> 32)) as u32 as i32);
+        // The seed's 64 bits mixed (SplitMix64's output), so that seeds
+        // differing only in their high bits start at different keys.
+        let key = Tensor::scalar(crate::rng::SplitMix64::new(seed).next_u64() as u32 as i32);
         Ok(Dropout { p, key })
     }
 }

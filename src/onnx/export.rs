@@ -4,9 +4,10 @@
 //! initializers, one ONNX node (two for `ne` and `unfold`) per kiln node.
 //!
 //! The graph exported is the one traced, before the optimizer: every
-//! graph op (`Op::layer` is `Graph`) has an ONNX op of the same meaning,
-//! so the mapping is one to one and an ONNX runtime optimizes it its own
-//! way. Reading the file back with `Model` gives kiln the same graph, up to
+//! graph op (`Op::layer` is `Graph`) but `uniform` has an ONNX op of the
+//! same meaning, so the mapping is one to one and an ONNX runtime optimizes
+//! it its own way. (ONNX's random ops take no key, so `uniform`, and a
+//! graph with dropout in training mode, is an `OnnxError::Export`.) Reading the file back with `Model` gives kiln the same graph, up to
 //! what ONNX spells otherwise: `ne` as `Not(Equal)`, `unfold` as a
 //! `Gather` of the windows' positions and a `Transpose`, a slice of several
 //! axes as one slice per axis, a no-op (a detach, an empty reduction) as
@@ -467,8 +468,8 @@ fn binary(op: BinaryOp) -> &'static str {
         BinaryOp::Gt => "Greater",
         BinaryOp::Ge => "GreaterOrEqual",
         BinaryOp::Eq | BinaryOp::Ne => "Equal",
-        // Refused by `convert`.
-        BinaryOp::Uniform => "RandomUniformLike",
+        // `convert` refuses it before asking.
+        BinaryOp::Uniform => "",
     }
 }
 

@@ -1,4 +1,5 @@
-//! Every path a graph can take, for the index tests: realized on the CPU
+//! Every path a graph can take, for the index, join and random tests:
+//! realized on the CPU
 //! and on the reference interpreter, and compiled on the CPU fused and
 //! unfused (and on the GPU that `KILN_TEST_DEVICE=cuda:N` names), with
 //! checks of the results against expected values.

@@ -77,11 +77,3 @@ fn scalar(value: f64, dtype: DType) -> Tensor {
 fn numel(dims: &[usize]) -> usize {
     dims.iter().product()
 }
-
-/// An i32 ramp `0..len` along `axis` of a tensor of rank `rank`, the other
-/// axes of size 1: a position index to compare against.
-fn ramp(len: usize, axis: usize, rank: usize) -> Result<Tensor> {
-    let mut dims = vec![1; rank];
-    dims[axis] = len;
-    Tensor::from_vec((0..len as i32).collect::<Vec<i32>>(), dims)
-}

@@ -5,8 +5,9 @@
 
 use kiln_ir::DType;
 
-use super::{axes, axis, numel, one, ramp, scalar};
+use super::{axes, axis, numel, one, scalar};
 use crate::onnx::graph::{Node, Value};
+use crate::ops::ramp;
 use crate::{Result, Tensor};
 
 /// The node's outputs, or `None` if the op is not one of these.
@@ -90,7 +91,7 @@ fn softmax_like(node: &Node, f: fn(&Tensor, isize) -> Result<Tensor>) -> Result<
 fn hardmax(x: &Tensor, a: isize) -> Result<Tensor> {
     let axis = crate::ops::normalize_axis("Hardmax", a, x.rank())?;
     let first = x.argmax(a, true)?;
-    let hit = first.eq(&ramp(x.dims()[axis], axis, x.rank())?)?;
+    let hit = first.eq(&ramp(0..x.dims()[axis] as i32, axis, x.rank())?)?;
     hit.cast(x.dtype())
 }
 
@@ -336,7 +337,9 @@ fn one_hot(node: &Node) -> Result<Vec<Value>> {
     let indices = indices
         .lt(&Tensor::scalar(0i32))?
         .where_cond(&wrapped, &indices)?;
-    let hit = indices.unsqueeze(a as isize)?.eq(&ramp(depth, a, rank)?)?;
+    let hit = indices
+        .unsqueeze(a as isize)?
+        .eq(&ramp(0..depth as i32, a, rank)?)?;
     let off = values.slice(0, 0, 1, 1)?.reshape([])?;
     let on = values.slice(0, 1, 2, 1)?.reshape([])?;
     one(hit.where_cond(&on, &off)?)

@@ -5,8 +5,9 @@
 
 use kiln_ir::{DType, Scalar, Shape};
 
-use super::{axes, axis, numel, one, ramp, scalar};
+use super::{axes, axis, numel, one, scalar};
 use crate::onnx::graph::{Node, Value};
+use crate::ops::ramp;
 use crate::{Result, Tensor};
 
 /// The node's outputs, or `None` if the op is not a movement op.
@@ -476,8 +477,8 @@ fn space_to_depth(node: &Node) -> Result<Vec<Value>> {
 /// as i32 shaped to broadcast against them.
 fn diagonal_offset(dims: &[usize]) -> Result<Tensor> {
     let r = dims.len();
-    let rows = ramp(dims[r - 2], r - 2, r)?;
-    let cols = ramp(dims[r - 1], r - 1, r)?;
+    let rows = ramp(0..dims[r - 2] as i32, r - 2, r)?;
+    let cols = ramp(0..dims[r - 1] as i32, r - 1, r)?;
     cols.sub(&rows)
 }
 

@@ -144,6 +144,16 @@ impl CompiledKernel {
         let matmul = match &kernel.kind {
             KernelKind::MatMul { .. } => {
                 let plan = matmul::plan(kernel, Target::CPU)?;
+                // The schedule gave the launch the scratch of the kernel's
+                // computed operands (`Kernel::scratch_bytes`); kiln's
+                // cores read every other operand in place.
+                if plan.scratch_bytes > kernel.scratch_bytes() {
+                    return Err(Error::Codegen(format!(
+                        "a matmul plan needs {} scratch bytes, the schedule gave {}",
+                        plan.scratch_bytes,
+                        kernel.scratch_bytes()
+                    )));
+                }
                 let mut prologues = [None, None];
                 for (slot, o) in prologues.iter_mut().zip([&plan.a, &plan.b]) {
                     if let Source::Written { prologue, .. } = &o.source {

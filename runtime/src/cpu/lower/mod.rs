@@ -496,7 +496,10 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
     v.dtype == DType::F32
         && match &v.expr {
             Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
-            Expr::Binary(op, _, _) => !op.is_comparison() && *op != BinaryOp::Pow,
+            // `uniform` is f32 from i32 operands: lanes of i32, not f32.
+            Expr::Binary(op, _, _) => {
+                !op.is_comparison() && !matches!(op, BinaryOp::Pow | BinaryOp::Uniform)
+            }
             Expr::Where(..) | Expr::Cast(_) | Expr::Gather { .. } => false,
         }
 }
