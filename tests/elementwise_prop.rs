@@ -212,6 +212,23 @@ fn scalar(e: &Expr, coords: &[usize], inputs: &[(Vec<usize>, Vec<f32>)]) -> f32 
                 Bin::Mul => a * b,
                 Bin::Div => a / b,
                 Bin::Max | Bin::Min if a.is_nan() || b.is_nan() => f32::NAN,
+                // kiln's maximum and minimum order -0 below +0 (IEEE
+                // 754-2019), where `f32::max` may return either zero, and a
+                // `recip` after them tells the zeros apart.
+                Bin::Max if a == b => {
+                    if a.is_sign_negative() {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                Bin::Min if a == b => {
+                    if a.is_sign_positive() {
+                        b
+                    } else {
+                        a
+                    }
+                }
                 Bin::Max => a.max(b),
                 Bin::Min => a.min(b),
                 Bin::Pow => rounded((a as f64).powf(b as f64)),
@@ -231,8 +248,9 @@ fn scalar(e: &Expr, coords: &[usize], inputs: &[(Vec<usize>, Vec<f32>)]) -> f32 
     }
 }
 
-/// Equal as values, any NaN equal to any NaN; +0 and -0 are equal because
-/// `max(-0, +0)` may return either zero.
+/// Equal as values, any NaN equal to any NaN, +0 equal to -0 (a zero's
+/// sign shows only through a division or `recip`, after ops the reference
+/// computes as kiln does).
 fn same(a: f32, b: f32) -> bool {
     a == b || (a.is_nan() && b.is_nan())
 }
