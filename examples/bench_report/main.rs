@@ -481,7 +481,7 @@ fn main() -> Result<()> {
     if wanted("compile_mlp3") && args.backend == Backend::Cpu {
         compile_mlp3(args.quick)?;
     }
-    for id in ["train_sgd", "train_adam", "train_cnn"] {
+    for id in ["train_sgd", "train_adam", "train_cnn", "train_lm"] {
         if wanted(id) {
             train::train(id, args.quick, args.backend)?;
         }

@@ -1,7 +1,8 @@
 //! `bench_report`'s training steps: `train_sgd` and `train_adam`, the MLP
 //! step of `../shared/anchors/train_anchor.py`, `train_cnn`, the CNN step
-//! of `benches/cnn_anchor.py`, and `train_fed`, an epoch of MLP steps fed
-//! by a data loader.
+//! of `benches/cnn_anchor.py`, `train_lm`, the transformer step of
+//! `benches/lm_anchor.py`, and `train_fed`, an epoch of MLP steps fed by a
+//! data loader.
 
 use std::sync::Arc;
 
@@ -117,6 +118,93 @@ fn cnn() -> Result<Case> {
     })
 }
 
+/// Windows, width, heads and blocks of `train_lm`.
+const LM: (usize, usize, usize, usize) = (64, 64, 4, 2);
+/// Windows per step and characters per window of `train_lm`.
+const LM_BATCH: (usize, usize) = (32, 64);
+/// `train_lm`'s vocabulary: the characters of `data/text/liber-primus.txt`.
+const LM_VOCABULARY: usize = 57;
+
+/// The transformer of `examples/train_lm.rs` and `benches/lm_anchor.py`
+/// (token and position embeddings, two blocks of four-head causal
+/// self-attention and a GELU MLP after layer norms, a final layer norm, the
+/// token embedding as the output layer) on 32 windows of 64 characters,
+/// cross-entropy at every position. Its flops: every product forward and
+/// twice backward, the attention's included.
+fn lm() -> Result<Case> {
+    let (context, width, _, blocks) = LM;
+    let (b, t) = LM_BATCH;
+    let v = LM_VOCABULARY;
+    let mut params = vec![
+        (Tensor::randn([v, width], 1)? * 0.02f32)?,
+        (Tensor::randn([context, width], 2)? * 0.02f32)?,
+    ];
+    let ones = |n: usize| Tensor::from_vec(vec![1.0f32; n], [n]);
+    for i in 0..blocks as u64 {
+        for (k, (inputs, outputs)) in [
+            (width, 3 * width),
+            (width, width),
+            (width, 4 * width),
+            (4 * width, width),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if k % 2 == 0 {
+                params.push(ones(width)?);
+                params.push(Tensor::zeros([width], DType::F32)?);
+            }
+            let scale = 1.0 / (inputs as f32).sqrt();
+            params.push((Tensor::randn([inputs, outputs], 10 * i + k as u64 + 3)? * scale)?);
+            params.push(Tensor::zeros([outputs], DType::F32)?);
+        }
+    }
+    params.push(ones(width)?);
+    params.push(Tensor::zeros([width], DType::F32)?);
+    let ids: Vec<i32> = (0..b * (t + 1)).map(|i| (i * 7919 % v) as i32).collect();
+    let windows = Tensor::from_vec(ids, [b, t + 1])?;
+    let per_token = 2 * width * (3 * width + width + 8 * width) + 2 * 2 * t * width + 2 * width * v;
+    Ok(Case {
+        shape: "32x64-2x4x64",
+        params,
+        images: windows.slice(1, 0, t, 1)?,
+        labels: windows.slice(1, 1, t + 1, 1)?,
+        loss: |p, x, y| {
+            let (_, width, heads, blocks) = LM;
+            let (b, t) = (x.dims()[0], x.dims()[1]);
+            let head = width / heads;
+            let rows = Tensor::from_vec((0..t as i32).collect::<Vec<_>>(), [t, 1])?;
+            let causal = rows.ge(&rows.reshape([1, t])?)?;
+            let flat = x.reshape([b * t])?;
+            let tokens = p[0].index_select(0, &flat)?.reshape([b, t, width])?;
+            let mut h = (tokens + p[1].slice(0, 0, t, 1)?)?;
+            for i in 0..blocks {
+                let w = &p[2 + 12 * i..14 + 12 * i];
+                let a = h.layer_norm(&w[0], &w[1], 1e-5)?;
+                let qkv = (a.matmul(&w[2])? + &w[3])?;
+                let split = |x: &Tensor| x.reshape([b, t, heads, head])?.permute(&[0, 2, 1, 3]);
+                let parts = qkv.split(&[width; 3], -1)?;
+                let (q, k, v) = (split(&parts[0])?, split(&parts[1])?, split(&parts[2])?);
+                let scores = (q.matmul(&k.transpose(-1, -2)?)? * (1.0 / (head as f32).sqrt()))?;
+                let masked = causal.where_cond(&scores, &Tensor::scalar(f32::NEG_INFINITY))?;
+                let mixed = masked.softmax(-1)?.matmul(&v)?.permute(&[0, 2, 1, 3])?;
+                h = (&h + (mixed.reshape([b, t, width])?.matmul(&w[4])? + &w[5])?)?;
+                let a = h.layer_norm(&w[6], &w[7], 1e-5)?;
+                let up = (a.matmul(&w[8])? + &w[9])?.gelu()?;
+                h = (&h + (up.matmul(&w[10])? + &w[11])?)?;
+            }
+            let n = p.len();
+            let h = h.layer_norm(&p[n - 2], &p[n - 1], 1e-5)?;
+            let logits = h.matmul(&p[0].t()?)?;
+            let v = logits.dims()[2];
+            logits
+                .reshape([b * t, v])?
+                .cross_entropy(&y.reshape([b * t])?)
+        },
+        flops: (3 * b * t * blocks * per_token) as u64,
+    })
+}
+
 /// The training step of `case` with `optimizer`, compiled with `options`.
 fn compile(
     id: &str,
@@ -130,8 +218,8 @@ fn compile(
     state.extend(optimizer.state(&refs)?);
     let state: Vec<&Tensor> = state.iter().collect();
     let specs = [
-        TensorType::new(DType::U8, case.images.shape().clone()),
-        TensorType::new(DType::I32, case.labels.shape().clone()),
+        TensorType::new(case.images.dtype(), case.images.shape().clone()),
+        TensorType::new(case.labels.dtype(), case.labels.shape().clone()),
     ];
     let n = params.len();
     kiln::compile_step_with(id, &state, &specs, options, |s, b| {
@@ -144,7 +232,7 @@ fn compile(
 }
 
 /// A training step (`train_sgd`: SGD with momentum 0.9 at 0.05;
-/// `train_adam` and `train_cnn`: Adam at 1e-3) compiled with
+/// `train_adam`, `train_cnn` and `train_lm`: Adam at 1e-3) compiled with
 /// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
 /// The batch is on the step's device, as the anchors have it; a timed step
 /// reads its loss, so that on a GPU it is the host's time for a step
@@ -152,7 +240,11 @@ fn compile(
 /// the interpreter's.
 pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     eprintln!("{id}");
-    let case = if id == "train_cnn" { cnn()? } else { mlp()? };
+    let case = match id {
+        "train_cnn" => cnn()?,
+        "train_lm" => lm()?,
+        _ => mlp()?,
+    };
     let sgd = Sgd {
         momentum: 0.9,
         ..Sgd::new(0.05)

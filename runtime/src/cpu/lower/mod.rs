@@ -465,10 +465,15 @@ fn clif_type(dtype: DType) -> Type {
     }
 }
 
-/// Whether `block` can run four lanes at a time: f32 arithmetic only, with
-/// reads contiguous, every other element, or constant along the inner loop.
+/// Whether `block`, of an f32 result, can run four lanes at a time: every
+/// value one with a lane form (`lane_op`: f32 arithmetic, and the i32
+/// values, comparisons, `where`s and casts a mask makes on the way, as a
+/// causal attention's `where(row >= col, s, -inf)`), with reads as
+/// `lanes_read` takes them.
 fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
-    f32_arithmetic(block) && lanes_read(block, accesses, out)
+    block.dtype() == Some(DType::F32)
+        && block.values.iter().all(|v| lane_op(block, v))
+        && lanes_read(block, accesses, out)
 }
 
 /// Whether every read of `block` (`accesses`, in its order) is contiguous
