@@ -129,6 +129,14 @@ fn compiled_calls_read_device_tensors_where_they_are() -> Result<()> {
 
 const BATCH: usize = 50;
 
+/// SGD at 0.05 with momentum 0.9, the optimizer of these steps.
+fn momentum_sgd() -> Sgd {
+    Sgd {
+        momentum: 0.9,
+        ..Sgd::new(0.05)
+    }
+}
+
 /// An MLP 784-64-10 on digit-like bytes, its parameters and momentum.
 fn mlp_state(sgd: &Sgd) -> Result<Vec<Tensor>> {
     let params = vec![
@@ -178,10 +186,7 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     if stats_or_skip().is_none() {
         return Ok(());
     }
-    let sgd = Sgd {
-        momentum: 0.9,
-        ..Sgd::new(0.05)
-    };
+    let sgd = momentum_sgd();
     let state = mlp_state(&sgd)?;
     let refs: Vec<&Tensor> = state.iter().collect();
     let mut step = kiln::compile_step_with("fit", &refs, &batch_types(), ieee_on_gpu(), |s, b| {
@@ -281,10 +286,7 @@ fn steps_on_the_same_buffers_replay_as_one_graph_launch() -> Result<()> {
     if stats_or_skip().is_none() {
         return Ok(());
     }
-    let sgd = Sgd {
-        momentum: 0.9,
-        ..Sgd::new(0.05)
-    };
+    let sgd = momentum_sgd();
     let state = mlp_state(&sgd)?;
     let batches: Vec<(Vec<u8>, Vec<i32>)> = (0..6).map(batch_values).collect();
     // Every step on new buffers: launched kernel by kernel.
@@ -337,10 +339,7 @@ fn a_fed_epoch_copies_each_batch_in_once_and_trains_as_host_batches() -> Result<
     if stats_or_skip().is_none() {
         return Ok(());
     }
-    let sgd = Sgd {
-        momentum: 0.9,
-        ..Sgd::new(0.05)
-    };
+    let sgd = momentum_sgd();
     let batches = 7;
     let options = LoaderOptions {
         batch_size: BATCH,

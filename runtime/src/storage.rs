@@ -225,6 +225,22 @@ pub trait Feed: Send {
     fn take(&mut self) -> Result<Vec<Storage>, Error>;
 }
 
+/// What every feed checks of a `put`: that no batch waits for its `take`,
+/// and `values` against `types`.
+pub(crate) fn check_put(
+    waiting: bool,
+    types: &[TensorType],
+    values: &[DataRef<'_>],
+) -> Result<(), Error> {
+    if waiting {
+        return Err(Error::Launch(
+            "a feed's put before the last one was taken".into(),
+        ));
+    }
+    let given = values.iter().map(|v| (v.dtype(), v.len()));
+    crate::check("feed", "value", types, given)
+}
+
 /// The feed of backends that keep values in host memory: each value copied
 /// into a host buffer of its own at `put`.
 #[derive(Default)]
@@ -234,17 +250,7 @@ pub struct HostFeed {
 
 impl Feed for HostFeed {
     fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error> {
-        if self.waiting.is_some() {
-            return Err(Error::Launch(
-                "a feed's put before the last one was taken".into(),
-            ));
-        }
-        crate::check(
-            "feed",
-            "value",
-            types,
-            values.iter().map(|v| (v.dtype(), v.len())),
-        )?;
+        check_put(self.waiting.is_some(), types, values)?;
         let stored = (types.iter().zip(values))
             .map(|(ty, value)| {
                 let data = value.try_to_data().map_err(|e| e.in_op("feed", ty))?;

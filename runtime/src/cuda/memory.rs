@@ -408,17 +408,7 @@ impl Feeder {
 
 impl crate::Feed for Feeder {
     fn put(&mut self, types: &[TensorType], values: &[DataRef<'_>]) -> Result<(), Error> {
-        if self.waiting {
-            return Err(Error::Launch(
-                "a feed's put before the last one was taken".into(),
-            ));
-        }
-        crate::check(
-            "feed",
-            "value",
-            types,
-            values.iter().map(|v| (v.dtype(), v.len())),
-        )?;
+        crate::storage::check_put(self.waiting, types, values)?;
         self.gpu.bind()?;
         let (gpu, copy) = (&self.gpu, &self.copy);
         let set = &mut self.sets[self.next];

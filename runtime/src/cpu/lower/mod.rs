@@ -38,6 +38,7 @@ mod elementwise;
 mod emit;
 mod exp_sum;
 mod half;
+mod memory;
 mod ops;
 mod reduce;
 mod row_call;
