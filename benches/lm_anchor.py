@@ -3,7 +3,8 @@
 transformer of examples/train_lm.rs (token and position embeddings of
 width 64, two blocks of four-head causal self-attention and a GELU MLP
 after layer norms, a final layer norm, the token embedding as the output
-layer; 57 characters) on 32 windows of 64 ids, cross-entropy at every
+layer; 57 characters; GELU in its tanh form, jax's default and kiln's) on 32
+windows of 64 ids, cross-entropy at every
 position, buffers donated, on the CPU. One JSON line in train_anchor.py's
 form.
 
@@ -66,7 +67,7 @@ def main():
             s = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / np.sqrt(D // H), -jnp.inf)
             a = (jax.nn.softmax(s, -1) @ v).transpose(0, 2, 1, 3).reshape(B, T, D)
             h = h + a @ blk["proj"][0] + blk["proj"][1]
-            u = jax.nn.gelu(norm(h, blk["ln2"]) @ blk["up"][0] + blk["up"][1], approximate=False)
+            u = jax.nn.gelu(norm(h, blk["ln2"]) @ blk["up"][0] + blk["up"][1])
             h = h + u @ blk["down"][0] + blk["down"][1]
         logits = norm(h, p["ln"]) @ p["tokens"].T
         logp = jax.nn.log_softmax(logits, -1)
