@@ -8,7 +8,8 @@ intra-op threads as kiln's team:
 - `depthwise_conv2d`: MobileNetV2's depthwise Conv 3x3, padding 1, group =
   channels, bias, then Relu: stride 2 over [1, 96, 112, 112], stride 1 over
   [1, 144, 56, 56] (the weights and bias initializers, as an exported model
-  holds them).
+  holds them);
+- `concat`: Concat of four [1, 32, 56, 56] along the channels.
 
 Three warm-up calls, then calls for a second; one JSON line each in
 bench_report's form (median and median absolute deviation).
@@ -17,7 +18,8 @@ bench_report's form (median and median absolute deviation).
   /tmp/ort/bin/python benches/ort_anchor.py
 
 Run it right after `bench_report --workload embedding --workload
-max_pool2d --workload depthwise_conv2d`, in the same sitting.
+max_pool2d --workload depthwise_conv2d --workload concat`, in the same
+sitting.
 """
 import json
 import statistics
@@ -118,7 +120,21 @@ def depthwise():
         report("depthwise_conv2d", f"1x{c}x{hw}x{hw}-s{stride}", lambda: s.run(None, feeds))
 
 
+def concat():
+    dims = [1, 32, 56, 56]
+    names = [f"x{i}" for i in range(4)]
+    s = session(
+        helper.make_node("Concat", names, ["y"], axis=1),
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in names],
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128, 56, 56]),
+    )
+    rng = np.random.default_rng(6)
+    feeds = {n: rng.standard_normal(dims, dtype=np.float32) for n in names}
+    report("concat", "4x1x32x56x56", lambda: s.run(None, feeds))
+
+
 if __name__ == "__main__":
     embedding()
     max_pool()
     depthwise()
+    concat()

@@ -45,6 +45,10 @@ pub(crate) struct Access {
     pub(crate) inner: Vec<Axis>,
     /// The value read outside the valid ranges, when padded.
     pub(crate) fill: Option<Scalar>,
+    /// The value read over a whole row whose outer coordinates lie outside
+    /// the valid ranges, for an access cut to the unpadded middle of its
+    /// rows (`fill` none there): the padding's fill.
+    pub(crate) row_fill: Option<Scalar>,
 }
 
 impl Access {
@@ -195,6 +199,7 @@ pub(crate) fn nest(
                 outer: c,
                 inner,
                 fill: v.mask.as_ref().map(|m| m.fill),
+                row_fill: None,
             }
         })
         .collect();

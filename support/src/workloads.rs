@@ -211,6 +211,18 @@ pub fn all() -> Vec<Workload> {
             product: None,
         });
     }
+    // Four branches of 32 channels joined along the channels, as an
+    // Inception or DenseNet block's concatenation.
+    let part = f32s(&[1, 32, 56, 56]);
+    w.push(Workload {
+        id: "concat",
+        shape: "4x1x32x56x56".into(),
+        specs: vec![part.clone(), part.clone(), part.clone(), part],
+        build: |t| Ok(vec![Tensor::cat(&[&t[0], &t[1], &t[2], &t[3]], 1)?]),
+        bytes: 2 * 4 * 32 * 56 * 56 * 4,
+        flops: 0,
+        product: None,
+    });
     // ResNet's first pooling: 3x3, stride 2, padding 1, each window's first
     // maximum (the element a gradient goes to).
     w.push(Workload {

@@ -70,31 +70,14 @@ impl<'a> Emitter<'a> {
                     whole(e, zero, n, true);
                     return;
                 };
-                // Rows every padded read reads (its outer coordinates
-                // valid) take the middle of the row as unpadded reads, in
-                // vectors, and only its ends one element at a time.
-                let mut valid = None;
-                for b in &bases[..reads.len()] {
-                    valid = match (valid, b.valid) {
-                        (Some(v), Some(ok)) => Some(e.b.ins().band(v, ok)),
-                        (v, ok) => v.or(ok),
-                    };
-                }
-                // (Padded along the inner axis alone, every row is valid.)
-                let done = e.b.create_block();
-                let edge = valid.map(|valid| {
-                    let (inside, edge) = (e.b.create_block(), e.b.create_block());
-                    e.b.ins().brif(valid, inside, &[], edge, &[]);
-                    e.b.switch_to_block(inside);
-                    edge
-                });
+                // The middle of every row reads unpadded, in vectors: a read
+                // whose row lies in its padding reads the fill there
+                // (`Access::row_fill`), as a concatenation's parts do in the
+                // rows of the others. Only the row's ends run one element
+                // at a time.
                 let (lo, hi) = (e.iconst(*lo as i64), e.iconst(*hi as i64));
                 whole(e, zero, lo, false);
-                let plain: Vec<RowBase> = bases
-                    .iter()
-                    .map(|b| RowBase { valid: None, ..*b })
-                    .collect();
-                let rows = Rows::One(&plain);
+                let rows = Rows::One(&bases);
                 let hoisted = e.hoist(body, clear, rows, inner_len, (None, &invariant));
                 let lanes = vectorizable_hoisted(body, clear, out, &hoisted);
                 let at = Placed {
@@ -105,13 +88,6 @@ impl<'a> Emitter<'a> {
                 };
                 e.inner_loop(at, (out, out_base), lo..hi, lanes, acc_in_place);
                 whole(e, hi, n, false);
-                e.b.ins().jump(done, &[]);
-                if let Some(edge) = edge {
-                    e.b.switch_to_block(edge);
-                    whole(e, zero, n, true);
-                    e.b.ins().jump(done, &[]);
-                }
-                e.b.switch_to_block(done);
             });
             RowRange {
                 rows: nest.rows,
@@ -169,6 +145,7 @@ fn unpadded_middle(reads: &[Access]) -> Option<(usize, usize, Vec<Access>)> {
             .iter()
             .map(|a| Access {
                 fill: None,
+                row_fill: a.fill,
                 ..a.clone()
             })
             .collect();

@@ -88,6 +88,28 @@ impl Emitter<'_> {
         dtype: DType,
         lanes: bool,
     ) -> Value {
+        let x = self.loaded(access, (offset, valid), dtype, lanes);
+        // A row of padding reads the fill throughout (an access cut to its
+        // unpadded middle, whose `valid` is its row's): the load itself is
+        // of the clamped row, inside the buffer.
+        match (valid, access.row_fill) {
+            (Some(ok), Some(fill)) => {
+                let f = self.scalar_const(fill);
+                let f = if lanes { self.splat(dtype, f) } else { f };
+                self.b.ins().select(ok, x, f)
+            }
+            _ => x,
+        }
+    }
+
+    /// `load_at` but for a row of padding.
+    fn loaded(
+        &mut self,
+        access: &Access,
+        (offset, valid): (Value, Option<Value>),
+        dtype: DType,
+        lanes: bool,
+    ) -> Value {
         let flags = MemFlagsData::new().with_notrap();
         let addr = self.address(access.buffer, offset, dtype);
         if lanes && !self.row_lanes && access.stride_two() && dtype.size() == 4 {

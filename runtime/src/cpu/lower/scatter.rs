@@ -100,6 +100,7 @@ impl Emitter<'_> {
                 hi: inner,
             }],
             fill: None,
+            row_fill: None,
         };
         let lanes = self.out_dtype == DType::F32
             && vectorizable_hoisted(s.prologue, accesses, &contiguous, &hoisted);
