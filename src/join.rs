@@ -138,10 +138,10 @@ impl Tensor {
     /// `chunks` empty pieces, as PyTorch's does).
     pub fn chunk(&self, chunks: usize, axis: isize) -> Result<Vec<Tensor>> {
         let a = normalize_axis("chunk", axis, self.rank())?;
-        if chunks == 0 {
+        if chunks == 0 || i32::try_from(chunks).is_err() {
             return Err(Error::Argument {
                 op: "chunk",
-                message: "0 chunks".into(),
+                message: format!("{chunks} chunks"),
             });
         }
         let len = self.dims()[a];

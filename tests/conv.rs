@@ -251,7 +251,15 @@ fn conv2d_depthwise_and_depth_multiplier() -> Result<()> {
         ..BASE
     };
     conv_case(depthwise, true, 6)?;
-    conv_case(Conv { o: 10, ..depthwise }, false, 7)
+    conv_case(Conv { o: 10, ..depthwise }, false, 7)?;
+    // Wide enough for the middle of each row to run in vectors: stride-2
+    // reads of the input in place, through its padding.
+    let wide = Conv {
+        h: 9,
+        w: 37,
+        ..depthwise
+    };
+    conv_case(wide, true, 17)
 }
 
 #[test]
@@ -401,6 +409,16 @@ fn pooling_plain_strided_and_one_sided() -> Result<()> {
             ..Pool2d::new([3, 3])
         },
         12,
+    )?;
+    // ResNet's 3x3/2 with padding, wide enough for vectors in each row.
+    pool_case(
+        [2, 3, 9, 37],
+        Pool2d {
+            stride: [2, 2],
+            padding: [(1, 1); 2],
+            ..Pool2d::new([3, 3])
+        },
+        14,
     )?;
     // Stride larger than the window.
     pool_case(

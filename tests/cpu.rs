@@ -394,6 +394,26 @@ fn views_fold_into_reads() -> Result<()> {
                 (i.slice(1, 1 - n % 2, n, 2)? * 3i32)?.cast(DType::F32)
             },
         )?;
+        // Reductions whose prologue holds i32 and bool lanes (a causal
+        // mask), and stride-2 reads in a reduction's prologue.
+        check(
+            &format!("masked softmax [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| {
+                let cols = Tensor::from_vec((0..n as i32).collect::<Vec<_>>(), [1, n])?;
+                let rows = Tensor::from_vec(vec![0i32, n as i32 / 2, n as i32], [3, 1])?;
+                let keep = rows.ge(&cols)?;
+                let masked = keep.where_cond(&t[0], &Tensor::scalar(f32::NEG_INFINITY))?;
+                masked.max(&[1], false)
+            },
+        )?;
+        check(
+            &format!("every other element summed [3,{n}]"),
+            std::slice::from_ref(&x),
+            sum_tol(n.div_ceil(2), 4.0),
+            |t| t[0].slice(1, 0, n, 2)?.sum(&[1], false),
+        )?;
         check(
             &format!("pad [3,{n}]"),
             std::slice::from_ref(&x),

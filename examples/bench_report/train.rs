@@ -118,7 +118,8 @@ fn cnn() -> Result<Case> {
     })
 }
 
-/// Windows, width, heads and blocks of `train_lm`.
+/// The context (positions of the position table), width, heads and blocks
+/// of `train_lm`.
 const LM: (usize, usize, usize, usize) = (64, 64, 4, 2);
 /// Windows per step and characters per window of `train_lm`.
 const LM_BATCH: (usize, usize) = (32, 64);
@@ -163,7 +164,9 @@ fn lm() -> Result<Case> {
     params.push(Tensor::zeros([width], DType::F32)?);
     let ids: Vec<i32> = (0..b * (t + 1)).map(|i| (i * 7919 % v) as i32).collect();
     let windows = Tensor::from_vec(ids, [b, t + 1])?;
-    let per_token = 2 * width * (3 * width + width + 8 * width) + 2 * 2 * t * width + 2 * width * v;
+    // Per token and block: the four products, and attention's two over
+    // the context; per token: the tied output layer.
+    let per_block = 2 * width * (3 * width + width + 8 * width) + 2 * 2 * t * width;
     Ok(Case {
         shape: "32x64-2x4x64",
         params,
@@ -201,7 +204,7 @@ fn lm() -> Result<Case> {
                 .reshape([b * t, v])?
                 .cross_entropy(&y.reshape([b * t])?)
         },
-        flops: (3 * b * t * blocks * per_token) as u64,
+        flops: (3 * b * t * (blocks * per_block + 2 * width * v)) as u64,
     })
 }
 
