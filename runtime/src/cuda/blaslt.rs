@@ -151,10 +151,10 @@ impl Matmul {
         }
         use sys::cublasLtMatmulDescAttributes_t as D;
         // The bias is per row of the column-major result (per column of
-        // kiln's row-major product). RELU_BIAS has kiln's semantics as
-        // measured on an H100 with cuBLASLt 13: NaN stays NaN, infinities
-        // pass, and negatives and -0 become +0
-        // (`relu_after_a_fused_bias_keeps_nan_and_gives_plus_zero` in
+        // kiln's row-major product). RELU_BIAS has kiln's semantics: NaN
+        // stays NaN, infinities pass, and negatives and -0 become +0
+        // (`benches/RESULTS-cuda.md`;
+        // `relu_after_a_fused_bias_keeps_nan_and_gives_plus_zero` in
         // `tests/cuda_device.rs` checks it on every GPU run).
         let code = match epilogue {
             Epilogue::Product | Epilogue::Kernel { .. } => {

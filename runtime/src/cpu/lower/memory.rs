@@ -80,7 +80,10 @@ impl Emitter<'_> {
     }
 
     /// One element (or four lanes) of `access` at element `offset`, `valid`
-    /// saying whether a padded access reads the buffer there.
+    /// saying whether it reads the buffer there: outside the valid ranges,
+    /// the padding's `fill`; over a row of padding of an access cut to its
+    /// unpadded middle, its `row_fill` (the load itself of the clamped row,
+    /// inside the buffer).
     pub(super) fn load_at(
         &mut self,
         access: &Access,
@@ -88,32 +91,36 @@ impl Emitter<'_> {
         dtype: DType,
         lanes: bool,
     ) -> Value {
-        let x = self.loaded(access, (offset, valid), dtype, lanes);
-        // A row of padding reads the fill throughout (an access cut to its
-        // unpadded middle, whose `valid` is its row's): the load itself is
-        // of the clamped row, inside the buffer.
-        match (valid, access.row_fill) {
+        let (x, four) = self.load_raw(access, offset, dtype, lanes);
+        let x = match (valid, access.fill.or(access.row_fill)) {
             (Some(ok), Some(fill)) => {
                 let f = self.scalar_const(fill);
-                let f = if lanes { self.splat(dtype, f) } else { f };
+                let f = if four { self.splat(dtype, f) } else { f };
                 self.b.ins().select(ok, x, f)
             }
             _ => x,
+        };
+        if lanes && !four {
+            self.splat(dtype, x)
+        } else {
+            x
         }
     }
 
-    /// `load_at` but for a row of padding.
-    fn loaded(
+    /// The value at element `offset` of `access` as loaded: four lanes where
+    /// the access steps through them (contiguously, or every other element)
+    /// and `lanes` asks for them, and whether it did; else one element.
+    fn load_raw(
         &mut self,
         access: &Access,
-        (offset, valid): (Value, Option<Value>),
+        offset: Value,
         dtype: DType,
         lanes: bool,
-    ) -> Value {
+    ) -> (Value, bool) {
         let flags = MemFlagsData::new().with_notrap();
         let addr = self.address(access.buffer, offset, dtype);
         if lanes && !self.row_lanes && access.stride_two() && dtype.size() == 4 {
-            return self.every_other(addr, dtype);
+            return (self.every_other(addr, dtype), true);
         }
         let contiguous = if self.row_lanes {
             access.outer.last().is_some_and(|o| o.stride == 1)
@@ -121,7 +128,7 @@ impl Emitter<'_> {
             access.unit_stride()
         };
         if lanes && contiguous {
-            return match dtype {
+            let four = match dtype {
                 DType::I32 => self.b.ins().load(types::I32X4, flags, addr, 0),
                 DType::BF16 | DType::F16 => self.load_half(dtype, addr, true),
                 DType::U8 | DType::Bool => {
@@ -140,20 +147,14 @@ impl Emitter<'_> {
                 }
                 _ => self.b.ins().load(types::F32X4, flags, addr, 0),
             };
+            return (four, true);
         }
         let x = if dtype.is_half() {
             self.load_half(dtype, addr, false)
         } else {
             self.b.ins().load(clif_type(dtype), flags, addr, 0)
         };
-        let x = match (valid, access.fill) {
-            (Some(ok), Some(fill)) => {
-                let f = self.scalar_const(fill);
-                self.b.ins().select(ok, x, f)
-            }
-            _ => x,
-        };
-        if lanes { self.splat(dtype, x) } else { x }
+        (x, false)
     }
 
     /// Four lanes of 4-byte `dtype` from every other element from `addr`
