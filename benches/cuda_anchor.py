@@ -6,7 +6,9 @@ time between CUDA events around it; medians over repeated calls after
 warm-up), in torch eager and torch.compile, printed as the same
 JSON lines.
 
-    python3 benches/cuda_anchor.py [--quick]
+    python3 benches/cuda_anchor.py [--quick] [WORKLOAD ...]
+
+With workload ids, only those (and the device copy) are timed.
 
 Matmuls run in TF32, as kiln's default `Precision::Tf32`, and again in IEEE
 f32 (variants ending in " f32"), as kiln's `Precision::F32`.
@@ -20,6 +22,7 @@ import time
 import torch
 
 QUICK = "--quick" in sys.argv
+WANTED = [a for a in sys.argv[1:] if not a.startswith("--")]
 DEV = "cuda"
 
 
@@ -64,7 +67,13 @@ def inputs(*shapes):
     return [torch.randn(s, generator=g, device=DEV, dtype=torch.float32) for s in shapes]
 
 
+def wanted(workload):
+    return not WANTED or workload in WANTED
+
+
 def both(workload, shape, f, args, nbytes=0, flops=0, suffix=""):
+    if not wanted(workload):
+        return
     with torch.no_grad():
         emit(workload, shape, "torch" + suffix, timed(f, args), nbytes, flops)
         emit(workload, shape, "torch.compile" + suffix, timed(torch.compile(f), args), nbytes, flops)
@@ -100,6 +109,17 @@ def main():
     for n in [1024, 4096]:
         both("sum_axis0", f"{n}x{n}", lambda x: x.sum(0), inputs((n, n)), n * n * 4 + n * 4)
         both("sum_all", f"{n}x{n}", lambda x: x.sum(), inputs((n, n)), n * n * 4)
+    # bench_report's eager_add_relu and eager_chain10.
+    def chain(a, b):
+        x = (torch.relu((a + b) * 0.5) - b) * a
+        return torch.relu((torch.abs(x + 1.0) + b) * 0.25 - a)
+    with torch.no_grad():
+        for n in [256, 4096] if wanted("eager_add_relu") else []:
+            emit("eager_add_relu", f"{n}x{n}", "torch", timed(lambda a, b: torch.relu(a + b),
+                 inputs((n, n), (n, n))), 3 * n * n * 4)
+        if wanted("eager_chain10"):
+            emit("eager_chain10", "256x256", "torch", timed(chain, inputs((256, 256), (256, 256))),
+                 3 * 256 * 256 * 4)
     both("small_add_relu", "256x256", lambda a, b: torch.relu(a + b), inputs((256, 256), (256, 256)),
          3 * 256 * 256 * 4)
 

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The CUDA backend's GPU acceptance in one sitting: every op and fusion kind
-# against the interpreter on GPU 0 (tests/cpu.rs and tests/cpu_products.rs,
-# on tensors that live on the device), the device tests and the
-# device-resident values' traffic (tests/cuda_resident.rs), then the index
-# ops and their gradients (tests/index.rs, tests/scatter.rs), joins and
-# random numbers (tests/join.rs, tests/random.rs: Threefry in CUDA C
-# against the interpreter's bits), then
-# `bench_report --backend cuda` and PyTorch on the same workloads.
+# The CUDA backend's GPU acceptance in one sitting, most telling first:
+# device-resident values, replay and the fed loader (tests/cuda_resident.rs,
+# tests/cuda_device.rs), the quickstart on the GPU, the training steps, eager
+# calls and the fed epoch beside jax.jit and PyTorch (`train_anchor.py`),
+# then every op and fusion kind against the interpreter on GPU 0
+# (tests/cpu.rs, tests/cpu_products.rs, tests/index.rs, tests/scatter.rs,
+# tests/join.rs, tests/random.rs on tensors that live on the device), then
+# the rest of `bench_report --backend cuda` and PyTorch on the same
+# workloads (`cuda_anchor.py`).
 #
 #   benches/cuda_run.sh DIR [OUT]
 #
 # DIR holds binaries built with `--features cuda` (a GPU machine needs no Rust
 # toolchain): `cpu`, `cpu_products`, `cuda_device`, `cuda_resident`, `index`,
 # `scatter`, `join` and `random` (from `cargo test --release --features cuda
-# --no-run`) and
-# `bench_report`. Logs and JSON lines go to OUT.
+# --no-run`), `bench_report` and `quickstart`, and a copy of
+# `shared/anchors/train_anchor.py` (which does not travel with the
+# checkout). Logs and JSON lines go to OUT. Every step has a time limit,
+# so that a hang costs only its own step.
 set -uo pipefail
 bin=$1
 out=${2:-target/cuda-run}
@@ -24,19 +27,35 @@ lib=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu1
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
 status=0
-KILN_TEST_DEVICE=cuda:0 "$bin/cpu" 2>&1 | tee "$out/tests-cpu.log" || status=1
-KILN_TEST_DEVICE=cuda:0 "$bin/cpu_products" 2>&1 | tee "$out/tests-cpu_products.log" || status=1
-"$bin/cuda_device" --nocapture 2>&1 | tee "$out/tests-cuda_device.log" || status=1
-"$bin/cuda_resident" --nocapture 2>&1 | tee "$out/tests-cuda_resident.log" || status=1
-# A hang (argmax's, before af60286) must not cost the benchmarks below.
-KILN_TEST_DEVICE=cuda:0 timeout 600 "$bin/index" 2>&1 | tee "$out/tests-index.log" || status=1
-KILN_TEST_DEVICE=cuda:0 timeout 300 "$bin/scatter" 2>&1 | tee "$out/tests-scatter.log" || status=1
-KILN_TEST_DEVICE=cuda:0 timeout 120 "$bin/join" 2>&1 | tee "$out/tests-join.log" || status=1
-KILN_TEST_DEVICE=cuda:0 timeout 120 "$bin/random" 2>&1 | tee "$out/tests-random.log" || status=1
+step() { # step NAME SECONDS COMMAND...: COMMAND's output to OUT/NAME
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    timeout "$limit" "$@" >"$out/$name" 2>&1 || { status=1; echo "== $name failed: $?"; }
+    grep -E '^test result|FAILED|panicked|^failures' "$out/$name" | head -20
+}
+step tests-cuda_resident.log 60 "$bin/cuda_resident" --nocapture
+step tests-cuda_device.log 60 "$bin/cuda_device" --nocapture
+step quickstart.log 90 "$bin/quickstart" --device cuda
+tail -4 "$out/quickstart.log"
+step kiln-train.jsonl 150 "$bin/bench_report" --backend cuda --workload train_sgd \
+    --workload train_adam --workload train_fed --workload eager_add_relu \
+    --workload eager_chain10 --workload small_add_relu
+cat "$out/kiln-train.jsonl" | grep '^{'
+step train-anchor.jsonl 120 python3 "$bin/train_anchor.py" --device cuda
+cat "$out/train-anchor.jsonl"
+export KILN_TEST_DEVICE=cuda:0
+step tests-cpu.log 120 "$bin/cpu"
+step tests-cpu_products.log 120 "$bin/cpu_products"
+step tests-index.log 120 "$bin/index"
+step tests-scatter.log 90 "$bin/scatter"
+step tests-join.log 60 "$bin/join"
+step tests-random.log 60 "$bin/random"
+unset KILN_TEST_DEVICE
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    "$bin/bench_report" --backend cuda >"$out/kiln.jsonl" || status=1
-    "$bin/bench_report" --backend cuda-f32 --workload matmul --workload matmul_bias_relu \
-        >"$out/kiln-f32.jsonl" || status=1
-    PYTHONUNBUFFERED=1 python3 benches/cuda_anchor.py >"$out/torch.jsonl" || status=1
+    step kiln.jsonl 240 "$bin/bench_report" --backend cuda
+    step kiln-f32.jsonl 60 "$bin/bench_report" --backend cuda-f32 --workload matmul \
+        --workload matmul_bias_relu
+    PYTHONUNBUFFERED=1 step torch.jsonl 300 python3 benches/cuda_anchor.py
 fi
 exit $status

@@ -52,6 +52,15 @@ pub fn memory_stats(device: Device) -> Result<MemoryStats> {
     Ok(backend(device)?.stats()?)
 }
 
+/// Waits until everything enqueued on `device` so far has run (as
+/// `torch.cuda.synchronize`): a failed launch surfaces here as an `Err`
+/// naming the graphs run since the last wait. Reading a value waits by
+/// itself; this is for timing and for errors at a point of one's choosing.
+/// Nothing to wait for on the CPU and the interpreter.
+pub fn synchronize(device: Device) -> Result<()> {
+    Ok(backend(device)?.synchronize()?)
+}
+
 /// Optimizes `graph` and compiles its kernels for `device` (kernels
 /// already compiled come from the backend's cache). Output `o` of each pair
 /// `(i, o)` of `donate` is written over input `i` where the backend can and

@@ -48,7 +48,7 @@ mod statistics;
 mod step;
 mod tensor;
 
-pub use backend::memory_stats;
+pub use backend::{memory_stats, synchronize};
 pub use compile::{CompileOptions, CompiledGraph, compile, compile_with};
 pub use composite::CrossEntropy;
 pub use conv::Pool2d;

@@ -96,6 +96,11 @@ fn a_gpu_without_the_cuda_feature_is_an_error() -> Result<()> {
         |t| Ok(vec![(&t[0] * 2.0f32)?]),
     );
     assert_eq!(compiled.err().map(|e| e.to_string()).as_deref(), Some(want));
+    let waited = kiln::synchronize(Device::Cuda(0)).err();
+    assert_eq!(waited.map(|e| e.to_string()).as_deref(), Some(want));
+    // Host backends run before they return: nothing to wait for.
+    kiln::synchronize(Device::Cpu)?;
+    kiln::synchronize(Device::Reference)?;
     // The process goes on: the CPU still computes.
     assert_eq!((x * 2.0f32)?.to_vec::<f32>()?, vec![2.0; 4]);
     Ok(())

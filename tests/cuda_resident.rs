@@ -76,8 +76,10 @@ fn eager_ops_on_device_tensors_stay_on_the_device() -> Result<()> {
     s.realize()?;
     assert_eq!(s.device(), GPU);
     assert_eq!(moved(before)?, (0, 0, 0), "bytes in, bytes out, waits");
+    kiln::synchronize(GPU)?;
+    assert_eq!(moved(before)?, (0, 0, 1), "a synchronize waits once");
     let got = s.to_vec::<f32>()?;
-    assert_eq!(moved(before)?, (0, 257 * 4, 1), "one read, one wait");
+    assert_eq!(moved(before)?, (0, 257 * 4, 2), "one read, one more wait");
     let want = (((&a + &b)?.relu()? * 2.0f32)?.exp()?)
         .to(Device::Reference)?
         .sum(&[1], false)?

@@ -490,8 +490,14 @@ fn main() -> Result<()> {
         train::fed(args.quick, args.backend)?;
     }
     for id in ["eager_add_relu", "eager_chain10"] {
-        if wanted(id) && args.backend == Backend::Cpu {
-            eager(id, args.quick)?;
+        // On a GPU relu(a + b) also at a size where the device's work
+        // dominates, to compare with the compiled graph's.
+        let sizes: &[usize] = match (id, args.backend) {
+            ("eager_add_relu", Backend::Cuda | Backend::CudaF32) => &[256, 4096],
+            _ => &[256],
+        };
+        for &n in sizes.iter().filter(|_| wanted(id)) {
+            eager(id, n, args.quick, args.backend)?;
         }
     }
     if wanted("embedding") && args.backend == Backend::Cpu {
@@ -500,16 +506,20 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Eager code on [256, 256] tensors: `eager_add_relu` realizes relu(a + b)
-/// and `eager_chain10` ten elementwise ops (one fused kernel) from tensors
-/// already realized, call after call, as a loop of PyTorch eager code
-/// does (variant `eager`), taking turns with the same function compiled by
-/// `kiln::compile` and replayed (variant `compiled`). Checked: the eager
-/// result against the interpreter's.
-fn eager(id: &'static str, quick: bool) -> Result<()> {
-    eprintln!("{id}");
-    let a = Tensor::randn([256, 256], 1)?;
-    let b = Tensor::randn([256, 256], 2)?;
+/// Eager code: `eager_add_relu` realizes relu(a + b) and `eager_chain10`
+/// ten elementwise ops (one fused kernel) from tensors already realized,
+/// call after call, as a loop of PyTorch eager code does (variant `eager`),
+/// taking turns with the same function compiled by `kiln::compile` and
+/// replayed (variant `compiled`), on [`n`, `n`]. On a GPU the tensors live
+/// on the device and the compiled variant is `call` on device tensors (one
+/// graph launch once replayed). Each call is timed on the host through
+/// `kiln::synchronize`, as `cuda_anchor.py` times PyTorch's. Checked: the
+/// eager result against the interpreter's.
+fn eager(id: &'static str, n: usize, quick: bool, backend: Backend) -> Result<()> {
+    eprintln!("{id} {n}x{n}");
+    let (device, backend_options) = target(backend);
+    let a = Tensor::randn([n, n], 1)?.to(device)?;
+    let b = Tensor::randn([n, n], 2)?.to(device)?;
     a.realize()?;
     b.realize()?;
     let f = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
@@ -520,7 +530,12 @@ fn eager(id: &'static str, quick: bool) -> Result<()> {
         (((((x + 1.0f32)?.abs()? + b)? * 0.25f32)? - a)?).relu()
     };
     let spec = [a.ty().clone(), b.ty().clone()];
-    let mut compiled = kiln::compile(id, &spec, |t| Ok(vec![f(&t[0], &t[1])?]))?;
+    let options = CompileOptions {
+        device,
+        backend: backend_options,
+        ..CompileOptions::default()
+    };
+    let mut compiled = kiln::compile_with(id, &spec, options, |t| Ok(vec![f(&t[0], &t[1])?]))?;
     let data = [Data::F32(a.to_vec()?), Data::F32(b.to_vec()?)];
     let refs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
     let mut out = compiled.output_buffers()?;
@@ -533,17 +548,20 @@ fn eager(id: &'static str, quick: bool) -> Result<()> {
         .collect();
     let err = max_rel_err(&got, &want);
     let timings = time(quick, 2, |v| {
-        if v == 0 {
-            f(&a, &b)?.realize().map(|()| None)
-        } else {
-            compiled.run_into(&refs, &mut out).map(|()| None)
+        match (v, backend) {
+            (0, _) => f(&a, &b)?.realize()?,
+            (_, Backend::Cpu) => compiled.run_into(&refs, &mut out)?,
+            _ => drop(compiled.call(&[&a, &b])?),
         }
+        kiln::synchronize(device)?;
+        Ok(None)
     })?;
     for (variant, timing) in ["eager", "compiled"].iter().zip(timings) {
         println!(
-            "{{\"workload\":\"{id}\",\"shape\":\"256x256\",\"variant\":\"{variant}\",\"backend\":\"cpu\",{},\"kernels\":1,\"bytes\":{},\"flops\":0,\"max_rel_err\":{err:.2e}}}",
+            "{{\"workload\":\"{id}\",\"shape\":\"{n}x{n}\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"kernels\":1,\"bytes\":{},\"flops\":0,\"max_rel_err\":{err:.2e}}}",
+            backend.name(),
             timing.fields(),
-            3 * 256 * 256 * 4,
+            3 * n * n * 4,
         );
     }
     Ok(())

@@ -239,8 +239,9 @@ fn compile(
 /// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
 /// The batch is on the step's device, as the anchors have it; a timed step
 /// reads its loss, so that on a GPU it is the host's time for a step
-/// through the loss on the host. Checked: the first step's loss against
-/// the interpreter's.
+/// through the loss on the host. `compile_s` is the step's compile time
+/// (tracing, optimizing, code generation). Checked: the first step's loss
+/// against the interpreter's.
 pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     eprintln!("{id}");
     let case = match id {
@@ -271,9 +272,16 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
             },
             backend: backend_options,
         };
+        let start = std::time::Instant::now();
         let mut step = compile(id, &case, optimizer, options)?;
+        let compile_s = start.elapsed().as_secs_f64();
         let first = step.call(&batch)?[0].to_scalar::<f32>()?;
-        steps.push((if fusion { "fused" } else { "unfused" }, step, first));
+        steps.push((
+            if fusion { "fused" } else { "unfused" },
+            step,
+            first,
+            compile_s,
+        ));
     }
     let params = &case.params;
     let on_reference: Vec<Tensor> = params
@@ -286,9 +294,9 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
     let timings = time(quick, steps.len(), |v| {
         steps[v].1.call(&batch)?[0].to_scalar::<f32>().map(|_| None)
     })?;
-    for ((variant, step, first), timing) in steps.iter().zip(timings) {
+    for ((variant, step, first, compile_s), timing) in steps.iter().zip(timings) {
         println!(
-            "{{\"workload\":\"{id}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"kernels\":{},\"bytes\":0,\"flops\":{},\"max_rel_err\":{:.2e}}}",
+            "{{\"workload\":\"{id}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"compile_s\":{compile_s:.3},\"kernels\":{},\"bytes\":0,\"flops\":{},\"max_rel_err\":{:.2e}}}",
             case.shape,
             backend.name(),
             timing.fields(),

@@ -91,6 +91,12 @@ pub trait Backend {
         Ok(Box::new(HostFeed::default()))
     }
 
+    /// Waits for every run enqueued so far to end: where a failed launch
+    /// surfaces. Host backends run before they return: nothing to wait for.
+    fn synchronize(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// What it has copied, waited for and allocated so far.
     fn stats(&self) -> Result<MemoryStats, Error> {
         Ok(MemoryStats::default())

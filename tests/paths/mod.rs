@@ -1,10 +1,13 @@
 //! Every path a graph can take, for the index, join and random tests:
 //! realized on the CPU
 //! and on the reference interpreter, and compiled on the CPU fused and
-//! unfused (and on the GPU that `KILN_TEST_DEVICE=cuda:N` names), with
-//! checks of the results against expected values.
+//! unfused (and on the GPU that `KILN_TEST_DEVICE=cuda:N` names, its
+//! matmuls in IEEE f32 as the interpreter's: TF32 keeps 10 bits of each
+//! operand), with checks of the results against expected values.
 
-use kiln::{CompileOptions, DType, Device, Options, Result, Tensor, TensorType};
+use kiln::{
+    BackendOptions, CompileOptions, DType, Device, Options, Precision, Result, Tensor, TensorType,
+};
 
 /// The results of `f` on `inputs` along every path, each with its name.
 pub fn every_path(
@@ -62,7 +65,10 @@ pub fn every_path(
             CompileOptions {
                 device,
                 optimizer: options,
-                ..CompileOptions::default()
+                backend: BackendOptions {
+                    precision: Precision::F32,
+                    ..BackendOptions::default()
+                },
             },
             |x| Ok(vec![f(x)?]),
         )?;

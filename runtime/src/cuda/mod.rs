@@ -104,6 +104,12 @@ impl crate::Backend for Cuda {
         matches!(storage, crate::Storage::Cuda(v) if v.ordinal() == self.ordinal)
     }
 
+    fn synchronize(&self) -> Result<(), crate::Error> {
+        let gpu = gpu(self.ordinal)?;
+        gpu.bind()?;
+        gpu.wait("synchronizing")
+    }
+
     fn stats(&self) -> Result<crate::MemoryStats, crate::Error> {
         Ok(gpu(self.ordinal)?.stats())
     }
