@@ -439,7 +439,10 @@ impl Tensor {
 
     /// Max pooling of NCHW numbers (not bool) over `window`: `[N, C,
     /// out_h, out_w]`. Padding reads as the dtype's least value (-inf for
-    /// floats), so it never wins; NaN propagates.
+    /// floats), so it never wins; NaN propagates. Each window picks one
+    /// element, as PyTorch's pooling does (its first maximum in row-major
+    /// order, of two zeros the first, its last NaN where it holds one), and
+    /// its gradient goes to that element alone.
     pub fn max_pool2d(&self, window: &Pool2d) -> Result<Tensor> {
         const OP: &str = "max_pool2d";
         let least = match self.dtype() {
@@ -461,7 +464,7 @@ impl Tensor {
         };
         check_4d(OP, self, false)?;
         let axes = pool_axes(OP, self, window)?;
-        pool(&padded(self, &axes, least)?, &axes, Tensor::maximum)
+        pool(&padded(self, &axes, least)?, &axes, later_if_larger)
     }
 
     /// Average pooling of NCHW f32 data over `window`: `[N, C, out_h,
@@ -571,6 +574,20 @@ fn tree(mut terms: Vec<Tensor>, f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) 
     terms
         .pop()
         .ok_or_else(|| window_error("conv2d", "a window with no elements".to_string()))
+}
+
+/// `b` where it is larger than `a` or NaN, else `a`: with `a` the pick of
+/// a window's earlier elements and `b` of its later ones, the window's
+/// first maximum or its last NaN, whatever tree combines them in order. As
+/// `where`s, the gradient goes to the picked element alone, where
+/// `maximum`'s would be shared at ties (ReLU's zeros tie) by the shape of
+/// the tree. `where(b > a, b, a)` is one `maxps` on x86.
+fn later_if_larger(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let larger = b.gt(a)?.where_cond(b, a)?;
+    match b.dtype().is_float() {
+        true => b.ne(b)?.where_cond(b, &larger),
+        false => Ok(larger),
+    }
 }
 
 /// Pooling by `f` over the windows of `xp`: at once for a small window; for

@@ -162,7 +162,10 @@ impl<'a> Emitter<'a> {
                 }
                 BinaryOp::Lt => ins.fcmp(FloatCC::LessThan, x, y),
                 BinaryOp::Le => ins.fcmp(FloatCC::LessThanOrEqual, x, y),
-                BinaryOp::Gt => ins.fcmp(FloatCC::GreaterThan, x, y),
+                // As `y < x`: `where(x > y, x, y)` is then the form that x86
+                // lowers to one `maxps` (Cranelift's pmax pattern) instead of a
+                // compare and a blend.
+                BinaryOp::Gt => ins.fcmp(FloatCC::LessThan, y, x),
                 BinaryOp::Ge => ins.fcmp(FloatCC::GreaterThanOrEqual, x, y),
                 BinaryOp::Eq => ins.fcmp(FloatCC::Equal, x, y),
                 BinaryOp::Ne => ins.fcmp(FloatCC::NotEqual, x, y),
