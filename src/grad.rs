@@ -15,7 +15,7 @@
 use crate::tensor::{capture_nodes, cut_by_reads, gradient_inputs};
 use crate::{Error, Result, Tensor};
 
-/// The gradients of `loss` (an f32 tensor of one element) with respect to
+/// The gradients of `loss` (a float tensor of one element) with respect to
 /// each tensor of `wrt`, in order, each of its tensor's shape: lazy tensors,
 /// to compute with further or to realize.
 ///

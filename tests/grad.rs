@@ -596,10 +596,10 @@ fn values_without_gradients_are_errors_that_name_the_op() -> Result<()> {
     assert_eq!(
         text,
         [
-            "grad: the input node that makes the value to differentiate gives i32; only f32 values have gradients",
-            "grad: the cast node that makes the value to differentiate gives i32; only f32 values have gradients",
+            "grad: the input node that makes the value to differentiate gives i32; only float values (f32, f64, bf16, f16) have gradients",
+            "grad: the cast node that makes the value to differentiate gives i32; only float values (f32, f64, bf16, f16) have gradients",
             "grad: the loss must be one value, but the mul node that makes it has shape [2]",
-            "grad: the gt node that makes the loss gives bool; only f32 values have gradients",
+            "grad: the gt node that makes the loss gives bool; only float values (f32, f64, bf16, f16) have gradients",
         ]
     );
     Ok(())

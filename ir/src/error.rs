@@ -205,7 +205,7 @@ pub enum Error {
     /// A gradient asked of, or with respect to, a value that has none: one
     /// of an integer or bool type.
     #[error(
-        "grad: the {op} node that makes the {role} gives {dtype}; only f32 values have gradients"
+        "grad: the {op} node that makes the {role} gives {dtype}; only float values (f32, f64, bf16, f16) have gradients"
     )]
     NoGradient {
         /// `loss` or `value to differentiate`.

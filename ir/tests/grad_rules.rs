@@ -258,8 +258,8 @@ fn values_without_gradients_are_errors_that_name_the_op() {
     assert_eq!(
         text,
         [
-            "grad: the cast node that makes the value to differentiate gives i32; only f32 values have gradients",
-            "grad: the gt node that makes the loss gives bool; only f32 values have gradients",
+            "grad: the cast node that makes the value to differentiate gives i32; only float values (f32, f64, bf16, f16) have gradients",
+            "grad: the gt node that makes the loss gives bool; only float values (f32, f64, bf16, f16) have gradients",
             "grad: the loss must be one value, but the sum node that makes it has shape [2, 1]",
         ]
     );
