@@ -67,6 +67,73 @@ fn cat_joins_parts_along_every_axis() -> Result<()> {
 }
 
 #[test]
+fn cat_of_more_parts_than_a_row_loop_branches_on() -> Result<()> {
+    // Eleven parts along the channels, rows of 13: the compiled row loop
+    // branches to a copy of the part each row lies in for the first parts,
+    // and selects element by element past its budget; and the same parts
+    // along the rows' own axis, where nothing is constant over a row.
+    for axis in [1usize, 2] {
+        let dims: Vec<Vec<usize>> = (0..11)
+            .map(|p| {
+                let mut d = vec![2, 3, 13];
+                d[axis] = 1 + p % 3;
+                d
+            })
+            .collect();
+        let parts: Vec<Tensor> = (dims.iter().enumerate())
+            .map(|(p, d)| filled(d, |i| i as f32 * 0.25 - p as f32))
+            .collect::<Result<_>>()?;
+        let values: Vec<(Vec<f32>, Vec<usize>)> = (parts.iter().zip(&dims))
+            .map(|(t, d)| Ok((t.to_vec::<f32>()?, d.clone())))
+            .collect::<Result<_>>()?;
+        let (want, want_dims) = joined(&values, axis);
+        check(
+            &format!("11 parts along {axis}"),
+            &parts,
+            |t| Tensor::cat(&t.iter().collect::<Vec<_>>(), axis as isize),
+            DType::F32,
+            &want_dims,
+            &want,
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn picks_constant_over_a_row_keep_every_output() -> Result<()> {
+    // Two independent picks by row and a value stored beside the result
+    // (a side output), each side of each pick taken by some rows.
+    let (rows, len) = (6usize, 9usize);
+    let a = filled(&[rows, len], |i| i as f32 * 0.5 - 7.0)?;
+    let b = filled(&[rows, len], |i| 3.0 - i as f32 * 0.25)?;
+    let m1 = Tensor::from_vec(vec![true, false, true, true, false, false], [rows, 1])?;
+    let m2 = Tensor::from_vec(vec![false, false, true, false, true, true], [rows, 1])?;
+    let f = |t: &[Tensor]| -> Result<[Tensor; 2]> {
+        let doubled = t[0].mul(&Tensor::scalar(2.0f32))?;
+        let first = t[2].where_cond(&doubled, &t[1])?;
+        let second = t[3].where_cond(&first.add(&Tensor::scalar(1.0f32))?, &t[0])?;
+        Ok([second, doubled])
+    };
+    let inputs = [a, b, m1, m2];
+    let want: Vec<Vec<f32>> = {
+        let r: Vec<Tensor> = (inputs.iter())
+            .map(|t| t.to(Device::Reference))
+            .collect::<Result<_>>()?;
+        f(&r)?
+            .iter()
+            .map(|t| t.to_vec::<f32>())
+            .collect::<Result<_>>()?
+    };
+    let specs: Vec<_> = inputs.iter().map(|t| t.ty().clone()).collect();
+    let mut compiled = kiln::compile("picks", &specs, |t| Ok(f(t)?.to_vec()))?;
+    let got = compiled.call(&inputs.iter().collect::<Vec<_>>())?;
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(&g.to_vec::<f32>()?, w, "output {k}");
+    }
+    Ok(())
+}
+
+#[test]
 fn cat_keeps_nan_minus_zero_and_integers_exactly() -> Result<()> {
     let a = Tensor::from_vec(vec![-0.0f32, f32::NAN, f32::INFINITY], [3])?;
     let b = Tensor::from_vec(vec![-0.0f32, 1.5], [2])?;

@@ -2,16 +2,18 @@
 //! product in place: one flat loop when the nest merges to one axis, else a
 //! row loop around an inner loop, each four lanes at a time where the
 //! block allows (`lane_op`); a
-//! row of padded reads in three stretches, its middle unpadded.
+//! row of padded reads in three stretches, its middle unpadded; and a row
+//! whose `where`s pick by conditions constant over it (a concatenation's
+//! parts) as a branch to a loop that reads only the picked values.
 
 use std::ops::Range;
 
 use cranelift_codegen::ir::{InstBuilder, Value};
-use kiln_ir::DType;
-use kiln_ir::kernel::Block;
+use kiln_ir::kernel::{Block, Expr};
+use kiln_ir::{DType, Scalar};
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
-use super::{RowRange, UNROLL, vectorizable_hoisted};
+use super::{RowRange, UNROLL, live, vectorizable_hoisted};
 use crate::nest::{Access, Nest};
 
 impl<'a> Emitter<'a> {
@@ -54,20 +56,29 @@ impl<'a> Emitter<'a> {
                 let out_base = bases[bases.len() - 1];
                 let zero = e.iconst(0);
                 let n = e.iconst(inner_len as i64);
-                let whole = |e: &mut Self, from: Value, to: Value, vector: bool| {
+                // A stretch `from..to` of the row, through `reads`.
+                let stretch = |e: &mut Self, reads: &[Access], span: Range<Value>, vector: bool| {
                     let rows = Rows::One(&bases);
                     let hoisted = e.hoist(body, reads, rows, inner_len, (None, &invariant));
-                    let lanes = vector && vectorizable_hoisted(body, reads, out, &hoisted);
-                    let at = Placed {
-                        block: body,
-                        accesses: reads,
-                        rows,
-                        hoisted: &hoisted,
+                    let whole = Version {
+                        block: body.clone(),
+                        accesses: reads.to_vec(),
+                        bases: bases[..reads.len()].to_vec(),
                     };
-                    e.inner_loop(at, (out, out_base), from..to, lanes, acc_in_place);
+                    e.unswitched(whole, &hoisted, UNSWITCHED, &mut |e, v| {
+                        let lanes =
+                            vector && vectorizable_hoisted(&v.block, &v.accesses, out, &hoisted);
+                        let at = Placed {
+                            block: &v.block,
+                            accesses: &v.accesses,
+                            rows: Rows::One(&v.bases),
+                            hoisted: &hoisted,
+                        };
+                        e.inner_loop(at, (out, out_base), span.clone(), lanes, acc_in_place);
+                    });
                 };
                 let Some((lo, hi, clear)) = &unpadded else {
-                    whole(e, zero, n, true);
+                    stretch(e, reads, zero..n, true);
                     return;
                 };
                 // The middle of every row reads unpadded, in vectors: a read
@@ -76,24 +87,54 @@ impl<'a> Emitter<'a> {
                 // rows of the others. Only the row's ends run one element
                 // at a time.
                 let (lo, hi) = (e.iconst(*lo as i64), e.iconst(*hi as i64));
-                whole(e, zero, lo, false);
-                let rows = Rows::One(&bases);
-                let hoisted = e.hoist(body, clear, rows, inner_len, (None, &invariant));
-                let lanes = vectorizable_hoisted(body, clear, out, &hoisted);
-                let at = Placed {
-                    block: body,
-                    accesses: clear,
-                    rows,
-                    hoisted: &hoisted,
-                };
-                e.inner_loop(at, (out, out_base), lo..hi, lanes, acc_in_place);
-                whole(e, hi, n, false);
+                stretch(e, reads, zero..lo, false);
+                stretch(e, clear, lo..hi, true);
+                stretch(e, reads, hi..n, false);
             });
             RowRange {
                 rows: nest.rows,
                 row_len: inner_len,
             }
         }
+    }
+
+    /// `emit` of `v`, or, where a `where` of `v` picks by a condition
+    /// hoisted out of the row, a branch on it to a version of each side that
+    /// reads only what its pick needs: a concatenation's parts, picked by
+    /// the row's position along the joined axis, become a copy of the one
+    /// part the row lies in, where every element read all the parts and
+    /// selected. The outermost such `where` first; at most `budget` branches
+    /// (a concatenation of `k` parts takes `k - 1`).
+    fn unswitched(
+        &mut self,
+        v: Version,
+        hoisted: &[Option<Value>],
+        budget: usize,
+        emit: &mut dyn FnMut(&mut Self, &Version),
+    ) {
+        let live = live(&v.block, &self.side);
+        let pick = (0..v.block.values.len())
+            .rev()
+            .find_map(|i| match v.block.values[i].expr {
+                Expr::Where(c, x, y) if live[i] && hoisted[i].is_none() => {
+                    hoisted[c as usize].map(|cond| (i, cond, [x, y]))
+                }
+                _ => None,
+            });
+        let Some((i, cond, sides)) = pick.filter(|_| budget > 0) else {
+            emit(self, &v);
+            return;
+        };
+        let blocks = [self.b.create_block(), self.b.create_block()];
+        let merge = self.b.create_block();
+        self.b.ins().brif(cond, blocks[0], &[], blocks[1], &[]);
+        for (block, side) in blocks.into_iter().zip(sides) {
+            self.b.switch_to_block(block);
+            let picked = v.picking(i, side, &self.side);
+            self.unswitched(picked, hoisted, budget - 1, emit);
+            self.b.ins().jump(merge, &[]);
+        }
+        self.b.switch_to_block(merge);
     }
 
     /// `for j in from..to`, four lanes at a time when `lanes`, then one at a
@@ -151,4 +192,50 @@ fn unpadded_middle(reads: &[Access]) -> Option<(usize, usize, Vec<Access>)> {
             .collect();
         (lo, hi, clear)
     })
+}
+
+/// Branches a row's loop may take on its conditions (`unswitched`): enough
+/// for a concatenation of 9 parts; past it the rest select element by
+/// element.
+const UNSWITCHED: usize = 8;
+
+/// A version of a block for one side of a branch: the block, and its reads
+/// with their positions at the row, in the order of its loads.
+struct Version {
+    block: Block,
+    accesses: Vec<Access>,
+    bases: Vec<RowBase>,
+}
+
+impl Version {
+    /// The version where value `i`, a `where`, is its operand `side`, and
+    /// the loads no longer needed are gone (a load is an instruction
+    /// Cranelift keeps even when its value is unused), with their reads.
+    fn picking(&self, i: usize, side: u32, stored: &[(usize, u32)]) -> Version {
+        let mut block = self.block.clone();
+        // A cast to its own dtype is the value itself.
+        block.values[i].expr = Expr::Cast(side);
+        let live = live(&block, stored);
+        let (mut accesses, mut bases) = (Vec::new(), Vec::new());
+        let mut reads = self.accesses.iter().zip(&self.bases);
+        for (v, live) in block.values.iter_mut().zip(live) {
+            if v.expr.read().is_none() {
+                continue;
+            }
+            let Some((access, base)) = reads.next() else {
+                break;
+            };
+            if live {
+                accesses.push(access.clone());
+                bases.push(*base);
+            } else {
+                v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
+            }
+        }
+        Version {
+            block,
+            accesses,
+            bases,
+        }
+    }
 }

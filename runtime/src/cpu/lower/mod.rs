@@ -399,9 +399,23 @@ fn scatter(
 /// Makes the loads that `block`'s result does not depend on constants: a
 /// load is an instruction Cranelift keeps even when its value is unused.
 fn drop_dead_loads(block: &mut Block) {
+    let live = live(block, &[]);
+    for (v, live) in block.values.iter_mut().zip(live) {
+        if !live && v.expr.read().is_some() {
+            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
+        }
+    }
+}
+
+/// Which values of `block` its result or a side output `stored` (buffer,
+/// value) needs.
+fn live(block: &Block, stored: &[(usize, u32)]) -> Vec<bool> {
     let mut live = vec![false; block.values.len()];
     if let Some(last) = live.last_mut() {
         *last = true;
+    }
+    for &(_, v) in stored {
+        live[v as usize] = true;
     }
     for i in (0..block.values.len()).rev() {
         if live[i] {
@@ -410,11 +424,7 @@ fn drop_dead_loads(block: &mut Block) {
             }
         }
     }
-    for (v, live) in block.values.iter_mut().zip(live) {
-        if !live && v.expr.read().is_some() {
-            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
-        }
-    }
+    live
 }
 
 /// The position of a value of `body` that computes exactly the prologue's
