@@ -141,7 +141,6 @@ pub(crate) fn nest(
     views: &[(usize, &View)],
 ) -> Nest {
     let dims = space.dims();
-    let masked = views.iter().any(|(_, v)| v.mask.is_some());
     // Positions in loop order, with the outer/inner boundary, size-1 axes dropped.
     let mut order: Vec<(usize, bool)> = axes
         .iter()
@@ -161,26 +160,27 @@ pub(crate) fn nest(
         .collect();
     // The extent of every position, kept alongside the views' columns.
     let mut extents: Vec<usize> = order.iter().map(|&(a, _)| dims[a]).collect();
-    if !masked {
-        // Merge position p into p+1 (innermost first) when every view steps through both as one.
-        let mut p = order.len().saturating_sub(1);
-        while p > 0 {
-            let same_side = order[p - 1].1 == order[p].1;
-            let mergeable = columns
-                .iter()
-                .all(|c| c[p - 1].stride == c[p].stride * c[p].dim as i64);
-            if same_side && mergeable {
-                for c in columns.iter_mut() {
-                    let outer = c.remove(p - 1);
-                    c[p - 1].dim *= outer.dim;
-                    c[p - 1].hi = c[p - 1].dim;
-                }
-                let outer = extents.remove(p - 1);
-                extents[p - 1] *= outer;
-                order.remove(p - 1);
+    // Merge position p into p+1 (innermost first) when every view steps
+    // through both as one and a padded one is valid all along both (a
+    // concatenation's part, padded along the joined axis alone).
+    let whole = |a: &Axis| a.lo == 0 && a.hi == a.dim;
+    let mut p = order.len().saturating_sub(1);
+    while p > 0 {
+        let same_side = order[p - 1].1 == order[p].1;
+        let mergeable = columns.iter().all(|c| {
+            c[p - 1].stride == c[p].stride * c[p].dim as i64 && whole(&c[p - 1]) && whole(&c[p])
+        });
+        if same_side && mergeable {
+            for c in columns.iter_mut() {
+                let outer = c.remove(p - 1);
+                c[p - 1].dim *= outer.dim;
+                c[p - 1].hi = c[p - 1].dim;
             }
-            p -= 1;
+            let outer = extents.remove(p - 1);
+            extents[p - 1] *= outer;
+            order.remove(p - 1);
         }
+        p -= 1;
     }
     let outer_count = match split {
         Some(_) => order.iter().filter(|o| o.1).count(),
