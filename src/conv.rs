@@ -442,7 +442,9 @@ impl Tensor {
     /// floats), so it never wins; NaN propagates. Each window picks one
     /// element, as PyTorch's pooling does (its first maximum in row-major
     /// order, of two zeros the first, its last NaN where it holds one), and
-    /// its gradient goes to that element alone.
+    /// its gradient goes to that element alone. (A window whose elements are
+    /// all -inf and that starts in the padding picks the padding, where
+    /// PyTorch picks its first element: that gradient is lost.)
     pub fn max_pool2d(&self, window: &Pool2d) -> Result<Tensor> {
         const OP: &str = "max_pool2d";
         let least = match self.dtype() {

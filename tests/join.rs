@@ -101,8 +101,9 @@ fn cat_of_more_parts_than_a_row_loop_branches_on() -> Result<()> {
 
 #[test]
 fn picks_constant_over_a_row_keep_every_output() -> Result<()> {
-    // Two independent picks by row and a value stored beside the result
-    // (a side output), each side of each pick taken by some rows.
+    // Two independent picks by row, one of them twice, and a value stored
+    // beside the result (a side output), each side of each pick taken by
+    // some rows.
     let (rows, len) = (6usize, 9usize);
     let a = filled(&[rows, len], |i| i as f32 * 0.5 - 7.0)?;
     let b = filled(&[rows, len], |i| 3.0 - i as f32 * 0.25)?;
@@ -112,7 +113,9 @@ fn picks_constant_over_a_row_keep_every_output() -> Result<()> {
         let doubled = t[0].mul(&Tensor::scalar(2.0f32))?;
         let first = t[2].where_cond(&doubled, &t[1])?;
         let second = t[3].where_cond(&first.add(&Tensor::scalar(1.0f32))?, &t[0])?;
-        Ok([second, doubled])
+        // The first pick's condition again: one branch decides both.
+        let third = t[2].where_cond(&second, &second.sub(&t[1])?)?;
+        Ok([third, doubled])
     };
     let inputs = [a, b, m1, m2];
     let want: Vec<Vec<f32>> = {

@@ -65,7 +65,8 @@ impl<'a> Emitter<'a> {
                         accesses: reads.to_vec(),
                         bases: bases[..reads.len()].to_vec(),
                     };
-                    e.unswitched(whole, &hoisted, UNSWITCHED, &mut |e, v| {
+                    let mut budget = UNSWITCHED;
+                    e.unswitched(whole, &hoisted, &mut budget, &mut |e, v| {
                         let lanes =
                             vector && vectorizable_hoisted(&v.block, &v.accesses, out, &hoisted);
                         let at = Placed {
@@ -86,10 +87,15 @@ impl<'a> Emitter<'a> {
                 // (`Access::row_fill`), as a concatenation's parts do in the
                 // rows of the others. Only the row's ends run one element
                 // at a time.
+                let ends = (*lo > 0, *hi < inner_len);
                 let (lo, hi) = (e.iconst(*lo as i64), e.iconst(*hi as i64));
-                stretch(e, reads, zero..lo, false);
+                if ends.0 {
+                    stretch(e, reads, zero..lo, false);
+                }
                 stretch(e, clear, lo..hi, true);
-                stretch(e, reads, hi..n, false);
+                if ends.1 {
+                    stretch(e, reads, hi..n, false);
+                }
             });
             RowRange {
                 rows: nest.rows,
@@ -100,38 +106,40 @@ impl<'a> Emitter<'a> {
 
     /// `emit` of `v`, or, where a `where` of `v` picks by a condition
     /// hoisted out of the row, a branch on it to a version of each side that
-    /// reads only what its pick needs: a concatenation's parts, picked by
+    /// reads only what its picks need: a concatenation's parts, picked by
     /// the row's position along the joined axis, become a copy of the one
     /// part the row lies in, where every element read all the parts and
-    /// selected. The outermost such `where` first; at most `budget` branches
-    /// (a concatenation of `k` parts takes `k - 1`).
+    /// selected. The outermost such `where` first, and with it every `where`
+    /// on the same condition; at most `budget` branches in all (a
+    /// concatenation of `k` parts takes `k - 1`).
     fn unswitched(
         &mut self,
         v: Version,
         hoisted: &[Option<Value>],
-        budget: usize,
+        budget: &mut usize,
         emit: &mut dyn FnMut(&mut Self, &Version),
     ) {
         let live = live(&v.block, &self.side);
         let pick = (0..v.block.values.len())
             .rev()
             .find_map(|i| match v.block.values[i].expr {
-                Expr::Where(c, x, y) if live[i] && hoisted[i].is_none() => {
-                    hoisted[c as usize].map(|cond| (i, cond, [x, y]))
+                Expr::Where(c, ..) if live[i] && hoisted[i].is_none() => {
+                    hoisted[c as usize].map(|cond| (c, cond))
                 }
                 _ => None,
             });
-        let Some((i, cond, sides)) = pick.filter(|_| budget > 0) else {
+        let Some((c, cond)) = pick.filter(|_| *budget > 0) else {
             emit(self, &v);
             return;
         };
+        *budget -= 1;
         let blocks = [self.b.create_block(), self.b.create_block()];
         let merge = self.b.create_block();
         self.b.ins().brif(cond, blocks[0], &[], blocks[1], &[]);
-        for (block, side) in blocks.into_iter().zip(sides) {
+        for (block, taken) in blocks.into_iter().zip([true, false]) {
             self.b.switch_to_block(block);
-            let picked = v.picking(i, side, &self.side);
-            self.unswitched(picked, hoisted, budget - 1, emit);
+            let picked = v.picking(c, taken, &self.side);
+            self.unswitched(picked, hoisted, budget, emit);
             self.b.ins().jump(merge, &[]);
         }
         self.b.switch_to_block(merge);
@@ -194,9 +202,9 @@ fn unpadded_middle(reads: &[Access]) -> Option<(usize, usize, Vec<Access>)> {
     })
 }
 
-/// Branches a row's loop may take on its conditions (`unswitched`): enough
-/// for a concatenation of 9 parts; past it the rest select element by
-/// element.
+/// Branches a stretch of a row may take on its conditions (`unswitched`),
+/// in all: enough for a concatenation of 9 parts, 9 loops; past it the rest
+/// select element by element.
 const UNSWITCHED: usize = 8;
 
 /// A version of a block for one side of a branch: the block, and its reads
@@ -208,13 +216,20 @@ struct Version {
 }
 
 impl Version {
-    /// The version where value `i`, a `where`, is its operand `side`, and
-    /// the loads no longer needed are gone (a load is an instruction
-    /// Cranelift keeps even when its value is unused), with their reads.
-    fn picking(&self, i: usize, side: u32, stored: &[(usize, u32)]) -> Version {
+    /// The version where condition `c` is `taken`: every `where` on it is
+    /// the operand it picks, and the loads no longer needed are gone (a
+    /// load is an instruction Cranelift keeps even when its value is
+    /// unused), with their reads.
+    fn picking(&self, c: u32, taken: bool, stored: &[(usize, u32)]) -> Version {
         let mut block = self.block.clone();
-        // A cast to its own dtype is the value itself.
-        block.values[i].expr = Expr::Cast(side);
+        for v in block.values.iter_mut() {
+            if let Expr::Where(cond, x, y) = v.expr
+                && cond == c
+            {
+                // A cast to its own dtype is the value itself.
+                v.expr = Expr::Cast(if taken { x } else { y });
+            }
+        }
         let live = live(&block, stored);
         let (mut accesses, mut bases) = (Vec::new(), Vec::new());
         let mut reads = self.accesses.iter().zip(&self.bases);

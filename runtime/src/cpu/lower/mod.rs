@@ -346,7 +346,7 @@ fn reduce(
                 input: out_buffer as u32,
                 view: out_view.clone(),
             };
-            drop_dead_loads(&mut body);
+            drop_dead_loads(&mut body, &e.side);
             body
         }
         None => kernel.body.clone(),
@@ -396,10 +396,11 @@ fn scatter(
     e.scatter(scatter, start, end)
 }
 
-/// Makes the loads that `block`'s result does not depend on constants: a
-/// load is an instruction Cranelift keeps even when its value is unused.
-fn drop_dead_loads(block: &mut Block) {
-    let live = live(block, &[]);
+/// Makes the loads that neither `block`'s result nor a side output
+/// `stored` depends on constants: a load is an instruction Cranelift keeps
+/// even when its value is unused.
+fn drop_dead_loads(block: &mut Block, stored: &[(usize, u32)]) {
+    let live = live(block, stored);
     for (v, live) in block.values.iter_mut().zip(live) {
         if !live && v.expr.read().is_some() {
             v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
