@@ -5,6 +5,8 @@
 //!
 //! `cargo run --release --example bench_report [-- --workload ID ... --shape SHAPE ... --quick --backend cpu|cuda|cuda-f32]`
 //!
+//! `--onnx FILE` (repeated) times whole ONNX models instead (`models`).
+//!
 //! `--serve` times workloads on request instead, for scripts that take
 //! turns with other frameworks (see `serve`).
 //!
@@ -23,6 +25,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 mod embedding;
+mod models;
 mod train;
 
 use kiln::{
@@ -38,6 +41,8 @@ struct Args {
     quick: bool,
     backend: Backend,
     serve: bool,
+    /// ONNX models to time (`--onnx FILE`, `benches/models.py`'s).
+    models: Vec<std::path::PathBuf>,
 }
 
 /// Where the workloads run.
@@ -67,12 +72,16 @@ fn args() -> std::result::Result<Args, String> {
         quick: false,
         backend: Backend::Cpu,
         serve: false,
+        models: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => args.quick = true,
             "--serve" => args.serve = true,
+            "--onnx" => args
+                .models
+                .push(it.next().ok_or("--onnx needs a file")?.into()),
             "--workload" => args
                 .workloads
                 .push(it.next().ok_or("--workload needs an id")?),
@@ -459,6 +468,12 @@ fn main() -> Result<()> {
         if let Err(e) = serve() {
             eprintln!("bench_report --serve: {e}");
             std::process::exit(2);
+        }
+        return Ok(());
+    }
+    if !args.models.is_empty() {
+        for path in &args.models {
+            models::model(path, args.quick, args.backend)?;
         }
         return Ok(());
     }

@@ -105,12 +105,16 @@ class Graph:
                                      self.const(np.array([-1, tokens, d]))])
         return self.linear(merged, d, d)
 
-    def save(self, name, inputs, output, feeds, opset=17):
+    def model(self, name, inputs, output, opset=17):
         graph = helper.make_graph(self.nodes, name, inputs,
                                   [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
                                   self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = 8
+        return model
+
+    def save(self, name, inputs, output, feeds, opset=17):
+        model = self.model(name, inputs, output, opset)
         onnx.save(model, os.path.join(HERE, f"{name}.onnx"))
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         (out,) = session.run(None, feeds)
@@ -214,5 +218,6 @@ def unet():
     g.save("unet", [image("x", 1, 3, 24, 20)], out, {"x": x_in})
 
 
-for make in [resnet, mobilenet, vit, decoder, unet]:
-    make()
+if __name__ == "__main__":
+    for make in [resnet, mobilenet, vit, decoder, unet]:
+        make()

@@ -1,0 +1,78 @@
+//! `bench_report --onnx FILE`: a whole ONNX model (`benches/models.py`
+//! writes resnet18 and mobilenet_v2 with their input and onnxruntime's
+//! output beside each file, `STEM_x.npy` and `STEM_out.npy`), compiled for
+//! `backend`, fused and unfused taking turns, timed call by call on its
+//! input, checked against onnxruntime's output; `compile_s` is the fused
+//! graph's first compile.
+
+use std::path::Path;
+use std::time::Instant;
+
+use kiln::data::npy::NpyArray;
+use kiln::onnx::{Feed, Model};
+use kiln::{CompileOptions, Data, DataRef, Options, Result};
+
+use super::{Backend, max_rel_err, target, time};
+
+pub(crate) fn model(path: &Path, quick: bool, backend: Backend) -> Result<()> {
+    let stem = path.with_extension("");
+    let name = stem
+        .file_name()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    eprintln!("{name}");
+    let array = |suffix: &str| -> Result<Data> {
+        let a = NpyArray::open(format!("{}_{suffix}.npy", stem.display()))?;
+        let rows = a.header().shape.first().copied().unwrap_or(1);
+        Ok(Data::F32(a.rows(0, rows)?.to_vec::<f32>()?))
+    };
+    let (x, want) = (array("x")?, array("out")?);
+    let x_ty = NpyArray::open(format!("{}_x.npy", stem.display()))?;
+    let dims = x_ty.header().shape.clone();
+    let model = Model::load(path)?;
+    let (device, backend_options) = target(backend);
+    let feeds = [Feed::Input(kiln::TensorType::new(
+        kiln::DType::F32,
+        dims.as_slice(),
+    ))];
+    let mut runs = Vec::new();
+    for (variant, fusion) in [("fused", true), ("unfused", false)] {
+        let options = CompileOptions {
+            device,
+            optimizer: Options {
+                fusion,
+                ..Options::default()
+            },
+            backend: backend_options,
+        };
+        let start = Instant::now();
+        let mut g = model.compile_with(&feeds, options)?;
+        let compile_s = start.elapsed().as_secs_f64();
+        let mut out = g.output_buffers()?;
+        g.run_into(&[DataRef::from(&x)], &mut out)?;
+        let got = match &out[0] {
+            Data::F32(v) => v.clone(),
+            _ => Vec::new(),
+        };
+        let reference: Vec<f64> = match &want {
+            Data::F32(v) => v.iter().map(|&w| f64::from(w)).collect(),
+            _ => Vec::new(),
+        };
+        runs.push((variant, g, out, compile_s, max_rel_err(&got, &reference)));
+    }
+    let refs = [DataRef::from(&x)];
+    let timings = time(quick, runs.len(), |v| {
+        let (_, g, out, ..) = &mut runs[v];
+        g.run_into(&refs, out).map(|()| None)
+    })?;
+    let shape: Vec<String> = dims.iter().map(usize::to_string).collect();
+    for ((variant, g, _, compile_s, err), timing) in runs.iter().zip(timings) {
+        println!(
+            "{{\"workload\":\"{name}\",\"shape\":\"{}\",\"variant\":\"{variant}\",\"backend\":\"{}\",{},\"compile_s\":{compile_s:.3},\"kernels\":{},\"bytes\":0,\"flops\":0,\"max_rel_err\":{err:.2e}}}",
+            shape.join("x"),
+            backend.name(),
+            timing.fields(),
+            g.launches(),
+        );
+    }
+    Ok(())
+}
