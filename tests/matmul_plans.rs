@@ -71,6 +71,18 @@ fn convolution_windows_are_read_in_place_or_copied() -> Result<()> {
 }
 
 #[test]
+fn a_convolutions_bias_per_channel_is_the_cpu_gemms_own() -> Result<()> {
+    // A value per row of each image's product: kiln's cores add it as they
+    // store; cuBLASLt's bias is per column, so CUDA keeps the kernel.
+    let x = Tensor::randn([2, 3, 6, 5], 0)?;
+    let w = Tensor::randn([4, 3, 1, 1], 1)?;
+    let b = Tensor::randn([4], 2)?;
+    let y = x.conv2d(&w, Some(&b), [1, 1], [(0, 0), (0, 0)], [1, 1], 1)?;
+    insta::assert_snapshot!(plans("conv_bias", &[&y.relu()?])?);
+    Ok(())
+}
+
+#[test]
 fn batch_axes_of_one_stride_are_read_in_place() -> Result<()> {
     let w = Tensor::randn([2, 3, 5, 6], 1)?;
     let in_place = Tensor::randn([2, 3, 4, 5], 0)?.matmul(&w)?;

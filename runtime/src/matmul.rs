@@ -24,6 +24,10 @@ pub struct Target {
     /// It adds a bias and applies ReLU as it stores the product (kiln's
     /// cores, cuBLASLt's epilogues), rather than a kernel after.
     pub bias_epilogue: bool,
+    /// It adds a bias of one value per row of the product, as a
+    /// convolution's is (kiln's cores), as well as one per column (a linear
+    /// layer's).
+    pub row_bias: bool,
     /// An epilogue kernel reads the product from scratch (a CUDA kernel
     /// after the GEMM); else from the output, where the GEMM stored it,
     /// writing over it (the CPU's kernel, row block by row block).
@@ -41,6 +45,7 @@ impl Target {
     pub const CPU: Target = Target {
         any_view: true,
         bias_epilogue: true,
+        row_bias: true,
         product_in_scratch: false,
         transposes: true,
         align: 4,
@@ -52,6 +57,9 @@ impl Target {
         Target {
             any_view: false,
             bias_epilogue: fused,
+            // cuBLASLt's bias is one per row of its column-major output:
+            // per column of kiln's row-major product.
+            row_bias: false,
             product_in_scratch: true,
             transposes: false,
             align: 256,
@@ -174,13 +182,16 @@ pub enum Epilogue {
     /// It is the output: the kernel's body is its `acc`.
     Product,
     /// The GEMM adds kernel input `bias` (one value per column of the
-    /// product, broadcast over its rows and batches) as it stores it, then
-    /// ReLU if `relu`.
+    /// product, broadcast over its rows and batches, or with `rows` one per
+    /// row, broadcast over its columns and batches: a convolution's, per
+    /// output channel) as it stores it, then ReLU if `relu`.
     Bias {
         /// The kernel input holding the bias.
         bias: u32,
         /// Whether ReLU follows.
         relu: bool,
+        /// Whether the bias holds a value per row, not per column.
+        rows: bool,
     },
     /// The kernel's body computes the output from the product: read from
     /// scratch at byte `acc`, or from the output where `acc` is `None`.
@@ -242,11 +253,15 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
         PlanOperand { shape, source }
     };
     let (a, b) = (operand(a), operand(b));
-    let epilogue = match stored(kernel, n) {
+    let epilogue = match stored(kernel, m, n) {
         Some(Epilogue::Product) => Epilogue::Product,
         // With k = 0 the product is zeros, which a runtime may write
         // without a GEMM (CUDA does): the bias then needs the kernel.
-        Some(bias @ Epilogue::Bias { .. }) if target.bias_epilogue && k > 0 => bias,
+        Some(bias @ Epilogue::Bias { rows, .. })
+            if target.bias_epilogue && k > 0 && (!rows || target.row_bias) =>
+        {
+            bias
+        }
         _ => Epilogue::Kernel {
             acc: target.product_in_scratch.then(|| {
                 let acc = scratch;
@@ -397,10 +412,10 @@ pub fn blas(view: &View) -> Option<Strides> {
 }
 
 /// The epilogue a GEMM can apply itself as it stores the product of a
-/// matmul `kernel` of `n` columns, where it writes no side output:
-/// `Product` when its body is the product, `Bias` when it is a bias (and
-/// ReLU) over the product's rows; `None` otherwise.
-fn stored(kernel: &Kernel, n: usize) -> Option<Epilogue> {
+/// matmul `kernel` of `m` rows and `n` columns, where it writes no side
+/// output: `Product` when its body is the product, `Bias` when it is a bias
+/// (and ReLU) over the product's rows or columns; `None` otherwise.
+fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
     if !kernel.side.is_empty() {
         return None;
     }
@@ -412,23 +427,15 @@ fn stored(kernel: &Kernel, n: usize) -> Option<Epilogue> {
         return Some(Epilogue::Product);
     }
     let out = kernel.out.shape.dims();
-    if out.last() != Some(&n) {
-        return None;
-    }
-    // One value per column, at offset 0 (so that the bias is the input's
-    // first `n` elements).
     let is_bias = |e: &Expr| match e {
-        Expr::Load { input, view } => {
-            let mut strides = vec![0usize; out.len()];
-            strides[out.len() - 1] = usize::from(n != 1);
-            (view.mask.is_none() && view.offset == 0 && view.strides.as_slice() == strides)
-                .then_some(*input)
+        Expr::Load { input, view } if view.mask.is_none() && view.offset == 0 => {
+            bias_along(out, &view.strides, m, n).map(|rows| (*input, rows))
         }
         _ => None,
     };
     match kernel.body.values.as_slice() {
         [acc, bias, add, rest @ ..] if acc.expr == Expr::Acc => {
-            let bias = is_bias(&bias.expr)?;
+            let (bias, rows) = is_bias(&bias.expr)?;
             let added = matches!(
                 add.expr,
                 Expr::Binary(BinaryOp::Add, 0, 1) | Expr::Binary(BinaryOp::Add, 1, 0)
@@ -438,8 +445,40 @@ fn stored(kernel: &Kernel, n: usize) -> Option<Epilogue> {
                 [r] if r.expr == Expr::Unary(UnaryOp::Relu, 2) => true,
                 _ => return None,
             };
-            added.then_some(Epilogue::Bias { bias, relu })
+            added.then_some(Epilogue::Bias { bias, relu, rows })
         }
         _ => None,
     }
+}
+
+/// Whether a read through `strides` over an output of `dims` (the
+/// products of `m x n`, batch after batch, in order) reads element `j` at
+/// column `j` of every row (`Some(false)`) or element `i` at row `i` of
+/// every column (`Some(true)`), the same in every batch; `None` if neither.
+fn bias_along(dims: &[usize], strides: &[usize], m: usize, n: usize) -> Option<bool> {
+    // Innermost first; an axis of one element reads the same at any stride.
+    let axes: Vec<(usize, usize)> = (dims.iter().zip(strides).rev())
+        .filter(|(d, _)| **d != 1)
+        .map(|(&d, &s)| (d, s))
+        .collect();
+    // The axes from `from` on that make up `extent` elements, each stepping
+    // through them in order where `counts`, each still where not: the
+    // position after them, if they do.
+    let span = |from: usize, extent: usize, counts: bool| -> Option<usize> {
+        let (mut at, mut covered) = (from, 1);
+        while covered < extent {
+            let &(d, s) = axes.get(at)?;
+            if s != if counts { covered } else { 0 } {
+                return None;
+            }
+            covered *= d;
+            at += 1;
+        }
+        (covered == extent).then_some(at)
+    };
+    let fits = |rows: bool| {
+        (span(0, n, !rows).and_then(|at| span(at, m, rows)))
+            .is_some_and(|at| axes[at..].iter().all(|&(_, s)| s == 0))
+    };
+    [false, true].into_iter().find(|&rows| fits(rows))
 }

@@ -17,6 +17,7 @@ use std::arch::x86_64::{
     _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
 };
 
+use super::Fused;
 use super::driver::{Kernel, Tile};
 use super::panel::{PanelA, Rows};
 
@@ -120,9 +121,9 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
         }
         acc
     };
-    // A full tile's bias, loaded once for all its rows.
+    // A full tile's bias per column, loaded once for all its rows.
     let epilogue = tile.epilogue;
-    let bias = if EPILOGUE && !epilogue.bias.is_null() && tile.cols == NR {
+    let bias = if EPILOGUE && !epilogue.bias.is_null() && !epilogue.rows && tile.cols == NR {
         // SAFETY: the tile's NR columns are columns of the bias.
         unsafe {
             Some([
@@ -140,8 +141,12 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
     if tile.rows == R && tile.cols == NR {
         for (i, row) in acc.iter().enumerate() {
             // SAFETY: the tile is full: its row `i`, NR elements from here,
-            // is the caller's (the contract of this function).
-            unsafe { whole_row::<EPILOGUE>(c.add(tile.offset + i * tile.stride), row, tile, bias) };
+            // is the caller's (the contract of this function), and a row of
+            // any bias per row.
+            unsafe {
+                let bias = row_bias::<EPILOGUE>(epilogue, i).or(bias);
+                whole_row::<EPILOGUE>(c.add(tile.offset + i * tile.stride), row, tile, bias)
+            };
         }
         return;
     }
@@ -153,8 +158,12 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
             std::slice::from_raw_parts_mut(c.add(tile.offset + i * tile.stride), tile.cols)
         };
         if out.len() == NR {
-            // SAFETY: `out` holds the row's NR elements.
-            unsafe { whole_row::<EPILOGUE>(out.as_mut_ptr(), row, tile, bias) };
+            // SAFETY: `out` holds the row's NR elements; `i` is a row of any
+            // bias per row.
+            unsafe {
+                let bias = row_bias::<EPILOGUE>(epilogue, i).or(bias);
+                whole_row::<EPILOGUE>(out.as_mut_ptr(), row, tile, bias)
+            };
         } else {
             let mut lanes = [0.0f32; NR];
             // SAFETY: `lanes` holds both halves' 8 lanes.
@@ -164,9 +173,10 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
             }
             for (j, (x, &v)) in out.iter_mut().zip(&lanes).enumerate() {
                 let v = if tile.accumulate { *x + v } else { v };
-                // SAFETY: column `j` of the tile is a column of the product.
+                // SAFETY: row `i` and column `j` of the tile are a row and
+                // a column of the product.
                 *x = if EPILOGUE {
-                    unsafe { epilogue.apply(v, j) }
+                    unsafe { epilogue.apply(v, i, j) }
                 } else {
                     v
                 };
@@ -364,6 +374,18 @@ unsafe fn whole_row<const EPILOGUE: bool>(
             _mm256_storeu_ps(lanes, v);
         }
     }
+}
+
+/// Row `i`'s bias in every lane, where `epilogue` has one per row.
+///
+/// # Safety
+/// Where it has, `i` is one of its rows.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn row_bias<const EPILOGUE: bool>(epilogue: Fused, i: usize) -> Option<[__m256; 2]> {
+    // SAFETY: the caller's row `i` is inside the bias.
+    let b = unsafe { epilogue.row_bias(i) }.filter(|_| EPILOGUE)?;
+    Some([_mm256_set1_ps(b); 2])
 }
 
 /// `v` plus `bias` where there is one, then ReLU if `relu`: lane by lane

@@ -127,9 +127,9 @@ unsafe fn microkernel<const R: usize, const V: usize, const EPILOGUE: bool, A: P
         lane_mask(tile.cols.min(16)),
         lane_mask(tile.cols.saturating_sub(16)),
     ];
-    // The tile's bias, its columns' lanes loaded once for all its rows.
+    // The tile's bias per column, its lanes loaded once for all its rows.
     let epilogue = tile.epilogue;
-    let bias = if EPILOGUE && !epilogue.bias.is_null() {
+    let bias = if EPILOGUE && !epilogue.bias.is_null() && !epilogue.rows {
         // SAFETY: the lanes the masks select are the tile's columns, which
         // are columns of the bias (a masked-off half reads nothing).
         unsafe {
@@ -144,9 +144,14 @@ unsafe fn microkernel<const R: usize, const V: usize, const EPILOGUE: bool, A: P
     for (i, row) in acc.iter().take(tile.rows).enumerate() {
         // SAFETY: row `i` of the tile, `tile.cols` elements from `c`'s
         // `tile.offset + i * tile.stride`-th, is the caller's (the contract
-        // of this function).
+        // of this function), and a row of any bias per row.
         let out = unsafe {
             std::slice::from_raw_parts_mut(c.add(tile.offset + i * tile.stride), tile.cols)
+        };
+        // The row's bias, where there is one per row, in every lane.
+        let bias = match unsafe { epilogue.row_bias(i) } {
+            Some(b) if EPILOGUE => Some([_mm512_set1_ps(b); 2]),
+            _ => bias,
         };
         for (half, (&v, &mask)) in row.iter().zip(&masks).enumerate() {
             if mask == 0 {

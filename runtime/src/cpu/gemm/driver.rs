@@ -102,11 +102,11 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 ) {
     let c = &mut c[..m * n];
     if k == 0 {
-        for row in c.chunks_mut(n) {
+        for (i, row) in c.chunks_mut(n).enumerate() {
             for (j, x) in row.iter_mut().enumerate() {
-                // SAFETY: `j < n`, a column of the bias (the contract of
-                // this function).
-                *x = unsafe { epilogue.apply(0.0, j) };
+                // SAFETY: `i < m` and `j < n`, a row or column of the bias
+                // (the contract of this function).
+                *x = unsafe { epilogue.apply(0.0, i, j) };
             }
         }
         finish(0, m);
@@ -471,7 +471,7 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                     cols: NR.min(n - p * NR),
                     accumulate: k0 > 0,
                     epilogue: match last {
-                        true => product.epilogue.at_column(p * NR),
+                        true => product.epilogue.at(r0 + t * MR, p * NR),
                         false => Fused::NONE,
                     },
                 };

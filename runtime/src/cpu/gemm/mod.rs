@@ -187,13 +187,18 @@ unsafe impl Sync for Operand {}
 unsafe impl Send for Operand {}
 
 /// What kiln's cores apply to each element of the product in registers
-/// as they store it (`matmul::Epilogue::Bias`): `c + bias[j]` where `bias` is not
-/// null, then ReLU where `relu`, in the order and with the rounding of the
-/// generated epilogue, so that both give the same bits.
+/// as they store it (`matmul::Epilogue::Bias`): `c + bias[j]` (or
+/// `bias[i]` where `rows`) where `bias` is not null, then ReLU where
+/// `relu`, in the order and with the rounding of the generated epilogue,
+/// so that both give the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct Fused {
-    /// Null, or the first of one value per column of the product.
+    /// Null, or the first of one value per column of the product (per row
+    /// where `rows`).
     pub bias: *const f32,
+    /// Whether the bias holds a value per row (a convolution's, per output
+    /// channel), not per column (a linear layer's).
+    pub rows: bool,
     /// Whether ReLU follows.
     pub relu: bool,
 }
@@ -202,6 +207,7 @@ impl Fused {
     /// The product as it is.
     pub(crate) const NONE: Fused = Fused {
         bias: std::ptr::null(),
+        rows: false,
         relu: false,
     };
 
@@ -210,28 +216,41 @@ impl Fused {
         self.bias.is_null() && !self.relu
     }
 
-    /// The same epilogue for the columns from `j` on.
-    pub(crate) fn at_column(self, j: usize) -> Fused {
+    /// The same epilogue for the tile of rows from `i` and columns from `j`
+    /// on.
+    pub(crate) fn at(self, i: usize, j: usize) -> Fused {
         match self.bias.is_null() {
             true => self,
             false => Fused {
-                bias: self.bias.wrapping_add(j),
+                bias: self.bias.wrapping_add(if self.rows { i } else { j }),
                 ..self
             },
         }
     }
 
-    /// Element `x` of column `j` (of the columns this epilogue starts at).
+    /// The bias of row `i` where it holds one per row: for every column.
     ///
     /// # Safety
-    /// Where there is a bias, `j` is one of its columns.
+    /// Where there is such a bias, `i` is one of its rows.
     #[inline(always)]
-    pub(crate) unsafe fn apply(self, x: f32, j: usize) -> f32 {
-        // SAFETY: the caller's column `j` is inside the bias.
+    pub(crate) unsafe fn row_bias(self, i: usize) -> Option<f32> {
+        // SAFETY: the caller's row `i` is inside the bias.
+        (self.rows && !self.bias.is_null()).then(|| unsafe { *self.bias.add(i) })
+    }
+
+    /// Element `x` at row `i` and column `j` (of those this epilogue starts
+    /// at).
+    ///
+    /// # Safety
+    /// Where there is a bias, `i` is one of its rows (`rows`) or `j` one of
+    /// its columns.
+    #[inline(always)]
+    pub(crate) unsafe fn apply(self, x: f32, i: usize, j: usize) -> f32 {
+        // SAFETY: the caller's row or column is inside the bias.
         let x = if self.bias.is_null() {
             x
         } else {
-            x + unsafe { *self.bias.add(j) }
+            x + unsafe { *self.bias.add(if self.rows { i } else { j }) }
         };
         // As generated code's ReLU: NaN stays, anything not above zero is +0.
         if self.relu && x <= 0.0 { 0.0 } else { x }

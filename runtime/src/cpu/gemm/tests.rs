@@ -158,20 +158,30 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
     let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
     let transposed = Operand::strided(at.as_ptr(), 1, m as isize);
     let row_major = Operand::strided(a.as_ptr(), k as isize, 1);
-    let bias: Vec<f32> = (0..n).map(|j| ((j * 31) % 23) as f32 / 5.0 - 2.0).collect();
-    for (threads, pad, a_op, (with_bias, relu)) in [
-        (1, 0, transposed, (false, false)),
-        (2, 0, transposed, (true, true)),
-        (2, 3, row_major, (true, false)),
-        (1, 0, row_major, (true, true)),
-        (2, usize::MAX, row_major, (false, true)),
+    // A bias per column (a linear layer's) or per row (a convolution's).
+    let per_column: Vec<f32> = (0..n).map(|j| ((j * 31) % 23) as f32 / 5.0 - 2.0).collect();
+    let per_row: Vec<f32> = (0..m).map(|i| ((i * 37) % 19) as f32 / 4.0 - 2.0).collect();
+    let bias_at = |rows: Option<bool>, i: usize, j: usize| match rows {
+        None => 0.0,
+        Some(false) => per_column[j],
+        Some(true) => per_row[i],
+    };
+    for (threads, pad, a_op, (rows, relu)) in [
+        (1, 0, transposed, (None, false)),
+        (2, 0, transposed, (Some(false), true)),
+        (2, 3, row_major, (Some(false), false)),
+        (1, 0, row_major, (Some(false), true)),
+        (2, usize::MAX, row_major, (None, true)),
+        (2, 0, transposed, (Some(true), true)),
+        (1, 3, row_major, (Some(true), false)),
     ] {
         let epilogue = Fused {
-            bias: if with_bias {
-                bias.as_ptr()
-            } else {
-                std::ptr::null()
+            bias: match rows {
+                None => std::ptr::null(),
+                Some(false) => per_column.as_ptr(),
+                Some(true) => per_row.as_ptr(),
             },
+            rows: rows == Some(true),
             relu,
         };
         let (b_values, b_op);
@@ -208,7 +218,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
             )
         };
         let what = format!(
-            "{} {m}x{k}x{n} threads {threads} pad {pad} bias {with_bias} relu {relu}",
+            "{} {m}x{k}x{n} threads {threads} pad {pad} bias per row {rows:?} relu {relu}",
             isa.name()
         );
         // `finish` saw a partition of the rows.
@@ -228,9 +238,9 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
                 let mut scale: f64 = (0..k)
                     .map(|l| f64::from(a[i * k + l] * b[l * n + j]).abs())
                     .sum();
-                if with_bias {
-                    want += f64::from(bias[j]);
-                    scale += f64::from(bias[j]).abs();
+                if rows.is_some() {
+                    want += f64::from(bias_at(rows, i, j));
+                    scale += f64::from(bias_at(rows, i, j)).abs();
                 }
                 if relu {
                     want = want.max(0.0);

@@ -97,18 +97,20 @@ impl CompiledKernel {
         }
         // A bias and ReLU kiln's cores apply as they store the product.
         let in_registers = match plan.epilogue {
-            Epilogue::Bias { bias, relu } => {
+            Epilogue::Bias { bias, relu, rows } => {
                 let bias = inputs
                     .get(bias as usize)
                     .ok_or_else(|| Error::Launch(format!("a bias of input {bias}")))?;
-                if bias.bytes < n * 4 {
+                let (len, what) = if rows { (m, "rows") } else { (n, "columns") };
+                if bias.bytes < len * 4 {
                     return Err(Error::Launch(format!(
-                        "a bias of {} bytes for a product of {n} columns",
+                        "a bias of {} bytes for a product of {len} {what}",
                         bias.bytes
                     )));
                 }
                 Some(gemm::Fused {
                     bias: bias.ptr as *const f32,
+                    rows,
                     relu,
                 })
             }
