@@ -53,6 +53,25 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
             tol,
             |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
         )?;
+        // A bias per row (a convolution's, per channel) and ReLU6 as ONNX's
+        // Clip imports it, and a cap alone: both in the GEMM's registers.
+        let per_row = input(&[m, 1], 34, false)?;
+        check(
+            &format!("relu6(x@w+b per row) {m}x{k}x{n}"),
+            &[a.clone(), b.clone(), per_row],
+            tol,
+            |t| {
+                let y = (t[0].matmul(&t[1])? + &t[2])?;
+                y.maximum(&Tensor::scalar(0.0f32))?
+                    .minimum(&Tensor::scalar(6.0f32))
+            },
+        )?;
+        check(
+            &format!("min(x@w+b, 2.5) {m}x{k}x{n}"),
+            &[a.clone(), b.clone(), input(&[n], 35, false)?],
+            tol,
+            |t| (t[0].matmul(&t[1])? + &t[2])?.minimum(&Tensor::scalar(2.5f32)),
+        )?;
         let bt = b.t()?.to_vec::<f32>()?;
         let bt = Tensor::from_vec(bt, [n, k])?;
         check(

@@ -71,14 +71,19 @@ fn convolution_windows_are_read_in_place_or_copied() -> Result<()> {
 }
 
 #[test]
-fn a_convolutions_bias_per_channel_is_the_cpu_gemms_own() -> Result<()> {
-    // A value per row of each image's product: kiln's cores add it as they
-    // store; cuBLASLt's bias is per column, so CUDA keeps the kernel.
+fn a_convolutions_bias_per_channel_and_relu6_are_the_cpu_gemms_own() -> Result<()> {
+    // A value per row of each image's product, then ReLU6: kiln's cores
+    // apply them as they store; cuBLASLt's bias is per column and it has no
+    // cap, so CUDA keeps the kernel.
     let x = Tensor::randn([2, 3, 6, 5], 0)?;
     let w = Tensor::randn([4, 3, 1, 1], 1)?;
     let b = Tensor::randn([4], 2)?;
     let y = x.conv2d(&w, Some(&b), [1, 1], [(0, 0), (0, 0)], [1, 1], 1)?;
-    insta::assert_snapshot!(plans("conv_bias", &[&y.relu()?])?);
+    // ReLU6 as ONNX's Clip imports it: the cap is 6.0's bits.
+    let relu6 = y
+        .maximum(&Tensor::scalar(0.0f32))?
+        .minimum(&Tensor::scalar(6.0f32))?;
+    insta::assert_snapshot!(plans("conv_bias", &[&relu6])?);
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use kiln_ir::view::View;
-use kiln_ir::{BinaryOp, DType, Shape, TensorType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType, UnaryOp};
 
 use crate::Error;
 use crate::nest::nest;
@@ -28,6 +28,9 @@ pub struct Target {
     /// convolution's is (kiln's cores), as well as one per column (a linear
     /// layer's).
     pub row_bias: bool,
+    /// It caps the result at a constant (ReLU6's 6) after the bias and
+    /// ReLU (kiln's cores).
+    pub cap: bool,
     /// An epilogue kernel reads the product from scratch (a CUDA kernel
     /// after the GEMM); else from the output, where the GEMM stored it,
     /// writing over it (the CPU's kernel, row block by row block).
@@ -46,6 +49,7 @@ impl Target {
         any_view: true,
         bias_epilogue: true,
         row_bias: true,
+        cap: true,
         product_in_scratch: false,
         transposes: true,
         align: 4,
@@ -60,6 +64,7 @@ impl Target {
             // cuBLASLt's bias is one per row of its column-major output:
             // per column of kiln's row-major product.
             row_bias: false,
+            cap: false,
             product_in_scratch: true,
             transposes: false,
             align: 256,
@@ -184,12 +189,16 @@ pub enum Epilogue {
     /// The GEMM adds kernel input `bias` (one value per column of the
     /// product, broadcast over its rows and batches, or with `rows` one per
     /// row, broadcast over its columns and batches: a convolution's, per
-    /// output channel) as it stores it, then ReLU if `relu`.
+    /// output channel) as it stores it, then ReLU if `relu`, then the lesser
+    /// of that and `cap` if there is one (ReLU6).
     Bias {
         /// The kernel input holding the bias.
         bias: u32,
         /// Whether ReLU follows.
         relu: bool,
+        /// The bits of the f32 the result is capped at: finite, not zero
+        /// (so that the sign of a zero never matters to it).
+        cap: Option<u32>,
         /// Whether the bias holds a value per row, not per column.
         rows: bool,
     },
@@ -257,8 +266,11 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
         Some(Epilogue::Product) => Epilogue::Product,
         // With k = 0 the product is zeros, which a runtime may write
         // without a GEMM (CUDA does): the bias then needs the kernel.
-        Some(bias @ Epilogue::Bias { rows, .. })
-            if target.bias_epilogue && k > 0 && (!rows || target.row_bias) =>
+        Some(bias @ Epilogue::Bias { rows, cap, .. })
+            if target.bias_epilogue
+                && k > 0
+                && (!rows || target.row_bias)
+                && (cap.is_none() || target.cap) =>
         {
             bias
         }
@@ -414,7 +426,9 @@ pub fn blas(view: &View) -> Option<Strides> {
 /// The epilogue a GEMM can apply itself as it stores the product of a
 /// matmul `kernel` of `m` rows and `n` columns, where it writes no side
 /// output: `Product` when its body is the product, `Bias` when it is a bias
-/// (and ReLU) over the product's rows or columns; `None` otherwise.
+/// over the product's rows or columns, then ReLU (or the max with +0, its
+/// same bits) and a cap (the min with a constant), each if there is one;
+/// `None` otherwise.
 fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
     if !kernel.side.is_empty() {
         return None;
@@ -440,12 +454,44 @@ fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
                 add.expr,
                 Expr::Binary(BinaryOp::Add, 0, 1) | Expr::Binary(BinaryOp::Add, 1, 0)
             );
-            let relu = match rest {
-                [] => false,
-                [r] if r.expr == Expr::Unary(UnaryOp::Relu, 2) => true,
-                _ => return None,
-            };
-            added.then_some(Epilogue::Bias { bias, relu, rows })
+            let (relu, cap) = activation(rest)?;
+            added.then_some(Epilogue::Bias {
+                bias,
+                relu,
+                rows,
+                cap,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The ReLU and the cap of a bias epilogue's values after the addition
+/// (value 2): `relu(x)` or `max(x, +0)`, then `min(x, c)` with a finite
+/// constant `c` other than zero, each if there; `None` for anything else.
+fn activation(rest: &[kiln_ir::kernel::Value]) -> Option<(bool, Option<u32>)> {
+    let constant = |v: &kiln_ir::kernel::Value| match v.expr {
+        Expr::Const(Scalar::F32(c)) => Some(c),
+        _ => None,
+    };
+    let of = |e: &Expr, op: BinaryOp, x: u32| {
+        *e == Expr::Binary(op, x, x + 1) || *e == Expr::Binary(op, x + 1, x)
+    };
+    let (relu, last, rest) = match rest {
+        [r, tail @ ..] if r.expr == Expr::Unary(UnaryOp::Relu, 2) => (true, 3, tail),
+        // +0 exactly: the max with -0 keeps a -0.
+        [c, m, tail @ ..]
+            if constant(c).is_some_and(|c| c.to_bits() == 0) && of(&m.expr, BinaryOp::Max, 2) =>
+        {
+            (true, 4, tail)
+        }
+        _ => (false, 2, rest),
+    };
+    match rest {
+        [] => Some((relu, None)),
+        [c, m] if of(&m.expr, BinaryOp::Min, last) => {
+            let cap = constant(c).filter(|c| c.is_finite() && *c != 0.0)?;
+            Some((relu, Some(cap.to_bits())))
         }
         _ => None,
     }

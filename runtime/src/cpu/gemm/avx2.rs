@@ -14,7 +14,8 @@
 use std::arch::asm;
 use std::arch::x86_64::{
     __m256, _CMP_LE_OQ, _MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_andnot_ps, _mm256_cmp_ps,
-    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_min_ps, _mm256_set1_ps, _mm256_setzero_ps,
+    _mm256_storeu_ps,
 };
 
 use super::Fused;
@@ -367,7 +368,7 @@ unsafe fn whole_row<const EPILOGUE: bool>(
                 v
             };
             let v = if EPILOGUE {
-                apply(v, bias.map(|b| b[half]), tile.epilogue.relu)
+                apply(v, bias.map(|b| b[half]), tile.epilogue)
             } else {
                 v
             };
@@ -388,19 +389,23 @@ unsafe fn row_bias<const EPILOGUE: bool>(epilogue: Fused, i: usize) -> Option<[_
     Some([_mm256_set1_ps(b); 2])
 }
 
-/// `v` plus `bias` where there is one, then ReLU if `relu`: lane by lane
-/// as `Fused::apply` (the same bits).
+/// `v` plus `bias` where there is one, then `epilogue`'s ReLU and cap:
+/// lane by lane as `Fused::apply` (the same bits).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn apply(v: __m256, bias: Option<__m256>, relu: bool) -> __m256 {
-    let v = match bias {
+fn apply(v: __m256, bias: Option<__m256>, epilogue: Fused) -> __m256 {
+    let mut v = match bias {
         Some(bias) => _mm256_add_ps(v, bias),
         None => v,
     };
-    if !relu {
-        return v;
+    if epilogue.relu {
+        // Lanes not above zero (NaN is not) become +0.
+        let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
+        v = _mm256_andnot_ps(not_above, v);
     }
-    // Lanes not above zero (NaN is not) become +0.
-    let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
-    _mm256_andnot_ps(not_above, v)
+    match epilogue.cap {
+        // `cap < v ? cap : v`: a NaN lane stays.
+        Some(cap) => _mm256_min_ps(_mm256_set1_ps(cap), v),
+        None => v,
+    }
 }

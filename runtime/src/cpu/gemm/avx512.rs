@@ -12,9 +12,10 @@
 use std::arch::x86_64::{
     __m512, _CMP_LE_OQ, _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_cmp_ps_mask,
     _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
-    _mm512_maskz_mov_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_maskz_mov_ps, _mm512_min_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
+use super::Fused;
 use super::driver::{Kernel, Tile};
 use super::panel::PanelA;
 
@@ -168,7 +169,7 @@ unsafe fn microkernel<const R: usize, const V: usize, const EPILOGUE: bool, A: P
                     v
                 };
                 let v = if EPILOGUE {
-                    apply(v, bias.map(|b| b[half]), epilogue.relu)
+                    apply(v, bias.map(|b| b[half]), epilogue)
                 } else {
                     v
                 };
@@ -178,21 +179,25 @@ unsafe fn microkernel<const R: usize, const V: usize, const EPILOGUE: bool, A: P
     }
 }
 
-/// `v` plus `bias` where there is one, then ReLU if `relu`: lane by lane
-/// as `Fused::apply` (the same bits).
+/// `v` plus `bias` where there is one, then `epilogue`'s ReLU and cap:
+/// lane by lane as `Fused::apply` (the same bits).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn apply(v: __m512, bias: Option<__m512>, relu: bool) -> __m512 {
-    let v = match bias {
+fn apply(v: __m512, bias: Option<__m512>, epilogue: Fused) -> __m512 {
+    let mut v = match bias {
         Some(bias) => _mm512_add_ps(v, bias),
         None => v,
     };
-    if !relu {
-        return v;
+    if epilogue.relu {
+        // Lanes not above zero (NaN is not) become +0.
+        let not_above = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, _mm512_setzero_ps());
+        v = _mm512_maskz_mov_ps(!not_above, v);
     }
-    // Lanes not above zero (NaN is not) become +0.
-    let not_above = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, _mm512_setzero_ps());
-    _mm512_maskz_mov_ps(!not_above, v)
+    match epilogue.cap {
+        // `cap < v ? cap : v`: a NaN lane stays.
+        Some(cap) => _mm512_min_ps(_mm512_set1_ps(cap), v),
+        None => v,
+    }
 }
 
 /// The first `lanes` (at most 16) bits set.

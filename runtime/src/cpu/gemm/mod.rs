@@ -189,8 +189,9 @@ unsafe impl Send for Operand {}
 /// What kiln's cores apply to each element of the product in registers
 /// as they store it (`matmul::Epilogue::Bias`): `c + bias[j]` (or
 /// `bias[i]` where `rows`) where `bias` is not null, then ReLU where
-/// `relu`, in the order and with the rounding of the generated epilogue,
-/// so that both give the same bits.
+/// `relu`, then the lesser of that and `cap` where there is one, in the
+/// order and with the rounding of the generated epilogue, so that both give
+/// the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct Fused {
     /// Null, or the first of one value per column of the product (per row
@@ -201,6 +202,9 @@ pub(crate) struct Fused {
     pub rows: bool,
     /// Whether ReLU follows.
     pub relu: bool,
+    /// The value the result is capped at (finite, not zero: a NaN stays,
+    /// and the sign of a zero never matters), if any.
+    pub cap: Option<f32>,
 }
 
 impl Fused {
@@ -209,11 +213,12 @@ impl Fused {
         bias: std::ptr::null(),
         rows: false,
         relu: false,
+        cap: None,
     };
 
     /// Whether it leaves the product as it is.
     pub(crate) fn is_none(self) -> bool {
-        self.bias.is_null() && !self.relu
+        self.bias.is_null() && !self.relu && self.cap.is_none()
     }
 
     /// The same epilogue for the tile of rows from `i` and columns from `j`
@@ -253,7 +258,11 @@ impl Fused {
             x + unsafe { *self.bias.add(if self.rows { i } else { j }) }
         };
         // As generated code's ReLU: NaN stays, anything not above zero is +0.
-        if self.relu && x <= 0.0 { 0.0 } else { x }
+        let x = if self.relu && x <= 0.0 { 0.0 } else { x };
+        match self.cap {
+            Some(cap) if x > cap => cap,
+            _ => x,
+        }
     }
 }
 

@@ -166,14 +166,16 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         Some(false) => per_column[j],
         Some(true) => per_row[i],
     };
-    for (threads, pad, a_op, (rows, relu)) in [
-        (1, 0, transposed, (None, false)),
-        (2, 0, transposed, (Some(false), true)),
-        (2, 3, row_major, (Some(false), false)),
-        (1, 0, row_major, (Some(false), true)),
-        (2, usize::MAX, row_major, (None, true)),
-        (2, 0, transposed, (Some(true), true)),
-        (1, 3, row_major, (Some(true), false)),
+    // A cap, as ReLU6's 6, that many of these products pass.
+    let cap = 1.5f32;
+    for (threads, pad, a_op, (rows, relu, cap)) in [
+        (1, 0, transposed, (None, false, None)),
+        (2, 0, transposed, (Some(false), true, None)),
+        (2, 3, row_major, (Some(false), false, Some(cap))),
+        (1, 0, row_major, (Some(false), true, None)),
+        (2, usize::MAX, row_major, (None, true, Some(cap))),
+        (2, 0, transposed, (Some(true), true, Some(cap))),
+        (1, 3, row_major, (Some(true), false, None)),
     ] {
         let epilogue = Fused {
             bias: match rows {
@@ -183,6 +185,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
             },
             rows: rows == Some(true),
             relu,
+            cap,
         };
         let (b_values, b_op);
         if pad == usize::MAX {
@@ -218,7 +221,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
             )
         };
         let what = format!(
-            "{} {m}x{k}x{n} threads {threads} pad {pad} bias per row {rows:?} relu {relu}",
+            "{} {m}x{k}x{n} threads {threads} pad {pad} bias per row {rows:?} relu {relu} cap {cap:?}",
             isa.name()
         );
         // `finish` saw a partition of the rows.
@@ -245,8 +248,15 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
                 if relu {
                     want = want.max(0.0);
                 }
+                if let Some(cap) = cap {
+                    want = want.min(f64::from(cap));
+                }
                 let got = f64::from(c[i * n + j]);
                 assert!(!relu || got >= 0.0, "{what} at ({i},{j}): {got} after relu");
+                assert!(
+                    cap.is_none_or(|c| got <= f64::from(c)),
+                    "{what} at ({i},{j}): {got} over the cap"
+                );
                 assert!(
                     (got - want).abs() <= 1e-6 * scale.max(1.0),
                     "{what} at ({i},{j}): {got} vs {want}"

@@ -97,7 +97,12 @@ impl CompiledKernel {
         }
         // A bias and ReLU kiln's cores apply as they store the product.
         let in_registers = match plan.epilogue {
-            Epilogue::Bias { bias, relu, rows } => {
+            Epilogue::Bias {
+                bias,
+                relu,
+                rows,
+                cap,
+            } => {
                 let bias = inputs
                     .get(bias as usize)
                     .ok_or_else(|| Error::Launch(format!("a bias of input {bias}")))?;
@@ -112,6 +117,7 @@ impl CompiledKernel {
                     bias: bias.ptr as *const f32,
                     rows,
                     relu,
+                    cap: cap.map(f32::from_bits),
                 })
             }
             Epilogue::Product | Epilogue::Kernel { .. } => None,
