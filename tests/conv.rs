@@ -5,6 +5,8 @@
 //! convolution with bias and relu compiles to; and the errors of shapes
 //! that do not fit.
 
+mod pools;
+
 use kiln::{
     CompileOptions, DType, Data, Device, Options, Pool2d, Result, Tensor, TensorType, compile_with,
 };
@@ -303,33 +305,10 @@ fn conv2d_one_by_one() -> Result<()> {
     )
 }
 
-/// Output size along one axis, with ceil mode's rule that a last window
-/// starts inside the input or its leading padding.
-fn pool_len(
-    len: usize,
-    k: usize,
-    s: usize,
-    (p0, p1): (usize, usize),
-    d: usize,
-    ceil: bool,
-) -> usize {
-    let span = d * (k - 1) + 1;
-    let room = len + p0 + p1 - span;
-    let mut out = if ceil {
-        room.div_ceil(s) + 1
-    } else {
-        room / s + 1
-    };
-    if ceil && (out - 1) * s >= len + p0 {
-        out -= 1;
-    }
-    out
-}
-
 /// Max or average pooling as the definition says it.
 fn pool_loop(dims: [usize; 4], x: &[f32], p: &Pool2d, avg: Option<bool>) -> Vec<f32> {
     let [n, c, h, w] = dims;
-    let oh = pool_len(
+    let oh = pools::pool_len(
         h,
         p.kernel[0],
         p.stride[0],
@@ -337,7 +316,7 @@ fn pool_loop(dims: [usize; 4], x: &[f32], p: &Pool2d, avg: Option<bool>) -> Vec<
         p.dilation[0],
         p.ceil_mode,
     );
-    let ow = pool_len(
+    let ow = pools::pool_len(
         w,
         p.kernel[1],
         p.stride[1],

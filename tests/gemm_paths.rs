@@ -76,6 +76,18 @@ fn products() -> Result<()> {
             k,
             |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
         );
+        // A bias per row (a convolution's) and ReLU6 as ONNX's Clip
+        // imports it.
+        check(
+            &format!("relu6(a@b+bias per row) {shape}"),
+            &[a.clone(), b.clone(), randn(&[m, 1], 4)?],
+            k,
+            |t| {
+                let y = (t[0].matmul(&t[1])? + &t[2])?;
+                y.maximum(&Tensor::scalar(0.0f32))?
+                    .minimum(&Tensor::scalar(6.0f32))
+            },
+        );
         // The same product from operands stored transposed: Aᵀ·B (a weight
         // gradient), A·Bᵀ (an input gradient), and both.
         let (at, bt) = (contiguous(&a.t()?)?, contiguous(&b.t()?)?);

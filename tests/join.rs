@@ -48,22 +48,32 @@ fn cat_joins_parts_along_every_axis() -> Result<()> {
         let parts: Vec<Tensor> = (dims.iter().enumerate())
             .map(|(p, d)| filled(d, |i| (i as f32 * 0.5 - 3.0) * (p + 1) as f32))
             .collect::<Result<_>>()?;
-        let values: Vec<(Vec<f32>, Vec<usize>)> = (parts.iter().zip(&dims))
-            .map(|(t, d)| Ok((t.to_vec::<f32>()?, d.clone())))
-            .collect::<Result<_>>()?;
-        let (want, want_dims) = joined(&values, axis);
         // Counted from the end, as PyTorch allows.
-        let negative = axis as isize - 3;
-        check(
+        cat_checked(
             &format!("cat along {axis}"),
             &parts,
-            |t| Tensor::cat(&t.iter().collect::<Vec<_>>(), negative),
-            DType::F32,
-            &want_dims,
-            &want,
+            axis,
+            axis as isize - 3,
         )?;
     }
     Ok(())
+}
+
+/// `parts` joined along `axis` (`given` as the op is asked: from the end
+/// or not) on every path, against the join computed directly.
+fn cat_checked(what: &str, parts: &[Tensor], axis: usize, given: isize) -> Result<()> {
+    let values: Vec<(Vec<f32>, Vec<usize>)> = (parts.iter())
+        .map(|t| Ok((t.to_vec::<f32>()?, t.dims().to_vec())))
+        .collect::<Result<_>>()?;
+    let (want, want_dims) = joined(&values, axis);
+    check(
+        what,
+        parts,
+        |t| Tensor::cat(&t.iter().collect::<Vec<_>>(), given),
+        DType::F32,
+        &want_dims,
+        &want,
+    )
 }
 
 #[test]
@@ -83,17 +93,11 @@ fn cat_of_more_parts_than_a_row_loop_branches_on() -> Result<()> {
         let parts: Vec<Tensor> = (dims.iter().enumerate())
             .map(|(p, d)| filled(d, |i| i as f32 * 0.25 - p as f32))
             .collect::<Result<_>>()?;
-        let values: Vec<(Vec<f32>, Vec<usize>)> = (parts.iter().zip(&dims))
-            .map(|(t, d)| Ok((t.to_vec::<f32>()?, d.clone())))
-            .collect::<Result<_>>()?;
-        let (want, want_dims) = joined(&values, axis);
-        check(
+        cat_checked(
             &format!("11 parts along {axis}"),
             &parts,
-            |t| Tensor::cat(&t.iter().collect::<Vec<_>>(), axis as isize),
-            DType::F32,
-            &want_dims,
-            &want,
+            axis,
+            axis as isize,
         )?;
     }
     Ok(())

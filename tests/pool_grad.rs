@@ -4,37 +4,17 @@
 //! ReLU's zeros make them) and NaN in some windows. The reference is the
 //! definition written as a loop.
 
+mod pools;
+
 use kiln::{Device, Pool2d, Result, Tensor, compile, realize};
 use kiln_support::gradcheck::Rng;
-
-/// Output size along one axis (the pooling windows of `tests/conv.rs`).
-fn out_len(
-    len: usize,
-    k: usize,
-    s: usize,
-    (p0, p1): (usize, usize),
-    d: usize,
-    ceil: bool,
-) -> usize {
-    let span = d * (k - 1) + 1;
-    let room = len + p0 + p1 - span;
-    let mut out = if ceil {
-        room.div_ceil(s) + 1
-    } else {
-        room / s + 1
-    };
-    if ceil && (out - 1) * s >= len + p0 {
-        out -= 1;
-    }
-    out
-}
 
 /// The pooled values and the gradient of `sum(pool(x) * w)` with respect to
 /// `x`, by PyTorch's rule: a window scans its elements in row-major order
 /// and keeps one that is larger than the kept value or NaN.
 fn reference(dims: [usize; 4], x: &[f32], p: &Pool2d, w: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let [n, c, h, wd] = dims;
-    let out_h = out_len(
+    let out_h = pools::pool_len(
         h,
         p.kernel[0],
         p.stride[0],
@@ -42,7 +22,7 @@ fn reference(dims: [usize; 4], x: &[f32], p: &Pool2d, w: &[f32]) -> (Vec<f32>, V
         p.dilation[0],
         p.ceil_mode,
     );
-    let out_w = out_len(
+    let out_w = pools::pool_len(
         wd,
         p.kernel[1],
         p.stride[1],

@@ -276,22 +276,22 @@ fn target(backend: Backend) -> (Device, BackendOptions) {
     (device, options)
 }
 
+/// How to compile for `backend`, fused or not.
+fn options(backend: Backend, fusion: bool) -> CompileOptions {
+    let (device, backend_options) = target(backend);
+    CompileOptions {
+        device,
+        optimizer: Options {
+            fusion,
+            ..Options::default()
+        },
+        backend: backend_options,
+    }
+}
+
 /// A workload compiled for `backend`.
 fn compiled(w: &Workload, fusion: bool, backend: Backend) -> Result<CompiledGraph> {
-    let (device, backend_options) = target(backend);
-    kiln::compile_with(
-        w.id,
-        &w.specs,
-        CompileOptions {
-            device,
-            optimizer: Options {
-                fusion,
-                ..Options::default()
-            },
-            backend: backend_options,
-        },
-        |t| (w.build)(t),
-    )
+    kiln::compile_with(w.id, &w.specs, options(backend, fusion), |t| (w.build)(t))
 }
 
 /// One timed call: everything on the CPU; on a GPU the device's work on

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use kiln::data::npy::NpyArray;
 use kiln::onnx::{Feed, Model};
-use kiln::{CompileOptions, Data, DataRef, Options, Result};
+use kiln::{Data, DataRef, Result};
 
-use super::{Backend, max_rel_err, target, time};
+use super::{Backend, max_rel_err, options, time};
 
 pub(crate) fn model(path: &Path, quick: bool, backend: Backend) -> Result<()> {
     let stem = path.with_extension("");
@@ -29,23 +29,14 @@ pub(crate) fn model(path: &Path, quick: bool, backend: Backend) -> Result<()> {
     let x_ty = NpyArray::open(format!("{}_x.npy", stem.display()))?;
     let dims = x_ty.header().shape.clone();
     let model = Model::load(path)?;
-    let (device, backend_options) = target(backend);
     let feeds = [Feed::Input(kiln::TensorType::new(
         kiln::DType::F32,
         dims.as_slice(),
     ))];
     let mut runs = Vec::new();
     for (variant, fusion) in [("fused", true), ("unfused", false)] {
-        let options = CompileOptions {
-            device,
-            optimizer: Options {
-                fusion,
-                ..Options::default()
-            },
-            backend: backend_options,
-        };
         let start = Instant::now();
-        let mut g = model.compile_with(&feeds, options)?;
+        let mut g = model.compile_with(&feeds, options(backend, fusion))?;
         let compile_s = start.elapsed().as_secs_f64();
         let mut out = g.output_buffers()?;
         g.run_into(&[DataRef::from(&x)], &mut out)?;

@@ -8,11 +8,9 @@ use std::sync::Arc;
 
 use kiln::data::{DataError, DataLoader, Dataset, LoaderOptions};
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{
-    CompileOptions, CompiledStep, DType, Device, Options, Pool2d, Result, Tensor, TensorType,
-};
+use kiln::{CompileOptions, CompiledStep, DType, Device, Pool2d, Result, Tensor, TensorType};
 
-use crate::{Backend, max_rel_err, target, time};
+use crate::{Backend, max_rel_err, options, target, time};
 
 /// One training step to time: its parameters, a batch, its loss, and the
 /// flops its products compute.
@@ -258,20 +256,13 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
         ..AdamW::new(1e-3)
     };
     let optimizer: &dyn Optimizer = if id == "train_sgd" { &sgd } else { &adam };
-    let (device, backend_options) = target(backend);
+    let (device, _) = target(backend);
     // On the step's device, as the anchors have it.
     let batch = [case.images.to(device)?, case.labels.to(device)?];
     let batch: Vec<&Tensor> = batch.iter().collect();
     let mut steps = Vec::new();
     for fusion in [true, false] {
-        let options = CompileOptions {
-            device,
-            optimizer: Options {
-                fusion,
-                ..Options::default()
-            },
-            backend: backend_options,
-        };
+        let options = options(backend, fusion);
         let start = std::time::Instant::now();
         let mut step = compile(id, &case, optimizer, options)?;
         let compile_s = start.elapsed().as_secs_f64();
@@ -353,12 +344,8 @@ pub(crate) fn fed(quick: bool, backend: Backend) -> Result<()> {
         momentum: 0.9,
         ..Sgd::new(0.05)
     };
-    let (device, backend_options) = target(backend);
-    let options = CompileOptions {
-        device,
-        backend: backend_options,
-        ..CompileOptions::default()
-    };
+    let (device, _) = target(backend);
+    let options = options(backend, true);
     let mut steps = [
         compile("train_fed", &case, &sgd, options)?,
         compile("train_fed", &case, &sgd, options)?,

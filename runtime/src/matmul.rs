@@ -426,8 +426,8 @@ pub fn blas(view: &View) -> Option<Strides> {
 /// The epilogue a GEMM can apply itself as it stores the product of a
 /// matmul `kernel` of `m` rows and `n` columns, where it writes no side
 /// output: `Product` when its body is the product, `Bias` when it is a bias
-/// over the product's rows or columns, then ReLU (or the max with +0, its
-/// same bits) and a cap (the min with a constant), each if there is one;
+/// over the product's rows or columns, then ReLU (or the max with +0, the
+/// same values) and a cap (the min with a constant), each if there is one;
 /// `None` otherwise.
 fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
     if !kernel.side.is_empty() {
@@ -522,9 +522,13 @@ fn bias_along(dims: &[usize], strides: &[usize], m: usize, n: usize) -> Option<b
         }
         (covered == extent).then_some(at)
     };
-    let fits = |rows: bool| {
-        (span(0, n, !rows).and_then(|at| span(at, m, rows)))
-            .is_some_and(|at| axes[at..].iter().all(|&(_, s)| s == 0))
+    // Per column: the columns' axes step through the bias, every other
+    // axis stays (however rows and batches share axes). Per row: the
+    // columns' axes stay, the rows' step through it, the batches' stay.
+    let rest_still = |at: usize| axes[at..].iter().all(|&(_, s)| s == 0);
+    let fits = |rows: bool| match rows {
+        false => span(0, n, true).is_some_and(rest_still),
+        true => (span(0, n, false).and_then(|at| span(at, m, true))).is_some_and(rest_still),
     };
     [false, true].into_iter().find(|&rows| fits(rows))
 }

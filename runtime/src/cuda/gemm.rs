@@ -65,6 +65,13 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
             &kernel.out,
             &kernel.side,
         )?),
+        // cuBLASLt's bias is one per column of kiln's products, and it has
+        // no cap: `Target::cuda` asks for neither.
+        Epilogue::Bias { rows: true, .. } | Epilogue::Bias { cap: Some(_), .. } => {
+            return Err(Error::Codegen(
+                "a bias per row or a cap in cuBLASLt's epilogue".into(),
+            ));
+        }
         Epilogue::Product | Epilogue::Bias { .. } => None,
     };
     let gemm = Gemm {

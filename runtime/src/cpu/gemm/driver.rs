@@ -74,7 +74,7 @@ pub(super) struct Tile {
     /// overwriting it.
     pub accumulate: bool,
     /// Applied to each element as it is stored (the last depth block),
-    /// from the tile's first column.
+    /// from the tile's first row and column.
     pub epilogue: Fused,
 }
 
@@ -87,7 +87,7 @@ pub(super) struct Tile {
 /// # Safety
 /// The CPU has `K`'s ISA, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
 /// `l < k, j < n` must lie inside live buffers, and a bias of `epilogue`
-/// `n` live values.
+/// `n` live values (`m` where it holds one per row).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     m: usize,

@@ -191,7 +191,7 @@ unsafe impl Send for Operand {}
 /// `bias[i]` where `rows`) where `bias` is not null, then ReLU where
 /// `relu`, then the lesser of that and `cap` where there is one, in the
 /// order and with the rounding of the generated epilogue, so that both give
-/// the same bits.
+/// the same values (a NaN's payload aside).
 #[derive(Clone, Copy)]
 pub(crate) struct Fused {
     /// Null, or the first of one value per column of the product (per row
@@ -333,7 +333,8 @@ const AVX2_WORK: usize = 1 << 22;
 /// # Safety
 /// `isa` must be available, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
 /// `l < k, j < n` must lie inside live buffers (when `k > 0`), `c` must
-/// hold `m * n` elements, and a bias of `epilogue` `n` live ones.
+/// hold `m * n` elements, and a bias of `epilogue` `n` live ones (`m`
+/// where it holds one per row).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm(
     isa: Isa,

@@ -314,7 +314,7 @@ impl Merged {
 /// `isa` must be available, `a` and `b` must read inside live buffers for
 /// every row and batch, `out` must hold `batches * a.rows * b.cols` f32
 /// that no one else writes in those rows, and a bias of `epilogue`
-/// `b.cols` live ones.
+/// `b.cols` live ones (`a.rows` where it holds one per row).
 unsafe fn gemm_block(
     isa: Isa,
     (a, b, out): (&Strided, &Strided, *mut u8),
