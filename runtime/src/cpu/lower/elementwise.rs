@@ -56,7 +56,7 @@ impl<'a> Emitter<'a> {
                 let out_base = bases[bases.len() - 1];
                 let zero = e.iconst(0);
                 let n = e.iconst(inner_len as i64);
-                // A stretch `from..to` of the row, through `reads`.
+                // The stretch `span` of the row, through `reads`.
                 let stretch = |e: &mut Self, reads: &[Access], span: Range<Value>, vector: bool| {
                     let rows = Rows::One(&bases);
                     let hoisted = e.hoist(body, reads, rows, inner_len, (None, &invariant));
