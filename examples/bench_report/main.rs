@@ -532,7 +532,7 @@ fn main() -> Result<()> {
 /// eager result against the interpreter's.
 fn eager(id: &'static str, n: usize, quick: bool, backend: Backend) -> Result<()> {
     eprintln!("{id} {n}x{n}");
-    let (device, backend_options) = target(backend);
+    let (device, _) = target(backend);
     let a = Tensor::randn([n, n], 1)?.to(device)?;
     let b = Tensor::randn([n, n], 2)?.to(device)?;
     a.realize()?;
@@ -545,12 +545,9 @@ fn eager(id: &'static str, n: usize, quick: bool, backend: Backend) -> Result<()
         (((((x + 1.0f32)?.abs()? + b)? * 0.25f32)? - a)?).relu()
     };
     let spec = [a.ty().clone(), b.ty().clone()];
-    let options = CompileOptions {
-        device,
-        backend: backend_options,
-        ..CompileOptions::default()
-    };
-    let mut compiled = kiln::compile_with(id, &spec, options, |t| Ok(vec![f(&t[0], &t[1])?]))?;
+    let mut compiled = kiln::compile_with(id, &spec, options(backend, true), |t| {
+        Ok(vec![f(&t[0], &t[1])?])
+    })?;
     let data = [Data::F32(a.to_vec()?), Data::F32(b.to_vec()?)];
     let refs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
     let mut out = compiled.output_buffers()?;

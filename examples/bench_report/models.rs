@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use kiln::data::npy::NpyArray;
 use kiln::onnx::{Feed, Model};
-use kiln::{Data, DataRef, Result};
+use kiln::{Data, DataRef, Result, Tensor};
 
 use super::{Backend, max_rel_err, options, time};
 
@@ -20,19 +20,16 @@ pub(crate) fn model(path: &Path, quick: bool, backend: Backend) -> Result<()> {
         .file_name()
         .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
     eprintln!("{name}");
-    let array = |suffix: &str| -> Result<Data> {
+    let array = |suffix: &str| -> Result<Tensor> {
         let a = NpyArray::open(format!("{}_{suffix}.npy", stem.display()))?;
         let rows = a.header().shape.first().copied().unwrap_or(1);
-        Ok(Data::F32(a.rows(0, rows)?.to_vec::<f32>()?))
+        a.rows(0, rows)
     };
     let (x, want) = (array("x")?, array("out")?);
-    let x_ty = NpyArray::open(format!("{}_x.npy", stem.display()))?;
-    let dims = x_ty.header().shape.clone();
+    let dims = x.dims().to_vec();
+    let feeds = [Feed::Input(x.ty().clone())];
+    let (x, want) = (Data::F32(x.to_vec()?), Data::F32(want.to_vec()?));
     let model = Model::load(path)?;
-    let feeds = [Feed::Input(kiln::TensorType::new(
-        kiln::DType::F32,
-        dims.as_slice(),
-    ))];
     let mut runs = Vec::new();
     for (variant, fusion) in [("fused", true), ("unfused", false)] {
         let start = Instant::now();
