@@ -404,37 +404,17 @@ mod nvrtc {
                 "no kernel multiplies as `{product}`"
             );
         }
-        let sources: Vec<String> = sources.into_iter().collect();
-        // Two threads, each compiling half for both architectures.
-        let failures: Vec<String> = std::thread::scope(|s| {
-            let halves: Vec<_> = sources
-                .chunks(sources.len().div_ceil(2).max(1))
-                .map(|part| {
-                    s.spawn(move || {
-                        let mut failed = Vec::new();
-                        for code in part {
-                            for arch in ["sm_90", "sm_80"] {
-                                match nvrtc::compile(code, arch) {
-                                    Ok(cubin) if cubin.starts_with(b"\x7fELF") => {}
-                                    Ok(_) => {
-                                        failed.push(format!("{arch}: not an ELF CUBIN\n{code}"))
-                                    }
-                                    Err(e) => failed.push(format!("{e}\n{code}")),
-                                }
-                            }
-                        }
-                        failed
-                    })
-                })
-                .collect();
-            halves
-                .into_iter()
-                .flat_map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| vec!["a compile thread panicked".into()])
-                })
-                .collect()
-        });
+        let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
+        let mut failures = Vec::new();
+        for arch in ["sm_90", "sm_80"] {
+            for (code, compiled) in sources.iter().zip(nvrtc::compile_all(&sources, arch)) {
+                match compiled {
+                    Ok(cubin) if cubin.starts_with(b"\x7fELF") => {}
+                    Ok(_) => failures.push(format!("{arch}: not an ELF CUBIN\n{code}")),
+                    Err(e) => failures.push(format!("{e}\n{code}")),
+                }
+            }
+        }
         eprintln!("{} kernels compiled for sm_90 and sm_80", sources.len());
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
         Ok(())
@@ -542,5 +522,39 @@ mod nvrtc {
         .map(|e| e.to_string())
         .unwrap_or_default();
         assert!(err.contains("undefined_fn"), "{err}");
+    }
+
+    /// Kernels compiled together come back in the order given, each the
+    /// CUBIN it compiles to alone, a failure its own `Err` among them.
+    #[test]
+    fn kernels_compiled_together_come_back_in_order() {
+        if !nvrtc::available() {
+            eprintln!("skipped: libnvrtc.so.13 is not on LD_LIBRARY_PATH");
+            return;
+        }
+        let kernel = |body: &str| {
+            format!("extern \"C\" __global__ void k(float* x) {{ x[threadIdx.x] {body}; }}")
+        };
+        let sources = [
+            kernel("+= 1.0f"),
+            kernel("*= 2.0f"),
+            kernel("= undefined_fn()"),
+            kernel("-= 3.0f"),
+            kernel("= sqrtf(x[0])"),
+        ];
+        let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
+        let together = nvrtc::compile_all(&sources, "sm_90");
+        assert_eq!(together.len(), sources.len());
+        for (source, cubin) in sources.iter().zip(together) {
+            match (cubin, nvrtc::compile(source, "sm_90")) {
+                (Ok(cubin), Ok(alone)) => assert!(cubin == alone, "{source}"),
+                (Err(e), Err(_)) => assert!(e.to_string().contains("undefined_fn"), "{e}"),
+                (cubin, alone) => panic!(
+                    "{source}: together {:?}, alone {:?}",
+                    cubin.map(|c| c.len()),
+                    alone.map(|c| c.len())
+                ),
+            }
+        }
     }
 }

@@ -3,9 +3,10 @@
 //! compiled graphs agree with the interpreter in both matmul precisions.
 //! Also on a GPU: matmul operands read in place at unaligned offsets,
 //! cuBLASLt's fused ReLU against kiln's (NaN, infinities, signed zeros),
-//! empty inputs, an executable run on another thread, and the feed of
-//! batches through pinned memory: each batch handed out once, values held
-//! by the caller kept, a feed dropped mid-copy.
+//! empty inputs, an executable run on another thread, products run from
+//! many threads at once, and the feed of batches through pinned memory:
+//! each batch handed out once, values held by the caller kept, a feed
+//! dropped mid-copy.
 //! Every op and fusion kind runs on the GPU through `tests/cpu.rs` and `tests/cpu_products.rs` with
 //! `KILN_TEST_DEVICE=cuda:0`. GPU-only tests print why they skip.
 
@@ -324,6 +325,55 @@ fn an_executable_moved_to_another_thread_runs_there() -> Result<()> {
         .expect("the thread returns")?;
     assert_eq!(here, there);
     Ok(())
+}
+
+/// Products run from eight threads at once, each on its own executable,
+/// agree with the CPU's: the kernels of one cuBLASLt product (partial
+/// products in the workspace every product shares, then their sum) are
+/// never split by another thread's. Shapes of the tests above, and a long
+/// sum, which the heuristic splits.
+#[test]
+fn products_run_from_many_threads_at_once_agree() -> Result<()> {
+    let Some(d) = gpu_or_skip() else {
+        return Ok(());
+    };
+    let shapes = [(32, 48, 24), (64, 96, 80), (16, 4096, 16), (128, 512, 64)];
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let d = d.clone();
+                s.spawn(move || -> Result<()> {
+                    let (m, k, n) = shapes[t as usize % shapes.len()];
+                    let (x, w) = (Tensor::randn([m, k], t)?, Tensor::randn([k, n], t + 8)?);
+                    let y = x.matmul(&w)?.relu()?;
+                    // Optimized before it is realized: a realized value is
+                    // a graph of one input.
+                    let optimized = kiln::optimize("threads", &[&y], Options::default())?;
+                    let want = y.to_vec::<f32>()?;
+                    let mut exec = Executable::new(optimized, d, options(Precision::Tf32))?;
+                    let data = [Data::F32(x.to_vec()?), Data::F32(w.to_vec()?)];
+                    let inputs: Vec<DataRef> = data.iter().map(DataRef::from).collect();
+                    let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                    for run in 0..20 {
+                        let mut out = vec![Data::zeros(DType::F32, m * n).unwrap()];
+                        exec.run_into(&inputs, &mut out)?;
+                        let Data::F32(got) = &out[0] else {
+                            panic!("an f32 product of another type");
+                        };
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                (g - w).abs() <= TF32 * scale,
+                                "{m}x{k}x{n}, run {run}, element {i}: gpu {g}, cpu {w}"
+                            );
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        (threads.into_iter())
+            .try_for_each(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
 }
 
 #[test]

@@ -247,14 +247,24 @@ fn a_training_step_moves_its_batch_in_and_its_loss_out() -> Result<()> {
     Ok(())
 }
 
+/// What `steps_on_device` holds until its last step.
+#[derive(PartialEq)]
+enum Keep {
+    Nothing,
+    /// Each step's loss, as an epoch that reads its losses at its end.
+    Losses,
+    /// Each step's batch and loss.
+    Everything,
+}
+
 /// Steps on `batches` moved to the GPU one at a time from `state`, each
-/// batch and loss let go before the next (`keep` false) or all kept to the
-/// end: the losses, the state after, and the graph launches counted.
+/// batch and loss let go before the next or kept to the end (`keep`): the
+/// losses, the state after, and the graph launches counted.
 fn steps_on_device(
     sgd: &Sgd,
     state: &[Tensor],
     batches: &[(Vec<u8>, Vec<i32>)],
-    keep: bool,
+    keep: Keep,
 ) -> Result<(Vec<f32>, Vec<Vec<f32>>, u64)> {
     let refs: Vec<&Tensor> = state.iter().collect();
     let options = CompileOptions {
@@ -271,8 +281,10 @@ fn steps_on_device(
         let labels = Tensor::from_slice(labels, [BATCH])?.to(GPU)?;
         let loss = step.call(&[&images, &labels])?.remove(0);
         losses.push(loss.to_scalar::<f32>()?);
-        if keep {
-            kept.push([images, labels, loss]);
+        match keep {
+            Keep::Nothing => {}
+            Keep::Losses => kept.push(vec![loss]),
+            Keep::Everything => kept.push(vec![images, labels, loss]),
         }
     }
     let launches = kiln::memory_stats(GPU)?.graph_launches - before.graph_launches;
@@ -292,14 +304,51 @@ fn steps_on_the_same_buffers_replay_as_one_graph_launch() -> Result<()> {
     let state = mlp_state(&sgd)?;
     let batches: Vec<(Vec<u8>, Vec<i32>)> = (0..6).map(batch_values).collect();
     // Every step on new buffers: launched kernel by kernel.
-    let (losses, after, launches) = steps_on_device(&sgd, &state, &batches, true)?;
+    let (losses, after, launches) = steps_on_device(&sgd, &state, &batches, Keep::Everything)?;
     assert_eq!(launches, 0, "steps on buffers never seen before");
     // The batch and loss of one step let go before the next: the second
     // step is captured, every step from it one graph launch.
-    let (replayed, replayed_after, launches) = steps_on_device(&sgd, &state, &batches, false)?;
+    let (replayed, replayed_after, launches) =
+        steps_on_device(&sgd, &state, &batches, Keep::Nothing)?;
     assert_eq!(launches, 5, "graph launches over 6 steps");
     assert_eq!(replayed, losses, "losses");
     assert_eq!(replayed_after, after, "state after the steps");
+    // Losses held to the end: each step's loss is new memory, written
+    // from a buffer of the step's own, and the steps still replay.
+    let (held, held_after, launches) = steps_on_device(&sgd, &state, &batches, Keep::Losses)?;
+    assert_eq!(launches, 5, "graph launches over 6 steps, losses held");
+    assert_eq!(held, losses, "losses, held");
+    assert_eq!(held_after, after, "state after the steps, losses held");
+    Ok(())
+}
+
+/// A graph of one kernel replays too, each call's output its own value.
+#[test]
+fn a_single_kernel_replays_as_one_graph_launch() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if stats_or_skip().is_none() {
+        return Ok(());
+    }
+    let a = Tensor::randn([256, 256], 1)?;
+    let b = Tensor::randn([256, 256], 2)?;
+    let want = (&a + &b)?.relu()?.to_vec::<f32>()?;
+    let (a, b) = (a.to(GPU)?, b.to(GPU)?);
+    let options = CompileOptions {
+        device: GPU,
+        ..CompileOptions::default()
+    };
+    let spec = [a.ty().clone(), b.ty().clone()];
+    let mut g = kiln::compile_with("add_relu", &spec, options, |t| {
+        Ok(vec![(&t[0] + &t[1])?.relu()?])
+    })?;
+    assert_eq!(g.launches(), 1);
+    let before = kiln::memory_stats(GPU)?;
+    for call in 0..5 {
+        let got = g.call(&[&a, &b])?.remove(0).to_vec::<f32>()?;
+        assert!(got == want, "call {call}");
+    }
+    let launches = kiln::memory_stats(GPU)?.graph_launches - before.graph_launches;
+    assert_eq!(launches, 4, "graph launches over 5 calls");
     Ok(())
 }
 

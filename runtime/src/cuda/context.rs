@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::Ptx;
 
 use super::{blaslt, codegen};
@@ -30,6 +30,9 @@ pub struct Gpu {
     pub(super) stream: Arc<CudaStream>,
     /// The stream runs are captured on (`replay`), one capture at a time.
     pub(super) capture: Mutex<Arc<CudaStream>>,
+    /// Held while a run's launches go onto the compute stream
+    /// (`Gpu::turn`).
+    turn: Mutex<()>,
     arch: String,
     name: String,
     pub(super) lt: blaslt::Lt,
@@ -38,6 +41,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Freed device buffers by size, for the next allocation of that size.
     pub(super) pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+    /// Pinned host memory that feeds gave back, by size.
+    pub(super) pinned: Mutex<HashMap<usize, Vec<PinnedHostSlice<u8>>>>,
     /// What it has copied, waited for and handed out.
     pub(super) counters: Counters,
     /// The graphs whose runs were enqueued since the host last waited:
@@ -241,8 +246,10 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
         ctx,
         stream,
         capture: Mutex::new(capture),
+        turn: Mutex::new(()),
         functions: Mutex::new(HashMap::new()),
         pool: Mutex::new(HashMap::new()),
+        pinned: Mutex::new(HashMap::new()),
         counters: Counters::default(),
         enqueued: Mutex::new(Enqueued::default()),
     });
@@ -284,6 +291,15 @@ impl Gpu {
             .map_err(|e| driver("binding the device's context to this thread", e))
     }
 
+    /// The compute stream to itself, for one run's launches: cuBLASLt's
+    /// products share one workspace and cuBLAS's another, and a product
+    /// may be several kernels (partial products into the workspace, then
+    /// their sum), so another thread's product enqueued between them would
+    /// overwrite the partial products (`tests/cuda_device.rs`).
+    pub(super) fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.turn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// What it has copied, waited for and handed out since it was opened.
     pub fn stats(&self) -> crate::MemoryStats {
         self.counters.read()
@@ -319,22 +335,33 @@ impl Gpu {
         &self.arch
     }
 
-    /// The kernel of `code`, compiled to a CUBIN for this device once.
-    pub(super) fn function(&self, code: &str) -> Result<CudaFunction, Error> {
+    /// The kernel of each of `codes`, compiled to a CUBIN for this device
+    /// once: those not compiled before are compiled together, in parallel
+    /// (`nvrtc::compile_all`).
+    pub(super) fn functions(&self, codes: &[String]) -> Result<Vec<CudaFunction>, Error> {
         let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = functions.get(code) {
-            return Ok(f.clone());
+        let mut new: Vec<&str> = (codes.iter())
+            .filter(|c| !functions.contains_key(*c))
+            .map(String::as_str)
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        for (code, cubin) in new.iter().zip(super::nvrtc::compile_all(&new, &self.arch)) {
+            let module = self
+                .ctx
+                .load_module(Ptx::from_binary(cubin?))
+                .map_err(|e| driver("loading a module", e))?;
+            let f = module
+                .load_function(codegen::ENTRY)
+                .map_err(|e| driver("loading a kernel", e))?;
+            functions.insert(code.to_string(), f);
         }
-        let cubin = super::nvrtc::compile(code, &self.arch)?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| driver("loading a module", e))?;
-        let f = module
-            .load_function(codegen::ENTRY)
-            .map_err(|e| driver("loading a kernel", e))?;
-        functions.insert(code.to_string(), f.clone());
-        Ok(f)
+        (codes.iter())
+            .map(|c| {
+                (functions.get(c).cloned())
+                    .ok_or_else(|| Error::Cuda("a kernel missing from the cache".into()))
+            })
+            .collect()
     }
 }
 

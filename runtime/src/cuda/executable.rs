@@ -35,6 +35,15 @@ use crate::backend::{BackendOptions, Place, Places, Precision};
 use crate::bind::{Bindings, Bound};
 use crate::matmul::Epilogue;
 
+/// Graph outputs of at most this many bytes (a training step's loss, a
+/// batch's metrics) are written into buffers of the executable's own and
+/// copied into the caller's after the run. A caller that holds such
+/// outputs from run to run (an epoch's losses, read at its end) gives each
+/// run new ones: written in place, no two runs would have the same buffers
+/// and none would replay; staged, they do, at the price of a copy of a few
+/// bytes.
+const STAGED_BYTES: usize = 1 << 16;
+
 /// The launch configuration of a generated kernel's grid.
 fn launch_config(grid: Grid) -> Option<LaunchConfig> {
     let (blocks, threads) = match grid {
@@ -61,23 +70,52 @@ fn launch_config(grid: Grid) -> Option<LaunchConfig> {
 /// What runs the launches of the schedule it covers (`Executable::steps`).
 // Steps are made once per compiled graph; boxing the matmul's plan would
 // only add an indirection to every run.
+// `F` is the kernels' code while the steps are planned, and the compiled
+// kernels once they are compiled together (`Gpu::functions`).
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Step {
+pub(super) enum Step<F = CudaFunction> {
     /// A generated kernel: one launch's, or a row group's (its parameters
     /// are each launch's inputs, then its output, launch by launch).
-    Kernel { function: CudaFunction, grid: Grid },
+    Kernel { function: F, grid: Grid },
     /// Operand prologues, a GEMM, and maybe an epilogue kernel, with the
     /// scratch memory they share.
     MatMul {
-        prologues: Vec<(CudaFunction, Grid)>,
+        prologues: Vec<(F, Grid)>,
         gemm: Gemm,
         /// The cuBLASLt product, in TF32.
         lt: Option<blaslt::Matmul>,
         epilogue: Epilogue,
         /// The epilogue kernel and its grid, where `epilogue` is one.
-        epilogue_function: Option<(CudaFunction, Grid)>,
+        epilogue_function: Option<(F, Grid)>,
         scratch: Buffer,
     },
+}
+
+impl<F> Step<F> {
+    /// The step with each kernel `f` of it.
+    fn map<G>(self, mut f: impl FnMut(F) -> G) -> Step<G> {
+        match self {
+            Step::Kernel { function, grid } => Step::Kernel {
+                function: f(function),
+                grid,
+            },
+            Step::MatMul {
+                prologues,
+                gemm,
+                lt,
+                epilogue,
+                epilogue_function,
+                scratch,
+            } => Step::MatMul {
+                prologues: prologues.into_iter().map(|(p, g)| (f(p), g)).collect(),
+                gemm,
+                lt,
+                epilogue,
+                epilogue_function: epilogue_function.map(|(e, g)| (f(e), g)),
+                scratch,
+            },
+        }
+    }
 }
 
 /// A fused graph compiled for one GPU, with device buffers for every slot
@@ -99,6 +137,31 @@ pub struct Executable {
     pub(super) outputs: Vec<TensorType>,
     /// Runs on the buffers of an earlier run, replayed as one graph launch.
     pub(super) replays: Mutex<Replays>,
+    /// By graph output: where a run writes it, when not straight into the
+    /// caller's buffer (`STAGED_BYTES`).
+    staged: Vec<Option<Buffer>>,
+}
+
+/// The steps with their kernels compiled, all at once: one at a time,
+/// NVRTC took most of a training step's first compile.
+fn compile_together(
+    gpu: &Gpu,
+    steps: Vec<(Range<usize>, Step<String>)>,
+) -> Result<Vec<(Range<usize>, Step)>, Error> {
+    let mut codes = Vec::new();
+    let steps: Vec<(Range<usize>, Step<usize>)> = (steps.into_iter())
+        .map(|(launches, step)| {
+            let step = step.map(|code| {
+                codes.push(code);
+                codes.len() - 1
+            });
+            (launches, step)
+        })
+        .collect();
+    let functions = gpu.functions(&codes)?;
+    Ok((steps.into_iter())
+        .map(|(launches, step)| (launches, step.map(|k| functions[k].clone())))
+        .collect())
 }
 
 /// The buffers one launch reads and writes.
@@ -109,8 +172,8 @@ struct Operands<'a> {
 }
 
 impl Executable {
-    /// Generates, compiles (or takes from the device's cache) and plans
-    /// every kernel of `optimized` for `gpu`.
+    /// Generates and plans every kernel of `optimized` for `gpu`, then
+    /// compiles them together (or takes them from the device's cache).
     pub fn new(
         optimized: Optimized,
         gpu: Arc<Gpu>,
@@ -143,12 +206,12 @@ impl Executable {
             if options.dump_code {
                 eprintln!("// kiln: code of launches {launches:?}\n{}", program.code);
             }
-            gpu.function(&program.code)
+            program.code
         };
         let mut steps = Vec::with_capacity(schedule.launches.len());
         for group in crate::rows::row_groups(graph, schedule) {
             if let Some(program) = codegen::row_group_of(&optimized, group.clone())? {
-                let function = compiled(&program, group.clone())?;
+                let function = compiled(&program, group.clone());
                 let grid = program.grid;
                 steps.push((group, Step::Kernel { function, grid }));
                 continue;
@@ -161,11 +224,10 @@ impl Executable {
                         KernelKind::MatMul { .. } => {
                             let matmul = gemm::matmul(kernel, precision == Precision::Tf32)?;
                             let prologues = (matmul.prologues.iter())
-                                .map(|p| Ok((gpu.function(&p.code)?, p.grid)))
-                                .collect::<Result<_, Error>>()?;
-                            let epilogue_function = (matmul.epilogue.as_ref())
-                                .map(|p| Ok::<_, Error>((compiled(p, i..i + 1)?, p.grid)))
-                                .transpose()?;
+                                .map(|p| (p.code.clone(), p.grid))
+                                .collect();
+                            let epilogue_function =
+                                (matmul.epilogue.as_ref()).map(|p| (compiled(p, i..i + 1), p.grid));
                             let g = &matmul.gemm;
                             let lt = (precision == Precision::Tf32
                                 && [g.m, g.n, g.k, g.batches].iter().all(|&d| d > 0))
@@ -185,7 +247,7 @@ impl Executable {
                         | KernelKind::Scatter { .. } => {
                             let program = codegen::kernel(kernel)?;
                             Step::Kernel {
-                                function: compiled(&program, i..i + 1)?,
+                                function: compiled(&program, i..i + 1),
                                 grid: program.grid,
                             }
                         }
@@ -193,6 +255,7 @@ impl Executable {
                 ));
             }
         }
+        let steps = compile_together(&gpu, steps)?;
         // Graph outputs are written into the buffers that hold them after
         // the run: a slot that only they use needs no memory here.
         let slots = (optimized.schedule.slots.iter().zip(&bindings.used))
@@ -202,11 +265,22 @@ impl Executable {
         let launches = launch_count(&steps);
         let sgemm = precision == Precision::F32
             && steps.iter().any(|(_, s)| matches!(s, Step::MatMul { .. }));
-        let refused = match (launches < 2, sgemm) {
-            (true, _) => Some("a run of one launch gains nothing from a graph".into()),
+        // A graph of even one kernel is worth replaying: one graph launch
+        // and a wait took less host time than one kernel launch and a wait
+        // (`benches/RESULTS-cuda.md`).
+        let refused = match (launches == 0, sgemm) {
+            (true, _) => Some("a run of no kernel has nothing to replay".into()),
             (_, true) => Some("cuBLAS's sgemm (F32 precision) runs on its handle's stream".into()),
             _ => None,
         };
+        let staged = (places.outputs.iter().zip(&outputs))
+            .map(|(place, ty)| {
+                let bytes = ty.shape.numel() * ty.dtype.size();
+                let staged =
+                    refused.is_none() && matches!(place, Place::Own(_)) && bytes <= STAGED_BYTES;
+                staged.then(|| gpu.alloc(bytes)).transpose()
+            })
+            .collect::<Result<_, Error>>()?;
         let replays = Replays::new(&graph.name, refused, options.dump_replay);
         Ok(Executable {
             gpu,
@@ -219,6 +293,7 @@ impl Executable {
             slots,
             outputs,
             replays: Mutex::new(replays),
+            staged,
         })
     }
 
@@ -256,17 +331,36 @@ impl Executable {
         // Every launch's buffers found and checked before the first is
         // enqueued: a run that fails leaves its outputs and donated inputs
         // unwritten.
+        for ((out, staged), ty) in outputs.iter().zip(&self.staged).zip(&self.outputs) {
+            if staged.as_ref().is_some_and(|s| out.bytes < s.bytes) {
+                return Err(Error::Launch(format!(
+                    "an output of {} bytes for {ty}",
+                    out.bytes
+                )));
+            }
+        }
+        let written: Vec<&Buffer> = (outputs.iter().zip(&self.staged))
+            .map(|(&out, staged)| staged.as_ref().unwrap_or(out))
+            .collect();
         let bound: Vec<Operands> = (0..self.optimized.schedule.launches.len())
-            .map(|i| self.operands(i, inputs, outputs))
+            .map(|i| self.operands(i, inputs, &written))
             .collect::<Result<_, _>>()?;
-        let addresses = (inputs.iter().chain(outputs))
+        let addresses = (inputs.iter().chain(&written))
             .map(|b| b.address(0))
             .collect::<Result<_, _>>()?;
         self.gpu.enqueued(&graph.name);
+        // Held to the last copy out: another thread's run of this
+        // executable writes the same staged buffers.
         let mut replays = self.replays.lock().unwrap_or_else(|e| e.into_inner());
         replays.run(&self.gpu, addresses, |stream| {
-            self.enqueue_on(stream, &bound, inputs, outputs)
-        })
+            self.enqueue_on(stream, &bound, inputs, &written)
+        })?;
+        for (out, staged) in outputs.iter().zip(&self.staged) {
+            if let Some(staged) = staged {
+                out.copy_from(staged, staged.bytes, &self.gpu.stream)?;
+            }
+        }
+        Ok(())
     }
 
     /// Enqueues every launch of a run on `stream`, on the buffers `bound`

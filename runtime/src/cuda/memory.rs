@@ -157,9 +157,9 @@ impl Buffer {
     }
 
     /// Its first `bytes` bytes copied to the host, after the work on the
-    /// compute stream that writes them (a copy into pageable memory ends
-    /// before it returns); the caller waits for the stream to learn whether
-    /// that work failed.
+    /// compute stream that writes them. The caller waits for the stream
+    /// before it uses them: the driver may return before a copy into
+    /// pageable memory ends, and the wait says whether that work failed.
     pub(super) fn read(&self, bytes: usize, what: &str) -> Result<Vec<u8>, Error> {
         let mut host =
             kiln_ir::try_vec(bytes, 0u8).map_err(|e| Error::from(e.in_op(what, "a host copy")))?;
@@ -333,7 +333,7 @@ pub struct Feeder {
 /// One batch's buffers: pinned host memory and device values, per value.
 #[derive(Default)]
 struct FeedSet {
-    pinned: Vec<PinnedHostSlice<u8>>,
+    pinned: Vec<Pinned>,
     values: Vec<Arc<Resident>>,
     /// Recorded on the copy stream after the set's last copy.
     copied: Option<CudaEvent>,
@@ -341,12 +341,67 @@ struct FeedSet {
 
 impl Drop for Feeder {
     fn drop(&mut self) {
-        // With cudarc's event tracking off, freeing pinned memory waits on
-        // nothing, and device buffers go back to the pool in the compute
-        // stream's order only: a copy still reading the one or writing the
-        // other must end first. A failure leaves nothing better to do than
-        // to free.
+        // Pinned memory goes back to its pool for the next feed, and device
+        // buffers to theirs in the compute stream's order only: a copy
+        // still reading the one or writing the other must end first. A
+        // failure leaves nothing better to do than to give them back.
         let _ = self.copy.synchronize();
+    }
+}
+
+/// Pinned host memory that goes back to its GPU's pool when dropped, for
+/// the next feed: pinning memory costs a millisecond where a feed's batch
+/// takes microseconds (`benches/RESULTS-cuda.md`), and every epoch of a
+/// loader opens a feed.
+struct Pinned {
+    slice: Option<PinnedHostSlice<u8>>,
+    gpu: Arc<Gpu>,
+}
+
+impl Pinned {
+    /// At least `bytes` of pinned memory, from the pool where it has some.
+    fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<Pinned, Error> {
+        let size = bytes.max(1).next_power_of_two();
+        let pooled = (gpu.pinned.lock().unwrap_or_else(|e| e.into_inner()))
+            .get_mut(&size)
+            .and_then(Vec::pop);
+        let slice = match pooled {
+            Some(slice) => slice,
+            // SAFETY: the memory is written before any copy reads it
+            // (`Feeder::copy`). Flags 0: cached host memory, fast for the
+            // CPU to write.
+            None => unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(size, 0) }
+                .map_err(|e| driver("allocating pinned memory", e))?,
+        };
+        Ok(Pinned {
+            slice: Some(slice),
+            gpu: gpu.clone(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.slice.as_ref().map_or(0, PinnedHostSlice::len)
+    }
+
+    /// Its first `bytes` bytes, to write.
+    fn first_mut(&mut self, bytes: usize) -> Result<&mut [u8], Error> {
+        let slice = (self.slice.as_mut())
+            .ok_or_else(|| Error::Cuda("a freed pinned buffer".into()))?
+            .as_mut_slice()
+            .map_err(|e| driver("writing pinned memory", e))?;
+        let len = slice.len();
+        (slice.get_mut(..bytes))
+            .ok_or_else(|| Error::Launch(format!("{bytes} bytes of a {len}-byte pinned buffer")))
+    }
+}
+
+impl Drop for Pinned {
+    /// Back to the pool: its owner has waited for the copies that read it.
+    fn drop(&mut self) {
+        if let Some(slice) = self.slice.take() {
+            let mut pool = self.gpu.pinned.lock().unwrap_or_else(|e| e.into_inner());
+            pool.entry(slice.len()).or_default().push(slice);
+        }
     }
 }
 
@@ -377,12 +432,7 @@ impl Feeder {
         for (k, data) in values.iter().enumerate() {
             let bytes = host_bytes(*data);
             if set.pinned.get(k).is_none_or(|p| p.len() < bytes.len()) {
-                // SAFETY: the memory is written (below) before the copy that
-                // reads it. Flags 0: cached host memory, fast for the CPU to
-                // write. At least a byte: cuMemHostAlloc of 0 bytes may leave
-                // the pointer unwritten.
-                let host = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes.len().max(1), 0) }
-                    .map_err(|e| driver("allocating pinned memory", e))?;
+                let host = Pinned::new(gpu, bytes.len())?;
                 match set.pinned.get_mut(k) {
                     Some(p) => *p = host,
                     None => set.pinned.push(host),
@@ -391,9 +441,7 @@ impl Feeder {
             if bytes.is_empty() {
                 continue;
             }
-            let host = &mut set.pinned[k]
-                .as_mut_slice()
-                .map_err(|e| driver("writing pinned memory", e))?[..bytes.len()];
+            let host = set.pinned[k].first_mut(bytes.len())?;
             host.copy_from_slice(&bytes);
             let value = (Arc::get_mut(&mut set.values[k]))
                 .ok_or_else(|| Error::Launch("a fed value held elsewhere".into()))?;

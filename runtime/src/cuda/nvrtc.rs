@@ -7,6 +7,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::nvrtc::{result, sys};
 
@@ -55,6 +56,47 @@ pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
         result::destroy_program(program).map_err(|e| fail("destroy", e))?;
         outcome
     }
+}
+
+/// Compiles each of `sources` for `arch`, on as many threads as the
+/// machine runs at once (NVRTC compiles programs concurrently), so that a
+/// graph's kernels compile side by side rather than one after another
+/// (`benches/RESULTS-cuda.md`). The results are in the order of `sources`.
+pub fn compile_all(sources: &[&str], arch: &str) -> Vec<Result<Vec<u8>, Error>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(sources.len());
+    if threads <= 1 {
+        return sources.iter().map(|s| compile(s, arch)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<Option<Result<Vec<u8>, Error>>> = sources.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(source) = sources.get(i) else {
+                            return done;
+                        };
+                        done.push((i, compile(source, arch)));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            let done = worker
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            for (i, result) in done {
+                results[i] = Some(result);
+            }
+        }
+    });
+    // Every index was taken by a worker that returned.
+    results.into_iter().flatten().collect()
 }
 
 /// The CUBIN of a compiled program.

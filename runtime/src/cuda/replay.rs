@@ -83,7 +83,7 @@ impl Replays {
         enqueue: impl Fn(&Arc<CudaStream>) -> Result<(), Error>,
     ) -> Result<(), Error> {
         if self.refused.is_some() {
-            return enqueue(&gpu.stream);
+            return in_turn(gpu, &enqueue);
         }
         if let Some(at) = self.graphs.iter().position(|(a, _)| *a == addresses) {
             let Some(entry) = self.graphs.remove(at) else {
@@ -98,7 +98,7 @@ impl Replays {
             if self.seen.len() > KEPT {
                 self.seen.pop_front();
             }
-            return enqueue(&gpu.stream);
+            return in_turn(gpu, &enqueue);
         };
         self.seen.remove(at);
         match Graph::capture(gpu, &enqueue) {
@@ -121,11 +121,21 @@ impl Replays {
                     eprintln!("// kiln: {}: runs are not replayed: {why}", self.name);
                 }
                 self.refused = Some(why);
-                enqueue(&gpu.stream)
+                in_turn(gpu, &enqueue)
             }
             Captured::Failed(e) => Err(e),
         }
     }
+}
+
+/// The launches `enqueue` makes, on the compute stream in its turn
+/// (`Gpu::turn`).
+fn in_turn(
+    gpu: &Gpu,
+    enqueue: &impl Fn(&Arc<CudaStream>) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let _turn = gpu.turn();
+    enqueue(&gpu.stream)
 }
 
 /// What a capture made.
@@ -194,6 +204,10 @@ impl Graph {
 
     /// Enqueues the graph on the compute stream, and counts it.
     fn launch(&self, gpu: &Gpu) -> Result<(), Error> {
+        // A graph launch is one operation of the stream: nothing comes
+        // between its kernels, but the turn keeps it from coming between
+        // those of a product that another thread is enqueueing.
+        let _turn = gpu.turn();
         // SAFETY: the executable graph is live (its `CudaGraph` owns it) and
         // was made in the context of `gpu`'s stream; the buffers it reads
         // and writes are those of the run it replays (the same addresses),

@@ -61,7 +61,7 @@ impl crate::Executable for Executable {
         inputs: &[Arg<'_>],
         outputs: &mut [Storage],
     ) -> Result<(), Error> {
-        let name = self.optimized.graph.name.clone();
+        let name = &self.optimized.graph.name;
         let size = |s: &Storage| (s.dtype(), s.len());
         let given = inputs.iter().map(|a| (a.dtype(), a.len()));
         let (donated_sizes, output_sizes) = (donated.iter().map(size), outputs.iter().map(size));
@@ -75,7 +75,7 @@ impl crate::Executable for Executable {
         self.gpu.bind()?;
         for (j, storage) in donated.iter_mut().enumerate() {
             let ty = &self.optimized.graph.inputs[self.optimized.schedule.donated[j].0 as usize];
-            self.own(storage, ty, &name, true)?;
+            self.own(storage, ty, name, true)?;
         }
         let own_outputs: Vec<&TensorType> = (self.places.outputs.iter())
             .zip(&self.outputs)
@@ -83,12 +83,12 @@ impl crate::Executable for Executable {
             .map(|(_, t)| t)
             .collect();
         for (storage, ty) in outputs.iter_mut().zip(own_outputs) {
-            self.own(storage, ty, &name, false)?;
+            self.own(storage, ty, name, false)?;
         }
         // Host inputs, and values of another device, copied in.
         let mut copied: Vec<Buffer> = Vec::new();
         for arg in inputs {
-            copied.extend(self.copied_in(arg, &name)?);
+            copied.extend(self.copied_in(arg, name)?);
         }
         let mut copied = copied.iter();
         let mut given: Vec<&Buffer> = Vec::with_capacity(inputs.len());
@@ -128,6 +128,19 @@ impl crate::Executable for Executable {
 pub(super) struct HostBuffers {
     inputs: Vec<Buffer>,
     outputs: Vec<Buffer>,
+}
+
+/// Where a run on host data leaves the output at `place`: in its donated
+/// input, or in an output of its own.
+fn output<'a>(
+    place: Place,
+    donated: &'a mut [&mut Data],
+    outputs: &'a mut [&mut Data],
+) -> &'a mut Data {
+    match place {
+        Place::Donated(j) => &mut *donated[j],
+        Place::Own(m) => &mut *outputs[m],
+    }
 }
 
 /// The device buffer of storage made this GPU's own (`Executable::own`).
@@ -248,14 +261,17 @@ impl Executable {
         self.gpu.bind()?;
         let name = &self.optimized.graph.name;
         let (_, buffers) = self.host_run()?;
-        for (place, buffer) in self.places.outputs.iter().zip(buffers) {
-            let data = match *place {
-                Place::Donated(j) => &mut *donated[j],
-                Place::Own(m) => &mut *outputs[m],
-            };
-            let bytes = buffer.read(data.len() * data.dtype().size(), name)?;
-            fill(data, &bytes);
+        let mut read = Vec::with_capacity(buffers.len());
+        for (&place, buffer) in self.places.outputs.iter().zip(buffers) {
+            let data = output(place, donated, outputs);
+            read.push(buffer.read(data.len() * data.dtype().size(), name)?);
         }
-        self.gpu.wait(name)
+        // The bytes are the run's once the stream has run everything before
+        // the copies, and only where it ran without failing.
+        self.gpu.wait(name)?;
+        for (&place, bytes) in self.places.outputs.iter().zip(read) {
+            fill(output(place, donated, outputs), &bytes);
+        }
+        Ok(())
     }
 }
