@@ -6,7 +6,9 @@
 //!
 //! Kernels write each graph output straight into the buffer that holds it
 //! after the run (a donated input's, for an output written over it), as on
-//! the CPU; the memory plan's slots hold the values in between.
+//! the CPU, except small outputs of runs on storage, written into buffers of
+//! the executable's own and copied out (`STAGED_BYTES`); the memory plan's
+//! slots hold the values in between.
 //!
 //! Every launch is made safe by the checks before it: buffer lengths
 //! against the kernel's types (the generated code reads and writes only
@@ -36,8 +38,9 @@ use crate::bind::{Bindings, Bound};
 use crate::matmul::Epilogue;
 
 /// Graph outputs of at most this many bytes (a training step's loss, a
-/// batch's metrics) are written into buffers of the executable's own and
-/// copied into the caller's after the run. A caller that holds such
+/// batch's metrics) of runs on storage are written into buffers of the
+/// executable's own and copied into the caller's after the run (runs on
+/// host data have buffers of their own already). A caller that holds such
 /// outputs from run to run (an epoch's losses, read at its end) gives each
 /// run new ones: written in place, no two runs would have the same buffers
 /// and none would replay; staged, they do, at the price of a copy of a few
@@ -311,11 +314,17 @@ impl Executable {
 
     /// Enqueues every launch on the device's stream, reading graph input
     /// `i` from `inputs[i]` and writing graph output `k` into
-    /// `outputs[k]`, then copies the outputs that no kernel writes (graph
+    /// `outputs[k]` (through its staged buffer, where `stage` asks and it
+    /// has one), then copies the outputs that no kernel writes (graph
     /// inputs, and values that are an earlier output too) on the device:
     /// as one graph launch where a recent run had the same buffers
     /// (`replay`).
-    pub(super) fn enqueue(&self, inputs: &[&Buffer], outputs: &[&Buffer]) -> Result<(), Error> {
+    pub(super) fn enqueue(
+        &self,
+        inputs: &[&Buffer],
+        outputs: &[&Buffer],
+        stage: bool,
+    ) -> Result<(), Error> {
         self.gpu.bind()?;
         let graph = &self.optimized.graph;
         if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
@@ -331,16 +340,19 @@ impl Executable {
         // Every launch's buffers found and checked before the first is
         // enqueued: a run that fails leaves its outputs and donated inputs
         // unwritten.
-        for ((out, staged), ty) in outputs.iter().zip(&self.staged).zip(&self.outputs) {
-            if staged.as_ref().is_some_and(|s| out.bytes < s.bytes) {
+        let staged: Vec<Option<&Buffer>> = (self.staged.iter())
+            .map(|s| s.as_ref().filter(|_| stage))
+            .collect();
+        for ((out, staged), ty) in outputs.iter().zip(&staged).zip(&self.outputs) {
+            if staged.is_some_and(|s| out.bytes < s.bytes) {
                 return Err(Error::Launch(format!(
                     "an output of {} bytes for {ty}",
                     out.bytes
                 )));
             }
         }
-        let written: Vec<&Buffer> = (outputs.iter().zip(&self.staged))
-            .map(|(&out, staged)| staged.as_ref().unwrap_or(out))
+        let written: Vec<&Buffer> = (outputs.iter().zip(&staged))
+            .map(|(&out, staged)| staged.unwrap_or(out))
             .collect();
         let bound: Vec<Operands> = (0..self.optimized.schedule.launches.len())
             .map(|i| self.operands(i, inputs, &written))
@@ -355,7 +367,7 @@ impl Executable {
         replays.run(&self.gpu, addresses, |stream| {
             self.enqueue_on(stream, &bound, inputs, &written)
         })?;
-        for (out, staged) in outputs.iter().zip(&self.staged) {
+        for (out, staged) in outputs.iter().zip(staged) {
             if let Some(staged) = staged {
                 out.copy_from(staged, staged.bytes, &self.gpu.stream)?;
             }

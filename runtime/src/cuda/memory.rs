@@ -157,9 +157,9 @@ impl Buffer {
     }
 
     /// Its first `bytes` bytes copied to the host, after the work on the
-    /// compute stream that writes them. The caller waits for the stream
-    /// before it uses them: the driver may return before a copy into
-    /// pageable memory ends, and the wait says whether that work failed.
+    /// compute stream that writes them (a copy into pageable memory ends
+    /// before it returns). The caller waits for the stream before it uses
+    /// them: the wait says whether that work failed.
     pub(super) fn read(&self, bytes: usize, what: &str) -> Result<Vec<u8>, Error> {
         let mut host =
             kiln_ir::try_vec(bytes, 0u8).map_err(|e| Error::from(e.in_op(what, "a host copy")))?;
@@ -395,12 +395,21 @@ impl Pinned {
     }
 }
 
+/// Pinned buffers of one size the pool keeps: two feeds' worth for one
+/// value (a feed holds two batches). Pinned memory is the host's, locked
+/// in place: more is freed.
+const PINNED_KEPT: usize = 4;
+
 impl Drop for Pinned {
-    /// Back to the pool: its owner has waited for the copies that read it.
+    /// Back to the pool, or freed where it has enough of its size: its
+    /// owner has waited for the copies that read it.
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
             let mut pool = self.gpu.pinned.lock().unwrap_or_else(|e| e.into_inner());
-            pool.entry(slice.len()).or_default().push(slice);
+            let kept = pool.entry(slice.len()).or_default();
+            if kept.len() < PINNED_KEPT {
+                kept.push(slice);
+            }
         }
     }
 }

@@ -58,13 +58,18 @@ pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
     }
 }
 
+/// The most NVRTC compiles at once: each holds a compiler's memory.
+const COMPILE_THREADS: usize = 16;
+
 /// Compiles each of `sources` for `arch`, on as many threads as the
-/// machine runs at once (NVRTC compiles programs concurrently), so that a
-/// graph's kernels compile side by side rather than one after another
-/// (`benches/RESULTS-cuda.md`). The results are in the order of `sources`.
+/// machine runs at once, at most `COMPILE_THREADS` (NVRTC compiles programs
+/// concurrently), so that a graph's kernels compile side by side rather
+/// than one after another (`benches/RESULTS-cuda.md`). The results are in
+/// the order of `sources`.
 pub fn compile_all(sources: &[&str], arch: &str) -> Vec<Result<Vec<u8>, Error>> {
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
+        .min(COMPILE_THREADS)
         .min(sources.len());
     if threads <= 1 {
         return sources.iter().map(|s| compile(s, arch)).collect();

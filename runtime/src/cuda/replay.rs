@@ -15,10 +15,11 @@
 //! compute stream would land in the graph. One capture runs at a time.
 //!
 //! An executable whose runs cannot be captured runs them as plain launches
-//! and says why (`Replays::refused`, `KILN_DUMP=replay`): a run of one
-//! launch gains nothing from a graph, cuBLAS's `sgemm` (the IEEE f32 path)
-//! runs on the handle's own stream, and a capture the driver refuses is
-//! not tried again. A run that fails while it is captured (a check, a
+//! and says why (`Replays::refused`, `KILN_DUMP=replay`): a run of no
+//! kernel has nothing to replay, cuBLAS's `sgemm` (the IEEE f32 path) runs
+//! on the handle's own stream, and a capture the driver refuses is not
+//! tried again. (A run of one kernel replays: a one-node graph and a wait
+//! took less host time than a launch and a wait, `benches/RESULTS-cuda.md`.) A run that fails while it is captured (a check, a
 //! driver error) is that run's `Err`, as it would be uncaptured.
 
 #![allow(unsafe_code)]
@@ -32,8 +33,8 @@ use cudarc::driver::{CudaGraph, CudaStream};
 use super::context::{Gpu, driver};
 use crate::Error;
 
-/// Buffer sets remembered, and graphs kept, per executable: a staged run
-/// alternates between two sets of input buffers.
+/// Buffer sets remembered, and graphs kept, per executable: a fed step
+/// alternates between the feed's two sets of input buffers.
 const KEPT: usize = 4;
 
 /// The graphs an executable's runs replay, by the device addresses of

@@ -114,7 +114,7 @@ impl crate::Executable for Executable {
                 Place::Own(m) => own[m],
             })
             .collect();
-        self.enqueue(&input_at, &output_at)
+        self.enqueue(&input_at, &output_at, true)
     }
 
     fn device_time(&mut self) -> Result<Option<f64>, Error> {
@@ -192,7 +192,7 @@ impl Executable {
     /// Enqueues every launch on the buffers of runs on host data.
     fn enqueue_host(&self) -> Result<(), Error> {
         let (inputs, outputs) = self.host_run()?;
-        self.enqueue(&inputs, &outputs)
+        self.enqueue(&inputs, &outputs, false)
     }
 
     /// Makes `storage` device memory of this GPU for a value of `ty` that
