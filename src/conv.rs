@@ -1,7 +1,7 @@
-//! 2-D convolution and pooling over NCHW f32 tensors, as composites of the
-//! graph's movement and elementwise ops (and its matmul), so that the
-//! optimizer fuses them and `kiln::grad` differentiates them like any other
-//! composite.
+//! 2-D convolution and pooling over NCHW f32 tensors (convolution over f64
+//! too), as composites of the graph's movement and elementwise ops (and its
+//! matmul), so that the optimizer fuses them and `kiln::grad`
+//! differentiates them like any other composite.
 //!
 //! Every form reads the input through sliding windows: the input padded on
 //! its two spatial axes and sliced with the stride, one slice per kernel
@@ -255,7 +255,7 @@ fn windows(xp: &Tensor, [h, w]: &[Axis; 2]) -> Result<Vec<Tensor>> {
 }
 
 impl Tensor {
-    /// 2-D convolution of NCHW f32 data with OIHW weights
+    /// 2-D convolution of NCHW f32 or f64 data with OIHW weights of its dtype
     /// (`[out_channels, in_channels / groups, kh, kw]`), PyTorch's and ONNX's
     /// `Conv`: `stride` and `dilation` along height and width, `padding` as
     /// zeros `(before, after)` each, input and output channels split into
@@ -272,8 +272,25 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d";
-        check_4d(OP, self, true)?;
-        check_4d(OP, weight, true)?;
+        check_4d(OP, self, false)?;
+        check_4d(OP, weight, false)?;
+        let dtype = self.dtype();
+        if !matches!(dtype, DType::F32 | DType::F64) {
+            return Err(kiln_ir::Error::DType {
+                op: OP,
+                dtype,
+                expected: "f32 or f64",
+            }
+            .into());
+        }
+        if weight.dtype() != dtype {
+            return Err(kiln_ir::Error::DTypeMismatch {
+                op: OP,
+                lhs: dtype,
+                rhs: weight.dtype(),
+            }
+            .into());
+        }
         let (x, w) = (self.dims(), weight.dims());
         let (c, o, cg) = (x[1], w[0], w[1]);
         let mismatch = |message: String| {
@@ -298,10 +315,10 @@ impl Tensor {
             )));
         }
         if let Some(b) = bias
-            && (b.dims() != [o] || b.dtype() != DType::F32)
+            && (b.dims() != [o] || b.dtype() != dtype)
         {
             return Err(mismatch(format!(
-                "the bias must be f32 [{o}], got {} {}",
+                "the bias must be {dtype} [{o}], got {} {}",
                 b.dtype(),
                 b.shape()
             )));
@@ -311,7 +328,7 @@ impl Tensor {
         if og > 1 || cg * w[2] * w[3] > DIRECT_TERMS {
             return im2col_gemm(self, weight, bias, groups, &axes);
         }
-        let wins = windows(&padded(self, &axes, Scalar::F32(0.0))?, &axes)?;
+        let wins = windows(&padded(self, &axes, Scalar::I32(0).cast(dtype))?, &axes)?;
         let y = multiply_and_sum(&wins, weight, groups)?;
         match bias {
             Some(b) => y.add(&b.reshape([1, o, 1, 1])?),
@@ -637,7 +654,7 @@ fn im2col_gemm(
     let n = x.dims()[0];
     let xp = x.pad(
         &[(0, 0), (0, 0), (h.pad.0, h.pad.1), (w.pad.0, w.pad.1)],
-        0.0f32,
+        Scalar::I32(0).cast(x.dtype()),
     )?;
     let span = |a: &Axis| a.dilation * (a.kernel - 1) + 1;
     // [N, C, out_h, out_w, kh, kw]: element (i, j, a, b) reads padded

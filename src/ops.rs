@@ -369,6 +369,12 @@ impl Tensor {
     /// Matrix product with NumPy's `matmul` rules: `[.., m, k] @ [.., k, n]`
     /// with batch dimensions broadcast; a 1-D operand is a row (left) or a
     /// column (right) vector whose axis is dropped from the result.
+    ///
+    /// f32, bf16 and f16 run as GEMMs. f64, i32 and i64 are products
+    /// summed over `k` (one fused reduction, differentiable as any
+    /// composite): f64 in f64 throughout, the integers wrapping, as
+    /// PyTorch's CPU products of those types. u8 (whose sums kiln does not
+    /// accumulate) and bool have none: cast them first.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         let mismatch = || kiln_ir::Error::MatMul {
             lhs: self.shape().clone(),
@@ -376,6 +382,14 @@ impl Tensor {
         };
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(mismatch().into());
+        }
+        if self.dtype() != rhs.dtype() {
+            return Err(kiln_ir::Error::DTypeMismatch {
+                op: "matmul",
+                lhs: self.dtype(),
+                rhs: rhs.dtype(),
+            }
+            .into());
         }
         let lhs = if self.rank() == 1 {
             self.unsqueeze(0)?
@@ -404,10 +418,22 @@ impl Tensor {
             dims.extend(tail);
             dims.into()
         };
-        let product = Tensor::lazy(
-            Op::MatMul,
-            &[&lhs.expand(with([m, k]))?, &rhs2.expand(with([k, n]))?],
-        )?;
+        let (a, b) = (lhs.expand(with([m, k]))?, rhs2.expand(with([k, n]))?);
+        let product = match self.dtype() {
+            DType::F32 | DType::BF16 | DType::F16 => Tensor::lazy(Op::MatMul, &[&a, &b])?,
+            // [.., m, k, 1] * [.., 1, k, n], summed over k.
+            DType::F64 | DType::I32 | DType::I64 => {
+                (a.unsqueeze(-1)? * b.unsqueeze(-3)?)?.sum(&[-2], false)?
+            }
+            dtype @ (DType::U8 | DType::Bool) => {
+                return Err(kiln_ir::Error::DType {
+                    op: "matmul",
+                    dtype,
+                    expected: "f32, f64, bf16, f16, i32 or i64",
+                }
+                .into());
+            }
+        };
         let mut dims = batch.dims().to_vec();
         if self.rank() > 1 {
             dims.push(m);

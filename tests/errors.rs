@@ -94,10 +94,15 @@ fn matmul_dimensions() {
         message(Tensor::scalar(1.0f32).matmul(&ones(&[1, 1]))),
         "matmul: shapes [] and [1, 1] do not fit (need [.., m, k] @ [.., k, n])"
     );
-    let ints = Tensor::ones([2, 2], DType::I32).unwrap();
+    let bytes = Tensor::ones([2, 2], DType::U8).unwrap();
     assert_eq!(
-        message(ints.matmul(&ints)),
-        "matmul: expected f32, bf16 or f16, got i32"
+        message(bytes.matmul(&bytes)),
+        "matmul: expected f32, f64, bf16, f16, i32 or i64, got u8"
+    );
+    let wide = Tensor::ones([2, 2], DType::F64).unwrap();
+    assert_eq!(
+        message(wide.matmul(&ones(&[2, 2]))),
+        "matmul: dtypes f64 and f32 differ (cast one of them first)"
     );
 }
 

@@ -72,7 +72,9 @@ impl<O: Optimizer> Optimizer for Accumulate<O> {
             .map(|k| &state[1 + k] + &grads[k])
             .collect::<Result<_>>()?;
         let scale = Tensor::scalar(1.0 / self.every as f32);
-        let means: Vec<Tensor> = sums.iter().map(|s| s.mul(&scale)).collect::<Result<_>>()?;
+        let means: Vec<Tensor> = (sums.iter())
+            .map(|s| s.mul(&scale.cast(s.dtype())?))
+            .collect::<Result<_>>()?;
         let inner = &state[1 + n..];
         let (updated, inner_new) = self.optimizer.update_at(params, &means, inner, lr)?;
         let pick = |new: &Tensor, old: &Tensor| apply.where_cond(new, old);

@@ -11,7 +11,9 @@
 //! tensor: an input of a compiled step, so that a `Schedule` moves it every
 //! step and the step is never traced or compiled again. The formulas are
 //! PyTorch's (`torch.optim.SGD`, `torch.optim.AdamW`), so that a model
-//! trained in either moves the same way.
+//! trained in either moves the same way. Parameters are f32 or f64, each
+//! updated in its own type; the hyperparameters are f32 values (widened
+//! for f64 parameters).
 
 mod accumulate;
 mod groups;
@@ -129,20 +131,21 @@ impl Optimizer for Sgd {
         let mut new_params = Vec::with_capacity(params.len());
         let mut new_state = Vec::with_capacity(state.len());
         for (k, (p, g)) in params.iter().zip(grads).enumerate() {
+            let c = |v: f32| constant(v, p.dtype());
             let mut g = g.clone();
             if self.weight_decay != 0.0 {
-                g = (g + (p * self.weight_decay)?)?;
+                g = (g + (p * c(self.weight_decay)?)?)?;
             }
             if self.momentum != 0.0 {
-                let buf = ((&state[k] * self.momentum)? + &g)?;
+                let buf = ((&state[k] * c(self.momentum)?)? + &g)?;
                 g = if self.nesterov {
-                    (g + (&buf * self.momentum)?)?
+                    (g + (&buf * c(self.momentum)?)?)?
                 } else {
                     buf.clone()
                 };
                 new_state.push(buf);
             }
-            new_params.push((p - (g * lr)?)?);
+            new_params.push((p - (g * lr.cast(p.dtype())?)?)?);
         }
         Ok((new_params, new_state))
     }
@@ -244,24 +247,29 @@ impl Optimizer for AdamW {
         check_counts("AdamW", params, grads, state, 1 + 2 * n)?;
         check_rate("AdamW", lr)?;
         let t = (&state[0] + 1.0f32)?;
-        // The bias corrections, folded into one step size per step.
-        let correction1 = (1.0f32 - Tensor::scalar(self.beta1).pow(&t)?)?;
-        let correction2 = (1.0f32 - Tensor::scalar(self.beta2).pow(&t)?)?;
-        let step_size = ((correction2.sqrt()? / correction1)? * lr)?;
-        let decay = (1.0f32 - (lr * self.weight_decay)?)?;
-        let correction2_root = correction2.sqrt()?;
+        // Per dtype of the parameters, made at its first parameter.
+        let mut scalars: Vec<(DType, [Tensor; 3])> = Vec::new();
         let mut new_params = Vec::with_capacity(n);
         let mut new_m = Vec::with_capacity(n);
         let mut new_v = Vec::with_capacity(n);
         for (k, (p, g)) in params.iter().zip(grads).enumerate() {
+            let c = |v: f32| constant(v, p.dtype());
+            let at = match scalars.iter().position(|(d, _)| *d == p.dtype()) {
+                Some(at) => at,
+                None => {
+                    scalars.push((p.dtype(), self.scalars(&t, lr, p.dtype())?));
+                    scalars.len() - 1
+                }
+            };
+            let [step_size, decay, correction2_root] = &scalars[at].1;
             let (m, v) = (&state[1 + k], &state[1 + n + k]);
-            let m = ((m * self.beta1)? + (g * (1.0 - self.beta1))?)?;
-            let v = ((v * self.beta2)? + (g.square()? * (1.0 - self.beta2))?)?;
+            let m = ((m * c(self.beta1)?)? + (g * c(1.0 - self.beta1)?)?)?;
+            let v = ((v * c(self.beta2)?)? + (g.square()? * c(1.0 - self.beta2)?)?)?;
             // p (1 - lr wd) - lr m̂ / (sqrt(v̂) + eps), with m̂ = m / c1 and
             // v̂ = v / c2: lr m̂ / (sqrt(v̂) + eps) = step_size m / (sqrt(v) + eps sqrt(c2)).
-            let decayed = (p * &decay)?;
-            let denominator = (v.sqrt()? + (&correction2_root * self.eps)?)?;
-            let p = (decayed - ((&m * &step_size)? / denominator)?)?;
+            let decayed = (p * decay)?;
+            let denominator = (v.sqrt()? + (correction2_root * c(self.eps)?)?)?;
+            let p = (decayed - ((&m * step_size)? / denominator)?)?;
             new_params.push(p);
             new_m.push(m);
             new_v.push(v);
@@ -274,6 +282,19 @@ impl Optimizer for AdamW {
 }
 
 impl AdamW {
+    /// At step `t` and learning rate `lr`, in `dtype`: the step size (the
+    /// bias corrections folded in), the weight decay's factor, and the
+    /// root of the second moment's correction.
+    fn scalars(&self, t: &Tensor, lr: &Tensor, dtype: DType) -> Result<[Tensor; 3]> {
+        let c = |v: f32| constant(v, dtype);
+        let (t, lr) = (t.cast(dtype)?, lr.cast(dtype)?);
+        let correction1 = (c(1.0)? - c(self.beta1)?.pow(&t)?)?;
+        let correction2 = (c(1.0)? - c(self.beta2)?.pow(&t)?)?;
+        let step_size = ((correction2.sqrt()? / correction1)? * &lr)?;
+        let decay = (c(1.0)? - (&lr * c(self.weight_decay)?)?)?;
+        Ok([step_size, decay, correction2.sqrt()?])
+    }
+
     /// Its hyperparameters in their ranges, as `torch.optim.AdamW` checks
     /// them: a learning rate, eps and weight decay of 0 or more, and betas
     /// in [0, 1).
@@ -291,6 +312,13 @@ impl AdamW {
         }
         Ok(())
     }
+}
+
+/// Hyperparameter `value` as a scalar of the parameters' `dtype`: in f64,
+/// the f32 value widened (0.9 is 0.8999999761581421, as the f32
+/// optimizer has it).
+fn constant(value: f32, dtype: DType) -> Result<Tensor> {
+    Tensor::scalar(value).cast(dtype)
 }
 
 /// `value` of hyperparameter `name` must be 0 or more (NaN is not).
@@ -395,9 +423,9 @@ fn check_counts(
         ));
     }
     for (k, (p, g)) in params.iter().zip(grads).enumerate() {
-        if p.dtype() != DType::F32 || g.ty() != p.ty() {
+        if !matches!(p.dtype(), DType::F32 | DType::F64) || g.ty() != p.ty() {
             return mismatch(format!(
-                "parameter {k} is {} and its gradient {}; both must be the same f32 type",
+                "parameter {k} is {} and its gradient {}; both must be the same f32 or f64 type",
                 p.ty(),
                 g.ty()
             ));
