@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """jax.jit on bench_report's `train_cnn` step: one Adam step (1e-3) of the
-CNN of examples/train_cnn.rs without its batch norms (5x5 convolutions to
-16 and 32 channels, each with ReLU and 2x2 max pooling, a linear layer to
-10 classes; weights normal times sqrt(2 / fan-in), biases zero), u8
+CNN of examples/train_cnn.rs without its dropout (5x5 convolutions to 16
+and 32 channels, each with batch norm by the batch's statistics, ReLU and
+2x2 max pooling, a linear layer to 10 classes; weights normal times
+sqrt(2 / fan-in), biases and shifts zero, scales one), u8
 images normalized inside the step, softmax cross-entropy on int labels,
 batch 100, buffers donated, on the CPU. One JSON line in
 train_anchor.py's form.
@@ -25,7 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=40)
 args = ap.parse_args()
-B, SHAPE = 100, "100x1x28x28-c16-c32-10"
+B, SHAPE = 100, "100x1x28x28-c16bn-c32bn-10"
 
 
 def main():
@@ -37,17 +38,23 @@ def main():
     def he(shape, fan_in):
         return jnp.asarray((rng.standard_normal(shape) * np.sqrt(2 / fan_in)).astype(np.float32))
 
+    def conv(w, c):
+        return (w, jnp.zeros((c,), jnp.float32), jnp.ones((c,), jnp.float32), jnp.zeros((c,), jnp.float32))
+
     params = [
-        (he((16, 1, 5, 5), 25), jnp.zeros((16,), jnp.float32)),
-        (he((32, 16, 5, 5), 400), jnp.zeros((32,), jnp.float32)),
+        conv(he((16, 1, 5, 5), 25), 16),
+        conv(he((32, 16, 5, 5), 400), 32),
         (he((512, 10), 512), jnp.zeros((10,), jnp.float32)),
     ]
     x = jnp.asarray(rng.integers(0, 256, (B, 28, 28)).astype(np.uint8))
     y = jnp.asarray(rng.integers(0, 10, (B,)).astype(np.int32))
 
-    def layer(h, w, b):
+    def layer(h, w, b, gamma, beta):
         c = jax.lax.conv_general_dilated(h, w, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW"))
-        c = jax.nn.relu(c + b[None, :, None, None])
+        c = c + b[None, :, None, None]
+        mean, var = jnp.mean(c, (0, 2, 3), keepdims=True), jnp.var(c, (0, 2, 3), keepdims=True)
+        c = (c - mean) / jnp.sqrt(var + 1e-5) * gamma[None, :, None, None] + beta[None, :, None, None]
+        c = jax.nn.relu(c)
         return jax.lax.reduce_window(c, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
     def loss_fn(params, x, y):
