@@ -152,16 +152,15 @@ fn crop(x: &Tensor, axis: usize, (before, after): (usize, usize)) -> Result<Tens
     x.slice(axis as isize, before, x.dims()[axis] - after, 1)
 }
 
-/// The two spatial axes of `x` (NCHW) under a window, checked.
-fn spatial(
-    op: &'static str,
-    x: &Tensor,
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    padding: [(usize, usize); 2],
-    dilation: [usize; 2],
-    ceil_mode: bool,
-) -> Result<[Axis; 2]> {
+/// The two spatial axes of `x` (NCHW) under `window`, checked.
+fn spatial(op: &'static str, x: &Tensor, window: &Pool2d) -> Result<[Axis; 2]> {
+    let Pool2d {
+        kernel,
+        stride,
+        padding,
+        dilation,
+        ceil_mode,
+    } = *window;
     let dims = x.dims();
     let axis = |a: usize| {
         Axis::new(
@@ -262,6 +261,8 @@ impl Tensor {
     /// `groups` (`groups == in_channels` is a depthwise convolution), and an
     /// optional `bias` of `[out_channels]`. The result is
     /// `[N, out_channels, out_h, out_w]`.
+    // PyTorch's `F.conv2d` signature, argument for argument.
+    #[allow(clippy::too_many_arguments)]
     pub fn conv2d(
         &self,
         weight: &Tensor,
@@ -323,7 +324,14 @@ impl Tensor {
                 b.shape()
             )));
         }
-        let axes = spatial(OP, self, [w[2], w[3]], stride, padding, dilation, false)?;
+        let window = Pool2d {
+            kernel: [w[2], w[3]],
+            stride,
+            padding,
+            dilation,
+            ceil_mode: false,
+        };
+        let axes = spatial(OP, self, &window)?;
         let og = o / groups;
         if og > 1 || cg * w[2] * w[3] > DIRECT_TERMS {
             return im2col_gemm(self, weight, bias, groups, &axes);
@@ -347,6 +355,7 @@ impl Tensor {
     /// the stride (zeros between its elements), padded by the kernel's
     /// reach less `padding`, convolved with the weight flipped and its
     /// channel axes swapped per group.
+    // PyTorch's `F.conv_transpose2d` signature, argument for argument.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_transpose2d(
         &self,
@@ -537,15 +546,7 @@ fn pool_axes(op: &'static str, x: &Tensor, p: &Pool2d) -> Result<[Axis; 2]> {
             ));
         }
     }
-    spatial(
-        op,
-        x,
-        p.kernel,
-        p.stride,
-        p.padding,
-        p.dilation,
-        p.ceil_mode,
-    )
+    spatial(op, x, p)
 }
 
 /// The convolution as one elementwise chain: the sum over input channels

@@ -143,7 +143,12 @@ fn recurrent(node: &Node, cell: Cell) -> Result<Vec<Value>> {
         Some(_) => Some(node.attr_float("clip", 0.0)?),
         None => None,
     };
-    let linear_before_reset = cell == Cell::Gru && node.attr_int("linear_before_reset", 0)? != 0;
+    let layer = Layer {
+        cell,
+        clip,
+        linear_before_reset: cell == Cell::Gru && node.attr_int("linear_before_reset", 0)? != 0,
+        hidden,
+    };
     let (b, h0) = (node.opt_tensor(3)?, node.opt_tensor(5)?);
     let (c0, p) = match cell {
         Cell::Lstm => (node.opt_tensor(6)?, node.opt_tensor(7)?),
@@ -220,15 +225,7 @@ fn recurrent(node: &Node, cell: Cell) -> Result<Vec<Value>> {
         for t in order {
             let step = dir.inputs.slice(0, t, t + 1, 1)?.reshape([batch, g])?;
             let (h, c) = (dir.h.clone(), dir.c.clone());
-            step_cell(
-                cell,
-                &mut dir,
-                &step,
-                acts,
-                clip,
-                linear_before_reset,
-                hidden,
-            )?;
+            step_cell(layer, &mut dir, &step, acts)?;
             let mut y = dir.h.clone();
             if let Some(lens) = &lens {
                 let live = lens.gt(&Tensor::scalar(Scalar::I64(t as i64).cast(lens.dtype())))?;
@@ -273,16 +270,24 @@ fn recurrent(node: &Node, cell: Cell) -> Result<Vec<Value>> {
     Ok(out)
 }
 
-/// One step of `cell` from `x @ W^T + Wb` (`step`, [batch, gates * hidden]).
-fn step_cell(
+/// What every step of every direction shares: the cell, its clip, GRU's
+/// `linear_before_reset`, and the hidden size.
+#[derive(Clone, Copy)]
+struct Layer {
     cell: Cell,
-    dir: &mut Direction,
-    step: &Tensor,
-    acts: &[Activation],
     clip: Option<f32>,
     linear_before_reset: bool,
     hidden: usize,
-) -> Result<()> {
+}
+
+/// One step of `layer`'s cell from `x @ W^T + Wb` (`step`, [batch, gates * hidden]).
+fn step_cell(layer: Layer, dir: &mut Direction, step: &Tensor, acts: &[Activation]) -> Result<()> {
+    let Layer {
+        cell,
+        clip,
+        linear_before_reset,
+        hidden,
+    } = layer;
     let part = |t: &Tensor, k: usize| t.slice(1, k * hidden, (k + 1) * hidden, 1);
     let clipped = |t: Tensor| -> Result<Tensor> {
         match clip {
