@@ -27,6 +27,7 @@
 //! gradients are tensors like any other, and the forward and backward
 //! passes fuse together when they are realized or compiled.
 
+mod attention;
 mod backend;
 mod compile;
 mod composite;

@@ -3,6 +3,7 @@
 //! and returns one value per output; what it cannot express exactly is an
 //! unsupported `Err`, never an approximation beyond ONNX's tolerances.
 
+mod attention;
 mod constant;
 mod conv;
 mod elementwise;
@@ -37,6 +38,7 @@ pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
         .or_else(|| recurrent::convert(node))
         .or_else(|| reduce::convert(node))
         .or_else(|| nn::convert(node))
+        .or_else(|| attention::convert(node))
         .or_else(|| conv::convert(node));
     match converted {
         Some(values) => values,
