@@ -17,7 +17,8 @@ impl Tensor {
     /// queries' type (added to the scores); `causal` hides from query `i`
     /// every key after `i` (PyTorch's `is_causal`, which takes no mask
     /// beside it); `scale` is `1 / sqrt(E)` unless given. A query every key
-    /// is hidden from gets NaN, as in PyTorch.
+    /// is hidden from gets zeros, as in PyTorch (since 2.5), not NaN: one
+    /// padded query would otherwise spread NaN through every gradient.
     pub fn scaled_dot_product_attention(
         &self,
         key: &Tensor,
@@ -27,9 +28,23 @@ impl Tensor {
         scale: Option<f64>,
     ) -> Result<Tensor> {
         const OP: &str = "scaled_dot_product_attention";
+        let dtype = self.dtype();
+        for t in [key, value] {
+            if !dtype.is_float() || t.dtype() != dtype {
+                return Err(kiln_ir::Error::DTypeMismatch {
+                    op: OP,
+                    lhs: dtype,
+                    rhs: t.dtype(),
+                }
+                .into());
+            }
+        }
         let (q, k) = (self.dims(), key.dims());
-        if q.len() < 2 || k.len() < 2 || value.rank() < 2 || q[q.len() - 1] != k[k.len() - 1] {
+        if q.len() < 2 || k.len() < 2 || q[q.len() - 1] != k[k.len() - 1] {
             return Err(mismatch(OP, self, key));
+        }
+        if value.rank() < 2 {
+            return Err(mismatch(OP, key, value));
         }
         if causal && mask.is_some() {
             return Err(Error::Argument {
@@ -41,12 +56,21 @@ impl Tensor {
         let e = q[q.len() - 1];
         let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
         let scores = self.matmul(&key.transpose(-2, -1)?)?;
-        let scores = scores.mul(&Tensor::scalar(Scalar::F64(scale).cast(self.dtype())))?;
-        let scores = match bias(self.dtype(), [l, s], mask, causal.then_some(0))? {
+        let scores = scores.mul(&Tensor::scalar(Scalar::F64(scale).cast(dtype)))?;
+        let scores = match bias(dtype, [l, s], mask, causal.then_some(0))? {
             Some(bias) => scores.add(&bias)?,
             None => scores,
         };
-        scores.softmax(-1)?.matmul(value)
+        // Rows whose every score is -inf weigh nothing; their softmax runs
+        // on zeros, so that neither it nor its gradient is NaN.
+        let hidden = scores
+            .max(&[-1], true)?
+            .detach()?
+            .eq(&Tensor::scalar(Scalar::F64(f64::NEG_INFINITY).cast(dtype)))?;
+        let zero = Tensor::scalar(Scalar::I32(0).cast(dtype));
+        let safe = hidden.where_cond(&zero, &scores)?;
+        let weights = hidden.where_cond(&zero, &safe.softmax(-1)?)?;
+        weights.matmul(value)
     }
 }
 

@@ -46,7 +46,8 @@ const DIRECT_TERMS: usize = 64;
 /// then along the height (see `pool`).
 const SEPARATE_POOL: usize = 25;
 
-/// The window of a pooling op over the two spatial axes of NCHW data.
+/// The window of a pooling op (or a convolution's, inside `conv2d`) over
+/// the two spatial axes of NCHW data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool2d {
     /// The window's height and width.

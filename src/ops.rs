@@ -371,8 +371,9 @@ impl Tensor {
     /// column (right) vector whose axis is dropped from the result.
     ///
     /// f32, bf16 and f16 run as GEMMs. f64, i32 and i64 are products
-    /// summed over `k` (one fused reduction, differentiable as any
-    /// composite): f64 in f64 throughout, the integers wrapping, as
+    /// summed over `k` (one reduction, differentiable as any composite;
+    /// fused, it reads the operands in place, unfused it stores the
+    /// `[.., m, k, n]` products first): f64 in f64 throughout, the integers wrapping, as
     /// PyTorch's CPU products of those types. u8 (whose sums kiln does not
     /// accumulate) and bool have none: cast them first.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {

@@ -672,7 +672,7 @@ fn f64_gradients_flow_through_matmuls_and_convolutions() -> Result<()> {
 
 #[test]
 fn optimizers_step_f64_parameters_in_f64() -> Result<()> {
-    use kiln::optim::{AdamW, Optimizer, Sgd};
+    use kiln::optim::{Accumulate, AdamW, Optimizer, Sgd};
     let (p, g) = (normals(11, 13), normals(11, 14));
     let param = Tensor::from_vec(p.clone(), [11])?;
     let grad = Tensor::from_vec(g.clone(), [11])?;
@@ -715,5 +715,46 @@ fn optimizers_step_f64_parameters_in_f64() -> Result<()> {
         }
     }
     close("adamw", &current.to_vec::<f64>()?, &want, 1e-13);
+    // f32 and f64 parameters side by side: each updated as it is alone.
+    let param32 = Tensor::from_vec(p.iter().map(|&x| x as f32).collect(), [11])?;
+    let grad32 = Tensor::from_vec(g.iter().map(|&x| x as f32).collect(), [11])?;
+    let alone = |param: &Tensor, grad: &Tensor| -> Result<Data> {
+        let state = adam.state(&[param])?;
+        let (new, _) = adam.update(
+            std::slice::from_ref(param),
+            std::slice::from_ref(grad),
+            &state,
+        )?;
+        data(&new[0])
+    };
+    let state = adam.state(&[&param32, &param])?;
+    let (mixed, _) = adam.update(
+        &[param32.clone(), param.clone()],
+        &[grad32.clone(), grad.clone()],
+        &state,
+    )?;
+    assert_eq!(
+        data(&mixed[0])?,
+        alone(&param32, &grad32)?,
+        "the f32 parameter"
+    );
+    assert_eq!(data(&mixed[1])?, alone(&param, &grad)?, "the f64 parameter");
+    // Accumulated over two updates: one SGD step on the f64 mean.
+    let every = Accumulate {
+        optimizer: Sgd::new(0.1),
+        every: 2,
+    };
+    let g2 = normals(11, 15);
+    let mut state = every.state(&[&param])?;
+    let mut current = param.clone();
+    for grad in [&g, &g2] {
+        let grad = Tensor::from_vec(grad.clone(), [11])?;
+        let (new, next) = every.update(&[current], &[grad], &state)?;
+        (current, state) = (new[0].clone(), next);
+    }
+    let want: Vec<f64> = (0..11)
+        .map(|i| p[i] - f64::from(0.1f32) * ((g[i] + g2[i]) * 0.5))
+        .collect();
+    close("accumulated", &current.to_vec::<f64>()?, &want, 1e-15);
     Ok(())
 }

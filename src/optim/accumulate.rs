@@ -4,6 +4,8 @@
 //! made inside the graph (a `where` on a count in the state), so a
 //! compiled step accumulates without being traced or compiled again.
 
+use kiln_ir::{DType, Scalar};
+
 use super::{Optimizer, check_wrapped};
 use crate::{Error, Result, Tensor};
 
@@ -71,9 +73,13 @@ impl<O: Optimizer> Optimizer for Accumulate<O> {
         let sums: Vec<Tensor> = (0..n)
             .map(|k| &state[1 + k] + &grads[k])
             .collect::<Result<_>>()?;
-        let scale = Tensor::scalar(1.0 / self.every as f32);
+        // 1 / every in each sum's own type.
+        let scale = |dtype: DType| match dtype {
+            DType::F64 => Tensor::scalar(Scalar::F64(1.0 / self.every as f64)),
+            _ => Tensor::scalar(1.0 / self.every as f32),
+        };
         let means: Vec<Tensor> = (sums.iter())
-            .map(|s| s.mul(&scale.cast(s.dtype())?))
+            .map(|s| s.mul(&scale(s.dtype())))
             .collect::<Result<_>>()?;
         let inner = &state[1 + n..];
         let (updated, inner_new) = self.optimizer.update_at(params, &means, inner, lr)?;

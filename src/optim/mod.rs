@@ -375,8 +375,6 @@ fn zeros_like(p: &Tensor) -> Result<Tensor> {
     Tensor::zeros(p.shape().clone(), p.dtype())
 }
 
-/// One gradient per parameter, every parameter f32, and the state the
-/// optimizer made.
 /// A gradient per parameter, and at least the `own` state tensors an
 /// optimizer that wraps another keeps before the inner one's (which checks
 /// its own).

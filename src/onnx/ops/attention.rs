@@ -31,9 +31,14 @@ fn attention(node: &Node) -> Result<Vec<Value>> {
         )));
     }
     if let Some(p) = node.attr("softmax_precision") {
-        // FLOAT: the softmax of 16-bit scores runs in f32 anyway.
-        if p.i != 1 {
-            return Err(node.unsupported(format!("softmax_precision {}", p.i)));
+        // kiln's softmax runs 16-bit and f32 scores in f32 (FLOAT, 1), and
+        // f64 ones in f64 (DOUBLE, 11).
+        let precision = match q.dtype() {
+            DType::F64 => 11,
+            _ => 1,
+        };
+        if p.i != precision {
+            return Err(node.unsupported(format!("softmax_precision {} for {}", p.i, q.dtype())));
         }
     }
     let dtype = q.dtype();
@@ -141,6 +146,8 @@ fn attention(node: &Node) -> Result<Vec<Value>> {
         }
         _ => y,
     };
+    // Modes 0 and 1 both give the product after the soft cap, as ONNX
+    // 1.22's reference computes them.
     let scores = match node.attr_int("qk_matmul_output_mode", 0)? {
         0 | 1 => qk,
         2 => biased,
