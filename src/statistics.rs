@@ -68,6 +68,18 @@ impl Tensor {
     /// positions, not for a million-element scan. The gradient is the
     /// running sum of the output's gradient from the other end.
     pub fn cumsum(&self, axis: isize) -> Result<Tensor> {
+        self.running_sum(axis, false, false)
+    }
+
+    /// `cumsum`, and its variants ONNX's `CumSum` names: `exclusive`
+    /// leaves element `i` itself out of its sum, `reverse` sums from the
+    /// axis's other end.
+    pub(crate) fn running_sum(
+        &self,
+        axis: isize,
+        exclusive: bool,
+        reverse: bool,
+    ) -> Result<Tensor> {
         let op = "cumsum";
         if !matches!(
             self.dtype(),
@@ -84,14 +96,20 @@ impl Tensor {
         let len = self.dims()[axis];
         let positions =
             i32::try_from(len).map_err(|_| crate::Error::AxisTooLong { op, axis, len })?;
-        // [.., i, j, ..]: element j of the axis counts toward output i when j <= i.
+        // [.., i, j, ..]: element j of the axis counts toward output i when j <= i
+        // (j < i exclusive; j >= i or j > i reversed).
         let mut along = vec![1; self.rank() + 1];
         along[axis] = len;
         let rows = Tensor::arange(0, positions).reshape(along.clone())?;
         along[axis] = 1;
         along[axis + 1] = len;
         let columns = Tensor::arange(0, positions).reshape(along)?;
-        let counted = columns.le(&rows)?;
+        let counted = match (exclusive, reverse) {
+            (false, false) => columns.le(&rows)?,
+            (true, false) => columns.lt(&rows)?,
+            (false, true) => columns.ge(&rows)?,
+            (true, true) => columns.gt(&rows)?,
+        };
         let zero = Tensor::scalar(Scalar::I32(0).cast(self.dtype()));
         let spread = self.unsqueeze(axis as isize)?;
         counted

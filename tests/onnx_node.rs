@@ -141,14 +141,19 @@ fn needs_constants(o: &Outcome) -> bool {
 }
 
 /// Runs one model on every data set and both devices, every input fed at
-/// run time; where the model needs an INT64 input's values while compiling
-/// (a shape, axes), again with the INT64 inputs bound as constants
-/// (`Feed::Constant`). The second element says whether they were bound.
+/// run time; where the model needs an integer input's values while
+/// compiling (a shape, axes, CumSum's axis), again with the INT64 inputs
+/// and the INT32 scalars bound as constants (`Feed::Constant`). The second
+/// element says whether they were bound.
 fn run_case(dir: &Path) -> (Outcome, bool) {
     let outcome = run_case_with(dir, &|_, _| false);
     if needs_constants(&outcome) {
-        let int64 = |_: usize, a: &Array| a.data.dtype() == DType::I64;
-        return (run_case_with(dir, &int64), true);
+        let shapes = |_: usize, a: &Array| match a.data.dtype() {
+            DType::I64 => true,
+            DType::I32 => a.data.len() == 1,
+            _ => false,
+        };
+        return (run_case_with(dir, &shapes), true);
     }
     (outcome, false)
 }

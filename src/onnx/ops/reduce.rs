@@ -26,6 +26,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "GlobalAveragePool" | "GlobalMaxPool" => return Some(global_pool(node)),
         "ArgMax" => return Some(arg_extreme(node, false)),
         "ArgMin" => return Some(arg_extreme(node, true)),
+        "CumSum" => return Some(cumsum(node)),
         _ => return None,
     };
     Some(reduce(node, kind))
@@ -168,4 +169,14 @@ fn global_pool(node: &Node) -> Result<Vec<Value>> {
         "GlobalMaxPool" => max(&x, &spatial, true)?,
         _ => x.mean(&spatial, true)?,
     })
+}
+
+/// Running sums along the axis input 1 names (known when compiling), with
+/// `exclusive` and `reverse`.
+fn cumsum(node: &Node) -> Result<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let a = axis(node, node.int(1)?, x.rank())?;
+    let exclusive = node.attr_int("exclusive", 0)? != 0;
+    let reverse = node.attr_int("reverse", 0)? != 0;
+    one(x.running_sum(a as isize, exclusive, reverse)?)
 }
