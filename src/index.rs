@@ -1,12 +1,13 @@
 //! Index ops. `argmax`/`argmin` are composites of graph ops, so that they
 //! fuse with what surrounds them: a max, a compare, a `where` over an index
 //! ramp and a second max, their indices i32 (exact for every axis an i32 can
-//! index; in f32 they would be exact only below 2^24). `gather` and
+//! index; in f32 they would be exact only below 2^24); `topk` is `k` of
+//! them, each among the elements the ones before left. `gather` and
 //! `index_select` are `Op::Gather`, an indexed read inside whatever kernel
 //! reads its result: an embedding lookup reads the rows it picks and no
 //! others.
 
-use kiln_ir::{DType, Op, Shape};
+use kiln_ir::{DType, Op, Scalar, Shape};
 
 use crate::ops::{normalize_axis, ramp};
 use crate::{Error, Result, Tensor};
@@ -15,6 +16,43 @@ use crate::{Error, Result, Tensor};
 fn indexable(op: &'static str, x: &Tensor, axis: usize) -> Result<i32> {
     let len = x.dims()[axis];
     i32::try_from(len).map_err(|_| Error::AxisTooLong { op, axis, len })
+}
+
+/// The first index along `axis` (of a non-empty axis) of the largest
+/// element of `key` (a NaN where there is one) among those `taken` does
+/// not mark, as i32; `keepdim` keeps the axis as size 1.
+fn first_best(key: &Tensor, axis: usize, taken: Option<&Tensor>, keepdim: bool) -> Result<Tensor> {
+    let len = key.dims()[axis] as i32;
+    let key = match taken {
+        // Taken elements out of the running: the type's least value.
+        Some(t) => {
+            let least = match key.dtype() {
+                DType::F32 => Scalar::F32(f32::NEG_INFINITY),
+                DType::F64 => Scalar::F64(f64::NEG_INFINITY),
+                DType::I32 => Scalar::I32(i32::MIN),
+                DType::I64 => Scalar::I64(i64::MIN),
+                dtype => Scalar::I32(0).cast(dtype),
+            };
+            t.where_cond(&Tensor::scalar(least), key)?
+        }
+        None => key.clone(),
+    };
+    let best = key.max(&[axis as isize], true)?;
+    let mut hit = key.eq(&best)?;
+    if key.dtype().is_float() {
+        // A NaN makes the max NaN, which equals nothing: the NaNs
+        // themselves are then the hits.
+        hit = key.ne(&key)?.where_cond(&Tensor::scalar(true), &hit)?;
+    }
+    if let Some(t) = taken {
+        // The least value may tie with an element still in the running.
+        hit = t.where_cond(&Tensor::scalar(false), &hit)?;
+    }
+    // len - i at the hits and 0 elsewhere: the largest is len minus the
+    // first hit's index.
+    let countdown = ramp((1..=len).rev(), axis, key.rank())?;
+    let score = hit.where_cond(&countdown, &Tensor::scalar(0i32))?;
+    Tensor::scalar(len).sub(&score.max(&[axis as isize], keepdim)?)
 }
 
 impl Tensor {
@@ -50,32 +88,70 @@ impl Tensor {
             }
             .into());
         }
-        // A key whose largest element is the one wanted. For the smallest,
-        // the order reversed without overflow: -x for floats (NaN stays
-        // NaN), -1 - x (bitwise not) for i32 and i64, 255 - x for u8.
+        first_best(&self.order_key(smallest)?, axis, None, keepdim)
+    }
+
+    /// A key whose largest element is the one wanted: the tensor itself,
+    /// or for the smallest, its order reversed without overflow (-x for
+    /// floats, NaN staying NaN; -1 - x, bitwise not, for i32 and i64; 255 -
+    /// x for u8). Bools count as u8.
+    fn order_key(&self, smallest: bool) -> Result<Tensor> {
         let x = match self.dtype() {
             DType::Bool => self.cast(DType::U8)?,
             _ => self.clone(),
         };
-        let key = match (x.dtype(), smallest) {
-            (_, false) => x,
-            (DType::F32 | DType::F64, true) => x.neg()?,
-            (DType::I32, true) => Tensor::scalar(-1i32).sub(&x)?,
-            (DType::I64, true) => Tensor::scalar(-1i64).sub(&x)?,
-            (_, true) => Tensor::scalar(u8::MAX).sub(&x)?,
-        };
-        let best = key.max(&[axis as isize], true)?;
-        let mut hit = key.eq(&best)?;
-        if key.dtype().is_float() {
-            // A NaN makes the max NaN, which equals nothing: the NaNs
-            // themselves are then the hits.
-            hit = key.ne(&key)?.where_cond(&Tensor::scalar(true), &hit)?;
+        match (x.dtype(), smallest) {
+            (_, false) => Ok(x),
+            (DType::F32 | DType::F64, true) => x.neg(),
+            (DType::I32, true) => Tensor::scalar(-1i32).sub(&x),
+            (DType::I64, true) => Tensor::scalar(-1i64).sub(&x),
+            (_, true) => Tensor::scalar(u8::MAX).sub(&x),
         }
-        // len - i at the hits and 0 elsewhere: the largest is len minus the
-        // first hit's index.
-        let countdown = ramp((1..=len).rev(), axis, self.rank())?;
-        let score = hit.where_cond(&countdown, &Tensor::scalar(0i32))?;
-        Tensor::scalar(len).sub(&score.max(&[axis as isize], keepdim)?)
+    }
+
+    /// The `k` largest (or, not `largest`, smallest) elements along `axis`
+    /// and their i64 indices, largest (smallest) first, as PyTorch's
+    /// `topk` and ONNX's `TopK`: of equal elements the first (ONNX's rule).
+    /// NaNs come first either way, as `argmax` and `argmin` pick them
+    /// (PyTorch puts them last among the smallest). Each of the `k` picks
+    /// is a pass over the axis: for the small `k` of a top-5 or a beam, not
+    /// for a sort.
+    pub fn topk(&self, k: usize, axis: isize, largest: bool) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "topk";
+        let axis = normalize_axis(OP, axis, self.rank())?;
+        let len = indexable(OP, self, axis)?;
+        if k > len as usize {
+            return Err(Error::Argument {
+                op: OP,
+                message: format!("k = {k} of {} along axis {axis}", self.shape()),
+            });
+        }
+        let mut dims = self.dims().to_vec();
+        dims[axis] = k;
+        if k == 0 {
+            return Ok((
+                self.slice(axis as isize, 0, 0, 1)?,
+                Tensor::zeros(dims, DType::I64)?,
+            ));
+        }
+        let key = self.order_key(!largest)?;
+        let positions = ramp(0..len, axis, self.rank())?;
+        let mut taken: Option<Tensor> = None;
+        let mut picks = Vec::with_capacity(k);
+        for _ in 0..k {
+            let first = first_best(&key, axis, taken.as_ref(), true)?;
+            let hit = positions.eq(&first)?;
+            taken = Some(match taken {
+                Some(t) => hit.where_cond(&Tensor::scalar(true), &t)?,
+                None => hit,
+            });
+            picks.push(first);
+        }
+        let indices = Tensor::cat(&picks.iter().collect::<Vec<_>>(), axis as isize)?;
+        Ok((
+            self.gather(axis as isize, &indices)?,
+            indices.cast(DType::I64)?,
+        ))
     }
 
     /// Elements picked along `axis` by the i32 or i64 `indices`, as PyTorch's

@@ -1,4 +1,4 @@
-//! `min`, `var`, `std`, `logsumexp`, `cumsum`, `clamp` and
+//! `min`, `var`, `std`, `logsumexp`, `cumsum`, `clamp`, `topk` and
 //! `cross_entropy`'s options against direct f64 loops, realized on the CPU
 //! and the interpreter and compiled fused and unfused, on awkward shapes
 //! with NaN, infinities and signed zeros.
@@ -385,4 +385,84 @@ fn cumsum_runs_along_either_axis_and_wraps_integers() -> Result<()> {
     let ints = Tensor::from_vec(vec![i32::MAX, 1, 5, -7], [4])?;
     let wrapped = [i32::MAX, i32::MIN, i32::MIN + 5, i32::MAX - 1].map(f64::from);
     check("cumsum of i32", &ints, &|t| t.cumsum(0), &wrapped, 0.0)
+}
+
+/// The definition of `topk` along the rows of `x` (`[rows, cols]`): each
+/// row's indices ordered by value (largest or smallest first), the first
+/// of equal values first, NaN first, the first `k` of them.
+fn top_rows(x: &[f64], cols: usize, k: usize, largest: bool) -> (Vec<f64>, Vec<f64>) {
+    let (mut values, mut indices) = (Vec::new(), Vec::new());
+    for row in x.chunks(cols) {
+        let mut order: Vec<usize> = (0..cols).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (row[a], row[b]);
+            let by_value = match (x.is_nan(), y.is_nan()) {
+                (true, true) => std::cmp::Ordering::Equal,
+                (true, false) => std::cmp::Ordering::Less,
+                (false, true) => std::cmp::Ordering::Greater,
+                // IEEE's order: -0 and +0 are equal.
+                _ if largest => y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal),
+                _ => x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal),
+            };
+            by_value.then(a.cmp(&b))
+        });
+        for &i in &order[..k] {
+            values.push(row[i]);
+            indices.push(i as f64);
+        }
+    }
+    (values, indices)
+}
+
+#[test]
+fn topk_picks_the_first_of_ties_and_nan_first() -> Result<()> {
+    // Ties within rows (values rounded to halves), NaN, infinities, zeros
+    // of both signs (equal as values: the first comes first).
+    let (_, v) = awkward()?;
+    let v: Vec<f64> = v.iter().map(|x| (x * 2.0).round() / 2.0).collect();
+    let x = Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), [5, 37])?;
+    for (k, largest) in [(1, true), (5, true), (37, false), (4, false)] {
+        let (values, indices) = top_rows(&v, 37, k, largest);
+        let what = format!("top {k}, largest {largest}");
+        check(
+            &format!("{what}: values"),
+            &x,
+            &|t| Ok(t.topk(k, 1, largest)?.0),
+            &values,
+            0.0,
+        )?;
+        let picked = |t: &Tensor| t.topk(k, -1, largest)?.1.cast(DType::I32);
+        check(&format!("{what}: indices"), &x, &picked, &indices, 0.0)?;
+    }
+    // Down the columns, of integers.
+    let ints = Tensor::from_vec(vec![3i32, -1, 3, i32::MIN, 7, 3], [3, 2])?;
+    let (values, indices) = ints.topk(2, 0, true)?;
+    assert_eq!(values.to_vec::<i32>()?, [7, 3, 3, -1]);
+    assert_eq!(indices.to_vec::<i64>()?, [2, 2, 0, 0]);
+    let (values, indices) = ints.topk(3, 0, false)?;
+    assert_eq!(values.to_vec::<i32>()?, [3, i32::MIN, 3, -1, 7, 3]);
+    assert_eq!(indices.to_vec::<i64>()?, [0, 1, 1, 0, 2, 2]);
+    // None, and more than there are.
+    let (values, indices) = x.topk(0, 1, true)?;
+    assert_eq!(
+        (values.dims(), indices.dims()),
+        ([5, 0].as_slice(), [5, 0].as_slice())
+    );
+    let err = x
+        .topk(38, 1, true)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("topk") && err.contains("38"), "{err}");
+    // The gradient goes to the picked elements.
+    let loss = x.topk(3, 1, true)?.0.sum_all()?;
+    let grad = kiln::grad(&loss, &[&x])?.remove(0).to_vec::<f32>()?;
+    let (_, picked) = top_rows(&v, 37, 3, true);
+    for r in 0..5 {
+        for c in 0..37 {
+            let want = picked[r * 3..r * 3 + 3].contains(&(c as f64));
+            assert_eq!(grad[r * 37 + c] == 1.0, want, "row {r}, column {c}");
+        }
+    }
+    Ok(())
 }

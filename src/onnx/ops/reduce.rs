@@ -27,6 +27,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "ArgMax" => return Some(arg_extreme(node, false)),
         "ArgMin" => return Some(arg_extreme(node, true)),
         "CumSum" => return Some(cumsum(node)),
+        "TopK" => return Some(top_k(node)),
         _ => return None,
     };
     Some(reduce(node, kind))
@@ -179,4 +180,24 @@ fn cumsum(node: &Node) -> Result<Vec<Value>> {
     let exclusive = node.attr_int("exclusive", 0)? != 0;
     let reverse = node.attr_int("reverse", 0)? != 0;
     one(x.running_sum(a as isize, exclusive, reverse)?)
+}
+
+/// The `k` (input 1, known when compiling; an attribute before opset 10)
+/// largest or smallest elements along `axis`, and their indices; sorted
+/// whether `sorted` asks or not (any order is allowed then).
+fn top_k(node: &Node) -> Result<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let k = match node.opset < 10 {
+        true => node.attr_int("k", 0)?,
+        false => match node.ints(1)?.as_slice() {
+            [k] => *k,
+            other => return Err(node.invalid(format!("K {other:?} is not one value"))),
+        },
+    };
+    let k = usize::try_from(k).map_err(|_| node.invalid(format!("K {k}")))?;
+    let a = axis(node, node.attr_int("axis", -1)?, x.rank())?;
+    let largest = node.attr_int("largest", 1)? != 0;
+    node.attr_int("sorted", 1)?;
+    let (values, indices) = x.topk(k, a as isize, largest)?;
+    Ok(vec![Value::Tensor(values), Value::Tensor(indices)])
 }
