@@ -27,7 +27,7 @@
 //! four lanes at a time, where a masked read is a scalar load and a select.
 //! (Nothing in the IR asks for a buffer by name; this is the one way.)
 
-use kiln_ir::{DType, Scalar};
+use kiln_ir::{DType, ReduceOp, Scalar};
 
 use crate::{Error, Result, Tensor};
 
@@ -474,23 +474,16 @@ impl Tensor {
     /// PyTorch picks its first element: that gradient is lost.)
     pub fn max_pool2d(&self, window: &Pool2d) -> Result<Tensor> {
         const OP: &str = "max_pool2d";
-        let least = match self.dtype() {
-            DType::F32 => Scalar::F32(f32::NEG_INFINITY),
-            DType::F64 => Scalar::F64(f64::NEG_INFINITY),
-            DType::I32 => Scalar::I32(i32::MIN),
-            DType::I64 => Scalar::I64(i64::MIN),
-            DType::U8 => Scalar::U8(0),
-            DType::BF16 => Scalar::BF16(kiln_ir::bf16::NEG_INFINITY),
-            DType::F16 => Scalar::F16(kiln_ir::f16::NEG_INFINITY),
-            DType::Bool => {
-                return Err(kiln_ir::Error::DType {
-                    op: OP,
-                    dtype: DType::Bool,
-                    expected: "a number type",
-                }
-                .into());
+        if self.dtype() == DType::Bool {
+            return Err(kiln_ir::Error::DType {
+                op: OP,
+                dtype: DType::Bool,
+                expected: "a number type",
             }
-        };
+            .into());
+        }
+        // The type's least value: where a max starts.
+        let least = ReduceOp::Max.init(self.dtype());
         check_4d(OP, self, false)?;
         let axes = pool_axes(OP, self, window)?;
         pool(&padded(self, &axes, least)?, &axes, later_if_larger)

@@ -7,7 +7,7 @@
 //! reads its result: an embedding lookup reads the rows it picks and no
 //! others.
 
-use kiln_ir::{DType, Op, Scalar, Shape};
+use kiln_ir::{DType, Op, ReduceOp, Shape};
 
 use crate::ops::{normalize_axis, ramp};
 use crate::{Error, Result, Tensor};
@@ -25,16 +25,7 @@ fn first_best(key: &Tensor, axis: usize, taken: Option<&Tensor>, keepdim: bool) 
     let len = key.dims()[axis] as i32;
     let key = match taken {
         // Taken elements out of the running: the type's least value.
-        Some(t) => {
-            let least = match key.dtype() {
-                DType::F32 => Scalar::F32(f32::NEG_INFINITY),
-                DType::F64 => Scalar::F64(f64::NEG_INFINITY),
-                DType::I32 => Scalar::I32(i32::MIN),
-                DType::I64 => Scalar::I64(i64::MIN),
-                dtype => Scalar::I32(0).cast(dtype),
-            };
-            t.where_cond(&Tensor::scalar(least), key)?
-        }
+        Some(t) => t.where_cond(&Tensor::scalar(ReduceOp::Max.init(key.dtype())), key)?,
         None => key.clone(),
     };
     let best = key.max(&[axis as isize], true)?;
@@ -126,9 +117,9 @@ impl Tensor {
                 message: format!("k = {k} of {} along axis {axis}", self.shape()),
             });
         }
-        let mut dims = self.dims().to_vec();
-        dims[axis] = k;
         if k == 0 {
+            let mut dims = self.dims().to_vec();
+            dims[axis] = k;
             return Ok((
                 self.slice(axis as isize, 0, 0, 1)?,
                 Tensor::zeros(dims, DType::I64)?,
