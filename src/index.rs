@@ -93,7 +93,7 @@ impl Tensor {
         };
         match (x.dtype(), smallest) {
             (_, false) => Ok(x),
-            (DType::F32 | DType::F64, true) => x.neg(),
+            (d, true) if d.is_float() => x.neg(),
             (DType::I32, true) => Tensor::scalar(-1i32).sub(&x),
             (DType::I64, true) => Tensor::scalar(-1i64).sub(&x),
             (_, true) => Tensor::scalar(u8::MAX).sub(&x),

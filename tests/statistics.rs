@@ -434,6 +434,30 @@ fn topk_picks_the_first_of_ties_and_nan_first() -> Result<()> {
         let picked = |t: &Tensor| t.topk(k, -1, largest)?.1.cast(DType::I32);
         check(&format!("{what}: indices"), &x, &picked, &indices, 0.0)?;
     }
+    // In bf16 and f16 (every value above is exact in both), and argmin.
+    for dtype in [DType::BF16, DType::F16] {
+        let h = x.cast(dtype)?;
+        for (k, largest) in [(3, true), (4, false)] {
+            let (values, indices) = top_rows(&v, 37, k, largest);
+            let what = format!("{dtype:?} top {k}, largest {largest}");
+            let top = |t: &Tensor| t.cast(dtype)?.topk(k, 1, largest);
+            check(
+                &format!("{what}: values"),
+                &x,
+                &|t| top(t)?.0.cast(DType::F32),
+                &values,
+                0.0,
+            )?;
+            let picked = |t: &Tensor| top(t)?.1.cast(DType::I32);
+            check(&format!("{what}: indices"), &x, &picked, &indices, 0.0)?;
+        }
+        let (_, first) = top_rows(&v, 37, 1, false);
+        assert_eq!(
+            h.argmin(1, false)?.to_vec::<i32>()?,
+            first.iter().map(|&i| i as i32).collect::<Vec<_>>(),
+            "{dtype:?} argmin"
+        );
+    }
     // Down the columns, of integers.
     let ints = Tensor::from_vec(vec![3i32, -1, 3, i32::MIN, 7, 3], [3, 2])?;
     let (values, indices) = ints.topk(2, 0, true)?;
