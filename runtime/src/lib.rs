@@ -9,6 +9,9 @@
 //! - `cuda`: kernels printed as CUDA C (always, so that they can be checked
 //!   anywhere), compiled by NVRTC and run with cuBLAS/cuBLASLt matmuls (with
 //!   feature `cuda`);
+//! - `loops`: a kernel's loop plan (its nests, a reduction's strategy, what
+//!   runs in lanes, a prologue value reused), made for both backends from
+//!   what their loops can do;
 //! - `matmul`: a matmul kernel's plan (operands in place or written into
 //!   scratch first, the epilogue the GEMM applies), made for both backends
 //!   from what their GEMMs take;
@@ -33,6 +36,7 @@ pub mod backend;
 pub mod bind;
 pub mod cpu;
 pub mod cuda;
+pub mod loops;
 pub mod matmul;
 pub(crate) mod nest;
 pub mod rows;

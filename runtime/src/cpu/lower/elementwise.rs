@@ -13,7 +13,9 @@ use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, Scalar};
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
-use super::{RowRange, UNROLL, live, vectorizable_hoisted};
+use super::{RowRange, UNROLL, hoisted_set};
+use crate::loops::lanes::vectorizable_hoisted;
+use crate::loops::live;
 use crate::nest::{Access, Nest};
 
 impl<'a> Emitter<'a> {
@@ -34,7 +36,7 @@ impl<'a> Emitter<'a> {
             let zero = self.iconst(0);
             let bases = self.bases(&nest.accesses, zero);
             let hoisted = self.hoist(body, reads, Rows::One(&bases), nest.inner[0], (None, &[]));
-            let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
+            let lanes = vectorizable_hoisted(body, reads, out, &hoisted_set(&hoisted));
             let at = Placed {
                 block: body,
                 accesses: reads,
@@ -67,8 +69,13 @@ impl<'a> Emitter<'a> {
                     };
                     let mut budget = UNSWITCHED;
                     e.unswitched(whole, &hoisted, &mut budget, &mut |e, v| {
-                        let lanes =
-                            vector && vectorizable_hoisted(&v.block, &v.accesses, out, &hoisted);
+                        let lanes = vector
+                            && vectorizable_hoisted(
+                                &v.block,
+                                &v.accesses,
+                                out,
+                                &hoisted_set(&hoisted),
+                            );
                         let at = Placed {
                             block: &v.block,
                             accesses: &v.accesses,
@@ -119,7 +126,7 @@ impl<'a> Emitter<'a> {
         budget: &mut usize,
         emit: &mut dyn FnMut(&mut Self, &Version),
     ) {
-        let live = live(&v.block, &self.side);
+        let live = live(&v.block, self.side.iter().map(|s| s.1));
         let pick = (0..v.block.values.len())
             .rev()
             .find_map(|i| match v.block.values[i].expr {
@@ -230,7 +237,7 @@ impl Version {
                 v.expr = Expr::Cast(if taken { x } else { y });
             }
         }
-        let live = live(&block, stored);
+        let live = live(&block, stored.iter().map(|s| s.1));
         let (mut accesses, mut bases) = (Vec::new(), Vec::new());
         let mut reads = self.accesses.iter().zip(&self.bases);
         for (v, live) in block.values.iter_mut().zip(live) {

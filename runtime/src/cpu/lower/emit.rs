@@ -11,7 +11,8 @@ use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, Scalar};
 
-use super::{Calls, Host, has_lanes};
+use super::{Calls, Host};
+use crate::loops::lanes::has_lanes;
 use crate::nest::{Access, Axis};
 
 /// Builds the loops of one kernel.

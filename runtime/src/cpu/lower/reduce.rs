@@ -14,7 +14,8 @@ use super::emit::{Emitter, Placed, RowBase, Rows};
 use super::exp_sum::exp_argument;
 use super::row_call::ROW_CALL_MIN;
 use super::row_fold::RowFold;
-use super::{Host, RowRange, UNROLL, clif_type, f32_arithmetic, vectorizable};
+use super::{Host, RowRange, UNROLL, clif_type};
+use crate::loops::{By, Reduce};
 use crate::nest::{Access, Nest};
 
 /// Output rows accumulated together by a sum over a leading axis: 16 KiB of
@@ -22,11 +23,6 @@ use crate::nest::{Access, Nest};
 /// contiguous runs of each input row (4 KiB runs were slower: every run a
 /// new page, which prefetchers do not cross; `benches/RESULTS-cpu.md`).
 const COLUMN_BLOCK: i64 = 4096;
-
-/// Rows of a reduction up to this long run four at a time, one per lane:
-/// along such a row there is too little for vectors to do, and each row's
-/// chain of reduction, horizontal sum and epilogue would wait on the last.
-const SHORT_ROW: usize = 15;
 
 /// Rows of a reduction from this long (32 KiB of f32) are read as `UNROLL`
 /// segments at once, a vector of each per trip: a core keeps more lines in
@@ -38,62 +34,14 @@ const SHORT_ROW: usize = 15;
 /// in segments took longer). Measured in `benches/RESULTS-cpu.md`.
 pub(super) const LONG_ROW: usize = 8192;
 
-/// A reduction kernel as lowered: its op, the prologue block and its loop
-/// nest, the epilogue block and its nest, and whether the epilogue runs
-/// over the whole row again (`broadcast`) or once per row.
-#[derive(Clone, Copy)]
-pub(super) struct Reduce<'k> {
-    pub op: ReduceOp,
-    pub prologue: &'k Block,
-    pub pro: &'k Nest,
-    pub body: &'k Block,
-    pub epi: &'k Nest,
-    pub broadcast: bool,
-}
-
 impl<'a> Emitter<'a> {
     /// A reduction: per row, the prologue combined over the inner loop, then
-    /// the epilogue once (reduced output) or over the row again (broadcast).
-    pub(super) fn reduce(&mut self, r: Reduce, start: Value, end: Value) -> RowRange {
-        let Reduce {
-            prologue,
-            pro,
-            body,
-            epi,
-            broadcast,
-            ..
-        } = r;
+    /// the epilogue once (reduced output) or over the row again
+    /// (broadcast); its rows as the plan says (`By`).
+    pub(super) fn reduce(&mut self, r: &Reduce, start: Value, end: Value) -> RowRange {
+        let Reduce { prologue, pro, .. } = r;
         let dtype = prologue.dtype().unwrap_or(DType::F32);
         let inner_len: usize = pro.inner.iter().product();
-        // Four rows at once, one per lane, when the prologue cannot run four
-        // inner elements at once but steps through rows contiguously (a sum
-        // over a leading axis) and the output is f32 (its rows accumulate in
-        // place); the epilogue then runs in lanes too, or one row at a time
-        // where it reads or stores more (`reduce_column_block`).
-        let row_lanes = !broadcast
-            && !vectorizable(prologue, &pro.accesses, None)
-            && f32_arithmetic(prologue)
-            && self.out_dtype == DType::F32
-            && !pro.accesses.is_empty()
-            && pro.accesses.iter().all(|a| {
-                a.fill.is_none()
-                    && a.outer
-                        .last()
-                        .is_some_and(|o| o.stride == 0 || o.stride == 1)
-            });
-        // Side outputs are stored one row at a time.
-        let short_rows = !row_lanes
-            && self.side.is_empty()
-            && !self.store_prologue
-            && (2..=SHORT_ROW).contains(&inner_len)
-            && pro.rows >= 4
-            && f32_arithmetic(prologue)
-            && f32_arithmetic(body)
-            && pro
-                .accesses
-                .iter()
-                .chain(&epi.accesses)
-                .all(|a| a.fill.is_none());
         let header = self.b.create_block();
         let exit = self.b.create_block();
         let one_row = self.b.create_block();
@@ -105,7 +53,7 @@ impl<'a> Emitter<'a> {
         let next = self.b.create_block();
         self.b.ins().brif(more, next, &[], exit, &[]);
         self.b.switch_to_block(next);
-        if row_lanes {
+        if r.by == By::Columns {
             // A block of rows stays inside one run of the innermost row axis,
             // where neighbouring rows are neighbours in memory.
             let last = pro.accesses[0].outer.last().map_or(1, |o| o.dim) as i64;
@@ -117,7 +65,7 @@ impl<'a> Emitter<'a> {
             let block_end = self.b.ins().smin(block_end, end);
             self.reduce_column_block(r, row, block_end, inner_len);
             self.b.ins().jump(header, &[block_end.into()]);
-        } else if short_rows {
+        } else if r.by == By::FourRows {
             let four = self.b.create_block();
             let last = self.b.ins().iadd_imm_s(row, 4);
             let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
@@ -155,15 +103,12 @@ impl<'a> Emitter<'a> {
     /// One row of a reduction: the prologue combined over the inner loop
     /// (four inner elements per lane group when it can, or by a call), then
     /// the epilogue.
-    fn reduce_row(&mut self, r: Reduce, dtype: DType, row: Value, inner_len: usize) {
+    fn reduce_row(&mut self, r: &Reduce, dtype: DType, row: Value, inner_len: usize) {
         let Reduce {
-            op,
-            prologue,
-            pro,
-            epi,
-            ..
+            prologue, pro, epi, ..
         } = r;
-        let lanes = vectorizable(prologue, &pro.accesses, None);
+        let op = r.op;
+        let lanes = r.lanes;
         let e = self;
         let bases = e.bases(&pro.accesses, row);
         let zero = e.iconst(0);
@@ -260,15 +205,11 @@ impl<'a> Emitter<'a> {
     /// `total`: over the row (four lanes at a time where it can, or by a
     /// call), or once for a reduced output. `bases`: the epilogue's reads
     /// and the output positioned at the row.
-    fn row_epilogue(&mut self, r: Reduce, bases: &[RowBase], total: Value, inner_len: usize) {
-        let Reduce {
-            body,
-            epi,
-            broadcast,
-            ..
-        } = r;
+    fn row_epilogue(&mut self, r: &Reduce, bases: &[RowBase], total: Value, inner_len: usize) {
+        let Reduce { body, epi, .. } = r;
+        let broadcast = r.broadcast;
         let epi_reads = &epi.accesses[..epi.accesses.len() - 1];
-        let epi_lanes = broadcast && vectorizable(body, epi_reads, epi.accesses.last());
+        let epi_lanes = r.epilogue_lanes;
         let e = self;
         let out_base = bases[bases.len() - 1];
         let out = &epi.accesses[epi.accesses.len() - 1];
@@ -341,15 +282,14 @@ impl<'a> Emitter<'a> {
     /// `hoisted` already.
     fn reduce_runs(
         &mut self,
-        r: Reduce,
+        r: &Reduce,
         dtype: DType,
         row: Value,
         acc: Variable,
         hoisted: &[Option<Value>],
     ) {
-        let Reduce {
-            op, prologue, pro, ..
-        } = r;
+        let Reduce { prologue, pro, .. } = r;
+        let op = r.op;
         let along = pro.inner[pro.inner.len() - 1];
         let runs = pro.inner.iter().product::<usize>() / along;
         // The inner axes but the last become axes of the runs.
@@ -390,15 +330,16 @@ impl<'a> Emitter<'a> {
     /// every read gathers the four rows' elements at one inner index, values
     /// constant along the rows are computed once, and the results go back
     /// to the four rows one lane at a time. f32 arithmetic, unpadded reads.
-    fn reduce_four_short_rows(&mut self, r: Reduce, row: Value, inner_len: usize) {
+    fn reduce_four_short_rows(&mut self, r: &Reduce, row: Value, inner_len: usize) {
         let Reduce {
-            op,
             prologue,
             pro,
             body,
             epi,
-            broadcast,
+            ..
         } = r;
+        let op = r.op;
+        let broadcast = r.broadcast;
         let rows: Vec<Value> = (0..4).map(|l| self.b.ins().iadd_imm_s(row, l)).collect();
         let pro_bases = self.lane_pointers(&pro.accesses, &rows);
         let epi_bases = self.lane_pointers(&epi.accesses, &rows);
@@ -471,15 +412,15 @@ impl<'a> Emitter<'a> {
     /// sum over a leading axis): the output rows accumulate in place, four
     /// rows per vector, while the reduced axis is walked once in memory
     /// order; then the epilogue runs on them in place.
-    fn reduce_column_block(&mut self, r: Reduce, from: Value, to: Value, inner_len: usize) {
+    fn reduce_column_block(&mut self, r: &Reduce, from: Value, to: Value, inner_len: usize) {
         let Reduce {
-            op,
             prologue,
             pro,
             body,
             epi,
             ..
         } = r;
+        let op = r.op;
         let out_ptr = self.ptrs[epi.accesses[epi.accesses.len() - 1].buffer];
         let flags = MemFlagsData::new().with_notrap();
         let init = self.scalar_const(op.init(DType::F32));
@@ -544,10 +485,7 @@ impl<'a> Emitter<'a> {
         // An epilogue of arithmetic alone runs four rows at a time on the
         // sums in place; one that reads (an optimizer's state) or stores
         // side outputs, one row at a time, its reads placed at the row.
-        let in_lanes = f32_arithmetic(body)
-            && self.side.is_empty()
-            && !body.values.iter().any(|v| v.expr.read().is_some());
-        if in_lanes {
+        if r.epilogue_lanes {
             self.row_span(from, to, &mut |e, rr, lanes| {
                 let a = addr(e, rr);
                 let ty = if lanes { types::F32X4 } else { types::F32 };

@@ -10,31 +10,16 @@
 
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::DType;
-use kiln_ir::kernel::Block;
 
 use super::emit::{Emitter, Placed, Rows};
-use super::{RowRange, clif_type, vectorizable_hoisted};
-use crate::nest::{Access, Axis, Nest};
-
-/// A scatter-add kernel as lowered.
-pub(super) struct Scatter<'k> {
-    /// The updates, and the index at value `index`.
-    pub prologue: &'k Block,
-    pub index: u32,
-    /// The prologue's reads: a row per (outer row, pick), the inner axes
-    /// along it.
-    pub nest: &'k Nest,
-    /// Outer rows, picks per outer row, and output positions per outer row.
-    pub outer: usize,
-    pub picks: usize,
-    pub len: usize,
-    /// The output's buffer.
-    pub out: usize,
-}
+use super::{RowRange, clif_type, hoisted_set};
+use crate::loops::Scatter;
+use crate::loops::lanes::vectorizable_hoisted;
+use crate::nest::{Access, Axis};
 
 impl Emitter<'_> {
     /// The outer rows `start..end` of a scatter-add.
-    pub(super) fn scatter(&mut self, s: Scatter, start: Value, end: Value) -> RowRange {
+    pub(super) fn scatter(&mut self, s: &Scatter, start: Value, end: Value) -> RowRange {
         let inner: usize = s.nest.inner.iter().product();
         let block = s.len * inner;
         self.counted_loop(start, end, 1, |e, o| {
@@ -49,7 +34,7 @@ impl Emitter<'_> {
             let (from, to) = (e.iconst(0), e.iconst(s.picks as i64));
             e.counted_loop(from, to, 1, |e, j| {
                 let row = e.b.ins().iadd(first_pick, j);
-                e.scatter_row(&s, row, first, inner);
+                e.scatter_row(s, row, first, inner);
             });
         });
         RowRange {
@@ -64,9 +49,9 @@ impl Emitter<'_> {
         let accesses = &s.nest.accesses;
         let bases = self.bases(accesses, row);
         let zero = self.iconst(0);
-        let hoisted = self.hoist(s.prologue, accesses, Rows::One(&bases), inner, (None, &[]));
+        let hoisted = self.hoist(&s.prologue, accesses, Rows::One(&bases), inner, (None, &[]));
         let at = Placed {
-            block: s.prologue,
+            block: &s.prologue,
             accesses,
             rows: Rows::One(&bases),
             hoisted: &hoisted,
@@ -103,7 +88,7 @@ impl Emitter<'_> {
             row_fill: None,
         };
         let lanes = self.out_dtype == DType::F32
-            && vectorizable_hoisted(s.prologue, accesses, &contiguous, &hoisted);
+            && vectorizable_hoisted(&s.prologue, accesses, &contiguous, &hoisted_set(&hoisted));
         let mut from = zero;
         if lanes {
             from = self.counted_loop(zero, n, 4, |e, i| {

@@ -1,5 +1,6 @@
-//! Elementwise kernels: a grid-stride loop over the output. When the output
-//! is f32 every step computes four elements: reads of a contiguous f32
+//! Elementwise kernels: a grid-stride loop over the output. Where the loop
+//! plan says `Vectors::Float4` (an f32 output) every step computes four
+//! elements: reads of a contiguous f32
 //! buffer at the output's own index are 16-byte `float4` loads, the result
 //! is one `float4` store, and a scalar loop does the tail. Other reads
 //! compute their index from the output coordinates. A matmul's prologues
@@ -13,6 +14,7 @@ use kiln_ir::{DType, TensorType};
 use super::writer::{Element, Writer};
 use super::{Grid, Program};
 use crate::Error;
+use crate::loops::{Target, Vectors};
 use crate::nest::placed_axes;
 
 /// An elementwise kernel computing `body` over `out`, and storing the
@@ -35,7 +37,7 @@ pub(crate) fn elementwise(
         Expr::Gather { .. } => true,
         _ => false,
     });
-    let vector = out.dtype == DType::F32 && n >= 4;
+    let vector = Target::CUDA.map_vectors(out) == Vectors::Float4;
     let step = "(long long)gridDim.x * blockDim.x";
     let first = "(long long)blockIdx.x * blockDim.x + threadIdx.x";
     let scalar_from = if vector {

@@ -1,8 +1,8 @@
-//! Reduction kernels. A reduction runs one block per output when the
-//! reduced axes are the innermost (threads stride along the row, then a
-//! warp-shuffle and shared-memory block reduction), else one thread per
-//! output walking the reduced axes, so that neighbouring threads read
-//! neighbouring columns. The broadcast epilogue of softmax and
+//! Reduction kernels, as their loop plan says (`crate::loops`): a block of
+//! threads per output row (threads stride along the row, then a
+//! warp-shuffle and shared-memory block reduction), or a thread per output
+//! walking the reduced axes, so that neighbouring threads read neighbouring
+//! columns. The broadcast epilogue of softmax and
 //! `x - mean(x)` runs in the same block or thread, over the row it just
 //! reduced, while it is in cache. A reduction by rows can also be written
 //! as a device function of one row, for a row group (`row_group`).
@@ -13,29 +13,16 @@ use kiln_ir::{DType, ReduceOp, Shape};
 use super::writer::{Element, Writer, ctype, literal, widen, wrap};
 use super::{Grid, Program};
 use crate::Error;
-use crate::nest::{Reduction, placed_axes};
+use crate::loops::{self, By, Loops, Target};
+use crate::nest::placed_axes;
 
 /// The rows of a reduction kernel that runs a block of threads to each row
-/// of its output; `None` for other kernels.
+/// of its output (`loops::By::Rows` on CUDA); `None` for other kernels.
 pub fn reduction_rows(kernel: &Kernel) -> Option<usize> {
-    match &kernel.kind {
-        KernelKind::Reduce { axes, shape, .. } => {
-            let reduction = Reduction::new(shape, axes);
-            by_rows(shape, &reduction).then(|| reduction.rows())
-        }
-        KernelKind::Elementwise | KernelKind::Scatter { .. } | KernelKind::MatMul { .. } => None,
+    match loops::plan(kernel, Target::CUDA).kind {
+        Loops::Reduce(r) if r.by == By::Rows => Some(r.reduction.rows()),
+        _ => None,
     }
-}
-
-/// A reduction of `shape` runs a block of threads to each row when its
-/// reduced axes are innermost and more than one element long: reads
-/// coalesce along the row. Otherwise one thread per output walks the
-/// reduced axes. Size-1 axes take no place in memory: `[c, 1]` summed over
-/// axis 0 is a row.
-fn by_rows(shape: &Shape, reduction: &Reduction) -> bool {
-    let last = placed_axes(shape, 0..shape.rank()).last().map(|a| a.0);
-    let innermost = reduction.reduced.last().map(|a| a.0) == last;
-    last.is_some() && innermost && reduction.row_len() > 1
 }
 
 /// A reduction kernel: the prologue over its space combined along its
@@ -57,14 +44,17 @@ pub(super) fn reduce_into(
 ) -> Result<Grid, Error> {
     let KernelKind::Reduce {
         op,
-        axes,
         shape,
         prologue,
+        ..
     } = &kernel.kind
     else {
         return Err(Error::Codegen("a reduction kernel of another kind".into()));
     };
-    let reduction = Reduction::new(shape, axes);
+    let Loops::Reduce(plan) = loops::plan(kernel, Target::CUDA).kind else {
+        return Err(Error::Codegen("a reduction kernel of another kind".into()));
+    };
+    let reduction = plan.reduction;
     let (kept, reduced) = (&reduction.kept, &reduction.reduced);
     let (rows, length) = (reduction.rows(), reduction.row_len());
     let dtype = prologue.dtype().unwrap_or(DType::F32);
@@ -72,7 +62,7 @@ pub(super) fn reduce_into(
     let init = literal(op.init(dtype));
     // The output is the whole space (broadcast epilogue) or the reduced values.
     let broadcast = kernel.out.shape == *shape;
-    let by_rows = by_rows(shape, &reduction);
+    let by_rows = plan.by == By::Rows;
     let (indent, lane_start, lane_step) = if let Some((name, written)) = row {
         if !by_rows {
             return Err(Error::Codegen(format!(
