@@ -2,25 +2,32 @@
 //! the target's facts, for the CPU (Cranelift) and CUDA (C) renderers to
 //! follow. A plan states the loop nests (`crate::nest`), a reduction's
 //! strategy (a row at a time, four short rows at once, or neighbouring
-//! outputs side by side), which parts run in lanes, and which prologue
-//! value a broadcast epilogue reads back instead of computing again. Like
-//! `crate::matmul`'s plans, loop kernels print as text, and
-//! `tests/loop_kernels.rs` snapshots them for both targets.
+//! outputs side by side), which parts run in lanes, which prologue value a
+//! broadcast epilogue reads back instead of computing again, and, on a
+//! target that hoists, which values are computed once per row or per call
+//! and the versions of a row's loop (`hoist`). Like `crate::matmul`'s
+//! plans, loop kernels print as text, and `tests/loop_kernels.rs`
+//! snapshots them for both targets.
 //!
-//! Still decided while rendering (the next steps): the CPU's versions of a
-//! row (its padded ends, and a branch per condition a concatenation picks
-//! by) and the lanes of each, which values are computed once per row, and
-//! where a row's max or sum becomes a call of 256-bit code.
+//! Left to the renderers: instructions, registers and launch shapes (the
+//! CPU's calls of 256-bit row functions where a row's block matches one,
+//! CUDA's threads per block).
 
+pub(crate) mod hoist;
 pub(crate) mod lanes;
+mod reduce;
+mod text;
+
+pub(crate) use reduce::{By, Reduce, Runs};
 
 use kiln_ir::elementwise::infer_matmul;
-use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
+use kiln_ir::kernel::{Block, Kernel, KernelKind, Operand};
 use kiln_ir::view::View;
-use kiln_ir::{DType, ReduceOp, Scalar, Shape, TensorType};
+use kiln_ir::{DType, Shape, TensorType};
 
-use crate::nest::{Access, Axis, Nest, Reduction, loads, nest};
-use lanes::{f32_arithmetic, vectorizable};
+use crate::nest::{Access, Axis, Nest, loads, nest};
+use hoist::{Place, Stretch, Version, hoisted, invariant, unpadded_middle, versions};
+use lanes::vectorizable_hoisted;
 
 /// What a backend's loops can do, for the decisions a plan makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +47,11 @@ pub struct Target {
     /// computing it again (the CPU). CUDA computes it again: storing it is
     /// not measured on a GPU yet.
     pub reuse: bool,
+    /// Values constant along a row are computed once before its loop, and
+    /// a row's loop is versioned on conditions computed so (`hoist`): the
+    /// CPU, where Cranelift leaves a value in the loop that uses it. CUDA
+    /// leaves that to NVRTC.
+    pub hoists: bool,
 }
 
 impl Target {
@@ -48,6 +60,7 @@ impl Target {
         vector_ops: true,
         threads_per_row: false,
         reuse: true,
+        hoists: true,
     };
 
     /// CUDA C.
@@ -55,6 +68,7 @@ impl Target {
         vector_ops: false,
         threads_per_row: true,
         reuse: false,
+        hoists: false,
     };
 
     /// How an elementwise kernel storing `out` steps: where lanes need no
@@ -62,7 +76,7 @@ impl Target {
     /// stretch of a row as its block allows.
     pub(crate) fn map_vectors(self, out: &TensorType) -> Vectors {
         match self.vector_ops {
-            true => Vectors::WhereBlocksAllow,
+            true => Vectors::PerVersion,
             false if out.dtype == DType::F32 && out.shape.numel() >= 4 => Vectors::Float4,
             false => Vectors::Scalar,
         }
@@ -103,6 +117,15 @@ pub(crate) struct Map {
     pub(crate) acc: bool,
     /// How it steps.
     pub(crate) vectors: Vectors,
+    /// One flat loop over the elements (`nest` merged to one axis): the
+    /// range a thread is given is elements, not rows.
+    pub(crate) flat: bool,
+    /// The values the same all over the kernel, computed once per call
+    /// (`hoist::invariant`; empty: none).
+    pub(crate) invariant: Vec<bool>,
+    /// The stretches of a row (of the flat loop: one, over the range a
+    /// thread is given); empty on a target that does not hoist.
+    pub(crate) stretches: Vec<Stretch>,
 }
 
 /// The loops of a scatter-add: per outer row of the output, its picks in
@@ -120,6 +143,12 @@ pub(crate) struct Scatter {
     pub(crate) len: usize,
     /// The output's buffer.
     pub(crate) out: usize,
+    /// The values computed once per pick (`hoist::hoisted`; empty on a
+    /// target that does not hoist).
+    pub(crate) hoisted: Vec<bool>,
+    /// A pick's updates added in lanes: an f32 output, one position for
+    /// the row (its index hoisted), a block with lanes.
+    pub(crate) lanes: bool,
 }
 
 /// How a map steps through its elements.
@@ -130,64 +159,10 @@ pub(crate) enum Vectors {
     Float4,
     /// One element a step.
     Scalar,
-    /// Each stretch of a row in lanes where its block has a vector form for
-    /// every value it does not compute once per row
-    /// (`lanes::vectorizable_hoisted`).
-    WhereBlocksAllow,
+    /// Each version of a stretch in lanes where it says
+    /// (`hoist::Version::Loop`).
+    PerVersion,
 }
-
-/// The loops of a reduction.
-pub(crate) struct Reduce {
-    /// How values combine.
-    pub(crate) op: ReduceOp,
-    /// Its rows: the kept axes, and the reduced axes along each row.
-    pub(crate) reduction: Reduction,
-    /// The values combined, over the reduction's space.
-    pub(crate) prologue: Block,
-    /// The epilogue, from the combined value: over the output, which is the
-    /// whole space (`broadcast`: softmax's) or the reduced values.
-    pub(crate) body: Block,
-    /// The prologue's reads over the reduction's rows.
-    pub(crate) pro: Nest,
-    /// The epilogue's reads, then the output: over the same rows when
-    /// `broadcast`, else one element a row.
-    pub(crate) epi: Nest,
-    /// The epilogue runs over the row again, as its output is the space.
-    pub(crate) broadcast: bool,
-    /// The value of the body read back from the output row, where the
-    /// prologue stored its result (`Target::reuse`), and how `body` reads
-    /// it there.
-    pub(crate) reused: Option<usize>,
-    /// How its rows run.
-    pub(crate) by: By,
-    /// A row's prologue combined in lanes: f32x4 vectors on the CPU, a
-    /// block's threads on a GPU.
-    pub(crate) lanes: bool,
-    /// The epilogue in lanes: over the row (`By::Rows`), or over
-    /// neighbouring outputs (`By::Columns`).
-    pub(crate) epilogue_lanes: bool,
-}
-
-/// How a reduction's rows run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum By {
-    /// A row at a time, its elements combined along it (`Reduce::lanes`).
-    Rows,
-    /// Four rows at a time, one per lane, each walked element by element:
-    /// along rows this short vectors have too little to do. Fewer than four
-    /// rows left run as `Rows`.
-    FourRows,
-    /// Neighbouring outputs side by side, each walking its reduced axes:
-    /// four rows a vector accumulated in place on the CPU (a sum over a
-    /// leading axis, whose rows are neighbours in memory), a thread per
-    /// output on a GPU.
-    Columns,
-}
-
-/// Rows of a reduction up to this long run four at a time (`By::FourRows`):
-/// along such a row there is too little for vectors to do, and each row's
-/// chain of reduction, horizontal sum and epilogue would wait on the last.
-const SHORT_ROW: usize = 15;
 
 /// The loops of `kernel` on `target`.
 pub fn plan(kernel: &Kernel, target: Target) -> LoopKernel {
@@ -198,25 +173,13 @@ pub fn plan(kernel: &Kernel, target: Target) -> LoopKernel {
             axes,
             shape,
             prologue,
-        } => Loops::Reduce(reduce(kernel, target, (*op, axes, shape, prologue))),
+        } => Loops::Reduce(reduce::reduce(kernel, target, (*op, axes, shape, prologue))),
         KernelKind::Scatter {
             axis,
             shape,
             prologue,
             index,
-        } => {
-            let identity: Vec<usize> = (0..shape.rank()).collect();
-            let dims = shape.dims();
-            Loops::Scatter(Scatter {
-                prologue: prologue.clone(),
-                index: *index,
-                nest: nest(shape, &identity, Some(axis + 1), &loads(prologue)),
-                outer: dims[..*axis].iter().product(),
-                picks: dims[*axis],
-                len: kernel.out.shape.dims()[*axis],
-                out: kernel.inputs.len(),
-            })
-        }
+        } => Loops::Scatter(scatter(kernel, target, (*axis, shape, prologue, *index))),
     };
     LoopKernel {
         inputs: kernel.inputs.len(),
@@ -239,12 +202,147 @@ fn map(kernel: &Kernel, target: Target) -> Map {
     let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
     let split = acc.then(|| space.rank().saturating_sub(1));
     let nest = nest(&space, &identity, split, &views);
+    let flat = nest.rows == 1 && nest.inner.len() == 1;
+    let (invariant, stretches) = match target.hoists {
+        true => stretches(&body, &nest, flat, &side_values(kernel)),
+        false => (Vec::new(), Vec::new()),
+    };
     Map {
         vectors: target.map_vectors(&kernel.out),
         space,
         body,
         nest,
         acc,
+        flat,
+        invariant,
+        stretches,
+    }
+}
+
+/// The values of a kernel's body that it stores as side outputs.
+fn side_values(kernel: &Kernel) -> Vec<u32> {
+    kernel.side.iter().map(|s| s.value).collect()
+}
+
+/// A map's values computed once per call, and the stretches of its rows:
+/// the flat loop's one stretch; else a row of padded reads in three
+/// stretches, its middle unpadded and in lanes where it can, its ends one
+/// element at a time (a read whose row lies in its padding reads the fill
+/// there, `Access::row_fill`, as a concatenation's parts do in the rows of
+/// the others), each versioned on the conditions it computes once.
+fn stretches(body: &Block, nest: &Nest, flat: bool, side: &[u32]) -> (Vec<bool>, Vec<Stretch>) {
+    let (reads, out) = nest.accesses.split_at(nest.accesses.len() - 1);
+    let out = &out[0];
+    if flat {
+        let hoisted = hoisted(
+            body,
+            reads,
+            (nest.inner[0], true),
+            (false, &[]),
+            Access::row_invariant,
+        );
+        let lanes = vectorizable_hoisted(body, reads, out, &hoisted);
+        let version = Version::Loop {
+            block: body.clone(),
+            reads: (0..reads.len()).collect(),
+            accesses: reads.to_vec(),
+            lanes,
+        };
+        let stretch = Stretch {
+            span: None,
+            reads: reads.to_vec(),
+            hoisted,
+            version,
+        };
+        return (Vec::new(), vec![stretch]);
+    }
+    let inner_len: usize = nest.inner.iter().product();
+    let invariant = invariant(body, reads, nest.rows * inner_len > 0);
+    let stretch = |reads: &[Access], span: std::ops::Range<usize>, vector: bool| {
+        let known = (false, invariant.as_slice());
+        let hoisted = hoisted(body, reads, (inner_len, true), known, Access::row_invariant);
+        let place = Place {
+            reads,
+            out,
+            hoisted: &hoisted,
+            side,
+        };
+        let version = versions(body, &place, vector);
+        Stretch {
+            span: Some(span),
+            reads: reads.to_vec(),
+            hoisted,
+            version,
+        }
+    };
+    let stretches = match unpadded_middle(reads) {
+        None => vec![stretch(reads, 0..inner_len, true)],
+        Some((lo, hi, clear)) => {
+            let mut stretches = Vec::new();
+            if lo > 0 {
+                stretches.push(stretch(reads, 0..lo, false));
+            }
+            stretches.push(stretch(&clear, lo..hi, true));
+            if hi < inner_len {
+                stretches.push(stretch(reads, hi..inner_len, false));
+            }
+            stretches
+        }
+    };
+    (invariant, stretches)
+}
+
+/// A scatter-add: its updates' nest, row by row of its outer axes, and
+/// what a pick computes once.
+fn scatter(
+    kernel: &Kernel,
+    target: Target,
+    (axis, shape, prologue, index): (usize, &Shape, &Block, u32),
+) -> Scatter {
+    let identity: Vec<usize> = (0..shape.rank()).collect();
+    let dims = shape.dims();
+    let nest = nest(shape, &identity, Some(axis + 1), &loads(prologue));
+    let inner: usize = nest.inner.iter().product();
+    let out = kernel.inputs.len();
+    let (hoisted, lanes) = if target.hoists {
+        let hoisted = hoisted(
+            prologue,
+            &nest.accesses,
+            (inner, true),
+            (false, &[]),
+            Access::row_invariant,
+        );
+        // A pick's row of the output, where its position is one per row.
+        let contiguous = Access {
+            buffer: out,
+            offset: 0,
+            outer: Vec::new(),
+            inner: vec![Axis {
+                dim: inner,
+                stride: 1,
+                lo: 0,
+                hi: inner,
+            }],
+            fill: None,
+            row_fill: None,
+        };
+        let lanes = hoisted[index as usize]
+            && kernel.out.dtype == DType::F32
+            && vectorizable_hoisted(prologue, &nest.accesses, &contiguous, &hoisted);
+        (hoisted, lanes)
+    } else {
+        (Vec::new(), false)
+    };
+    Scatter {
+        prologue: prologue.clone(),
+        index,
+        outer: dims[..axis].iter().product(),
+        picks: dims[axis],
+        len: kernel.out.shape.dims()[axis],
+        out,
+        nest,
+        hoisted,
+        lanes,
     }
 }
 
@@ -270,152 +368,6 @@ fn product_rows(kernel: &Kernel) -> Option<(Shape, Block)> {
     Some((product, body))
 }
 
-/// A reduction: its prologue's nest along the reduced axes, the epilogue's
-/// over the output, a prologue value the epilogue reuses, and how its rows
-/// run.
-fn reduce(
-    kernel: &Kernel,
-    target: Target,
-    (op, axes, shape, prologue): (ReduceOp, &[usize], &Shape, &Block),
-) -> Reduce {
-    let out_buffer = kernel.inputs.len();
-    let space = &kernel.out.shape;
-    let reduction = Reduction::new(shape, axes);
-    let pro = reduction.nest(shape, &loads(prologue));
-    let broadcast = space == shape;
-    let out_view = View::contiguous(space);
-    let side: Vec<u32> = kernel.side.iter().map(|s| s.value).collect();
-    let mut reused = (target.reuse && broadcast)
-        .then(|| recomputed(prologue, &kernel.body))
-        .flatten();
-    // Four prologue lanes are stored as one vector: only into a contiguous row.
-    if reused.is_some() {
-        let out_nest = reduction.nest(space, &[(out_buffer, &out_view)]);
-        if vectorizable(prologue, &pro.accesses, None) && !out_nest.accesses[0].unit_stride() {
-            reused = None;
-        }
-    }
-    let body = match reused {
-        Some(i) => {
-            let mut body = kernel.body.clone();
-            body.values[i].expr = Expr::Load {
-                input: out_buffer as u32,
-                view: out_view.clone(),
-            };
-            drop_dead_loads(&mut body, &side);
-            body
-        }
-        None => kernel.body.clone(),
-    };
-    let mut views = loads(&body);
-    views.push((out_buffer, &out_view));
-    let epi = if broadcast {
-        reduction.nest(space, &views)
-    } else {
-        let all: Vec<usize> = (0..space.rank()).collect();
-        nest(space, &all, Some(space.rank()), &views)
-    };
-    let mut plan = Reduce {
-        op,
-        reduction,
-        prologue: prologue.clone(),
-        body,
-        pro,
-        epi,
-        broadcast,
-        reused,
-        by: By::Rows,
-        lanes: false,
-        epilogue_lanes: false,
-    };
-    let stores_side = !kernel.side.is_empty();
-    if target.threads_per_row {
-        threads_per_row(&mut plan);
-    } else {
-        one_thread_per_row(&mut plan, kernel.out.dtype, stores_side);
-    }
-    plan
-}
-
-/// A GPU's strategy: a block of threads to a row when the reduced axes are
-/// innermost and more than one element long, so that reads coalesce along
-/// the row; else a thread per output walking the reduced axes, so that
-/// neighbouring threads read neighbouring columns. Size-1 axes take no
-/// place in memory: `[c, 1]` summed over axis 0 is a row.
-fn threads_per_row(r: &mut Reduce) {
-    let innermost = r.reduction.reduced.last().map(|a| a.0)
-        == r.reduction
-            .kept
-            .iter()
-            .chain(&r.reduction.reduced)
-            .map(|a| a.0)
-            .max();
-    let rows = !r.reduction.reduced.is_empty() && innermost && r.reduction.row_len() > 1;
-    (r.by, r.lanes, r.epilogue_lanes) = match rows {
-        true => (By::Rows, true, r.broadcast),
-        false => (By::Columns, false, false),
-    };
-}
-
-/// The CPU's strategy, one thread to a row: `By::Columns` where the
-/// prologue cannot run four inner elements at once but steps through rows
-/// contiguously (a sum over a leading axis) and the output is f32 (its rows
-/// accumulate in place); `By::FourRows` for short rows of f32 arithmetic
-/// (side outputs are stored a row at a time); else `By::Rows`, in lanes
-/// where the block has them.
-fn one_thread_per_row(r: &mut Reduce, out: DType, stores_side: bool) {
-    let epi_reads = &r.epi.accesses[..r.epi.accesses.len() - 1];
-    r.lanes = vectorizable(&r.prologue, &r.pro.accesses, None);
-    let columns = !r.broadcast
-        && !r.lanes
-        && f32_arithmetic(&r.prologue)
-        && out == DType::F32
-        && !r.pro.accesses.is_empty()
-        && r.pro.accesses.iter().all(|a| {
-            a.fill.is_none()
-                && a.outer
-                    .last()
-                    .is_some_and(|o| o.stride == 0 || o.stride == 1)
-        });
-    let inner_len: usize = r.pro.inner.iter().product();
-    let four_rows = !columns
-        && !stores_side
-        && r.reused.is_none()
-        && (2..=SHORT_ROW).contains(&inner_len)
-        && r.pro.rows >= 4
-        && f32_arithmetic(&r.prologue)
-        && f32_arithmetic(&r.body)
-        && r.pro
-            .accesses
-            .iter()
-            .chain(&r.epi.accesses)
-            .all(|a| a.fill.is_none());
-    if columns {
-        // An epilogue of arithmetic alone runs four rows at a time on the
-        // sums in place; one that reads (an optimizer's state) or stores
-        // side outputs, one row at a time, its reads placed at the row.
-        r.by = By::Columns;
-        r.epilogue_lanes = f32_arithmetic(&r.body)
-            && !stores_side
-            && !r.body.values.iter().any(|v| v.expr.read().is_some());
-    } else {
-        r.by = if four_rows { By::FourRows } else { By::Rows };
-        r.epilogue_lanes = r.broadcast && vectorizable(&r.body, epi_reads, r.epi.accesses.last());
-    }
-}
-
-/// Makes the loads that neither `block`'s result nor a side output (the
-/// values `stored`) depends on constants: a load is an instruction
-/// Cranelift keeps even when its value is unused.
-fn drop_dead_loads(block: &mut Block, stored: &[u32]) {
-    let live = live(block, stored.iter().copied());
-    for (v, live) in block.values.iter_mut().zip(live) {
-        if !live && v.expr.read().is_some() {
-            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
-        }
-    }
-}
-
 /// Which values of `block` its result or a side output (the values
 /// `stored`) needs.
 pub(crate) fn live(block: &Block, stored: impl IntoIterator<Item = u32>) -> Vec<bool> {
@@ -434,118 +386,4 @@ pub(crate) fn live(block: &Block, stored: impl IntoIterator<Item = u32>) -> Vec<
         }
     }
     live
-}
-
-/// The position of a value of `body` that computes exactly the prologue's
-/// result (same ops on the same loads), if it is an f32 like the output.
-fn recomputed(prologue: &Block, body: &Block) -> Option<usize> {
-    fn same(p: &Block, i: u32, b: &Block, j: u32) -> bool {
-        let (x, y) = (&p.values[i as usize], &b.values[j as usize]);
-        let operands_same = || {
-            let (xo, yo) = (x.expr.operands(), y.expr.operands());
-            xo.len() == yo.len() && xo.iter().zip(&yo).all(|(&a, &c)| same(p, a, b, c))
-        };
-        x.dtype == y.dtype
-            && match (&x.expr, &y.expr) {
-                (Expr::Load { .. }, Expr::Load { .. }) | (Expr::Const(_), Expr::Const(_)) => {
-                    x.expr == y.expr
-                }
-                (Expr::Unary(a, _), Expr::Unary(c, _)) => a == c && operands_same(),
-                (Expr::Binary(a, _, _), Expr::Binary(c, _, _)) => a == c && operands_same(),
-                (Expr::Where(..), Expr::Where(..)) | (Expr::Cast(_), Expr::Cast(_)) => {
-                    operands_same()
-                }
-                _ => false,
-            }
-    }
-    let last = prologue.values.len().checked_sub(1)? as u32;
-    if prologue.values[last as usize].dtype != DType::F32 || body.dtype() != Some(DType::F32) {
-        return None;
-    }
-    // Worth it only for a computed value, not a plain load.
-    if matches!(
-        prologue.values[last as usize].expr,
-        Expr::Load { .. } | Expr::Const(_)
-    ) {
-        return None;
-    }
-    (0..body.values.len() as u32)
-        .find(|&j| same(prologue, last, body, j))
-        .map(|j| j as usize)
-}
-
-impl std::fmt::Display for LoopKernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let buffer = |b: usize| match b == self.inputs {
-            true => "out".to_string(),
-            false => format!("in{b}"),
-        };
-        let nest = |f: &mut std::fmt::Formatter<'_>, what: &str, n: &Nest| {
-            writeln!(f, "  {what}: {} rows of {:?}", n.rows, n.inner)?;
-            n.accesses
-                .iter()
-                .try_for_each(|a| writeln!(f, "    {}", access(a, &buffer(a.buffer))))
-        };
-        let lanes = |on: bool| if on { "in lanes" } else { "one at a time" };
-        match &self.kind {
-            Loops::Map(m) => {
-                let of = if m.acc { "epilogue over" } else { "map over" };
-                let steps = match m.vectors {
-                    Vectors::Float4 => "four elements a step",
-                    Vectors::Scalar => "one element a step",
-                    Vectors::WhereBlocksAllow => "in lanes where a stretch's block allows",
-                };
-                writeln!(f, "{of} {}, {steps}", m.space)?;
-                nest(f, "loops", &m.nest)
-            }
-            Loops::Reduce(r) => {
-                let axes: Vec<usize> = r.reduction.reduced.iter().map(|a| a.0).collect();
-                let output = if r.broadcast { "broadcast" } else { "reduced" };
-                writeln!(
-                    f,
-                    "reduce {:?} along axes {axes:?}: {} rows of {}, output {output}",
-                    r.op,
-                    r.reduction.rows(),
-                    r.reduction.row_len()
-                )?;
-                write!(
-                    f,
-                    "  by {:?}, prologue {}, epilogue {}",
-                    r.by,
-                    lanes(r.lanes),
-                    lanes(r.epilogue_lanes)
-                )?;
-                match r.reused {
-                    Some(v) => writeln!(f, ", value {v} read back from out")?,
-                    None => writeln!(f)?,
-                }
-                nest(f, "prologue", &r.pro)?;
-                nest(f, "epilogue", &r.epi)
-            }
-            Loops::Scatter(s) => {
-                writeln!(
-                    f,
-                    "scatter-add: {} outer rows of {} picks into {}",
-                    s.outer, s.picks, s.len
-                )?;
-                nest(f, "updates", &s.nest)
-            }
-        }
-    }
-}
-
-/// An access as text: its buffer and offset, the strides over the rows and
-/// along the row, and its fill where padded.
-fn access(a: &Access, buffer: &str) -> String {
-    let strides = |axes: &[Axis]| -> Vec<i64> { axes.iter().map(|x| x.stride).collect() };
-    let fill = a
-        .fill
-        .map(|c| format!(", padded with {c}"))
-        .unwrap_or_default();
-    format!(
-        "{buffer} at {:+}: rows {:?}, along {:?}{fill}",
-        a.offset,
-        strides(&a.outer),
-        strides(&a.inner)
-    )
 }

@@ -246,58 +246,18 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The values of a block that are the same all along the inner loop
-    /// (constants, row-invariant loads, the values known: the reduced
-    /// value `acc` of an epilogue and `given`'s, and every op of those),
-    /// computed once per row. Only where the inner loop has elements
-    /// (`inner > 0`): a view of an empty space may point anywhere, and the
-    /// verifier bounds only the reads it makes.
+    /// The values of `block` its plan computes once (`set`, from
+    /// `loops::hoist::hoisted`), computed here, before the loop that uses
+    /// them: the reads placed at `rows`, the reduced value `acc` of an
+    /// epilogue, the values `given` (computed before), and every op of
+    /// those and of constants.
     pub(super) fn hoist(
         &mut self,
         block: &Block,
         accesses: &[Access],
         rows: Rows,
-        inner: usize,
-        known: (Option<Value>, &[Option<Value>]),
-    ) -> Vec<Option<Value>> {
-        if inner == 0 {
-            return vec![None; block.values.len()];
-        }
-        self.hoisted(block, accesses, rows, known, Access::row_invariant)
-    }
-
-    /// The values of an elementwise block that are the same all over its
-    /// kernel (loads that step along no axis, and every op of those),
-    /// computed once per call before the row loop: an optimizer's bias
-    /// correction, a `pow` of the step count, was computed for every row of
-    /// the update, 2 x 784 calls of `powf` in the training step's first
-    /// layer. Only where the kernel has elements (`elements`), as `hoist`.
-    pub(super) fn invariant(
-        &mut self,
-        block: &Block,
-        accesses: &[Access],
-        elements: bool,
-    ) -> Vec<Option<Value>> {
-        let fixed = |a: &Access| {
-            a.fill.is_none() && a.outer.iter().chain(&a.inner).all(|axis| axis.stride == 0)
-        };
-        if !elements || !accesses.iter().any(fixed) {
-            return Vec::new();
-        }
-        let zero = self.iconst(0);
-        let bases = self.bases(accesses, zero);
-        self.hoisted(block, accesses, Rows::One(&bases), (None, &[]), fixed)
-    }
-
-    /// The values of `block` that `keep` says its reads are constant over,
-    /// and every op of those, of constants and of the values known (`hoist`).
-    fn hoisted(
-        &mut self,
-        block: &Block,
-        accesses: &[Access],
-        rows: Rows,
         (acc, given): (Option<Value>, &[Option<Value>]),
-        keep: impl Fn(&Access) -> bool,
+        set: &[bool],
     ) -> Vec<Option<Value>> {
         let zero = self.iconst(0);
         let mut hoisted: Vec<Option<Value>> = Vec::with_capacity(block.values.len());
@@ -305,44 +265,38 @@ impl<'a> Emitter<'a> {
         let lanes = matches!(rows, Rows::Four(_));
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
-            let is_load = v.expr.read().is_some();
+            k += usize::from(v.expr.read().is_some());
             if let Some(&Some(x)) = given.get(i) {
-                k += usize::from(is_load);
                 hoisted.push(Some(x));
+                continue;
+            }
+            if !set.get(i).copied().unwrap_or(false) {
+                hoisted.push(None);
                 continue;
             }
             let h = match &v.expr {
                 Expr::Load { .. } => {
-                    k += 1;
-                    let a = &accesses[k - 1];
                     // Four rows' values are gathered once, and pinned: left
                     // to Cranelift, the lanes were inserted on every trip.
-                    keep(a).then(|| {
-                        let v = self.read(a, rows.at(k - 1), zero, v.dtype, lanes);
-                        if lanes { self.pin(v) } else { v }
-                    })
+                    let v = self.read(&accesses[k - 1], rows.at(k - 1), zero, v.dtype, lanes);
+                    Some(if lanes { self.pin(v) } else { v })
                 }
                 // One row's gather at a position picked once per row.
                 Expr::Gather {
                     index, stride, len, ..
-                } => {
-                    k += 1;
-                    let a = &accesses[k - 1];
-                    match (rows, hoisted[*index as usize]) {
-                        (Rows::One(bases), Some(index)) if keep(a) => {
-                            let pick = Pick {
-                                dtype: v.dtype,
-                                index,
-                                stride: *stride,
-                                len: *len,
-                            };
-                            let v = self.gathered(a, bases[k - 1], zero, false, pick);
-                            Some(self.pin(v))
-                        }
-                        _ => None,
+                } => match (rows, hoisted[*index as usize]) {
+                    (Rows::One(bases), Some(index)) => {
+                        let pick = Pick {
+                            dtype: v.dtype,
+                            index,
+                            stride: *stride,
+                            len: *len,
+                        };
+                        let v = self.gathered(&accesses[k - 1], bases[k - 1], zero, false, pick);
+                        Some(self.pin(v))
                     }
-                }
-                // Constants are immediates where they are used.
+                    _ => None,
+                },
                 Expr::Const(_) => None,
                 Expr::Acc => acc,
                 expr => {

@@ -224,7 +224,7 @@ pub(crate) fn lower<'a>(
             .collect(),
     };
     let range = match &loops::plan(kernel, Target::CPU).kind {
-        Loops::Map(m) => e.elementwise(&m.body, &m.nest, m.acc, start, end),
+        Loops::Map(m) => e.map(m, start, end),
         Loops::Reduce(r) => {
             e.store_prologue = r.reused.is_some();
             e.reduce(r, start, end)
@@ -235,11 +235,6 @@ pub(crate) fn lower<'a>(
     e.b.seal_all_blocks();
     e.b.finalize(target);
     range
-}
-
-/// Which values of a block `hoist` computed once per row.
-fn hoisted_set(hoisted: &[Option<Value>]) -> Vec<bool> {
-    hoisted.iter().map(Option::is_some).collect()
 }
 
 fn clif_type(dtype: DType) -> Type {

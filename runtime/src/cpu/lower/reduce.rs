@@ -15,8 +15,8 @@ use super::exp_sum::exp_argument;
 use super::row_call::ROW_CALL_MIN;
 use super::row_fold::RowFold;
 use super::{Host, RowRange, UNROLL, clif_type};
-use crate::loops::{By, Reduce};
-use crate::nest::{Access, Nest};
+use crate::loops::{By, Reduce, Runs};
+use crate::nest::Nest;
 
 /// Output rows accumulated together by a sum over a leading axis: 16 KiB of
 /// f32, which stay in L1 while the reduced axis is walked, and read as 16 KiB
@@ -53,33 +53,40 @@ impl<'a> Emitter<'a> {
         let next = self.b.create_block();
         self.b.ins().brif(more, next, &[], exit, &[]);
         self.b.switch_to_block(next);
-        if r.by == By::Columns {
-            // A block of rows stays inside one run of the innermost row axis,
-            // where neighbouring rows are neighbours in memory.
-            let last = pro.accesses[0].outer.last().map_or(1, |o| o.dim) as i64;
-            let within = self.b.ins().urem_imm_s(row, last);
-            let run_end = self.b.ins().isub(row, within);
-            let run_end = self.b.ins().iadd_imm_s(run_end, last);
-            let block_end = self.b.ins().iadd_imm_s(row, COLUMN_BLOCK);
-            let block_end = self.b.ins().smin(block_end, run_end);
-            let block_end = self.b.ins().smin(block_end, end);
-            self.reduce_column_block(r, row, block_end, inner_len);
-            self.b.ins().jump(header, &[block_end.into()]);
-        } else if r.by == By::FourRows {
-            let four = self.b.create_block();
-            let last = self.b.ins().iadd_imm_s(row, 4);
-            let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
-            self.b.ins().brif(fits, four, &[], one_row, &[]);
-            self.b.switch_to_block(four);
-            self.reduce_four_short_rows(r, row, inner_len);
-            self.b.ins().jump(header, &[last.into()]);
-        } else {
-            self.b.ins().jump(one_row, &[]);
+        match r.by {
+            By::Columns => {
+                // A block of rows stays inside one run of the innermost row
+                // axis, where neighbouring rows are neighbours in memory.
+                let last = pro.accesses[0].outer.last().map_or(1, |o| o.dim) as i64;
+                let within = self.b.ins().urem_imm_s(row, last);
+                let run_end = self.b.ins().isub(row, within);
+                let run_end = self.b.ins().iadd_imm_s(run_end, last);
+                let block_end = self.b.ins().iadd_imm_s(row, COLUMN_BLOCK);
+                let block_end = self.b.ins().smin(block_end, run_end);
+                let block_end = self.b.ins().smin(block_end, end);
+                self.reduce_column_block(r, row, block_end, inner_len);
+                self.b.ins().jump(header, &[block_end.into()]);
+            }
+            By::FourRows => {
+                let four = self.b.create_block();
+                let last = self.b.ins().iadd_imm_s(row, 4);
+                let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
+                self.b.ins().brif(fits, four, &[], one_row, &[]);
+                self.b.switch_to_block(four);
+                self.reduce_four_short_rows(r, row, inner_len);
+                self.b.ins().jump(header, &[last.into()]);
+            }
+            By::Rows => {
+                self.b.ins().jump(one_row, &[]);
+            }
         }
-        self.b.switch_to_block(one_row);
-        self.reduce_row(r, dtype, row, inner_len);
-        let following = self.b.ins().iadd_imm_s(row, 1);
-        self.b.ins().jump(header, &[following.into()]);
+        // A row alone: every row, or those four rows at once leave.
+        if r.by != By::Columns {
+            self.b.switch_to_block(one_row);
+            self.reduce_row(r, dtype, row, inner_len);
+            let following = self.b.ins().iadd_imm_s(row, 1);
+            self.b.ins().jump(header, &[following.into()]);
+        }
         self.b.switch_to_block(exit);
         RowRange {
             rows: pro.rows,
@@ -116,8 +123,8 @@ impl<'a> Emitter<'a> {
             prologue,
             &pro.accesses,
             Rows::One(&bases),
-            inner_len,
             (None, &[]),
+            &r.once.prologue,
         );
         let pro_at = Placed {
             block: prologue,
@@ -191,10 +198,9 @@ impl<'a> Emitter<'a> {
         } else if lanes {
             from = e.fold_row_lanes(&f, acc, inner_len, ahead);
         }
-        if !lanes && !store && pro.inner.len() >= 2 && inner_len > 0 {
-            e.reduce_runs(r, dtype, row, acc, &hoisted);
-        } else {
-            e.fold_scalars(&f, acc, from);
+        match &r.once.runs {
+            Some(runs) => e.reduce_runs(r, (runs, dtype), row, acc, &hoisted),
+            None => e.fold_scalars(&f, acc, from),
         }
         let total = e.b.use_var(acc);
         let total = e.pin(total);
@@ -216,14 +222,12 @@ impl<'a> Emitter<'a> {
         let store = e.store_prologue;
         let zero = e.iconst(0);
         let n = e.iconst(inner_len as i64);
-        // A reduced output's epilogue runs once per row, whatever the inner extent.
-        let extent = if broadcast { inner_len } else { 1 };
         let hoisted = e.hoist(
             body,
             epi_reads,
             Rows::One(bases),
-            extent,
             (Some(total), &[]),
+            &r.once.epilogue,
         );
         let epi_at = Placed {
             block: body,
@@ -283,7 +287,7 @@ impl<'a> Emitter<'a> {
     fn reduce_runs(
         &mut self,
         r: &Reduce,
-        dtype: DType,
+        (runs, dtype): (&Runs, DType),
         row: Value,
         acc: Variable,
         hoisted: &[Option<Value>],
@@ -291,29 +295,19 @@ impl<'a> Emitter<'a> {
         let Reduce { prologue, pro, .. } = r;
         let op = r.op;
         let along = pro.inner[pro.inner.len() - 1];
-        let runs = pro.inner.iter().product::<usize>() / along;
-        // The inner axes but the last become axes of the runs.
-        let accesses: Vec<Access> = (pro.accesses.iter())
-            .map(|a| {
-                let (across, along) = a.inner.split_at(a.inner.len() - 1);
-                Access {
-                    outer: a.outer.iter().chain(across).copied().collect(),
-                    inner: along.to_vec(),
-                    ..a.clone()
-                }
-            })
-            .collect();
-        let first = self.b.ins().imul_imm_s(row, runs as i64);
+        let count = pro.inner.iter().product::<usize>() / along;
+        let accesses = &runs.accesses;
+        let first = self.b.ins().imul_imm_s(row, count as i64);
         let zero = self.iconst(0);
-        let (runs, n) = (self.iconst(runs as i64), self.iconst(along as i64));
-        self.counted_loop(zero, runs, 1, |e, k| {
+        let (count, n) = (self.iconst(count as i64), self.iconst(along as i64));
+        self.counted_loop(zero, count, 1, |e, k| {
             let run = e.b.ins().iadd(first, k);
-            let bases = e.bases(&accesses, run);
+            let bases = e.bases(accesses, run);
             let rows = Rows::One(&bases);
-            let hoisted = e.hoist(prologue, &accesses, rows, along, (None, hoisted));
+            let hoisted = e.hoist(prologue, accesses, rows, (None, hoisted), &runs.hoisted);
             let at = Placed {
                 block: prologue,
-                accesses: &accesses,
+                accesses,
                 rows,
                 hoisted: &hoisted,
             };
@@ -348,8 +342,8 @@ impl<'a> Emitter<'a> {
             prologue,
             &pro.accesses,
             Rows::Four(&pro_bases),
-            inner_len,
             (None, &[]),
+            &r.once.four[0],
         );
         let pro_at = Placed {
             block: prologue,
@@ -377,8 +371,8 @@ impl<'a> Emitter<'a> {
             body,
             reads,
             Rows::Four(&epi_bases),
-            inner_len,
             (Some(total), &[]),
+            &r.once.four[1],
         );
         let epi_at = Placed {
             block: body,

@@ -12,10 +12,8 @@ use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::DType;
 
 use super::emit::{Emitter, Placed, Rows};
-use super::{RowRange, clif_type, hoisted_set};
+use super::{RowRange, clif_type};
 use crate::loops::Scatter;
-use crate::loops::lanes::vectorizable_hoisted;
-use crate::nest::{Access, Axis};
 
 impl Emitter<'_> {
     /// The outer rows `start..end` of a scatter-add.
@@ -49,7 +47,13 @@ impl Emitter<'_> {
         let accesses = &s.nest.accesses;
         let bases = self.bases(accesses, row);
         let zero = self.iconst(0);
-        let hoisted = self.hoist(&s.prologue, accesses, Rows::One(&bases), inner, (None, &[]));
+        let hoisted = self.hoist(
+            &s.prologue,
+            accesses,
+            Rows::One(&bases),
+            (None, &[]),
+            &s.hoisted,
+        );
         let at = Placed {
             block: &s.prologue,
             accesses,
@@ -74,21 +78,7 @@ impl Emitter<'_> {
         let (position, inside) = self.position(index, s.len);
         let base = self.b.ins().imul_imm_s(position, inner as i64);
         let base = self.b.ins().iadd(first, base);
-        let contiguous = Access {
-            buffer: s.out,
-            offset: 0,
-            outer: Vec::new(),
-            inner: vec![Axis {
-                dim: inner,
-                stride: 1,
-                lo: 0,
-                hi: inner,
-            }],
-            fill: None,
-            row_fill: None,
-        };
-        let lanes = self.out_dtype == DType::F32
-            && vectorizable_hoisted(&s.prologue, accesses, &contiguous, &hoisted_set(&hoisted));
+        let lanes = s.lanes;
         let mut from = zero;
         if lanes {
             from = self.counted_loop(zero, n, 4, |e, i| {
