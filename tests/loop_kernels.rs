@@ -90,3 +90,29 @@ fn a_convolutions_epilogue_runs_over_the_products_rows() -> Result<()> {
     insta::assert_snapshot!(plans("conv", &[&(y.tanh()? + &y)?])?);
     Ok(())
 }
+
+#[test]
+fn values_the_same_over_a_call_or_a_row_are_computed_once() -> Result<()> {
+    // A scalar's power is the same all over the call (as an optimizer's
+    // bias correction); a bias per column steps along the rows.
+    let x = Tensor::randn([6, 33], 0)?;
+    let (b, s) = (Tensor::randn([33], 1)?, Tensor::from_vec(vec![0.9f32], [])?);
+    let t = Tensor::from_vec(vec![3.0f32], [])?;
+    let update = ((&x + &b)? * &s.pow(&t)?)?;
+    // A row of a table picked once per row.
+    let table = Tensor::randn([50, 8], 2)?;
+    let ids = Tensor::from_vec(vec![3i64, 7, 3, 49], [4])?;
+    let rows = table.index_select(0, &ids)?.relu()?;
+    insta::assert_snapshot!(plans("once", &[&update, &rows])?);
+    Ok(())
+}
+
+#[test]
+fn rows_of_several_axes_without_lanes_run_by_runs() -> Result<()> {
+    // i32 has no f32 lanes to reduce in, and the transposed view keeps the
+    // two reduced axes apart.
+    let n = Tensor::from_vec((0..5 * 4 * 6).collect::<Vec<i32>>(), [5, 4, 6])?;
+    let sums = n.permute(&[0, 2, 1])?.sum(&[1, 2], false)?;
+    insta::assert_snapshot!(plans("runs", &[&sums])?);
+    Ok(())
+}

@@ -7,8 +7,8 @@
 //! - `Version`: a stretch of a row as one loop, or as a branch on a
 //!   condition computed once per row, to a version of each side that reads
 //!   only what its picks need (a concatenation's parts);
-//! - `stretches`: a row of padded reads in three stretches, its middle
-//!   unpadded.
+//! - `unpadded_middle`: where a row of padded reads is valid for all of
+//!   them, for its middle stretch (`super::stretches`).
 
 use std::ops::Range;
 
@@ -74,7 +74,7 @@ pub(crate) fn invariant(block: &Block, accesses: &[Access], elements: bool) -> V
 }
 
 /// An access whose every element is the same one.
-pub(crate) fn fixed(a: &Access) -> bool {
+fn fixed(a: &Access) -> bool {
     a.fill.is_none() && a.outer.iter().chain(&a.inner).all(|axis| axis.stride == 0)
 }
 
@@ -189,23 +189,31 @@ fn picking(
             v.expr = Expr::Cast(if taken { x } else { y });
         }
     }
-    let live = live(&block, side.iter().copied());
+    let kept = constant_dead_reads(&mut block, side);
+    let picked = picked
+        .iter()
+        .zip(kept)
+        .filter(|(_, kept)| *kept)
+        .map(|(&k, _)| k);
+    (block, picked.collect())
+}
+
+/// Makes the reads (loads and gathers) that neither `block`'s result nor a
+/// side output (the values `side`) needs constants: a load is an
+/// instruction Cranelift keeps even when its value is unused. Whether each
+/// read, in order, is kept.
+pub(crate) fn constant_dead_reads(block: &mut Block, side: &[u32]) -> Vec<bool> {
+    let live = live(block, side.iter().copied());
     let mut kept = Vec::new();
-    let mut reads = picked.iter();
     for (v, live) in block.values.iter_mut().zip(live) {
-        if v.expr.read().is_none() {
-            continue;
-        }
-        let Some(&k) = reads.next() else {
-            break;
-        };
-        if live {
-            kept.push(k);
-        } else {
-            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
+        if v.expr.read().is_some() {
+            kept.push(live);
+            if !live {
+                v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
+            }
         }
     }
-    (block, kept)
+    kept
 }
 
 /// For a row loop with padded reads, each padded along its one inner axis

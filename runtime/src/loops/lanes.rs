@@ -1,7 +1,8 @@
 //! Which blocks run in vector lanes on a target whose lanes need an
 //! instruction for every op (`Target::vector_ops`: the CPU's f32x4 and
-//! i32x4): the rules both the loop plan (`super::plan`) and the CPU
-//! renderer's rows of versions follow.
+//! i32x4): the rules the loop plan (`super::plan`) decides by, and the
+//! types whose values the CPU renderer holds four to a vector
+//! (`has_lanes`).
 
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{BinaryOp, DType};
@@ -23,7 +24,7 @@ pub(crate) fn vectorizable(block: &Block, accesses: &[Access], out: Option<&Acce
 /// or constant along the inner loop, or a 4-byte load of every other
 /// element (two vectors and a shuffle, `Emitter::load_at`), and the write
 /// (if any) contiguous.
-pub(crate) fn lanes_read(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
+fn lanes_read(block: &Block, accesses: &[Access], out: Option<&Access>) -> bool {
     let mut reads = block.values.iter().filter(|v| v.expr.read().is_some());
     let reads_ok = accesses.iter().all(|a| {
         let paired = reads
@@ -40,7 +41,7 @@ pub(crate) fn f32_arithmetic(block: &Block) -> bool {
 }
 
 /// Whether `v` is f32 arithmetic that has a vector form.
-pub(crate) fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
+fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
     v.dtype == DType::F32
         && match &v.expr {
             Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
@@ -103,7 +104,7 @@ pub(crate) fn has_lanes(dtype: DType) -> bool {
 /// arithmetic, comparisons, `where`, casts between types with lanes. u8 and
 /// bool lanes hold their values widened, where adding or multiplying would
 /// not wrap at 8 bits: of those only comparisons, max and min.
-pub(crate) fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
+fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
     let dtype_of = |x: u32| block.values[x as usize].dtype;
     has_lanes(v.dtype)
         && match &v.expr {

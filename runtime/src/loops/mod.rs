@@ -115,7 +115,8 @@ pub(crate) struct Map {
     pub(crate) nest: Nest,
     /// A matmul's epilogue, reading the product from the output in place.
     pub(crate) acc: bool,
-    /// How it steps.
+    /// How it steps: `Target::map_vectors`, the rule CUDA's maps (a
+    /// matmul's prologues and epilogue among them) step by.
     pub(crate) vectors: Vectors,
     /// One flat loop over the elements (`nest` merged to one axis): the
     /// range a thread is given is elements, not rows.

@@ -4,11 +4,11 @@
 
 use kiln_ir::kernel::{Block, Expr, Kernel};
 use kiln_ir::view::View;
-use kiln_ir::{DType, ReduceOp, Scalar, Shape};
+use kiln_ir::{DType, ReduceOp, Shape};
 
-use super::hoist::hoisted;
+use super::hoist::{constant_dead_reads, hoisted};
 use super::lanes::{f32_arithmetic, vectorizable};
-use super::{Target, live, side_values};
+use super::{Target, side_values};
 use crate::nest::{Access, Nest, Reduction, loads, nest};
 
 /// The loops of a reduction.
@@ -35,11 +35,13 @@ pub(crate) struct Reduce {
     pub(crate) reused: Option<usize>,
     /// How its rows run.
     pub(crate) by: By,
-    /// A row's prologue combined in lanes: f32x4 vectors on the CPU, a
-    /// block's threads on a GPU.
+    /// A row's prologue combined in lanes along it, where a row runs alone
+    /// (`By::Rows`, and the rows `By::FourRows` leaves): f32x4 vectors on
+    /// the CPU, a block's threads on a GPU. (`By::FourRows` and
+    /// `By::Columns` run rows side by side, a row a lane, by definition.)
     pub(crate) lanes: bool,
-    /// The epilogue in lanes: over the row (`By::Rows`), or over
-    /// neighbouring outputs (`By::Columns`).
+    /// The epilogue in lanes: along the row where a row runs alone, over
+    /// four neighbouring outputs in `By::Columns`.
     pub(crate) epilogue_lanes: bool,
     /// What a row computes once (empty on a target that does not hoist,
     /// and for `By::Columns`).
@@ -62,7 +64,14 @@ pub(crate) struct Once {
     /// class: `benches/RESULTS-cpu.md`).
     pub(crate) runs: Option<Runs>,
     /// `By::FourRows`: the prologue's and the epilogue's for four rows.
-    pub(crate) four: [Vec<bool>; 2],
+    pub(crate) four: Four,
+}
+
+/// What four rows at once compute once (`By::FourRows`).
+#[derive(Default)]
+pub(crate) struct Four {
+    pub(crate) prologue: Vec<bool>,
+    pub(crate) epilogue: Vec<bool>,
 }
 
 /// The runs of a row (`Once::runs`).
@@ -127,7 +136,7 @@ pub(super) fn reduce(
                 input: out_buffer as u32,
                 view: out_view.clone(),
             };
-            drop_dead_loads(&mut body, &side);
+            constant_dead_reads(&mut body, &side);
             body
         }
         None => kernel.body.clone(),
@@ -206,17 +215,17 @@ fn once(r: &Reduce) -> Once {
             Runs { accesses, hoisted }
         });
     let four = match r.by {
-        By::FourRows => [
-            hoisted(
+        By::FourRows => Four {
+            prologue: hoisted(
                 &r.prologue,
                 &r.pro.accesses,
                 (inner_len, false),
                 (false, &[]),
                 keep,
             ),
-            hoisted(&r.body, epi_reads, (inner_len, false), (true, &[]), keep),
-        ],
-        By::Rows | By::Columns => [Vec::new(), Vec::new()],
+            epilogue: hoisted(&r.body, epi_reads, (inner_len, false), (true, &[]), keep),
+        },
+        By::Rows | By::Columns => Four::default(),
     };
     Once {
         prologue,
@@ -290,18 +299,6 @@ fn one_thread_per_row(r: &mut Reduce, out: DType, stores_side: bool) {
     } else {
         r.by = if four_rows { By::FourRows } else { By::Rows };
         r.epilogue_lanes = r.broadcast && vectorizable(&r.body, epi_reads, r.epi.accesses.last());
-    }
-}
-
-/// Makes the loads that neither `block`'s result nor a side output (the
-/// values `stored`) depends on constants: a load is an instruction
-/// Cranelift keeps even when its value is unused.
-fn drop_dead_loads(block: &mut Block, stored: &[u32]) {
-    let live = live(block, stored.iter().copied());
-    for (v, live) in block.values.iter_mut().zip(live) {
-        if !live && v.expr.read().is_some() {
-            v.expr = Expr::Const(Scalar::I32(0).cast(v.dtype));
-        }
     }
 }
 

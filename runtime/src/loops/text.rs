@@ -31,13 +31,21 @@ impl std::fmt::Display for LoopKernel {
                 if !m.invariant.is_empty() {
                     writeln!(f, "  once per call: values {:?}", indices(&m.invariant))?;
                 }
+                // The flat loop's one stretch computes once per range a
+                // thread is given; a row's, once per row (the call's values
+                // aside).
+                let per = if m.flat { "range" } else { "row" };
                 for s in &m.stretches {
                     let span = s.span.as_ref().map_or("all".into(), |r| format!("{r:?}"));
-                    writeln!(
-                        f,
-                        "  stretch {span}: once per row {:?}",
-                        indices(&s.hoisted)
-                    )?;
+                    let own: Vec<usize> = indices(&s.hoisted)
+                        .into_iter()
+                        .filter(|&i| !m.invariant.get(i).copied().unwrap_or(false))
+                        .collect();
+                    let clear = match s.reads.iter().any(|a| a.row_fill.is_some()) {
+                        true => ", reads unpadded (the fill where a row is padding)",
+                        false => "",
+                    };
+                    writeln!(f, "  stretch {span}{clear}: once per {per} {own:?}")?;
                     version(f, &s.version, 2)?;
                 }
                 Ok(())
@@ -52,11 +60,18 @@ impl std::fmt::Display for LoopKernel {
                     r.reduction.rows(),
                     r.reduction.row_len()
                 )?;
+                // Four rows at once and columns run a row a lane; a row
+                // alone, in lanes along it or not.
+                let alone = match r.by {
+                    By::Rows => "",
+                    By::FourRows => ", rows left alone",
+                    By::Columns => ", outputs",
+                };
                 write!(
                     f,
-                    "  by {:?}, prologue {}, epilogue {}",
+                    "  by {:?}{alone}: prologue {}, epilogue {}",
                     r.by,
-                    lanes(r.lanes),
+                    lanes(r.lanes || r.by == By::Columns),
                     lanes(r.epilogue_lanes)
                 )?;
                 match r.reused {
@@ -74,7 +89,7 @@ impl std::fmt::Display for LoopKernel {
                     writeln!(f, "  by runs, once per run {:?}", indices(&runs.hoisted))?;
                 }
                 if r.by == By::FourRows {
-                    let (p, e) = (indices(&o.four[0]), indices(&o.four[1]));
+                    let (p, e) = (indices(&o.four.prologue), indices(&o.four.epilogue));
                     writeln!(f, "  once per four rows: prologue {p:?}, epilogue {e:?}")?;
                 }
                 Ok(())

@@ -218,15 +218,15 @@ impl CompiledKernel {
 mod tests {
     use kiln_ir::pass::{Options, optimize};
     use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
-    use smallvec::smallvec;
+    use smallvec::SmallVec;
 
     use super::*;
 
-    /// How many functions the CLIF of `f`'s one kernel imports, `f` making
-    /// the output of a graph of two f32 inputs of 1000 elements.
-    fn imports(f: impl Fn(&mut Graph, NodeId, NodeId) -> NodeId) -> usize {
+    /// The CLIF of `f`'s one kernel, `f` making the output of a graph of
+    /// two f32 inputs of shape `dims`.
+    fn clif(dims: &[usize], f: impl Fn(&mut Graph, NodeId, NodeId) -> NodeId) -> String {
         let mut g = Graph::new("g");
-        let ty = TensorType::new(DType::F32, Shape::new(&[1000]));
+        let ty = TensorType::new(DType::F32, Shape::new(dims));
         let (x, y) = (g.input(ty.clone()), g.input(ty));
         let out = f(&mut g, x, y);
         g.outputs.push(out);
@@ -244,8 +244,46 @@ mod tests {
             }
         };
         CompiledKernel::new(kernel, Some(&mut code)).unwrap();
+        clif
+    }
+
+    /// How many functions the CLIF of `f`'s one kernel imports, `f` making
+    /// the output of a graph of two f32 inputs of 1000 elements.
+    fn imports(f: impl Fn(&mut Graph, NodeId, NodeId) -> NodeId) -> usize {
         // An imported function's line: `fn0 = u0:0 sig0`.
+        let clif = clif(&[1000], f);
         clif.lines().filter(|l| l.contains(" = u0:")).count()
+    }
+
+    /// `op` of `axes` over the first input.
+    fn reduce(op: ReduceOp, axes: &[usize]) -> impl Fn(&mut Graph, NodeId, NodeId) -> NodeId {
+        let axes = SmallVec::from_slice(axes);
+        move |g: &mut Graph, x, _| {
+            let reduce = Op::Reduce {
+                op,
+                axes: axes.clone(),
+            };
+            g.push(reduce, &[x]).unwrap()
+        }
+    }
+
+    /// The Cranelift IR of kernels rendered from their loop plans
+    /// (`tests/loop_kernels.rs` snapshots the plans): a flat loop in lanes,
+    /// a sum down columns four rows a vector, sums of short rows four at a
+    /// time. Rows shorter than `lower::row_call`'s calls, so that the text
+    /// is the same on every x86-64.
+    #[test]
+    fn loop_plans_render_as_this_cranelift_ir() {
+        let relu_add = |g: &mut Graph, x, y| {
+            let s = g.push(Op::Binary(BinaryOp::Add), &[x, y]).unwrap();
+            g.push(Op::Unary(UnaryOp::Relu), &[s]).unwrap()
+        };
+        insta::assert_snapshot!("flat_relu_add", clif(&[37, 11], relu_add));
+        insta::assert_snapshot!("columns_sum", clif(&[300, 24], reduce(ReduceOp::Sum, &[0])));
+        insta::assert_snapshot!(
+            "four_short_rows_max",
+            clif(&[64, 10], reduce(ReduceOp::Max, &[1]))
+        );
     }
 
     #[test]
@@ -262,13 +300,9 @@ mod tests {
         };
         assert_eq!(imports(pows), 1);
         // A long row's sum of exponentials: `kiln_exp_sum`, where called.
-        let sum_exp = |g: &mut Graph, x, _| {
+        let sum_exp = |g: &mut Graph, x, y| {
             let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
-            let sum = Op::Reduce {
-                op: ReduceOp::Sum,
-                axes: smallvec![0],
-            };
-            g.push(sum, &[e]).unwrap()
+            reduce(ReduceOp::Sum, &[0])(g, e, y)
         };
         assert_eq!(imports(sum_exp), usize::from(row_calls().unwrap()));
     }

@@ -32,13 +32,13 @@ impl<'a> Emitter<'a> {
                     (None, &[]),
                     &s.hoisted,
                 );
-                let stretch = Run {
+                let run = AtRow {
                     bases: &bases,
                     hoisted: &hoisted,
                     out: (out, bases[bases.len() - 1]),
                     acc: m.acc,
                 };
-                self.version(&s.version, &stretch, start..end);
+                self.version(&s.version, &run, start..end);
             }
             return RowRange {
                 rows: nest.inner[0],
@@ -80,7 +80,7 @@ impl<'a> Emitter<'a> {
         let rows = Rows::One(&bases[..s.reads.len()]);
         let hoisted = self.hoist(&m.body, &s.reads, rows, (None, invariant), &s.hoisted);
         let out = &m.nest.accesses[m.nest.accesses.len() - 1];
-        let run = Run {
+        let run = AtRow {
             bases,
             hoisted: &hoisted,
             out: (out, bases[bases.len() - 1]),
@@ -91,7 +91,7 @@ impl<'a> Emitter<'a> {
 
     /// Version `v` of a stretch over `span`: its loop, or a branch on its
     /// condition to a version of each side.
-    fn version(&mut self, v: &Version, run: &Run, span: Range<Value>) {
+    fn version(&mut self, v: &Version, run: &AtRow, span: Range<Value>) {
         match v {
             Version::Loop {
                 block,
@@ -155,10 +155,10 @@ impl<'a> Emitter<'a> {
     }
 }
 
-/// A stretch as rendered: the positions of its reads at the row, the
+/// A stretch at a row: the positions of its reads there, the
 /// values it computes once, the output at the row, and whether the output
 /// holds a product the block reads (`Expr::Acc`).
-struct Run<'r> {
+struct AtRow<'r> {
     bases: &'r [RowBase],
     hoisted: &'r [Option<Value>],
     out: (&'r Access, RowBase),

@@ -24,9 +24,6 @@ pub(super) struct Emitter<'a> {
     /// While set, the four lanes of a vector are four consecutive rows (see
     /// `reduce_column_block`), not four consecutive inner elements.
     pub(super) row_lanes: bool,
-    /// The prologue of a broadcast reduction stores its values in the output,
-    /// where the epilogue reads them back (see `recomputed`).
-    pub(super) store_prologue: bool,
     /// The kernel's `ahead` parameter (see `signature`).
     pub(super) ahead: Value,
     /// The side outputs: their buffers and their values in the body, stored
@@ -266,12 +263,12 @@ impl<'a> Emitter<'a> {
         let mut k = 0;
         for (i, v) in block.values.iter().enumerate() {
             k += usize::from(v.expr.read().is_some());
-            if let Some(&Some(x)) = given.get(i) {
-                hoisted.push(Some(x));
-                continue;
-            }
             if !set.get(i).copied().unwrap_or(false) {
                 hoisted.push(None);
+                continue;
+            }
+            if let Some(&Some(x)) = given.get(i) {
+                hoisted.push(Some(x));
                 continue;
             }
             let h = match &v.expr {
@@ -326,6 +323,9 @@ impl<'a> Emitter<'a> {
             };
             hoisted.push(h);
         }
+        // The plan's set is what is computed here: a branch of a row's
+        // versions takes its condition from it.
+        debug_assert!(hoisted.iter().zip(set).all(|(h, &s)| h.is_some() == s));
         hoisted
     }
 
@@ -396,7 +396,7 @@ impl<'a> Emitter<'a> {
             let r = match (hoisted[i], &v.expr) {
                 // One row's hoisted values are scalars; four rows' are
                 // vectors. A scalar without lanes is a gather's index alone
-                // (`vectorizable_hoisted`), read as it is.
+                // (`loops::lanes::vectorizable_hoisted`), read as it is.
                 (Some(h), _) if lanes && matches!(rows, Rows::One(_)) && has_lanes(v.dtype) => {
                     self.splat(v.dtype, h)
                 }
@@ -412,7 +412,7 @@ impl<'a> Emitter<'a> {
                         unreachable!("four rows at once run f32 arithmetic, which holds no index")
                     };
                     // In lanes the position is one per row, hoisted
-                    // (`vectorizable_hoisted`); else this element's.
+                    // (`loops::lanes::vectorizable_hoisted`); else this element's.
                     let index = match hoisted[*index as usize] {
                         Some(at) => at,
                         None => values[*index as usize],

@@ -217,7 +217,6 @@ pub(crate) fn lower<'a>(
         calls,
         out_dtype: kernel.out.dtype,
         row_lanes: false,
-        store_prologue: false,
         ahead,
         side: (0..kernel.side.len())
             .map(|k| (out_buffer + 1 + k, kernel.side[k].value))
@@ -225,10 +224,7 @@ pub(crate) fn lower<'a>(
     };
     let range = match &loops::plan(kernel, Target::CPU).kind {
         Loops::Map(m) => e.map(m, start, end),
-        Loops::Reduce(r) => {
-            e.store_prologue = r.reused.is_some();
-            e.reduce(r, start, end)
-        }
+        Loops::Reduce(r) => e.reduce(r, start, end),
         Loops::Scatter(s) => e.scatter(s, start, end),
     };
     e.b.ins().return_(&[]);

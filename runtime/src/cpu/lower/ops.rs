@@ -286,7 +286,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// `Scalar::cast` of four lanes (`has_lanes`), between f32, i32, u8,
-    /// bool, bf16 and f16 (but i32 to a 16-bit float, `lane_op`): the
+    /// bool, bf16 and f16 (but i32 to a 16-bit float, `loops::lanes`): the
     /// conversions of `cast`, on lanes as they are held.
     fn cast_lanes(&mut self, x: Value, from: DType, to: DType) -> Value {
         match (from, to) {

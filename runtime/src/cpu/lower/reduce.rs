@@ -1,11 +1,13 @@
-//! The loops of a reduction: per row, the prologue combined over the inner
-//! loop (in f32x4 with several accumulators where it can), then the
-//! epilogue once or over the row again; four short rows at once, one per
-//! lane; or, for a sum over a leading axis, blocks of output rows
-//! accumulated in place while the reduced axis is walked in memory order.
+//! The loops of a reduction, as its plan says (`loops::Reduce`): per row,
+//! the prologue combined over the inner loop (in f32x4 with several
+//! accumulators, or by a call of 256-bit code where the row's block
+//! matches one), then the epilogue once or over the row again; four short
+//! rows at once, one per lane; or, for a sum over a leading axis, blocks of
+//! output rows accumulated in place while the reduced axis is walked in
+//! memory order.
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
+use cranelift_codegen::ir::{self, InstBuilder, MemFlagsData, Value, types};
 use cranelift_frontend::Variable;
 use kiln_ir::kernel::{Block, Expr};
 use kiln_ir::{DType, ReduceOp};
@@ -44,7 +46,6 @@ impl<'a> Emitter<'a> {
         let inner_len: usize = pro.inner.iter().product();
         let header = self.b.create_block();
         let exit = self.b.create_block();
-        let one_row = self.b.create_block();
         self.b.append_block_param(header, types::I64);
         self.b.ins().jump(header, &[start.into()]);
         self.b.switch_to_block(header);
@@ -68,30 +69,42 @@ impl<'a> Emitter<'a> {
                 self.b.ins().jump(header, &[block_end.into()]);
             }
             By::FourRows => {
-                let four = self.b.create_block();
+                let (four, one_row) = (self.b.create_block(), self.b.create_block());
                 let last = self.b.ins().iadd_imm_s(row, 4);
                 let fits = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
                 self.b.ins().brif(fits, four, &[], one_row, &[]);
                 self.b.switch_to_block(four);
                 self.reduce_four_short_rows(r, row, inner_len);
                 self.b.ins().jump(header, &[last.into()]);
+                // The rows four at once leave.
+                self.b.switch_to_block(one_row);
+                self.row_alone(r, (dtype, inner_len), row, header);
             }
             By::Rows => {
+                let one_row = self.b.create_block();
                 self.b.ins().jump(one_row, &[]);
+                self.b.switch_to_block(one_row);
+                self.row_alone(r, (dtype, inner_len), row, header);
             }
-        }
-        // A row alone: every row, or those four rows at once leave.
-        if r.by != By::Columns {
-            self.b.switch_to_block(one_row);
-            self.reduce_row(r, dtype, row, inner_len);
-            let following = self.b.ins().iadd_imm_s(row, 1);
-            self.b.ins().jump(header, &[following.into()]);
         }
         self.b.switch_to_block(exit);
         RowRange {
             rows: pro.rows,
             row_len: inner_len.max(1),
         }
+    }
+
+    /// Row `row` alone, then on to the next row at `header`.
+    fn row_alone(
+        &mut self,
+        r: &Reduce,
+        (dtype, inner_len): (DType, usize),
+        row: Value,
+        header: ir::Block,
+    ) {
+        self.reduce_row(r, dtype, row, inner_len);
+        let following = self.b.ins().iadd_imm_s(row, 1);
+        self.b.ins().jump(header, &[following.into()]);
     }
 
     /// The prologue's first contiguous read, a line of which each trip
@@ -139,7 +152,7 @@ impl<'a> Emitter<'a> {
         let epi_bases = e.bases(&epi.accesses, row);
         let out_base = epi_bases[epi_bases.len() - 1];
         let out = &epi.accesses[epi.accesses.len() - 1];
-        let store = e.store_prologue;
+        let store = r.reused.is_some();
         // A max over vectors runs `maxps` alone, where IEEE `maximum` takes
         // five instructions: NaNs are noted apart, and a row whose max comes
         // out zero, where `maxps` may have kept -0 over +0, is walked again.
@@ -219,7 +232,7 @@ impl<'a> Emitter<'a> {
         let e = self;
         let out_base = bases[bases.len() - 1];
         let out = &epi.accesses[epi.accesses.len() - 1];
-        let store = e.store_prologue;
+        let store = r.reused.is_some();
         let zero = e.iconst(0);
         let n = e.iconst(inner_len as i64);
         let hoisted = e.hoist(
@@ -277,13 +290,9 @@ impl<'a> Emitter<'a> {
     }
 
     /// The prologue over row `row` of several inner axes, one element at a
-    /// time, combined into `acc` one run of the last axis after another:
-    /// each run is a row of its own to `hoist`, so that values constant
-    /// along it are computed once for it, where a flat loop over the row
-    /// computed them for every element (the training step's loss over
-    /// [batch, classes] took the log of each row's sum for every class:
-    /// `benches/RESULTS-cpu.md`). Values constant over the whole row come
-    /// `hoisted` already.
+    /// time, combined into `acc` one run of the last axis after another,
+    /// each computing once what its plan says (`loops::Runs`). Values
+    /// constant over the whole row come `hoisted` already.
     fn reduce_runs(
         &mut self,
         r: &Reduce,
@@ -343,7 +352,7 @@ impl<'a> Emitter<'a> {
             &pro.accesses,
             Rows::Four(&pro_bases),
             (None, &[]),
-            &r.once.four[0],
+            &r.once.four.prologue,
         );
         let pro_at = Placed {
             block: prologue,
@@ -372,7 +381,7 @@ impl<'a> Emitter<'a> {
             reads,
             Rows::Four(&epi_bases),
             (Some(total), &[]),
-            &r.once.four[1],
+            &r.once.four.epilogue,
         );
         let epi_at = Placed {
             block: body,

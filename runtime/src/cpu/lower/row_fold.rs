@@ -15,7 +15,7 @@ use crate::nest::Access;
 
 /// What folding one row of a reduction reads and keeps: the prologue
 /// placed at the row, the output row the prologue's values are also stored
-/// into (`store_prologue`), the row's length and start, the reduction's
+/// into (`loops::Reduce::reused`), the row's length and start, the reduction's
 /// first value, and for a max in vectors the NaNs seen.
 #[derive(Clone, Copy)]
 pub(super) struct RowFold<'p> {

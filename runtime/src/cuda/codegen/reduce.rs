@@ -19,6 +19,9 @@ use crate::nest::placed_axes;
 /// The rows of a reduction kernel that runs a block of threads to each row
 /// of its output (`loops::By::Rows` on CUDA); `None` for other kernels.
 pub fn reduction_rows(kernel: &Kernel) -> Option<usize> {
+    if !matches!(kernel.kind, KernelKind::Reduce { .. }) {
+        return None;
+    }
     match loops::plan(kernel, Target::CUDA).kind {
         Loops::Reduce(r) if r.by == By::Rows => Some(r.reduction.rows()),
         _ => None,
@@ -42,26 +45,19 @@ pub(super) fn reduce_into(
     kernel: &Kernel,
     row: Option<(&str, &[bool])>,
 ) -> Result<Grid, Error> {
-    let KernelKind::Reduce {
-        op,
-        shape,
-        prologue,
-        ..
-    } = &kernel.kind
+    let (KernelKind::Reduce { shape, .. }, Loops::Reduce(plan)) =
+        (&kernel.kind, loops::plan(kernel, Target::CUDA).kind)
     else {
         return Err(Error::Codegen("a reduction kernel of another kind".into()));
     };
-    let Loops::Reduce(plan) = loops::plan(kernel, Target::CUDA).kind else {
-        return Err(Error::Codegen("a reduction kernel of another kind".into()));
-    };
-    let reduction = plan.reduction;
+    let (op, prologue, reduction) = (&plan.op, &plan.prologue, &plan.reduction);
     let (kept, reduced) = (&reduction.kept, &reduction.reduced);
     let (rows, length) = (reduction.rows(), reduction.row_len());
     let dtype = prologue.dtype().unwrap_or(DType::F32);
     let t = ctype(dtype);
     let init = literal(op.init(dtype));
     // The output is the whole space (broadcast epilogue) or the reduced values.
-    let broadcast = kernel.out.shape == *shape;
+    let broadcast = plan.broadcast;
     let by_rows = plan.by == By::Rows;
     let (indent, lane_start, lane_step) = if let Some((name, written)) = row {
         if !by_rows {
