@@ -343,7 +343,8 @@ impl Dataset for Repeated {
 }
 
 /// `train_fed`: an epoch of `EPOCH_STEPS` fused `train_sgd` steps fed by a
-/// `DataLoader` through `Epoch::to_device` (variant `fed`), against the
+/// `DataLoader` through `Epoch::to_device` (variant `fed`, epochs in a
+/// row), against the
 /// same steps on one batch already on the device (`on_device`), the loss
 /// of every step read at the epoch's end. On a GPU, `fed` copies each batch
 /// in while the step before runs; the target is `fed` within 10% of
@@ -372,10 +373,14 @@ pub(crate) fn fed(quick: bool, backend: Backend) -> Result<()> {
     let mut loader = DataLoader::new(Arc::new(data), loader_options)?;
     let batch = [case.images.to(device)?, case.labels.to(device)?];
     let mut last = [0.0f32; 2];
+    // Epochs in a row, as training runs them: the loader reads each
+    // epoch's first batches while the one before ends.
+    let mut fed_epochs = 0;
     let mut epoch = |v: usize| -> Result<Option<f64>> {
         let mut losses = Vec::with_capacity(EPOCH_STEPS);
         if v == 0 {
-            for fed in loader.epoch(0).to_device(device)? {
+            fed_epochs += 1;
+            for fed in loader.epoch(fed_epochs).to_device(device)? {
                 let fed = fed?;
                 losses.push(steps[0].call(&[&fed[0], &fed[1]])?.remove(0));
             }

@@ -9,10 +9,15 @@
 //!   epoch's order, starting at `rank`: disjoint parts that cover it.
 //! - Workers are started once and serve every epoch; at most `prefetch`
 //!   batches are in flight; results come back tagged and are delivered in
-//!   batch order. They run at the lowest scheduling priority (nice 19 on
-//!   Linux): where the compiled graph keeps every core busy, it preempts
-//!   them, and they read ahead in the time it leaves. Dropping the loader closes the job channel, and the
-//!   workers finish their current batch and exit; `drop` joins them.
+//!   batch order. Once an epoch has asked for its last batch, the workers
+//!   read on into the first batches of the next epoch, which an `epoch`
+//!   call for it from its start takes up, so that its first batch does not
+//!   wait for a worker to start (any other call drops them).
+//! - Workers run at the lowest scheduling priority (nice 19 on Linux):
+//!   where the compiled graph keeps every core busy, it preempts them, and
+//!   they read ahead in the time it leaves. Dropping the loader closes the
+//!   job channel, and the workers finish their current batch and exit;
+//!   `drop` joins them.
 //! - A batch of consecutive items (unshuffled) whose field the file holds
 //!   as it lies in memory is a view of the mapped file (`Field::Mapped`),
 //!   not a copy. Other fields are read into buffers; buffers handed back
@@ -161,9 +166,24 @@ pub struct DataLoader {
     done: Receiver<Done>,
     done_tx: Sender<Done>,
     workers: Vec<JoinHandle<()>>,
+    /// The tag of the current epoch's jobs.
     generation: u64,
+    /// The last tag given out.
+    tags: u64,
+    /// The next epoch's first batches, asked for while the last ended.
+    ahead: Option<Ahead>,
     counters: Counters,
     pool: Pool,
+}
+
+/// The batches of the epoch after the last one run, the first of them
+/// asked for while it ended (`Epoch::read_ahead`).
+struct Ahead {
+    epoch: u64,
+    generation: u64,
+    batches: Vec<Vec<usize>>,
+    dispatched: usize,
+    ready: BTreeMap<usize, Result<Batch, DataError>>,
 }
 
 /// Per field, buffers handed back by the consumer for the next batches to fill.
@@ -212,6 +232,8 @@ impl DataLoader {
             done_tx,
             workers,
             generation: 0,
+            tags: 0,
+            ahead: None,
             counters: Counters::default(),
             pool,
         })
@@ -251,17 +273,38 @@ impl DataLoader {
     /// The batches of `epoch` from batch `start` on: resuming an epoch that
     /// stopped after `start` batches.
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
-        // Results of an abandoned epoch still in flight are recognized and dropped.
-        self.generation += 1;
+        // The first batches read ahead for this epoch are taken up.
+        if let Some(ahead) = self.ahead.take_if(|a| a.epoch == epoch && start == 0) {
+            self.generation = ahead.generation;
+            return Epoch {
+                loader: self,
+                epoch,
+                batches: ahead.batches,
+                dispatched: ahead.dispatched,
+                delivered: 0,
+                ready: ahead.ready,
+            };
+        }
+        // Results of an abandoned epoch still in flight, or of batches read
+        // ahead for another, are recognized and dropped.
+        self.ahead = None;
+        self.generation = self.tag();
         let batches = self.batches(epoch);
         let next = start.min(batches.len());
         Epoch {
             loader: self,
+            epoch,
             batches,
             dispatched: next,
             delivered: next,
             ready: BTreeMap::new(),
         }
+    }
+
+    /// A tag no job has had.
+    fn tag(&mut self) -> u64 {
+        self.tags += 1;
+        self.tags
     }
 
     /// Hands a batch's buffers back for later batches to fill: a consumer
@@ -304,9 +347,9 @@ impl DataLoader {
         }
     }
 
-    fn dispatch(&mut self, index: usize, items: Vec<usize>) {
+    fn dispatch(&mut self, generation: u64, index: usize, items: Vec<usize>) {
         let job = Job {
-            generation: self.generation,
+            generation,
             index,
             items,
             sent: Instant::now(),
@@ -344,6 +387,7 @@ impl Drop for DataLoader {
 /// The batches of one epoch, read ahead and delivered in order.
 pub struct Epoch<'l> {
     loader: &'l mut DataLoader,
+    epoch: u64,
     batches: Vec<Vec<usize>>,
     dispatched: usize,
     delivered: usize,
@@ -464,9 +508,11 @@ impl Iterator for Epoch<'_> {
         let prefetch = self.loader.options.prefetch.max(1);
         while self.dispatched < self.batches.len() && self.dispatched < self.delivered + prefetch {
             let items = std::mem::take(&mut self.batches[self.dispatched]);
-            self.loader.dispatch(self.dispatched, items);
+            let generation = self.loader.generation;
+            self.loader.dispatch(generation, self.dispatched, items);
             self.dispatched += 1;
         }
+        self.read_ahead(prefetch);
         if self.delivered >= self.batches.len() {
             return None;
         }
@@ -482,7 +528,14 @@ impl Iterator for Epoch<'_> {
                     self.loader.counters.latencies.push(d.latency);
                     self.ready.insert(d.index, d.batch);
                 }
-                Ok(_) => {}
+                Ok(d) => {
+                    if let Some(ahead) = &mut self.loader.ahead
+                        && ahead.generation == d.generation
+                    {
+                        self.loader.counters.latencies.push(d.latency);
+                        ahead.ready.insert(d.index, d.batch);
+                    }
+                }
                 // The loader holds a sender itself, so the channel cannot close.
                 Err(_) => return None,
             }
@@ -494,6 +547,43 @@ impl Iterator for Epoch<'_> {
         }
         self.delivered += 1;
         Some(batch)
+    }
+}
+
+impl Epoch<'_> {
+    /// Once every batch of this epoch is asked for, the first batches of
+    /// the next epoch, within the `prefetch` batches in flight: workers
+    /// read them while this epoch's last batches are used. Not without
+    /// workers, where reading ahead would only delay this epoch's batches.
+    fn read_ahead(&mut self, prefetch: usize) {
+        let loader = &mut *self.loader;
+        if self.dispatched < self.batches.len() || loader.workers.is_empty() {
+            return;
+        }
+        if loader.ahead.is_none() {
+            // The loader's guess: the epoch after this one.
+            let Some(epoch) = self.epoch.checked_add(1) else {
+                return;
+            };
+            loader.ahead = Some(Ahead {
+                epoch,
+                generation: loader.tag(),
+                batches: loader.batches(epoch),
+                dispatched: 0,
+                ready: BTreeMap::new(),
+            });
+        }
+        let in_flight = self.dispatched - self.delivered;
+        while let Some(ahead) = loader.ahead.as_mut()
+            && ahead.dispatched < ahead.batches.len()
+            && in_flight + ahead.dispatched < prefetch
+        {
+            let index = ahead.dispatched;
+            let items = std::mem::take(&mut ahead.batches[index]);
+            ahead.dispatched += 1;
+            let generation = ahead.generation;
+            loader.dispatch(generation, index, items);
+        }
     }
 }
 
