@@ -283,7 +283,7 @@ impl Tensor {
 
     // ----- Reductions. -----
 
-    fn reduce(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+    pub(crate) fn reduce(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let mut resolved = axes
             .iter()
             .map(|&a| normalize_axis(op.name(), a, self.rank()))

@@ -2,7 +2,7 @@
 //! graph ops (so they fuse and differentiate through their parts): `min`,
 //! `var`, `std`, `logsumexp`, `cumsum` and `clamp`.
 
-use kiln_ir::{DType, Scalar};
+use kiln_ir::{DType, ReduceOp, Scalar};
 
 use crate::{Result, Tensor};
 
@@ -68,34 +68,48 @@ impl Tensor {
     /// positions, not for a million-element scan. The gradient is the
     /// running sum of the output's gradient from the other end.
     pub fn cumsum(&self, axis: isize) -> Result<Tensor> {
-        self.running_sum(axis, false, false)
+        self.running(ReduceOp::Sum, axis, (false, false))
     }
 
-    /// `cumsum`, and its variants ONNX's `CumSum` names: `exclusive`
-    /// leaves element `i` itself out of its sum, `reverse` sums from the
-    /// axis's other end.
-    pub(crate) fn running_sum(
+    /// Running products along `axis`, as PyTorch's `cumprod`: element `i`
+    /// is the product of elements `0..=i`, a reduction over the same
+    /// triangle as `cumsum`'s (the elements outside it count as 1). f32,
+    /// f64, i32 or i64 (integers wrap); its gradient is `prod`'s.
+    pub fn cumprod(&self, axis: isize) -> Result<Tensor> {
+        self.running(ReduceOp::Prod, axis, (false, false))
+    }
+
+    /// `cumsum` (`op` `Sum`) or `cumprod` (`Prod`), and the variants ONNX's
+    /// `CumSum` and `CumProd` name: `exclusive` leaves element `i` itself
+    /// out, `reverse` runs from the axis's other end.
+    pub(crate) fn running(
         &self,
+        op: ReduceOp,
         axis: isize,
-        exclusive: bool,
-        reverse: bool,
+        (exclusive, reverse): (bool, bool),
     ) -> Result<Tensor> {
-        let op = "cumsum";
+        let name = match op {
+            ReduceOp::Prod => "cumprod",
+            _ => "cumsum",
+        };
         if !matches!(
             self.dtype(),
             DType::F32 | DType::F64 | DType::I32 | DType::I64
         ) {
             return Err(kiln_ir::Error::DType {
-                op,
+                op: name,
                 dtype: self.dtype(),
                 expected: "f32, f64, i32 or i64",
             }
             .into());
         }
-        let axis = crate::ops::normalize_axis(op, axis, self.rank())?;
+        let axis = crate::ops::normalize_axis(name, axis, self.rank())?;
         let len = self.dims()[axis];
-        let positions =
-            i32::try_from(len).map_err(|_| crate::Error::AxisTooLong { op, axis, len })?;
+        let positions = i32::try_from(len).map_err(|_| crate::Error::AxisTooLong {
+            op: name,
+            axis,
+            len,
+        })?;
         // [.., i, j, ..]: element j of the axis counts toward output i when j <= i
         // (j < i exclusive; j >= i or j > i reversed).
         let mut along = vec![1; self.rank() + 1];
@@ -110,11 +124,11 @@ impl Tensor {
             (false, true) => columns.ge(&rows)?,
             (true, true) => columns.gt(&rows)?,
         };
-        let zero = Tensor::scalar(Scalar::I32(0).cast(self.dtype()));
+        // What an element outside the triangle adds: nothing.
+        let none = Tensor::scalar(op.init(self.dtype()));
         let spread = self.unsqueeze(axis as isize)?;
-        counted
-            .where_cond(&spread, &zero)?
-            .sum(&[axis as isize + 1], false)
+        let triangle = counted.where_cond(&spread, &none)?;
+        triangle.reduce(op, &[axis as isize + 1], false)
     }
 
     /// Each element bounded to `[min, max]` (`min` first: where `min >

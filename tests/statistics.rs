@@ -1,4 +1,4 @@
-//! `min`, `var`, `std`, `logsumexp`, `cumsum`, `clamp`, `topk` and
+//! `min`, `var`, `std`, `logsumexp`, `cumsum`, `cumprod`, `clamp`, `topk` and
 //! `cross_entropy`'s options against direct f64 loops, realized on the CPU
 //! and the interpreter and compiled fused and unfused, on awkward shapes
 //! with NaN, infinities and signed zeros.
@@ -385,6 +385,64 @@ fn cumsum_runs_along_either_axis_and_wraps_integers() -> Result<()> {
     let ints = Tensor::from_vec(vec![i32::MAX, 1, 5, -7], [4])?;
     let wrapped = [i32::MAX, i32::MIN, i32::MIN + 5, i32::MAX - 1].map(f64::from);
     check("cumsum of i32", &ints, &|t| t.cumsum(0), &wrapped, 0.0)
+}
+
+#[test]
+fn cumprod_runs_along_either_axis_through_zeros_and_wraps_integers() -> Result<()> {
+    // Values near 1, so that the products stay in range; a zero and a NaN.
+    let mut v: Vec<f32> = Tensor::randn([5, 13], 3)?.to_vec()?;
+    v.iter_mut().for_each(|x| *x = 1.0 + 0.2 * *x);
+    v[13 + 4] = 0.0;
+    v[2 * 13 + 6] = f32::NAN;
+    let x = Tensor::from_vec(v.clone(), [5, 13])?;
+    let v: Vec<f64> = v.iter().map(|&e| f64::from(e)).collect();
+    let prefix = |values: &[f64]| -> Vec<f64> {
+        values
+            .iter()
+            .scan(1.0, |p, &e| {
+                *p *= e;
+                Some(*p)
+            })
+            .collect()
+    };
+    let along_rows: Vec<f64> = v.chunks(13).flat_map(prefix).collect();
+    check(
+        "cumprod along rows",
+        &x,
+        &|t| t.cumprod(1),
+        &along_rows,
+        1e-5,
+    )?;
+    let columns: Vec<Vec<f64>> = (0..13)
+        .map(|c| prefix(&(0..5).map(|r| v[r * 13 + c]).collect::<Vec<_>>()))
+        .collect();
+    let down: Vec<f64> = (0..5)
+        .flat_map(|r| columns.iter().map(move |col| col[r]))
+        .collect();
+    check("cumprod down columns", &x, &|t| t.cumprod(-2), &down, 1e-5)?;
+    let ints = Tensor::from_vec(vec![3i32, -2, 1 << 20, 1 << 12], [4])?;
+    let wrapped = [3, -6, -6 << 20, 0].map(f64::from);
+    check("cumprod of i32", &ints, &|t| t.cumprod(0), &wrapped, 0.0)?;
+    // d/dx_k of the sum of the running products: the products from k on,
+    // each without x_k.
+    let w = [0.5f32, -1.5, 2.0, 0.75, 1.25];
+    let t = Tensor::from_vec(w.to_vec(), [5])?;
+    let grad = kiln::grad(&t.cumprod(0)?.sum_all()?, &[&t])?.remove(0);
+    for (k, g) in grad.to_vec::<f32>()?.into_iter().enumerate() {
+        let want: f64 = (k..5)
+            .map(|i| {
+                (0..=i)
+                    .filter(|&j| j != k)
+                    .map(|j| f64::from(w[j]))
+                    .product::<f64>()
+            })
+            .sum();
+        assert!(
+            (f64::from(g) - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "d/dx{k}: {g}, want {want}"
+        );
+    }
+    Ok(())
 }
 
 /// The definition of `topk` along the rows of `x` (`[rows, cols]`): each

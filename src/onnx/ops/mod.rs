@@ -13,6 +13,7 @@ mod nn;
 mod recurrent;
 mod reduce;
 mod resize;
+mod rotary;
 mod shape;
 
 use kiln_ir::{DType, Scalar};
@@ -39,6 +40,7 @@ pub(super) fn convert(node: &Node) -> Result<Vec<Value>> {
         .or_else(|| reduce::convert(node))
         .or_else(|| nn::convert(node))
         .or_else(|| attention::convert(node))
+        .or_else(|| rotary::convert(node))
         .or_else(|| conv::convert(node));
     match converted {
         Some(values) => values,

@@ -255,16 +255,6 @@ fn dropout(node: &Node) -> Result<Vec<Value>> {
     let x = node.tensor(0)?;
     node.attr_int("seed", 0)?;
     node.attr_int("is_test", 0)?;
-    let ratio = match node.opset < 12 {
-        true => f64::from(node.attr_float("ratio", 0.5)?),
-        false => match node.has(1) {
-            true => match node.known(1).map(|a| &a.data) {
-                Some(d) if d.len() == 1 => d.get(0).to_f64(),
-                _ => return Err(node.unsupported("a ratio computed at run time")),
-            },
-            false => 0.5,
-        },
-    };
     let training = match node.has(2) {
         true => match node.known(2).map(|a| &a.data) {
             Some(d) if d.len() == 1 => d.get(0).to_f64() != 0.0,
@@ -272,8 +262,22 @@ fn dropout(node: &Node) -> Result<Vec<Value>> {
         },
         false => false,
     };
-    if training && ratio != 0.0 {
-        return Err(node.unsupported("training mode: random masks"));
+    // Outside training the ratio, known or not, changes nothing.
+    let ratio = match node.opset < 12 {
+        true => Some(f64::from(node.attr_float("ratio", 0.5)?)),
+        false => match node.has(1) {
+            true => node.known(1).map(|a| &a.data).and_then(|d| match d.len() {
+                1 => Some(d.get(0).to_f64()),
+                _ => None,
+            }),
+            false => Some(0.5),
+        },
+    };
+    match ratio {
+        _ if !training => {}
+        Some(0.0) => {}
+        Some(_) => return Err(node.unsupported("training mode: random masks")),
+        None => return Err(node.unsupported("a ratio computed at run time")),
     }
     let mask = Tensor::full(x.dims(), true)?;
     Ok(vec![Value::Tensor(x), Value::Tensor(mask)])

@@ -3,7 +3,7 @@
 //! ONNX's rules for axes (an attribute in older opsets, an input since),
 //! `keepdims` and `noop_with_empty_axes`.
 
-use kiln_ir::{DType, Scalar};
+use kiln_ir::{DType, ReduceOp, Scalar};
 
 use super::{axes, axis, numel, one, scalar};
 use crate::onnx::graph::{Node, Value};
@@ -26,7 +26,8 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "GlobalAveragePool" | "GlobalMaxPool" => return Some(global_pool(node)),
         "ArgMax" => return Some(arg_extreme(node, false)),
         "ArgMin" => return Some(arg_extreme(node, true)),
-        "CumSum" => return Some(cumsum(node)),
+        "CumSum" => return Some(running(node, ReduceOp::Sum)),
+        "CumProd" => return Some(running(node, ReduceOp::Prod)),
         "TopK" => return Some(top_k(node)),
         _ => return None,
     };
@@ -172,14 +173,14 @@ fn global_pool(node: &Node) -> Result<Vec<Value>> {
     })
 }
 
-/// Running sums along the axis input 1 names (known when compiling), with
-/// `exclusive` and `reverse`.
-fn cumsum(node: &Node) -> Result<Vec<Value>> {
+/// Running sums (`CumSum`) or products (`CumProd`) along the axis input 1
+/// names (known when compiling), with `exclusive` and `reverse`.
+fn running(node: &Node, op: ReduceOp) -> Result<Vec<Value>> {
     let x = node.tensor(0)?;
     let a = axis(node, node.int(1)?, x.rank())?;
     let exclusive = node.attr_int("exclusive", 0)? != 0;
     let reverse = node.attr_int("reverse", 0)? != 0;
-    one(x.running_sum(a as isize, exclusive, reverse)?)
+    one(x.running(op, a as isize, (exclusive, reverse))?)
 }
 
 /// The `k` (input 1, known when compiling; an attribute before opset 10)
