@@ -77,6 +77,61 @@ impl Tensor {
         self.unary(UnaryOp::Tanh)
     }
 
+    /// Sine (radians).
+    pub fn sin(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sin)
+    }
+
+    /// Cosine (radians).
+    pub fn cos(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Cos)
+    }
+
+    /// Tangent (radians).
+    pub fn tan(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tan)
+    }
+
+    /// Arcsine, in [-π/2, π/2]; NaN outside [-1, 1].
+    pub fn asin(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Asin)
+    }
+
+    /// Arccosine, in [0, π]; NaN outside [-1, 1].
+    pub fn acos(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Acos)
+    }
+
+    /// Arctangent, in (-π/2, π/2).
+    pub fn atan(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Atan)
+    }
+
+    /// Hyperbolic sine.
+    pub fn sinh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sinh)
+    }
+
+    /// Hyperbolic cosine.
+    pub fn cosh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Cosh)
+    }
+
+    /// Inverse hyperbolic sine.
+    pub fn asinh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Asinh)
+    }
+
+    /// Inverse hyperbolic cosine; NaN below 1.
+    pub fn acosh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Acosh)
+    }
+
+    /// Inverse hyperbolic tangent; NaN outside [-1, 1], infinite at ±1.
+    pub fn atanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Atanh)
+    }
+
     /// |x|
     pub fn abs(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Abs)

@@ -458,6 +458,17 @@ mod nvrtc {
                 UnaryOp::Recip,
                 UnaryOp::Sigmoid,
                 UnaryOp::Tanh,
+                UnaryOp::Sin,
+                UnaryOp::Cos,
+                UnaryOp::Tan,
+                UnaryOp::Asin,
+                UnaryOp::Acos,
+                UnaryOp::Atan,
+                UnaryOp::Sinh,
+                UnaryOp::Cosh,
+                UnaryOp::Asinh,
+                UnaryOp::Acosh,
+                UnaryOp::Atanh,
             ];
             for op in unaries {
                 if let Ok(z) = g.push(Op::Unary(op), &[x]) {

@@ -336,6 +336,37 @@ proptest! {
 /// Convolutions by both of their forms and pooling, differentiated through
 /// their windows: stride, dilation, padding on one side, groups, bias.
 #[test]
+fn trigonometric_and_hyperbolic_gradients_match_differences() {
+    let mut rng = Rng(23);
+    // Inside each domain, away from its edges and poles.
+    let signed = rng.fill(12, |r| r.signed(0.1, 1.2));
+    let inside = rng.fill(12, |r| r.signed(0.1, 0.8));
+    let above = rng.fill(12, |r| r.uniform(1.3, 3.0));
+    type Op = fn(&Tensor) -> Result<Tensor>;
+    let cases: [(&str, &[f32], Op); 11] = [
+        ("sin", &signed, Tensor::sin),
+        ("cos", &signed, Tensor::cos),
+        ("tan", &inside, Tensor::tan),
+        ("asin", &inside, Tensor::asin),
+        ("acos", &inside, Tensor::acos),
+        ("atan", &signed, Tensor::atan),
+        ("sinh", &signed, Tensor::sinh),
+        ("cosh", &signed, Tensor::cosh),
+        ("asinh", &signed, Tensor::asinh),
+        ("acosh", &above, Tensor::acosh),
+        ("atanh", &inside, Tensor::atanh),
+    ];
+    for (i, (name, values, op)) in cases.into_iter().enumerate() {
+        let result = check(&[(&[3, 4], values.to_vec())], i as u64, |t| op(&t[0]));
+        assert!(result.is_ok(), "{name}: {result:?}");
+        // And their second order, through the first's rule.
+        let loss = move |x: &Tensor| op(x)?.sum_all();
+        let result = check(&[(&[3, 4], values.to_vec())], i as u64, gradient_of(loss));
+        assert!(result.is_ok(), "{name}, second order: {result:?}");
+    }
+}
+
+#[test]
 fn convolution_and_pooling_match_differences() {
     let mut rng = Rng(19);
     let mut values = |n: usize| rng.fill(n, |r| r.uniform(-1.0, 1.0));

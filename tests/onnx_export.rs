@@ -309,7 +309,7 @@ fn bools(dims: &[usize], seed: u64) -> Result<Tensor> {
 fn unary_ops_round_trip() -> Result<()> {
     type Unary = fn(&Tensor) -> Result<Tensor>;
     let x = f32s(&[3, 5, 7], 1)?;
-    let f32_ops: [(&str, Unary); 10] = [
+    let f32_ops: [(&str, Unary); 21] = [
         ("Neg", Tensor::neg),
         ("Exp", Tensor::exp),
         // Negative inputs give NaN, which must read back as NaN.
@@ -321,6 +321,18 @@ fn unary_ops_round_trip() -> Result<()> {
         ("Tanh", Tensor::tanh),
         ("Abs", Tensor::abs),
         ("Identity", Tensor::detach),
+        // Outside their domains, NaN too.
+        ("Sin", Tensor::sin),
+        ("Cos", Tensor::cos),
+        ("Tan", Tensor::tan),
+        ("Asin", Tensor::asin),
+        ("Acos", Tensor::acos),
+        ("Atan", Tensor::atan),
+        ("Sinh", Tensor::sinh),
+        ("Cosh", Tensor::cosh),
+        ("Asinh", Tensor::asinh),
+        ("Acosh", Tensor::acosh),
+        ("Atanh", Tensor::atanh),
     ];
     for (op, u) in f32_ops {
         round_trip(op, op, std::slice::from_ref(&x), &|t| Ok(vec![u(&t[0])?]))?;

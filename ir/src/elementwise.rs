@@ -35,6 +35,28 @@ pub enum UnaryOp {
     Sigmoid,
     /// hyperbolic tangent
     Tanh,
+    /// sine
+    Sin,
+    /// cosine
+    Cos,
+    /// tangent
+    Tan,
+    /// arcsine; NaN outside [-1, 1]
+    Asin,
+    /// arccosine; NaN outside [-1, 1]
+    Acos,
+    /// arctangent
+    Atan,
+    /// hyperbolic sine
+    Sinh,
+    /// hyperbolic cosine
+    Cosh,
+    /// inverse hyperbolic sine
+    Asinh,
+    /// inverse hyperbolic cosine; NaN below 1
+    Acosh,
+    /// inverse hyperbolic tangent; NaN outside [-1, 1]
+    Atanh,
     /// |x|
     Abs,
     /// x itself, through which no gradient flows (JAX's `stop_gradient`,
@@ -100,6 +122,17 @@ impl UnaryOp {
             UnaryOp::Relu => "relu",
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Tanh => "tanh",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tan => "tan",
+            UnaryOp::Asin => "asin",
+            UnaryOp::Acos => "acos",
+            UnaryOp::Atan => "atan",
+            UnaryOp::Sinh => "sinh",
+            UnaryOp::Cosh => "cosh",
+            UnaryOp::Asinh => "asinh",
+            UnaryOp::Acosh => "acosh",
+            UnaryOp::Atanh => "atanh",
             UnaryOp::Abs => "abs",
             UnaryOp::Detach => "detach",
         }
@@ -118,7 +151,18 @@ impl UnaryOp {
             | UnaryOp::Sqrt
             | UnaryOp::Recip
             | UnaryOp::Sigmoid
-            | UnaryOp::Tanh => accept(dtype, FLOATS, "a float type"),
+            | UnaryOp::Tanh
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh => accept(dtype, FLOATS, "a float type"),
         }
     }
 

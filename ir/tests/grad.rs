@@ -198,7 +198,11 @@ fn grid_between(rng: &mut Rng) -> f32 {
 fn unary_case(seed: u64) -> Result<(), TestCaseError> {
     use UnaryOp::*;
     let mut c = Case::new(seed);
-    let op = [Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs][c.rng.below(9)];
+    let ops = [
+        Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs, Sin, Cos, Tan, Asin, Acos, Atan,
+        Sinh, Cosh, Asinh, Acosh, Atanh,
+    ];
+    let op = ops[c.rng.below(ops.len())];
     let rank = c.rng.below(4);
     let dims = c.dims(rank, false);
     let x = c.input(&dims, |rng| match op {
@@ -207,7 +211,12 @@ fn unary_case(seed: u64) -> Result<(), TestCaseError> {
         Relu | Abs => rng.signed(0.1, 3.0),
         // Detach is not drawn: its gradient is zero by definition, not the
         // slope a difference sees (`grad_rules.rs` checks it).
-        Neg | Exp | Sigmoid | Tanh | Detach => rng.uniform(-3.0, 3.0),
+        Neg | Exp | Sigmoid | Tanh | Sin | Cos | Atan | Sinh | Cosh | Asinh | Detach => {
+            rng.uniform(-3.0, 3.0)
+        }
+        Tan => rng.uniform(-1.2, 1.2),
+        Asin | Acos | Atanh => rng.uniform(-0.9, 0.9),
+        Acosh => rng.uniform(1.2, 3.0),
     });
     let mut y = c.push(Op::Unary(op), &[x]);
     if c.rng.below(2) == 0 {

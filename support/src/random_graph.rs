@@ -98,9 +98,11 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
             0 => {
                 use UnaryOp::*;
                 let ops: &[UnaryOp] = match mode {
-                    Mode::All => &[Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs],
+                    Mode::All => &[
+                        Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs, Sin, Atan,
+                    ],
                     Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
-                    Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs],
+                    Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs, Sin, Atan],
                 };
                 g.push(Op::Unary(ops[c.below(ops.len())]), &[x])
             }
@@ -359,9 +361,11 @@ fn wide(
     if wide == DType::F64 && c.below(2) == 0 {
         use UnaryOp::*;
         let ops: &[UnaryOp] = match mode {
-            Mode::All => &[Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs],
+            Mode::All => &[
+                Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs, Sin, Atan,
+            ],
             Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
-            Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs],
+            Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs, Sin, Atan],
         };
         y = g.push(Op::Unary(ops[c.below(ops.len())]), &[y])?;
     }

@@ -5,7 +5,7 @@
 //! (`has_lanes`).
 
 use kiln_ir::kernel::{Block, Expr};
-use kiln_ir::{BinaryOp, DType};
+use kiln_ir::{BinaryOp, DType, UnaryOp};
 
 use crate::nest::Access;
 
@@ -44,7 +44,8 @@ pub(crate) fn f32_arithmetic(block: &Block) -> bool {
 fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
     v.dtype == DType::F32
         && match &v.expr {
-            Expr::Load { .. } | Expr::Const(_) | Expr::Acc | Expr::Unary(..) => true,
+            Expr::Load { .. } | Expr::Const(_) | Expr::Acc => true,
+            Expr::Unary(op, _) => !called(*op),
             // `uniform` is f32 from i32 operands: lanes of i32, not f32.
             Expr::Binary(op, _, _) => {
                 !op.is_comparison() && !matches!(op, BinaryOp::Pow | BinaryOp::Uniform)
@@ -110,7 +111,7 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
         && match &v.expr {
             Expr::Load { .. } | Expr::Const(_) | Expr::Where(..) => true,
             Expr::Acc => v.dtype == DType::F32,
-            Expr::Unary(..) => matches!(v.dtype, DType::F32 | DType::I32),
+            Expr::Unary(op, _) => matches!(v.dtype, DType::F32 | DType::I32) && !called(*op),
             Expr::Binary(op, x, _) => match dtype_of(*x) {
                 DType::F32 => *op != BinaryOp::Pow,
                 DType::I32 => true,
@@ -127,4 +128,24 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
             // Only with its index hoisted (`vectorizable_hoisted`).
             Expr::Gather { .. } => false,
         }
+}
+
+/// Whether `op` has no vector form on the CPU: the trigonometric and
+/// hyperbolic functions (tanh aside) are a call per element, in f64 and
+/// rounded back, as the interpreter computes them.
+pub(crate) fn called(op: UnaryOp) -> bool {
+    matches!(
+        op,
+        UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh
+    )
 }

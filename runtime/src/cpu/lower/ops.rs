@@ -106,6 +106,23 @@ impl<'a> Emitter<'a> {
             UnaryOp::Log => self.math(lanes).log(x),
             UnaryOp::Tanh => self.math(lanes).tanh(x),
             UnaryOp::Sigmoid => self.math(lanes).sigmoid(x),
+            // One element (`loops::lanes::called` keeps these out of
+            // lanes), in f64 and rounded back.
+            UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh => {
+                let wide = self.b.ins().fpromote(types::F64, x);
+                let y = self.unary_f64(op, wide);
+                self.b.ins().fdemote(types::F32, y)
+            }
         }
     }
 
@@ -131,7 +148,22 @@ impl<'a> Emitter<'a> {
                 self.b.ins().select(keep, x, zero)
             }
             // The called ops returned above.
-            UnaryOp::Detach | UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid => x,
+            UnaryOp::Detach
+            | UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tan
+            | UnaryOp::Asin
+            | UnaryOp::Acos
+            | UnaryOp::Atan
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Asinh
+            | UnaryOp::Acosh
+            | UnaryOp::Atanh => x,
         }
     }
 
