@@ -1,6 +1,6 @@
 //! Reductions and bounds that PyTorch users reach for, as composites of
 //! graph ops (so they fuse and differentiate through their parts): `min`,
-//! `var`, `std`, `logsumexp`, `cumsum` and `clamp`.
+//! `var`, `std`, `logsumexp`, `cumsum`, `cumprod` and `clamp`.
 
 use kiln_ir::{DType, ReduceOp, Scalar};
 
@@ -89,8 +89,9 @@ impl Tensor {
         (exclusive, reverse): (bool, bool),
     ) -> Result<Tensor> {
         let name = match op {
+            ReduceOp::Sum => "cumsum",
             ReduceOp::Prod => "cumprod",
-            _ => "cumsum",
+            ReduceOp::Max => "cummax",
         };
         if !matches!(
             self.dtype(),

@@ -333,8 +333,7 @@ proptest! {
     }
 }
 
-/// Convolutions by both of their forms and pooling, differentiated through
-/// their windows: stride, dilation, padding on one side, groups, bias.
+/// The trigonometric and hyperbolic functions, inside their domains.
 #[test]
 fn trigonometric_and_hyperbolic_gradients_match_differences() {
     let mut rng = Rng(23);
@@ -366,6 +365,8 @@ fn trigonometric_and_hyperbolic_gradients_match_differences() {
     }
 }
 
+/// Convolutions by both of their forms and pooling, differentiated through
+/// their windows: stride, dilation, padding on one side, groups, bias.
 #[test]
 fn convolution_and_pooling_match_differences() {
     let mut rng = Rng(19);

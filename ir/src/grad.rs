@@ -76,6 +76,7 @@ use crate::view::SliceRange;
 
 mod gather;
 mod reduce;
+mod trig;
 
 /// Appends to `graph` the nodes that compute the gradient of `loss` with
 /// respect to each node of `wrt`, and returns them in order (of the shapes of
@@ -333,55 +334,17 @@ fn unary_rule(
             let slope = binary(g, Sub, one, yy)?;
             binary(g, Mul, dy, slope)
         }
-        UnaryOp::Sin => {
-            let slope = unary(g, UnaryOp::Cos, x)?;
-            binary(g, Mul, dy, slope)
-        }
-        UnaryOp::Cos => {
-            let sin = unary(g, UnaryOp::Sin, x)?;
-            let product = binary(g, Mul, dy, sin)?;
-            unary(g, UnaryOp::Neg, product)
-        }
-        UnaryOp::Tan => {
-            // 1 + tan²
-            let one = like(g, 1.0, y)?;
-            let yy = binary(g, Mul, y, y)?;
-            let slope = binary(g, BinaryOp::Add, one, yy)?;
-            binary(g, Mul, dy, slope)
-        }
-        UnaryOp::Sinh => {
-            let slope = unary(g, UnaryOp::Cosh, x)?;
-            binary(g, Mul, dy, slope)
-        }
-        UnaryOp::Cosh => {
-            let slope = unary(g, UnaryOp::Sinh, x)?;
-            binary(g, Mul, dy, slope)
-        }
-        // dy / sqrt(1 - x²), its negation, dy / (1 + x²), dy / sqrt(x² + 1),
-        // dy / sqrt(x² - 1), dy / (1 - x²).
-        UnaryOp::Asin
+        UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Tan
+        | UnaryOp::Asin
         | UnaryOp::Acos
         | UnaryOp::Atan
+        | UnaryOp::Sinh
+        | UnaryOp::Cosh
         | UnaryOp::Asinh
         | UnaryOp::Acosh
-        | UnaryOp::Atanh => {
-            let one = like(g, 1.0, x)?;
-            let xx = binary(g, Mul, x, x)?;
-            let base = match op {
-                UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atanh => binary(g, Sub, one, xx)?,
-                UnaryOp::Acosh => binary(g, Sub, xx, one)?,
-                _ => binary(g, BinaryOp::Add, xx, one)?,
-            };
-            let slope = match op {
-                UnaryOp::Atan | UnaryOp::Atanh => base,
-                _ => unary(g, UnaryOp::Sqrt, base)?,
-            };
-            let dx = binary(g, Div, dy, slope)?;
-            match op {
-                UnaryOp::Acos => unary(g, UnaryOp::Neg, dx),
-                _ => Ok(dx),
-            }
-        }
+        | UnaryOp::Atanh => trig::rule(g, op, [x, y, dy]),
         UnaryOp::Abs => {
             // sign(x) = (x > 0) - (x < 0): 0 at 0; NaN at NaN, as JAX's and
             // PyTorch's sign, so that a NaN input shows in its gradient.

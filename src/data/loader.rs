@@ -12,7 +12,9 @@
 //!   batch order. Once an epoch has asked for its last batch, the workers
 //!   read on into the first batches of the next epoch, which an `epoch`
 //!   call for it from its start takes up, so that its first batch does not
-//!   wait for a worker to start (any other call drops them).
+//!   wait for a worker to start. Any other call drops them: workers skip
+//!   the jobs of epochs no longer wanted (`Live`), and batches read for
+//!   them go back to the pool.
 //! - Workers run at the lowest scheduling priority (nice 19 on Linux):
 //!   where the compiled graph keeps every core busy, it preempts them, and
 //!   they read ahead in the time it leaves. Dropping the loader closes the
@@ -28,6 +30,7 @@
 //!   file) or is left out and counted (`OnError::Skip`).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -170,6 +173,8 @@ pub struct DataLoader {
     workers: Vec<JoinHandle<()>>,
     /// The tag of the current epoch's jobs.
     generation: u64,
+    /// The tags whose jobs workers still read.
+    live: Arc<Live>,
     /// The last tag given out.
     tags: u64,
     /// The next epoch's first batches, asked for while the last ended.
@@ -186,6 +191,27 @@ struct Ahead {
     batches: Vec<Vec<usize>>,
     dispatched: usize,
     ready: BTreeMap<usize, Result<Batch, DataError>>,
+}
+
+/// The tags of the jobs still wanted, the current epoch's and the one read
+/// ahead (0: none); a worker skips any other job, so that a dropped epoch
+/// or a wrong guess does not delay the next epoch's first batch.
+#[derive(Default)]
+struct Live {
+    current: AtomicU64,
+    ahead: AtomicU64,
+}
+
+impl Live {
+    fn wants(&self, generation: u64) -> bool {
+        generation == self.current.load(Ordering::Acquire)
+            || generation == self.ahead.load(Ordering::Acquire)
+    }
+
+    fn set(&self, current: u64, ahead: u64) {
+        self.current.store(current, Ordering::Release);
+        self.ahead.store(ahead, Ordering::Release);
+    }
 }
 
 /// Per field, buffers handed back by the consumer for the next batches to fill.
@@ -207,10 +233,11 @@ impl DataLoader {
         let (done_tx, done) = channel::<Done>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let pool: Pool = Arc::new(Mutex::new(vec![Vec::new(); dataset.fields().len()]));
+        let live = Arc::new(Live::default());
         let workers = (0..options.workers)
             .map(|_| {
                 let (jobs, done, dataset) = (jobs_rx.clone(), done_tx.clone(), dataset.clone());
-                let pool = pool.clone();
+                let (pool, live) = (pool.clone(), live.clone());
                 let on_error = options.on_error;
                 std::thread::spawn(move || {
                     // Best effort: at the default priority the loader still works.
@@ -218,6 +245,9 @@ impl DataLoader {
                         thread_priority::ThreadPriority::Min,
                     );
                     while let Some(job) = next_job(&jobs) {
+                        if !live.wants(job.generation) {
+                            continue;
+                        }
                         let finished = run(dataset.as_ref(), on_error, &pool, job);
                         if done.send(finished).is_err() {
                             return;
@@ -234,6 +264,7 @@ impl DataLoader {
             done_tx,
             workers,
             generation: 0,
+            live,
             tags: 0,
             ahead: None,
             counters: Counters::default(),
@@ -273,11 +304,14 @@ impl DataLoader {
     }
 
     /// The batches of `epoch` from batch `start` on: resuming an epoch that
-    /// stopped after `start` batches.
+    /// stopped after `start` batches. From its start, an epoch takes up
+    /// the batches read ahead for it while the last one ended; any other
+    /// call drops them.
     pub fn epoch_from(&mut self, epoch: u64, start: usize) -> Epoch<'_> {
         // The first batches read ahead for this epoch are taken up.
         if let Some(ahead) = self.ahead.take_if(|a| a.epoch == epoch && start == 0) {
             self.generation = ahead.generation;
+            self.live.set(self.generation, 0);
             return Epoch {
                 loader: self,
                 epoch,
@@ -289,8 +323,15 @@ impl DataLoader {
         }
         // Results of an abandoned epoch still in flight, or of batches read
         // ahead for another, are recognized and dropped.
-        self.ahead = None;
+        if let Some(dropped) = self.ahead.take() {
+            dropped
+                .ready
+                .into_values()
+                .flatten()
+                .for_each(|b| self.recycle(b));
+        }
         self.generation = self.tag();
+        self.live.set(self.generation, 0);
         let batches = self.batches(epoch);
         let next = start.min(batches.len());
         Epoch {
@@ -378,6 +419,7 @@ impl Drop for DataLoader {
     /// Closes the job channel and joins the workers, which exit after the
     /// batch they are reading.
     fn drop(&mut self) {
+        self.live.set(0, 0);
         self.jobs = None;
         for worker in self.workers.drain(..) {
             // A worker that panicked has already reported it as a batch error.
@@ -430,14 +472,18 @@ impl Iterator for Epoch<'_> {
                     self.loader.counters.latencies.push(d.latency);
                     self.ready.insert(d.index, d.batch);
                 }
-                Ok(d) => {
-                    if let Some(ahead) = &mut self.loader.ahead
-                        && ahead.generation == d.generation
-                    {
+                Ok(d) => match &mut self.loader.ahead {
+                    Some(ahead) if ahead.generation == d.generation => {
                         self.loader.counters.latencies.push(d.latency);
                         ahead.ready.insert(d.index, d.batch);
                     }
-                }
+                    // A dropped epoch's batch: its buffers go back to the pool.
+                    _ => {
+                        if let Ok(b) = d.batch {
+                            self.loader.recycle(b);
+                        }
+                    }
+                },
                 // The loader holds a sender itself, so the channel cannot close.
                 Err(_) => return None,
             }
@@ -467,9 +513,11 @@ impl Epoch<'_> {
             let Some(epoch) = self.epoch.checked_add(1) else {
                 return;
             };
+            let generation = loader.tag();
+            loader.live.set(loader.generation, generation);
             loader.ahead = Some(Ahead {
                 epoch,
-                generation: loader.tag(),
+                generation,
                 batches: loader.batches(epoch),
                 dispatched: 0,
                 ready: BTreeMap::new(),

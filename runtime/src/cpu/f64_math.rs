@@ -3,8 +3,8 @@
 //! so f64 values go through Rust's own functions, computed as the
 //! interpreter computes them. So do f32 values of the trigonometric and
 //! hyperbolic functions `math` has no polynomial for
-//! (`loops::lanes::called`),
-//! widened and rounded back, as the interpreter rounds them.
+//! (`loops::lanes::called`), widened and rounded back, as the interpreter
+//! rounds them.
 
 use kiln_ir::UnaryOp;
 

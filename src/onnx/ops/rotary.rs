@@ -18,11 +18,14 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
 fn rotary(node: &Node) -> Result<Vec<Value>> {
     let input = node.tensor(0)?;
     let shape = input.dims().to_vec();
+    let heads = usize::try_from(node.attr_int("num_heads", 0)?).unwrap_or(0);
     // As [batch, sequence, heads, head size].
     let x = match shape.len() {
-        4 => input.permute(&[0, 2, 1, 3])?,
+        4 if heads == 0 || heads == shape[1] => input.permute(&[0, 2, 1, 3])?,
+        4 => {
+            return Err(node.invalid(format!("num_heads {heads} for input {}", input.shape())));
+        }
         3 => {
-            let heads = usize::try_from(node.attr_int("num_heads", 0)?).unwrap_or(0);
             if heads == 0 || !shape[2].is_multiple_of(heads) {
                 return Err(node.invalid(format!(
                     "input {} of 3 axes needs num_heads dividing its last",
@@ -48,11 +51,17 @@ fn rotary(node: &Node) -> Result<Vec<Value>> {
     // Each cache as [batch, sequence, 1, half], its rows picked by position.
     let positions = node.opt_tensor(3)?;
     let angles = |cache: Tensor| -> Result<Tensor> {
-        let cache = match &positions {
-            Some(ids) if cache.rank() == 2 => cache
+        let cache = match (&positions, cache.rank()) {
+            (Some(ids), 2) => cache
                 .index_select(0, &ids.reshape([batch * sequence])?)?
                 .reshape([batch, sequence, cache.dims()[1]])?,
-            _ => cache,
+            (None, 3) => cache,
+            _ => {
+                return Err(node.invalid(format!(
+                    "a cache of {} (2 axes with position_ids, else 3)",
+                    cache.shape()
+                )));
+            }
         };
         if cache.dims() != [batch, sequence, half] {
             return Err(node.invalid(format!(

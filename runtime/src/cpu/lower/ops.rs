@@ -5,7 +5,9 @@
 //! The 64-bit types (i64, f64) run one element at a time: x86-64 vectors
 //! are 128 bits, two 64-bit lanes, and correctness comes first. f64's
 //! transcendentals and `pow` are calls of Rust's f64 functions
-//! (`cpu::f64_math`), never `math`'s f32 polynomials.
+//! (`cpu::f64_math`), never `math`'s f32 polynomials; so are f32's
+//! trigonometric and hyperbolic functions (tanh aside), widened and rounded
+//! back, one element at a time.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
