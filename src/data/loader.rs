@@ -30,7 +30,6 @@
 //!   file) or is left out and counted (`OnError::Skip`).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -41,8 +40,10 @@ use kiln_ir::{DType, Data, DataRef, OutOfMemory};
 use super::{DataError, Dataset, Mapped};
 use crate::rng::SplitMix64;
 
+mod ahead;
 mod on_device;
 
+use ahead::{Ahead, Live};
 pub use on_device::OnDevice;
 
 /// What to do with an item that cannot be read.
@@ -181,37 +182,6 @@ pub struct DataLoader {
     ahead: Option<Ahead>,
     counters: Counters,
     pool: Pool,
-}
-
-/// The batches of the epoch after the last one run, the first of them
-/// asked for while it ended (`Epoch::read_ahead`).
-struct Ahead {
-    epoch: u64,
-    generation: u64,
-    batches: Vec<Vec<usize>>,
-    dispatched: usize,
-    ready: BTreeMap<usize, Result<Batch, DataError>>,
-}
-
-/// The tags of the jobs still wanted, the current epoch's and the one read
-/// ahead (0: none); a worker skips any other job, so that a dropped epoch
-/// or a wrong guess does not delay the next epoch's first batch.
-#[derive(Default)]
-struct Live {
-    current: AtomicU64,
-    ahead: AtomicU64,
-}
-
-impl Live {
-    fn wants(&self, generation: u64) -> bool {
-        generation == self.current.load(Ordering::Acquire)
-            || generation == self.ahead.load(Ordering::Acquire)
-    }
-
-    fn set(&self, current: u64, ahead: u64) {
-        self.current.store(current, Ordering::Release);
-        self.ahead.store(ahead, Ordering::Release);
-    }
 }
 
 /// Per field, buffers handed back by the consumer for the next batches to fill.
@@ -495,45 +465,6 @@ impl Iterator for Epoch<'_> {
         }
         self.delivered += 1;
         Some(batch)
-    }
-}
-
-impl Epoch<'_> {
-    /// Once every batch of this epoch is asked for, the first batches of
-    /// the next epoch, within the `prefetch` batches in flight: workers
-    /// read them while this epoch's last batches are used. Not without
-    /// workers, where reading ahead would only delay this epoch's batches.
-    fn read_ahead(&mut self, prefetch: usize) {
-        let loader = &mut *self.loader;
-        if self.dispatched < self.batches.len() || loader.workers.is_empty() {
-            return;
-        }
-        if loader.ahead.is_none() {
-            // The loader's guess: the epoch after this one.
-            let Some(epoch) = self.epoch.checked_add(1) else {
-                return;
-            };
-            let generation = loader.tag();
-            loader.live.set(loader.generation, generation);
-            loader.ahead = Some(Ahead {
-                epoch,
-                generation,
-                batches: loader.batches(epoch),
-                dispatched: 0,
-                ready: BTreeMap::new(),
-            });
-        }
-        let in_flight = self.dispatched - self.delivered;
-        while let Some(ahead) = loader.ahead.as_mut()
-            && ahead.dispatched < ahead.batches.len()
-            && in_flight + ahead.dispatched < prefetch
-        {
-            let index = ahead.dispatched;
-            let items = std::mem::take(&mut ahead.batches[index]);
-            ahead.dispatched += 1;
-            let generation = ahead.generation;
-            loader.dispatch(generation, index, items);
-        }
     }
 }
 
