@@ -3,7 +3,7 @@
 //! batches with broadcast batch dimensions. Each method records IR ops; the
 //! IR itself stays explicit (equal shapes, size-1 reduced axes).
 
-use kiln_ir::{BinaryOp, DType, Op, ReduceOp, Scalar, Shape, SliceRange, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Op, ReduceOp, Scalar, Shape, SliceRange, TrigOp, UnaryOp};
 use smallvec::SmallVec;
 
 use crate::{Error, Result, Tensor};
@@ -79,57 +79,57 @@ impl Tensor {
 
     /// Sine (radians).
     pub fn sin(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sin)
+        self.unary(UnaryOp::Trig(TrigOp::Sin))
     }
 
     /// Cosine (radians).
     pub fn cos(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Cos)
+        self.unary(UnaryOp::Trig(TrigOp::Cos))
     }
 
     /// Tangent (radians).
     pub fn tan(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Tan)
+        self.unary(UnaryOp::Trig(TrigOp::Tan))
     }
 
     /// Arcsine, in [-π/2, π/2]; NaN outside [-1, 1].
     pub fn asin(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Asin)
+        self.unary(UnaryOp::Trig(TrigOp::Asin))
     }
 
     /// Arccosine, in [0, π]; NaN outside [-1, 1].
     pub fn acos(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Acos)
+        self.unary(UnaryOp::Trig(TrigOp::Acos))
     }
 
     /// Arctangent, in (-π/2, π/2).
     pub fn atan(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Atan)
+        self.unary(UnaryOp::Trig(TrigOp::Atan))
     }
 
     /// Hyperbolic sine.
     pub fn sinh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sinh)
+        self.unary(UnaryOp::Trig(TrigOp::Sinh))
     }
 
     /// Hyperbolic cosine.
     pub fn cosh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Cosh)
+        self.unary(UnaryOp::Trig(TrigOp::Cosh))
     }
 
     /// Inverse hyperbolic sine.
     pub fn asinh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Asinh)
+        self.unary(UnaryOp::Trig(TrigOp::Asinh))
     }
 
     /// Inverse hyperbolic cosine; NaN below 1.
     pub fn acosh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Acosh)
+        self.unary(UnaryOp::Trig(TrigOp::Acosh))
     }
 
     /// Inverse hyperbolic tangent; NaN outside [-1, 1], infinite at ±1.
     pub fn atanh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Atanh)
+        self.unary(UnaryOp::Trig(TrigOp::Atanh))
     }
 
     /// |x|

@@ -423,7 +423,7 @@ mod nvrtc {
     /// Graphs of every op kiln types for i64 and f64, of products of f32,
     /// i32 and u8, and of casts between every pair of dtypes.
     fn wide_graphs() -> kiln::Result<Vec<kiln_ir::Graph>> {
-        use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
+        use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, TrigOp, UnaryOp};
         let dtypes = DType::ALL;
         let mut graphs = Vec::new();
         for wide in [DType::I64, DType::F64] {
@@ -458,19 +458,8 @@ mod nvrtc {
                 UnaryOp::Recip,
                 UnaryOp::Sigmoid,
                 UnaryOp::Tanh,
-                UnaryOp::Sin,
-                UnaryOp::Cos,
-                UnaryOp::Tan,
-                UnaryOp::Asin,
-                UnaryOp::Acos,
-                UnaryOp::Atan,
-                UnaryOp::Sinh,
-                UnaryOp::Cosh,
-                UnaryOp::Asinh,
-                UnaryOp::Acosh,
-                UnaryOp::Atanh,
             ];
-            for op in unaries {
+            for op in unaries.into_iter().chain(TrigOp::ALL.map(UnaryOp::Trig)) {
                 if let Ok(z) = g.push(Op::Unary(op), &[x]) {
                     outputs.push(z);
                 }

@@ -35,6 +35,18 @@ pub enum UnaryOp {
     Sigmoid,
     /// hyperbolic tangent
     Tanh,
+    /// a trigonometric or hyperbolic function (tanh aside)
+    Trig(TrigOp),
+    /// |x|
+    Abs,
+    /// x itself, through which no gradient flows (JAX's `stop_gradient`,
+    /// PyTorch's `detach`); `simplify` removes it before fusion.
+    Detach,
+}
+
+/// The trigonometric and hyperbolic functions (tanh aside), of floats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrigOp {
     /// sine
     Sin,
     /// cosine
@@ -57,11 +69,58 @@ pub enum UnaryOp {
     Acosh,
     /// inverse hyperbolic tangent; NaN outside [-1, 1]
     Atanh,
-    /// |x|
-    Abs,
-    /// x itself, through which no gradient flows (JAX's `stop_gradient`,
-    /// PyTorch's `detach`); `simplify` removes it before fusion.
-    Detach,
+}
+
+impl TrigOp {
+    /// Every one, in order.
+    pub const ALL: [TrigOp; 11] = [
+        TrigOp::Sin,
+        TrigOp::Cos,
+        TrigOp::Tan,
+        TrigOp::Asin,
+        TrigOp::Acos,
+        TrigOp::Atan,
+        TrigOp::Sinh,
+        TrigOp::Cosh,
+        TrigOp::Asinh,
+        TrigOp::Acosh,
+        TrigOp::Atanh,
+    ];
+
+    /// The name in printed IR and errors, and C's (with `f` for f32).
+    pub fn name(self) -> &'static str {
+        match self {
+            TrigOp::Sin => "sin",
+            TrigOp::Cos => "cos",
+            TrigOp::Tan => "tan",
+            TrigOp::Asin => "asin",
+            TrigOp::Acos => "acos",
+            TrigOp::Atan => "atan",
+            TrigOp::Sinh => "sinh",
+            TrigOp::Cosh => "cosh",
+            TrigOp::Asinh => "asinh",
+            TrigOp::Acosh => "acosh",
+            TrigOp::Atanh => "atanh",
+        }
+    }
+
+    /// Its value at `x`, in f64: how the interpreter computes every float
+    /// type.
+    pub fn eval(self, x: f64) -> f64 {
+        match self {
+            TrigOp::Sin => x.sin(),
+            TrigOp::Cos => x.cos(),
+            TrigOp::Tan => x.tan(),
+            TrigOp::Asin => x.asin(),
+            TrigOp::Acos => x.acos(),
+            TrigOp::Atan => x.atan(),
+            TrigOp::Sinh => x.sinh(),
+            TrigOp::Cosh => x.cosh(),
+            TrigOp::Asinh => x.asinh(),
+            TrigOp::Acosh => x.acosh(),
+            TrigOp::Atanh => x.atanh(),
+        }
+    }
 }
 
 /// Elementwise ops of two operands of the same shape and dtype.
@@ -122,17 +181,7 @@ impl UnaryOp {
             UnaryOp::Relu => "relu",
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Tanh => "tanh",
-            UnaryOp::Sin => "sin",
-            UnaryOp::Cos => "cos",
-            UnaryOp::Tan => "tan",
-            UnaryOp::Asin => "asin",
-            UnaryOp::Acos => "acos",
-            UnaryOp::Atan => "atan",
-            UnaryOp::Sinh => "sinh",
-            UnaryOp::Cosh => "cosh",
-            UnaryOp::Asinh => "asinh",
-            UnaryOp::Acosh => "acosh",
-            UnaryOp::Atanh => "atanh",
+            UnaryOp::Trig(t) => t.name(),
             UnaryOp::Abs => "abs",
             UnaryOp::Detach => "detach",
         }
@@ -152,17 +201,7 @@ impl UnaryOp {
             | UnaryOp::Recip
             | UnaryOp::Sigmoid
             | UnaryOp::Tanh
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Tan
-            | UnaryOp::Asin
-            | UnaryOp::Acos
-            | UnaryOp::Atan
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Asinh
-            | UnaryOp::Acosh
-            | UnaryOp::Atanh => accept(dtype, FLOATS, "a float type"),
+            | UnaryOp::Trig(_) => accept(dtype, FLOATS, "a float type"),
         }
     }
 

@@ -334,17 +334,7 @@ fn unary_rule(
             let slope = binary(g, Sub, one, yy)?;
             binary(g, Mul, dy, slope)
         }
-        UnaryOp::Sin
-        | UnaryOp::Cos
-        | UnaryOp::Tan
-        | UnaryOp::Asin
-        | UnaryOp::Acos
-        | UnaryOp::Atan
-        | UnaryOp::Sinh
-        | UnaryOp::Cosh
-        | UnaryOp::Asinh
-        | UnaryOp::Acosh
-        | UnaryOp::Atanh => trig::rule(g, op, [x, y, dy]),
+        UnaryOp::Trig(t) => trig::rule(g, t, [x, y, dy]),
         UnaryOp::Abs => {
             // sign(x) = (x > 0) - (x < 0): 0 at 0; NaN at NaN, as JAX's and
             // PyTorch's sign, so that a NaN input shows in its gradient.

@@ -231,17 +231,7 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
             | UnaryOp::Recip
             | UnaryOp::Sigmoid
             | UnaryOp::Tanh
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Tan
-            | UnaryOp::Asin
-            | UnaryOp::Acos
-            | UnaryOp::Atan
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Asinh
-            | UnaryOp::Acosh
-            | UnaryOp::Atanh => v as f64,
+            | UnaryOp::Trig(_) => v as f64,
         },
     };
     let r = match op {
@@ -259,17 +249,7 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
         }
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
         UnaryOp::Tanh => v.tanh(),
-        UnaryOp::Sin => v.sin(),
-        UnaryOp::Cos => v.cos(),
-        UnaryOp::Tan => v.tan(),
-        UnaryOp::Asin => v.asin(),
-        UnaryOp::Acos => v.acos(),
-        UnaryOp::Atan => v.atan(),
-        UnaryOp::Sinh => v.sinh(),
-        UnaryOp::Cosh => v.cosh(),
-        UnaryOp::Asinh => v.asinh(),
-        UnaryOp::Acosh => v.acosh(),
-        UnaryOp::Atanh => v.atanh(),
+        UnaryOp::Trig(t) => t.eval(v),
         UnaryOp::Abs => v.abs(),
         UnaryOp::Detach => v,
     };

@@ -22,7 +22,7 @@ pub mod types;
 pub mod verify;
 pub mod view;
 
-pub use elementwise::{BinaryOp, ReduceOp, UnaryOp};
+pub use elementwise::{BinaryOp, ReduceOp, TrigOp, UnaryOp};
 pub use error::Error;
 pub use grad::grad;
 pub use graph::{Graph, Node, NodeId};

@@ -24,7 +24,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kiln_ir::{BinaryOp, DType, Data, Graph, Op, ReduceOp, Scalar, TensorType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, Data, Graph, Op, ReduceOp, Scalar, TensorType, TrigOp, UnaryOp};
 
 use super::OnnxError;
 use super::proto::{
@@ -447,20 +447,27 @@ fn unary(op: UnaryOp) -> &'static str {
         UnaryOp::Relu => "Relu",
         UnaryOp::Sigmoid => "Sigmoid",
         UnaryOp::Tanh => "Tanh",
-        UnaryOp::Sin => "Sin",
-        UnaryOp::Cos => "Cos",
-        UnaryOp::Tan => "Tan",
-        UnaryOp::Asin => "Asin",
-        UnaryOp::Acos => "Acos",
-        UnaryOp::Atan => "Atan",
-        UnaryOp::Sinh => "Sinh",
-        UnaryOp::Cosh => "Cosh",
-        UnaryOp::Asinh => "Asinh",
-        UnaryOp::Acosh => "Acosh",
-        UnaryOp::Atanh => "Atanh",
+        UnaryOp::Trig(t) => trig(t),
         UnaryOp::Abs => "Abs",
         // Only gradients see a detach; the value passes unchanged.
         UnaryOp::Detach => "Identity",
+    }
+}
+
+/// The ONNX op of a trigonometric or hyperbolic function.
+fn trig(op: TrigOp) -> &'static str {
+    match op {
+        TrigOp::Sin => "Sin",
+        TrigOp::Cos => "Cos",
+        TrigOp::Tan => "Tan",
+        TrigOp::Asin => "Asin",
+        TrigOp::Acos => "Acos",
+        TrigOp::Atan => "Atan",
+        TrigOp::Sinh => "Sinh",
+        TrigOp::Cosh => "Cosh",
+        TrigOp::Asinh => "Asinh",
+        TrigOp::Acosh => "Acosh",
+        TrigOp::Atanh => "Atanh",
     }
 }
 

@@ -12,7 +12,7 @@
 
 use kiln_ir::{
     BinaryOp, DType, Data, Graph, NodeId, Op, ReduceOp, Scalar, Shape, SliceRange, TensorType,
-    UnaryOp,
+    TrigOp, UnaryOp,
 };
 use smallvec::SmallVec;
 
@@ -99,10 +99,30 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 use UnaryOp::*;
                 let ops: &[UnaryOp] = match mode {
                     Mode::All => &[
-                        Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs, Sin, Atan,
+                        Neg,
+                        Exp,
+                        Log,
+                        Sqrt,
+                        Recip,
+                        Relu,
+                        Sigmoid,
+                        Tanh,
+                        Abs,
+                        Trig(TrigOp::Sin),
+                        Trig(TrigOp::Atan),
                     ],
                     Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
-                    Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs, Sin, Atan],
+                    Mode::Continuous => &[
+                        Neg,
+                        Exp,
+                        Sqrt,
+                        Relu,
+                        Sigmoid,
+                        Tanh,
+                        Abs,
+                        Trig(TrigOp::Sin),
+                        Trig(TrigOp::Atan),
+                    ],
                 };
                 g.push(Op::Unary(ops[c.below(ops.len())]), &[x])
             }
@@ -362,10 +382,30 @@ fn wide(
         use UnaryOp::*;
         let ops: &[UnaryOp] = match mode {
             Mode::All => &[
-                Neg, Exp, Log, Sqrt, Recip, Relu, Sigmoid, Tanh, Abs, Sin, Atan,
+                Neg,
+                Exp,
+                Log,
+                Sqrt,
+                Recip,
+                Relu,
+                Sigmoid,
+                Tanh,
+                Abs,
+                Trig(TrigOp::Sin),
+                Trig(TrigOp::Atan),
             ],
             Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
-            Mode::Continuous => &[Neg, Exp, Sqrt, Relu, Sigmoid, Tanh, Abs, Sin, Atan],
+            Mode::Continuous => &[
+                Neg,
+                Exp,
+                Sqrt,
+                Relu,
+                Sigmoid,
+                Tanh,
+                Abs,
+                Trig(TrigOp::Sin),
+                Trig(TrigOp::Atan),
+            ],
         };
         y = g.push(Op::Unary(ops[c.below(ops.len())]), &[y])?;
     }

@@ -134,18 +134,5 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
 /// hyperbolic functions (tanh aside) are a call per element, in f64 and
 /// rounded back, as the interpreter computes them.
 pub(crate) fn called(op: UnaryOp) -> bool {
-    matches!(
-        op,
-        UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Tan
-            | UnaryOp::Asin
-            | UnaryOp::Acos
-            | UnaryOp::Atan
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Asinh
-            | UnaryOp::Acosh
-            | UnaryOp::Atanh
-    )
+    matches!(op, UnaryOp::Trig(_))
 }

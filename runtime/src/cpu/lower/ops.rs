@@ -110,17 +110,7 @@ impl<'a> Emitter<'a> {
             UnaryOp::Sigmoid => self.math(lanes).sigmoid(x),
             // One element (`loops::lanes::called` keeps these out of
             // lanes), in f64 and rounded back.
-            UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Tan
-            | UnaryOp::Asin
-            | UnaryOp::Acos
-            | UnaryOp::Atan
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Asinh
-            | UnaryOp::Acosh
-            | UnaryOp::Atanh => {
+            UnaryOp::Trig(_) => {
                 let wide = self.b.ins().fpromote(types::F64, x);
                 let y = self.unary_f64(op, wide);
                 self.b.ins().fdemote(types::F32, y)
@@ -155,17 +145,7 @@ impl<'a> Emitter<'a> {
             | UnaryOp::Log
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Tan
-            | UnaryOp::Asin
-            | UnaryOp::Acos
-            | UnaryOp::Atan
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Asinh
-            | UnaryOp::Acosh
-            | UnaryOp::Atanh => x,
+            | UnaryOp::Trig(_) => x,
         }
     }
 
