@@ -23,12 +23,13 @@
 //!   what a backend has copied.
 //!
 //! `unsafe` is confined to where machine code is made and called (the CPU
-//! backend's JIT and its GEMM cores) and to the CUDA libraries and
-//! device memory; each module that holds it says so in its doc.
+//! backend's JIT, `cpu::jit`) and to the CUDA libraries and device memory;
+//! each module that holds it says so in its doc. The machine kernels the
+//! CPU backend calls (GEMM cores, row functions, the thread team) are
+//! `kiln_machine`'s, behind its safe API.
 //!
 //! No function here takes more than six parameters or runs over 120 lines
-//! (`clippy.toml`), but the GEMM cores', whose arguments are the BLAS
-//! interface.
+//! (`clippy.toml`).
 
 #![warn(clippy::too_many_lines)]
 
@@ -62,10 +63,10 @@ pub enum Error {
     /// failed.
     #[error("cuda: {0}")]
     Cuda(String),
-    /// An environment variable kiln reads holds a value it cannot honour
-    /// (`KILN_CPU_ISA` naming no GEMM path, or one the CPU lacks).
-    #[error("environment: {0}")]
-    Environment(String),
+    /// A machine kernel refused its operands, or `KILN_CPU_ISA` names no
+    /// path or one the CPU lacks.
+    #[error(transparent)]
+    Machine(#[from] kiln_machine::Error),
     /// A kernel was launched with buffers that do not fit it: a runtime bug.
     #[error("launch: {0}")]
     Launch(String),

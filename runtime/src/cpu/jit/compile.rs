@@ -15,11 +15,12 @@ use cranelift_module::{Linkage, Module, default_libcall_names};
 use kiln_ir::kernel::{Block, Kernel, KernelKind};
 use kiln_ir::{NodeId, Shape};
 
+#[cfg(target_arch = "x86_64")]
+use kiln_machine::rows;
+
 use crate::Error;
 use crate::cpu::f64_math;
 use crate::cpu::lower::{self, RowRange};
-#[cfg(target_arch = "x86_64")]
-use crate::cpu::{exp_row, gemm, row_ops};
 use crate::matmul::{self, Plan, PlanOperand, Source, Target};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
@@ -40,28 +41,24 @@ fn host_address(name: &str) -> Option<*const u8> {
         lower::Host::PowD => f64_math::kiln_powd as *const u8,
         lower::Host::UnaryF64 => f64_math::kiln_unary_f64 as *const u8,
         #[cfg(target_arch = "x86_64")]
-        lower::Host::ExpSum => exp_row::kiln_exp_sum as *const u8,
+        lower::Host::ExpSum => rows::kiln_exp_sum as *const u8,
         #[cfg(target_arch = "x86_64")]
-        lower::Host::MaxRow => row_ops::kiln_max_row as *const u8,
+        lower::Host::MaxRow => rows::kiln_max_row as *const u8,
         #[cfg(target_arch = "x86_64")]
-        lower::Host::SumRow => row_ops::kiln_sum_row as *const u8,
+        lower::Host::SumRow => rows::kiln_sum_row as *const u8,
         #[cfg(target_arch = "x86_64")]
-        lower::Host::ScaleRow => row_ops::kiln_scale_row as *const u8,
+        lower::Host::ScaleRow => rows::kiln_scale_row as *const u8,
         // Called only where `row_calls` holds.
         #[cfg(not(target_arch = "x86_64"))]
         _ => return None,
     })
 }
 
-/// Whether generated code calls the 256-bit row functions (`exp_row`,
-/// `row_ops`): where the CPU has AVX2 and FMA, unless `KILN_CPU_ISA` is
-/// `generic`, which keeps every row in the generated code.
+/// Whether generated code calls the 256-bit row functions
+/// (`kiln_machine::rows`): where the CPU has AVX2 and FMA, unless
+/// `KILN_CPU_ISA` is `generic`, which keeps every row in the generated code.
 fn row_calls() -> Result<bool, Error> {
-    #[cfg(target_arch = "x86_64")]
-    if gemm::isa()? != gemm::Isa::Generic && exp_row::available() {
-        return Ok(true);
-    }
-    Ok(false)
+    Ok(kiln_machine::isa()?.row_calls())
 }
 
 /// The host's ISA with kiln's settings, made once.
@@ -217,10 +214,11 @@ impl CompiledKernel {
 #[cfg(test)]
 mod tests {
     use kiln_ir::pass::{Options, optimize};
-    use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, TensorType, UnaryOp};
+    use kiln_ir::{BinaryOp, DType, Data, DataRef, Graph, Op, ReduceOp, TensorType, UnaryOp};
     use smallvec::SmallVec;
 
     use super::*;
+    use crate::cpu::jit::Buffer;
 
     /// The CLIF of `f`'s one kernel, `f` making the output of a graph of
     /// two f32 inputs of shape `dims`.
@@ -305,5 +303,95 @@ mod tests {
             reduce(ReduceOp::Sum, &[0])(g, e, y)
         };
         assert_eq!(imports(sum_exp), usize::from(row_calls().unwrap()));
+    }
+
+    /// Every 97th f32 bit pattern of each sign (the whole range, subnormals
+    /// included) and the special values.
+    fn values() -> Vec<f32> {
+        let mut values: Vec<f32> = (0..u32::MAX / 97)
+            .map(|k| f32::from_bits(k.wrapping_mul(97)))
+            .filter(|v| v.is_finite())
+            .collect();
+        values.extend([
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ]);
+        values
+    }
+
+    /// `Math::exp` of each value, by an elementwise kernel.
+    fn generated_exp(values: &[f32]) -> Vec<f32> {
+        let mut g = Graph::new("g");
+        let ty = TensorType::new(DType::F32, Shape::new(&[values.len()]));
+        let x = g.input(ty);
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        g.outputs.push(e);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let launch = &optimized.schedule.launches[0];
+        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            panic!("the launch is a kernel")
+        };
+        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let mut out = Data::zeros(DType::F32, values.len()).unwrap();
+        let input = Buffer::input(DataRef::F32(values));
+        let mut output = Buffer::output(&mut out);
+        kernel
+            .run(&[&input], &mut output, &mut [], &mut Buffer::empty())
+            .unwrap();
+        match out {
+            Data::F32(v) => v,
+            _ => panic!("an f32 output"),
+        }
+    }
+
+    /// The row function generated code calls for `sum(exp(..))`
+    /// (`kiln_machine::rows`) gives the generated exp's bits, on rows of
+    /// every tail length, and stays within `Math::exp`'s bound.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_row_exp_is_the_generated_exp_bit_for_bit_within_its_bound() {
+        if !rows::available() {
+            eprintln!("skipped: this CPU lacks AVX2 or FMA");
+            return;
+        }
+        let values = values();
+        let want = generated_exp(&values);
+        let mut got = values.clone();
+        let mut rest = &mut got[..];
+        for len in (1..=40).cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (row, after) = rest.split_at_mut(len.min(rest.len()));
+            rows::exp_sum_in_place(row, 0.0).unwrap();
+            rest = after;
+        }
+        let mut worst = (0.0f64, 0.0f32);
+        for ((&v, &g), &w) in values.iter().zip(&got).zip(&want) {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "exp({v:e}): {g:e} by the row function, {w:e} generated"
+            );
+            // `Math::exp`'s bound (tests/cpu_products.rs), against f64.
+            let exact = f64::from(v).exp();
+            let e32 = exact as f32;
+            let err = if e32.is_nan() {
+                if g.is_nan() { 0.0 } else { f64::INFINITY }
+            } else if e32.is_infinite() || g.is_infinite() {
+                if g == e32 { 0.0 } else { f64::INFINITY }
+            } else if exact < f64::from(f32::MIN_POSITIVE) {
+                (f64::from(g) - exact).abs() / f64::from(f32::MIN_POSITIVE) * 1e-7
+            } else {
+                (f64::from(g) - exact).abs() / exact
+            };
+            if err > worst.0 {
+                worst = (err, v);
+            }
+        }
+        assert!(worst.0 <= 2e-7, "exp: error {:e} at {:e}", worst.0, worst.1);
     }
 }

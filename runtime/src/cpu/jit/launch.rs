@@ -7,9 +7,10 @@
 
 use kiln_ir::{Data, DataRef, TensorType};
 
+use kiln_machine::team;
+
 use super::{CompiledKernel, Computed};
 use crate::Error;
-use crate::cpu::team;
 
 /// Work below this many elements runs on the calling thread.
 pub(super) const PARALLEL_ELEMENTS: usize = 1 << 15;
@@ -63,10 +64,7 @@ impl CompiledKernel {
         table.extend(side.iter().map(|b| b.ptr));
         Ok(Bound {
             kernel: self,
-            table: Table {
-                pointers: table,
-                out: inputs.len(),
-            },
+            table: Table(table),
         })
     }
 
@@ -115,7 +113,7 @@ fn fits(what: std::fmt::Arguments, buf: &Buffer, ty: &TensorType) -> Result<(), 
 /// A kernel with the buffers of one launch checked and tabled.
 pub(crate) struct Bound<'k> {
     kernel: &'k CompiledKernel,
-    pub(super) table: Table,
+    table: Table,
 }
 
 impl Bound<'_> {
@@ -193,11 +191,9 @@ fn row_blocks(rows: usize, row_len: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// The buffer table handed to generated code, and where the output is in it.
-pub(super) struct Table {
-    pointers: Vec<*mut u8>,
-    out: usize,
-}
+/// The buffer table handed to generated code: the inputs, the output, the
+/// side outputs.
+struct Table(Vec<*mut u8>);
 
 // SAFETY: the table is read-only while kernels run; the pointers it holds are
 // written only by calls that own disjoint row ranges (see `run`).
@@ -205,12 +201,7 @@ unsafe impl Sync for Table {}
 
 impl Table {
     fn base(&self) -> *const *mut u8 {
-        self.pointers.as_ptr()
-    }
-
-    /// The output buffer, after the inputs.
-    pub(super) fn out(&self) -> *mut u8 {
-        self.pointers[self.out]
+        self.0.as_ptr()
     }
 }
 
@@ -288,6 +279,46 @@ impl Buffer {
             bytes: bytes.min(self.bytes - at),
         }
     }
+}
+
+/// The f32 values of a matmul's buffers: those it reads (its operands and
+/// bias) and the product it writes. The product must share no byte with
+/// what is read, and every buffer be aligned for f32.
+pub(super) fn f32_views<'b>(
+    read: &'b [Buffer],
+    out: &'b mut Buffer,
+) -> Result<(Vec<&'b [f32]>, &'b mut [f32]), Error> {
+    let views = |b: &Buffer, what: &str| -> Result<(*mut f32, usize), Error> {
+        if !(b.ptr as usize).is_multiple_of(align_of::<f32>()) {
+            return Err(Error::Launch(format!(
+                "{what} of {} bytes is not aligned for f32",
+                b.bytes
+            )));
+        }
+        Ok((b.ptr.cast::<f32>(), b.bytes / size_of::<f32>()))
+    };
+    let (out_ptr, out_len) = views(out, "the product")?;
+    let out_bytes = out.ptr as usize..out.ptr as usize + out.bytes;
+    let mut slices = Vec::with_capacity(read.len());
+    for (i, b) in read.iter().enumerate() {
+        let bytes = b.ptr as usize..b.ptr as usize + b.bytes;
+        if bytes.start < out_bytes.end && out_bytes.start < bytes.end {
+            return Err(Error::Launch(format!(
+                "matmul buffer {i} overlaps the product it writes"
+            )));
+        }
+        let (ptr, len) = views(b, "a matmul buffer")?;
+        // SAFETY: a buffer is made only from live Rust storage, borrowed
+        // while it is used (`Buffer`), of initialized bytes that are each
+        // some f32 when aligned (checked); it is only read here, and
+        // shares no byte with the product (checked).
+        slices.push(unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) });
+    }
+    // SAFETY: as above; the product is written through this slice alone
+    // while the views live (`out` is borrowed mutably), besides the
+    // epilogue over the rows the GEMM hands back finished (`run_matmul`).
+    let product = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+    Ok((slices, product))
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! Machine code made and called: the one part of the CPU backend with
-//! `unsafe` besides the GEMM cores (`gemm`) and the AVX2 row functions that
-//! generated code calls (`exp_row`, `row_ops`). It owns the JIT code
-//! memory, turns it into function pointers, hands raw buffer pointers to
-//! generated code and to the GEMM core, and calls them.
+//! `unsafe`. It owns the JIT code memory, turns it into function pointers
+//! (the one transmute, in `compile`), hands raw buffer pointers to
+//! generated code and calls it, and hands the GEMM of `kiln_machine` its
+//! buffers as slices.
 //!
 //! Every call is made safe by checks first: buffer lengths against the
 //! types the kernel was compiled for, row ranges against the kernel's own

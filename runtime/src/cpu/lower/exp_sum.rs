@@ -1,5 +1,5 @@
-//! A row's sum of exponentials by a call of `kiln_exp_sum` (`cpu::exp_row`,
-//! 256-bit AVX2 vectors), storing them to the output row when the prologue
+//! A row's sum of exponentials by a call of `kiln_exp_sum`
+//! (`kiln_machine::rows`, 256-bit AVX2 vectors), storing them to the output row when the prologue
 //! is stored there (softmax). An argument `x - max` (softmax, log_softmax,
 //! logsumexp) or `x` goes to the call, which subtracts; another is computed
 //! here in f32x4 and staged where the call reads it, in the output row or

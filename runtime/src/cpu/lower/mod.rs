@@ -94,13 +94,13 @@ pub(crate) enum Host {
     /// `kiln_unary_f64(x, code)` (`cpu::f64_math`): the f64 transcendentals,
     /// by `f64_math::unary_code`.
     UnaryF64,
-    /// `kiln_exp_sum(src, shift, dst, n, ahead) -> sum` (`cpu::exp_row`).
+    /// `kiln_exp_sum(src, shift, dst, n, ahead) -> sum` (`kiln_machine::rows`).
     ExpSum,
-    /// `kiln_max_row(src, n) -> max` (`cpu::row_ops`).
+    /// `kiln_max_row(src, n) -> max` (`kiln_machine::rows`).
     MaxRow,
-    /// `kiln_sum_row(src, n) -> sum` (`cpu::row_ops`).
+    /// `kiln_sum_row(src, n) -> sum` (`kiln_machine::rows`).
     SumRow,
-    /// `kiln_scale_row(src, c, dst, n)` (`cpu::row_ops`).
+    /// `kiln_scale_row(src, c, dst, n)` (`kiln_machine::rows`).
     ScaleRow,
 }
 

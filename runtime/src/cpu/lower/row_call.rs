@@ -1,6 +1,6 @@
-//! Rows handed to the 256-bit row functions (`cpu::exp_row`,
-//! `cpu::row_ops`): which blocks have a row function's form (a contiguous
-//! f32 row of one read, and a number constant along it), and the calls
+//! Rows handed to the 256-bit row functions (`kiln_machine::rows`): which
+//! blocks have a row function's form (a contiguous f32 row of one read,
+//! and a number constant along it), and the calls
 //! for a row's max or sum and for an epilogue that scales a row.
 //!
 //! Why calls: Cranelift emits 128-bit vectors only. With softmax's exp in

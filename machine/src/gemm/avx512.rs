@@ -18,6 +18,7 @@ use std::arch::x86_64::{
 use super::Fused;
 use super::driver::{Kernel, Tile};
 use super::panel::PanelA;
+use super::tuning::{self, Tuning};
 
 /// Rows of a tile: the broadcast elements of A.
 pub(super) const MR: usize = 12;
@@ -30,16 +31,7 @@ const PREFETCH: usize = 8;
 pub(super) struct Avx512;
 
 impl Kernel<MR, NR> for Avx512 {
-    /// 512 measured faster than 256 (1024³, 2048³, 4096x784x256;
-    /// `benches/RESULTS-cpu.md`).
-    const KC: usize = 512;
-    /// The packed A block (`MC x KC`, 192 KiB) and a group of B panels
-    /// (512 KiB) share Cascade Lake's 1 MiB L2.
-    const MC: usize = 8 * MR;
-    const NC_PANELS: usize = 8;
-    /// Read in place, rows 8 KiB apart made 96x2048x2048 take longer than
-    /// packed (`benches/RESULTS-cpu.md`).
-    const IN_PLACE_ROWS: usize = 512;
+    const TUNING: Tuning = tuning::AVX512;
     /// Kernels of 4, 8 and 12 rows.
     const ROW_UNIT: usize = 4;
 

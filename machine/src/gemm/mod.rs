@@ -1,26 +1,25 @@
-//! kiln's f32 GEMM for the CPU backend's matmuls: `C = A B`, A and B read
-//! through any strides (so transposed operands need no copy), C row-major,
-//! and the path that computes it.
+//! kiln's f32 GEMM: `C = A B`, A and B read through any strides or tables
+//! of offsets (so transposed operands and a convolution's windows need no
+//! copy), C row-major, and the path that computes it.
 //!
+//! - `sgemm`: the safe entry, which checks every offset the product reads
+//!   and writes against its slices;
 //! - `driver`: the loop nest of kiln's own cores (cache blocking, packing,
 //!   threads, a bias and ReLU applied in registers, any other epilogue
-//!   handed each block of rows as it finishes),
-//!   generic over a micro-kernel;
+//!   handed each block of rows as it finishes), generic over a
+//!   micro-kernel;
 //! - `panel`: packed panels of B and A, and rows of A read where they lie;
 //! - `avx512`, `avx2`: the micro-kernels, 12 x 32 in zmm and 6 x 16 in ymm
-//!   registers.
+//!   registers;
+//! - `tuning`: each core's blocking and the sizes at which it takes a
+//!   product, in one table.
 //!
-//! The path: kiln's AVX-512 core where the CPU has AVX-512, else its
+//! The path (`Isa`): kiln's AVX-512 core where the CPU has AVX-512, else its
 //! AVX2+FMA core where it has those, else (and for products too small for
 //! packing to pay) the `gemm` crate, which dispatches on the CPU itself.
-//! The environment variable `KILN_CPU_ISA` forces a path, so that every one
-//! is tested and timed on any machine that has it: `avx512`, `avx2`, or
-//! `generic` (the `gemm` crate for every product, and every row in the
-//! generated code rather than the 256-bit row functions of `cpu::exp_row`
-//! and `cpu::row_ops`). It is read once per
-//! process; a value that names no path, or a path this CPU lacks, is an
-//! `Error::Environment` from every compile and run on the CPU, rather than
-//! a quiet fallback that would mislabel a benchmark.
+//!
+//! `unsafe` here is the cores' loads and stores through the operands'
+//! offsets, made safe by `sgemm`'s checks.
 
 #![allow(unsafe_code)]
 
@@ -32,94 +31,18 @@ mod avx512;
 mod driver;
 #[cfg(target_arch = "x86_64")]
 mod panel;
+mod safe;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;
+mod tuning;
 
-use std::sync::OnceLock;
+pub use safe::{Axis, Bias, Epilogue, Matrix, Product, sgemm};
 
-use crate::Error;
-
-/// The environment variable that forces a GEMM path.
-pub(crate) const ISA_VARIABLE: &str = "KILN_CPU_ISA";
-
-/// A GEMM path, from the fastest down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    /// kiln's AVX-512 core.
-    Avx512,
-    /// kiln's AVX2+FMA core.
-    Avx2,
-    /// The `gemm` crate.
-    Generic,
-}
-
-impl Isa {
-    /// Every path, from the fastest down.
-    pub(crate) const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Generic];
-
-    /// Its name in `KILN_CPU_ISA`.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Isa::Avx512 => "avx512",
-            Isa::Avx2 => "avx2",
-            Isa::Generic => "generic",
-        }
-    }
-
-    /// Whether this CPU runs it.
-    pub(crate) fn available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        match self {
-            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
-            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
-            Isa::Generic => true,
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            self == Isa::Generic
-        }
-    }
-}
-
-/// The path this process's matmuls take: the fastest this CPU runs, or the
-/// one `KILN_CPU_ISA` names.
-pub(crate) fn isa() -> Result<Isa, Error> {
-    static ISA: OnceLock<Result<Isa, String>> = OnceLock::new();
-    ISA.get_or_init(|| choose(std::env::var_os(ISA_VARIABLE).as_deref()))
-        .clone()
-        .map_err(Error::Environment)
-}
-
-/// The path for a value of `KILN_CPU_ISA` (unset or empty: the fastest).
-fn choose(value: Option<&std::ffi::OsStr>) -> Result<Isa, String> {
-    let fastest = || Isa::ALL.into_iter().find(|isa| isa.available());
-    let Some(value) = value.filter(|v| !v.is_empty()) else {
-        return Ok(fastest().unwrap_or(Isa::Generic));
-    };
-    let names = || Isa::ALL.map(Isa::name).join(", ");
-    let isa = Isa::ALL
-        .into_iter()
-        .find(|isa| value == isa.name())
-        .ok_or_else(|| {
-            format!(
-                "{ISA_VARIABLE}={value:?} names no GEMM path (one of {})",
-                names()
-            )
-        })?;
-    if !isa.available() {
-        return Err(format!(
-            "{ISA_VARIABLE}={}: this CPU lacks it (it runs {})",
-            isa.name(),
-            Isa::ALL
-                .into_iter()
-                .filter(|isa| isa.available())
-                .map(Isa::name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    Ok(isa)
-}
+use crate::Isa;
+#[cfg(not(target_arch = "x86_64"))]
+use tuning::CRATE_SHARED_WORK;
+#[cfg(target_arch = "x86_64")]
+use tuning::{AVX2, AVX512, CRATE_SHARED_WORK, NARROW, SHARED_DIM, SHARED_WORK};
 
 /// An operand: element `(i, j)` at `ptr + i * rows + j * cols`, or where
 /// a table is given, at `ptr + row_table[i] + j * cols` and so on: the rows
@@ -271,27 +194,6 @@ impl Fused {
 unsafe impl Sync for Fused {}
 unsafe impl Send for Fused {}
 
-/// Products of at least this many multiply-adds run on kiln's AVX-512
-/// core, which there took less time than the `gemm` crate's 256-bit
-/// kernels. Below, packing into panels costs more than the wider FMAs save
-/// (`benches/RESULTS-cpu.md`).
-#[cfg(target_arch = "x86_64")]
-const AVX512_WORK: usize = 1 << 23;
-
-/// On two threads or more, products of at least this many multiply-adds
-/// and at least `SHARED_DIM` along each dim run on kiln's cores, whatever
-/// their ISA's own threshold: there kiln's cores run on every thread, and
-/// the `gemm` crate on one (`CRATE_SHARED_WORK`), and both of kiln's cores
-/// took less time than the crate; below it the crate was as fast or faster
-/// (`benches/RESULTS-cpu.md`).
-#[cfg(target_arch = "x86_64")]
-const SHARED_WORK: usize = 1 << 20;
-
-/// Narrower products stay with the crate, which reads A in place and took
-/// less time on them than kiln's cores (`benches/RESULTS-cpu.md`).
-#[cfg(target_arch = "x86_64")]
-const SHARED_DIM: usize = 32;
-
 /// Whether a product of `n` columns is too narrow for a core of `MR x NR`
 /// tiles, which then leaves it to the `gemm` crate: at most `NARROW`
 /// columns (most of each tile's FMAs wasted), or at most half a panel with
@@ -303,23 +205,6 @@ const SHARED_DIM: usize = 32;
 fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
     n <= NARROW || (n <= NR / 2 && !driver::reads_a_in_place::<MR, NR>(a))
 }
-
-/// See `narrow`.
-#[cfg(target_arch = "x86_64")]
-const NARROW: usize = 8;
-
-/// Products of more than this many multiply-adds that the `gemm` crate
-/// runs go on rayon's threads, which sleep between calls and take tens of
-/// microseconds to wake; the others on the caller's alone. Below this size
-/// a second thread saved the crate nothing or cost it time; above, narrow
-/// products gain (`benches/RESULTS-cpu.md`).
-const CRATE_SHARED_WORK: usize = 1 << 21;
-
-/// Products of at least this many multiply-adds run on kiln's AVX2 core:
-/// on one core it is level with the `gemm` crate or ahead from about this
-/// size, and behind below it (`benches/RESULTS-cpu.md`).
-#[cfg(target_arch = "x86_64")]
-const AVX2_WORK: usize = 1 << 22;
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
 /// `threads` threads: by `isa`'s core for products large enough for it
@@ -359,7 +244,7 @@ pub(crate) unsafe fn gemm(
         |threshold: usize, narrow: bool| tabled || ((work >= threshold || shared) && !narrow);
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 if takes(AVX512_WORK, narrow::<{ avx512::MR }, { avx512::NR }>(a, n)) => {
+        Isa::Avx512 if takes(AVX512.work, narrow::<{ avx512::MR }, { avx512::NR }>(a, n)) => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
@@ -368,7 +253,7 @@ pub(crate) unsafe fn gemm(
             }
             return true;
         }
-        Isa::Avx2 if takes(AVX2_WORK, narrow::<{ avx2::MR }, { avx2::NR }>(a, n)) => {
+        Isa::Avx2 if takes(AVX2.work, narrow::<{ avx2::MR }, { avx2::NR }>(a, n)) => {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(

@@ -4,7 +4,8 @@
 //! Cranelift emits 128-bit vectors only, so its own exp takes twice the
 //! instructions per element. The arithmetic is `Math::exp`'s, operation for
 //! operation (fused multiply-adds included), so every element gets the same
-//! bits whichever computes it: `Math::exp`'s bounds hold here.
+//! bits whichever computes it (the runtime's `cpu::math`; its test compares
+//! the two bit for bit): `Math::exp`'s bounds hold here.
 //!
 //! `unsafe` here is the vector loads and stores and the call of the AVX2
 //! code.
@@ -19,19 +20,19 @@ use std::arch::x86_64::{
     _mm256_sub_epi32, _mm256_sub_ps,
 };
 
-/// Whether this CPU runs `kiln_exp_sum` (and `row_ops`' functions).
-pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-}
-
 /// Stores `e^(src[j] - shift)` to `dst[j]` for `j < n` (no store where
 /// `dst` is null) and returns their sum (in an order of its own), reading a
 /// line at `ahead` (unless null) per 16 elements, as the generated loops
-/// do (`lower::signature`). `src` may be `dst`. The subtraction is the
-/// generated code's `x - max`, one f32 operation, so the exponent's argument
-/// has the same bits; a shift of 0 leaves every argument as it is. Called
-/// by generated code only where `available()`, with rows it owns.
-pub(crate) extern "C" fn kiln_exp_sum(
+/// do. `src` may be `dst`. The subtraction is the generated code's
+/// `x - max`, one f32 operation, so the exponent's argument has the same
+/// bits; a shift of 0 leaves every argument as it is.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (`super::available`); `n` elements at `src` are
+/// readable and, unless `dst` is null, the `n` at `dst` are this caller's to
+/// write (`src` itself or apart); `ahead`, when not null, is any address (a
+/// prefetch never faults).
+pub unsafe extern "C" fn kiln_exp_sum(
     src: *const f32,
     shift: f32,
     dst: *mut f32,
@@ -39,9 +40,7 @@ pub(crate) extern "C" fn kiln_exp_sum(
     ahead: *const u8,
 ) -> f32 {
     let n = n.max(0) as usize;
-    // SAFETY: generated code calls this only where the CPU has AVX2 and FMA
-    // (`available`), with `n` elements at `src` to read and, unless null,
-    // at `dst` to write, which only it touches meanwhile.
+    // SAFETY: the contract of this function.
     unsafe {
         if dst.is_null() {
             exp_sum::<false>(src, shift, dst, n, ahead)
@@ -174,139 +173,4 @@ fn parts(x: __m256) -> (__m256, __m256) {
     let bc = _mm256_fmadd_ps(c, r2, b);
     let p = _mm256_fmadd_ps(bc, r2, a);
     (shifted, _mm256_fmadd_ps(r, p, one))
-}
-
-#[cfg(test)]
-mod tests {
-    use kiln_ir::pass::{Options, optimize};
-    use kiln_ir::{DType, Data, DataRef, Graph, Op, Shape, TensorType, UnaryOp};
-
-    use super::*;
-    use crate::cpu::jit::{Buffer, CompiledKernel};
-
-    /// Every 97th f32 bit pattern of each sign (the whole range, subnormals
-    /// included) and the special values.
-    fn values() -> Vec<f32> {
-        let mut values: Vec<f32> = (0..u32::MAX / 97)
-            .map(|k| f32::from_bits(k.wrapping_mul(97)))
-            .filter(|v| v.is_finite())
-            .collect();
-        values.extend([
-            f32::NAN,
-            -f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            0.0,
-            -0.0,
-        ]);
-        values
-    }
-
-    /// `Math::exp` of each value, by an elementwise kernel.
-    fn generated_exp(values: &[f32]) -> Vec<f32> {
-        let mut g = Graph::new("g");
-        let ty = TensorType::new(DType::F32, Shape::new(&[values.len()]));
-        let x = g.input(ty);
-        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
-        g.outputs.push(e);
-        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
-        let launch = &optimized.schedule.launches[0];
-        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
-            panic!("the launch is a kernel")
-        };
-        let kernel = CompiledKernel::new(kernel, None).unwrap();
-        let mut out = Data::zeros(DType::F32, values.len()).unwrap();
-        let input = Buffer::input(DataRef::F32(values));
-        kernel
-            .run(
-                &[&input],
-                &mut Buffer::output(&mut out),
-                &mut [],
-                &mut Buffer::empty(),
-            )
-            .unwrap();
-        match out {
-            Data::F32(v) => v,
-            _ => panic!("an f32 output"),
-        }
-    }
-
-    #[test]
-    fn exp_sum_gives_the_generated_exp_bit_for_bit_within_its_bound() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX2 or FMA");
-            return;
-        }
-        let values = values();
-        let want = generated_exp(&values);
-        // Rows of awkward lengths: every tail, and whole rows of 32.
-        let mut got = values.clone();
-        let mut at = 0;
-        for len in (1..=40).cycle() {
-            if at == got.len() {
-                break;
-            }
-            let row = &mut got[at..(at + len).min(values.len())];
-            let p = row.as_mut_ptr();
-            kiln_exp_sum(p, 0.0, p, row.len() as i64, std::ptr::null());
-            at += row.len();
-        }
-        let mut worst = (0.0f64, 0.0f32);
-        for ((&v, &g), &w) in values.iter().zip(&got).zip(&want) {
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                "exp({v:e}): {g:e} here, {w:e} generated"
-            );
-            // `Math::exp`'s bound (tests/cpu_products.rs), against f64.
-            let exact = f64::from(v).exp();
-            let e32 = exact as f32;
-            let err = if e32.is_nan() {
-                if g.is_nan() { 0.0 } else { f64::INFINITY }
-            } else if e32.is_infinite() || g.is_infinite() {
-                if g == e32 { 0.0 } else { f64::INFINITY }
-            } else if exact < f64::from(f32::MIN_POSITIVE) {
-                (f64::from(g) - exact).abs() / f64::from(f32::MIN_POSITIVE) * 1e-7
-            } else {
-                (f64::from(g) - exact).abs() / exact
-            };
-            if err > worst.0 {
-                worst = (err, v);
-            }
-        }
-        assert!(worst.0 <= 2e-7, "exp: error {:e} at {:e}", worst.0, worst.1);
-    }
-
-    #[test]
-    fn exp_sum_sums_what_it_stores_from_its_shifted_source() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX2 or FMA");
-            return;
-        }
-        for len in [0, 1, 7, 8, 9, 31, 32, 33, 1000, 1027] {
-            let src: Vec<f32> = (0..len).map(|i| (i % 23) as f32 / 4.0 - 1.5).collect();
-            let shift = 1.5f32;
-            let mut dst = vec![f32::NAN; len];
-            let ahead = src.as_ptr().cast::<u8>();
-            let sum = kiln_exp_sum(src.as_ptr(), shift, dst.as_mut_ptr(), len as i64, ahead);
-            // The same exponentials as in place from the shifted row.
-            let mut want: Vec<f32> = src.iter().map(|&x| x - shift).collect();
-            let p = want.as_mut_ptr();
-            let in_place = kiln_exp_sum(p, 0.0, p, len as i64, std::ptr::null());
-            assert_eq!(sum.to_bits(), in_place.to_bits(), "length {len}");
-            let same = dst
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "length {len}: exponentials differ");
-            // Without a destination, the sum alone.
-            let alone = kiln_exp_sum(src.as_ptr(), shift, std::ptr::null_mut(), len as i64, ahead);
-            assert_eq!(sum.to_bits(), alone.to_bits(), "length {len}");
-            let exact: f64 = dst.iter().map(|&e| f64::from(e)).sum();
-            let err = (f64::from(sum) - exact).abs();
-            assert!(
-                err <= 1e-6 * exact.max(1.0),
-                "length {len}: {sum} for {exact}"
-            );
-        }
-    }
 }

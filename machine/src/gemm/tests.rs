@@ -6,6 +6,8 @@
 use std::ffi::OsStr;
 
 use super::*;
+use crate::Error;
+use crate::isa::choose;
 
 /// Products of awkward shapes and strides (a transposed, b broadcast
 /// along k) against a plain triple loop in f64, on every core this CPU
@@ -277,13 +279,14 @@ fn the_variable_names_a_path_the_cpu_has() {
         if isa.available() {
             assert_eq!(chosen, Ok(isa));
         } else {
-            let message = chosen.expect_err("a path this CPU lacks");
+            assert_eq!(chosen, Err(Error::MissingIsa { isa }));
+            let message = chosen.expect_err("a path this CPU lacks").to_string();
             assert!(message.contains("this CPU lacks it"), "{message}");
         }
     }
     let message = choose(Some(OsStr::new("avx3"))).expect_err("no such path");
     assert_eq!(
-        message,
+        message.to_string(),
         "KILN_CPU_ISA=\"avx3\" names no GEMM path (one of avx512, avx2, generic)"
     );
 }
@@ -321,20 +324,26 @@ fn tabled_operands_agree_with_a_plain_product() {
                 .collect();
             let order: Vec<usize> = (0..m).map(|i| (i * 5 + 3) % m).collect();
             let a_rows: Vec<isize> = order.iter().map(|&r| (r * k) as isize).collect();
-            let a = Operand {
-                row_table: a_rows.as_ptr(),
-                ..Operand::strided(a_values.as_ptr(), 0, 1)
+            let a = Matrix {
+                data: &a_values,
+                offset: 0,
+                rows: Axis::Table(&a_rows),
+                cols: Axis::Strided { len: k, stride: 1 },
             };
-            let b = Operand {
-                row_table: b_rows.as_ptr(),
-                col_table: b_cols.as_ptr(),
-                ..Operand::strided(image.as_ptr(), 0, 0)
+            let b = Matrix {
+                data: &image,
+                offset: 0,
+                rows: Axis::Table(&b_rows),
+                cols: Axis::Table(&b_cols),
+            };
+            let product = Product {
+                a,
+                b,
+                epilogue: Epilogue::default(),
             };
             for threads in [1, 2] {
                 let mut c = vec![f32::NAN; m * n];
-                // SAFETY: `isa` is available; the tables index inside the
-                // vectors.
-                unsafe { gemm(isa, m, n, k, a, b, &mut c, threads, Fused::NONE, &|_, _| {}) };
+                sgemm(isa, product, &mut c, threads, &|_, _| {}).unwrap();
                 let what = format!("{} {m}x{k}x{n} threads {threads}", isa.name());
                 for i in 0..m {
                     for j in 0..n {
@@ -354,4 +363,81 @@ fn tabled_operands_agree_with_a_plain_product() {
             }
         }
     }
+}
+
+/// `sgemm` refuses, before any core runs, every operand that would read
+/// outside its slice, a product or bias too short, and operands whose
+/// inner dimensions differ; an operand without elements may lie anywhere.
+#[test]
+fn sgemm_refuses_what_would_reach_outside_its_slices() {
+    let values = vec![1.0f32; 12];
+    let strided = |offset, (rows, rs), (cols, cs)| Matrix {
+        data: &values,
+        offset,
+        rows: Axis::Strided {
+            len: rows,
+            stride: rs,
+        },
+        cols: Axis::Strided {
+            len: cols,
+            stride: cs,
+        },
+    };
+    let run = |a: Matrix, b: Matrix, c: &mut [f32], bias: Option<Bias>| {
+        let epilogue = Epilogue {
+            bias,
+            ..Epilogue::default()
+        };
+        sgemm(Isa::Generic, Product { a, b, epilogue }, c, 1, &|_, _| {})
+    };
+    let mut c = [0.0f32; 9];
+    let a = strided(0, (3, 4), (4, 1));
+    let b = strided(0, (4, 3), (3, 1));
+    assert_eq!(run(a, b, &mut c, None), Ok(false));
+    assert_eq!(c, [4.0; 9]);
+    let operand = |operand, (rows, cols), (first, last)| Error::Operand {
+        operand,
+        rows,
+        cols,
+        first,
+        last,
+        len: 12,
+    };
+    // One past the end, and one before the start through a negative stride.
+    let a_past = strided(1, (3, 4), (4, 1));
+    assert_eq!(
+        run(a_past, b, &mut c, None),
+        Err(operand("a", (3, 4), (1, 12)))
+    );
+    let b_before = strided(2, (4, -1), (3, 1));
+    assert_eq!(
+        run(a, b_before, &mut c, None),
+        Err(operand("b", (4, 3), (-1, 4)))
+    );
+    // A table with an offset outside the slice.
+    let rows = [0, 4, 9];
+    let a_tabled = Matrix {
+        rows: Axis::Table(&rows),
+        ..a
+    };
+    assert_eq!(
+        run(a_tabled, b, &mut c, None),
+        Err(operand("a", (3, 4), (0, 12)))
+    );
+    let short = |what, len, needs| Error::Short { what, len, needs };
+    assert_eq!(run(a, b, &mut c[..8], None), Err(short("product", 8, 9)));
+    let bias = Some(Bias::Rows(&values[..2]));
+    assert_eq!(run(a, b, &mut c, bias), Err(short("bias", 2, 3)));
+    let b_deep = strided(0, (3, 3), (3, 1));
+    let inner = Error::Inner {
+        m: 3,
+        k: 4,
+        k_b: 3,
+        n: 3,
+    };
+    assert_eq!(run(a, b_deep, &mut c, None), Err(inner));
+    // No depth: nothing read, whatever the offsets; the product is zeros.
+    let (a_empty, b_empty) = (strided(-100, (3, 4), (0, 1)), strided(100, (0, 3), (3, 1)));
+    assert_eq!(run(a_empty, b_empty, &mut c, None), Ok(false));
+    assert_eq!(c, [0.0; 9]);
 }

@@ -21,6 +21,7 @@ use std::arch::x86_64::{
 use super::Fused;
 use super::driver::{Kernel, Tile};
 use super::panel::{PanelA, Rows};
+use super::tuning::{self, Tuning};
 
 /// Rows of a tile: the broadcast elements of A.
 pub(super) const MR: usize = 6;
@@ -33,19 +34,7 @@ const PREFETCH: usize = 8;
 pub(super) struct Avx2;
 
 impl Kernel<MR, NR> for Avx2 {
-    /// 256 took longer at 1024³ and 2048³, 768 the same as 512
-    /// (`benches/RESULTS-cpu.md`).
-    const KC: usize = 512;
-    /// 96 x 512 elements, 192 KiB of Zen 3's 512 KiB L2 beside a group of
-    /// B's panels (256 KiB); 48 and 144 rows measured the same.
-    const MC: usize = 16 * MR;
-    /// 4 and 16 measured the same; 1 (a panel of B in L1 over all rows of
-    /// A, A from L2) slower (`benches/RESULTS-cpu.md`).
-    const NC_PANELS: usize = 8;
-    /// B packed always: read in place, 64x784x256 took longer
-    /// (`benches/RESULTS-cpu.md`). The micro-kernel's loop relies on it
-    /// (rows of B `NR` apart).
-    const IN_PLACE_ROWS: usize = 0;
+    const TUNING: Tuning = tuning::AVX2;
     /// Kernels of 2, 4 and 6 rows.
     const ROW_UNIT: usize = 2;
 

@@ -2,7 +2,7 @@
 //! vectors, for generated code to call. Cranelift emits 128-bit vectors
 //! only.
 //! - The max and the scale are softmax's passes around its exponentials
-//!   (`exp_row`): with the exp in 256-bit code, they took about 0.4 of
+//!   (`super::exp`): with the exp in 256-bit code, they took about 0.4 of
 //!   softmax's time in cache. Both give exactly the interpreter's values: a
 //!   max is one of the row's values (IEEE `maximum`: NaN where the row has
 //!   one, +0 above -0), a product one f32 operation.
@@ -24,26 +24,32 @@ use std::arch::x86_64::{
     _mm256_setzero_si256, _mm256_storeu_ps,
 };
 
-/// The IEEE maximum of `src[0..n]` (-inf for no elements). Called by
-/// generated code only where `exp_row::available()`.
-pub(crate) extern "C" fn kiln_max_row(src: *const f32, n: i64) -> f32 {
-    // SAFETY: generated code calls this only where the CPU has AVX2 and FMA,
-    // with `n` elements at `src` to read.
+/// The IEEE maximum of `src[0..n]` (-inf for no elements).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (`super::available`); `n` elements at `src` are
+/// readable.
+pub unsafe extern "C" fn kiln_max_row(src: *const f32, n: i64) -> f32 {
+    // SAFETY: the contract of this function.
     unsafe { max_row(src, n.max(0) as usize) }
 }
 
-/// The sum of `src[0..n]` (+0 for no elements). Called by generated code
-/// only where `exp_row::available()`.
-pub(crate) extern "C" fn kiln_sum_row(src: *const f32, n: i64) -> f32 {
-    // SAFETY: as `kiln_max_row`.
+/// The sum of `src[0..n]` (+0 for no elements).
+///
+/// # Safety
+/// As `kiln_max_row`.
+pub unsafe extern "C" fn kiln_sum_row(src: *const f32, n: i64) -> f32 {
+    // SAFETY: the contract of this function.
     unsafe { sum_row(src, n.max(0) as usize) }
 }
 
-/// `dst[j] = src[j] * c` for `j < n`; `src` may be `dst`. Called by
-/// generated code only where `exp_row::available()`, with a row it owns.
-pub(crate) extern "C" fn kiln_scale_row(src: *const f32, c: f32, dst: *mut f32, n: i64) {
-    // SAFETY: as `kiln_max_row`, and the `n` elements at `dst` are only
-    // this call's to write meanwhile.
+/// `dst[j] = src[j] * c` for `j < n`; `src` may be `dst`.
+///
+/// # Safety
+/// As `kiln_max_row`, and the `n` elements at `dst` are this caller's to
+/// write (`src` itself or apart).
+pub unsafe extern "C" fn kiln_scale_row(src: *const f32, c: f32, dst: *mut f32, n: i64) {
+    // SAFETY: the contract of this function.
     unsafe { scale_row(src, c, dst, n.max(0) as usize) }
 }
 
@@ -163,7 +169,7 @@ fn below(rest: usize) -> __m256i {
 }
 
 /// IEEE `maximum` of two f32, as the interpreter computes a max.
-fn maximum(x: f32, y: f32) -> f32 {
+pub(super) fn maximum(x: f32, y: f32) -> f32 {
     if x.is_nan() || y.is_nan() {
         f32::NAN
     } else if x == y {
@@ -208,110 +214,4 @@ unsafe fn scale_row(src: *const f32, c: f32, dst: *mut f32, n: usize) {
 #[target_feature(enable = "avx2,fma")]
 fn splat(v: f32) -> __m256 {
     _mm256_set1_ps(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cpu::exp_row::available;
-
-    /// Rows of negatives with zeros and NaNs placed in every lane, the
-    /// unrolled part, the single vectors and the overlapping last one.
-    #[test]
-    fn max_row_is_the_interpreters_max() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX2 or FMA");
-            return;
-        }
-        for n in [0, 1, 5, 8, 9, 31, 32, 33, 47, 64, 100, 1000, 1027] {
-            let base: Vec<f32> = (0..n).map(|i| -1.0 - (i % 13) as f32).collect();
-            let mut rows = vec![base.clone()];
-            for at in (0..n).step_by(3) {
-                for marks in [
-                    &[(at, f32::NAN)][..],
-                    &[(at, 0.0), (n - 1 - at, -0.0)],
-                    &[(at, -0.0), (n - 1 - at, 0.0)],
-                    &[(at, -0.0)],
-                    &[(at, f32::INFINITY)],
-                    &[(at, 5.0), (n - 1 - at, f32::NEG_INFINITY)],
-                ] {
-                    let mut row = base.clone();
-                    for &(i, x) in marks {
-                        row[i] = x;
-                    }
-                    rows.push(row);
-                }
-            }
-            rows.push(vec![f32::NEG_INFINITY; n]);
-            for row in rows {
-                let want = row.iter().fold(f32::NEG_INFINITY, |m, &x| maximum(m, x));
-                let got = kiln_max_row(row.as_ptr(), n as i64);
-                assert!(
-                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                    "length {n}: {got:e} for {want:e} in {row:?}"
-                );
-            }
-        }
-    }
-
-    /// Every length through the unrolled part, the single vectors and the
-    /// masked rest, against a sum in f64; a NaN or an infinity in any
-    /// place comes through.
-    #[test]
-    fn sum_row_sums_every_element_and_no_other() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX2 or FMA");
-            return;
-        }
-        for n in [0, 1, 5, 7, 8, 9, 31, 32, 33, 47, 64, 100, 1000, 1027] {
-            // NaN guards either side, which a read past the row would catch.
-            let mut buf = vec![f32::NAN; n + 16];
-            for (i, x) in buf[8..8 + n].iter_mut().enumerate() {
-                *x = (i % 17) as f32 * 0.37 - 2.0;
-            }
-            let row = &buf[8..8 + n];
-            let want: f64 = row.iter().map(|&x| f64::from(x)).sum();
-            let got = kiln_sum_row(row.as_ptr(), n as i64);
-            let tolerance = 1e-6 * row.iter().map(|x| f64::from(x.abs())).sum::<f64>();
-            assert!(
-                (f64::from(got) - want).abs() <= tolerance,
-                "length {n}: {got} for {want}"
-            );
-            for at in (0..n).step_by(5) {
-                for (mark, want) in [(f32::NAN, f32::NAN), (f32::INFINITY, f32::INFINITY)] {
-                    let mut marked = row.to_vec();
-                    marked[at] = mark;
-                    let got = kiln_sum_row(marked.as_ptr(), n as i64);
-                    assert!(
-                        got == want || (got.is_nan() && want.is_nan()),
-                        "length {n}, {mark} at {at}: {got}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn scale_row_scales_every_element_and_no_other() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX2 or FMA");
-            return;
-        }
-        for n in [0, 1, 7, 8, 9, 31, 32, 33, 1000, 1027] {
-            let src: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * 0.37 - 2.0).collect();
-            let c = 1.0 / 3.0f32;
-            // Apart, with guards either side.
-            let mut dst = vec![7.0f32; n + 2];
-            kiln_scale_row(src.as_ptr(), c, dst[1..].as_mut_ptr(), n as i64);
-            assert_eq!((dst[0], dst[n + 1]), (7.0, 7.0), "length {n}: guards");
-            for (j, (&x, &y)) in src.iter().zip(&dst[1..=n]).enumerate() {
-                assert_eq!(y.to_bits(), (x * c).to_bits(), "length {n}, element {j}");
-            }
-            // In place.
-            let mut row = src.clone();
-            let p = row.as_mut_ptr();
-            kiln_scale_row(p, c, p, n as i64);
-            assert_eq!(row, dst[1..=n], "length {n}: in place");
-        }
-    }
 }

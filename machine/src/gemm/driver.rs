@@ -28,23 +28,15 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
+use super::tuning::Tuning;
 use super::{Fused, Operand};
-use crate::cpu::team;
+use crate::team;
 
 /// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
 /// depth block, and the blocking sized for its registers and caches.
 pub(super) trait Kernel<const MR: usize, const NR: usize> {
-    /// Depth of a block at most: every tile of C is read and written once
-    /// per depth block, so deeper blocks cost less traffic in C.
-    const KC: usize;
-    /// Rows of C per task at most: the packed A block (`MC x KC`) and a
-    /// group of B panels (`KC x NR * NC_PANELS`) share the L2.
-    const MC: usize;
-    /// Panels of B walked by every panel of A before the next group.
-    const NC_PANELS: usize;
-    /// Farthest apart (in elements) the rows of B may be to be read in
-    /// place: rows further apart map onto few cache sets.
-    const IN_PLACE_ROWS: usize;
+    /// Its blocking (`tuning`).
+    const TUNING: Tuning;
     /// The heights of the micro-kernel's variants are multiples of this:
     /// with one block of rows per thread, blocks are cut at its multiples.
     const ROW_UNIT: usize;
@@ -119,7 +111,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // fall in one set, and 1024³ read in place took longer
     // (`benches/RESULTS-cpu.md`).
     let a_in_place = reads_a_in_place::<MR, NR>(a);
-    let depth = k.div_ceil(k.div_ceil(K::KC));
+    let depth = k.div_ceil(k.div_ceil(K::TUNING.kc));
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
         .step_by(depth)
         .map(|k0| (k0, depth.min(k - k0)))
@@ -137,8 +129,8 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // and packing it would cost about as much as it saves.
     let b_in_place = b.cols == 1
         && !b.tabled()
-        && (n as isize..=K::IN_PLACE_ROWS as isize).contains(&b.rows)
-        && m <= K::MC;
+        && (n as isize..=K::TUNING.in_place_rows as isize).contains(&b.rows)
+        && m <= K::TUNING.mc;
     // Sharing B's panels, every thread packs all of A that it does not
     // read in place, and the threads' shares are whole panels; sharing
     // rows, every thread packs all of B, and the shares are whole tiles.
@@ -155,7 +147,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     let share_panels = !b_in_place
         && threads > 1
         && panels >= 2 * threads
-        && (a_in_place || m <= K::MC || n > m)
+        && (a_in_place || m <= K::TUNING.mc || n > m)
         && largest_share(panels) <= largest_share(tiles) + 1.0 / 32.0;
     // SAFETY (both calls): the contract of this function; `c` is borrowed
     // for the call, and holds `m * n` elements.
@@ -227,7 +219,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // 2 x (12 + 12 + 8), not 36 + 28 with a 12-row kernel on the 4 left.
     // Else blocks of at most MC rows, taken in turns (`largest_first`).
     let tiles = m.div_ceil(MR);
-    let blocks = (threads * tiles.div_ceil(threads * (K::MC / MR))).min(tiles);
+    let blocks = (threads * tiles.div_ceil(threads * (K::TUNING.mc / MR))).min(tiles);
     let bounds: Vec<(usize, usize)> = if blocks <= threads {
         let units = m.div_ceil(K::ROW_UNIT);
         (0..blocks)
@@ -366,7 +358,7 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // least one per thread (where there are the tiles), so that threads
     // finish blocks in turns to the end.
     let tiles = m.div_ceil(MR);
-    let blocks = tiles.div_ceil(K::MC / MR).max(threads.min(tiles));
+    let blocks = tiles.div_ceil(K::TUNING.mc / MR).max(threads.min(tiles));
     let bounds: Vec<(usize, usize)> = (0..blocks)
         .map(|i| {
             let row = |i: usize| (i * tiles / blocks * MR).min(m);
@@ -461,9 +453,9 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         unsafe { pack_a::<MR>(a, r0, mr, k0, kc, packed_a) };
     }
     let (packed_a, _) = packed_a.as_chunks::<MR>();
-    for p0 in panels.clone().step_by(K::NC_PANELS) {
+    for p0 in panels.clone().step_by(K::TUNING.nc_panels) {
         for t in 0..mr.div_ceil(MR) {
-            for p in p0..panels.end.min(p0 + K::NC_PANELS) {
+            for p in p0..panels.end.min(p0 + K::TUNING.nc_panels) {
                 let tile = Tile {
                     offset: (r0 + t * MR) * n + p * NR,
                     stride: n,

@@ -37,7 +37,7 @@ const SPIN: Duration = Duration::from_millis(1);
 /// Threads that run a loop's tasks, the caller's included: rayon's count
 /// (`RAYON_NUM_THREADS`, else one per core) when the first loop starts, so
 /// that one setting sizes kiln's threads and the `gemm` crate's.
-pub(crate) fn threads() -> usize {
+pub fn threads() -> usize {
     team().threads
 }
 
@@ -45,7 +45,7 @@ pub(crate) fn threads() -> usize {
 /// workers, and returns when all have. A task's panic ends the loop (tasks
 /// not yet taken do not run) and is raised again on the caller once no
 /// other task of it runs.
-pub(crate) fn for_each(tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+pub fn for_each(tasks: usize, task: &(dyn Fn(usize) + Sync)) {
     let team = team();
     if tasks < 2
         || team.threads < 2
@@ -77,6 +77,41 @@ pub(crate) fn for_each(tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         .unwrap_or_else(PoisonError::into_inner);
     if let Some(panic) = panic {
         resume_unwind(panic);
+    }
+}
+
+/// Runs `task(i, chunk)` on every chunk `i` of `chunk` elements of `data`
+/// (the last may be shorter), each once, as `for_each` runs its tasks:
+/// `data.chunks_mut(chunk)`, in parallel.
+pub fn for_each_chunk<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    task: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    let chunk = chunk.max(1);
+    let (len, base) = (data.len(), Base(data.as_mut_ptr()));
+    for_each(len.div_ceil(chunk), &|i| {
+        let start = i * chunk;
+        let end = (start + chunk).min(len);
+        // SAFETY: `for_each` runs each task once, so chunk `i` is this
+        // task's alone, and it lies inside `data`, which the call borrows
+        // mutably until every task is done.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.at(start), end - start) };
+        task(i, part)
+    });
+}
+
+/// The first element of a slice whose chunks `for_each_chunk` hands out.
+struct Base<T>(*mut T);
+
+// SAFETY: the tasks reach disjoint chunks through it, each of which holds
+// `Send` values.
+unsafe impl<T: Send> Sync for Base<T> {}
+
+impl<T> Base<T> {
+    /// Element `i`'s address (`i` at most the slice's length).
+    fn at(&self, i: usize) -> *mut T {
+        self.0.wrapping_add(i)
     }
 }
 
@@ -302,6 +337,20 @@ mod tests {
                 runs.iter().all(|r| r.load(Ordering::Relaxed) == 1),
                 "{tasks} tasks"
             );
+        }
+    }
+
+    #[test]
+    fn every_chunk_is_handed_out_once_and_whole() {
+        for (len, chunk) in [(0, 4), (1, 4), (8, 4), (10, 4), (1000, 7), (5, 0)] {
+            let mut data = vec![0usize; len];
+            for_each_chunk(&mut data, chunk, &|i, part| {
+                for (j, x) in part.iter_mut().enumerate() {
+                    *x += i * chunk.max(1) + j + 1;
+                }
+            });
+            let want: Vec<usize> = (1..=len).collect();
+            assert_eq!(data, want, "{len} elements in chunks of {chunk}");
         }
     }
 

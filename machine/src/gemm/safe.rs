@@ -1,0 +1,219 @@
+//! `sgemm`, the GEMM's safe entry: operands as slices with the offsets of
+//! their rows and columns, every offset checked before a core reads one.
+
+use super::{Fused, Operand};
+use crate::{Error, Isa};
+
+/// One axis of an operand: `len` indices, each at a multiple of `stride`,
+/// or each at its own offset (the windows of a convolution, each row a
+/// kernel position of a channel, each column an output position: axes that
+/// merge without one stride between them).
+#[derive(Clone, Copy, Debug)]
+pub enum Axis<'a> {
+    /// Index `i` at `i * stride`.
+    Strided {
+        /// The indices.
+        len: usize,
+        /// Elements between neighbours (any sign, or 0 for a broadcast).
+        stride: isize,
+    },
+    /// Index `i` at `offsets[i]`.
+    Table(&'a [isize]),
+}
+
+impl Axis<'_> {
+    /// Its indices.
+    pub fn len(&self) -> usize {
+        match self {
+            Axis::Strided { len, .. } => *len,
+            Axis::Table(offsets) => offsets.len(),
+        }
+    }
+
+    /// Whether it has no index.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its least and greatest offset (of an axis with an index).
+    fn reach(&self) -> (i128, i128) {
+        match *self {
+            Axis::Strided { len, stride } => {
+                let last = (len as i128 - 1) * stride as i128;
+                (last.min(0), last.max(0))
+            }
+            Axis::Table(offsets) => offsets.iter().fold((i128::MAX, i128::MIN), |(lo, hi), &o| {
+                (lo.min(o as i128), hi.max(o as i128))
+            }),
+        }
+    }
+
+    /// Its stride and table, as the cores take them.
+    fn raw(&self) -> (isize, *const isize) {
+        match *self {
+            Axis::Strided { stride, .. } => (stride, std::ptr::null()),
+            Axis::Table(offsets) => (0, offsets.as_ptr()),
+        }
+    }
+}
+
+/// An operand read where it lies: element `(i, j)` at
+/// `data[offset + rows(i) + cols(j)]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    /// The values it reads among.
+    pub data: &'a [f32],
+    /// The offset of element `(0, 0)`.
+    pub offset: isize,
+    /// Its rows.
+    pub rows: Axis<'a>,
+    /// Its columns.
+    pub cols: Axis<'a>,
+}
+
+impl Matrix<'_> {
+    /// Checks that every element lies inside `data` (an operand without
+    /// elements reads none, whatever its offset); `operand` names it.
+    fn check(&self, operand: &'static str) -> Result<(), Error> {
+        let (rows, cols) = (self.rows.len(), self.cols.len());
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let ((r0, r1), (c0, c1)) = (self.rows.reach(), self.cols.reach());
+        let (first, last) = (self.offset as i128 + r0 + c0, self.offset as i128 + r1 + c1);
+        if first < 0 || last >= self.data.len() as i128 {
+            return Err(Error::Operand {
+                operand,
+                rows,
+                cols,
+                first,
+                last,
+                len: self.data.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The operand as the cores take it. Its address is formed without the
+    /// in-bounds promise of `offset`: an operand without elements may lie
+    /// anywhere (a padded empty view), and none of its elements is read.
+    fn raw(&self) -> Operand {
+        let ((rows, row_table), (cols, col_table)) = (self.rows.raw(), self.cols.raw());
+        Operand {
+            ptr: self.data.as_ptr().wrapping_offset(self.offset),
+            rows,
+            cols,
+            row_table,
+            col_table,
+        }
+    }
+}
+
+/// A value added to each element of the product: one per column (a linear
+/// layer's) or one per row (a convolution's, per output channel).
+#[derive(Clone, Copy, Debug)]
+pub enum Bias<'a> {
+    /// `c[i][j] + bias[j]`.
+    Columns(&'a [f32]),
+    /// `c[i][j] + bias[i]`.
+    Rows(&'a [f32]),
+}
+
+/// What kiln's cores apply to each element of the product in registers as
+/// they store it: the bias, then ReLU where `relu`, then the lesser of
+/// that and `cap` where there is one, in the order and with the rounding
+/// of generated code's epilogues, so that both give the same values (a
+/// NaN's payload aside): ReLU keeps NaN and makes anything not above zero
+/// +0; the cap is finite and not zero.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// The bias, if any.
+    pub bias: Option<Bias<'a>>,
+    /// Whether ReLU follows.
+    pub relu: bool,
+    /// The value the result is capped at, if any.
+    pub cap: Option<f32>,
+}
+
+/// A product: `a` (`m x k`) times `b` (`k x n`), and the epilogue kiln's
+/// cores apply as they store it.
+#[derive(Clone, Copy, Debug)]
+pub struct Product<'a> {
+    /// The left operand.
+    pub a: Matrix<'a>,
+    /// The right operand.
+    pub b: Matrix<'a>,
+    /// Applied by kiln's cores.
+    pub epilogue: Epilogue<'a>,
+}
+
+/// `c = a b` (`c` row-major `m x n`, its first `m * n` values) on `threads`
+/// threads, by `isa`'s path. kiln's cores take products large enough for
+/// them and not too narrow, and every product with an operand read through
+/// a table; they apply the epilogue as they store the product and call
+/// `finish(r0, r1)` on each block of rows as it is done, and the result is
+/// then true. Else the `gemm` crate computes the plain product (a tabled
+/// operand gathered first), and the result is false: the epilogue is the
+/// caller's.
+///
+/// Every element the operands read, `c`'s `m * n` values and the bias are
+/// checked against their slices first; `isa` must be one this CPU runs.
+pub fn sgemm(
+    isa: Isa,
+    Product { a, b, epilogue }: Product<'_>,
+    c: &mut [f32],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> Result<bool, Error> {
+    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols.len());
+    if b.rows.len() != k {
+        return Err(Error::Inner {
+            m,
+            k,
+            k_b: b.rows.len(),
+            n,
+        });
+    }
+    a.check("a")?;
+    b.check("b")?;
+    let short = |what, len, needs| Error::Short { what, len, needs };
+    if c.len() < m * n {
+        return Err(short("product", c.len(), m * n));
+    }
+    let bias = match epilogue.bias {
+        None => None,
+        Some(Bias::Columns(values)) => Some((values, false, n)),
+        Some(Bias::Rows(values)) => Some((values, true, m)),
+    };
+    if let Some((values, _, needs)) = bias
+        && values.len() < needs
+    {
+        return Err(short("bias", values.len(), needs));
+    }
+    if !isa.available() {
+        return Err(Error::MissingIsa { isa });
+    }
+    let fused = Fused {
+        bias: bias.map_or(std::ptr::null(), |b| b.0.as_ptr()),
+        rows: bias.is_some_and(|b| b.1),
+        relu: epilogue.relu,
+        cap: epilogue.cap,
+    };
+    // SAFETY: `isa` is available; every element the operands read lies
+    // inside their slices and the bias's `m` or `n` values inside its own
+    // (checked above), all borrowed for the call; `c` holds `m * n`.
+    Ok(unsafe {
+        super::gemm(
+            isa,
+            m,
+            n,
+            k,
+            a.raw(),
+            b.raw(),
+            &mut c[..m * n],
+            threads,
+            fused,
+            finish,
+        )
+    })
+}

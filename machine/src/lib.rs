@@ -1,0 +1,85 @@
+//! kiln-machine: the machine kernels of kiln's CPU backend, behind a safe,
+//! slice-based API.
+//!
+//! - `gemm`: kiln's f32 GEMM, `C = A B` with A and B read through any
+//!   strides or tables of offsets, a bias, ReLU and cap applied as it
+//!   stores; the AVX-512 and AVX2 cores, or the `gemm` crate;
+//! - `isa`: the path a process takes (`KILN_CPU_ISA`);
+//! - `rows`: the 256-bit row functions that generated code calls (e^x with
+//!   its sum, max, sum and scale over a row), and their safe forms;
+//! - `team`: the threads that run parallel loops.
+//!
+//! Every function here checks what it is handed (operand offsets against
+//! their slices, lengths against dimensions) and returns an `Error` rather
+//! than read or write out of bounds. `unsafe` is confined to this crate's
+//! modules that run machine kernels (`gemm`'s cores, drivers and panels,
+//! `rows`' vector loops and the addresses generated code calls, `team`'s
+//! closure handed to workers by address), each block with its reason; a
+//! caller needs none.
+
+pub mod gemm;
+pub mod isa;
+pub mod rows;
+pub mod team;
+
+pub use isa::{ISA_VARIABLE, Isa, isa};
+
+/// What a machine kernel refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// `KILN_CPU_ISA` names no path.
+    #[error("{ISA_VARIABLE}={value:?} names no GEMM path (one of {})", isa::names(Isa::ALL.into_iter()))]
+    UnknownIsa {
+        /// The variable's value.
+        value: String,
+    },
+    /// `KILN_CPU_ISA` names a path this CPU lacks.
+    #[error(
+        "{ISA_VARIABLE}={isa}: this CPU lacks it (it runs {})",
+        isa::names(Isa::ALL.into_iter().filter(|isa| isa.available()))
+    )]
+    MissingIsa {
+        /// The path it names.
+        isa: Isa,
+    },
+    /// A GEMM operand whose elements do not all lie inside its slice.
+    #[error(
+        "gemm: operand {operand} ({rows} x {cols}) reads elements {first}..={last} of a slice of {len}"
+    )]
+    Operand {
+        /// `a` or `b`.
+        operand: &'static str,
+        /// Its rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+        /// The first element it reads.
+        first: i128,
+        /// The last element it reads.
+        last: i128,
+        /// The slice's length.
+        len: usize,
+    },
+    /// Operands whose inner dimensions differ.
+    #[error("gemm: a product of [{m}, {k}] @ [{k_b}, {n}]")]
+    Inner {
+        /// A's rows.
+        m: usize,
+        /// A's columns.
+        k: usize,
+        /// B's rows.
+        k_b: usize,
+        /// B's columns.
+        n: usize,
+    },
+    /// A slice too short for what it is to hold.
+    #[error("gemm: the {what} holds {len} values, {needs} needed")]
+    Short {
+        /// `product` or `bias`.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The length needed.
+        needs: usize,
+    },
+}
