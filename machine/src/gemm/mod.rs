@@ -36,7 +36,7 @@ mod safe;
 mod tests;
 mod tuning;
 
-pub use safe::{Axis, Bias, Epilogue, Matrix, Product, sgemm};
+pub use safe::{Axis, Bias, Epilogue, Matrix, Product, Table, sgemm};
 
 use crate::Isa;
 #[cfg(not(target_arch = "x86_64"))]

@@ -17,8 +17,26 @@ pub enum Axis<'a> {
         /// Elements between neighbours (any sign, or 0 for a broadcast).
         stride: isize,
     },
-    /// Index `i` at `offsets[i]`.
-    Table(&'a [isize]),
+    /// Index `i` at the table's offset `i`.
+    Table(&'a Table),
+}
+
+/// The offsets of an axis's indices, with their least and greatest found
+/// once: a table serves every batch of a product, each checked in O(1).
+#[derive(Clone, Debug)]
+pub struct Table {
+    offsets: Vec<isize>,
+    reach: (i128, i128),
+}
+
+impl Table {
+    /// The table of `offsets`.
+    pub fn new(offsets: Vec<isize>) -> Table {
+        let reach = offsets.iter().fold((i128::MAX, i128::MIN), |(lo, hi), &o| {
+            (lo.min(o as i128), hi.max(o as i128))
+        });
+        Table { offsets, reach }
+    }
 }
 
 impl Axis<'_> {
@@ -26,7 +44,7 @@ impl Axis<'_> {
     pub fn len(&self) -> usize {
         match self {
             Axis::Strided { len, .. } => *len,
-            Axis::Table(offsets) => offsets.len(),
+            Axis::Table(table) => table.offsets.len(),
         }
     }
 
@@ -42,9 +60,7 @@ impl Axis<'_> {
                 let last = (len as i128 - 1) * stride as i128;
                 (last.min(0), last.max(0))
             }
-            Axis::Table(offsets) => offsets.iter().fold((i128::MAX, i128::MIN), |(lo, hi), &o| {
-                (lo.min(o as i128), hi.max(o as i128))
-            }),
+            Axis::Table(table) => table.reach,
         }
     }
 
@@ -52,7 +68,7 @@ impl Axis<'_> {
     fn raw(&self) -> (isize, *const isize) {
         match *self {
             Axis::Strided { stride, .. } => (stride, std::ptr::null()),
-            Axis::Table(offsets) => (0, offsets.as_ptr()),
+            Axis::Table(table) => (0, table.offsets.as_ptr()),
         }
     }
 }

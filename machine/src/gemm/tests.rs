@@ -324,17 +324,20 @@ fn tabled_operands_agree_with_a_plain_product() {
                 .collect();
             let order: Vec<usize> = (0..m).map(|i| (i * 5 + 3) % m).collect();
             let a_rows: Vec<isize> = order.iter().map(|&r| (r * k) as isize).collect();
+            let a_table = Table::new(a_rows);
+            let (b_row_table, b_col_table) =
+                (Table::new(b_rows.clone()), Table::new(b_cols.clone()));
             let a = Matrix {
                 data: &a_values,
                 offset: 0,
-                rows: Axis::Table(&a_rows),
+                rows: Axis::Table(&a_table),
                 cols: Axis::Strided { len: k, stride: 1 },
             };
             let b = Matrix {
                 data: &image,
                 offset: 0,
-                rows: Axis::Table(&b_rows),
-                cols: Axis::Table(&b_cols),
+                rows: Axis::Table(&b_row_table),
+                cols: Axis::Table(&b_col_table),
             };
             let product = Product {
                 a,
@@ -415,7 +418,7 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
         Err(operand("b", (4, 3), (-1, 4)))
     );
     // A table with an offset outside the slice.
-    let rows = [0, 4, 9];
+    let rows = Table::new(vec![0, 4, 9]);
     let a_tabled = Matrix {
         rows: Axis::Table(&rows),
         ..a

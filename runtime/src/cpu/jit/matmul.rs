@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use kiln_ir::DType;
 use kiln_ir::Shape;
 use kiln_ir::view::View;
-use kiln_machine::gemm::{self, Axis, Bias, Matrix, Product};
+use kiln_machine::gemm::{self, Axis, Bias, Matrix, Product, Table};
 use kiln_machine::team;
 
 use super::CompiledKernel;
@@ -281,7 +281,7 @@ impl Strided {
 struct Merged {
     len: usize,
     stride: isize,
-    table: Option<Vec<isize>>,
+    table: Option<Table>,
 }
 
 impl Merged {
@@ -317,7 +317,7 @@ impl Merged {
                 Merged {
                     len,
                     stride: 0,
-                    table: Some(table),
+                    table: Some(Table::new(table)),
                 }
             }
         }
