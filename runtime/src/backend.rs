@@ -171,8 +171,11 @@ pub trait Executable: Send {
         let refs: Vec<DataRef<'_>> = (inputs.iter())
             .map(|a| match a {
                 Arg::Host(d) => Ok(*d),
-                Arg::Stored(_) => (held.next().map(|d| DataRef::from(d.as_ref())))
-                    .ok_or_else(|| Error::Launch("an input lost on its way to the host".into())),
+                Arg::Stored(_) => {
+                    (held.next().map(|d| DataRef::from(d.as_ref()))).ok_or_else(|| {
+                        crate::launch("the interpreter", "an input lost on its way to the host")
+                    })
+                }
             })
             .collect::<Result<_, Error>>()?;
         let mut donated: Vec<&mut Data> = (donated.iter_mut())

@@ -56,20 +56,51 @@ pub enum Error {
     /// An error of the IR: a bad graph or a verifier failure.
     #[error(transparent)]
     Ir(#[from] kiln_ir::Error),
-    /// Cranelift refused a kernel: a compiler bug.
-    #[error("code generation: {0}")]
-    Codegen(String),
-    /// The CUDA backend is unavailable (no driver, no device, no NVRTC) or
-    /// failed.
-    #[error("cuda: {0}")]
-    Cuda(String),
+    /// A kernel that code generation (Cranelift, or CUDA C) refused: a
+    /// compiler bug.
+    #[error("code generation for {kernel}: {problem}")]
+    Codegen {
+        /// The kernel (`label`).
+        kernel: String,
+        /// What went wrong.
+        problem: String,
+    },
+    /// The CUDA backend is unavailable (no driver, no device, no NVRTC) or a
+    /// call of it failed.
+    #[error("cuda: {call}: {problem}")]
+    Cuda {
+        /// The call that failed, or the step (`nvrtc`, a copy, a kernel's
+        /// launch).
+        call: String,
+        /// What the driver or library said, or what is missing.
+        problem: String,
+    },
     /// A machine kernel refused its operands, or `KILN_CPU_ISA` names no
     /// path or one the CPU lacks.
     #[error(transparent)]
     Machine(#[from] kiln_machine::Error),
-    /// A kernel was launched with buffers that do not fit it: a runtime bug.
-    #[error("launch: {0}")]
-    Launch(String),
+    /// A buffer too small for what a kernel (or a copy) reads or writes
+    /// there: a runtime bug.
+    #[error("{kernel}: {buffer} holds {bytes} bytes, {needs} needed")]
+    Fit {
+        /// The kernel (`label`), or the step that copies.
+        kernel: String,
+        /// Which of its buffers.
+        buffer: Role,
+        /// Its bytes.
+        bytes: usize,
+        /// The bytes needed.
+        needs: usize,
+    },
+    /// A launch whose parts disagree with its kernel, its plan or the state
+    /// of its values: a runtime bug.
+    #[error("{kernel}: {problem}")]
+    Launch {
+        /// The kernel (`label`), or the step that failed.
+        kernel: String,
+        /// What disagrees.
+        problem: String,
+    },
     /// A compiled graph called with the wrong number of buffers.
     #[error("{graph}: expected {expected} {what}s, got {got}")]
     Count {
@@ -96,6 +127,78 @@ pub enum Error {
         /// What it was given.
         got: String,
     },
+}
+
+/// A buffer of a launch, as errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The kernel's input at this position.
+    Input(usize),
+    /// Its output.
+    Output,
+    /// Its side output at this position.
+    Side(usize),
+    /// Its scratch.
+    Scratch,
+    /// A matmul's operand written before the product (0 for `a`, 1 for
+    /// `b`).
+    Operand(usize),
+    /// A buffer on the host, copied from or into.
+    Host,
+    /// A buffer on a device, copied from or into.
+    Device,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Role::Input(i) => write!(f, "input {i}"),
+            Role::Output => f.write_str("the output"),
+            Role::Side(i) => write!(f, "side output {i}"),
+            Role::Scratch => f.write_str("the scratch"),
+            Role::Operand(i) => write!(f, "written operand {}", ["a", "b"][(*i).min(1)]),
+            Role::Host => f.write_str("the host buffer"),
+            Role::Device => f.write_str("the device buffer"),
+        }
+    }
+}
+
+/// A kernel as errors name it: its kind and what it writes
+/// (`reduce kernel of f32[64, 10]`).
+pub fn label(kernel: &kiln_ir::kernel::Kernel) -> String {
+    use kiln_ir::kernel::KernelKind;
+    let kind = match kernel.kind {
+        KernelKind::Elementwise => "elementwise",
+        KernelKind::Reduce { .. } => "reduce",
+        KernelKind::Scatter { .. } => "scatter",
+        KernelKind::MatMul { .. } => "matmul",
+    };
+    format!("{kind} kernel of {}", kernel.out)
+}
+
+/// `Error::Launch` of `kernel` (a label or a step) for `problem`.
+pub(crate) fn launch(kernel: impl Into<String>, problem: impl Into<String>) -> Error {
+    Error::Launch {
+        kernel: kernel.into(),
+        problem: problem.into(),
+    }
+}
+
+/// `Error::Codegen` of `kernel` for `problem`.
+pub(crate) fn codegen(kernel: impl Into<String>, problem: impl Into<String>) -> Error {
+    Error::Codegen {
+        kernel: kernel.into(),
+        problem: problem.into(),
+    }
+}
+
+/// `Error::Cuda` of `call` for `problem`.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda(call: impl Into<String>, problem: impl Into<String>) -> Error {
+    Error::Cuda {
+        call: call.into(),
+        problem: problem.into(),
+    }
 }
 
 /// A run's buffers (`Executable::run_donated`, `run_stored`), each given

@@ -213,16 +213,19 @@ pub enum Epilogue {
 /// The plan of matmul `kernel` for `target`.
 pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     let KernelKind::MatMul { a, b } = &kernel.kind else {
-        return Err(Error::Codegen("not a matmul kernel".to_string()));
+        return Err(crate::codegen(crate::label(kernel), "not a matmul kernel"));
     };
     let (ad, bd) = (a.shape().dims(), b.shape().dims());
     let (ra, rb) = (ad.len(), bd.len());
     if ra < 2 || rb < 2 {
-        return Err(Error::Codegen(format!(
-            "matmul operands {} and {} have no matrix",
-            a.shape(),
-            b.shape()
-        )));
+        return Err(crate::codegen(
+            crate::label(kernel),
+            format!(
+                "matmul operands {} and {} have no matrix",
+                a.shape(),
+                b.shape()
+            ),
+        ));
     }
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);

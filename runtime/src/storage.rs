@@ -83,7 +83,7 @@ impl Storage {
             let what = format_args!("{} values of {}", data.len(), data.dtype());
             *data = Arc::new(data.try_clone().map_err(|e| e.in_op(op, what))?);
         }
-        Arc::get_mut(data).ok_or_else(|| Error::Launch("a shared host buffer".into()))
+        Arc::get_mut(data).ok_or_else(|| crate::launch("storage", "a shared host buffer"))
     }
 
     /// Host data a run only writes (an output): a new buffer of the same
@@ -115,7 +115,7 @@ impl Storage {
         match self {
             Storage::Host(d) => Ok(d),
             #[cfg(feature = "cuda")]
-            Storage::Cuda(_) => Err(Error::Launch("device storage after a copy out".into())),
+            Storage::Cuda(_) => Err(crate::launch("storage", "device storage after a copy out")),
         }
     }
 }
@@ -233,8 +233,9 @@ pub(crate) fn check_put(
     values: &[DataRef<'_>],
 ) -> Result<(), Error> {
     if waiting {
-        return Err(Error::Launch(
-            "a feed's put before the last one was taken".into(),
+        return Err(crate::launch(
+            "storage",
+            "a feed's put before the last one was taken",
         ));
     }
     let given = values.iter().map(|v| (v.dtype(), v.len()));
@@ -262,7 +263,8 @@ impl Feed for HostFeed {
     }
 
     fn take(&mut self) -> Result<Vec<Storage>, Error> {
-        (self.waiting.take()).ok_or_else(|| Error::Launch("a feed's take with nothing put".into()))
+        (self.waiting.take())
+            .ok_or_else(|| crate::launch("storage", "a feed's take with nothing put"))
     }
 }
 

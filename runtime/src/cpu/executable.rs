@@ -47,7 +47,10 @@ impl Executable {
         let mut kernels = Vec::with_capacity(optimized.schedule.launches.len());
         for (k, launch) in optimized.schedule.launches.iter().enumerate() {
             let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
-                return Err(Error::Launch(format!("launch {k} is not a kernel")));
+                return Err(crate::launch(
+                    optimized.graph.name.as_str(),
+                    format!("launch {k} is not a kernel"),
+                ));
             };
             kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
         }
@@ -183,7 +186,10 @@ impl Executable {
                     Place::Donated(j) => donated[j].clone(),
                 },
                 Bound::Slot(s) => {
-                    return Err(Error::Launch(format!("output {k} copied from slot {s}")));
+                    return Err(crate::launch(
+                        self.optimized.graph.name.as_str(),
+                        format!("output {k} copied from slot {s}"),
+                    ));
                 }
             };
             match places.outputs[k] {

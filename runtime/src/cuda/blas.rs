@@ -29,7 +29,8 @@ pub(super) unsafe fn sgemm(
     };
     let (one, zero) = (1.0f32, 0.0f32);
     let int = |v: usize| {
-        i32::try_from(v).map_err(|_| Error::Launch(format!("sgemm takes no dimension of {v}")))
+        i32::try_from(v)
+            .map_err(|_| crate::launch("cuBLAS sgemm", format!("sgemm takes no dimension of {v}")))
     };
     let [sa, sb, sc] = shape.batch_strides;
     // SAFETY: the caller's; the handle's stream is the device's, and every

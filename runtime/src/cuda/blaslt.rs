@@ -23,7 +23,7 @@ use crate::Error;
 use crate::matmul::Epilogue;
 
 fn fail(what: &str, e: CublasError) -> Error {
-    Error::Cuda(format!("cuBLASLt {what}: {e:?}"))
+    crate::cuda(format!("cuBLASLt {what}"), format!("{e:?}"))
 }
 
 /// A cuBLASLt handle and the workspace its products use (one at a time, in
@@ -47,9 +47,10 @@ impl Lt {
     pub fn new(stream: &Arc<CudaStream>, major: i32) -> Result<Lt, Error> {
         let bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
         let workspace = stream.alloc_zeros::<u8>(bytes).map_err(|e| {
-            Error::Cuda(format!(
-                "allocating cuBLASLt's {bytes}-byte workspace: {e:?}"
-            ))
+            crate::cuda(
+                format!("allocating cuBLASLt's {bytes}-byte workspace"),
+                format!("{e:?}"),
+            )
         })?;
         let handle = result::create_handle().map_err(|e| fail("handle", e))?;
         Ok(Lt { handle, workspace })
@@ -117,7 +118,10 @@ impl Matmul {
         let (a_rows, a_cols) = if p.transa { (p.k, p.m) } else { (p.m, p.k) };
         let (b_rows, b_cols) = if p.transb { (p.n, p.k) } else { (p.k, p.n) };
         let count = i32::try_from(p.batches).map_err(|_| {
-            Error::Launch(format!("cuBLASLt takes no batch of {} products", p.batches))
+            crate::launch(
+                "cuBLASLt",
+                format!("cuBLASLt takes no batch of {} products", p.batches),
+            )
         })?;
         let layouts = [
             (a_rows, a_cols, p.lda),
@@ -215,7 +219,8 @@ impl Matmul {
         let mut chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         use sys::cublasLtMatmulDescAttributes_t as D;
         if self.bias {
-            let bias = bias.ok_or_else(|| Error::Launch("a bias epilogue with no bias".into()))?;
+            let bias =
+                bias.ok_or_else(|| crate::launch("cuBLASLt", "a bias epilogue with no bias"))?;
             // SAFETY: the descriptor is live; the attribute takes a device pointer.
             unsafe {
                 set(

@@ -18,7 +18,7 @@ use crate::Error;
 
 /// A failed driver or library call, saying what it was doing.
 pub(super) fn driver(what: &str, e: impl std::fmt::Debug) -> Error {
-    Error::Cuda(format!("{what}: {e:?}"))
+    crate::cuda(what, format!("{e:?}"))
 }
 
 /// One GPU: its context and stream, cuBLAS handles, and every module loaded.
@@ -156,7 +156,7 @@ fn check_versions() -> Result<(), Error> {
         ),
     ];
     match version_problem(driver_version, &libraries) {
-        Some(problem) => Err(Error::Cuda(problem)),
+        Some(problem) => Err(crate::cuda("the CUDA driver", problem)),
         None => Ok(()),
     }
 }
@@ -199,27 +199,30 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
         )
     };
     if !cuda {
-        return Err(Error::Cuda(
-            "libcuda.so is not loadable: no NVIDIA driver on this machine".into(),
+        return Err(crate::cuda(
+            "the CUDA driver",
+            "libcuda.so is not loadable: no NVIDIA driver on this machine",
         ));
     }
     if !super::nvrtc::available() {
-        return Err(Error::Cuda(
-            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH)".into(),
+        return Err(crate::cuda(
+            "the CUDA driver",
+            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH)",
         ));
     }
     if !lt || !blas {
-        return Err(Error::Cuda(
-            "libcublasLt.so.13 or libcublas.so.13 is not on the library path (LD_LIBRARY_PATH)"
-                .into(),
+        return Err(crate::cuda(
+            "the CUDA driver",
+            "libcublasLt.so.13 or libcublas.so.13 is not on the library path (LD_LIBRARY_PATH)",
         ));
     }
     check_versions()?;
     let count = CudaContext::device_count().map_err(|e| driver("counting devices", e))?;
     if ordinal >= count.max(0) as usize {
-        return Err(Error::Cuda(format!(
-            "no device {ordinal}: this machine has {count}"
-        )));
+        return Err(crate::cuda(
+            "the CUDA driver",
+            format!("no device {ordinal}: this machine has {count}"),
+        ));
     }
     let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the device", e))?;
     // SAFETY: every buffer of the device is used on its one compute stream,
@@ -358,8 +361,9 @@ impl Gpu {
         }
         (codes.iter())
             .map(|c| {
-                (functions.get(c).cloned())
-                    .ok_or_else(|| Error::Cuda("a kernel missing from the cache".into()))
+                (functions.get(c).cloned()).ok_or_else(|| {
+                    crate::cuda("the CUDA driver", "a kernel missing from the cache")
+                })
             })
             .collect()
     }

@@ -32,10 +32,10 @@ use super::memory::Buffer;
 use super::replay::Replays;
 use super::runs::HostBuffers;
 use super::{blas, blaslt};
-use crate::Error;
 use crate::backend::{BackendOptions, Place, Places, Precision};
 use crate::bind::{Bindings, Bound};
 use crate::matmul::Epilogue;
+use crate::{Error, Role};
 
 /// Graph outputs of at most this many bytes (a training step's loss, a
 /// batch's metrics) of runs on storage are written into buffers of the
@@ -188,10 +188,10 @@ impl Executable {
         let schedule = &optimized.schedule;
         let kernel = |i: usize| match &graph.node(schedule.launches[i].node).op {
             Op::Kernel(kernel) => Ok(kernel.as_ref()),
-            _ => Err(Error::Launch(format!(
-                "{} is not a kernel",
-                schedule.launches[i].node
-            ))),
+            _ => Err(crate::launch(
+                graph.name.as_str(),
+                format!("{} is not a kernel", schedule.launches[i].node),
+            )),
         };
         let bindings = Bindings::new(&optimized);
         let places = Places::new(&optimized);
@@ -328,14 +328,17 @@ impl Executable {
         self.gpu.bind()?;
         let graph = &self.optimized.graph;
         if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
-            return Err(Error::Launch(format!(
-                "{}: {} inputs and {} outputs for a graph of {} and {}",
-                graph.name,
-                inputs.len(),
-                outputs.len(),
-                graph.inputs.len(),
-                graph.outputs.len()
-            )));
+            return Err(crate::launch(
+                graph.name.as_str(),
+                format!(
+                    "{}: {} inputs and {} outputs for a graph of {} and {}",
+                    graph.name,
+                    inputs.len(),
+                    outputs.len(),
+                    graph.inputs.len(),
+                    graph.outputs.len()
+                ),
+            ));
         }
         // Every launch's buffers found and checked before the first is
         // enqueued: a run that fails leaves its outputs and donated inputs
@@ -345,10 +348,10 @@ impl Executable {
             .collect();
         for ((out, staged), ty) in outputs.iter().zip(&staged).zip(&self.outputs) {
             if staged.is_some_and(|s| out.bytes < s.bytes) {
-                return Err(Error::Launch(format!(
-                    "an output of {} bytes for {ty}",
-                    out.bytes
-                )));
+                return Err(crate::launch(
+                    graph.name.as_str(),
+                    format!("an output of {} bytes for {ty}", out.bytes),
+                ));
             }
         }
         let written: Vec<&Buffer> = (outputs.iter().zip(&staged))
@@ -425,7 +428,10 @@ impl Executable {
                     let product = match epilogue {
                         Epilogue::Kernel { acc: Some(acc) } => (scratch, *acc),
                         Epilogue::Kernel { acc: None } => {
-                            return Err(Error::Launch("an epilogue with no product".into()));
+                            return Err(crate::launch(
+                                self.optimized.graph.name.as_str(),
+                                "an epilogue with no product",
+                            ));
                         }
                         Epilogue::Product | Epilogue::Bias { .. } => (*out, 0),
                     };
@@ -481,29 +487,26 @@ impl Executable {
         let binding = &self.bindings.launches[i];
         let buffer = |b: &Bound| self.buffer(*b, inputs, outputs);
         let args: Vec<&Buffer> = binding.args.iter().map(buffer).collect();
-        for (b, id) in args.iter().zip(&node.inputs) {
-            let ty = &graph.node(*id).ty;
-            if b.bytes < ty.shape.numel() * ty.dtype.size() {
-                return Err(Error::Launch(format!(
-                    "a buffer of {} bytes for {ty}",
-                    b.bytes
-                )));
-            }
-        }
         let out = buffer(&binding.out);
         let side: Vec<&Buffer> = binding.side.iter().map(buffer).collect();
-        let outs = std::iter::once((out, launch.node)).chain(
-            side.iter()
-                .copied()
-                .zip(launch.side.iter().map(|&(id, _)| id)),
-        );
-        for (b, id) in outs {
-            let ty = &graph.node(id).ty;
+        let roles = (0..args.len()).map(Role::Input).chain([Role::Output]);
+        let roles = roles.chain((0..side.len()).map(Role::Side));
+        let values = node.inputs.iter().chain([&launch.node]);
+        let values = values.chain(launch.side.iter().map(|(id, _)| id));
+        let buffers = args.iter().chain([&out]).chain(&side);
+        for ((b, id), role) in buffers.zip(values).zip(roles) {
+            let ty = &graph.node(*id).ty;
             if b.bytes < ty.shape.numel() * ty.dtype.size() {
-                return Err(Error::Launch(format!(
-                    "an output of {} bytes for {ty}",
-                    b.bytes
-                )));
+                let kernel = match &node.op {
+                    Op::Kernel(kernel) => crate::label(kernel),
+                    _ => format!("launch {i} of {}", graph.name),
+                };
+                return Err(Error::Fit {
+                    kernel,
+                    buffer: role,
+                    bytes: b.bytes,
+                    needs: ty.shape.numel() * ty.dtype.size(),
+                });
             }
         }
         Ok(Operands { args, out, side })
@@ -529,9 +532,9 @@ impl Executable {
         let operand = |o: &GemmOperand, rows: usize, cols: usize| {
             let (buffer, base) = match o.source {
                 OperandSource::Input(i) => (
-                    *args
-                        .get(i as usize)
-                        .ok_or_else(|| Error::Launch(format!("no input {i}")))?,
+                    *args.get(i as usize).ok_or_else(|| {
+                        crate::launch(self.optimized.graph.name.as_str(), format!("no input {i}"))
+                    })?,
                     0,
                 ),
                 OperandSource::Scratch(at) => (scratch, at),
@@ -541,16 +544,24 @@ impl Executable {
                 + rows.saturating_sub(1) * o.row_stride
                 + cols.saturating_sub(1) * o.col_stride;
             if base + (last + 1) * 4 > buffer.bytes {
-                return Err(Error::Launch(format!(
-                    "a GEMM operand reads element {last} of a {}-byte buffer",
-                    buffer.bytes
-                )));
+                return Err(crate::launch(
+                    self.optimized.graph.name.as_str(),
+                    format!(
+                        "a GEMM operand reads element {last} of a {}-byte buffer",
+                        buffer.bytes
+                    ),
+                ));
             }
             buffer.address(base + o.offset * 4)
         };
         let (c, c_at) = product;
         if c_at + batches * m * n * 4 > c.bytes {
-            return Err(Error::Launch("the GEMM's product does not fit".into()));
+            return Err(Error::Fit {
+                kernel: format!("a GEMM of {}", self.optimized.graph.name),
+                buffer: Role::Output,
+                bytes: c.bytes.saturating_sub(c_at),
+                needs: batches * m * n * 4,
+            });
         }
         let c = c.address(c_at)?;
         if k == 0 {
@@ -569,11 +580,19 @@ impl Executable {
         let (a, b) = (operand(&plan.a, m, k)?, operand(&plan.b, k, n)?);
         let bias = match epilogue {
             Epilogue::Bias { bias, .. } => {
-                let buffer = *args
-                    .get(*bias as usize)
-                    .ok_or_else(|| Error::Launch(format!("no bias input {bias}")))?;
+                let buffer = *args.get(*bias as usize).ok_or_else(|| {
+                    crate::launch(
+                        self.optimized.graph.name.as_str(),
+                        format!("no bias input {bias}"),
+                    )
+                })?;
                 if buffer.bytes < n * 4 {
-                    return Err(Error::Launch("a bias shorter than a row".into()));
+                    return Err(Error::Fit {
+                        kernel: format!("a GEMM of {}", self.optimized.graph.name),
+                        buffer: Role::Input(*bias as usize),
+                        bytes: buffer.bytes,
+                        needs: n * 4,
+                    });
                 }
                 Some(buffer.address(0)?)
             }
@@ -588,15 +607,24 @@ impl Executable {
                 // of the same kernel is.
                 unsafe { lt.run((&self.gpu.lt, stream), [b, a, c], bias) }
             }
-            (Precision::Tf32, None) => Err(Error::Launch("a TF32 matmul with no plan".into())),
+            (Precision::Tf32, None) => Err(crate::launch(
+                self.optimized.graph.name.as_str(),
+                "a TF32 matmul with no plan",
+            )),
             (Precision::F32, _) => {
                 // Refused by `Replays` for that reason: the handle enqueues
                 // on the compute stream, which a capture would not record.
                 if stream.cu_stream() != self.gpu.stream.cu_stream() {
-                    return Err(Error::Launch("sgemm captured on another stream".into()));
+                    return Err(crate::launch(
+                        self.optimized.graph.name.as_str(),
+                        "sgemm captured on another stream",
+                    ));
                 }
                 if bias.is_some() {
-                    return Err(Error::Launch("sgemm has no bias epilogue".into()));
+                    return Err(crate::launch(
+                        self.optimized.graph.name.as_str(),
+                        "sgemm has no bias epilogue",
+                    ));
                 }
                 // SAFETY: as for cuBLASLt above; the handle's stream is the
                 // device's, and every pointer is a device address of its context.

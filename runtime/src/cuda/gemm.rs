@@ -38,15 +38,15 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
                 prologues.push(codegen::kernel(prologue)?);
                 let view = o
                     .written_view()
-                    .ok_or_else(|| Error::Codegen("no written view".into()))?;
+                    .ok_or_else(|| crate::codegen(crate::label(kernel), "no written view"))?;
                 (OperandSource::Scratch(*at), view)
             }
         };
         let s = blas(&view).ok_or_else(|| {
-            Error::Codegen(format!(
-                "a GEMM operand cuBLAS cannot step through: {}",
-                view.shape
-            ))
+            crate::codegen(
+                crate::label(kernel),
+                format!("a GEMM operand cuBLAS cannot step through: {}", view.shape),
+            )
         })?;
         Ok(GemmOperand {
             source,
@@ -68,8 +68,9 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
         // cuBLASLt's bias is one per column of kiln's products, and it has
         // no cap: `Target::cuda` asks for neither.
         Epilogue::Bias { rows: true, .. } | Epilogue::Bias { cap: Some(_), .. } => {
-            return Err(Error::Codegen(
-                "a bias per row or a cap in cuBLASLt's epilogue".into(),
+            return Err(crate::codegen(
+                crate::label(kernel),
+                "a bias per row or a cap in cuBLASLt's epilogue",
             ));
         }
         Epilogue::Product | Epilogue::Bias { .. } => None,

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, DevicePtr, P
 use kiln_ir::{Data, DataRef, OutOfMemory, TensorType};
 
 use super::context::{Gpu, driver};
-use crate::{Error, Storage};
+use crate::{Error, Role, Storage};
 
 impl Gpu {
     /// Two device buffers of `bytes` and a copy between them: the device's
@@ -115,17 +115,19 @@ impl Buffer {
     pub(super) fn slice(&self) -> Result<&CudaSlice<u8>, Error> {
         self.slice
             .as_ref()
-            .ok_or_else(|| Error::Cuda("a freed device buffer".into()))
+            .ok_or_else(|| crate::cuda("device memory", "a freed device buffer"))
     }
 
     /// The raw device address of byte `at`, for a kernel argument.
     pub(super) fn address(&self, at: usize) -> Result<u64, Error> {
         let slice = self.slice()?;
         if at > self.bytes {
-            return Err(Error::Launch(format!(
-                "byte {at} of a {}-byte buffer",
-                self.bytes
-            )));
+            return Err(Error::Fit {
+                kernel: "a kernel argument".into(),
+                buffer: Role::Device,
+                bytes: self.bytes,
+                needs: at,
+            });
         }
         let (ptr, _sync) = slice.device_ptr(&self.gpu.stream);
         Ok(ptr + at as u64)
@@ -135,8 +137,8 @@ impl Buffer {
 impl Buffer {
     /// Its first `bytes` bytes, to write.
     pub(super) fn first_mut(&mut self, bytes: usize) -> Result<CudaViewMut<'_, u8>, Error> {
-        let slice =
-            (self.slice.as_mut()).ok_or_else(|| Error::Cuda("a freed device buffer".into()))?;
+        let slice = (self.slice.as_mut())
+            .ok_or_else(|| crate::cuda("device memory", "a freed device buffer"))?;
         Ok(slice.slice_mut(..bytes))
     }
 
@@ -183,10 +185,12 @@ impl Buffer {
         stream: &CudaStream,
     ) -> Result<(), Error> {
         if bytes > self.bytes || bytes > from.bytes {
-            return Err(Error::Launch(format!(
-                "a copy of {bytes} bytes between buffers of {} and {}",
-                from.bytes, self.bytes
-            )));
+            return Err(Error::Fit {
+                kernel: "a copy on the device".into(),
+                buffer: Role::Device,
+                bytes: self.bytes.min(from.bytes),
+                needs: bytes,
+            });
         }
         if bytes == 0 {
             return Ok(());
@@ -386,12 +390,16 @@ impl Pinned {
     /// Its first `bytes` bytes, to write.
     fn first_mut(&mut self, bytes: usize) -> Result<&mut [u8], Error> {
         let slice = (self.slice.as_mut())
-            .ok_or_else(|| Error::Cuda("a freed pinned buffer".into()))?
+            .ok_or_else(|| crate::cuda("device memory", "a freed pinned buffer"))?
             .as_mut_slice()
             .map_err(|e| driver("writing pinned memory", e))?;
         let len = slice.len();
-        (slice.get_mut(..bytes))
-            .ok_or_else(|| Error::Launch(format!("{bytes} bytes of a {len}-byte pinned buffer")))
+        (slice.get_mut(..bytes)).ok_or_else(|| Error::Fit {
+            kernel: "a batch's copy".into(),
+            buffer: Role::Host,
+            bytes: len,
+            needs: bytes,
+        })
     }
 }
 
@@ -453,7 +461,7 @@ impl Feeder {
             let host = set.pinned[k].first_mut(bytes.len())?;
             host.copy_from_slice(&bytes);
             let value = (Arc::get_mut(&mut set.values[k]))
-                .ok_or_else(|| Error::Launch("a fed value held elsewhere".into()))?;
+                .ok_or_else(|| crate::launch("device memory", "a fed value held elsewhere"))?;
             let mut dst = value.buffer.first_mut(bytes.len())?;
             copy.memcpy_htod(&*host, &mut dst)
                 .map_err(|e| driver("copying a batch to the device", e))?;
@@ -515,12 +523,15 @@ impl crate::Feed for Feeder {
 
     fn take(&mut self) -> Result<Vec<Storage>, Error> {
         if !self.waiting {
-            return Err(Error::Launch("a feed's take with nothing put".into()));
+            return Err(crate::launch(
+                "device memory",
+                "a feed's take with nothing put",
+            ));
         }
         let set = &self.sets[self.next];
         self.next = 1 - self.next;
         let copied = (set.copied.as_ref())
-            .ok_or_else(|| Error::Launch("a feed's take before its copy".into()))?;
+            .ok_or_else(|| crate::launch("device memory", "a feed's take before its copy"))?;
         self.gpu.bind()?;
         (self.gpu.stream.wait(copied))
             .map_err(|e| driver("ordering the runs after a batch's copy", e))?;

@@ -25,13 +25,15 @@ pub fn available() -> bool {
 /// A compile error carries NVRTC's log.
 pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
     if !available() {
-        return Err(Error::Cuda(
-            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH): CUDA kernels cannot be compiled".into(),
+        return Err(crate::cuda(
+            "nvrtc",
+            "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH): CUDA kernels cannot be compiled",
         ));
     }
-    let fail = |what: &str, e: result::NvrtcError| Error::Cuda(format!("nvrtc: {what}: {e:?}"));
+    let fail =
+        |what: &str, e: result::NvrtcError| crate::cuda(format!("nvrtc {what}"), format!("{e:?}"));
     let text = CString::new(source)
-        .map_err(|_| Error::Cuda("generated CUDA C contains a NUL byte".into()))?;
+        .map_err(|_| crate::cuda("nvrtc", "generated CUDA C contains a NUL byte"))?;
     let program = result::create_program(&text, None).map_err(|e| fail("create", e))?;
     // IEEE arithmetic as the interpreter computes it: no a*b+c contracted to FMA.
     let options = [format!("--gpu-architecture={arch}"), "--fmad=false".into()];
@@ -50,7 +52,10 @@ pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
                             .to_string()
                     })
                     .unwrap_or_default();
-                Err(Error::Cuda(format!("nvrtc: {e:?} for {arch}:\n{log}")))
+                Err(crate::cuda(
+                    format!("nvrtc compile for {arch}"),
+                    format!("{e:?}:\n{log}"),
+                ))
             }
         };
         result::destroy_program(program).map_err(|e| fail("destroy", e))?;

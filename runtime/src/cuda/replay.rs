@@ -88,7 +88,7 @@ impl Replays {
         }
         if let Some(at) = self.graphs.iter().position(|(a, _)| *a == addresses) {
             let Some(entry) = self.graphs.remove(at) else {
-                return Err(Error::Cuda("a kept graph went missing".into()));
+                return Err(crate::cuda("graph replay", "a kept graph went missing"));
             };
             let launched = entry.1.launch(gpu);
             self.graphs.push_back(entry);

@@ -95,9 +95,9 @@ impl crate::Executable for Executable {
         for arg in inputs {
             given.push(match arg {
                 Arg::Stored(Storage::Cuda(v)) if v.ordinal() == self.gpu.ordinal => &v.buffer,
-                _ => copied
-                    .next()
-                    .ok_or_else(|| Error::Launch("an input lost on its way in".into()))?,
+                _ => copied.next().ok_or_else(|| {
+                    crate::launch("a run on the GPU", "an input lost on its way in")
+                })?,
             });
         }
         let donated: Vec<&Buffer> = donated.iter().map(resident).collect::<Result<_, _>>()?;
@@ -147,7 +147,10 @@ fn output<'a>(
 fn resident(storage: &Storage) -> Result<&Buffer, Error> {
     match storage {
         Storage::Cuda(v) => Ok(&v.buffer),
-        Storage::Host(_) => Err(Error::Launch("a host value among device outputs".into())),
+        Storage::Host(_) => Err(crate::launch(
+            "a run on the GPU",
+            "a host value among device outputs",
+        )),
     }
 }
 
@@ -170,14 +173,15 @@ impl Executable {
         }
         self.host
             .as_mut()
-            .ok_or_else(|| Error::Cuda("no host run buffers".into()))
+            .ok_or_else(|| crate::cuda("a run on the GPU", "no host run buffers"))
     }
 
     /// The buffers of runs on host data, by graph input and by graph
     /// output (a donated output's is its input's).
     fn host_run(&self) -> Result<(Vec<&Buffer>, Vec<&Buffer>), Error> {
-        let host = (self.host.as_ref())
-            .ok_or_else(|| Error::Launch("a run on host data before any input".into()))?;
+        let host = (self.host.as_ref()).ok_or_else(|| {
+            crate::launch("a run on the GPU", "a run on host data before any input")
+        })?;
         let inputs: Vec<&Buffer> = host.inputs.iter().collect();
         let donated = &self.optimized.schedule.donated;
         let outputs: Vec<&Buffer> = (self.places.outputs.iter().zip(&host.outputs))

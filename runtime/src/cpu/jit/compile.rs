@@ -84,7 +84,7 @@ fn isa() -> Result<&'static OwnedTargetIsa, Error> {
             .map_err(|e| e.to_string())
     })
     .as_ref()
-    .map_err(|e| Error::Codegen(format!("host ISA: {e}")))
+    .map_err(|e| crate::codegen("the host ISA", e.to_string()))
 }
 
 /// A kernel compiled to machine code, with what it takes to call it.
@@ -145,11 +145,14 @@ impl CompiledKernel {
                 // computed operands (`Kernel::scratch_bytes`); kiln's
                 // cores read every other operand in place.
                 if plan.scratch_bytes > kernel.scratch_bytes() {
-                    return Err(Error::Codegen(format!(
-                        "a matmul plan needs {} scratch bytes, the schedule gave {}",
-                        plan.scratch_bytes,
-                        kernel.scratch_bytes()
-                    )));
+                    return Err(crate::codegen(
+                        crate::label(kernel),
+                        format!(
+                            "a matmul plan needs {} scratch bytes, the schedule gave {}",
+                            plan.scratch_bytes,
+                            kernel.scratch_bytes()
+                        ),
+                    ));
                 }
                 let mut prologues = [None, None];
                 for (slot, o) in prologues.iter_mut().zip([&plan.a, &plan.b]) {
@@ -175,8 +178,11 @@ impl CompiledKernel {
         let codegen = |e: cranelift_module::ModuleError| match e {
             cranelift_module::ModuleError::Compilation(
                 cranelift_codegen::CodegenError::Verifier(errors),
-            ) => Error::Codegen(format!("generated code failed verification: {errors}")),
-            e => Error::Codegen(e.to_string()),
+            ) => crate::codegen(
+                crate::label(kernel),
+                format!("generated code failed verification: {errors}"),
+            ),
+            e => crate::codegen(crate::label(kernel), e.to_string()),
         };
         let mut fbc = FunctionBuilderContext::new();
         let calls = lower::Calls::new(&mut module, row_calls()?);

@@ -5,12 +5,13 @@
 
 #![allow(unsafe_code)]
 
+use kiln_ir::kernel::Kernel;
 use kiln_ir::{Data, DataRef, TensorType};
 
 use kiln_machine::team;
 
 use super::{CompiledKernel, Computed};
-use crate::Error;
+use crate::{Error, Role};
 
 /// Work below this many elements runs on the calling thread.
 pub(super) const PARALLEL_ELEMENTS: usize = 1 << 15;
@@ -31,34 +32,34 @@ impl CompiledKernel {
         scratch: &mut Buffer,
     ) -> Result<Bound<'_>, Error> {
         let k = &self.kernel;
-        if inputs.len() != k.inputs.len() {
-            return Err(Error::Launch(format!(
-                "kernel takes {} buffers, got {}",
-                k.inputs.len(),
-                inputs.len()
-            )));
+        let counts = [("input", k.inputs.len(), inputs.len())];
+        let counts = counts
+            .into_iter()
+            .chain([("side output", k.side.len(), side.len())]);
+        if let Some((what, wants, got)) = counts.into_iter().find(|c| c.1 != c.2) {
+            return Err(crate::launch(
+                crate::label(k),
+                format!("{what}s: {wants} wanted, {got} given"),
+            ));
         }
-        if side.len() != k.side.len() {
-            return Err(Error::Launch(format!(
-                "kernel writes {} side outputs, got {} buffers",
-                k.side.len(),
-                side.len()
-            )));
-        }
+        let fits = |buffer: Role, buf: &Buffer, needs: usize| match buf.bytes < needs {
+            true => Err(Error::Fit {
+                kernel: crate::label(k),
+                buffer,
+                bytes: buf.bytes,
+                needs,
+            }),
+            false => Ok(()),
+        };
+        let bytes = |ty: &TensorType| ty.shape.numel() * ty.dtype.size();
         for (i, (buf, ty)) in inputs.iter().zip(&k.inputs).enumerate() {
-            fits(format_args!("buffer {i}"), buf, ty)?;
+            fits(Role::Input(i), buf, bytes(ty))?;
         }
-        fits(format_args!("the output"), out, &k.out)?;
+        fits(Role::Output, out, bytes(&k.out))?;
         for (i, (buf, s)) in side.iter().zip(&k.side).enumerate() {
-            fits(format_args!("side output {i}"), buf, &s.ty)?;
+            fits(Role::Side(i), buf, bytes(&s.ty))?;
         }
-        if scratch.bytes < k.scratch_bytes() {
-            return Err(Error::Launch(format!(
-                "the scratch buffer has {} bytes, the kernel needs {}",
-                scratch.bytes,
-                k.scratch_bytes()
-            )));
-        }
+        fits(Role::Scratch, scratch, k.scratch_bytes())?;
         let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
         table.push(out.ptr);
         table.extend(side.iter().map(|b| b.ptr));
@@ -99,17 +100,6 @@ impl CompiledKernel {
     }
 }
 
-/// Whether `buf` holds a `ty`; `what` names it in the error.
-fn fits(what: std::fmt::Arguments, buf: &Buffer, ty: &TensorType) -> Result<(), Error> {
-    if buf.bytes < ty.shape.numel() * ty.dtype.size() {
-        return Err(Error::Launch(format!(
-            "{what} has {} bytes, {ty} needs more",
-            buf.bytes
-        )));
-    }
-    Ok(())
-}
-
 /// A kernel with the buffers of one launch checked and tabled.
 pub(crate) struct Bound<'k> {
     kernel: &'k CompiledKernel,
@@ -142,10 +132,13 @@ pub(crate) fn run_rows(group: &[Bound<'_>]) -> Result<(), Error> {
     };
     let rows = first.kernel.range.rows;
     if let Some(b) = group.iter().find(|b| b.kernel.range.rows != rows) {
-        return Err(Error::Launch(format!(
-            "kernels over {rows} and {} rows cannot run row by row together",
-            b.kernel.range.rows
-        )));
+        return Err(crate::launch(
+            crate::label(&b.kernel.kernel),
+            format!(
+                "its {} rows run row by row with a kernel of {rows}",
+                b.kernel.range.rows
+            ),
+        ));
     }
     let widest = group.iter().map(|b| b.kernel.range.row_len).max();
     let row_len = widest.unwrap_or(1);
@@ -285,29 +278,27 @@ impl Buffer {
 /// bias) and the product it writes. The product must share no byte with
 /// what is read, and every buffer be aligned for f32.
 pub(super) fn f32_views<'b>(
-    read: &'b [Buffer],
+    kernel: &Kernel,
+    read: &'b [(Role, Buffer)],
     out: &'b mut Buffer,
 ) -> Result<(Vec<&'b [f32]>, &'b mut [f32]), Error> {
-    let views = |b: &Buffer, what: &str| -> Result<(*mut f32, usize), Error> {
+    let views = |b: &Buffer, role: Role| -> Result<(*mut f32, usize), Error> {
         if !(b.ptr as usize).is_multiple_of(align_of::<f32>()) {
-            return Err(Error::Launch(format!(
-                "{what} of {} bytes is not aligned for f32",
-                b.bytes
-            )));
+            let problem = format!("{role} of {} bytes is not aligned for f32", b.bytes);
+            return Err(crate::launch(crate::label(kernel), problem));
         }
         Ok((b.ptr.cast::<f32>(), b.bytes / size_of::<f32>()))
     };
-    let (out_ptr, out_len) = views(out, "the product")?;
+    let (out_ptr, out_len) = views(out, Role::Output)?;
     let out_bytes = out.ptr as usize..out.ptr as usize + out.bytes;
     let mut slices = Vec::with_capacity(read.len());
-    for (i, b) in read.iter().enumerate() {
+    for &(role, ref b) in read {
         let bytes = b.ptr as usize..b.ptr as usize + b.bytes;
         if bytes.start < out_bytes.end && out_bytes.start < bytes.end {
-            return Err(Error::Launch(format!(
-                "matmul buffer {i} overlaps the product it writes"
-            )));
+            let problem = format!("{role} overlaps the product it writes");
+            return Err(crate::launch(crate::label(kernel), problem));
         }
-        let (ptr, len) = views(b, "a matmul buffer")?;
+        let (ptr, len) = views(b, role)?;
         // SAFETY: a buffer is made only from live Rust storage, borrowed
         // while it is used (`Buffer`), of initialized bytes that are each
         // some f32 when aligned (checked); it is only read here, and
@@ -377,5 +368,53 @@ mod tests {
         ] {
             assert_eq!(sums(ahead), want, "ahead {ahead}");
         }
+    }
+
+    /// A buffer too small for a kernel is an error naming the kernel, the
+    /// buffer and both sizes, and runs nothing.
+    #[test]
+    fn a_buffer_too_small_is_named_with_its_kernel_and_sizes() {
+        let mut g = Graph::new("g");
+        let x = g.input(TensorType::new(DType::F32, Shape::new(&[3, 5])));
+        let r = g.push(Op::Unary(UnaryOp::Relu), &[x]).unwrap();
+        g.outputs.push(r);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let launch = &optimized.schedule.launches[0];
+        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            panic!("the launch is a kernel")
+        };
+        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let input = vec![-1.0f32; 15];
+        let x = Buffer::input(DataRef::F32(&input));
+        let mut short = Data::zeros(DType::F32, 14).unwrap();
+        let mut out = Buffer::output(&mut short);
+        let err = kernel
+            .run(&[&x], &mut out, &mut [], &mut Buffer::empty())
+            .expect_err("an output of 14 values for 15");
+        assert_eq!(
+            err,
+            Error::Fit {
+                kernel: "elementwise kernel of f32[3,5]".into(),
+                buffer: Role::Output,
+                bytes: 56,
+                needs: 60,
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "elementwise kernel of f32[3,5]: the output holds 56 bytes, 60 needed"
+        );
+        assert_eq!(
+            short,
+            Data::zeros(DType::F32, 14).unwrap(),
+            "nothing written"
+        );
+        let err = kernel
+            .run(&[], &mut out, &mut [], &mut Buffer::empty())
+            .expect_err("no input");
+        assert_eq!(
+            err.to_string(),
+            "elementwise kernel of f32[3,5]: inputs: 1 wanted, 0 given"
+        );
     }
 }

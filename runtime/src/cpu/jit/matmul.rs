@@ -14,6 +14,7 @@ use std::sync::Mutex;
 
 use kiln_ir::DType;
 use kiln_ir::Shape;
+use kiln_ir::kernel::Kernel;
 use kiln_ir::view::View;
 use kiln_machine::gemm::{self, Axis, Bias, Matrix, Product, Table};
 use kiln_machine::team;
@@ -21,8 +22,8 @@ use kiln_machine::team;
 use super::CompiledKernel;
 use super::compile::MatMul;
 use super::launch::{Bound, Buffer, f32_views, run_rows};
-use crate::Error;
 use crate::matmul::{Epilogue, PlanOperand, Source};
+use crate::{Error, Role};
 
 /// Batches of at most this many multiply-adds each run side by side, one
 /// thread each, rather than one after the other across every thread.
@@ -54,15 +55,21 @@ impl CompiledKernel {
         let mut read = Vec::with_capacity(3);
         let mut parts = Vec::with_capacity(2);
         let sides = [&plan.a, &plan.b].into_iter().zip(prologues).zip(computed);
-        for ((operand, prologue), place) in sides {
-            let (buffer, part) =
-                operand_at(operand, prologue.as_deref(), place, (inputs, scratch))?;
+        for (side, ((operand, prologue), place)) in sides.enumerate() {
+            let at = Side {
+                kernel: &self.kernel,
+                side,
+                place,
+            };
+            let (buffer, part) = operand_at(at, operand, prologue.as_deref(), (inputs, scratch))?;
             read.push(buffer);
             parts.push(part);
         }
-        let (b, a) = (parts.pop(), parts.pop());
-        let (Some(a), Some(b)) = (a, b) else {
-            return Err(Error::Launch("a matmul has two operands".to_string()));
+        let (Some(b), Some(a)) = (parts.pop(), parts.pop()) else {
+            return Err(crate::launch(
+                crate::label(&self.kernel),
+                "not two operands",
+            ));
         };
         let (batches, m, n) = (a.batches(), a.rows.len(), b.cols.len());
         // A bias and ReLU kiln's cores apply as they store the product.
@@ -73,17 +80,23 @@ impl CompiledKernel {
                 rows,
                 cap,
             } => {
-                let buffer = inputs
-                    .get(bias as usize)
-                    .ok_or_else(|| Error::Launch(format!("a bias of input {bias}")))?;
-                read.push(buffer.alias());
+                let buffer = inputs.get(bias as usize).ok_or_else(|| {
+                    crate::launch(
+                        crate::label(&self.kernel),
+                        format!("no input {bias}, its bias"),
+                    )
+                })?;
+                read.push((Role::Input(bias as usize), buffer.alias()));
                 Some((rows, relu, cap.map(f32::from_bits)))
             }
             Epilogue::Product | Epilogue::Kernel { .. } => None,
         };
-        let (values, c) = f32_views(&read, out)?;
-        let (Some(&a_values), Some(&b_values)) = (values.first(), values.get(1)) else {
-            return Err(Error::Launch("a matmul reads two buffers".to_string()));
+        let (values, c) = f32_views(&self.kernel, &read, out)?;
+        let [a_values, b_values, ..] = values[..] else {
+            return Err(crate::launch(
+                crate::label(&self.kernel),
+                "not two operands",
+            ));
         };
         let epilogue = match (in_registers, values.get(2)) {
             (Some((rows, relu, cap)), Some(&bias)) => gemm::Epilogue {
@@ -98,12 +111,12 @@ impl CompiledKernel {
             _ => gemm::Epilogue::default(),
         };
         if batches * m * n > c.len() {
-            return Err(Error::Launch(format!(
-                "a product of {batches} x [{m}, {}] @ [{}, {n}] does not fit {} output values",
-                a.cols.len(),
-                b.rows.len(),
-                c.len()
-            )));
+            return Err(Error::Fit {
+                kernel: crate::label(&self.kernel),
+                buffer: Role::Output,
+                bytes: size_of_val(c),
+                needs: batches * m * n * size_of::<f32>(),
+            });
         }
         // An epilogue needs a pass where the GEMM core does not apply it (a
         // kernel's, or a bias on a path other than kiln's cores): over each
@@ -171,48 +184,62 @@ impl CompiledKernel {
     }
 }
 
+/// Which operand of which matmul kernel, and where it is computed.
+struct Side<'a> {
+    kernel: &'a Kernel,
+    /// 0 for `a`, 1 for `b`.
+    side: usize,
+    place: &'a Computed,
+}
+
 /// A matmul operand's buffer and layout: an input where it lies, or an
-/// operand its prologue writes, written where `place` says (into scratch,
-/// or a kept buffer) unless an earlier launch has.
+/// operand its prologue writes, written where `at.place` says (into
+/// scratch, or a kept buffer) unless an earlier launch has.
 fn operand_at(
+    at: Side<'_>,
     operand: &PlanOperand,
     prologue: Option<&CompiledKernel>,
-    place: &Computed,
     (inputs, scratch): (&[&Buffer], &Buffer),
-) -> Result<(Buffer, Strided), Error> {
+) -> Result<((Role, Buffer), Strided), Error> {
     let shape = &operand.shape;
     let (buffer, view) = match (&operand.source, prologue, operand.written_view()) {
         (Source::Input { input, view }, _, _) => {
-            let buffer = inputs
-                .get(*input as usize)
-                .ok_or_else(|| Error::Launch(format!("a matmul operand of input {input}")))?;
-            (buffer.alias(), view.clone())
+            let buffer = inputs.get(*input as usize).ok_or_else(|| {
+                crate::launch(
+                    crate::label(at.kernel),
+                    format!("no input {input}, an operand"),
+                )
+            })?;
+            ((Role::Input(*input as usize), buffer.alias()), view.clone())
         }
-        (Source::Written { at, .. }, Some(prologue), Some(view)) => {
+        (Source::Written { at: offset, .. }, Some(prologue), Some(view)) => {
             let bytes = shape.numel() * DType::F32.size();
-            let (mut part, there) = match place {
-                Computed::Scratch => (scratch.part(*at, bytes), false),
+            let (mut part, there) = match at.place {
+                Computed::Scratch => (scratch.part(*offset, bytes), false),
                 Computed::Keep(buffer) => (buffer.alias(), false),
                 Computed::Kept(buffer) => (buffer.alias(), true),
             };
             if part.bytes < bytes {
-                return Err(Error::Launch(format!(
-                    "a written operand {shape} in {} bytes",
-                    part.bytes
-                )));
+                return Err(Error::Fit {
+                    kernel: crate::label(at.kernel),
+                    buffer: Role::Operand(at.side),
+                    bytes: part.bytes,
+                    needs: bytes,
+                });
             }
             if !there {
                 prologue.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
             }
-            (part, view)
+            ((Role::Operand(at.side), part), view)
         }
         (Source::Written { .. }, _, _) => {
-            return Err(Error::Launch(
-                "a written operand was not compiled".to_string(),
-            ));
+            let problem = format!("written operand {} without its prologue", at.side);
+            return Err(crate::launch(crate::label(at.kernel), problem));
         }
     };
-    Ok((buffer, Strided::new(&view, shape)?))
+    let layout = Strided::new(&view, shape)
+        .map_err(|problem| crate::launch(crate::label(at.kernel), problem))?;
+    Ok((buffer, layout))
 }
 
 /// A matmul operand as the GEMM takes it: element strides in place of a
@@ -228,7 +255,7 @@ struct Strided {
 impl Strided {
     /// The operand of `shape` that `view` presents in row-major order: the
     /// view itself, or its axes merged into `shape`'s.
-    fn new(view: &View, shape: &Shape) -> Result<Strided, Error> {
+    fn new(view: &View, shape: &Shape) -> Result<Strided, String> {
         let own = || Some((0..shape.rank()).map(|a| a..a + 1).collect::<Vec<_>>());
         let runs = (if view.shape == *shape {
             own()
@@ -237,10 +264,10 @@ impl Strided {
         })
         .filter(|runs| runs.len() >= 2)
         .ok_or_else(|| {
-            Error::Launch(format!(
-                "a matmul operand {shape} does not merge the axes of its view {}",
+            format!(
+                "operand {shape} does not merge the axes of its view {}",
                 view.shape
-            ))
+            )
         })?;
         let r = runs.len();
         let axes = |run: &std::ops::Range<usize>| -> Vec<(usize, isize)> {

@@ -104,8 +104,9 @@ pub fn kernel(kernel: &Kernel) -> Result<Program, Error> {
             prologue,
             index,
         } => scatter::scatter(kernel, *axis, shape, prologue, *index),
-        KernelKind::MatMul { .. } => Err(Error::Codegen(
-            "a matmul kernel is a plan, not one source".to_string(),
+        KernelKind::MatMul { .. } => Err(crate::codegen(
+            crate::label(kernel),
+            "a matmul kernel is a plan, not one source",
         )),
     }
 }

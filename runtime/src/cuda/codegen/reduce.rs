@@ -48,7 +48,10 @@ pub(super) fn reduce_into(
     let (KernelKind::Reduce { shape, .. }, Loops::Reduce(plan)) =
         (&kernel.kind, loops::plan(kernel, Target::CUDA).kind)
     else {
-        return Err(Error::Codegen("a reduction kernel of another kind".into()));
+        return Err(crate::codegen(
+            "CUDA C",
+            "a reduction kernel of another kind",
+        ));
     };
     let (op, prologue, reduction) = (&plan.op, &plan.prologue, &plan.reduction);
     let (kept, reduced) = (&reduction.kept, &reduction.reduced);
@@ -61,9 +64,10 @@ pub(super) fn reduce_into(
     let by_rows = plan.by == By::Rows;
     let (indent, lane_start, lane_step) = if let Some((name, written)) = row {
         if !by_rows {
-            return Err(Error::Codegen(format!(
-                "{name}: a reduction that does not run by rows in a row group"
-            )));
+            return Err(crate::codegen(
+                "CUDA C",
+                format!("{name}: a reduction that does not run by rows in a row group"),
+            ));
         }
         w.row_signature(name, &kernel.inputs, written, kernel.out.dtype);
         (1, "threadIdx.x", "blockDim.x")

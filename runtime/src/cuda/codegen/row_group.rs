@@ -68,22 +68,25 @@ fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Program, Error> {
     let mut calls = Vec::new();
     for (m, (kernel, written)) in members.iter().enumerate() {
         if !matches!(kernel.kind, KernelKind::Reduce { .. }) {
-            return Err(Error::Codegen(format!(
-                "row group member {m} is not a reduction"
-            )));
+            return Err(crate::codegen(
+                "CUDA C of a row group",
+                format!("row group member {m} is not a reduction"),
+            ));
         }
         let name = format!("kiln_row{m}");
         let grid = reduce_into(&mut w, kernel, Some((&name, written)))?;
         let Grid::Rows { rows, threads } = grid else {
-            return Err(Error::Codegen(format!(
-                "row group member {m} is not by rows"
-            )));
+            return Err(crate::codegen(
+                "CUDA C of a row group",
+                format!("row group member {m} is not by rows"),
+            ));
         };
         let (group_rows, group_threads) = *rows_and_threads.get_or_insert((rows, threads));
         if rows != group_rows {
-            return Err(Error::Codegen(format!(
-                "row group member {m} has {rows} rows, not {group_rows}"
-            )));
+            return Err(crate::codegen(
+                "CUDA C of a row group",
+                format!("row group member {m} has {rows} rows, not {group_rows}"),
+            ));
         }
         rows_and_threads = Some((rows, threads.max(group_threads)));
         let mut args = vec!["o".to_string()];
@@ -96,7 +99,10 @@ fn row_group(members: &[(&Kernel, Vec<bool>)]) -> Result<Program, Error> {
         calls.push(format!("{name}({});", args.join(", ")));
     }
     let Some((rows, threads)) = rows_and_threads else {
-        return Err(Error::Codegen("an empty row group".to_string()));
+        return Err(crate::codegen(
+            "CUDA C of a row group",
+            "an empty row group",
+        ));
     };
     w.line(
         0,

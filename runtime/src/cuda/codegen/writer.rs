@@ -336,7 +336,7 @@ impl Writer {
                     let dtype = inputs
                         .get(*input as usize)
                         .map(|t| t.dtype)
-                        .ok_or_else(|| Error::Codegen(format!("no input {input}")))?;
+                        .ok_or_else(|| crate::codegen("CUDA C", format!("no input {input}")))?;
                     self.load(*input, view, dtype, at)
                 }
                 Expr::Gather {
@@ -358,7 +358,7 @@ impl Writer {
                 Expr::Const(c) => literal(*c),
                 Expr::Acc => at
                     .acc
-                    .ok_or_else(|| Error::Codegen("acc outside a reduction or matmul".into()))?
+                    .ok_or_else(|| crate::codegen("CUDA C", "acc outside a reduction or matmul"))?
                     .to_string(),
                 // `pass::widen` leaves no arithmetic on 16-bit floats; were
                 // there any, its result would round as the interpreter's.
@@ -523,10 +523,10 @@ impl Writer {
             UnaryOp::Abs => wrap(&format!("({x} < 0 ? -{wide} : {wide})"), ty),
             UnaryOp::Relu => format!("{x} > 0 ? {x} : 0"),
             _ => {
-                return Err(Error::Codegen(format!(
-                    "{} of {ty} is not typed",
-                    op.name()
-                )));
+                return Err(crate::codegen(
+                    "CUDA C",
+                    format!("{} of {ty} is not typed", op.name()),
+                ));
             }
         })
     }
@@ -570,7 +570,12 @@ impl Writer {
                     format!("(float)pow((double){x}, (double){y})")
                 }
                 BinaryOp::Pow => format!("pow({x}, {y})"),
-                _ => return Err(Error::Codegen(format!("{} is not arithmetic", op.name()))),
+                _ => {
+                    return Err(crate::codegen(
+                        "CUDA C",
+                        format!("{} is not arithmetic", op.name()),
+                    ));
+                }
             });
         }
         let wide = |sign: &str| wrap(&format!("{} {sign} {}", widen(x, ty), widen(y, ty)), ty);
@@ -581,10 +586,10 @@ impl Writer {
             BinaryOp::Max => format!("{x} > {y} ? {x} : {y}"),
             BinaryOp::Min => format!("{x} < {y} ? {x} : {y}"),
             _ => {
-                return Err(Error::Codegen(format!(
-                    "{} of {ty} is not typed",
-                    op.name()
-                )));
+                return Err(crate::codegen(
+                    "CUDA C",
+                    format!("{} of {ty} is not typed", op.name()),
+                ));
             }
         })
     }
