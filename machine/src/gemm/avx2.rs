@@ -18,7 +18,7 @@ use std::arch::x86_64::{
     _mm256_storeu_ps,
 };
 
-use super::Fused;
+use super::RawFused;
 use super::driver::{Kernel, Tile};
 use super::panel::{PanelA, Rows};
 use super::tuning::{self, Tuning};
@@ -372,17 +372,17 @@ unsafe fn whole_row<const EPILOGUE: bool>(
 /// Where it has, `i` is one of its rows.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn row_bias<const EPILOGUE: bool>(epilogue: Fused, i: usize) -> Option<[__m256; 2]> {
+unsafe fn row_bias<const EPILOGUE: bool>(epilogue: RawFused, i: usize) -> Option<[__m256; 2]> {
     // SAFETY: the caller's row `i` is inside the bias.
     let b = unsafe { epilogue.row_bias(i) }.filter(|_| EPILOGUE)?;
     Some([_mm256_set1_ps(b); 2])
 }
 
 /// `v` plus `bias` where there is one, then `epilogue`'s ReLU and cap:
-/// lane by lane as `Fused::apply` (the same bits).
+/// lane by lane as `RawFused::apply` (the same bits).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn apply(v: __m256, bias: Option<__m256>, epilogue: Fused) -> __m256 {
+fn apply(v: __m256, bias: Option<__m256>, epilogue: RawFused) -> __m256 {
     let mut v = match bias {
         Some(bias) => _mm256_add_ps(v, bias),
         None => v,

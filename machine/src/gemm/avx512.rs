@@ -15,7 +15,7 @@ use std::arch::x86_64::{
     _mm512_maskz_mov_ps, _mm512_min_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
-use super::Fused;
+use super::RawFused;
 use super::driver::{Kernel, Tile};
 use super::panel::PanelA;
 use super::tuning::{self, Tuning};
@@ -172,10 +172,10 @@ unsafe fn microkernel<const R: usize, const V: usize, const EPILOGUE: bool, A: P
 }
 
 /// `v` plus `bias` where there is one, then `epilogue`'s ReLU and cap:
-/// lane by lane as `Fused::apply` (the same bits).
+/// lane by lane as `RawFused::apply` (the same bits).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn apply(v: __m512, bias: Option<__m512>, epilogue: Fused) -> __m512 {
+fn apply(v: __m512, bias: Option<__m512>, epilogue: RawFused) -> __m512 {
     let mut v = match bias {
         Some(bias) => _mm512_add_ps(v, bias),
         None => v,

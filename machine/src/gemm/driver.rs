@@ -15,7 +15,7 @@
 //! nearest caches while B's panels stream past it, prefetched a few steps
 //! ahead of use by the micro-kernel (faster than without: measured in
 //! `benches/RESULTS-cpu.md`).
-//! In the last depth block each tile applies the caller's `Fused` epilogue (a
+//! In the last depth block each tile applies the caller's `RawFused` epilogue (a
 //! bias, ReLU) in registers as it stores, and each block of rows of C is
 //! handed to the caller's `finish` as soon as that block is done, on the
 //! (last) thread that computed it.
@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
 use super::tuning::Tuning;
-use super::{Fused, Operand};
+use super::{Operand, RawFused};
 use crate::team;
 
 /// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
@@ -67,7 +67,7 @@ pub(super) struct Tile {
     pub accumulate: bool,
     /// Applied to each element as it is stored (the last depth block),
     /// from the tile's first row and column.
-    pub epilogue: Fused,
+    pub epilogue: RawFused,
 }
 
 /// `c[i * n + j] = epilogue(sum over l of a(i, l) b(l, j))` for `i < m`,
@@ -89,7 +89,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     b: Operand,
     c: &mut [f32],
     threads: usize,
-    epilogue: Fused,
+    epilogue: RawFused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) {
     let c = &mut c[..m * n];
@@ -165,7 +165,7 @@ struct Product {
     b: Operand,
     n: usize,
     c: C,
-    epilogue: Fused,
+    epilogue: RawFused,
 }
 
 /// The product's first element: tasks write disjoint tiles of it.
@@ -464,7 +464,7 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                     accumulate: k0 > 0,
                     epilogue: match last {
                         true => product.epilogue.at(r0 + t * MR, p * NR),
-                        false => Fused::NONE,
+                        false => RawFused::NONE,
                     },
                 };
                 let (b_rows, b_stride) = panel(p);

@@ -36,7 +36,7 @@ mod safe;
 mod tests;
 mod tuning;
 
-pub use safe::{Axis, Bias, Epilogue, Matrix, Product, Table, sgemm};
+pub use safe::{Axis, Bias, Fused, Matrix, Product, Table, sgemm};
 
 use crate::Isa;
 #[cfg(not(target_arch = "x86_64"))]
@@ -109,14 +109,14 @@ impl Operand {
 unsafe impl Sync for Operand {}
 unsafe impl Send for Operand {}
 
-/// What kiln's cores apply to each element of the product in registers
-/// as they store it (`matmul::Epilogue::Bias`): `c + bias[j]` (or
+/// `Fused` as the cores take it, its bias by address: what they apply to
+/// each element of the product in registers as they store it: `c + bias[j]` (or
 /// `bias[i]` where `rows`) where `bias` is not null, then ReLU where
 /// `relu`, then the lesser of that and `cap` where there is one, in the
 /// order and with the rounding of the generated epilogue, so that both give
 /// the same values (a NaN's payload aside).
 #[derive(Clone, Copy)]
-pub(crate) struct Fused {
+pub(crate) struct RawFused {
     /// Null, or the first of one value per column of the product (per row
     /// where `rows`).
     pub bias: *const f32,
@@ -130,9 +130,9 @@ pub(crate) struct Fused {
     pub cap: Option<f32>,
 }
 
-impl Fused {
+impl RawFused {
     /// The product as it is.
-    pub(crate) const NONE: Fused = Fused {
+    pub(crate) const NONE: RawFused = RawFused {
         bias: std::ptr::null(),
         rows: false,
         relu: false,
@@ -146,10 +146,10 @@ impl Fused {
 
     /// The same epilogue for the tile of rows from `i` and columns from `j`
     /// on.
-    pub(crate) fn at(self, i: usize, j: usize) -> Fused {
+    pub(crate) fn at(self, i: usize, j: usize) -> RawFused {
         match self.bias.is_null() {
             true => self,
-            false => Fused {
+            false => RawFused {
                 bias: self.bias.wrapping_add(if self.rows { i } else { j }),
                 ..self
             },
@@ -191,8 +191,8 @@ impl Fused {
 
 // SAFETY: the bias is only read, while the caller of `gemm` keeps its
 // buffer alive (the contract of `gemm`).
-unsafe impl Sync for Fused {}
-unsafe impl Send for Fused {}
+unsafe impl Sync for RawFused {}
+unsafe impl Send for RawFused {}
 
 /// Whether a product of `n` columns is too narrow for a core of `MR x NR`
 /// tiles, which then leaves it to the `gemm` crate: at most `NARROW`
@@ -230,7 +230,7 @@ pub(crate) unsafe fn gemm(
     b: Operand,
     c: &mut [f32],
     threads: usize,
-    epilogue: Fused,
+    epilogue: RawFused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let tabled = a.tabled() || b.tabled();

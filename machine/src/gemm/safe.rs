@@ -1,7 +1,7 @@
 //! `sgemm`, the GEMM's safe entry: operands as slices with the offsets of
 //! their rows and columns, every offset checked before a core reads one.
 
-use super::{Fused, Operand};
+use super::{Operand, RawFused};
 use crate::{Error, Isa};
 
 /// One axis of an operand: `len` indices, each at a multiple of `stride`,
@@ -142,7 +142,7 @@ pub enum Bias<'a> {
 /// NaN's payload aside): ReLU keeps NaN and makes anything not above zero
 /// +0; the cap is finite and not zero.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Epilogue<'a> {
+pub struct Fused<'a> {
     /// The bias, if any.
     pub bias: Option<Bias<'a>>,
     /// Whether ReLU follows.
@@ -151,7 +151,7 @@ pub struct Epilogue<'a> {
     pub cap: Option<f32>,
 }
 
-/// A product: `a` (`m x k`) times `b` (`k x n`), and the epilogue kiln's
+/// A product: `a` (`m x k`) times `b` (`k x n`), and what kiln's
 /// cores apply as they store it.
 #[derive(Clone, Copy, Debug)]
 pub struct Product<'a> {
@@ -160,7 +160,7 @@ pub struct Product<'a> {
     /// The right operand.
     pub b: Matrix<'a>,
     /// Applied by kiln's cores.
-    pub epilogue: Epilogue<'a>,
+    pub fused: Fused<'a>,
 }
 
 /// `c = a b` (`c` row-major `m x n`, its first `m * n` values) on `threads`
@@ -176,7 +176,7 @@ pub struct Product<'a> {
 /// checked against their slices first; `isa` must be one this CPU runs.
 pub fn sgemm(
     isa: Isa,
-    Product { a, b, epilogue }: Product<'_>,
+    Product { a, b, fused }: Product<'_>,
     c: &mut [f32],
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
@@ -196,7 +196,7 @@ pub fn sgemm(
     if c.len() < m * n {
         return Err(short("product", c.len(), m * n));
     }
-    let bias = match epilogue.bias {
+    let bias = match fused.bias {
         None => None,
         Some(Bias::Columns(values)) => Some((values, false, n)),
         Some(Bias::Rows(values)) => Some((values, true, m)),
@@ -209,11 +209,11 @@ pub fn sgemm(
     if !isa.available() {
         return Err(Error::MissingIsa { isa });
     }
-    let fused = Fused {
+    let fused = RawFused {
         bias: bias.map_or(std::ptr::null(), |b| b.0.as_ptr()),
         rows: bias.is_some_and(|b| b.1),
-        relu: epilogue.relu,
-        cap: epilogue.cap,
+        relu: fused.relu,
+        cap: fused.cap,
     };
     // SAFETY: `isa` is available; every element the operands read lies
     // inside their slices and the bias's `m` or `n` values inside its own

@@ -68,7 +68,7 @@ unsafe fn core(
     b: Operand,
     c: &mut [f32],
     threads: usize,
-    epilogue: Fused,
+    epilogue: RawFused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) {
     // SAFETY: the contract of this function.
@@ -109,7 +109,7 @@ fn a_product_started_by_finish_leaves_both_exact() {
             );
             // SAFETY: `isa` is available; the operands index inside `x` and
             // `y`, `c` holds 40 x 50.
-            unsafe { core(isa, (40, 50, 300), x, y, c, 2, Fused::NONE, &|_, _| {}) };
+            unsafe { core(isa, (40, 50, 300), x, y, c, 2, RawFused::NONE, &|_, _| {}) };
         };
         let mut alone = vec![0.0; 40 * 50];
         inner(&mut alone);
@@ -121,7 +121,7 @@ fn a_product_started_by_finish_leaves_both_exact() {
                     Operand::strided(b.as_ptr(), n as isize, 1),
                 );
                 // SAFETY: as above, for `a`, `b` and `c` (`m x n`).
-                unsafe { core(isa, (m, n, k), a, b, c, 2, Fused::NONE, finish) };
+                unsafe { core(isa, (m, n, k), a, b, c, 2, RawFused::NONE, finish) };
             };
             let mut want = vec![0.0; m * n];
             outer(&mut want, &|_, _| {});
@@ -179,7 +179,7 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         (2, 0, transposed, (Some(true), true, Some(cap))),
         (1, 3, row_major, (Some(true), false, None)),
     ] {
-        let epilogue = Fused {
+        let epilogue = RawFused {
             bias: match rows {
                 None => std::ptr::null(),
                 Some(false) => per_column.as_ptr(),
@@ -342,7 +342,7 @@ fn tabled_operands_agree_with_a_plain_product() {
             let product = Product {
                 a,
                 b,
-                epilogue: Epilogue::default(),
+                fused: Fused::default(),
             };
             for threads in [1, 2] {
                 let mut c = vec![f32::NAN; m * n];
@@ -387,11 +387,11 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
         },
     };
     let run = |a: Matrix, b: Matrix, c: &mut [f32], bias: Option<Bias>| {
-        let epilogue = Epilogue {
+        let fused = Fused {
             bias,
-            ..Epilogue::default()
+            ..Fused::default()
         };
-        sgemm(Isa::Generic, Product { a, b, epilogue }, c, 1, &|_, _| {})
+        sgemm(Isa::Generic, Product { a, b, fused }, c, 1, &|_, _| {})
     };
     let mut c = [0.0f32; 9];
     let a = strided(0, (3, 4), (4, 1));

@@ -98,8 +98,8 @@ impl CompiledKernel {
                 "not two operands",
             ));
         };
-        let epilogue = match (in_registers, values.get(2)) {
-            (Some((rows, relu, cap)), Some(&bias)) => gemm::Epilogue {
+        let fused = match (in_registers, values.get(2)) {
+            (Some((rows, relu, cap)), Some(&bias)) => gemm::Fused {
                 bias: Some(if rows {
                     Bias::Rows(bias)
                 } else {
@@ -108,7 +108,7 @@ impl CompiledKernel {
                 relu,
                 cap,
             },
-            _ => gemm::Epilogue::default(),
+            _ => gemm::Fused::default(),
         };
         if batches * m * n > c.len() {
             return Err(Error::Fit {
@@ -152,7 +152,7 @@ impl CompiledKernel {
             let product = Product {
                 a: a.matrix(a_values, batch),
                 b: b.matrix(b_values, batch),
-                epilogue,
+                fused,
             };
             gemm::sgemm(isa, product, c, threads, &rows)
         };
