@@ -9,13 +9,14 @@
 //!   its sum, max, sum and scale over a row), and their safe forms;
 //! - `team`: the threads that run parallel loops.
 //!
-//! Every function here checks what it is handed (operand offsets against
-//! their slices, lengths against dimensions) and returns an `Error` rather
-//! than read or write out of bounds. `unsafe` is confined to this crate's
-//! modules that run machine kernels (`gemm`'s cores, drivers and panels,
-//! `rows`' vector loops and the addresses generated code calls, `team`'s
-//! closure handed to workers by address), each block with its reason; a
-//! caller needs none.
+//! Every safe function here checks what it is handed (operand offsets
+//! against their slices, lengths against dimensions) and returns an
+//! `Error` rather than read or write out of bounds. The row functions
+//! generated code calls by address are `unsafe extern "C"` fns, each with
+//! its contract. `unsafe` is confined to this crate's modules that run
+//! machine kernels (`gemm`'s cores, drivers and panels, `rows`' vector
+//! loops, `team`'s closure handed to workers by address), each block with
+//! its reason.
 
 pub mod gemm;
 pub mod isa;
@@ -33,9 +34,10 @@ pub enum Error {
         /// The variable's value.
         value: String,
     },
-    /// `KILN_CPU_ISA` names a path this CPU lacks.
+    /// A path this CPU lacks: named by `KILN_CPU_ISA`, or asked for by a
+    /// caller.
     #[error(
-        "{ISA_VARIABLE}={isa}: this CPU lacks it (it runs {})",
+        "the {isa} path: this CPU lacks it (it runs {})",
         isa::names(Isa::ALL.into_iter().filter(|isa| isa.available()))
     )]
     MissingIsa {
@@ -72,10 +74,11 @@ pub enum Error {
         /// B's columns.
         n: usize,
     },
-    /// A slice too short for what it is to hold.
-    #[error("gemm: the {what} holds {len} values, {needs} needed")]
+    /// A slice of another length than what it is to hold (for the GEMM's
+    /// product and bias, shorter).
+    #[error("the {what} holds {len} values, {needs} wanted")]
     Short {
-        /// `product` or `bias`.
+        /// `product`, `bias`, or `destination row`.
         what: &'static str,
         /// Its length.
         len: usize,

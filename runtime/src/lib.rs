@@ -75,10 +75,15 @@ pub enum Error {
         /// What the driver or library said, or what is missing.
         problem: String,
     },
-    /// A machine kernel refused its operands, or `KILN_CPU_ISA` names no
-    /// path or one the CPU lacks.
-    #[error(transparent)]
-    Machine(#[from] kiln_machine::Error),
+    /// A machine kernel (`kiln_machine`) refused its operands, or
+    /// `KILN_CPU_ISA` names no path or one the CPU lacks.
+    #[error("{kernel}: {error}")]
+    Machine {
+        /// The kernel (`label`), or the step that asked for the path.
+        kernel: String,
+        /// What the machine kernel said.
+        error: kiln_machine::Error,
+    },
     /// A buffer too small for what a kernel (or a copy) reads or writes
     /// there: a runtime bug.
     #[error("{kernel}: {buffer} holds {bytes} bytes, {needs} needed")]
@@ -164,7 +169,7 @@ impl std::fmt::Display for Role {
 }
 
 /// A kernel as errors name it: its kind and what it writes
-/// (`reduce kernel of f32[64, 10]`).
+/// (`reduce kernel of f32[64,10]`).
 pub fn label(kernel: &kiln_ir::kernel::Kernel) -> String {
     use kiln_ir::kernel::KernelKind;
     let kind = match kernel.kind {
@@ -182,6 +187,14 @@ pub(crate) fn launch(kernel: impl Into<String>, problem: impl Into<String>) -> E
         kernel: kernel.into(),
         problem: problem.into(),
     }
+}
+
+/// The path this process's CPU code takes (`kiln_machine::isa`).
+pub(crate) fn cpu_isa() -> Result<kiln_machine::Isa, Error> {
+    kiln_machine::isa().map_err(|error| Error::Machine {
+        kernel: "the CPU backend".into(),
+        error,
+    })
 }
 
 /// `Error::Codegen` of `kernel` for `problem`.

@@ -234,7 +234,7 @@ pub(crate) unsafe fn gemm(
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     let tabled = a.tabled() || b.tabled();
-    let work = m * n * k;
+    let work = m.saturating_mul(n).saturating_mul(k);
     #[cfg(target_arch = "x86_64")]
     let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
     // Whether a core of this threshold takes the product, given whether it
@@ -316,7 +316,7 @@ unsafe fn untabled(x: Operand, rows: usize, cols: usize) -> (Vec<f32>, Operand) 
     for i in 0..rows {
         for j in 0..cols {
             // SAFETY: element (i, j) of x, inside its buffer.
-            plain.push(unsafe { *x.ptr.offset(x.row(i) + x.col(j)) });
+            plain.push(unsafe { *x.ptr.wrapping_offset(x.row(i) + x.col(j)) });
         }
     }
     let operand = Operand::strided(plain.as_ptr(), cols as isize, 1);

@@ -163,11 +163,16 @@ unsafe fn pack_b_tabled<const NR: usize>(
             let start = b.ptr.wrapping_offset(unsafe { b.row(k0 + l) });
             if run {
                 // SAFETY: elements (k0 + l, j0..j0 + NR) of b, adjacent.
-                *row = unsafe { start.offset(at[0]).cast::<[f32; NR]>().read_unaligned() };
+                *row = unsafe {
+                    start
+                        .wrapping_offset(at[0])
+                        .cast::<[f32; NR]>()
+                        .read_unaligned()
+                };
             } else {
                 for (x, &o) in row[..cols].iter_mut().zip(&at) {
                     // SAFETY: element (k0 + l, j0 + c) of b.
-                    *x = unsafe { *start.offset(o) };
+                    *x = unsafe { *start.wrapping_offset(o) };
                 }
                 row[cols..].fill(0.0);
             }
@@ -196,7 +201,10 @@ pub(super) unsafe fn pack_a<const MR: usize>(
                 for (i, x) in column[..rows].iter_mut().enumerate() {
                     // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside
                     // its buffer.
-                    *x = unsafe { *a.ptr.offset(a.row(r0 + t * MR + i) + a.col(k0 + l)) };
+                    *x = unsafe {
+                        *a.ptr
+                            .wrapping_offset(a.row(r0 + t * MR + i) + a.col(k0 + l))
+                    };
                 }
                 column[rows..].fill(0.0);
             }

@@ -96,18 +96,22 @@ impl Matrix<'_> {
             return Ok(());
         }
         let ((r0, r1), (c0, c1)) = (self.rows.reach(), self.cols.reach());
-        let (first, last) = (self.offset as i128 + r0 + c0, self.offset as i128 + r1 + c1);
-        if first < 0 || last >= self.data.len() as i128 {
-            return Err(Error::Operand {
+        // Reaches near 2^127 (lengths near 2^64 by strides near 2^63) add
+        // up past i128: out of bounds, as every such reach is.
+        let at = |r: i128, c: i128| r.checked_add(c)?.checked_add(self.offset as i128);
+        let (first, last) = (at(r0, c0), at(r1, c1));
+        let len = self.data.len();
+        match (first, last) {
+            (Some(first), Some(last)) if first >= 0 && last < len as i128 => Ok(()),
+            _ => Err(Error::Operand {
                 operand,
                 rows,
                 cols,
-                first,
-                last,
-                len: self.data.len(),
-            });
+                first: first.unwrap_or(i128::MIN),
+                last: last.unwrap_or(i128::MAX),
+                len,
+            }),
         }
-        Ok(())
     }
 
     /// The operand as the cores take it. Its address is formed without the
@@ -174,6 +178,7 @@ pub struct Product<'a> {
 ///
 /// Every element the operands read, `c`'s `m * n` values and the bias are
 /// checked against their slices first; `isa` must be one this CPU runs.
+/// `threads` is taken between 1 and the team's (`team::threads`).
 pub fn sgemm(
     isa: Isa,
     Product { a, b, fused }: Product<'_>,
@@ -193,8 +198,10 @@ pub fn sgemm(
     a.check("a")?;
     b.check("b")?;
     let short = |what, len, needs| Error::Short { what, len, needs };
-    if c.len() < m * n {
-        return Err(short("product", c.len(), m * n));
+    // A product of more than usize::MAX elements fits no slice.
+    let mn = m.saturating_mul(n);
+    if c.len() < mn {
+        return Err(short("product", c.len(), mn));
     }
     let bias = match fused.bias {
         None => None,
@@ -218,18 +225,6 @@ pub fn sgemm(
     // SAFETY: `isa` is available; every element the operands read lies
     // inside their slices and the bias's `m` or `n` values inside its own
     // (checked above), all borrowed for the call; `c` holds `m * n`.
-    Ok(unsafe {
-        super::gemm(
-            isa,
-            m,
-            n,
-            k,
-            a.raw(),
-            b.raw(),
-            &mut c[..m * n],
-            threads,
-            fused,
-            finish,
-        )
-    })
+    let (c, threads) = (&mut c[..mn], threads.clamp(1, crate::team::threads()));
+    Ok(unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) })
 }

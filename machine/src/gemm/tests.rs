@@ -443,4 +443,38 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
     let (a_empty, b_empty) = (strided(-100, (3, 4), (0, 1)), strided(100, (0, 3), (3, 1)));
     assert_eq!(run(a_empty, b_empty, &mut c, None), Ok(false));
     assert_eq!(c, [0.0; 9]);
+    // Dimensions whose product passes usize (2^33 x 2^31), over one value
+    // broadcast: no slice holds it.
+    let one = [0.0f32];
+    let broadcast = |rows, cols| Matrix {
+        data: &one,
+        offset: 0,
+        rows: Axis::Strided {
+            len: rows,
+            stride: 0,
+        },
+        cols: Axis::Strided {
+            len: cols,
+            stride: 0,
+        },
+    };
+    let (tall, wide) = (broadcast(1 << 33, 1), broadcast(1, 1 << 31));
+    let err = run(tall, wide, &mut [], None);
+    assert_eq!(err, Err(short("product", 0, usize::MAX)));
+    // Reaches past i128 (lengths near 2^64 by strides near 2^63).
+    let far = Axis::Strided {
+        len: usize::MAX,
+        stride: isize::MAX,
+    };
+    let huge = Matrix {
+        data: &one,
+        offset: isize::MAX,
+        rows: far,
+        cols: far,
+    };
+    let err = run(huge, broadcast(usize::MAX, 1), &mut c, None);
+    assert!(
+        matches!(err, Err(Error::Operand { operand: "a", .. })),
+        "{err:?}"
+    );
 }

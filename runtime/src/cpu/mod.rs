@@ -31,7 +31,7 @@ impl Backend for Cpu {
     ) -> Result<Box<dyn crate::Executable>, Error> {
         // A `KILN_CPU_ISA` that cannot be honoured fails here, before any
         // work.
-        kiln_machine::isa()?;
+        crate::cpu_isa()?;
         Ok(Box::new(Executable::new(optimized, options.dump_code)?))
     }
 
@@ -49,7 +49,7 @@ impl Backend for Cpu {
 /// cores), or `generic` (the `gemm` crate); the fastest the CPU runs unless
 /// `KILN_CPU_ISA` names another.
 pub fn gemm_path() -> Result<&'static str, Error> {
-    Ok(kiln_machine::isa()?.name())
+    Ok(crate::cpu_isa()?.name())
 }
 
 /// Every GEMM path, from the fastest down, and whether this CPU runs it:

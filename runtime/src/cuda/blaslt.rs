@@ -118,10 +118,7 @@ impl Matmul {
         let (a_rows, a_cols) = if p.transa { (p.k, p.m) } else { (p.m, p.k) };
         let (b_rows, b_cols) = if p.transb { (p.n, p.k) } else { (p.k, p.n) };
         let count = i32::try_from(p.batches).map_err(|_| {
-            crate::launch(
-                "cuBLASLt",
-                format!("cuBLASLt takes no batch of {} products", p.batches),
-            )
+            crate::launch("cuBLASLt", format!("no batch of {} products", p.batches))
         })?;
         let layouts = [
             (a_rows, a_cols, p.lda),

@@ -156,7 +156,10 @@ fn check_versions() -> Result<(), Error> {
         ),
     ];
     match version_problem(driver_version, &libraries) {
-        Some(problem) => Err(crate::cuda("the CUDA driver", problem)),
+        Some(problem) => Err(crate::cuda(
+            "checking the driver's and libraries' versions",
+            problem,
+        )),
         None => Ok(()),
     }
 }
@@ -200,19 +203,19 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
     };
     if !cuda {
         return Err(crate::cuda(
-            "the CUDA driver",
+            "loading libcuda",
             "libcuda.so is not loadable: no NVIDIA driver on this machine",
         ));
     }
     if !super::nvrtc::available() {
         return Err(crate::cuda(
-            "the CUDA driver",
+            "loading NVRTC",
             "libnvrtc.so.13 is not on the library path (LD_LIBRARY_PATH)",
         ));
     }
     if !lt || !blas {
         return Err(crate::cuda(
-            "the CUDA driver",
+            "loading cuBLAS",
             "libcublasLt.so.13 or libcublas.so.13 is not on the library path (LD_LIBRARY_PATH)",
         ));
     }
@@ -220,7 +223,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Error> {
     let count = CudaContext::device_count().map_err(|e| driver("counting devices", e))?;
     if ordinal >= count.max(0) as usize {
         return Err(crate::cuda(
-            "the CUDA driver",
+            "choosing a device",
             format!("no device {ordinal}: this machine has {count}"),
         ));
     }
@@ -361,9 +364,8 @@ impl Gpu {
         }
         (codes.iter())
             .map(|c| {
-                (functions.get(c).cloned()).ok_or_else(|| {
-                    crate::cuda("the CUDA driver", "a kernel missing from the cache")
-                })
+                (functions.get(c).cloned())
+                    .ok_or_else(|| crate::cuda("the kernel cache", "a kernel missing from it"))
             })
             .collect()
     }

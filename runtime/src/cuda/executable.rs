@@ -331,8 +331,7 @@ impl Executable {
             return Err(crate::launch(
                 graph.name.as_str(),
                 format!(
-                    "{}: {} inputs and {} outputs for a graph of {} and {}",
-                    graph.name,
+                    "{} inputs and {} outputs for a graph of {} and {}",
                     inputs.len(),
                     outputs.len(),
                     graph.inputs.len(),

@@ -58,7 +58,7 @@ fn host_address(name: &str) -> Option<*const u8> {
 /// (`kiln_machine::rows`): where the CPU has AVX2 and FMA, unless
 /// `KILN_CPU_ISA` is `generic`, which keeps every row in the generated code.
 fn row_calls() -> Result<bool, Error> {
-    Ok(kiln_machine::isa()?.row_calls())
+    Ok(crate::cpu_isa()?.row_calls())
 }
 
 /// The host's ISA with kiln's settings, made once.

@@ -277,39 +277,50 @@ impl Buffer {
 /// The f32 values of a matmul's buffers: those it reads (its operands and
 /// bias) and the product it writes. The product must share no byte with
 /// what is read, and every buffer be aligned for f32.
-pub(super) fn f32_views<'b>(
+pub(super) fn f32_views<'b, const N: usize>(
     kernel: &Kernel,
-    read: &'b [(Role, Buffer)],
+    read: &'b [(Role, Buffer); N],
     out: &'b mut Buffer,
-) -> Result<(Vec<&'b [f32]>, &'b mut [f32]), Error> {
-    let views = |b: &Buffer, role: Role| -> Result<(*mut f32, usize), Error> {
-        if !(b.ptr as usize).is_multiple_of(align_of::<f32>()) {
-            let problem = format!("{role} of {} bytes is not aligned for f32", b.bytes);
-            return Err(crate::launch(crate::label(kernel), problem));
-        }
-        Ok((b.ptr.cast::<f32>(), b.bytes / size_of::<f32>()))
+) -> Result<([&'b [f32]; N], &'b mut [f32]), Error> {
+    let unaligned = |b: &Buffer| !(b.ptr as usize).is_multiple_of(align_of::<f32>());
+    let bytes = |b: &Buffer| b.ptr as usize..b.ptr as usize + b.bytes;
+    let out_bytes = bytes(out);
+    let overlaps = |b: &Buffer| {
+        let b = bytes(b);
+        !b.is_empty() && !out_bytes.is_empty() && b.start < out_bytes.end && out_bytes.start < b.end
     };
-    let (out_ptr, out_len) = views(out, Role::Output)?;
-    let out_bytes = out.ptr as usize..out.ptr as usize + out.bytes;
-    let mut slices = Vec::with_capacity(read.len());
-    for &(role, ref b) in read {
-        let bytes = b.ptr as usize..b.ptr as usize + b.bytes;
-        if bytes.start < out_bytes.end && out_bytes.start < bytes.end {
-            let problem = format!("{role} overlaps the product it writes");
-            return Err(crate::launch(crate::label(kernel), problem));
-        }
-        let (ptr, len) = views(b, role)?;
-        // SAFETY: a buffer is made only from live Rust storage, borrowed
-        // while it is used (`Buffer`), of initialized bytes that are each
-        // some f32 when aligned (checked); it is only read here, and
-        // shares no byte with the product (checked).
-        slices.push(unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) });
+    let problem = std::iter::once((Role::Output, &*out))
+        .chain(read.iter().map(|(role, b)| (*role, b)))
+        .find_map(
+            |(role, b)| match (unaligned(b), role != Role::Output && overlaps(b)) {
+                (true, _) => Some(format!(
+                    "{role} of {} bytes is not aligned for f32",
+                    b.bytes
+                )),
+                (false, true) => Some(format!("{role} overlaps the product it writes")),
+                (false, false) => None,
+            },
+        );
+    if let Some(problem) = problem {
+        return Err(crate::launch(crate::label(kernel), problem));
     }
-    // SAFETY: as above; the product is written through this slice alone
-    // while the views live (`out` is borrowed mutably), besides the
-    // epilogue over the rows the GEMM hands back finished (`run_matmul`).
-    let product = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
-    Ok((slices, product))
+    // SAFETY: a buffer is made only from live Rust storage, borrowed while
+    // it is used (`Buffer`), of initialized bytes that are each some f32
+    // when aligned (checked); these are only read here, and share no byte
+    // with the product (checked).
+    let values = read.each_ref().map(|(_, b)| unsafe {
+        std::slice::from_raw_parts(b.ptr.cast::<f32>().cast_const(), b.bytes / size_of::<f32>())
+    });
+    // SAFETY: as above; the product is written through this slice while the
+    // views live (`out` is borrowed mutably), and besides it only by the
+    // epilogue's generated code over rows the GEMM hands back finished and
+    // no longer touches (`run_matmul`): a write through the launch's own
+    // pointer to memory this slice covers, which Rust's aliasing rules do
+    // not grant; no access of the GEMM's overlaps it.
+    let product = unsafe {
+        std::slice::from_raw_parts_mut(out.ptr.cast::<f32>(), out.bytes / size_of::<f32>())
+    };
+    Ok((values, product))
 }
 
 #[cfg(test)]

@@ -50,30 +50,32 @@ impl CompiledKernel {
         (inputs, out, scratch): (&[&Buffer], &mut Buffer, &Buffer),
         computed: &[Computed; 2],
     ) -> Result<(), Error> {
-        let isa = kiln_machine::isa()?;
-        // The buffers the product reads: its operands, then its bias.
-        let mut read = Vec::with_capacity(3);
-        let mut parts = Vec::with_capacity(2);
-        let sides = [&plan.a, &plan.b].into_iter().zip(prologues).zip(computed);
-        for (side, ((operand, prologue), place)) in sides.enumerate() {
-            let at = Side {
-                kernel: &self.kernel,
-                side,
-                place,
-            };
-            let (buffer, part) = operand_at(at, operand, prologue.as_deref(), (inputs, scratch))?;
-            read.push(buffer);
-            parts.push(part);
-        }
-        let (Some(b), Some(a)) = (parts.pop(), parts.pop()) else {
-            return Err(crate::launch(
-                crate::label(&self.kernel),
-                "not two operands",
-            ));
-        };
+        let isa = crate::cpu_isa()?;
+        let kernel = &self.kernel;
+        let [a, b] = [0, 1].map(|side| {
+            let place = &computed[side];
+            let prologue = prologues[side].as_deref();
+            let operand = [&plan.a, &plan.b][side];
+            operand_at(
+                Side {
+                    kernel,
+                    side,
+                    place,
+                },
+                operand,
+                prologue,
+                (inputs, scratch),
+            )
+        });
+        let (((a_role, a_buffer), a), ((b_role, b_buffer), b)) = (a?, b?);
         let (batches, m, n) = (a.batches(), a.rows.len(), b.cols.len());
-        // A bias and ReLU kiln's cores apply as they store the product.
-        let in_registers = match plan.epilogue {
+        if a.cols.len() != b.rows.len() {
+            let problem = format!("operands of {} and {} rows", a.cols.len(), b.rows.len());
+            return Err(crate::launch(crate::label(kernel), problem));
+        }
+        // A bias and ReLU kiln's cores apply as they store the product: the
+        // third buffer read, else an empty one.
+        let (bias, in_registers) = match plan.epilogue {
             Epilogue::Bias {
                 bias,
                 relu,
@@ -81,25 +83,17 @@ impl CompiledKernel {
                 cap,
             } => {
                 let buffer = inputs.get(bias as usize).ok_or_else(|| {
-                    crate::launch(
-                        crate::label(&self.kernel),
-                        format!("no input {bias}, its bias"),
-                    )
+                    crate::launch(crate::label(kernel), format!("no input {bias}, its bias"))
                 })?;
-                read.push((Role::Input(bias as usize), buffer.alias()));
-                Some((rows, relu, cap.map(f32::from_bits)))
+                let read = (Role::Input(bias as usize), buffer.alias());
+                (read, Some((rows, relu, cap.map(f32::from_bits))))
             }
-            Epilogue::Product | Epilogue::Kernel { .. } => None,
+            Epilogue::Product | Epilogue::Kernel { .. } => ((Role::Scratch, Buffer::empty()), None),
         };
-        let (values, c) = f32_views(&self.kernel, &read, out)?;
-        let [a_values, b_values, ..] = values[..] else {
-            return Err(crate::launch(
-                crate::label(&self.kernel),
-                "not two operands",
-            ));
-        };
-        let fused = match (in_registers, values.get(2)) {
-            (Some((rows, relu, cap)), Some(&bias)) => gemm::Fused {
+        let read = [(a_role, a_buffer), (b_role, b_buffer), bias];
+        let ([a_values, b_values, bias], c) = f32_views(kernel, &read, out)?;
+        let fused = match in_registers {
+            Some((rows, relu, cap)) => gemm::Fused {
                 bias: Some(if rows {
                     Bias::Rows(bias)
                 } else {
@@ -108,14 +102,15 @@ impl CompiledKernel {
                 relu,
                 cap,
             },
-            _ => gemm::Fused::default(),
+            None => gemm::Fused::default(),
         };
-        if batches * m * n > c.len() {
+        let values = batches.saturating_mul(m).saturating_mul(n);
+        if values > c.len() {
             return Err(Error::Fit {
-                kernel: crate::label(&self.kernel),
+                kernel: crate::label(kernel),
                 buffer: Role::Output,
                 bytes: size_of_val(c),
-                needs: batches * m * n * size_of::<f32>(),
+                needs: values.saturating_mul(size_of::<f32>()),
             });
         }
         // An epilogue needs a pass where the GEMM core does not apply it (a
@@ -154,7 +149,10 @@ impl CompiledKernel {
                 b: b.matrix(b_values, batch),
                 fused,
             };
-            gemm::sgemm(isa, product, c, threads, &rows)
+            gemm::sgemm(isa, product, c, threads, &rows).map_err(|error| Error::Machine {
+                kernel: crate::label(kernel),
+                error,
+            })
         };
         // Whether every batch's product left the epilogue done.
         let mut all_done = done && m * n > 0;
