@@ -15,6 +15,9 @@ pub const ISA_VARIABLE: &str = "KILN_CPU_ISA";
 /// A path, from the fastest down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
+    /// `Avx512`, and kiln's AMX core for products of bf16 operands
+    /// (rather than the operands widened to f32).
+    Amx,
     /// kiln's AVX-512 GEMM core, and the 256-bit row functions.
     Avx512,
     /// kiln's AVX2+FMA GEMM core, and the 256-bit row functions.
@@ -26,11 +29,12 @@ pub enum Isa {
 
 impl Isa {
     /// Every path, from the fastest down.
-    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Generic];
+    pub const ALL: [Isa; 4] = [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Generic];
 
     /// Its name in `KILN_CPU_ISA`.
     pub fn name(self) -> &'static str {
         match self {
+            Isa::Amx => "amx",
             Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Generic => "generic",
@@ -41,6 +45,7 @@ impl Isa {
     pub fn available(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         match self {
+            Isa::Amx => crate::gemm::bf16_available(),
             Isa::Avx512 => is_x86_feature_detected!("avx512f"),
             Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             Isa::Generic => true,

@@ -24,6 +24,8 @@
 #![allow(unsafe_code)]
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -36,7 +38,18 @@ mod safe;
 mod tests;
 mod tuning;
 
-pub use safe::{Axis, Bias, Fused, Matrix, Product, Table, sgemm};
+pub use safe::{Axis, Bias, Fused, Matrix, Product, Table, bf16_gemm, sgemm};
+
+/// Whether this CPU runs kiln's bf16 core (AMX-BF16, and Linux lets the
+/// process use the tiles).
+pub fn bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
 
 use crate::Isa;
 #[cfg(not(target_arch = "x86_64"))]
@@ -50,8 +63,8 @@ use tuning::{AVX2, AVX512, CRATE_SHARED_WORK, NARROW, SHARED_DIM, SHARED_WORK};
 /// (the windows of a convolution, each row a kernel position of a channel,
 /// each column an output position), read where they lie.
 #[derive(Clone, Copy)]
-pub(crate) struct Operand {
-    pub ptr: *const f32,
+pub(crate) struct Operand<T = f32> {
+    pub ptr: *const T,
     pub rows: isize,
     pub cols: isize,
     /// Null, or the offset of each row.
@@ -60,9 +73,9 @@ pub(crate) struct Operand {
     pub col_table: *const isize,
 }
 
-impl Operand {
+impl<T> Operand<T> {
     /// Element `(i, j)` at `ptr + i * rows + j * cols`.
-    pub(crate) fn strided(ptr: *const f32, rows: isize, cols: isize) -> Operand {
+    pub(crate) fn strided(ptr: *const T, rows: isize, cols: isize) -> Operand<T> {
         Operand {
             ptr,
             rows,
@@ -106,8 +119,8 @@ impl Operand {
 
 // SAFETY: an operand is only read, while the caller of `gemm` keeps its
 // buffer alive (the contract of `gemm`).
-unsafe impl Sync for Operand {}
-unsafe impl Send for Operand {}
+unsafe impl<T: Sync> Sync for Operand<T> {}
+unsafe impl<T: Sync> Send for Operand<T> {}
 
 /// `Fused` as the cores take it, its bias by address: what they apply to
 /// each element of the product in registers as they store it: `c + bias[j]` (or
@@ -244,7 +257,9 @@ pub(crate) unsafe fn gemm(
         |threshold: usize, narrow: bool| tabled || ((work >= threshold || shared) && !narrow);
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 if takes(AVX512.work, narrow::<{ avx512::MR }, { avx512::NR }>(a, n)) => {
+        Isa::Amx | Isa::Avx512
+            if takes(AVX512.work, narrow::<{ avx512::MR }, { avx512::NR }>(a, n)) =>
+        {
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
@@ -308,10 +323,20 @@ pub(crate) unsafe fn gemm(
 ///
 /// # Safety
 /// Every element of `x` lies inside a live buffer.
-unsafe fn untabled(x: Operand, rows: usize, cols: usize) -> (Vec<f32>, Operand) {
-    if !x.tabled() {
-        return (Vec::new(), x);
+unsafe fn untabled<T: Copy>(x: Operand<T>, rows: usize, cols: usize) -> (Vec<T>, Operand<T>) {
+    match x.tabled() {
+        false => (Vec::new(), x),
+        // SAFETY: the contract of this function.
+        true => unsafe { gathered(x, rows, cols) },
     }
+}
+
+/// The elements of `x` (`rows x cols`) gathered row-major into the
+/// returned vector, and the operand that reads them there.
+///
+/// # Safety
+/// Every element of `x` lies inside a live buffer.
+unsafe fn gathered<T: Copy>(x: Operand<T>, rows: usize, cols: usize) -> (Vec<T>, Operand<T>) {
     let mut plain = Vec::with_capacity(rows * cols);
     for i in 0..rows {
         for j in 0..cols {

@@ -74,11 +74,12 @@ impl Axis<'_> {
 }
 
 /// An operand read where it lies: element `(i, j)` at
-/// `data[offset + rows(i) + cols(j)]`.
+/// `data[offset + rows(i) + cols(j)]`; f32 values, or bf16 ones as their
+/// bits (`bf16_gemm`).
 #[derive(Clone, Copy, Debug)]
-pub struct Matrix<'a> {
+pub struct Matrix<'a, T = f32> {
     /// The values it reads among.
-    pub data: &'a [f32],
+    pub data: &'a [T],
     /// The offset of element `(0, 0)`.
     pub offset: isize,
     /// Its rows.
@@ -87,7 +88,7 @@ pub struct Matrix<'a> {
     pub cols: Axis<'a>,
 }
 
-impl Matrix<'_> {
+impl<T> Matrix<'_, T> {
     /// Checks that every element lies inside `data` (an operand without
     /// elements reads none, whatever its offset); `operand` names it.
     fn check(&self, operand: &'static str) -> Result<(), Error> {
@@ -117,7 +118,7 @@ impl Matrix<'_> {
     /// The operand as the cores take it. Its address is formed without the
     /// in-bounds promise of `offset`: an operand without elements may lie
     /// anywhere (a padded empty view), and none of its elements is read.
-    fn raw(&self) -> Operand {
+    fn raw(&self) -> Operand<T> {
         let ((rows, row_table), (cols, col_table)) = (self.rows.raw(), self.cols.raw());
         Operand {
             ptr: self.data.as_ptr().wrapping_offset(self.offset),
@@ -227,4 +228,53 @@ pub fn sgemm(
     // (checked above), all borrowed for the call; `c` holds `m * n`.
     let (c, threads) = (&mut c[..mn], threads.clamp(1, crate::team::threads()));
     Ok(unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) })
+}
+
+/// `c = a b` for bf16 `a` (`m x k`) and `b` (`k x n`), given as their bits,
+/// into f32 `c` (row-major `m x n`, its first `m * n` values) on `threads`
+/// threads, by kiln's AMX core: each product exact, their sums in
+/// f32, as the product of the operands widened to f32 is (the order of
+/// the additions aside). `finish(r0, r1)` is called on each block of rows
+/// as it is done; any epilogue is the caller's.
+///
+/// Checked as `sgemm`'s operands are; a CPU without the core
+/// (`bf16_available`) is an error.
+pub fn bf16_gemm(
+    a: Matrix<'_, u16>,
+    b: Matrix<'_, u16>,
+    c: &mut [f32],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(), Error> {
+    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols.len());
+    if b.rows.len() != k {
+        return Err(Error::Inner {
+            m,
+            k,
+            k_b: b.rows.len(),
+            n,
+        });
+    }
+    a.check("a")?;
+    b.check("b")?;
+    let mn = m.saturating_mul(n);
+    if c.len() < mn {
+        return Err(Error::Short {
+            what: "product",
+            len: c.len(),
+            needs: mn,
+        });
+    }
+    if !Isa::Amx.available() {
+        return Err(Error::MissingIsa { isa: Isa::Amx });
+    }
+    let (c, threads) = (&mut c[..mn], threads.clamp(1, crate::team::threads()));
+    // SAFETY: the CPU runs the core; every element the operands read lies
+    // inside their slices (checked above), borrowed for the call; `c`
+    // holds `m * n`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        super::amx::gemm((m, n, k), (a.raw(), b.raw()), c, threads, finish)
+    };
+    Ok(())
 }
