@@ -5,6 +5,9 @@
 //! blocks), operands read transposed, batched and broadcast, and fused
 //! epilogues.
 //!
+//! bf16 products run on each path too: by the AMX core on `amx`, widened
+//! to f32 on the others.
+//!
 //! `products` runs on the path this process takes (the fastest, unless
 //! `KILN_CPU_ISA` names one); `every_other_path` runs `products` again in a
 //! child process of this test binary for each other path the CPU has,
@@ -12,7 +15,7 @@
 
 use std::process::Command;
 
-use kiln::{Device, Result, Tensor};
+use kiln::{DType, Device, Result, Tensor};
 
 /// Compares element by element within `|a - b| <= max(1e-6 max(|a|, |b|),
 /// 4 k eps 16)`: f32 sums of `k` products of normal values, each below 16
@@ -192,6 +195,63 @@ fn products() -> Result<()> {
         9,
         |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
     );
+    bf16_products(path)?;
+    Ok(())
+}
+
+/// Products of bf16 operands (on the `amx` path by its core, on the others
+/// widened to f32) against the interpreter, which sums in f64 and rounds
+/// to bf16 once: one bf16 unit apart at most, and f32's rounding of the
+/// sums (`check`'s bound). Ragged tiles and depths, a product of one row,
+/// operands read transposed or through merged axes (both gathered first by
+/// the core), batches, and an epilogue over the rounded product.
+fn bf16_products(path: &str) -> Result<()> {
+    // Realized, so that the graph's inputs are bf16.
+    let bf16 = |dims: &[usize], seed| {
+        let t = randn(dims, seed)?.cast(DType::BF16)?;
+        t.realize()?;
+        Ok::<_, kiln::Error>(t)
+    };
+    let check =
+        |what: &str, inputs: &[Tensor], k: usize, f: &dyn Fn(&[Tensor]) -> Result<Tensor>| {
+            let run = |device: Device| -> Result<Vec<f32>> {
+                let on: Vec<Tensor> = inputs.iter().map(|t| t.to(device)).collect::<Result<_>>()?;
+                f(&on)?.cast(DType::F32)?.to_vec::<f32>()
+            };
+            let (cpu, reference) = (run(Device::Cpu), run(Device::Reference));
+            let (cpu, reference) = (cpu.expect(what), reference.expect(what));
+            let atol = 4.0 * k as f32 * f32::EPSILON * 16.0;
+            for (i, (&a, &b)) in cpu.iter().zip(&reference).enumerate() {
+                assert!(
+                    (a - b).abs() <= (2f32.powi(-7) * a.abs().max(b.abs())).max(atol),
+                    "{what} on {path}: element {i}: cpu {a:e}, reference {b:e}"
+                );
+            }
+        };
+    for (m, k, n) in [
+        (517, 131, 129),
+        (7, 1031, 1163),
+        (1, 300, 77),
+        (64, 784, 256),
+    ] {
+        let (a, b) = (bf16(&[m, k], 21)?, bf16(&[k, n], 22)?);
+        let shape = format!("bf16 {m}x{k}x{n}");
+        check(&format!("a@b {shape}"), &[a.clone(), b.clone()], k, &|t| {
+            t[0].matmul(&t[1])
+        });
+        let bt = Tensor::from_vec(b.t()?.cast(DType::F32)?.to_vec::<f32>()?, [n, k])?
+            .cast(DType::BF16)?;
+        check(&format!("relu(a@bt.T) {shape}"), &[a, bt], k, &|t| {
+            t[0].matmul(&t[1].t()?)?.relu()
+        });
+    }
+    let (a, b) = (bf16(&[3, 150, 200], 23)?, bf16(&[200, 301], 24)?);
+    check("batched a@b bf16", &[a, b], 200, &|t| t[0].matmul(&t[1]));
+    let (a, x) = (bf16(&[3, 70, 24], 25)?, bf16(&[3, 4, 37, 6], 26)?);
+    check("a@merged rows bf16", &[a, x], 24, &|t| {
+        let rows = t[1].permute(&[0, 3, 1, 2])?.reshape([3, 24, 37])?;
+        t[0].matmul(&rows)
+    });
     Ok(())
 }
 

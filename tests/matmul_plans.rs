@@ -14,6 +14,16 @@ use kiln_runtime::matmul::{Target, plan};
 /// The plans of every matmul kernel of `outputs`, optimized, for the CPU
 /// and for CUDA in TF32.
 fn plans(name: &str, outputs: &[&Tensor]) -> Result<String> {
+    plans_on(
+        name,
+        outputs,
+        &[(Target::CPU, "cpu"), (Target::cuda(true), "cuda")],
+    )
+}
+
+/// The plans of every matmul kernel of `outputs`, optimized, for each
+/// target.
+fn plans_on(name: &str, outputs: &[&Tensor], targets: &[(Target, &str)]) -> Result<String> {
     let optimized = kiln::optimize(name, outputs, Options::default())?;
     let mut text = String::new();
     for launch in &optimized.schedule.launches {
@@ -24,7 +34,7 @@ fn plans(name: &str, outputs: &[&Tensor]) -> Result<String> {
         if !matches!(kernel.kind, KernelKind::MatMul { .. }) {
             continue;
         }
-        for (target, on) in [(Target::CPU, "cpu"), (Target::cuda(true), "cuda")] {
+        for &(target, on) in targets {
             let plan = plan(kernel, target).map_err(kiln::Error::from)?;
             text += &format!("// {} on {on}\n{plan}", launch.node);
         }
@@ -40,6 +50,29 @@ fn a_bias_and_relu_are_the_gemms_own() -> Result<()> {
         Tensor::randn([32], 2)?,
     );
     insta::assert_snapshot!(plans("dense", &[&(x.matmul(&w)? + &b)?.relu()?])?);
+    Ok(())
+}
+
+#[test]
+fn bf16_operands_are_read_as_they_are_by_a_bf16_gemm() -> Result<()> {
+    // Widened to f32 by `pass::widen`, the operands are casts: written as
+    // f32 for the f32 GEMMs, read in place by a GEMM that multiplies bf16
+    // (the CPU's AMX core), the bias and ReLU left to the kernel after it.
+    let (x, w, b) = (
+        Tensor::randn([64, 96], 0)?.cast(DType::BF16)?,
+        Tensor::randn([96, 32], 1)?.cast(DType::BF16)?,
+        Tensor::randn([32], 2)?.cast(DType::BF16)?,
+    );
+    for t in [&x, &w, &b] {
+        t.realize()?;
+    }
+    let amx = Target {
+        bf16: true,
+        ..Target::CPU
+    };
+    let targets = [(Target::CPU, "cpu"), (amx, "cpu with amx")];
+    let y = (x.matmul(&w)? + &b)?.relu()?;
+    insta::assert_snapshot!(plans_on("dense_bf16", &[&y], &targets)?);
     Ok(())
 }
 

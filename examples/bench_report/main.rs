@@ -209,7 +209,15 @@ fn reference(w: &Workload, inputs: &[Data], indices: &[usize]) -> Result<Vec<f64
             .collect());
     }
     if let Some(p) = w.product {
-        let (a, b) = (floats(&inputs[0]), floats(&inputs[1]));
+        // bf16 operands' values widened to f32, which holds them exactly.
+        let widened = |d: &Data| -> Vec<f32> {
+            match d {
+                Data::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                _ => floats(d).to_vec(),
+            }
+        };
+        let (a, b) = (widened(&inputs[0]), widened(&inputs[1]));
+        let (a, b) = (a.as_slice(), b.as_slice());
         return Ok(indices
             .iter()
             .map(|&i| {

@@ -41,6 +41,10 @@ pub struct Target {
     pub transposes: bool,
     /// Scratch parts start at multiples of this many bytes.
     pub align: usize,
+    /// It multiplies bf16 operands read in place, summing in f32 (kiln's
+    /// AMX core), which then take the place of the f32 operands `pass::widen`
+    /// casts them into.
+    pub bf16: bool,
 }
 
 impl Target {
@@ -53,6 +57,7 @@ impl Target {
         product_in_scratch: false,
         transposes: true,
         align: 4,
+        bf16: false,
     };
 
     /// cuBLASLt in TF32 (`fused`), or cuBLAS's IEEE `sgemm`, which has no
@@ -68,6 +73,7 @@ impl Target {
             product_in_scratch: true,
             transposes: false,
             align: 256,
+            bf16: false,
         }
     }
 }
@@ -100,6 +106,9 @@ pub struct Plan {
 pub struct PlanOperand {
     /// As the GEMM reads it: `[batch axes.., rows, cols]`.
     pub shape: Shape,
+    /// Its elements' type: f32, or bf16 where the target multiplies bf16
+    /// (`Target::bf16`).
+    pub dtype: DType,
     /// Where it lies.
     pub source: Source,
 }
@@ -153,11 +162,7 @@ impl std::fmt::Display for Plan {
         let (b, m, n, k) = (self.batches, self.m, self.n, self.k);
         writeln!(f, "{b} x [{m}, {k}] @ [{k}, {n}]")?;
         for (name, o) in [("a", &self.a), ("b", &self.b)] {
-            write!(
-                f,
-                "{name} {}: ",
-                TensorType::new(DType::F32, o.shape.clone())
-            )?;
+            write!(f, "{name} {}: ", TensorType::new(o.dtype, o.shape.clone()))?;
             match &o.source {
                 Source::Input { input, view } => writeln!(f, "input {input} {view}")?,
                 Source::Written {
@@ -229,6 +234,36 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     }
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);
+    // Both operands bf16 widened to f32, which a bf16 GEMM reads as they
+    // are.
+    let halves = [a, b].map(|o| target.bf16.then(|| widened_bf16(o)).flatten());
+    if let [Some(a_read), Some(b_read)] = halves {
+        let operand = |o: &Operand, (input, view): (u32, &View)| PlanOperand {
+            shape: o.shape().clone(),
+            dtype: DType::BF16,
+            source: Source::Input {
+                input,
+                view: view.clone(),
+            },
+        };
+        // Any epilogue is a kernel's: the bf16 GEMM applies none.
+        let product = kernel.out.shape.numel() * DType::F32.size();
+        let (epilogue, scratch_bytes) = match stored(kernel, m, n) {
+            Some(Epilogue::Product) => (Epilogue::Product, 0),
+            _ if target.product_in_scratch => (Epilogue::Kernel { acc: Some(0) }, product),
+            _ => (Epilogue::Kernel { acc: None }, 0),
+        };
+        return Ok(Plan {
+            batches,
+            m,
+            n,
+            k,
+            a: operand(a, a_read),
+            b: operand(b, b_read),
+            epilogue,
+            scratch_bytes,
+        });
+    }
     let mut scratch = 0;
     let mut operand = |o: &Operand| {
         let shape = o.shape().clone();
@@ -262,7 +297,11 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
                 }
             }
         };
-        PlanOperand { shape, source }
+        PlanOperand {
+            shape,
+            dtype: DType::F32,
+            source,
+        }
     };
     let (a, b) = (operand(a), operand(b));
     let epilogue = match stored(kernel, m, n) {
@@ -295,6 +334,25 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
         epilogue,
         scratch_bytes: scratch,
     })
+}
+
+/// The bf16 input and its view that operand `o` casts to f32, where that
+/// is all it computes and the view reads no padding.
+fn widened_bf16(o: &Operand) -> Option<(u32, &View)> {
+    let Operand::Computed { block, .. } = o else {
+        return None;
+    };
+    match block.values.as_slice() {
+        [load, cast] if load.dtype == DType::BF16 && cast.dtype == DType::F32 => {
+            match (&load.expr, &cast.expr) {
+                (Expr::Load { input, view }, Expr::Cast(0)) if view.mask.is_none() => {
+                    Some((*input, view))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }
 
 /// What the prologue of operand `o` writes: its block, the shape it

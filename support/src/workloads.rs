@@ -241,6 +241,31 @@ pub fn all() -> Vec<Workload> {
         flops: 0,
         product: None,
     });
+    // bf16 products, summed in f32 and rounded once, at the f32 rows'
+    // shapes: by the AMX core where the CPU has it, else widened.
+    for (m, k, n) in [
+        (256, 256, 256),
+        (1024, 1024, 1024),
+        (2048, 2048, 2048),
+        (64, 784, 256),
+        (4096, 784, 256),
+    ] {
+        let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
+        w.push(Workload {
+            id: "matmul_bf16",
+            shape: format!("{m}x{k}x{n}"),
+            specs: vec![bf16(&[m, k]), bf16(&[k, n])],
+            build: |t| Ok(vec![t[0].matmul(&t[1])?]),
+            bytes: 0,
+            flops: 2 * (m * k * n) as u64,
+            product: Some(Product {
+                m,
+                k,
+                n,
+                layout: Layout::AB,
+            }),
+        });
+    }
     // 16-bit floats: elementwise work on bf16 (loaded into f32 lanes and
     // rounded as stored), and the cast that makes them from f32.
     let bf16s = TensorType::new(DType::BF16, [4096, 4096]);

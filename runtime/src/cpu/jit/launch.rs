@@ -274,42 +274,51 @@ impl Buffer {
     }
 }
 
-/// The f32 values of a matmul's buffers: those it reads (its operands and
-/// bias) and the product it writes. The product must share no byte with
-/// what is read, and every buffer be aligned for f32.
-pub(super) fn f32_views<'b, const N: usize>(
+/// An element type every bit pattern of which is a value: what the bytes
+/// of a buffer can be read as.
+pub(super) trait Plain: Copy {}
+
+impl Plain for f32 {}
+
+/// bf16 values, as their bits.
+impl Plain for u16 {}
+
+/// The values of a matmul's buffers: those it reads (its operands and
+/// bias) as `T`, and the product it writes as f32. The product must share
+/// no byte with what is read, and every buffer be aligned for its type.
+pub(super) fn views<'b, T: Plain, const N: usize>(
     kernel: &Kernel,
     read: &'b [(Role, Buffer); N],
     out: &'b mut Buffer,
-) -> Result<([&'b [f32]; N], &'b mut [f32]), Error> {
-    let unaligned = |b: &Buffer| !(b.ptr as usize).is_multiple_of(align_of::<f32>());
+) -> Result<([&'b [T]; N], &'b mut [f32]), Error> {
+    let unaligned = |b: &Buffer, align: usize| !(b.ptr as usize).is_multiple_of(align);
     let bytes = |b: &Buffer| b.ptr as usize..b.ptr as usize + b.bytes;
     let out_bytes = bytes(out);
     let overlaps = |b: &Buffer| {
         let b = bytes(b);
         !b.is_empty() && !out_bytes.is_empty() && b.start < out_bytes.end && out_bytes.start < b.end
     };
-    let problem = std::iter::once((Role::Output, &*out))
-        .chain(read.iter().map(|(role, b)| (*role, b)))
-        .find_map(
-            |(role, b)| match (unaligned(b), role != Role::Output && overlaps(b)) {
+    let problem = std::iter::once((Role::Output, &*out, align_of::<f32>()))
+        .chain(read.iter().map(|(role, b)| (*role, b, align_of::<T>())))
+        .find_map(|(role, b, align)| {
+            match (unaligned(b, align), role != Role::Output && overlaps(b)) {
                 (true, _) => Some(format!(
-                    "{role} of {} bytes is not aligned for f32",
+                    "{role} of {} bytes is not aligned for its values",
                     b.bytes
                 )),
                 (false, true) => Some(format!("{role} overlaps the product it writes")),
                 (false, false) => None,
-            },
-        );
+            }
+        });
     if let Some(problem) = problem {
         return Err(crate::launch(crate::label(kernel), problem));
     }
     // SAFETY: a buffer is made only from live Rust storage, borrowed while
-    // it is used (`Buffer`), of initialized bytes that are each some f32
-    // when aligned (checked); these are only read here, and share no byte
-    // with the product (checked).
+    // it is used (`Buffer`), of initialized bytes, whose every pattern is
+    // some `T` (`Plain`) where aligned (checked); these are only read here,
+    // and share no byte with the product (checked).
     let values = read.each_ref().map(|(_, b)| unsafe {
-        std::slice::from_raw_parts(b.ptr.cast::<f32>().cast_const(), b.bytes / size_of::<f32>())
+        std::slice::from_raw_parts(b.ptr.cast::<T>().cast_const(), b.bytes / size_of::<T>())
     });
     // SAFETY: as above; the product is written through this slice while the
     // views live (`out` is borrowed mutably), and besides it only by the

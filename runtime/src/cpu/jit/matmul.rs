@@ -21,7 +21,7 @@ use kiln_machine::team;
 
 use super::CompiledKernel;
 use super::compile::MatMul;
-use super::launch::{Bound, Buffer, f32_views, run_rows};
+use super::launch::{Bound, Buffer, run_rows, views};
 use crate::matmul::{Epilogue, PlanOperand, Source};
 use crate::{Error, Role};
 
@@ -68,10 +68,32 @@ impl CompiledKernel {
             )
         });
         let (((a_role, a_buffer), a), ((b_role, b_buffer), b)) = (a?, b?);
-        let (batches, m, n) = (a.batches(), a.rows.len(), b.cols.len());
         if a.cols.len() != b.rows.len() {
             let problem = format!("operands of {} and {} rows", a.cols.len(), b.rows.len());
             return Err(crate::launch(crate::label(kernel), problem));
+        }
+        let run = Run {
+            batches: a.batches(),
+            m: a.rows.len(),
+            n: b.cols.len(),
+            k: a.cols.len(),
+            epilogue: plan.epilogue != Epilogue::Product,
+            in_registers: false,
+        };
+        let machine = |error| Error::Machine {
+            kernel: crate::label(kernel),
+            error,
+        };
+        if plan.a.dtype == DType::BF16 {
+            let read = [(a_role, a_buffer), (b_role, b_buffer)];
+            let ([a_values, b_values], c) = views::<u16, 2>(kernel, &read, out)?;
+            let product: &Batch<'_> = &|batch, c, threads, rows| {
+                let (a, b) = (a.matrix(a_values, batch), b.matrix(b_values, batch));
+                gemm::bf16_gemm(a, b, c, threads, rows)
+                    .map(|()| true)
+                    .map_err(machine)
+            };
+            return self.batches(bound, run, c, product);
         }
         // A bias and ReLU kiln's cores apply as they store the product: the
         // third buffer read, else an empty one.
@@ -91,7 +113,7 @@ impl CompiledKernel {
             Epilogue::Product | Epilogue::Kernel { .. } => ((Role::Scratch, Buffer::empty()), None),
         };
         let read = [(a_role, a_buffer), (b_role, b_buffer), bias];
-        let ([a_values, b_values, bias], c) = f32_views(kernel, &read, out)?;
+        let ([a_values, b_values, bias], c) = views::<f32, 3>(kernel, &read, out)?;
         let fused = match in_registers {
             Some((rows, relu, cap)) => gemm::Fused {
                 bias: Some(if rows {
@@ -104,37 +126,65 @@ impl CompiledKernel {
             },
             None => gemm::Fused::default(),
         };
+        let product: &Batch<'_> = &|batch, c, threads, rows| {
+            let (a, b) = (a.matrix(a_values, batch), b.matrix(b_values, batch));
+            gemm::sgemm(isa, Product { a, b, fused }, c, threads, rows).map_err(machine)
+        };
+        let in_registers = in_registers.is_some();
+        self.batches(
+            bound,
+            Run {
+                in_registers,
+                ..run
+            },
+            c,
+            product,
+        )
+    }
+
+    /// The product of `run`, batch by batch (`product` computes one into
+    /// its part of `c`), then the epilogue's pass where the GEMM has not
+    /// done it: over each block of rows as the core finishes it, or over
+    /// the product after.
+    fn batches(
+        &self,
+        bound: &Bound<'_>,
+        Run {
+            batches,
+            m,
+            n,
+            k,
+            epilogue,
+            in_registers,
+        }: Run,
+        c: &mut [f32],
+        product: &Batch<'_>,
+    ) -> Result<(), Error> {
         let values = batches.saturating_mul(m).saturating_mul(n);
         if values > c.len() {
             return Err(Error::Fit {
-                kernel: crate::label(kernel),
+                kernel: crate::label(&self.kernel),
                 buffer: Role::Output,
                 bytes: size_of_val(c),
                 needs: values.saturating_mul(size_of::<f32>()),
             });
         }
-        // An epilogue needs a pass where the GEMM core does not apply it (a
-        // kernel's, or a bias on a path other than kiln's cores): over each
-        // block of rows as the core finishes it, or over the product after.
-        let pending_epilogue = plan.epilogue != Epilogue::Product;
         // The GEMM core splits its own work across threads (each packs what
         // it reads of the operands); the epilogue then sweeps the
         // output in row ranges. A thread per 64³ multiply-adds, up to the
         // team's: the second thread pays from about that size, as at 100³
         // and at the training step's 250x256x10 (`benches/RESULTS-cpu.md`).
-        let work = batches * m * n * a.cols.len().max(1);
+        let work = values * k.max(1);
         let threads = (work / (64 * 64 * 64)).clamp(1, team::threads());
         // The epilogue takes each block of rows as the GEMM core finishes it
         // when its launch's rows are the product's: a launch of one row is
         // over elements instead (a product of one row, bias and relu, had
         // the epilogue on its first element only), and runs after.
-        let by_rows = pending_epilogue
-            && in_registers.is_none()
-            && self.range.rows == batches * m
-            && self.range.row_len == n;
+        let by_rows =
+            epilogue && !in_registers && self.range.rows == batches * m && self.range.row_len == n;
         // What kiln's cores leave done: the epilogue, where they apply it or
         // call the rows' pass as they finish them.
-        let done = by_rows || in_registers.is_some();
+        let done = by_rows || in_registers;
         let one_batch = |batch: usize, c: &mut [f32], threads: usize| {
             let rows = |r0: usize, r1: usize| {
                 if by_rows {
@@ -144,22 +194,14 @@ impl CompiledKernel {
                     unsafe { bound.call(batch * m + r0, batch * m + r1, 0) }
                 }
             };
-            let product = Product {
-                a: a.matrix(a_values, batch),
-                b: b.matrix(b_values, batch),
-                fused,
-            };
-            gemm::sgemm(isa, product, c, threads, &rows).map_err(|error| Error::Machine {
-                kernel: crate::label(kernel),
-                error,
-            })
+            product(batch, c, threads, &rows)
         };
         // Whether every batch's product left the epilogue done.
         let mut all_done = done && m * n > 0;
-        let products = &mut c[..batches * m * n];
+        let products = &mut c[..values];
         if m * n == 0 {
             // No product to compute: the epilogue, if any, runs after.
-        } else if threads > 1 && batches >= 2 * threads && m * n * a.cols.len() <= BATCH_WORK {
+        } else if threads > 1 && batches >= 2 * threads && m * n * k <= BATCH_WORK {
             let outcome = Mutex::new(Ok(true));
             team::for_each_chunk(products, m * n, &|batch, c| {
                 let result = one_batch(batch, c, 1);
@@ -175,12 +217,31 @@ impl CompiledKernel {
                 all_done &= one_batch(batch, c, threads)?;
             }
         }
-        if pending_epilogue && !all_done {
+        if epilogue && !all_done {
             run_rows(std::slice::from_ref(bound))?;
         }
         Ok(())
     }
 }
+
+/// A product's sizes, and what becomes of it: whether an epilogue follows,
+/// and whether the GEMM applies it in registers.
+#[derive(Clone, Copy)]
+struct Run {
+    batches: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    epilogue: bool,
+    in_registers: bool,
+}
+
+/// One batch's product into its part of the output, on so many threads,
+/// calling the function on each block of rows done; true where the GEMM
+/// applied the epilogue and called it.
+type Batch<'a> = dyn Fn(usize, &mut [f32], usize, &(dyn Fn(usize, usize) + Sync)) -> Result<bool, Error>
+    + Sync
+    + 'a;
 
 /// Which operand of which matmul kernel, and where it is computed.
 struct Side<'a> {
@@ -286,7 +347,7 @@ impl Strided {
     }
 
     /// Batch `index` of the operand, over `data`.
-    fn matrix<'a>(&'a self, data: &'a [f32], mut index: usize) -> Matrix<'a> {
+    fn matrix<'a, T>(&'a self, data: &'a [T], mut index: usize) -> Matrix<'a, T> {
         let mut offset = self.offset;
         for &(dim, stride) in self.batch.iter().rev() {
             offset += (index % dim) as isize * stride;
