@@ -4,7 +4,8 @@ shape and layout bench_report has (the training-step products `AtB` and `ABt`
 included, which ../shared/anchors/bench_anchors.py lacks), on that script's
 inputs and threads: three warm-up calls, then calls for a second, printed as
 JSON lines in bench_report's form (median and median absolute deviation),
-`variant` naming the framework.
+`variant` naming the framework; and `matmul_bf16` on jax (numpy has no
+bf16).
 
   ../shared/anchors/.venv/bin/python benches/matmul_anchor.py [--frameworks numpy,jax]
 
@@ -72,6 +73,31 @@ def main():
                 print(json.dumps(dict(workload=workload, shape=shape, variant=label, backend="cpu",
                                       median_s=med, spread_s=mad, flops=2 * m * k * n, max_rel_err=err)),
                       flush=True)
+        if name == "jax":
+            bf16_products(wrap, put, sync, label, args.budget)
+
+
+def bf16_products(wrap, put, sync, label, budget):
+    """`matmul_bf16`: x @ w on bf16 operands (jax's CPU bf16 matmul; numpy
+    has no bf16), at the shapes of bench_report's rows, the operands the
+    same normal values rounded to bf16."""
+    import jax.numpy as jnp
+    for (m, k, n, layout) in SHAPES:
+        if layout:
+            continue
+        x, w = ba.gen_inputs([(m, k), (k, n)], ba.SEED)
+        xb, wb = jnp.asarray(x, dtype=jnp.bfloat16), jnp.asarray(w, dtype=jnp.bfloat16)
+        want = np.asarray(xb, dtype=np.float64) @ np.asarray(wb, dtype=np.float64)
+        f = wrap(lambda x, w: x @ w)
+        dx = [put(xb), put(wb)]
+        got = np.asarray(sync(f(*dx)), dtype=np.float64)
+        err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+        times = timed(lambda: sync(f(*dx)), budget)
+        med = statistics.median(times)
+        mad = statistics.median(abs(t - med) for t in times)
+        print(json.dumps(dict(workload="matmul_bf16", shape=f"{m}x{k}x{n}", variant=label, backend="cpu",
+                              median_s=med, spread_s=mad, flops=2 * m * k * n, max_rel_err=err)),
+              flush=True)
 
 
 def timed(call, budget):

@@ -242,13 +242,15 @@ pub fn all() -> Vec<Workload> {
         product: None,
     });
     // bf16 products, summed in f32 and rounded once, at the f32 rows'
-    // shapes: by the AMX core where the CPU has it, else widened.
+    // shapes (the training step's forward among them): by the AMX core
+    // where the CPU has it, else widened.
     for (m, k, n) in [
         (256, 256, 256),
         (1024, 1024, 1024),
         (2048, 2048, 2048),
         (64, 784, 256),
         (4096, 784, 256),
+        (250, 784, 256),
     ] {
         let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
         w.push(Workload {
