@@ -203,8 +203,9 @@ fn products() -> Result<()> {
 /// widened to f32) against the interpreter, which sums in f64 and rounds
 /// to bf16 once: one bf16 unit apart at most, and f32's rounding of the
 /// sums (`check`'s bound). Ragged tiles and depths, a product of one row,
-/// operands read transposed or through merged axes (both gathered first by
-/// the core), batches, and an epilogue over the rounded product.
+/// B read transposed, batches, operands through merged axes, ReLU over the
+/// rounded product, and an f32 product of bf16 values with a bias and ReLU
+/// (a kernel's epilogue over each block of rows).
 fn bf16_products(path: &str) -> Result<()> {
     // Realized, so that the graph's inputs are bf16.
     let bf16 = |dims: &[usize], seed| {
@@ -239,12 +240,22 @@ fn bf16_products(path: &str) -> Result<()> {
         check(&format!("a@b {shape}"), &[a.clone(), b.clone()], k, &|t| {
             t[0].matmul(&t[1])
         });
-        let bt = Tensor::from_vec(b.t()?.cast(DType::F32)?.to_vec::<f32>()?, [n, k])?
-            .cast(DType::BF16)?;
+        let bt = Tensor::from_vec(b.t()?.to_vec::<kiln::bf16>()?, [n, k])?;
         check(&format!("relu(a@bt.T) {shape}"), &[a, bt], k, &|t| {
             t[0].matmul(&t[1].t()?)?.relu()
         });
     }
+    // f32 products of bf16 values, with a bias and ReLU: the epilogue a
+    // kernel's over each block of rows the core finishes.
+    let (a, b, bias) = (
+        bf16(&[300, 200], 27)?,
+        bf16(&[200, 70], 28)?,
+        randn(&[70], 29)?,
+    );
+    check("relu(f32(a)@f32(b)+bias) bf16", &[a, b, bias], 200, &|t| {
+        let product = t[0].cast(DType::F32)?.matmul(&t[1].cast(DType::F32)?)?;
+        (product + &t[2])?.relu()
+    });
     let (a, b) = (bf16(&[3, 150, 200], 23)?, bf16(&[200, 301], 24)?);
     check("batched a@b bf16", &[a, b], 200, &|t| t[0].matmul(&t[1]));
     let (a, x) = (bf16(&[3, 70, 24], 25)?, bf16(&[3, 4, 37, 6], 26)?);

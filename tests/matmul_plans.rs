@@ -72,7 +72,13 @@ fn bf16_operands_are_read_as_they_are_by_a_bf16_gemm() -> Result<()> {
     };
     let targets = [(Target::CPU, "cpu"), (amx, "cpu with amx")];
     let y = (x.matmul(&w)? + &b)?.relu()?;
-    insta::assert_snapshot!(plans_on("dense_bf16", &[&y], &targets)?);
+    // The same product in f32 of the bf16 values, its bias and ReLU in f32:
+    // the f32 GEMM's own, a kernel after the bf16 GEMM.
+    let f32s =
+        (x.cast(DType::F32)?.matmul(&w.cast(DType::F32)?)? + &b.cast(DType::F32)?)?.relu()?;
+    let text =
+        plans_on("dense_bf16", &[&y], &targets)? + &plans_on("f32_of_bf16", &[&f32s], &targets)?;
+    insta::assert_snapshot!(text);
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - `gemm`: kiln's f32 GEMM, `C = A B` with A and B read through any
 //!   strides or tables of offsets, a bias, ReLU and cap applied as it
-//!   stores; the AVX-512 and AVX2 cores, or the `gemm` crate;
+//!   stores (the AVX-512 and AVX2 cores, or the `gemm` crate), and its bf16
+//!   GEMM on AMX;
 //! - `isa`: the path a process takes (`KILN_CPU_ISA`);
 //! - `rows`: the 256-bit row functions that generated code calls (e^x with
 //!   its sum, max, sum and scale over a row), and their safe forms;
@@ -61,6 +62,17 @@ pub enum Error {
         last: i128,
         /// The slice's length.
         len: usize,
+    },
+    /// A bf16 product too large to pack: its operands padded to whole AMX
+    /// tiles hold more than this machine can address or allocate.
+    #[error("gemm: a bf16 product of [{m}, {k}] @ [{k}, {n}] is too large to pack")]
+    TooLarge {
+        /// A's rows.
+        m: usize,
+        /// The shared dimension.
+        k: usize,
+        /// B's columns.
+        n: usize,
     },
     /// Operands whose inner dimensions differ.
     #[error("gemm: a product of [{m}, {k}] @ [{k_b}, {n}]")]

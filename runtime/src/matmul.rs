@@ -43,7 +43,7 @@ pub struct Target {
     pub align: usize,
     /// It multiplies bf16 operands read in place, summing in f32 (kiln's
     /// AMX core), which then take the place of the f32 operands `pass::widen`
-    /// casts them into.
+    /// casts them into; as any view, where `any_view`.
     pub bf16: bool,
 }
 
@@ -236,7 +236,8 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     let batches = kernel.out.shape.numel() / (m * n).max(1);
     // Both operands bf16 widened to f32, which a bf16 GEMM reads as they
     // are.
-    let halves = [a, b].map(|o| target.bf16.then(|| widened_bf16(o)).flatten());
+    let bf16 = target.bf16 && target.any_view;
+    let halves = [a, b].map(|o| bf16.then(|| widened_bf16(o)).flatten());
     if let [Some(a_read), Some(b_read)] = halves {
         let operand = |o: &Operand, (input, view): (u32, &View)| PlanOperand {
             shape: o.shape().clone(),

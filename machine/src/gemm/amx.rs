@@ -1,6 +1,7 @@
 //! kiln's bf16 GEMM core, on AMX: `c = a b` for bf16 `a` and `b`, each
 //! product exact and their sums in f32, as a widened product's are (the
-//! order of the additions aside).
+//! order of the additions aside; and AMX reads subnormal bf16 operands as
+//! zero and flushes subnormal sums to zero).
 //!
 //! An AMX tile multiply (`tdpbf16ps`) takes a 16 x 32 tile of A, a tile of
 //! B holding 32 rows of 16 columns as 16 rows of pairs, and adds the
@@ -31,7 +32,7 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::Operand;
-use crate::team;
+use crate::{Error, team};
 
 /// Rows of a tile of A or C.
 const TILE_ROWS: usize = 16;
@@ -113,28 +114,38 @@ pub(super) unsafe fn gemm(
     c: &mut [f32],
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
-) {
+) -> Result<(), Error> {
     if m == 0 || n == 0 {
-        return;
+        return Ok(());
     }
     if k == 0 {
         c.fill(0.0);
         finish(0, m);
-        return;
+        return Ok(());
     }
-    let kp = k.next_multiple_of(TILE_K);
     let (blocks, panels) = (m.div_ceil(MR), n.div_ceil(NR));
+    let too_large = Error::TooLarge { m, k, n };
+    let kp = k
+        .checked_next_multiple_of(TILE_K)
+        .ok_or(too_large.clone())?;
+    let a_len = (blocks * MR).checked_mul(kp).ok_or(too_large.clone())?;
+    let b_len = (panels * NR).checked_mul(kp / 2).ok_or(too_large.clone())?;
     // The packed operands, kept from call to call on the calling thread:
     // packing writes every element, padding included, so that reuse needs
     // no clearing, and a fresh allocation's page faults are paid once.
     let (mut packed_a, mut packed_b) = (PACKED_A.take(), PACKED_B.take());
-    packed_a.resize(blocks * MR * kp, 0);
-    packed_b.resize(panels * (kp / 2) * NR, 0);
-    team::for_each_chunk(&mut packed_a, MR * kp, &|t, rows| {
+    let reserve_a = packed_a.try_reserve(a_len.saturating_sub(packed_a.len()));
+    let reserve_b = packed_b.try_reserve(b_len.saturating_sub(packed_b.len()));
+    if reserve_a.is_err() || reserve_b.is_err() {
+        return Err(too_large);
+    }
+    packed_a.resize(a_len, 0);
+    packed_b.resize(b_len, 0);
+    each_chunk(threads, &mut packed_a, MR * kp, &|t, rows| {
         // SAFETY: the block's rows are rows of a.
         unsafe { pack_a(a, (m, k), t * MR, rows) }
     });
-    team::for_each_chunk(&mut packed_b, (kp / 2) * NR, &|p, panel| {
+    each_chunk(threads, &mut packed_b, (kp / 2) * NR, &|p, panel| {
         // SAFETY: the panel's columns are columns of b, its rows b's rows.
         unsafe { pack_b(b, (k, n), p * NR, panel) }
     });
@@ -146,9 +157,10 @@ pub(super) unsafe fn gemm(
         unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
         let (r0, r1) = (t * MR, (t * MR + MR).min(m));
         let rows = &packed_a[r0 * kp..(r0 + MR) * kp];
+        // Every value of it is stored over by the tiles.
+        let mut tile = [[0f32; NR]; MR];
         for p in 0..panels {
             let panel = &packed_b[p * (kp / 2) * NR..(p + 1) * (kp / 2) * NR];
-            let mut tile = [[0f32; NR]; MR];
             // SAFETY: the tiles are configured; `rows` holds 32 rows of
             // `kp` values and `panel` `kp / 2` rows of 32 words.
             unsafe { product(rows, panel, kp, &mut tile) };
@@ -171,6 +183,24 @@ pub(super) unsafe fn gemm(
     }
     PACKED_A.set(packed_a);
     PACKED_B.set(packed_b);
+    Ok(())
+}
+
+/// `task(i, chunk)` on each chunk of `chunk` elements of `data`: on the
+/// caller where one thread is asked for, across the team else.
+fn each_chunk<T: Send>(
+    threads: usize,
+    data: &mut [T],
+    chunk: usize,
+    task: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    match threads {
+        1 => data
+            .chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| task(i, c)),
+        _ => team::for_each_chunk(data, chunk, task),
+    }
 }
 
 thread_local! {

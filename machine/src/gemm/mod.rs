@@ -1,9 +1,10 @@
-//! kiln's f32 GEMM: `C = A B`, A and B read through any strides or tables
-//! of offsets (so transposed operands and a convolution's windows need no
-//! copy), C row-major, and the path that computes it.
+//! kiln's GEMMs: `C = A B` in f32, A and B read through any strides or
+//! tables of offsets (so transposed operands and a convolution's windows
+//! need no copy), C row-major, and the path that computes it; and `C = A B`
+//! for bf16 A and B, summed in f32, on AMX.
 //!
-//! - `sgemm`: the safe entry, which checks every offset the product reads
-//!   and writes against its slices;
+//! - `sgemm`, `bf16_gemm`: the safe entries, which check every offset the
+//!   product reads and writes against its slices;
 //! - `driver`: the loop nest of kiln's own cores (cache blocking, packing,
 //!   threads, a bias and ReLU applied in registers, any other epilogue
 //!   handed each block of rows as it finishes), generic over a
@@ -11,10 +12,13 @@
 //! - `panel`: packed panels of B and A, and rows of A read where they lie;
 //! - `avx512`, `avx2`: the micro-kernels, 12 x 32 in zmm and 6 x 16 in ymm
 //!   registers;
+//! - `amx`: the bf16 core, 32 x 32 in four AMX tiles;
 //! - `tuning`: each core's blocking and the sizes at which it takes a
 //!   product, in one table.
 //!
-//! The path (`Isa`): kiln's AVX-512 core where the CPU has AVX-512, else its
+//! The path (`Isa`): for bf16 products, the AMX core where the CPU has
+//! AMX-BF16 (`amx`); for f32 ones, kiln's AVX-512 core where the CPU has
+//! AVX-512, else its
 //! AVX2+FMA core where it has those, else (and for products too small for
 //! packing to pay) the `gemm` crate, which dispatches on the CPU itself.
 //!

@@ -275,6 +275,7 @@ pub fn bf16_gemm(
     #[cfg(target_arch = "x86_64")]
     unsafe {
         super::amx::gemm((m, n, k), (a.raw(), b.raw()), c, threads, finish)
-    };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
     Ok(())
 }

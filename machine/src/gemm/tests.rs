@@ -484,8 +484,9 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
 /// kiln's bf16 core against a plain product in f64 of the same bf16
 /// values: tiles and panels ragged, odd depths (a last pair of one value,
 /// with a NaN beside it in memory that must not reach the sum), several
-/// depth blocks, B transposed and A read through a table (both gathered
-/// first), on one thread and two; `finish` sees every row once.
+/// depth blocks, B transposed and A read through a table, on one thread
+/// and two; `finish` sees every row once. A depth too large to pack is an
+/// error.
 #[test]
 fn the_bf16_core_agrees_with_a_plain_product() {
     if !Isa::Amx.available() {
@@ -587,4 +588,22 @@ fn the_bf16_core_agrees_with_a_plain_product() {
             }
         }
     }
+    // A broadcast depth of 2^62: no packed copy of it fits in memory.
+    let one = [0u16];
+    let deep = |rows, cols| Matrix {
+        data: &one,
+        offset: 0,
+        rows: strided(rows, 0),
+        cols: strided(cols, 0),
+    };
+    let mut c = [0.0f32];
+    let err = bf16_gemm(deep(1, 1 << 62), deep(1 << 62, 1), &mut c, 1, &|_, _| {});
+    assert_eq!(
+        err,
+        Err(Error::TooLarge {
+            m: 1,
+            k: 1 << 62,
+            n: 1
+        })
+    );
 }

@@ -45,9 +45,10 @@ impl Backend for Cpu {
     }
 }
 
-/// The GEMM path this process's matmuls take: `avx512` or `avx2` (kiln's
-/// cores), or `generic` (the `gemm` crate); the fastest the CPU runs unless
-/// `KILN_CPU_ISA` names another.
+/// The GEMM path this process's matmuls take: `amx` (kiln's AMX core for
+/// bf16 products, its AVX-512 core for f32 ones), `avx512` or `avx2`
+/// (kiln's cores), or `generic` (the `gemm` crate); the fastest the CPU runs
+/// unless `KILN_CPU_ISA` names another.
 pub fn gemm_path() -> Result<&'static str, Error> {
     Ok(crate::cpu_isa()?.name())
 }
