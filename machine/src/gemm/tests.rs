@@ -518,22 +518,14 @@ fn the_bf16_core_agrees_with_a_plain_product() {
         }
         let b = bits(k * n, 2);
         let bt: Vec<u16> = (0..n * k).map(|e| b[(e % k) * n + e / k]).collect();
-        let want: Vec<f64> = (0..m * n)
+        // Each element's sum, and the sum of its terms' magnitudes.
+        let (want, scale): (Vec<f64>, Vec<f64>) = (0..m * n)
             .map(|e| {
                 let (i, j) = (e / n, e % n);
-                (0..k)
-                    .map(|l| value(a[i * lda + l]) * value(b[l * n + j]))
-                    .sum()
+                let terms = (0..k).map(|l| value(a[i * lda + l]) * value(b[l * n + j]));
+                terms.fold((0.0, 0.0), |(s, t), x| (s + x, t + x.abs()))
             })
-            .collect();
-        let scale: Vec<f64> = (0..m * n)
-            .map(|e| {
-                let (i, j) = (e / n, e % n);
-                (0..k)
-                    .map(|l| (value(a[i * lda + l]) * value(b[l * n + j])).abs())
-                    .sum()
-            })
-            .collect();
+            .unzip();
         let rows: Vec<isize> = (0..m).rev().map(|i| (i * lda) as isize).collect();
         let table = Table::new(rows);
         let a_plain = Matrix {
