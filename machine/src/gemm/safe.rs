@@ -168,6 +168,36 @@ pub struct Product<'a> {
     pub fused: Fused<'a>,
 }
 
+/// The product's `(m, k, n)`, once its operands' inner dimensions agree,
+/// every element they read lies inside their slices, and `c` holds `m * n`
+/// values (a product of more than `usize::MAX` fits no slice).
+fn checked<T>(
+    a: &Matrix<'_, T>,
+    b: &Matrix<'_, T>,
+    c: &[f32],
+) -> Result<(usize, usize, usize), Error> {
+    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols.len());
+    if b.rows.len() != k {
+        return Err(Error::Inner {
+            m,
+            k,
+            k_b: b.rows.len(),
+            n,
+        });
+    }
+    a.check("a")?;
+    b.check("b")?;
+    let mn = m.saturating_mul(n);
+    if c.len() < mn {
+        return Err(Error::Short {
+            what: "product",
+            len: c.len(),
+            needs: mn,
+        });
+    }
+    Ok((m, k, n))
+}
+
 /// `c = a b` (`c` row-major `m x n`, its first `m * n` values) on `threads`
 /// threads, by `isa`'s path. kiln's cores take products large enough for
 /// them and not too narrow, and every product with an operand read through
@@ -187,23 +217,8 @@ pub fn sgemm(
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<bool, Error> {
-    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols.len());
-    if b.rows.len() != k {
-        return Err(Error::Inner {
-            m,
-            k,
-            k_b: b.rows.len(),
-            n,
-        });
-    }
-    a.check("a")?;
-    b.check("b")?;
+    let (m, k, n) = checked(&a, &b, c)?;
     let short = |what, len, needs| Error::Short { what, len, needs };
-    // A product of more than usize::MAX elements fits no slice.
-    let mn = m.saturating_mul(n);
-    if c.len() < mn {
-        return Err(short("product", c.len(), mn));
-    }
     let bias = match fused.bias {
         None => None,
         Some(Bias::Columns(values)) => Some((values, false, n)),
@@ -226,7 +241,7 @@ pub fn sgemm(
     // SAFETY: `isa` is available; every element the operands read lies
     // inside their slices and the bias's `m` or `n` values inside its own
     // (checked above), all borrowed for the call; `c` holds `m * n`.
-    let (c, threads) = (&mut c[..mn], threads.clamp(1, crate::team::threads()));
+    let (c, threads) = (&mut c[..m * n], threads.clamp(1, crate::team::threads()));
     Ok(unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) })
 }
 
@@ -246,29 +261,11 @@ pub fn bf16_gemm(
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(), Error> {
-    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols.len());
-    if b.rows.len() != k {
-        return Err(Error::Inner {
-            m,
-            k,
-            k_b: b.rows.len(),
-            n,
-        });
-    }
-    a.check("a")?;
-    b.check("b")?;
-    let mn = m.saturating_mul(n);
-    if c.len() < mn {
-        return Err(Error::Short {
-            what: "product",
-            len: c.len(),
-            needs: mn,
-        });
-    }
+    let (m, k, n) = checked(&a, &b, c)?;
     if !Isa::Amx.available() {
         return Err(Error::MissingIsa { isa: Isa::Amx });
     }
-    let (c, threads) = (&mut c[..mn], threads.clamp(1, crate::team::threads()));
+    let (c, threads) = (&mut c[..m * n], threads.clamp(1, crate::team::threads()));
     // SAFETY: the CPU runs the core; every element the operands read lies
     // inside their slices (checked above), borrowed for the call; `c`
     // holds `m * n`.
