@@ -46,6 +46,38 @@ impl Choices {
     }
 }
 
+/// The unary ops a random graph of `mode` may use.
+fn unary_ops(mode: Mode) -> &'static [UnaryOp] {
+    use UnaryOp::*;
+    match mode {
+        Mode::All => &[
+            Neg,
+            Exp,
+            Log,
+            Sqrt,
+            Recip,
+            Relu,
+            Sigmoid,
+            Tanh,
+            Abs,
+            Trig(TrigOp::Sin),
+            Trig(TrigOp::Atan),
+        ],
+        Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
+        Mode::Continuous => &[
+            Neg,
+            Exp,
+            Sqrt,
+            Relu,
+            Sigmoid,
+            Tanh,
+            Abs,
+            Trig(TrigOp::Sin),
+            Trig(TrigOp::Atan),
+        ],
+    }
+}
+
 /// Which ops a random graph may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -96,34 +128,7 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 narrow(&mut c, &mut g, &mut nodes, x, half, mode)
             }
             0 => {
-                use UnaryOp::*;
-                let ops: &[UnaryOp] = match mode {
-                    Mode::All => &[
-                        Neg,
-                        Exp,
-                        Log,
-                        Sqrt,
-                        Recip,
-                        Relu,
-                        Sigmoid,
-                        Tanh,
-                        Abs,
-                        Trig(TrigOp::Sin),
-                        Trig(TrigOp::Atan),
-                    ],
-                    Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
-                    Mode::Continuous => &[
-                        Neg,
-                        Exp,
-                        Sqrt,
-                        Relu,
-                        Sigmoid,
-                        Tanh,
-                        Abs,
-                        Trig(TrigOp::Sin),
-                        Trig(TrigOp::Atan),
-                    ],
-                };
+                let ops = unary_ops(mode);
                 g.push(Op::Unary(ops[c.below(ops.len())]), &[x])
             }
             1 | 2 => {
@@ -379,34 +384,7 @@ fn wide(
     };
     let mut y = binary(g, ops[c.below(ops.len())], x, k)?;
     if wide == DType::F64 && c.below(2) == 0 {
-        use UnaryOp::*;
-        let ops: &[UnaryOp] = match mode {
-            Mode::All => &[
-                Neg,
-                Exp,
-                Log,
-                Sqrt,
-                Recip,
-                Relu,
-                Sigmoid,
-                Tanh,
-                Abs,
-                Trig(TrigOp::Sin),
-                Trig(TrigOp::Atan),
-            ],
-            Mode::Exact => &[Neg, Sqrt, Recip, Relu, Abs],
-            Mode::Continuous => &[
-                Neg,
-                Exp,
-                Sqrt,
-                Relu,
-                Sigmoid,
-                Tanh,
-                Abs,
-                Trig(TrigOp::Sin),
-                Trig(TrigOp::Atan),
-            ],
-        };
+        let ops = unary_ops(mode);
         y = g.push(Op::Unary(ops[c.below(ops.len())]), &[y])?;
     }
     if c.below(3) == 0 {

@@ -103,6 +103,19 @@ fn f32s(dims: &[usize]) -> TensorType {
 
 const MIB64: u64 = 4096 * 4096 * 4;
 
+/// The `(m, k, n)` of the f32 and bf16 products `x · w`.
+const PRODUCTS: [(usize, usize, usize); 5] = [
+    (256, 256, 256),
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (64, 784, 256),
+    (4096, 784, 256),
+];
+
+/// The forward product of the first layer of the training step of the MLP
+/// 784-256-256-10 at batch 250.
+const TRAINING_FORWARD: (usize, usize, usize) = (250, 784, 256);
+
 /// Every workload of benches/README.md except `compile_mlp3`, which times
 /// compilation itself.
 pub fn all() -> Vec<Workload> {
@@ -126,19 +139,14 @@ pub fn all() -> Vec<Workload> {
             product: None,
         },
     ];
-    for (m, k, n) in [
-        (256, 256, 256),
-        (1024, 1024, 1024),
-        (2048, 2048, 2048),
-        (64, 784, 256),
-        (4096, 784, 256),
-    ] {
+    for (m, k, n) in PRODUCTS {
         w.extend(matmuls(m, k, n, Layout::AB));
     }
     // The first layer of the training step of the MLP 784-256-256-10 at
     // batch 250: forward `x · w`, the weight gradient `xᵀ · dy`, the input
     // gradient `dy · wᵀ`.
-    w.extend(matmuls(250, 784, 256, Layout::AB));
+    let (m, k, n) = TRAINING_FORWARD;
+    w.extend(matmuls(m, k, n, Layout::AB));
     w.extend(matmuls(784, 250, 256, Layout::AtB));
     w.extend(matmuls(250, 256, 784, Layout::ABt));
     w.push(Workload {
@@ -244,14 +252,7 @@ pub fn all() -> Vec<Workload> {
     // bf16 products, summed in f32 and rounded once, at the f32 rows'
     // shapes (the training step's forward among them): by the AMX core
     // where the CPU has it, else widened.
-    for (m, k, n) in [
-        (256, 256, 256),
-        (1024, 1024, 1024),
-        (2048, 2048, 2048),
-        (64, 784, 256),
-        (4096, 784, 256),
-        (250, 784, 256),
-    ] {
+    for (m, k, n) in PRODUCTS.into_iter().chain([TRAINING_FORWARD]) {
         let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
         w.push(Workload {
             id: "matmul_bf16",
