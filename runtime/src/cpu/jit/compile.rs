@@ -344,12 +344,7 @@ mod tests {
         let x = g.input(ty);
         let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
         g.outputs.push(e);
-        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
-        let launch = &optimized.schedule.launches[0];
-        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
-            panic!("the launch is a kernel")
-        };
-        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let kernel = crate::cpu::jit::first_kernel(&g);
         let mut out = Data::zeros(DType::F32, values.len()).unwrap();
         let input = Buffer::input(DataRef::F32(values));
         let mut output = Buffer::output(&mut out);

@@ -335,7 +335,6 @@ pub(super) fn views<'b, T: Plain, const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_ir::pass::{Options, optimize};
     use kiln_ir::{DType, Data, Graph, Op, ReduceOp, Shape, TensorType, UnaryOp};
     use smallvec::smallvec;
 
@@ -353,12 +352,7 @@ mod tests {
         };
         let s = g.push(reduce, &[e]).unwrap();
         g.outputs.push(s);
-        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
-        let launch = &optimized.schedule.launches[0];
-        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
-            panic!("the launch is a kernel")
-        };
-        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let kernel = crate::cpu::jit::first_kernel(&g);
         let input: Vec<f32> = (0..rows * len).map(|i| (i % 11) as f32 / 4.0).collect();
         let sums = |ahead: i64| {
             let mut out = Data::zeros(DType::F32, rows).unwrap();
@@ -398,12 +392,7 @@ mod tests {
         let x = g.input(TensorType::new(DType::F32, Shape::new(&[3, 5])));
         let r = g.push(Op::Unary(UnaryOp::Relu), &[x]).unwrap();
         g.outputs.push(r);
-        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
-        let launch = &optimized.schedule.launches[0];
-        let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
-            panic!("the launch is a kernel")
-        };
-        let kernel = CompiledKernel::new(kernel, None).unwrap();
+        let kernel = crate::cpu::jit::first_kernel(&g);
         let input = vec![-1.0f32; 15];
         let x = Buffer::input(DataRef::F32(&input));
         let mut short = Data::zeros(DType::F32, 14).unwrap();

@@ -23,3 +23,16 @@ mod matmul;
 pub(crate) use compile::CompiledKernel;
 pub(crate) use launch::{Buffer, run_rows};
 pub(crate) use matmul::Computed;
+
+/// The kernel of the first launch of `g`, optimized, compiled.
+#[cfg(test)]
+fn first_kernel(g: &kiln_ir::Graph) -> CompiledKernel {
+    use kiln_ir::Op;
+    use kiln_ir::pass::{Options, optimize};
+    let optimized = optimize(g, Options::default(), &mut |_, _| {}).unwrap();
+    let launch = &optimized.schedule.launches[0];
+    let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+        panic!("the launch is a kernel")
+    };
+    CompiledKernel::new(kernel, None).unwrap()
+}
