@@ -5,7 +5,8 @@
 //! `.npy` files zip into (features, labels) batches with their values, and
 //! an epoch's batches come as tensors on a device in order, each error in
 //! its batch's place, and the next epoch's first batches are read while
-//! one ends and taken up by it.
+//! one ends and taken up by it, the first of them through the feed the
+//! loader keeps.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -290,6 +291,70 @@ fn batches_on_a_device_hold_each_batch_in_order_errors_in_their_place() -> kiln:
         }
     }
     Ok(())
+}
+
+/// The items of each batch of `epoch` moved to `device`, or where the
+/// loop breaks after `stop` batches, its first `stop`.
+fn fed_items(l: &mut DataLoader, epoch: u64, device: Device, stop: usize) -> Vec<Vec<i32>> {
+    let fed = l.epoch(epoch).to_device(device).expect("a feed");
+    (fed.take(stop))
+        .map(|b| {
+            b.and_then(|t| t[0].to_vec::<i32>())
+                .expect("the batch reads")
+        })
+        .collect()
+}
+
+#[test]
+fn a_kept_feed_hands_each_epoch_its_own_batches() {
+    let as_i32 = |batches: Vec<Vec<usize>>| -> Vec<Vec<i32>> {
+        (batches.into_iter())
+            .map(|b| b.into_iter().map(|i| i as i32).collect())
+            .collect()
+    };
+    let fresh = |e| {
+        as_i32(epoch_items(
+            &mut loader(Counting::new(40), shuffled(2)),
+            e,
+            0,
+        ))
+    };
+    let mut l = loader(Counting::new(40), shuffled(2));
+    let all = usize::MAX;
+    // Epochs in a row: each takes up the first batch its predecessor put
+    // into the feed.
+    for e in 0..3 {
+        assert_eq!(
+            fed_items(&mut l, e, Device::Cpu, all),
+            fresh(e),
+            "epoch {e}"
+        );
+    }
+    // The first batch put for epoch 3 is dropped where another epoch runs,
+    // where epoch 3 runs on the host, or on another device; a loop that
+    // stops early puts nothing ahead.
+    assert_eq!(fed_items(&mut l, 5, Device::Cpu, all), fresh(5));
+    assert_eq!(as_i32(epoch_items(&mut l, 6, 0)), fresh(6));
+    assert_eq!(fed_items(&mut l, 7, Device::Cpu, all), fresh(7));
+    assert_eq!(fed_items(&mut l, 8, Device::Reference, all), fresh(8));
+    assert_eq!(fed_items(&mut l, 9, Device::Cpu, 2), fresh(9)[..2].to_vec());
+    assert_eq!(fed_items(&mut l, 10, Device::Cpu, all), fresh(10));
+    // Epoch 11 resumed at batch 1, and from its start after a batch read
+    // on the host: neither takes up the batch put for it.
+    assert_eq!(fed_items(&mut l, 11, Device::Cpu, all), fresh(11));
+    let resumed: Vec<Vec<usize>> = l
+        .epoch_from(12, 1)
+        .map(|b| b.expect("reads").items)
+        .collect();
+    assert_eq!(as_i32(resumed), fresh(12)[1..].to_vec());
+    assert_eq!(fed_items(&mut l, 13, Device::Cpu, all), fresh(13));
+    let mut epoch = l.epoch(14);
+    let first = epoch.next().expect("a batch").expect("reads").items;
+    let rest: Vec<Vec<i32>> = (epoch.to_device(Device::Cpu).expect("a feed"))
+        .map(|b| b.and_then(|t| t[0].to_vec::<i32>()).expect("reads"))
+        .collect();
+    assert_eq!(as_i32(vec![first]), fresh(14)[..1].to_vec());
+    assert_eq!(rest, fresh(14)[1..].to_vec());
 }
 
 #[test]

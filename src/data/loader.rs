@@ -44,6 +44,7 @@ mod ahead;
 mod on_device;
 
 use ahead::{Ahead, Live};
+use on_device::Kept;
 pub use on_device::OnDevice;
 
 /// What to do with an item that cannot be read.
@@ -180,6 +181,8 @@ pub struct DataLoader {
     tags: u64,
     /// The next epoch's first batches, asked for while the last ended.
     ahead: Option<Ahead>,
+    /// The feed of the last epoch moved to a device, for the next.
+    feed: Option<Kept>,
     counters: Counters,
     pool: Pool,
 }
@@ -237,6 +240,7 @@ impl DataLoader {
             live,
             tags: 0,
             ahead: None,
+            feed: None,
             counters: Counters::default(),
             pool,
         })
@@ -360,6 +364,27 @@ impl DataLoader {
         }
     }
 
+    /// A batch a worker has read: the current epoch's, returned; one read
+    /// ahead, filed with the next epoch's; a dropped epoch's, recycled.
+    fn file(&mut self, done: Done) -> Option<(usize, Result<Batch, DataError>)> {
+        if done.generation == self.generation {
+            self.counters.latencies.push(done.latency);
+            return Some((done.index, done.batch));
+        }
+        match &mut self.ahead {
+            Some(ahead) if ahead.generation == done.generation => {
+                self.counters.latencies.push(done.latency);
+                ahead.ready.insert(done.index, done.batch);
+            }
+            _ => {
+                if let Ok(b) = done.batch {
+                    self.recycle(b);
+                }
+            }
+        }
+        None
+    }
+
     fn dispatch(&mut self, generation: u64, index: usize, items: Vec<usize>) {
         let job = Job {
             generation,
@@ -438,22 +463,11 @@ impl Iterator for Epoch<'_> {
                 break b;
             }
             match self.loader.done.recv() {
-                Ok(d) if d.generation == self.loader.generation => {
-                    self.loader.counters.latencies.push(d.latency);
-                    self.ready.insert(d.index, d.batch);
+                Ok(d) => {
+                    if let Some((index, batch)) = self.loader.file(d) {
+                        self.ready.insert(index, batch);
+                    }
                 }
-                Ok(d) => match &mut self.loader.ahead {
-                    Some(ahead) if ahead.generation == d.generation => {
-                        self.loader.counters.latencies.push(d.latency);
-                        ahead.ready.insert(d.index, d.batch);
-                    }
-                    // A dropped epoch's batch: its buffers go back to the pool.
-                    _ => {
-                        if let Ok(b) = d.batch {
-                            self.loader.recycle(b);
-                        }
-                    }
-                },
                 // The loader holds a sender itself, so the channel cannot close.
                 Err(_) => return None,
             }

@@ -1,6 +1,7 @@
 //! Reading the next epoch ahead: once an epoch has asked for its last
 //! batch, the first batches of the one after it, which `epoch_from` takes
-//! up or drops, and the tags of the jobs workers still read.
+//! up or drops, and the tags of the jobs workers still read; the first of
+//! them moved to a device while this epoch ends (`OnDevice`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,5 +76,48 @@ impl Epoch<'_> {
             let generation = ahead.generation;
             loader.dispatch(generation, index, items);
         }
+    }
+}
+
+impl Epoch<'_> {
+    /// The next epoch's first batch, read ahead, and the tag of its jobs:
+    /// waits while a worker reads it. `None` where none is read ahead (no
+    /// workers, or batches left in this epoch), or where reading it failed
+    /// (the epoch that takes it up reports that).
+    pub(super) fn next_first(&mut self) -> Option<(u64, &Batch)> {
+        loop {
+            let ahead = self.loader.ahead.as_ref()?;
+            if ahead.dispatched == 0 {
+                return None;
+            }
+            if ahead.ready.contains_key(&0) {
+                break;
+            }
+            // The loader holds a sender itself, so the channel cannot close.
+            let done = self.loader.done.recv().ok()?;
+            if let Some((index, batch)) = self.loader.file(done) {
+                self.ready.insert(index, batch);
+            }
+        }
+        let ahead = self.loader.ahead.as_ref()?;
+        let first = ahead.ready.get(&0)?.as_ref().ok()?;
+        Some((ahead.generation, first))
+    }
+
+    /// Hands this epoch's first batch back unused, where the epoch has
+    /// delivered nothing and it is read: its values were moved to a
+    /// device ahead (`Epoch::to_device`). False where it cannot.
+    pub(super) fn skip_first(&mut self, generation: u64) -> bool {
+        let read = matches!(self.ready.get(&0), Some(Ok(_)));
+        if generation != self.loader.generation || self.delivered != 0 || !read {
+            return false;
+        }
+        let Some(Ok(first)) = self.ready.remove(&0) else {
+            return false;
+        };
+        self.loader.counters.delivered += first.items.len();
+        self.loader.recycle(first);
+        self.delivered = 1;
+        true
     }
 }

@@ -16,45 +16,112 @@ impl<'l> Epoch<'l> {
     /// batch's host buffers go back to the loader once they are copied. On
     /// the CPU, a batch is copied once into tensors of its own (a compiled
     /// graph's `run(&batch.inputs())` reads the loader's buffers in place).
-    pub fn to_device(self, device: Device) -> crate::Result<OnDevice<'l>> {
-        let feed = crate::backend::backend(device)?.feed()?;
+    ///
+    /// The loader keeps the feed from one epoch to the next, and while an
+    /// epoch's last batch is used, copies in the first batch it read ahead
+    /// for the next: an epoch taken up from its start finds it there.
+    pub fn to_device(mut self, device: Device) -> crate::Result<OnDevice<'l>> {
+        let kept = (self.loader.feed.take()).filter(|kept| kept.device == device);
+        let (mut feed, first) = match kept {
+            Some(kept) => (kept.feed, kept.first),
+            None => (crate::backend::backend(device)?.feed()?, None),
+        };
+        let mut waiting = None;
+        if let Some((generation, types)) = first {
+            match self.skip_first(generation) {
+                true => waiting = Some(types),
+                // Another epoch's first batch: dropped unused.
+                false => drop(feed.take()?),
+            }
+        }
         let fields = self.loader.dataset.fields();
         Ok(OnDevice {
             epoch: self,
-            feed,
+            feed: Some(feed),
             fields,
             device,
-            waiting: None,
+            waiting,
+            keep: true,
+            ended: false,
+            next_first: None,
             failed: None,
         })
     }
+}
+
+/// A feed its loader keeps between epochs (`Epoch::to_device`): a GPU's
+/// feed holds a copy stream, device buffers and pinned memory, and may hold
+/// the next epoch's first batch.
+pub(super) struct Kept {
+    device: Device,
+    feed: Box<dyn Feed>,
+    /// The batch waiting in the feed: the first of the epoch read ahead
+    /// with this tag, of these types.
+    first: Option<(u64, Vec<TensorType>)>,
 }
 
 /// The batches of one epoch as tensors on a device, each copied in one
 /// batch ahead (`Epoch::to_device`).
 pub struct OnDevice<'l> {
     epoch: Epoch<'l>,
-    feed: Box<dyn Feed>,
+    /// Taken by `drop`, to go back to the loader.
+    feed: Option<Box<dyn Feed>>,
+    /// False after a failed put of the next epoch's first batch: the
+    /// loader does not keep the feed.
+    keep: bool,
     fields: Vec<TensorType>,
     device: Device,
     /// The types of the batch put into the feed and not yet taken.
     waiting: Option<Vec<TensorType>>,
+    /// Whether the epoch has no batch left to put.
+    ended: bool,
+    /// The next epoch's first batch, put after this epoch's last.
+    next_first: Option<(u64, Vec<TensorType>)>,
     /// Why the batch after the last one handed out could not be put.
     failed: Option<crate::Error>,
 }
 
 impl OnDevice<'_> {
-    /// Puts the epoch's next batch into the feed; false after the last.
+    fn feed(&mut self) -> &mut dyn Feed {
+        (self.feed.as_deref_mut()).expect("only `drop` takes the feed")
+    }
+
+    /// Puts the epoch's next batch into the feed; false after the last,
+    /// when the next epoch's first batch goes in instead, where it is read
+    /// ahead.
     fn put_next(&mut self) -> crate::Result<bool> {
+        if self.ended {
+            return Ok(false);
+        }
         let Some(batch) = self.epoch.next() else {
+            self.ended = true;
+            self.put_next_first();
             return Ok(false);
         };
         let batch = batch?;
         let types = batch_types(&self.fields, &batch)?;
-        self.feed.put(&types, &batch.inputs())?;
+        self.feed().put(&types, &batch.inputs())?;
         self.epoch.recycle(batch);
         self.waiting = Some(types);
         Ok(true)
+    }
+
+    /// Puts the first batch read ahead for the next epoch, waiting for a
+    /// worker where it is not read yet: this epoch's last batch has been
+    /// taken, and the device still runs the work on the ones before. A
+    /// failure is left for the next epoch to meet: the feed is not kept.
+    fn put_next_first(&mut self) {
+        let Some((generation, batch)) = self.epoch.next_first() else {
+            return;
+        };
+        let feed = (self.feed.as_deref_mut()).expect("only `drop` takes the feed");
+        let put = (batch_types(&self.fields, batch))
+            .map_err(crate::Error::from)
+            .and_then(|types| Ok(feed.put(&types, &batch.inputs()).map(|()| types)?));
+        match put {
+            Ok(types) => self.next_first = Some((generation, types)),
+            Err(_) => self.keep = false,
+        }
     }
 
     /// The batch put last, taken, with the next one put behind it.
@@ -66,7 +133,7 @@ impl OnDevice<'_> {
             return Ok(None);
         }
         let types = self.waiting.take().unwrap_or_default();
-        let stored = self.feed.take()?;
+        let stored = self.feed().take()?;
         // An error of the next batch is the next call's, not this batch's.
         if let Err(e) = self.put_next() {
             self.failed = Some(e);
@@ -76,6 +143,25 @@ impl OnDevice<'_> {
                 .map(|(ty, storage)| Tensor::from_storage(ty, storage, self.device))
                 .collect(),
         ))
+    }
+}
+
+impl Drop for OnDevice<'_> {
+    /// The feed goes back to the loader, for the next epoch, with the
+    /// next epoch's first batch where it was put; a batch of this epoch
+    /// still waiting in it (a loop that stopped early) is dropped here.
+    fn drop(&mut self) {
+        let unused = self.waiting.take().is_some();
+        if unused && self.feed().take().is_err() {
+            self.keep = false;
+        }
+        if let Some(feed) = self.feed.take().filter(|_| self.keep) {
+            self.epoch.loader.feed = Some(Kept {
+                device: self.device,
+                feed,
+                first: self.next_first.take(),
+            });
+        }
     }
 }
 
