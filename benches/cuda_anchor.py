@@ -11,7 +11,9 @@ JSON lines.
 With workload ids, only those (and the device copy) are timed.
 
 Matmuls run in TF32, as kiln's default `Precision::Tf32`, and again in IEEE
-f32 (variants ending in " f32"), as kiln's `Precision::F32`.
+f32 (variants ending in " f32"), as kiln's `Precision::F32`; `matmul_bf16`
+on bf16 operands (PyTorch's default: f32 sums, reduced-precision
+reductions allowed).
 """
 
 import json
@@ -104,6 +106,11 @@ def main():
             both("matmul_bias_relu", shape, lambda x, w, b: torch.relu(x @ w + b), (x, w, b),
                  flops=flops, suffix=suffix)
     torch.backends.cuda.matmul.allow_tf32 = True
+    # bf16 operands, summed in f32 and rounded to bf16, as kiln's matmul_bf16.
+    for m, k, n in [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+                    (64, 784, 256), (4096, 784, 256), (250, 784, 256)]:
+        x, w = (t.bfloat16() for t in inputs((m, k), (k, n)))
+        both("matmul_bf16", f"{m}x{k}x{n}", lambda x, w: x @ w, (x, w), flops=2 * m * k * n)
     both("softmax", "4096x1000", lambda x: torch.softmax(x, -1), inputs((4096, 1000)), 2 * 4096 * 1000 * 4)
     both("log_softmax", "4096x10", lambda x: torch.log_softmax(x, -1), inputs((4096, 10)))
     for n in [1024, 4096]:

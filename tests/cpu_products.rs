@@ -1,8 +1,8 @@
 //! Products, fusion kinds and compiled graphs on a backend against the
 //! reference interpreter (the rest of `tests/cpu.rs`, with the same
-//! device, inputs and bounds): matmuls plain, transposed and batched, every
-//! fusion kind and side outputs, transcendentals within their bounds, long
-//! rows of exponentials, replays.
+//! device, inputs and bounds): matmuls plain, transposed and batched, of
+//! f32 and of bf16 values, every fusion kind and side outputs,
+//! transcendentals within their bounds, long rows of exponentials, replays.
 
 mod agree;
 
@@ -196,6 +196,72 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
     check("vector @ matrix", &[v, w], product_tol(7, 16.0), |t| {
         t[0].matmul(&t[1])
     })
+}
+
+/// Products of bf16 values: multiplied exactly (the AMX core, cuBLASLt on
+/// a GPU, or widened to f32), summed in f32 and rounded once to bf16, as
+/// the interpreter rounds its f64 sums: one bf16 unit apart at most, past
+/// the f32 sum's own error.
+#[test]
+fn bf16_products_plain_transposed_batched_at_offsets() -> Result<()> {
+    let half = |dims: &[usize], seed| -> Result<Tensor> {
+        let t = input(dims, seed, false)?.cast(DType::BF16)?;
+        t.realize()?;
+        Ok(t)
+    };
+    for (m, k, n) in [
+        (1, 1, 1),
+        (3, 7, 5),
+        (50, 3, 1027),
+        (7, 1027, 3),
+        (64, 784, 256),
+        (520, 517, 509),
+    ] {
+        let tol = Tol {
+            rtol: 2f64.powi(-7),
+            ..sum_tol(k, 16.0)
+        };
+        let (a, b) = (half(&[m, k], 41)?, half(&[k, n], 42)?);
+        check(
+            &format!("bf16 matmul {m}x{k}x{n}"),
+            &[a.clone(), b],
+            tol,
+            |t| t[0].matmul(&t[1]),
+        )?;
+        check(
+            &format!("bf16 x@w.T {m}x{k}x{n}"),
+            &[a, half(&[n, k], 43)?],
+            tol,
+            |t| t[0].matmul(&t[1].t()?),
+        )?;
+        // Operands at odd element offsets, rows of odd lengths: pointers
+        // two bytes apart from any wider alignment.
+        check(
+            &format!("bf16 x[:, 1:]@w[1:] {m}x{k}x{n}"),
+            &[half(&[m, k + 1], 44)?, half(&[k + 1, n], 45)?],
+            tol,
+            |t| {
+                t[0].slice(1, 1, k + 1, 1)?
+                    .matmul(&t[1].slice(0, 1, k + 1, 1)?)
+            },
+        )?;
+    }
+    let tol = Tol {
+        rtol: 2f64.powi(-7),
+        ..sum_tol(256, 16.0)
+    };
+    check(
+        "bf16 batched matmul, the weight broadcast",
+        &[half(&[3, 40, 256], 46)?, half(&[256, 72], 47)?],
+        tol,
+        |t| t[0].matmul(&t[1]),
+    )?;
+    check(
+        "bf16 batched matmul 2x3",
+        &[half(&[2, 3, 40, 256], 48)?, half(&[2, 3, 256, 72], 49)?],
+        tol,
+        |t| t[0].matmul(&t[1]),
+    )
 }
 
 #[test]

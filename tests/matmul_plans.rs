@@ -57,7 +57,9 @@ fn a_bias_and_relu_are_the_gemms_own() -> Result<()> {
 fn bf16_operands_are_read_as_they_are_by_a_bf16_gemm() -> Result<()> {
     // Widened to f32 by `pass::widen`, the operands are casts: written as
     // f32 for the f32 GEMMs, read in place by a GEMM that multiplies bf16
-    // (the CPU's AMX core), the bias and ReLU left to the kernel after it.
+    // (the CPU's AMX core, cuBLASLt), the bias and ReLU left to the kernel
+    // after it; a bare product's rounding to bf16 is a kernel after it too.
+    // cuBLAS's sgemm (IEEE f32) multiplies f32 alone.
     let (x, w, b) = (
         Tensor::randn([64, 96], 0)?.cast(DType::BF16)?,
         Tensor::randn([96, 32], 1)?.cast(DType::BF16)?,
@@ -70,14 +72,20 @@ fn bf16_operands_are_read_as_they_are_by_a_bf16_gemm() -> Result<()> {
         bf16: true,
         ..Target::CPU
     };
-    let targets = [(Target::CPU, "cpu"), (amx, "cpu with amx")];
+    let targets = [
+        (Target::CPU, "cpu"),
+        (amx, "cpu with amx"),
+        (Target::cuda(true), "cuda"),
+        (Target::cuda(false), "cuda f32"),
+    ];
     let y = (x.matmul(&w)? + &b)?.relu()?;
     // The same product in f32 of the bf16 values, its bias and ReLU in f32:
     // the f32 GEMM's own, a kernel after the bf16 GEMM.
     let f32s =
         (x.cast(DType::F32)?.matmul(&w.cast(DType::F32)?)? + &b.cast(DType::F32)?)?.relu()?;
-    let text =
-        plans_on("dense_bf16", &[&y], &targets)? + &plans_on("f32_of_bf16", &[&f32s], &targets)?;
+    let text = plans_on("dense_bf16", &[&y], &targets)?
+        + &plans_on("f32_of_bf16", &[&f32s], &targets)?
+        + &plans_on("bf16_product", &[&x.matmul(&w)?], &targets)?;
     insta::assert_snapshot!(text);
     Ok(())
 }

@@ -42,8 +42,8 @@ pub struct Target {
     /// Scratch parts start at multiples of this many bytes.
     pub align: usize,
     /// It multiplies bf16 operands read in place, summing in f32 (kiln's
-    /// AMX core), which then take the place of the f32 operands `pass::widen`
-    /// casts them into; as any view, where `any_view`.
+    /// AMX core, cuBLASLt), which then take the place of the f32 operands
+    /// `pass::widen` casts them into; as any view, where `any_view`.
     pub bf16: bool,
 }
 
@@ -60,8 +60,9 @@ impl Target {
         bf16: false,
     };
 
-    /// cuBLASLt in TF32 (`fused`), or cuBLAS's IEEE `sgemm`, which has no
-    /// epilogue; scratch parts aligned for `float4` accesses.
+    /// cuBLASLt in TF32 (`fused`), bf16 operands as they are, or cuBLAS's
+    /// IEEE `sgemm`, which has no epilogue and multiplies f32 alone;
+    /// scratch parts aligned for `float4` accesses.
     pub fn cuda(fused: bool) -> Target {
         Target {
             any_view: false,
@@ -73,7 +74,7 @@ impl Target {
             product_in_scratch: true,
             transposes: false,
             align: 256,
-            bf16: false,
+            bf16: fused,
         }
     }
 }
@@ -235,9 +236,11 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);
     // Both operands bf16 widened to f32, which a bf16 GEMM reads as they
-    // are.
-    let bf16 = target.bf16 && target.any_view;
-    let halves = [a, b].map(|o| bf16.then(|| widened_bf16(o)).flatten());
+    // are: through any view, or one BLAS steps through.
+    let halves = [a, b].map(|o| {
+        (widened_bf16(o))
+            .filter(|(_, view)| target.bf16 && (target.any_view || blas(view).is_some()))
+    });
     if let [Some(a_read), Some(b_read)] = halves {
         let operand = |o: &Operand, (input, view): (u32, &View)| PlanOperand {
             shape: o.shape().clone(),

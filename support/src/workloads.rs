@@ -253,21 +253,7 @@ pub fn all() -> Vec<Workload> {
     // shapes (the training step's forward among them): by the AMX core
     // where the CPU has it, else widened.
     for (m, k, n) in PRODUCTS.into_iter().chain([TRAINING_FORWARD]) {
-        let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
-        w.push(Workload {
-            id: "matmul_bf16",
-            shape: format!("{m}x{k}x{n}"),
-            specs: vec![bf16(&[m, k]), bf16(&[k, n])],
-            build: |t| Ok(vec![t[0].matmul(&t[1])?]),
-            bytes: 0,
-            flops: 2 * (m * k * n) as u64,
-            product: Some(Product {
-                m,
-                k,
-                n,
-                layout: Layout::AB,
-            }),
-        });
+        w.push(matmul_bf16(m, k, n));
     }
     // 16-bit floats: elementwise work on bf16 (loaded into f32 lanes and
     // rounded as stored), and the cast that makes them from f32.
@@ -302,9 +288,31 @@ pub fn all() -> Vec<Workload> {
     w
 }
 
-/// `matmul` and `matmul_bias_relu` at 4096³: a GPU's size, a minute of CPU time.
+/// `matmul`, `matmul_bias_relu` and `matmul_bf16` at 4096³: a GPU's size,
+/// a minute of CPU time.
 pub fn gpu_only() -> Vec<Workload> {
-    matmuls(4096, 4096, 4096, Layout::AB).into()
+    let mut w: Vec<Workload> = matmuls(4096, 4096, 4096, Layout::AB).into();
+    w.push(matmul_bf16(4096, 4096, 4096));
+    w
+}
+
+/// `matmul_bf16`: the product of bf16 operands, rounded to bf16.
+fn matmul_bf16(m: usize, k: usize, n: usize) -> Workload {
+    let bf16 = |dims: &[usize]| TensorType::new(DType::BF16, dims);
+    Workload {
+        id: "matmul_bf16",
+        shape: format!("{m}x{k}x{n}"),
+        specs: vec![bf16(&[m, k]), bf16(&[k, n])],
+        build: |t| Ok(vec![t[0].matmul(&t[1])?]),
+        bytes: 0,
+        flops: 2 * (m * k * n) as u64,
+        product: Some(Product {
+            m,
+            k,
+            n,
+            layout: Layout::AB,
+        }),
+    }
 }
 
 /// `matmul` and `matmul_bias_relu` at one `MxKxN`, its operands stored as

@@ -1,6 +1,6 @@
-//! cuBLASLt matmuls in TF32 with its bias and bias+ReLU epilogues, each
-//! described once per compiled graph and its algorithm chosen for the
-//! alignment of the pointers it really gets.
+//! cuBLASLt matmuls in TF32, or of bf16 operands summed in f32, with its
+//! bias and bias+ReLU epilogues, each described once per compiled graph and
+//! its algorithm chosen for the alignment of the pointers it really gets.
 //!
 //! cudarc's `Matmul::matmul` builds the descriptors and asks the heuristic
 //! anew at every call, leaves the heuristic's alignment preferences at their
@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublaslt::result::{self, CublasError};
 use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use kiln_ir::DType;
 
 use super::gemm::ColumnMajor;
 use crate::Error;
@@ -98,14 +100,30 @@ unsafe impl Send for Matmul {}
 unsafe impl Sync for Matmul {}
 
 impl Matmul {
-    /// Describes `product` in f32 with TF32 tensor-core products, storing
-    /// it through cuBLASLt's epilogue for `epilogue`: a bias epilogue as
-    /// its own, the product (and a kernel's product) as it is.
-    pub fn new(product: ColumnMajor, epilogue: &Epilogue) -> Result<Matmul, Error> {
-        let f32 = sys::cudaDataType_t::CUDA_R_32F;
+    /// Describes `product` of `operands` (f32, multiplied on TF32 tensor
+    /// cores, or bf16, multiplied exactly), summed and stored in f32,
+    /// through cuBLASLt's epilogue for `epilogue`: a bias epilogue as its
+    /// own, the product (and a kernel's product) as it is.
+    pub fn new(
+        product: ColumnMajor,
+        epilogue: &Epilogue,
+        operands: DType,
+    ) -> Result<Matmul, Error> {
+        use sys::cudaDataType_t as T;
+        let f32 = T::CUDA_R_32F;
+        let (half, compute) = match operands {
+            DType::F32 => (f32, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32),
+            DType::BF16 => (T::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            other => {
+                return Err(crate::codegen(
+                    "cuBLASLt",
+                    format!("no product of {other} values"),
+                ));
+            }
+        };
+        let types = [half, half, f32];
         let desc =
-            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, f32)
-                .map_err(|e| fail("matmul descriptor", e))?;
+            result::create_matmul_desc(compute, f32).map_err(|e| fail("matmul descriptor", e))?;
         // From here on `Drop` releases what exists.
         let mut matmul = Matmul {
             product,
@@ -127,7 +145,7 @@ impl Matmul {
         ];
         for (i, (rows, cols, ld)) in layouts.into_iter().enumerate() {
             matmul.layouts[i] =
-                result::create_matrix_layout(f32, rows as u64, cols as u64, ld as i64)
+                result::create_matrix_layout(types[i], rows as u64, cols as u64, ld as i64)
                     .map_err(|e| fail("matrix layout", e))?;
             if p.batches > 1 {
                 let stride = p.batch_strides[i] as i64;

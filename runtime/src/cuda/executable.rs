@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kiln_ir::kernel::KernelKind;
 use kiln_ir::pass::Optimized;
-use kiln_ir::{Op, TensorType};
+use kiln_ir::{DType, Op, TensorType};
 
 use super::codegen::{self, FLAT_THREADS, Grid};
 use super::context::{Gpu, driver};
@@ -234,7 +234,14 @@ impl Executable {
                             let g = &matmul.gemm;
                             let lt = (precision == Precision::Tf32
                                 && [g.m, g.n, g.k, g.batches].iter().all(|&d| d > 0))
-                            .then(|| blaslt::Matmul::new(g.column_major(), &matmul.plan.epilogue))
+                            .then(|| {
+                                let operands = g.a.dtype;
+                                blaslt::Matmul::new(
+                                    g.column_major(),
+                                    &matmul.plan.epilogue,
+                                    operands,
+                                )
+                            })
                             .transpose()?;
                             Step::MatMul {
                                 prologues,
@@ -542,7 +549,8 @@ impl Executable {
                 + (batches - 1) * o.batch_stride
                 + rows.saturating_sub(1) * o.row_stride
                 + cols.saturating_sub(1) * o.col_stride;
-            if base + (last + 1) * 4 > buffer.bytes {
+            let size = o.dtype.size();
+            if base + (last + 1) * size > buffer.bytes {
                 return Err(crate::launch(
                     self.optimized.graph.name.as_str(),
                     format!(
@@ -551,15 +559,16 @@ impl Executable {
                     ),
                 ));
             }
-            buffer.address(base + o.offset * 4)
+            buffer.address(base + o.offset * size)
         };
         let (c, c_at) = product;
-        if c_at + batches * m * n * 4 > c.bytes {
+        let c_bytes = batches * m * n * DType::F32.size();
+        if c_at + c_bytes > c.bytes {
             return Err(Error::Fit {
                 kernel: format!("a GEMM of {}", self.optimized.graph.name),
                 buffer: Role::Output,
                 bytes: c.bytes.saturating_sub(c_at),
-                needs: batches * m * n * 4,
+                needs: c_bytes,
             });
         }
         let c = c.address(c_at)?;
@@ -567,12 +576,7 @@ impl Executable {
             // An empty sum: cuBLAS takes no k = 0 product, and none is needed.
             // SAFETY: the product's bytes lie in `c`'s buffer (checked above).
             return unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    c,
-                    0,
-                    batches * m * n * 4,
-                    stream.cu_stream(),
-                )
+                cudarc::driver::result::memset_d8_async(c, 0, c_bytes, stream.cu_stream())
             }
             .map_err(|e| driver("zeroing an empty product", e));
         }

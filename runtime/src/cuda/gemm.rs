@@ -2,6 +2,7 @@
 //! prologue and epilogue kernels, and its GEMM as cuBLASLt or cuBLAS takes
 //! it, column-major (`ColumnMajor`).
 
+use kiln_ir::DType;
 use kiln_ir::kernel::Kernel;
 
 use super::codegen::{self, Program};
@@ -26,8 +27,9 @@ pub struct MatMul {
 }
 
 /// Matmul `kernel` planned for CUDA and rendered: `fused` allows
-/// cuBLASLt's bias and ReLU epilogues (TF32); without it (cuBLAS's
-/// `sgemm`) every epilogue but the product is a kernel.
+/// cuBLASLt's bias and ReLU epilogues (TF32) and its products of bf16
+/// operands read in place; without it (cuBLAS's `sgemm`) every operand is
+/// f32 and every epilogue but the product is a kernel.
 pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
     let plan = plan(kernel, Target::cuda(fused))?;
     let mut prologues = Vec::new();
@@ -50,6 +52,7 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
         })?;
         Ok(GemmOperand {
             source,
+            dtype: o.dtype,
             offset: s.offset,
             row_stride: s.row,
             col_stride: s.col,
@@ -91,8 +94,9 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
     })
 }
 
-/// `out[batch] = a[batch] @ b[batch]` over row-major f32 matrices with
-/// arbitrary element strides, one of which is 1 for each operand.
+/// `out[batch] = a[batch] @ b[batch]` over row-major matrices, f32 or both
+/// bf16, with arbitrary element strides, one of which is 1 for each
+/// operand, summed and stored in f32.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gemm {
     /// Products, each `[m, k] @ [k, n]`.
@@ -169,6 +173,8 @@ impl Gemm {
 pub struct GemmOperand {
     /// The buffer.
     pub source: OperandSource,
+    /// Its elements: f32 or bf16.
+    pub dtype: DType,
     /// The element of coordinates zero.
     pub offset: usize,
     /// Between neighbouring rows.
