@@ -76,6 +76,7 @@ pub(crate) fn compile_graph(
     }
     let facts = Options {
         parallel: backend.parallel(),
+        products_apart: backend.products_apart(),
         ..options.optimizer
     };
     let mut optimized = optimize_with_dumps(graph, facts)?;

@@ -130,6 +130,46 @@ fn binary_ops_with_broadcasting() -> Result<()> {
     Ok(())
 }
 
+/// 16-bit floats computed in f32 and rounded as stored: bit for bit the
+/// interpreter's, at every size (a GPU reads and stores them four at a
+/// time, the tail one at a time), with special values, 16-bit and f32
+/// operands mixed, and the casts between them.
+#[test]
+fn half_floats_elementwise_at_every_size() -> Result<()> {
+    for half in [DType::BF16, DType::F16] {
+        let narrow = |dims: &[usize], seed| -> Result<Tensor> {
+            let t = input(dims, seed, true)?.cast(half)?;
+            t.realize()?;
+            Ok(t)
+        };
+        for n in SIZES.into_iter().chain([4096]) {
+            let (a, b, c) = (narrow(&[n], 11)?, narrow(&[n], 12)?, input(&[n], 13, true)?);
+            check(
+                &format!("{half} relu(a + b) [{n}]"),
+                &[a.clone(), b.clone()],
+                EXACT,
+                |t| (&t[0] + &t[1])?.relu(),
+            )?;
+            check(
+                &format!("{half} a * c + b, c f32 [{n}]"),
+                &[a.clone(), b, c.clone()],
+                EXACT,
+                |t| (&t[0].cast(DType::F32)? * &t[2])? + &t[1].cast(DType::F32)?,
+            )?;
+            check(&format!("f32 to {half} [{n}]"), &[c], EXACT, |t| {
+                t[0].cast(half)
+            })?;
+            check(
+                &format!("{half} a[:, 1:] * 2 [5, {n}]"),
+                &[narrow(&[5, n + 1], 14)?],
+                EXACT,
+                |t| t[0].slice(1, 1, n + 1, 1)? * Tensor::scalar(2.0f32).cast(half)?,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn comparisons_where_and_casts() -> Result<()> {
     for n in SIZES {

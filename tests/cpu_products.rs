@@ -264,6 +264,48 @@ fn bf16_products_plain_transposed_batched_at_offsets() -> Result<()> {
     )
 }
 
+/// Products of small integers held in bf16 sum exactly in f32 and in the
+/// interpreter's f64, so that every path rounds the same sums: a bare
+/// product (rounded as the GEMM stores it, on a GPU) and one with a bias
+/// and ReLU (rounded, added, rounded again by the kernel after it) agree
+/// bit for bit.
+#[test]
+fn bf16_products_of_small_integers_are_exact() -> Result<()> {
+    // Values in -2..=2: at most 64 products of 4, 256, an integer bf16
+    // holds; the bias then makes sums bf16 rounds, the same on every path.
+    let ints = |dims: &[usize], seed: u64| -> Result<Tensor> {
+        let n: usize = dims.iter().product();
+        let values: Vec<kiln::bf16> = (0..n as u64)
+            .map(|i| {
+                let x = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed) >> 59;
+                kiln::bf16::from_f32((x % 5) as f32 - 2.0)
+            })
+            .collect();
+        Tensor::from_vec(values, dims)
+    };
+    for (m, k, n) in [(1, 1, 1), (37, 64, 129), (128, 64, 256)] {
+        let (a, b, bias) = (ints(&[m, k], 1)?, ints(&[k, n], 2)?, ints(&[n], 3)?);
+        check(
+            &format!("bf16 integers {m}x{k}x{n}"),
+            &[a.clone(), b.clone()],
+            EXACT,
+            |t| t[0].matmul(&t[1]),
+        )?;
+        check(
+            &format!("bf16 integers relu(x@w+b) {m}x{k}x{n}"),
+            &[a, b, bias],
+            EXACT,
+            |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
+        )?;
+    }
+    check(
+        "bf16 integers batched 3x40x64x72",
+        &[ints(&[3, 40, 64], 4)?, ints(&[3, 64, 72], 5)?],
+        EXACT,
+        |t| t[0].matmul(&t[1]),
+    )
+}
+
 #[test]
 fn fusion_kinds_agree() -> Result<()> {
     let soft = Tol {

@@ -23,6 +23,14 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
     let randn = |dims: &[usize], seed| Tensor::randn(dims, seed);
     Ok(match name {
         "relu_add" => vec![(&randn(&[64, 64], 0)? + &randn(&[64, 64], 1)?)?.relu()?],
+        "relu_add_bf16" => {
+            let half = |seed| -> Result<Tensor> {
+                let t = randn(&[64, 65], seed)?.cast(DType::BF16)?;
+                t.realize()?;
+                Ok(t)
+            };
+            vec![(&half(0)? + &half(1)?)?.relu()?]
+        }
         "matmul_bias_relu" => {
             let (x, w, b) = (
                 randn(&[64, 784], 0)?,
@@ -53,6 +61,20 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
                 .to_vec::<kiln::bf16>()?;
             let x = Tensor::from_vec(x, [64, 33])?;
             vec![(&x * Tensor::scalar(kiln::bf16::from_f32(0.5)))?.max(&[1], true)?]
+        }
+        // bf16 products: one kernel, cuBLASLt rounding a bare product to
+        // bf16 as it stores it; with a bias and ReLU, a kernel after it.
+        "bf16_matmul" | "bf16_matmul_bias_relu" => {
+            let half = |dims: &[usize], seed| -> Result<Tensor> {
+                let t = randn(dims, seed)?.cast(DType::BF16)?;
+                t.realize()?;
+                Ok(t)
+            };
+            let y = half(&[64, 784], 0)?.matmul(&half(&[784, 256], 1)?)?;
+            match name {
+                "bf16_matmul" => vec![y],
+                _ => vec![(y + half(&[256], 2)?)?.relu()?],
+            }
         }
         "softmax" => vec![randn(&[4096, 1000], 0)?.softmax(-1)?],
         "log_softmax" => vec![randn(&[4096, 10], 0)?.log_softmax(-1)?],
@@ -111,10 +133,13 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
     })
 }
 
-const PATTERNS: [&str; 14] = [
+const PATTERNS: [&str; 17] = [
     "relu_add",
+    "relu_add_bf16",
     "bf16_scale",
     "matmul_bias_relu",
+    "bf16_matmul",
+    "bf16_matmul_bias_relu",
     "matmul_bias_scale_tanh",
     "normalized_matmul",
     "softmax",
@@ -195,10 +220,16 @@ fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
     Ok((text, sources))
 }
 
+/// Pattern `name` optimized as the CUDA backend has it optimized, its
+/// products held apart from their kernels' outputs, and generated.
 fn cuda(name: &str) -> Result<(String, Vec<String>)> {
     let outputs = pattern(name)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
-    let optimized = kiln::optimize(name, &refs, Options::default())?;
+    let options = Options {
+        products_apart: true,
+        ..Options::default()
+    };
+    let optimized = kiln::optimize(name, &refs, options)?;
     generate(&optimized)
 }
 
@@ -211,6 +242,12 @@ fn bf16_values_load_as_floats_and_store_rounded() -> Result<()> {
 #[test]
 fn relu_add_moves_float4_vectors() -> Result<()> {
     insta::assert_snapshot!(cuda("relu_add")?.0);
+    Ok(())
+}
+
+#[test]
+fn bf16_values_move_four_at_a_time() -> Result<()> {
+    insta::assert_snapshot!(cuda("relu_add_bf16")?.0);
     Ok(())
 }
 
@@ -235,6 +272,12 @@ fn dropout_draws_threefry_in_its_kernel() -> Result<()> {
 #[test]
 fn matmul_bias_relu_is_one_cublaslt_call() -> Result<()> {
     insta::assert_snapshot!(cuda("matmul_bias_relu")?.0);
+    Ok(())
+}
+
+#[test]
+fn a_bf16_product_is_stored_rounded_by_cublaslt() -> Result<()> {
+    insta::assert_snapshot!(cuda("bf16_matmul")?.0 + &cuda("bf16_matmul_bias_relu")?.0);
     Ok(())
 }
 

@@ -491,15 +491,9 @@ impl Kernel {
                         product.shape, self.out.shape
                     ));
                 }
-                // The product lands in the output and the body overwrites it
-                // element by element: a wider element would overwrite
-                // products not yet read, a narrower one not hold them.
-                if self.out.dtype.size() != DType::F32.size() {
-                    return Err(format!(
-                        "matmul writes its f32 product into a {} output",
-                        self.out.dtype
-                    ));
-                }
+                // Where the product lands (the output, or apart from it) is
+                // the backend's: its plan refuses an output that cannot hold
+                // the product where it would put it there.
                 Some(DType::F32)
             }
         };

@@ -61,6 +61,14 @@ pub trait Backend {
         1
     }
 
+    /// Whether its matmuls hold the product apart from their kernel's
+    /// output, so that a kernel whose output is narrower than f32 may end
+    /// in one (the optimizer's `Options::products_apart`). False where the
+    /// epilogue overwrites the product in the output, as the CPU's does.
+    fn products_apart(&self) -> bool {
+        false
+    }
+
     /// Storage for a value of `ty`, its contents to be written by a run;
     /// running out of memory is an `Err` naming `op`, `ty` and the bytes.
     /// On the host: a buffer from the host pool (`storage::recycle`), else

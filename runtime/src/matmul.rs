@@ -45,6 +45,10 @@ pub struct Target {
     /// AMX core, cuBLASLt), which then take the place of the f32 operands
     /// `pass::widen` casts them into; as any view, where `any_view`.
     pub bf16: bool,
+    /// It rounds a product of bf16 operands to bf16 as it stores it, where
+    /// that is all the kernel's output is (cuBLASLt's bf16 result), rather
+    /// than leaving it to a kernel after.
+    pub stores_bf16: bool,
 }
 
 impl Target {
@@ -58,6 +62,7 @@ impl Target {
         transposes: true,
         align: 4,
         bf16: false,
+        stores_bf16: false,
     };
 
     /// cuBLASLt in TF32 (`fused`), bf16 operands as they are, or cuBLAS's
@@ -75,6 +80,7 @@ impl Target {
             transposes: false,
             align: 256,
             bf16: fused,
+            stores_bf16: fused,
         }
     }
 }
@@ -190,7 +196,8 @@ impl std::fmt::Display for Plan {
 /// What becomes of the product.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Epilogue {
-    /// It is the output: the kernel's body is its `acc`.
+    /// It is the output: the kernel's body is its `acc`, or that rounded
+    /// to the output's bf16 (`Target::stores_bf16`).
     Product,
     /// The GEMM adds kernel input `bias` (one value per column of the
     /// product, broadcast over its rows and batches, or with `rows` one per
@@ -233,6 +240,16 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
             ),
         ));
     }
+    // A product stored in the output, for the epilogue to overwrite element
+    // by element, needs an output of f32's size: a wider one would overwrite
+    // products not yet read, a narrower one not hold them. The fuser gives
+    // such a target no other (`Options::products_apart`).
+    if !target.product_in_scratch && kernel.out.dtype.size() != DType::F32.size() {
+        return Err(crate::codegen(
+            crate::label(kernel),
+            format!("a product stored in its {} output", kernel.out.dtype),
+        ));
+    }
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);
     // Both operands bf16 widened to f32, which a bf16 GEMM reads as they
@@ -250,13 +267,7 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
                 view: view.clone(),
             },
         };
-        // Any epilogue is a kernel's: the bf16 GEMM applies none.
-        let product = kernel.out.shape.numel() * DType::F32.size();
-        let (epilogue, scratch_bytes) = match stored(kernel, m, n) {
-            Some(Epilogue::Product) => (Epilogue::Product, 0),
-            _ if target.product_in_scratch => (Epilogue::Kernel { acc: Some(0) }, product),
-            _ => (Epilogue::Kernel { acc: None }, 0),
-        };
+        let (epilogue, scratch_bytes) = bf16_epilogue(kernel, target, m, n);
         return Ok(Plan {
             batches,
             m,
@@ -338,6 +349,33 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
         epilogue,
         scratch_bytes: scratch,
     })
+}
+
+/// The epilogue of a GEMM of bf16 operands, which applies none of its
+/// own, and the scratch bytes it needs: the product stored as it is, or
+/// rounded to bf16 (`Target::stores_bf16`), else a kernel after it.
+fn bf16_epilogue(kernel: &Kernel, target: Target, m: usize, n: usize) -> (Epilogue, usize) {
+    let product = kernel.out.shape.numel() * DType::F32.size();
+    match stored(kernel, m, n) {
+        Some(Epilogue::Product) => (Epilogue::Product, 0),
+        _ if target.stores_bf16 && rounded_product(kernel) => (Epilogue::Product, 0),
+        _ if target.product_in_scratch => (Epilogue::Kernel { acc: Some(0) }, product),
+        _ => (Epilogue::Kernel { acc: None }, 0),
+    }
+}
+
+/// Whether the kernel's output is its product rounded to bf16, in order:
+/// `bf16 @ bf16` as `pass::widen` writes it, where the product may land in
+/// a bf16 output (`Options::products_apart`).
+fn rounded_product(kernel: &Kernel) -> bool {
+    let [acc, cast] = kernel.body.values.as_slice() else {
+        return false;
+    };
+    kernel.side.is_empty()
+        && kernel.out.dtype == DType::BF16
+        && acc.expr == Expr::Acc
+        && cast.expr == Expr::Cast(0)
+        && cast.dtype == DType::BF16
 }
 
 /// The bf16 input and its view that operand `o` casts to f32, where that

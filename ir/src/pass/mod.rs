@@ -60,6 +60,14 @@ pub struct Options {
     /// splits a pass makes (`split-reduce`'s partial results): a fact of the
     /// backend, which kiln's compile sets from it (`Backend::parallel`).
     pub parallel: usize,
+    /// Whether the target holds a matmul's product apart from its kernel's
+    /// output (in scratch, or stored by its GEMM in the output's type), so
+    /// that the product may land in a kernel whose output is not of f32's
+    /// size: a bf16 product's rounding in the matmul's kernel. Else (the
+    /// CPU, whose epilogue overwrites the product in place) such a kernel
+    /// ends at the product. A fact of the backend, which kiln's compile
+    /// sets from it (`Backend::products_apart`).
+    pub products_apart: bool,
 }
 
 impl Default for Options {
@@ -68,6 +76,7 @@ impl Default for Options {
         Options {
             fusion: true,
             parallel: 1024,
+            products_apart: false,
         }
     }
 }

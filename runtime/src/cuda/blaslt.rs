@@ -83,6 +83,9 @@ pub struct Matmul {
     product: ColumnMajor,
     /// Whether its epilogue adds a bias (`bias` of `run`).
     bias: bool,
+    /// Whether it stores bf16: a product split along k then has its
+    /// partial sums added in f32 (`choose`).
+    narrow: bool,
     desc: sys::cublasLtMatmulDesc_t,
     /// The layouts of `A`, `B` and `C` (also `D`, written in place of `C`).
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -101,33 +104,38 @@ unsafe impl Sync for Matmul {}
 
 impl Matmul {
     /// Describes `product` of `operands` (f32, multiplied on TF32 tensor
-    /// cores, or bf16, multiplied exactly), summed and stored in f32,
-    /// through cuBLASLt's epilogue for `epilogue`: a bias epilogue as its
-    /// own, the product (and a kernel's product) as it is.
+    /// cores, or bf16, multiplied exactly), summed in f32 and `stored` as
+    /// f32 or rounded to bf16, through cuBLASLt's epilogue for `epilogue`:
+    /// a bias epilogue as its own, the product (and a kernel's product) as
+    /// it is.
     pub fn new(
         product: ColumnMajor,
         epilogue: &Epilogue,
-        operands: DType,
+        [operands, stored]: [DType; 2],
     ) -> Result<Matmul, Error> {
         use sys::cudaDataType_t as T;
         let f32 = T::CUDA_R_32F;
-        let (half, compute) = match operands {
-            DType::F32 => (f32, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32),
-            DType::BF16 => (T::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-            other => {
-                return Err(crate::codegen(
-                    "cuBLASLt",
-                    format!("no product of {other} values"),
-                ));
-            }
+        let type_of = |dtype: DType| match dtype {
+            DType::F32 => Ok(f32),
+            DType::BF16 => Ok(T::CUDA_R_16BF),
+            other => Err(crate::codegen(
+                "cuBLASLt",
+                format!("no product of {other} values"),
+            )),
         };
-        let types = [half, half, f32];
+        let (half, out) = (type_of(operands)?, type_of(stored)?);
+        let compute = match operands {
+            DType::F32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
+        let types = [half, half, out];
         let desc =
             result::create_matmul_desc(compute, f32).map_err(|e| fail("matmul descriptor", e))?;
         // From here on `Drop` releases what exists.
         let mut matmul = Matmul {
             product,
             bias: matches!(epilogue, Epilogue::Bias { .. }),
+            narrow: stored != DType::F32,
             desc,
             layouts: [std::ptr::null_mut(); 3],
             chosen: Mutex::new(None),
@@ -289,7 +297,8 @@ impl Matmul {
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
         let workspace = lt.workspace.len() as u64;
         // SAFETY: the preference was just created; each value has the type
-        // cuBLASLt documents for its attribute (u64 bytes, u32 alignments).
+        // cuBLASLt documents for its attribute (u64 bytes, u32 alignments,
+        // a u32 mask of reduction schemes).
         unsafe {
             set(
                 result::set_matmul_pref_attribute,
@@ -321,6 +330,21 @@ impl Matmul {
                 P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                 &aligned[2],
             )?;
+            if self.narrow {
+                // Split-k partial sums in f32 or not at all: added in the
+                // output's bf16, a 7x1027x3 product came out two units
+                // from the f32 sum's rounding on an H200
+                // (`benches/RESULTS-cuda.md`), where PyTorch's
+                // `allow_bf16_reduced_precision_reduction` allows it.
+                let scheme =
+                    sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+                set(
+                    result::set_matmul_pref_attribute,
+                    pref.0,
+                    P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    &scheme,
+                )?;
+            }
         }
         let [a, b, c] = self.layouts;
         // SAFETY: every handle is live.

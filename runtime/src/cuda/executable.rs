@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kiln_ir::kernel::KernelKind;
 use kiln_ir::pass::Optimized;
-use kiln_ir::{DType, Op, TensorType};
+use kiln_ir::{Op, TensorType};
 
 use super::codegen::{self, FLAT_THREADS, Grid};
 use super::context::{Gpu, driver};
@@ -235,12 +235,8 @@ impl Executable {
                             let lt = (precision == Precision::Tf32
                                 && [g.m, g.n, g.k, g.batches].iter().all(|&d| d > 0))
                             .then(|| {
-                                let operands = g.a.dtype;
-                                blaslt::Matmul::new(
-                                    g.column_major(),
-                                    &matmul.plan.epilogue,
-                                    operands,
-                                )
+                                let types = [g.a.dtype, g.product];
+                                blaslt::Matmul::new(g.column_major(), &matmul.plan.epilogue, types)
                             })
                             .transpose()?;
                             Step::MatMul {
@@ -562,7 +558,7 @@ impl Executable {
             buffer.address(base + o.offset * size)
         };
         let (c, c_at) = product;
-        let c_bytes = batches * m * n * DType::F32.size();
+        let c_bytes = batches * m * n * plan.product.size();
         if c_at + c_bytes > c.bytes {
             return Err(Error::Fit {
                 kernel: format!("a GEMM of {}", self.optimized.graph.name),

@@ -78,7 +78,12 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
         }
         Epilogue::Product | Epilogue::Bias { .. } => None,
     };
+    let product = match plan.epilogue {
+        Epilogue::Product => kernel.out.dtype,
+        _ => DType::F32,
+    };
     let gemm = Gemm {
+        product,
         batches: plan.batches,
         m: plan.m,
         n: plan.n,
@@ -96,9 +101,11 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
 
 /// `out[batch] = a[batch] @ b[batch]` over row-major matrices, f32 or both
 /// bf16, with arbitrary element strides, one of which is 1 for each
-/// operand, summed and stored in f32.
+/// operand, summed in f32 and stored as `product`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gemm {
+    /// The product's elements: f32, or bf16 rounded from the f32 sums.
+    pub product: DType,
     /// Products, each `[m, k] @ [k, n]`.
     pub batches: usize,
     /// Rows of the product.

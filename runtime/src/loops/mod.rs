@@ -72,12 +72,13 @@ impl Target {
     };
 
     /// How an elementwise kernel storing `out` steps: where lanes need no
-    /// instruction per op, four f32 elements a step; where they do, each
-    /// stretch of a row as its block allows.
+    /// instruction per op, four f32 or 16-bit float elements a step; where
+    /// they do, each stretch of a row as its block allows.
     pub(crate) fn map_vectors(self, out: &TensorType) -> Vectors {
+        let four = out.dtype == DType::F32 || out.dtype.is_half();
         match self.vector_ops {
             true => Vectors::PerVersion,
-            false if out.dtype == DType::F32 && out.shape.numel() >= 4 => Vectors::Float4,
+            false if four && out.shape.numel() >= 4 => Vectors::Four,
             false => Vectors::Scalar,
         }
     }
@@ -155,9 +156,9 @@ pub(crate) struct Scatter {
 /// How a map steps through its elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Vectors {
-    /// Four f32 elements a step: contiguous f32 reads and the store as
-    /// 16-byte vectors, scalar code between them.
-    Float4,
+    /// Four elements a step: contiguous reads of f32 and 16-bit floats and
+    /// the store as 16- or 8-byte vectors, scalar code between them.
+    Four,
     /// One element a step.
     Scalar,
     /// Each version of a stretch in lanes where it says

@@ -21,7 +21,7 @@ impl std::fmt::Display for LoopKernel {
             Loops::Map(m) => {
                 let of = if m.acc { "epilogue over" } else { "map over" };
                 let steps = match m.vectors {
-                    Vectors::Float4 => "four elements a step",
+                    Vectors::Four => "four elements a step",
                     Vectors::Scalar => "one element a step",
                     Vectors::PerVersion => "each version in lanes or not",
                 };

@@ -115,18 +115,20 @@ struct Plan<'g> {
     inline: Vec<bool>,
     root_of: Vec<Option<usize>>,
     groups: Vec<Group>,
+    /// `Options::products_apart`.
+    products_apart: bool,
 }
 
 /// Builds the kernels. With fusion off every op is a kernel of its own.
 pub(crate) fn run(graph: &Graph, options: Options) -> Result<(Graph, Vec<String>), Error> {
-    let mut plan = Plan::new(graph);
+    let mut plan = Plan::new(graph, options.products_apart);
     let notes = plan.decide(options);
     let out = plan.build()?;
     Ok((out, notes))
 }
 
 impl<'g> Plan<'g> {
-    fn new(graph: &'g Graph) -> Plan<'g> {
+    fn new(graph: &'g Graph, products_apart: bool) -> Plan<'g> {
         let n = graph.nodes.len();
         let mut output = vec![false; n];
         for id in &graph.outputs {
@@ -165,6 +167,7 @@ impl<'g> Plan<'g> {
             inline: vec![false; n],
             root_of: vec![None; n],
             groups: Vec::new(),
+            products_apart,
         };
         for i in 0..n {
             plan.input_fed[i] = match graph.nodes[i].op {
@@ -499,12 +502,16 @@ impl<'g> Plan<'g> {
                 if candidates.iter().any(|c| c.1 == Role::Prologue) {
                     return Err("feeds the prologue of a reduction".to_string());
                 }
-                // A product lands in its kernel's output, element by element,
-                // and the epilogue overwrites it in place: only an output of
-                // an f32's size holds it so (a wider one would overwrite
-                // products not yet read, a narrower one not hold them).
+                // Where a product lands in its kernel's output, element by
+                // element, and the epilogue overwrites it in place, only an
+                // output of an f32's size holds it so (a wider one would
+                // overwrite products not yet read, a narrower one not hold
+                // them).
                 let out = self.graph.nodes[g.root].ty.dtype;
-                if matches!(node.op, Op::MatMul) && out.size() != DType::F32.size() {
+                if matches!(node.op, Op::MatMul)
+                    && !self.products_apart
+                    && out.size() != DType::F32.size()
+                {
                     return Err(format!("would write its product into a {out} output"));
                 }
                 if !g.side.is_empty() && self.broadcast_reduction(i, &g.space) {

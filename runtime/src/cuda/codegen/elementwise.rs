@@ -1,10 +1,10 @@
 //! Elementwise kernels: a grid-stride loop over the output. Where the loop
-//! plan says `Vectors::Float4` (an f32 output) every step computes four
-//! elements: reads of a contiguous f32
-//! buffer at the output's own index are 16-byte `float4` loads, the result
-//! is one `float4` store, and a scalar loop does the tail. Other reads
-//! compute their index from the output coordinates. A matmul's prologues
-//! and epilogue kernel are elementwise kernels too.
+//! plan says `Vectors::Four` (an f32 or 16-bit float output) every step
+//! computes four elements: reads of a contiguous f32 or 16-bit float buffer
+//! at the output's own index are 16-byte `float4` or 8-byte `uint2` loads,
+//! the result is one such store, and a scalar loop does the tail. Other
+//! reads compute their index from the output coordinates. A matmul's
+//! prologues and epilogue kernel are elementwise kernels too.
 
 use std::collections::BTreeSet;
 
@@ -37,11 +37,11 @@ pub(crate) fn elementwise(
         Expr::Gather { .. } => true,
         _ => false,
     });
-    let vector = Target::CUDA.map_vectors(out) == Vectors::Float4;
+    let vector = Target::CUDA.map_vectors(out) == Vectors::Four;
     let step = "(long long)gridDim.x * blockDim.x";
     let first = "(long long)blockIdx.x * blockDim.x + threadIdx.x";
     let scalar_from = if vector {
-        // Four elements per step: contiguous f32 reads as float4, one float4 store.
+        // Four elements per step: contiguous reads as vectors, one vector store.
         w.line(1, &format!("const long long vectors = {};", n / 4));
         w.line(
             1,
@@ -52,7 +52,7 @@ pub(crate) fn elementwise(
             .iter()
             .filter_map(|v| match &v.expr {
                 Expr::Load { input, view }
-                    if view.is_contiguous() && inputs[*input as usize].dtype == DType::F32 =>
+                    if view.is_contiguous() && in_vectors(inputs[*input as usize].dtype) =>
                 {
                     Some(*input)
                 }
@@ -60,9 +60,10 @@ pub(crate) fn elementwise(
             })
             .collect();
         for input in &contiguous {
+            let v = vector_type(inputs[*input as usize].dtype);
             w.line(
                 2,
-                &format!("const float4 l{input} = reinterpret_cast<const float4*>(in{input})[q];"),
+                &format!("const {v} l{input} = reinterpret_cast<const {v}*>(in{input})[q];"),
             );
         }
         if acc.is_some() {
@@ -90,25 +91,15 @@ pub(crate) fn elementwise(
             };
             results.push(w.block(2, body, inputs, &element)?);
         }
-        w.line(
-            2,
-            &format!(
-                "reinterpret_cast<float4*>(out)[q] = make_float4({});",
-                results.join(", ")
-            ),
-        );
+        let store = vector_store(&mut w, out.dtype, "out", &results);
+        w.line(2, &store);
         for (k, s) in side.iter().enumerate() {
             let lanes: Vec<String> = "xyzw"
                 .chars()
                 .map(|l| format!("v{}_{l}", s.value))
                 .collect();
-            w.line(
-                2,
-                &format!(
-                    "reinterpret_cast<float4*>(side{k})[q] = make_float4({});",
-                    lanes.join(", ")
-                ),
-            );
+            let store = vector_store(&mut w, out.dtype, &format!("side{k}"), &lanes);
+            w.line(2, &store);
         }
         w.line(1, "}");
         format!("vectors * 4 + {first}")
@@ -142,4 +133,52 @@ pub(crate) fn elementwise(
     Ok(w.finish(Grid::Flat {
         steps: steps.max(1),
     }))
+}
+
+/// Whether a step of four elements reads a contiguous buffer of `dtype` as
+/// one vector: f32 as a `float4`, 16-bit floats as a `uint2`.
+pub(super) fn in_vectors(dtype: DType) -> bool {
+    dtype == DType::F32 || dtype.is_half()
+}
+
+/// The vector of four elements of `dtype` (`in_vectors`).
+fn vector_type(dtype: DType) -> &'static str {
+    if dtype == DType::F32 {
+        "float4"
+    } else {
+        "uint2"
+    }
+}
+
+/// Element `lane` (`x`, `y`, `z`, `w`) of vector `l{input}` of four
+/// `dtype` elements, as memory holds it: 16-bit floats are two to a 32-bit
+/// word, the first in its low half.
+pub(super) fn vector_lane(input: u32, dtype: DType, lane: char) -> String {
+    if dtype == DType::F32 {
+        return format!("l{input}.{lane}");
+    }
+    match lane {
+        'x' => format!("(unsigned short)l{input}.x"),
+        'y' => format!("(unsigned short)(l{input}.x >> 16)"),
+        'z' => format!("(unsigned short)l{input}.y"),
+        _ => format!("(unsigned short)(l{input}.y >> 16)"),
+    }
+}
+
+/// The statement storing `values` (four registers) into `buffer` of
+/// `dtype` as one vector at step `q`.
+fn vector_store(w: &mut Writer, dtype: DType, buffer: &str, values: &[String]) -> String {
+    if dtype == DType::F32 {
+        return format!(
+            "reinterpret_cast<float4*>({buffer})[q] = make_float4({});",
+            values.join(", ")
+        );
+    }
+    let halves: Vec<String> = values.iter().map(|v| w.stored(dtype, v)).collect();
+    let word = |lo: &str, hi: &str| format!("(unsigned int){lo} | ((unsigned int){hi} << 16)");
+    format!(
+        "reinterpret_cast<uint2*>({buffer})[q] = make_uint2({}, {});",
+        word(&halves[0], &halves[1]),
+        word(&halves[2], &halves[3])
+    )
 }

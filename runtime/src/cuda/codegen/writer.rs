@@ -11,6 +11,7 @@ use kiln_ir::kernel::{Block, Expr, gather_fill};
 use kiln_ir::view::View;
 use kiln_ir::{BinaryOp, DType, Scalar, TensorType, UnaryOp};
 
+use super::elementwise::{in_vectors, vector_lane};
 use super::{ENTRY, Grid, Program};
 use crate::Error;
 
@@ -203,8 +204,8 @@ pub(super) struct Element<'a> {
     pub(super) index: &'a str,
     /// Prefix of its coordinate variables.
     pub(super) coords: &'a str,
-    /// The vector lane (`x`, `y`, `z`, `w`) whose `float4` loads serve
-    /// contiguous f32 reads.
+    /// The vector lane (`x`, `y`, `z`, `w`) whose vector loads serve
+    /// contiguous reads of f32 and 16-bit floats (`elementwise::in_vectors`).
     pub(super) lane: Option<char>,
     /// The expression of `acc`.
     pub(super) acc: Option<&'a str>,
@@ -388,10 +389,11 @@ impl Writer {
     /// A read of input `input` through `view`.
     fn load(&mut self, input: u32, view: &View, dtype: DType, at: &Element) -> String {
         if view.is_contiguous() {
-            return match at.lane {
-                Some(lane) if dtype == DType::F32 => format!("l{input}.{lane}"),
-                _ => self.widened(dtype, &format!("in{input}[{}]", at.index)),
+            let element = match at.lane {
+                Some(lane) if in_vectors(dtype) => vector_lane(input, dtype, lane),
+                _ => format!("in{input}[{}]", at.index),
             };
+            return self.widened(dtype, &element);
         }
         self.read(input, view, dtype, at, "")
     }
