@@ -330,17 +330,19 @@ fn a_kept_feed_hands_each_epoch_its_own_batches() {
             "epoch {e}"
         );
     }
-    // The first batch put for epoch 3 is dropped where another epoch runs,
-    // where epoch 3 runs on the host, or on another device; a loop that
-    // stops early puts nothing ahead.
+    // The first batch put for the next epoch is dropped where another
+    // epoch runs (5 after 2, 7 after 6), where the next runs on the host
+    // (6 after 5) or on another device (8 after 7); a loop that stops early
+    // (9) puts nothing ahead.
     assert_eq!(fed_items(&mut l, 5, Device::Cpu, all), fresh(5));
     assert_eq!(as_i32(epoch_items(&mut l, 6, 0)), fresh(6));
     assert_eq!(fed_items(&mut l, 7, Device::Cpu, all), fresh(7));
     assert_eq!(fed_items(&mut l, 8, Device::Reference, all), fresh(8));
     assert_eq!(fed_items(&mut l, 9, Device::Cpu, 2), fresh(9)[..2].to_vec());
     assert_eq!(fed_items(&mut l, 10, Device::Cpu, all), fresh(10));
-    // Epoch 11 resumed at batch 1, and from its start after a batch read
-    // on the host: neither takes up the batch put for it.
+    // Epoch 12 resumed at batch 1 (after 11), and epoch 14 from its start
+    // after a batch read on the host (after 13): neither takes up the batch
+    // put for it.
     assert_eq!(fed_items(&mut l, 11, Device::Cpu, all), fresh(11));
     let resumed: Vec<Vec<usize>> = l
         .epoch_from(12, 1)
@@ -355,6 +357,40 @@ fn a_kept_feed_hands_each_epoch_its_own_batches() {
         .collect();
     assert_eq!(as_i32(vec![first]), fresh(14)[..1].to_vec());
     assert_eq!(rest, fresh(14)[1..].to_vec());
+}
+
+#[test]
+fn the_next_epochs_first_batch_is_read_before_an_epoch_ends() {
+    // One worker, 30 ms a read: epoch 0's two batches, then epoch 1's
+    // first, read ahead. An epoch on a device hands out its last batch
+    // once the next epoch's first is read and put into the feed: 12 reads
+    // by then, where a worker only reading ahead would still be at the
+    // first items of it.
+    let mut data = Counting::new(8);
+    data.delay = Duration::from_millis(30);
+    let reads = data.reads.clone();
+    let options = LoaderOptions {
+        batch_size: 4,
+        workers: 1,
+        ..LoaderOptions::default()
+    };
+    let mut l = loader(data, options);
+    let mut seen = Vec::new();
+    for (k, batch) in l
+        .epoch(0)
+        .to_device(Device::Cpu)
+        .expect("a feed")
+        .enumerate()
+    {
+        batch.expect("the batch reads");
+        seen.push((k, reads.load(Ordering::SeqCst)));
+    }
+    let last = seen.last().copied();
+    assert!(last.is_some_and(|(k, r)| k == 1 && r >= 12), "{seen:?}");
+    assert_eq!(
+        fed_items(&mut l, 1, Device::Cpu, usize::MAX),
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+    );
 }
 
 #[test]

@@ -62,7 +62,7 @@ pub trait Backend {
     }
 
     /// Whether its matmuls hold the product apart from their kernel's
-    /// output, so that a kernel whose output is narrower than f32 may end
+    /// output, so that a kernel whose output is not of f32's size may end
     /// in one (the optimizer's `Options::products_apart`). False where the
     /// epilogue overwrites the product in the output, as the CPU's does.
     fn products_apart(&self) -> bool {

@@ -28,6 +28,7 @@ use crate::graph::{Graph, NodeId};
 use crate::kernel::{Expr, Kernel, KernelKind, Operand, SideOutput};
 use crate::op::Op;
 use crate::schedule::{Location, Schedule};
+use crate::types::DType;
 use crate::verify::verify;
 use crate::view::View;
 
@@ -142,6 +143,11 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
         if apart && prologue.dtype() != Some(kernel.out.dtype) {
             return Err("the reduction accumulates in another dtype".to_string());
         }
+    }
+    // A product is f32; an output of another type (a bf16 product's
+    // rounding, where the backend holds products apart) cannot hold it.
+    if apart && matches!(kernel.kind, KernelKind::MatMul { .. }) && kernel.out.dtype != DType::F32 {
+        return Err("the product accumulates in another dtype".to_string());
     }
     if let Some(node_of_input) = node_of_input {
         let later = graph.nodes[writer.index() + 1..]

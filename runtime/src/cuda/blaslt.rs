@@ -123,12 +123,12 @@ impl Matmul {
                 format!("no product of {other} values"),
             )),
         };
-        let (half, out) = (type_of(operands)?, type_of(stored)?);
+        let (operand, out) = (type_of(operands)?, type_of(stored)?);
         let compute = match operands {
             DType::F32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
             _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         };
-        let types = [half, half, out];
+        let types = [operand, operand, out];
         let desc =
             result::create_matmul_desc(compute, f32).map_err(|e| fail("matmul descriptor", e))?;
         // From here on `Drop` releases what exists.

@@ -17,9 +17,12 @@ impl<'l> Epoch<'l> {
     /// the CPU, a batch is copied once into tensors of its own (a compiled
     /// graph's `run(&batch.inputs())` reads the loader's buffers in place).
     ///
-    /// The loader keeps the feed from one epoch to the next, and while an
-    /// epoch's last batch is used, copies in the first batch it read ahead
-    /// for the next: an epoch taken up from its start finds it there.
+    /// The loader keeps the feed (on a GPU, its copy stream, two batches'
+    /// device buffers and pinned memory) from one epoch to the next, until
+    /// the loader is dropped. Before it hands out an epoch's last batch, it
+    /// waits for a worker to read the next epoch's first batch and copies
+    /// that in while the device still runs the steps before: an epoch taken
+    /// up from its start finds it there.
     pub fn to_device(mut self, device: Device) -> crate::Result<OnDevice<'l>> {
         let kept = (self.loader.feed.take()).filter(|kept| kept.device == device);
         let (mut feed, first) = match kept {
@@ -28,10 +31,13 @@ impl<'l> Epoch<'l> {
         };
         let mut waiting = None;
         if let Some((generation, types)) = first {
-            match self.skip_first(generation) {
-                true => waiting = Some(types),
-                // Another epoch's first batch: dropped unused.
-                false => drop(feed.take()?),
+            if self.skip_first(generation) {
+                waiting = Some(types);
+            } else if feed.take().is_err() {
+                // Another epoch's first batch, which the feed could not
+                // hand back: a fresh feed rather than an error of this
+                // epoch.
+                feed = crate::backend::backend(device)?.feed()?;
             }
         }
         let fields = self.loader.dataset.fields();
@@ -66,8 +72,8 @@ pub struct OnDevice<'l> {
     epoch: Epoch<'l>,
     /// Taken by `drop`, to go back to the loader.
     feed: Option<Box<dyn Feed>>,
-    /// False after a failed put of the next epoch's first batch: the
-    /// loader does not keep the feed.
+    /// False after a put or take of the feed failed: the loader does not
+    /// keep a feed that may still hold a batch, or be broken.
     keep: bool,
     fields: Vec<TensorType>,
     device: Device,
@@ -100,7 +106,9 @@ impl OnDevice<'_> {
         };
         let batch = batch?;
         let types = batch_types(&self.fields, &batch)?;
-        self.feed().put(&types, &batch.inputs())?;
+        let put = self.feed().put(&types, &batch.inputs());
+        self.keep &= put.is_ok();
+        put?;
         self.epoch.recycle(batch);
         self.waiting = Some(types);
         Ok(true)
@@ -114,6 +122,7 @@ impl OnDevice<'_> {
         let Some((generation, batch)) = self.epoch.next_first() else {
             return;
         };
+        // `self.feed()` would borrow all of `self`, and `batch` borrows the epoch.
         let feed = (self.feed.as_deref_mut()).expect("only `drop` takes the feed");
         let put = (batch_types(&self.fields, batch))
             .map_err(crate::Error::from)
@@ -133,7 +142,9 @@ impl OnDevice<'_> {
             return Ok(None);
         }
         let types = self.waiting.take().unwrap_or_default();
-        let stored = self.feed().take()?;
+        let stored = self.feed().take();
+        self.keep &= stored.is_ok();
+        let stored = stored?;
         // An error of the next batch is the next call's, not this batch's.
         if let Err(e) = self.put_next() {
             self.failed = Some(e);
