@@ -149,6 +149,11 @@ pub fn all() -> Vec<Workload> {
     w.extend(matmuls(m, k, n, Layout::AB));
     w.extend(matmuls(784, 250, 256, Layout::AtB));
     w.extend(matmuls(250, 256, 784, Layout::ABt));
+    // A classifier at batch 1 (resnet18's, mobilenet_v2's): one row against
+    // a weight stored [n, k], as ONNX's Gemm reads it transposed.
+    for (k, n) in [(512, 1000), (1280, 1000)] {
+        w.extend(matmuls(1, k, n, Layout::ABt));
+    }
     w.push(Workload {
         id: "softmax",
         shape: "4096x1000".into(),

@@ -35,6 +35,7 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod driver;
+mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod panel;
 mod safe;
@@ -224,13 +225,15 @@ fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
 }
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
-/// `threads` threads: by `isa`'s core for products large enough for it
-/// (its threshold, or `SHARED_WORK`) and not too narrow (`narrow`), or
-/// with an operand read through tables (which only kiln's cores pack),
-/// which applies `epilogue` as it stores the product and calls `finish(r0,
-/// r1)` on each block of rows as it is done (the result is then true), else
-/// by the `gemm` crate (a tabled operand gathered into a plain matrix
-/// first), which does neither.
+/// `threads` threads. On kiln's paths: one row of `a`, where `b` is
+/// contiguous along an axis, in one pass over `b` (`gemv`); else by
+/// `isa`'s core, for products large enough for it (its threshold, or
+/// `SHARED_WORK`) and not too narrow (`narrow`), or with an operand read
+/// through tables (which only kiln's cores pack). Those apply `epilogue`
+/// as they store the product and call `finish(r0, r1)` on each block of
+/// rows as it is done (the result is then true). Else by the `gemm` crate
+/// (a tabled operand gathered into a plain matrix first), which does
+/// neither.
 ///
 /// # Safety
 /// `isa` must be available, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
@@ -250,6 +253,12 @@ pub(crate) unsafe fn gemm(
     epilogue: RawFused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
+    if !matches!(isa, Isa::Generic) && gemv::takes(m, a, b) {
+        // SAFETY: the contract of this function, for one row of c.
+        unsafe { gemv::gemv(isa, k, (a, b), c, threads, epilogue) };
+        finish(0, m);
+        return true;
+    }
     let tabled = a.tabled() || b.tabled();
     let work = m.saturating_mul(n).saturating_mul(k);
     #[cfg(target_arch = "x86_64")]
