@@ -24,6 +24,23 @@ fn product_tol(k: usize, scale: f64) -> Tol {
     }
 }
 
+/// `x @ w` and `relu(x @ w + bias)` against the interpreter.
+fn product_and_bias_relu(what: &str, [x, w, bias]: [&Tensor; 3], tol: Tol) -> Result<()> {
+    let (x, w) = (x.clone(), w.clone());
+    check(
+        &format!("matmul {what}"),
+        &[x.clone(), w.clone()],
+        tol,
+        |t| t[0].matmul(&t[1]),
+    )?;
+    check(
+        &format!("relu(x@w+b) {what}"),
+        &[x, w, bias.clone()],
+        tol,
+        |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
+    )
+}
+
 #[test]
 fn matmuls_plain_transposed_batched() -> Result<()> {
     for (m, k, n) in [
@@ -41,18 +58,7 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
             input(&[n], 33, false)?,
         );
         let tol = product_tol(k, 16.0);
-        check(
-            &format!("matmul {m}x{k}x{n}"),
-            &[a.clone(), b.clone()],
-            tol,
-            |t| t[0].matmul(&t[1]),
-        )?;
-        check(
-            &format!("relu(x@w+b) {m}x{k}x{n}"),
-            &[a.clone(), b.clone(), bias],
-            tol,
-            |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
-        )?;
+        product_and_bias_relu(&format!("{m}x{k}x{n}"), [&a, &b, &bias], tol)?;
         // A bias per row (a convolution's, per channel) and ReLU6 as ONNX's
         // Clip imports it, and a cap alone: both in the GEMM's registers.
         let per_row = input(&[m, 1], 34, false)?;
@@ -285,17 +291,10 @@ fn bf16_products_of_small_integers_are_exact() -> Result<()> {
     };
     for (m, k, n) in [(1, 1, 1), (37, 64, 129), (128, 64, 256)] {
         let (a, b, bias) = (ints(&[m, k], 1)?, ints(&[k, n], 2)?, ints(&[n], 3)?);
-        check(
+        product_and_bias_relu(
             &format!("bf16 integers {m}x{k}x{n}"),
-            &[a.clone(), b.clone()],
+            [&a, &b, &bias],
             EXACT,
-            |t| t[0].matmul(&t[1]),
-        )?;
-        check(
-            &format!("bf16 integers relu(x@w+b) {m}x{k}x{n}"),
-            &[a, b, bias],
-            EXACT,
-            |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
         )?;
     }
     check(
