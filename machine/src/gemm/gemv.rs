@@ -19,20 +19,27 @@ use crate::Isa;
 /// Outputs per task on more than one thread.
 const STRETCH: usize = 128;
 
-/// Products of fewer multiply-adds stay on the caller's thread: 1x512x1000
-/// took as long on two threads as on one, 1x1280x1000 less
-/// (`benches/RESULTS-cpu.md`).
-const SHARED_WORK: usize = 1 << 20;
+/// One-row products of fewer multiply-adds stay with the `gemm` crate:
+/// there `b` stays in the cache between calls, and the crate's packing
+/// costs little (1x512x1000: as fast on AVX-512, 35-36 against 39-44 us on
+/// AVX2); from here the pass runs on every thread (1x1280x1000: 2.5-2.9x
+/// the crate's speed; `benches/RESULTS-cpu.md`).
+const WORK: usize = 1 << 20;
 
-/// Whether `gemv` takes a product of `m` rows of `a`: one, read without
-/// tables, and `b` contiguous along its rows or its columns.
-pub(super) fn takes(m: usize, a: Operand, b: Operand) -> bool {
-    m == 1 && !a.tabled() && !b.tabled() && (b.rows == 1 || b.cols == 1)
+/// Whether `gemv` takes a product of `m` rows of `a` and `n` columns of
+/// `b` over `k`: one row, at least `WORK` multiply-adds, read without
+/// tables, `b` contiguous along its rows or its columns.
+pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) -> bool {
+    m == 1
+        && n.saturating_mul(k) >= WORK
+        && !a.tabled()
+        && !b.tabled()
+        && (b.rows == 1 || b.cols == 1)
 }
 
 /// `c = epilogue(a b)` for `a` of one row and `k` columns and `b` of `k`
-/// rows and `c.len()` columns, as `takes` allows, in `isa`'s lanes, on the
-/// team's threads where `threads > 1` and the product is large enough.
+/// rows and `c.len()` columns, with `b` contiguous along an axis, in
+/// `isa`'s lanes, on the team's threads where `threads > 1`.
 ///
 /// # Safety
 /// `isa` is available; `a(0, l)` and `b(l, j)` for `l < k`, `j < c.len()`
@@ -66,7 +73,7 @@ pub(super) unsafe fn gemv(
             *y = unsafe { epilogue.apply(*y, 0, j0 + j) };
         }
     };
-    if threads > 1 && c.len().saturating_mul(k) >= SHARED_WORK {
+    if threads > 1 {
         crate::team::for_each_chunk(c, STRETCH, &|i, out| stretch(i * STRETCH, out));
     } else {
         stretch(0, c);
@@ -197,11 +204,12 @@ mod tests {
     use std::sync::Mutex;
 
     use super::super::{Operand, RawFused, gemm};
+    use super::{WORK, gemv, takes};
     use crate::Isa;
 
-    /// One-row products through `gemm` on each of kiln's paths the CPU
-    /// has, against sums in f64: `b` row-major and stored transposed, `a`
-    /// read with a stride,
+    /// One-row products on each of kiln's paths the CPU has (through
+    /// `gemm` where it takes them, else directly), against sums in f64: `b`
+    /// row-major and stored transposed, `a` read with a stride,
     /// depths of 0 to 1000, one thread and the team, each epilogue; `finish`
     /// hears of the one row.
     #[test]
@@ -230,7 +238,14 @@ mod tests {
                 cap: None,
             },
         ];
-        let shapes = [(0, 5), (1, 1), (3, 7), (33, 257), (1000, 1000)];
+        let shapes = [
+            (0, 5),
+            (1, 1),
+            (3, 7),
+            (33, 257),
+            (1000, 1000),
+            (1100, 1000),
+        ];
         for (isa, (k, n)) in isas.iter().flat_map(|&i| shapes.map(|s| (i, s))) {
             // a: column 1 of a [k, 2] matrix; b: [k, n], or [n, k] read
             // transposed.
@@ -251,17 +266,26 @@ mod tests {
                         let mut c = vec![f32::NAN; n];
                         let rows = Mutex::new(Vec::new());
                         let finish = |r0, r1| rows.lock().expect("unpoisoned").push((r0, r1));
-                        // SAFETY: isa is available; a(0, l) = a[1 + 2l] and
-                        // b's elements lie inside `a` and `b`, `c` holds n,
-                        // the bias 1000 values.
-                        let applied = unsafe {
-                            gemm(isa, 1, n, k, a_op, b_op, &mut c, threads, epilogue, &finish)
-                        };
                         let what = format!(
                             "{} {k}x{n} transposed {transposed} epilogue {e}",
                             isa.name()
                         );
-                        assert!(applied, "{what}");
+                        let taken = takes((1, n, k), a_op, b_op);
+                        assert_eq!(taken, k * n >= WORK, "{what}");
+                        // SAFETY: isa is available; a(0, l) = a[1 + 2l] and
+                        // b's elements lie inside `a` and `b`, `c` holds n,
+                        // the bias 1000 values.
+                        unsafe {
+                            if taken {
+                                let c = &mut c;
+                                let applied =
+                                    gemm(isa, 1, n, k, a_op, b_op, c, threads, epilogue, &finish);
+                                assert!(applied, "{what}");
+                            } else {
+                                gemv(isa, k, (a_op, b_op), &mut c, threads, epilogue);
+                                finish(0, 1);
+                            }
+                        }
                         assert_eq!(*rows.lock().expect("unpoisoned"), [(0, 1)], "{what}");
                         for (j, &got) in c.iter().enumerate() {
                             let terms = (0..k).map(|l| f64::from(a[1 + 2 * l] * b_at(l, j)));

@@ -253,7 +253,7 @@ pub(crate) unsafe fn gemm(
     epilogue: RawFused,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
-    if !matches!(isa, Isa::Generic) && gemv::takes(m, a, b) {
+    if !matches!(isa, Isa::Generic) && gemv::takes((m, n, k), a, b) {
         // SAFETY: the contract of this function, for one row of c.
         unsafe { gemv::gemv(isa, k, (a, b), c, threads, epilogue) };
         finish(0, m);
