@@ -24,6 +24,18 @@ fn product_tol(k: usize, scale: f64) -> Tol {
     }
 }
 
+/// The `(m, k, n)` of the f32 and bf16 products: one element, tiles'
+/// edges, long and short sums, and (the last) large enough for the
+/// AVX-512 kernels where the machine has them.
+const PRODUCTS: [(usize, usize, usize); 6] = [
+    (1, 1, 1),
+    (3, 7, 5),
+    (50, 3, 1027),
+    (7, 1027, 3),
+    (64, 784, 256),
+    (520, 517, 509),
+];
+
 /// `x @ w` and `relu(x @ w + bias)` against the interpreter.
 fn product_and_bias_relu(what: &str, [x, w, bias]: [&Tensor; 3], tol: Tol) -> Result<()> {
     let (x, w) = (x.clone(), w.clone());
@@ -43,15 +55,7 @@ fn product_and_bias_relu(what: &str, [x, w, bias]: [&Tensor; 3], tol: Tol) -> Re
 
 #[test]
 fn matmuls_plain_transposed_batched() -> Result<()> {
-    for (m, k, n) in [
-        (1, 1, 1),
-        (3, 7, 5),
-        (50, 3, 1027),
-        (7, 1027, 3),
-        (64, 784, 256),
-        // Large enough for the AVX-512 kernels where the machine has them.
-        (520, 517, 509),
-    ] {
+    for (m, k, n) in PRODUCTS {
         let (a, b, bias) = (
             input(&[m, k], 31, false)?,
             input(&[k, n], 32, false)?,
@@ -215,14 +219,7 @@ fn bf16_products_plain_transposed_batched_at_offsets() -> Result<()> {
         t.realize()?;
         Ok(t)
     };
-    for (m, k, n) in [
-        (1, 1, 1),
-        (3, 7, 5),
-        (50, 3, 1027),
-        (7, 1027, 3),
-        (64, 784, 256),
-        (520, 517, 509),
-    ] {
+    for (m, k, n) in PRODUCTS {
         let tol = Tol {
             rtol: 2f64.powi(-7),
             ..sum_tol(k, 16.0)

@@ -132,9 +132,8 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 let op = ops[c.below(ops.len())];
                 // Where results must agree closely, sin takes a bounded
                 // argument: of a value grown through exp, its argument's
-                // last bits move it anywhere in [-1, 1] (CI drew
-                // sin(exp(2.2 (x @ wᵀ))), about sin(5e4), and the two
-                // results differed by 0.74).
+                // last bits move it anywhere in [-1, 1] (the case kept in
+                // tests/cpu_prop.proptest-regressions).
                 match (mode, op) {
                     (Mode::Continuous, UnaryOp::Trig(TrigOp::Sin)) => g
                         .push(Op::Unary(UnaryOp::Tanh), &[x])

@@ -20,10 +20,9 @@ use crate::Isa;
 const STRETCH: usize = 128;
 
 /// One-row products of fewer multiply-adds stay with the `gemm` crate:
-/// there `b` stays in the cache between calls, and the crate's packing
-/// costs little (1x512x1000: as fast on AVX-512, 35-36 against 39-44 us on
-/// AVX2); from here the pass runs on every thread (1x1280x1000: 2.5-2.9x
-/// the crate's speed; `benches/RESULTS-cpu.md`).
+/// there `b` stays in the cache between calls, the crate's packing costs
+/// little, and the crate was as fast or faster; from here the pass, on
+/// every thread, took less time (`benches/RESULTS-cpu.md`).
 const WORK: usize = 1 << 20;
 
 /// Whether `gemv` takes a product of `m` rows of `a` and `n` columns of

@@ -332,9 +332,9 @@ impl Matmul {
             )?;
             if self.narrow {
                 // Split-k partial sums in f32 or not at all: added in the
-                // output's bf16, a 7x1027x3 product came out two units
-                // from the f32 sum's rounding on an H200
-                // (`benches/RESULTS-cuda.md`), where PyTorch's
+                // output's bf16 they lose more than the one rounding of
+                // the f32 sum that kiln's types promise (a case is in
+                // `benches/RESULTS-cuda.md`). PyTorch's
                 // `allow_bf16_reduced_precision_reduction` allows it.
                 let scheme =
                     sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
