@@ -1,5 +1,5 @@
-//! 2-D convolution and pooling over NCHW f32 tensors (convolution over f64
-//! too), as composites of the graph's movement and elementwise ops (and its
+//! 2-D convolution and pooling over NCHW tensors (f32 or f64; max pooling
+//! over every number type), as composites of the graph's movement and elementwise ops (and its
 //! matmul), so that the optimizer fuses them and `kiln::grad`
 //! differentiates them like any other composite.
 //!
@@ -180,24 +180,45 @@ fn spatial(op: &'static str, x: &Tensor, window: &Pool2d) -> Result<[Axis; 2]> {
     Ok([axis(0)?, axis(1)?])
 }
 
-/// Checks that `t` is NCHW-like data of rank 4, of f32 if `f32_only`.
-fn check_4d(op: &'static str, t: &Tensor, f32_only: bool) -> Result<()> {
-    if t.rank() != 4 {
-        return Err(Error::Rank {
+/// Convolutions and averages compute in f32 or f64.
+fn check_float(op: &'static str, dtype: DType) -> Result<()> {
+    match dtype {
+        DType::F32 | DType::F64 => Ok(()),
+        _ => Err(kiln_ir::Error::DType {
             op,
-            shape: t.shape().clone(),
-            rank: 4,
-        });
+            dtype,
+            expected: "f32 or f64",
+        }
+        .into()),
     }
-    if f32_only && t.dtype() != DType::F32 {
-        return Err(kiln_ir::Error::DType {
+}
+
+/// A convolution's 4-axis input and weight, of one type, f32 or f64.
+fn check_float_pair(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<()> {
+    check_4d(op, x)?;
+    check_4d(op, weight)?;
+    check_float(op, x.dtype())?;
+    if weight.dtype() != x.dtype() {
+        return Err(kiln_ir::Error::DTypeMismatch {
             op,
-            dtype: t.dtype(),
-            expected: "f32",
+            lhs: x.dtype(),
+            rhs: weight.dtype(),
         }
         .into());
     }
     Ok(())
+}
+
+/// Checks that `t` is NCHW-like data of rank 4.
+fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
+    match t.rank() {
+        4 => Ok(()),
+        _ => Err(Error::Rank {
+            op,
+            shape: t.shape().clone(),
+            rank: 4,
+        }),
+    }
 }
 
 /// `x` padded with `fill` on its spatial axes (the ceil-mode extra
@@ -274,25 +295,8 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d";
-        check_4d(OP, self, false)?;
-        check_4d(OP, weight, false)?;
+        check_float_pair(OP, self, weight)?;
         let dtype = self.dtype();
-        if !matches!(dtype, DType::F32 | DType::F64) {
-            return Err(kiln_ir::Error::DType {
-                op: OP,
-                dtype,
-                expected: "f32 or f64",
-            }
-            .into());
-        }
-        if weight.dtype() != dtype {
-            return Err(kiln_ir::Error::DTypeMismatch {
-                op: OP,
-                lhs: dtype,
-                rhs: weight.dtype(),
-            }
-            .into());
-        }
         let (x, w) = (self.dims(), weight.dims());
         let (c, o, cg) = (x[1], w[0], w[1]);
         let mismatch = |message: String| {
@@ -345,7 +349,7 @@ impl Tensor {
         }
     }
 
-    /// 2-D transposed convolution of NCHW f32 data with IOHW weights
+    /// 2-D transposed convolution of NCHW f32 or f64 data with IOHW weights
     /// (`[in_channels, out_channels / groups, kh, kw]`), PyTorch's
     /// `conv_transpose2d` and ONNX's `ConvTranspose`: the gradient of
     /// `conv2d` with respect to its input. Each output axis is `(len - 1) *
@@ -369,8 +373,8 @@ impl Tensor {
         groups: usize,
     ) -> Result<Tensor> {
         const OP: &str = "conv_transpose2d";
-        check_4d(OP, self, true)?;
-        check_4d(OP, weight, true)?;
+        check_float_pair(OP, self, weight)?;
+        let zero = Scalar::F32(0.0).cast(self.dtype());
         let (x, w) = (self.dims().to_vec(), weight.dims().to_vec());
         let mismatch = |message: String| {
             window_error(
@@ -443,12 +447,12 @@ impl Tensor {
                     (0, 0),
                     (0, stride[1] - 1),
                 ],
-                0.0f32,
+                zero,
             )?
             .reshape([n, c, x[2] * stride[0], x[3] * stride[1]])?
             .slice(2, 0, (x[2] - 1) * stride[0] + 1, 1)?
             .slice(3, 0, (x[3] - 1) * stride[1] + 1, 1)?;
-        let padded = spread.pad(&[(0, 0), (0, 0), pads[0], pads[1]], 0.0f32)?;
+        let padded = spread.pad(&[(0, 0), (0, 0), pads[0], pads[1]], zero)?;
         let cropped = crop(&padded, 2, crops[0])?;
         let cropped = crop(&cropped, 3, crops[1])?;
         // [in, out/g, kh, kw] -> [out, in/g, kh, kw], flipped in space.
@@ -484,20 +488,23 @@ impl Tensor {
         }
         // The type's least value: where a max starts.
         let least = ReduceOp::Max.init(self.dtype());
-        check_4d(OP, self, false)?;
+        check_4d(OP, self)?;
         let axes = pool_axes(OP, self, window)?;
         pool(&padded(self, &axes, least)?, &axes, later_if_larger)
     }
 
-    /// Average pooling of NCHW f32 data over `window`: `[N, C, out_h,
+    /// Average pooling of NCHW f32 or f64 data over `window`: `[N, C, out_h,
     /// out_w]`. Each window's sum is divided by the number of input elements
     /// it covers, or with `count_include_pad` by the number it covers in the
     /// input and its asked padding (a ceil-mode window's overhang never counts).
     pub fn avg_pool2d(&self, window: &Pool2d, count_include_pad: bool) -> Result<Tensor> {
         const OP: &str = "avg_pool2d";
-        check_4d(OP, self, true)?;
+        check_4d(OP, self)?;
+        let dtype = self.dtype();
+        check_float(OP, dtype)?;
         let axes = pool_axes(OP, self, window)?;
-        let sum = pool(&padded(self, &axes, Scalar::F32(0.0))?, &axes, Tensor::add)?;
+        let zero = Scalar::F32(0.0).cast(dtype);
+        let sum = pool(&padded(self, &axes, zero)?, &axes, Tensor::add)?;
         let dims = self.dims();
         // The counts depend on the shapes alone: computed here, one per output position.
         let counts = |a: &Axis, len: usize| -> Vec<usize> {
@@ -514,14 +521,21 @@ impl Tensor {
                 .collect()
         };
         let (ch, cw) = (counts(&axes[0], dims[2]), counts(&axes[1], dims[3]));
-        let scale: Vec<f32> = ch
+        // In f64, rounded to the input's type: for f32 the same as dividing
+        // in f32 (1/n is never halfway between two f32s).
+        let scale: Vec<f64> = ch
             .iter()
-            .flat_map(|&a| cw.iter().map(move |&b| 1.0 / (a * b) as f32))
+            .flat_map(|&a| cw.iter().map(move |&b| 1.0 / (a * b) as f64))
             .collect();
         if scale.iter().all(|&s| s == scale[0]) {
-            return sum.mul(&Tensor::scalar(scale[0]));
+            return sum.mul(&Tensor::scalar(Scalar::F64(scale[0]).cast(dtype)));
         }
-        sum.mul(&Tensor::from_vec(scale, [1, 1, axes[0].out, axes[1].out])?)
+        let dims = [1, 1, axes[0].out, axes[1].out];
+        let scale = match dtype {
+            DType::F64 => Tensor::from_vec(scale, dims)?,
+            _ => Tensor::from_vec(scale.iter().map(|&s| s as f32).collect::<Vec<_>>(), dims)?,
+        };
+        sum.mul(&scale)
     }
 }
 

@@ -5,74 +5,14 @@
 //! trace once inside `kiln::compile`, zeros for tensors the loss does not
 //! read, and errors that name the op.
 
+mod differences;
+
+use differences::{check, gradient_of};
 use kiln::{
-    CompileOptions, DType, Data, Device, Result, Tensor, TensorType, capture, compile,
-    compile_with, grad, realize, value_and_grad,
+    DType, Device, Result, Tensor, TensorType, capture, compile, grad, realize, value_and_grad,
 };
-use kiln_support::gradcheck::{self, Rng};
+use kiln_support::gradcheck::Rng;
 use proptest::prelude::*;
-
-fn f32s(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims)
-}
-
-fn floats(data: &Data) -> Vec<f32> {
-    match data {
-        Data::F32(v) => v.clone(),
-        other => panic!("expected f32 data, got {other:?}"),
-    }
-}
-
-/// Checks the gradients of `sum(f(inputs) * r)` with respect to every input
-/// against finite differences of `f`, both compiled for the interpreter
-/// (`Device::Reference`) with the inputs as placeholders, so that each
-/// difference is one run, not a new trace.
-fn check(
-    inputs: &[(&[usize], Vec<f32>)],
-    seed: u64,
-    f: impl Fn(&[Tensor]) -> Result<Tensor>,
-) -> std::result::Result<(), String> {
-    let specs: Vec<TensorType> = inputs.iter().map(|(d, _)| f32s(d)).collect();
-    let on_reference =
-        |name: &str, specs: &[TensorType], body: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>| {
-            compile_with(name, specs, CompileOptions::on(Device::Reference), body)
-                .map_err(|e| e.to_string())
-        };
-    let mut forward = on_reference("f", &specs, &|p| Ok(vec![f(p)?]))?;
-    let y_type = forward.optimized().graph.output_types()[0].clone();
-    let r = Rng(seed).fill(y_type.shape.numel(), |rng| rng.uniform(-1.0, 1.0));
-    let n = inputs.len();
-    let mut with_r = specs.clone();
-    with_r.push(y_type);
-    let mut backward = on_reference("df", &with_r, &|p| {
-        let loss = f(&p[..n])?.mul(&p[n])?.sum_all()?;
-        grad(&loss, &p[..n].iter().collect::<Vec<_>>())
-    })?;
-    let mut args: Vec<Data> = inputs.iter().map(|(_, v)| Data::F32(v.clone())).collect();
-    args.push(Data::F32(r.clone()));
-    let refs: Vec<&Data> = args.iter().collect();
-    let analytic: Vec<Vec<f32>> = backward
-        .run(&refs)
-        .map_err(|e| e.to_string())?
-        .iter()
-        .map(floats)
-        .collect();
-    let values: Vec<Vec<f32>> = inputs.iter().map(|(_, v)| v.clone()).collect();
-    let wrt: Vec<usize> = (0..n).collect();
-    gradcheck::check(&values, &wrt, &r, &analytic, |point| {
-        let data: Vec<Data> = point.iter().map(|v| Data::F32(v.clone())).collect();
-        let refs: Vec<&Data> = data.iter().collect();
-        let out = forward.run(&refs).map_err(|e| e.to_string())?;
-        Ok(floats(&out[0]))
-    })
-}
-
-/// The gradient of `loss(x)` with respect to `x`, as a function of `x`:
-/// what `check` takes to test second-order gradients, the vector-Jacobian
-/// products of a gradient being Hessian-vector products.
-fn gradient_of(loss: impl Fn(&Tensor) -> Result<Tensor>) -> impl Fn(&[Tensor]) -> Result<Tensor> {
-    move |p: &[Tensor]| Ok(grad(&loss(&p[0])?, &[&p[0]])?.remove(0))
-}
 
 #[test]
 fn second_order_gradients_match_differences_of_gradients() {
@@ -459,6 +399,10 @@ fn gradients_are_lazy_tensors_that_share_the_forward_pass() -> Result<()> {
         .collect();
     assert_eq!(stepped.to_vec::<f32>()?, expect);
     Ok(())
+}
+
+fn f32s(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims)
 }
 
 #[test]

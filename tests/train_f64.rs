@@ -158,3 +158,51 @@ fn optimizers_step_f64_parameters_in_f64() -> Result<()> {
     close("accumulated", &current.to_vec::<f64>()?, &want, 1e-15);
     Ok(())
 }
+
+#[test]
+fn clipping_takes_the_norm_in_f64_where_a_gradient_is_f64() -> Result<()> {
+    use kiln::optim::{GradScaler, Optimizer, Sgd, clip_grad_norm};
+    let (a, b) = (normals(7, 16), normals(5, 17));
+    let norm = a.iter().chain(&b).map(|x| x * x).sum::<f64>().sqrt();
+    let scale = f64::from(0.5f32) / (norm + f64::from(1e-6f32));
+    // f64 gradients: the norm and the scaling in f64.
+    let grads = [
+        Tensor::from_vec(a.clone(), [7])?,
+        Tensor::from_vec(b.clone(), [5])?,
+    ];
+    let (clipped, n) = clip_grad_norm(&grads, 0.5)?;
+    close("the norm", &[n.to_scalar::<f64>()?], &[norm], 1e-15);
+    for (k, v) in [&a, &b].into_iter().enumerate() {
+        let want: Vec<f64> = v.iter().map(|x| x * scale).collect();
+        close(
+            &format!("gradient {k}"),
+            &clipped[k].to_vec::<f64>()?,
+            &want,
+            1e-15,
+        );
+    }
+    // With an f32 gradient beside: its squares summed in f32, the norm in
+    // f64, each gradient scaled in its own type.
+    let b32: Vec<f32> = b.iter().map(|&x| x as f32).collect();
+    let grads = [
+        Tensor::from_vec(a.clone(), [7])?,
+        Tensor::from_vec(b32, [5])?,
+    ];
+    let (clipped, n) = clip_grad_norm(&grads, 0.5)?;
+    assert_eq!(
+        (n.dtype(), clipped[0].dtype(), clipped[1].dtype()),
+        (DType::F64, DType::F64, DType::F32)
+    );
+    close("the mixed norm", &[n.to_scalar::<f64>()?], &[norm], 1e-6);
+    // Loss scaling keeps f32 master weights: f64 ones are refused by name.
+    let scaler = GradScaler::new(Sgd::new(0.1));
+    let param = Tensor::from_vec(a, [7])?;
+    let state = scaler.state(&[&param])?;
+    let err = scaler.update(&[param.clone()], &[param], &state).err();
+    let err = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        err.starts_with("GradScaler") && err.contains("f64"),
+        "{err}"
+    );
+    Ok(())
+}

@@ -339,23 +339,34 @@ fn at_least_zero(op: &'static str, name: &str, value: f32) -> Result<()> {
 /// the sums of squares are its reductions and the scaling fuses into each
 /// update. A NaN norm makes every gradient NaN; an infinite one makes the
 /// finite gradients 0 and the infinite ones NaN, as PyTorch's (unless
-/// asked to raise) does.
+/// asked to raise) does. Gradients are f32 or f64; each one's squares sum
+/// in its own type, the norm is f64 where any gradient is.
 pub fn clip_grad_norm(grads: &[Tensor], max_norm: f32) -> Result<(Vec<Tensor>, Tensor)> {
     at_least_zero("clip_grad_norm", "max_norm", max_norm)?;
-    let mut squares = Tensor::scalar(0.0f32);
+    if let Some(g) = grads
+        .iter()
+        .find(|g| !matches!(g.dtype(), DType::F32 | DType::F64))
+    {
+        return Err(Error::Optimizer {
+            op: "clip_grad_norm",
+            message: format!("gradients must be f32 or f64, not {}", g.ty()),
+        });
+    }
+    // The norm in the widest type among the gradients; each scaled in its own.
+    let wide = match grads.iter().any(|g| g.dtype() == DType::F64) {
+        true => DType::F64,
+        false => DType::F32,
+    };
+    let mut squares = constant(0.0, wide)?;
     for g in grads {
-        if g.dtype() != DType::F32 {
-            return Err(Error::Optimizer {
-                op: "clip_grad_norm",
-                message: format!("gradients must be f32, not {}", g.ty()),
-            });
-        }
-        squares = (squares + g.square()?.sum_all()?)?;
+        squares = (squares + g.square()?.sum_all()?.cast(wide)?)?;
     }
     let norm = squares.sqrt()?;
-    let scale = Tensor::scalar(max_norm).div(&(norm.clone() + 1e-6f32)?)?;
-    let scale = scale.minimum(&Tensor::scalar(1.0f32))?;
-    let clipped = grads.iter().map(|g| g.mul(&scale)).collect::<Result<_>>()?;
+    let scale = constant(max_norm, wide)?.div(&(norm.clone() + constant(1e-6, wide)?)?)?;
+    let scale = scale.minimum(&constant(1.0, wide)?)?;
+    let clipped = (grads.iter())
+        .map(|g| g.mul(&scale.cast(g.dtype())?))
+        .collect::<Result<_>>()?;
     Ok((clipped, norm))
 }
 

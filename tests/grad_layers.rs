@@ -1,0 +1,205 @@
+//! Gradients of the windowed ops, slices, binary extremes, attention and
+//! batch norm to second order, and gradients in f64, against central
+//! finite differences on the interpreter (`differences`), beside
+//! `tests/grad.rs`' elementwise, reduction and composite rules.
+
+mod differences;
+
+use differences::{check_in, gradient_of};
+use kiln::nn::{BatchNorm2d, Module};
+use kiln::{DType, Pool2d, Result, Tensor};
+use kiln_support::gradcheck::Rng;
+
+/// `sum(tanh(y) * w)` for a fixed `w` drawn from `seed`: a loss that bends,
+/// so that no Hessian-vector product it gives is zero by construction.
+fn bent(y: &Tensor, seed: u64) -> Result<Tensor> {
+    let w = Tensor::randn(y.dims(), seed)?.cast(y.dtype())?;
+    y.tanh()?.mul(&w)?.sum_all()
+}
+
+/// `n` distinct values 0.04 apart in a shuffled order, within 2 of zero for
+/// `n` up to 100: no central difference (steps of at most 0.02 there) moves
+/// a maximum.
+fn distinct(n: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    order
+        .iter()
+        .map(|&k| (k as f32 - n as f32 / 2.0) * 0.04)
+        .collect()
+}
+
+type Loss = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+
+/// Each case's input shape, its values and its loss of the input, with
+/// every tensor of `dtype`, f32 or f64 (batch norm, an f32 module, in f32
+/// alone).
+fn cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
+    let mut rng = Rng(31);
+    let mut signed = |n: usize| rng.fill(n, |r| r.signed(0.2, 1.0));
+    let fixed = |dims: &[usize], seed: u64| {
+        (Tensor::randn(dims, seed).and_then(|t| t.cast(dtype))).expect("small")
+    };
+    let image = vec![2usize, 2, 5, 5];
+    let img = signed(100);
+    let (weight, picture) = (fixed(&[4, 1, 3, 3], 1), fixed(&[2, 2, 5, 5], 2));
+    let (t_weight, t_input) = (fixed(&[2, 3, 3, 3], 3), fixed(&[1, 2, 3, 3], 4));
+    let (k, v) = (fixed(&[1, 2, 4, 3], 5), fixed(&[1, 2, 4, 3], 6));
+    let mask = fixed(&[4, 4], 7);
+    let q = signed(24);
+    // Each element of `other` is 0.2 to 1 away from its partner in `x`.
+    let x = signed(15);
+    let other: Vec<f32> = (x.iter().zip(signed(15))).map(|(a, d)| a + d).collect();
+    let other = (Tensor::from_vec(other, [3, 5]).and_then(|t| t.cast(dtype))).expect("fills");
+    let window = Pool2d {
+        stride: [2, 1],
+        padding: [(1, 1), (0, 1)],
+        ..Pool2d::new([3, 2])
+    };
+    let mut shuffle = Rng(37);
+    let mut cases: Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> = vec![
+        (
+            "conv2d, by its input",
+            image.clone(),
+            img.clone(),
+            Box::new(move |x: &Tensor| {
+                let y = x.conv2d(&weight, None, [2, 1], [(1, 0), (1, 1)], [1, 2], 2)?;
+                bent(&y, 10)
+            }),
+        ),
+        (
+            "conv2d, by its weight",
+            vec![3, 2, 3, 3],
+            signed(54),
+            Box::new(move |w: &Tensor| {
+                bent(
+                    &picture.conv2d(w, None, [1, 2], [(1, 1), (0, 0)], [1, 1], 1)?,
+                    11,
+                )
+            }),
+        ),
+        (
+            "conv_transpose2d, by its input",
+            vec![1, 2, 3, 3],
+            signed(18),
+            Box::new(move |x: &Tensor| {
+                let y =
+                    x.conv_transpose2d(&t_weight, None, [2, 2], [(1, 1); 2], [1, 0], [1, 1], 1)?;
+                bent(&y, 12)
+            }),
+        ),
+        (
+            "conv_transpose2d, by its weight",
+            vec![2, 3, 3, 3],
+            signed(54),
+            Box::new(move |w: &Tensor| {
+                let y = t_input.conv_transpose2d(
+                    w,
+                    None,
+                    [2, 1],
+                    [(0, 1), (1, 0)],
+                    [1, 0],
+                    [1, 1],
+                    1,
+                )?;
+                bent(&y, 13)
+            }),
+        ),
+        (
+            "max_pool2d",
+            image.clone(),
+            distinct(100, &mut shuffle),
+            Box::new(move |x: &Tensor| bent(&x.max_pool2d(&window)?, 14)),
+        ),
+        (
+            "avg_pool2d",
+            image.clone(),
+            img.clone(),
+            Box::new(move |x: &Tensor| bent(&x.avg_pool2d(&window, false)?, 15)),
+        ),
+        (
+            "slice",
+            vec![3, 5],
+            x.clone(),
+            Box::new(|x: &Tensor| bent(&x.slice(1, 1, 5, 2)?, 16)),
+        ),
+        ("maximum", vec![3, 5], x.clone(), {
+            let other = other.clone();
+            Box::new(move |x: &Tensor| bent(&x.maximum(&other)?, 17))
+        }),
+        (
+            "minimum",
+            vec![3, 5],
+            x,
+            Box::new(move |x: &Tensor| bent(&other.minimum(x)?, 18)),
+        ),
+        (
+            "attention, causal, by the query",
+            vec![1, 2, 4, 3],
+            q.clone(),
+            {
+                let (k, v) = (k.clone(), v.clone());
+                Box::new(move |q: &Tensor| {
+                    bent(
+                        &q.scaled_dot_product_attention(&k, &v, None, true, None)?,
+                        19,
+                    )
+                })
+            },
+        ),
+        (
+            "attention, masked, by the key",
+            vec![1, 2, 4, 3],
+            q,
+            Box::new(move |k: &Tensor| {
+                let q = v.mul(&Tensor::scalar(0.5f32).cast(dtype)?)?;
+                bent(
+                    &q.scaled_dot_product_attention(k, &v, Some(&mask), false, Some(0.7))?,
+                    20,
+                )
+            }),
+        ),
+    ];
+    if dtype == DType::F32 {
+        let norm = BatchNorm2d {
+            weight: fixed(&[2], 8),
+            bias: fixed(&[2], 9),
+            ..BatchNorm2d::new(2).expect("small")
+        };
+        cases.push((
+            "batch norm, training",
+            image,
+            img,
+            Box::new(move |x: &Tensor| bent(&norm.forward_train(x, &mut Vec::new())?, 21)),
+        ));
+    }
+    cases
+}
+
+/// Every case of `dtype`: its gradient against differences of its loss,
+/// and its Hessian-vector products against differences of its gradient.
+fn check_cases(dtype: DType) {
+    let mut failures = Vec::new();
+    for (seed, (name, shape, x, loss)) in cases(dtype).into_iter().enumerate() {
+        let seed = seed as u64;
+        if let Err(e) = check_in(dtype, &[(&shape, x.clone())], seed, |p| loss(&p[0])) {
+            failures.push(format!("{name}, first order: {e}"));
+        }
+        if let Err(e) = check_in(dtype, &[(&shape, x)], seed, gradient_of(&loss)) {
+            failures.push(format!("{name}, second order: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{dtype}: {}", failures.join("\n"));
+}
+
+#[test]
+fn windows_and_layers_match_differences_to_second_order() {
+    check_cases(DType::F32);
+}
+
+#[test]
+fn windows_and_layers_in_f64_match_differences_to_second_order() {
+    check_cases(DType::F64);
+}
