@@ -7,19 +7,28 @@
 use std::sync::Arc;
 
 use kiln::data::{DataError, DataLoader, Dataset, LoaderOptions};
+use kiln::nn::{
+    BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Module, Relu, Sequential,
+};
 use kiln::optim::{AdamW, Optimizer, Sgd};
 use kiln::{CompileOptions, CompiledStep, DType, Device, Pool2d, Result, Tensor, TensorType};
 
 use crate::{Backend, max_rel_err, options, target, time};
 
-/// One training step to time: its parameters, a batch, its loss, and the
-/// flops its products compute.
+/// A case's loss of its parameters, buffers, images and labels, and the
+/// buffers' next values.
+type Loss = fn(&[Tensor], &[Tensor], &Tensor, &Tensor) -> Result<(Tensor, Vec<Tensor>)>;
+
+/// One training step to time: its parameters, the buffers a step moves on
+/// (running statistics, a dropout key), a batch, its loss, and the flops its
+/// products compute.
 struct Case {
     shape: &'static str,
     params: Vec<Tensor>,
+    buffers: Vec<Tensor>,
     images: Tensor,
     labels: Tensor,
-    loss: fn(&[Tensor], &Tensor, &Tensor) -> Result<Tensor>,
+    loss: Loss,
     flops: u64,
 }
 
@@ -61,9 +70,10 @@ fn mlp() -> Result<Case> {
     Ok(Case {
         shape: "250x784-256-256-10",
         params,
+        buffers: Vec::new(),
         images,
         labels,
-        loss: |p, x, y| {
+        loss: |p, _, x, y| {
             let mut h = pixels(x)?;
             for (i, layer) in p.chunks(2).enumerate() {
                 h = (h.matmul(&layer[0])? + &layer[1])?;
@@ -71,57 +81,65 @@ fn mlp() -> Result<Case> {
                     h = h.relu()?;
                 }
             }
-            h.cross_entropy(y)
+            Ok((h.cross_entropy(y)?, Vec::new()))
         },
         flops: (2 * 250 * (3 * macs - sizes[0] * sizes[1])) as u64,
     })
 }
 
-/// The CNN of `examples/train_cnn.rs` without its dropout (the batch norms
-/// by the batch's statistics, their running ones not kept), and of
-/// `cnn_anchor.py`, on a batch of 100: 5x5 convolutions to 16 and 32
-/// channels, each with batch norm, ReLU and 2x2 max pooling, and a linear
-/// layer to 10 classes. Its flops: each layer's
-/// products forward and for its weight's gradient, and for its input's
-/// gradient but the first's, 587 MFLOP.
+/// The CNN of `examples/train_cnn.rs`, by its `nn` modules, and of
+/// `cnn_anchor.py`: 5x5 convolutions to 16 and 32 channels, each with batch
+/// norm, ReLU and 2x2 max pooling, dropout of a quarter, and a linear layer
+/// to 10 classes, in training mode (each batch norm by the batch's
+/// statistics, moving its running ones; a new dropout mask each step).
+fn cnn_network() -> Result<Sequential> {
+    let pool = MaxPool2d(Pool2d::new([2, 2]));
+    Ok(Sequential::new(vec![
+        Box::new(Conv2d::new(1, 16, [5, 5], 0)?),
+        Box::new(BatchNorm2d::new(16)?),
+        Box::new(Relu),
+        Box::new(pool),
+        Box::new(Conv2d::new(16, 32, [5, 5], 1)?),
+        Box::new(BatchNorm2d::new(32)?),
+        Box::new(Relu),
+        Box::new(pool),
+        Box::new(Flatten),
+        Box::new(Dropout::new(0.25, 3)?),
+        Box::new(Linear::new(32 * 4 * 4, 10, 2)?),
+    ]))
+}
+
+/// `cnn_network` on a batch of 100, its weights drawn as the anchor's.
+/// Its flops: each layer's products forward and for its weight's gradient,
+/// and for its input's gradient but the first's, 587 MFLOP.
 fn cnn() -> Result<Case> {
-    let params = vec![
-        he(&[16, 1, 5, 5], 25, 0)?,
-        Tensor::zeros([16], DType::F32)?,
-        Tensor::ones([16], DType::F32)?,
-        Tensor::zeros([16], DType::F32)?,
-        he(&[32, 16, 5, 5], 400, 1)?,
-        Tensor::zeros([32], DType::F32)?,
-        Tensor::ones([32], DType::F32)?,
-        Tensor::zeros([32], DType::F32)?,
-        he(&[512, 10], 512, 2)?,
-        Tensor::zeros([10], DType::F32)?,
-    ];
+    let net = cnn_network()?;
+    let params = (net.parameters().into_iter())
+        .enumerate()
+        .map(|(i, (_, p))| match i {
+            0 => he(&[16, 1, 5, 5], 25, 0),
+            4 => he(&[32, 16, 5, 5], 400, 1),
+            8 => he(&[512, 10], 512, 2),
+            _ => Ok(p.clone()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let buffers = net.buffers().into_iter().map(|(_, b)| b.clone()).collect();
     let (images, labels) = batch(100, &[28, 28])?;
     let conv1 = 100 * 16 * 24 * 24 * 25;
     let conv2 = 100 * 32 * 8 * 8 * 16 * 25;
     let linear = 100 * 512 * 10;
     Ok(Case {
-        shape: "100x1x28x28-c16bn-c32bn-10",
+        shape: "100x1x28x28-c16bn-c32bn-d-10",
         params,
+        buffers,
         images,
         labels,
-        loss: |p, x, y| {
-            let pool = Pool2d::new([2, 2]);
-            // A convolution, batch norm by the batch's statistics (the
-            // running ones aside), ReLU and pooling.
-            let layer = |h: &Tensor, p: &[Tensor]| -> Result<Tensor> {
-                let c = h.conv2d(&p[0], Some(&p[1]), [1, 1], [(0, 0); 2], [1, 1], 1)?;
-                let channel = |t: &Tensor| t.reshape([1, t.numel(), 1, 1]);
-                let (mean, var) = (c.mean(&[0, 2, 3], true)?, c.var(&[0, 2, 3], 0, true)?);
-                let normalized = ((c - mean)? * (var + 1e-5f32)?.sqrt()?.recip()?)?;
-                let scaled = ((normalized * channel(&p[2])?)? + channel(&p[3])?)?;
-                scaled.relu()?.max_pool2d(&pool)
-            };
+        loss: |p, b, x, y| {
+            let net = cnn_network()?.with_parameters(p)?.with_buffers(b)?;
+            let mut next = Vec::new();
             let h = pixels(x)?.reshape([100, 1, 28, 28])?;
-            let h = layer(&layer(&h, &p[..4])?, &p[4..8])?;
-            let logits = (h.reshape([100, 512])?.matmul(&p[8])? + &p[9])?;
-            logits.cross_entropy(y)
+            let logits = net.forward_train(&h, &mut next)?;
+            Ok((logits.cross_entropy(y)?, next))
         },
         flops: (2 * (2 * conv1 + 3 * conv2 + 3 * linear)) as u64,
     })
@@ -179,9 +197,10 @@ fn lm() -> Result<Case> {
     Ok(Case {
         shape: "32x64-2x4x64",
         params,
+        buffers: Vec::new(),
         images: windows.slice(1, 0, t, 1)?,
         labels: windows.slice(1, 1, t + 1, 1)?,
-        loss: |p, x, y| {
+        loss: |p, _, x, y| {
             let (_, width, heads, blocks) = LM;
             let (b, t) = (x.dims()[0], x.dims()[1]);
             let head = width / heads;
@@ -209,9 +228,8 @@ fn lm() -> Result<Case> {
             let h = h.layer_norm(&p[n - 2], &p[n - 1], 1e-5)?;
             let logits = h.matmul(&p[0].t()?)?;
             let v = logits.dims()[2];
-            logits
-                .reshape([b * t, v])?
-                .cross_entropy(&y.reshape([b * t])?)
+            let loss = (logits.reshape([b * t, v])?).cross_entropy(&y.reshape([b * t])?)?;
+            Ok((loss, Vec::new()))
         },
         flops: (3 * b * t * (blocks * per_block + 2 * width * v)) as u64,
     })
@@ -227,19 +245,24 @@ fn compile(
     let params = &case.params;
     let refs: Vec<&Tensor> = params.iter().collect();
     let mut state = params.clone();
+    state.extend(case.buffers.iter().cloned());
     state.extend(optimizer.state(&refs)?);
     let state: Vec<&Tensor> = state.iter().collect();
     let specs = [
         TensorType::new(case.images.dtype(), case.images.shape().clone()),
         TensorType::new(case.labels.dtype(), case.labels.shape().clone()),
     ];
-    let n = params.len();
+    let (n, m) = (params.len(), case.buffers.len());
     kiln::compile_step_with(id, &state, &specs, options, |s, b| {
-        let (p, opt) = s.split_at(n);
-        let loss = (case.loss)(p, &b[0], &b[1])?;
+        let (p, rest) = s.split_at(n);
+        let (buffers, opt) = rest.split_at(m);
+        let (loss, buffers) = (case.loss)(p, buffers, &b[0], &b[1])?;
         let grads = kiln::grad(&loss, &p.iter().collect::<Vec<_>>())?;
         let (p, opt) = optimizer.update(p, &grads, opt)?;
-        Ok((vec![loss], p.into_iter().chain(opt).collect()))
+        Ok((
+            vec![loss],
+            p.into_iter().chain(buffers).chain(opt).collect(),
+        ))
     })
 }
 
@@ -285,14 +308,17 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
             compile_s,
         ));
     }
-    let params = &case.params;
-    let on_reference: Vec<Tensor> = params
-        .iter()
-        .map(|p| p.to(Device::Reference))
-        .collect::<Result<_>>()?;
+    let on_reference = |values: &[Tensor]| -> Result<Vec<Tensor>> {
+        values.iter().map(|v| v.to(Device::Reference)).collect()
+    };
+    let (params, buffers) = (on_reference(&case.params)?, on_reference(&case.buffers)?);
     let x = case.images.to(Device::Reference)?;
     let y = case.labels.to(Device::Reference)?;
-    let want = f64::from((case.loss)(&on_reference, &x, &y)?.to_scalar::<f32>()?);
+    let want = f64::from(
+        (case.loss)(&params, &buffers, &x, &y)?
+            .0
+            .to_scalar::<f32>()?,
+    );
     let timings = time(quick, steps.len(), |v| {
         steps[v].1.call(&batch)?[0].to_scalar::<f32>().map(|_| None)
     })?;
