@@ -8,9 +8,11 @@
 //! layer norm, and the token embedding again as the output layer (tied).
 //! One training step (the forward pass over a batch of windows,
 //! cross-entropy at every position, the gradients, AdamW's update) is
-//! compiled once with `kiln::compile_step`; every 100 steps it prints the
-//! training loss and the held-out loss, and at the end a sample, drawn
-//! character by character from the model's distribution.
+//! compiled once with `kiln::compile_step`. Windows start anywhere in the
+//! text; an epoch is as many steps as take as many characters as the
+//! training text holds (21). After each epoch it prints the training loss
+//! and the held-out loss, and at the end a sample, drawn character by
+//! character from the model's distribution.
 //!
 //! Run with `cargo run --release --example train_lm`.
 
@@ -31,8 +33,8 @@ const WIDTH: usize = 64;
 const HEADS: usize = 4;
 /// Transformer blocks.
 const BLOCKS: usize = 2;
-/// Training steps.
-const STEPS: usize = 1000;
+/// Epochs of training: about 1,000 steps.
+const EPOCHS: usize = 48;
 
 /// One block: attention and an MLP, each after a layer norm and added back.
 #[derive(Clone, Debug)]
@@ -287,30 +289,28 @@ fn main() -> Result<()> {
         .map(|_| windows(held_out, &mut held))
         .collect::<Result<_>>()?;
     let mut training = std::time::Duration::ZERO;
-    let mut losses = Vec::new();
-    for k in 1..=STEPS {
+    let steps_per_epoch = train.len() / (BATCH * CONTEXT);
+    for e in 1..=EPOCHS {
         let started = Instant::now();
-        losses.push(step.call(&[&windows(train, &mut draws)?])?.remove(0));
-        training += started.elapsed();
-        if k % 100 == 0 {
-            // Reading the losses waits for the steps: their time is training's.
-            let started = Instant::now();
-            let mut train_loss = 0.0;
-            for l in losses.drain(..) {
-                train_loss += l.to_scalar::<f32>()? / 100.0;
-            }
-            training += started.elapsed();
-            let state = step.state()?;
-            let trained = model.with_parameters(&state[..model.parameters().len()])?;
-            let mut held_loss = 0.0;
-            for b in &held_out_batches {
-                held_loss += loss(&trained, b)?.to_scalar::<f32>()? / held_out_batches.len() as f32;
-            }
-            println!(
-                "step {k:>4}: loss {train_loss:.3}, held-out loss {held_loss:.3}, {:.0} characters/s",
-                (k * BATCH * CONTEXT) as f64 / training.as_secs_f64()
-            );
+        let losses = (0..steps_per_epoch)
+            .map(|_| Ok(step.call(&[&windows(train, &mut draws)?])?.remove(0)))
+            .collect::<Result<Vec<_>>>()?;
+        // Reading the losses waits for the steps: their time is training's.
+        let mut train_loss = 0.0;
+        for l in &losses {
+            train_loss += l.to_scalar::<f32>()? / losses.len() as f32;
         }
+        training += started.elapsed();
+        let state = step.state()?;
+        let trained = model.with_parameters(&state[..model.parameters().len()])?;
+        let mut held_loss = 0.0;
+        for b in &held_out_batches {
+            held_loss += loss(&trained, b)?.to_scalar::<f32>()? / held_out_batches.len() as f32;
+        }
+        println!(
+            "epoch {e:>2}: loss {train_loss:.3}, held-out loss {held_loss:.3}, {:.0} characters/s",
+            (e * steps_per_epoch * BATCH * CONTEXT) as f64 / training.as_secs_f64()
+        );
     }
 
     // A sample: each next character drawn from the model's distribution
