@@ -323,6 +323,16 @@ fn schedules_give_their_rates_at_the_boundaries() -> Result<()> {
         &[0.04, 0.52, 1.0, 4e-6],
     );
     assert!(one[2..].windows(2).all(|w| w[1] < w[0]), "{one:?}");
+    // Its momentum the other way: 0.95 down to 0.85 at the peak, back up.
+    let one = Schedule::one_cycle(1.0, 10);
+    let momenta = (0..10)
+        .map(|k| Ok(one.momentum(k)?.expect("cycled")))
+        .collect::<Result<Vec<f32>>>()?;
+    near(
+        vec![momenta[0], momenta[1], momenta[2], momenta[9]],
+        &[0.95, 0.9, 0.85, 0.95],
+    );
+    assert_eq!(Schedule::Constant { lr: 0.5 }.momentum(0)?, None);
     let bad = [
         (
             Schedule::Warmup { lr: 1.0, steps: 0 },
@@ -339,6 +349,18 @@ fn schedules_give_their_rates_at_the_boundaries() -> Result<()> {
             0,
             "the rate must be 0 or more, not -1",
         ),
+        (
+            Schedule::OneCycle {
+                max: 1.0,
+                total: 10,
+                pct_start: 0.3,
+                div: 25.0,
+                final_div: 1e4,
+                momentum: Some([0.9, 1.0]),
+            },
+            0,
+            "momentum [base, max] with 0 <= base <= max < 1",
+        ),
     ];
     for (s, k, message) in bad {
         let e = s.lr(k).expect_err("an error").to_string();
@@ -348,9 +370,9 @@ fn schedules_give_their_rates_at_the_boundaries() -> Result<()> {
 }
 
 #[test]
-fn a_compiled_step_takes_its_rate_as_an_input_each_step() -> Result<()> {
-    use kiln::optim::Schedule;
-    let schedule = Schedule::Cosine {
+fn a_compiled_step_takes_its_rates_as_inputs_each_step() -> Result<()> {
+    use kiln::optim::{Rates, Schedule};
+    let cosine = Schedule::Cosine {
         lr: 0.05,
         warmup: 2,
         total: 5,
@@ -362,44 +384,75 @@ fn a_compiled_step_takes_its_rate_as_an_input_each_step() -> Result<()> {
     };
     let adamw = AdamW::new(0.0);
     let optimizers: [&dyn Optimizer; 2] = [&sgd, &adamw];
-    for (which, optimizer) in optimizers.into_iter().enumerate() {
-        let params = initial()?;
-        let refs: Vec<&Tensor> = params.iter().collect();
-        let n = params.len();
-        let mut carried = params.clone();
-        carried.extend(optimizer.state(&refs)?);
-        let carried_refs: Vec<&Tensor> = carried.iter().collect();
-        let mut specs: Vec<TensorType> = params.iter().map(|p| p.ty().clone()).collect();
-        specs.push(TensorType::new(DType::F32, Vec::<usize>::new()));
-        let mut compiled =
-            kiln::compile_step("scheduled", &carried_refs, &specs, |state, args| {
-                let (p, opt) = state.split_at(n);
-                let (new_p, new_opt) = optimizer.update_at(p, &args[..n], opt, &args[n])?;
-                Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
-            })?;
-        // The same steps eagerly, each at the rate of its step as a constant.
-        let (mut p, mut state) = (params.clone(), optimizer.state(&refs)?);
-        for step in 0..7 {
-            let lr = schedule.lr(step)?;
-            let g = grads(step as u64)?;
-            let mut args: Vec<&Tensor> = g.iter().collect();
-            let rate = Tensor::scalar(lr);
-            args.push(&rate);
-            compiled.call(&args)?;
-            (p, state) = match which {
-                0 => Sgd { lr, ..sgd }.update(&p, &g, &state)?,
-                _ => AdamW { lr, ..adamw }.update(&p, &g, &state)?,
-            };
-        }
-        let carried = compiled.state()?;
-        for k in 0..n {
-            assert_close(
-                &format!("optimizer {which}, parameter {k}"),
-                &values(&carried[k]),
-                &values(&p[k]),
-            );
+    // A rate alone, and a rate with a cycled momentum (SGD's, AdamW's beta1).
+    for schedule in [cosine, Schedule::one_cycle(0.05, 7)] {
+        for (which, optimizer) in optimizers.into_iter().enumerate() {
+            let params = initial()?;
+            let refs: Vec<&Tensor> = params.iter().collect();
+            let n = params.len();
+            let mut carried = params.clone();
+            carried.extend(optimizer.state(&refs)?);
+            let carried_refs: Vec<&Tensor> = carried.iter().collect();
+            let mut specs: Vec<TensorType> = params.iter().map(|p| p.ty().clone()).collect();
+            let scalar = TensorType::new(DType::F32, Vec::<usize>::new());
+            specs.extend([scalar.clone(), scalar]);
+            let cycled = schedule.momentum(0)?.is_some();
+            let mut compiled =
+                kiln::compile_step("scheduled", &carried_refs, &specs, |state, args| {
+                    let (p, opt) = state.split_at(n);
+                    let rates = Rates {
+                        lr: args[n].clone(),
+                        momentum: cycled.then(|| args[n + 1].clone()),
+                    };
+                    let (new_p, new_opt) = optimizer.update_at(p, &args[..n], opt, &rates)?;
+                    Ok((Vec::new(), new_p.into_iter().chain(new_opt).collect()))
+                })?;
+            // The same steps eagerly, each at its step's rates as constants.
+            let (mut p, mut state) = (params.clone(), optimizer.state(&refs)?);
+            for step in 0..7 {
+                let lr = schedule.lr(step)?;
+                let m = schedule.momentum(step)?;
+                let g = grads(step as u64)?;
+                let rates = [Tensor::scalar(lr), Tensor::scalar(m.unwrap_or(0.0))];
+                let args: Vec<&Tensor> = g.iter().chain(&rates).collect();
+                compiled.call(&args)?;
+                (p, state) = match which {
+                    0 => Sgd {
+                        lr,
+                        momentum: m.unwrap_or(sgd.momentum),
+                        ..sgd
+                    }
+                    .update(&p, &g, &state)?,
+                    _ => AdamW {
+                        lr,
+                        beta1: m.unwrap_or(adamw.beta1),
+                        ..adamw
+                    }
+                    .update(&p, &g, &state)?,
+                };
+            }
+            let carried = compiled.state()?;
+            for k in 0..n {
+                assert_close(
+                    &format!("{schedule:?}, optimizer {which}, parameter {k}"),
+                    &values(&carried[k]),
+                    &values(&p[k]),
+                );
+            }
         }
     }
+    // A momentum scheduled for SGD without one has no buffers to move.
+    let rates = Rates {
+        lr: Tensor::scalar(0.1f32),
+        momentum: Some(Tensor::scalar(0.9f32)),
+    };
+    let p = initial()?;
+    let e = Sgd::new(0.1).update_at(&p, &p, &[], &rates).map(|_| ());
+    let e = e.expect_err("an error").to_string();
+    assert!(
+        e.starts_with("Sgd: a scheduled momentum needs a momentum above 0"),
+        "{e}"
+    );
     Ok(())
 }
 

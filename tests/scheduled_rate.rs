@@ -1,12 +1,12 @@
-//! A learning rate given to a compiled step at every call, alone in its
-//! test binary (as `kernel_cache.rs`) so that no other test compiles
+//! A learning rate and a momentum given to a compiled step at every call,
+//! alone in its test binary (as `kernel_cache.rs`) so that no other test compiles
 //! kernels while the compile counter is read.
 
 use kiln::{Result, Tensor};
 
 #[test]
-fn a_rate_given_to_a_step_each_call_compiles_nothing() -> Result<()> {
-    use kiln::optim::{AdamW, Optimizer, Schedule};
+fn rates_given_to_a_step_each_call_compile_nothing() -> Result<()> {
+    use kiln::optim::{AdamW, Optimizer, Rates, Schedule};
     use kiln::{DType, TensorType};
     let params = [Tensor::randn([9, 4], 1)?, Tensor::randn([4], 2)?];
     let refs: Vec<&Tensor> = params.iter().collect();
@@ -17,6 +17,7 @@ fn a_rate_given_to_a_step_each_call_compiles_nothing() -> Result<()> {
     let specs = [
         TensorType::new(DType::F32, [9]),
         TensorType::new(DType::F32, Vec::<usize>::new()),
+        TensorType::new(DType::F32, Vec::<usize>::new()),
     ];
     let mut step = kiln::compile_step("scheduled", &state, &specs, |s, args| {
         let (p, opt) = s.split_at(2);
@@ -24,14 +25,20 @@ fn a_rate_given_to_a_step_each_call_compiles_nothing() -> Result<()> {
             .square()?
             .sum_all()?;
         let g = kiln::grad(&loss, &[&p[0], &p[1]])?;
-        let (new_p, new_opt) = adamw.update_at(p, &g, opt, &args[1])?;
+        let rates = Rates {
+            lr: args[1].clone(),
+            momentum: Some(args[2].clone()),
+        };
+        let (new_p, new_opt) = adamw.update_at(p, &g, opt, &rates)?;
         Ok((vec![loss], new_p.into_iter().chain(new_opt).collect()))
     })?;
     let x = Tensor::randn([9], 3)?;
     let schedule = Schedule::one_cycle(0.1, 20);
     let mut compiled = Vec::new();
     for k in 0..20 {
-        step.call(&[&x, &Tensor::scalar(schedule.lr(k)?)])?;
+        let lr = Tensor::scalar(schedule.lr(k)?);
+        let momentum = Tensor::scalar(schedule.momentum(k)?.expect("cycled"));
+        step.call(&[&x, &lr, &momentum])?;
         compiled.push(kiln_runtime::cpu::compiled_kernels());
     }
     assert!(

@@ -198,7 +198,8 @@ fn clipping_takes_the_norm_in_f64_where_a_gradient_is_f64() -> Result<()> {
     let scaler = GradScaler::new(Sgd::new(0.1));
     let param = Tensor::from_vec(a, [7])?;
     let state = scaler.state(&[&param])?;
-    let err = scaler.update(&[param.clone()], &[param], &state).err();
+    let param = std::slice::from_ref(&param);
+    let err = scaler.update(param, param, &state).err();
     let err = err.map(|e| e.to_string()).unwrap_or_default();
     assert!(
         err.starts_with("GradScaler") && err.contains("f64"),

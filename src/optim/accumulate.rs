@@ -6,7 +6,7 @@
 
 use kiln_ir::{DType, Scalar};
 
-use super::{Optimizer, check_wrapped};
+use super::{Optimizer, Rates, check_wrapped};
 use crate::{Error, Result, Tensor};
 
 /// `optimizer` applied every `every` updates to the mean of their
@@ -63,7 +63,7 @@ impl<O: Optimizer> Optimizer for Accumulate<O> {
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-        lr: &Tensor,
+        rates: &Rates,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         let n = params.len();
@@ -82,7 +82,7 @@ impl<O: Optimizer> Optimizer for Accumulate<O> {
             .map(|s| s.mul(&scale(s.dtype())))
             .collect::<Result<_>>()?;
         let inner = &state[1 + n..];
-        let (updated, inner_new) = self.optimizer.update_at(params, &means, inner, lr)?;
+        let (updated, inner_new) = self.optimizer.update_at(params, &means, inner, rates)?;
         let pick = |new: &Tensor, old: &Tensor| apply.where_cond(new, old);
         let new_params = (updated.iter().zip(params))
             .map(|(new, old)| pick(new, old))

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::Optimizer;
+use super::{Optimizer, Rates};
 use crate::{Error, Result, Tensor};
 
 /// One group's optimizer, its parameters' range and its state's.
@@ -93,7 +93,7 @@ impl Optimizer for Groups {
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-        lr: &Tensor,
+        rates: &Rates,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         if grads.len() != params.len() {
             return Err(Error::Optimizer {
@@ -103,7 +103,7 @@ impl Optimizer for Groups {
         }
         let (mut new_params, mut new_state) = (Vec::new(), Vec::new());
         for (optimizer, p, s) in self.split(params.len(), Some(state.len()))? {
-            let (ps, ss) = optimizer.update_at(&params[p.clone()], &grads[p], &state[s], lr)?;
+            let (ps, ss) = optimizer.update_at(&params[p.clone()], &grads[p], &state[s], rates)?;
             new_params.extend(ps);
             new_state.extend(ss);
         }

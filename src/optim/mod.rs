@@ -7,9 +7,10 @@
 //! step by `kiln::compile_step` with the parameters; `update` takes the
 //! parameters, their gradients and the state, and returns the new
 //! parameters and the new state. Hyperparameters are constants of the
-//! traced graph, but for the learning rate, which `update_at` takes as a
-//! tensor: an input of a compiled step, so that a `Schedule` moves it every
-//! step and the step is never traced or compiled again. The formulas are
+//! traced graph, but for the learning rate and the momentum (SGD's
+//! momentum, AdamW's `beta1`), which `update_at` takes as tensors
+//! (`Rates`): inputs of a compiled step, so that a `Schedule` moves them
+//! every step and the step is never traced or compiled again. The formulas are
 //! PyTorch's (`torch.optim.SGD`, `torch.optim.AdamW`), so that a model
 //! trained in either moves the same way. Parameters are f32 or f64, each
 //! updated in its own type; the hyperparameters are f32 values (widened
@@ -42,25 +43,66 @@ pub trait Optimizer {
     /// Its own learning rate.
     fn lr(&self) -> f32;
 
-    /// One step at learning rate `lr`, a scalar f32 tensor: the new
-    /// parameters and the new state. Where `lr` is an input of a compiled
-    /// step, each call may give another rate.
+    /// One step at `rates`: the new parameters and the new state. Where
+    /// the rates are inputs of a compiled step, each call may give others.
     fn update_at(
         &self,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-        lr: &Tensor,
+        rates: &Rates,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)>;
 
-    /// One step at its own learning rate.
+    /// One step at its own learning rate and momentum.
     fn update(
         &self,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
-        self.update_at(params, grads, state, &Tensor::scalar(self.lr()))
+        self.update_at(params, grads, state, &Rates::lr(Tensor::scalar(self.lr())))
+    }
+}
+
+/// The hyperparameters a `Schedule` moves from step to step, as scalar f32
+/// tensors, so that they can be inputs of a compiled step.
+#[derive(Clone, Debug)]
+pub struct Rates {
+    /// The learning rate.
+    pub lr: Tensor,
+    /// SGD's momentum or AdamW's `beta1`, where a schedule cycles it
+    /// (`Schedule::momentum`, PyTorch's `OneCycleLR` with
+    /// `cycle_momentum`); `None` keeps the optimizer's own.
+    pub momentum: Option<Tensor>,
+}
+
+impl Rates {
+    /// A learning rate, the optimizer's own momentum.
+    pub fn lr(lr: Tensor) -> Rates {
+        Rates { lr, momentum: None }
+    }
+
+    /// Both scalar f32 tensors, else an `Err` naming `op`.
+    fn check(&self, op: &'static str) -> Result<()> {
+        let rates = std::iter::once(("learning rate", &self.lr))
+            .chain(self.momentum.iter().map(|m| ("momentum", m)));
+        for (name, rate) in rates {
+            if (rate.dtype(), rate.rank()) != (DType::F32, 0) {
+                return Err(Error::Optimizer {
+                    op,
+                    message: format!("the {name} must be a scalar f32, not {}", rate.ty()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The momentum in `dtype`: the scheduled one, else `own`.
+    fn momentum(&self, own: f32, dtype: DType) -> Result<Tensor> {
+        match &self.momentum {
+            Some(m) => m.cast(dtype),
+            None => constant(own, dtype),
+        }
     }
 }
 
@@ -123,11 +165,18 @@ impl Optimizer for Sgd {
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-        lr: &Tensor,
+        rates: &Rates,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         check_counts("Sgd", params, grads, state, self.state_len(params))?;
-        check_rate("Sgd", lr)?;
+        rates.check("Sgd")?;
+        if rates.momentum.is_some() && self.momentum == 0.0 {
+            return Err(Error::Optimizer {
+                op: "Sgd",
+                message: "a scheduled momentum needs a momentum above 0 (and its buffers)"
+                    .to_string(),
+            });
+        }
         let mut new_params = Vec::with_capacity(params.len());
         let mut new_state = Vec::with_capacity(state.len());
         for (k, (p, g)) in params.iter().zip(grads).enumerate() {
@@ -137,15 +186,16 @@ impl Optimizer for Sgd {
                 g = (g + (p * c(self.weight_decay)?)?)?;
             }
             if self.momentum != 0.0 {
-                let buf = ((&state[k] * c(self.momentum)?)? + &g)?;
+                let momentum = rates.momentum(self.momentum, p.dtype())?;
+                let buf = ((&state[k] * &momentum)? + &g)?;
                 g = if self.nesterov {
-                    (g + (&buf * c(self.momentum)?)?)?
+                    (g + (&buf * &momentum)?)?
                 } else {
                     buf.clone()
                 };
                 new_state.push(buf);
             }
-            new_params.push((p - (g * lr.cast(p.dtype())?)?)?);
+            new_params.push((p - (g * rates.lr.cast(p.dtype())?)?)?);
         }
         Ok((new_params, new_state))
     }
@@ -240,15 +290,15 @@ impl Optimizer for AdamW {
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-        lr: &Tensor,
+        rates: &Rates,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         let n = params.len();
         check_counts("AdamW", params, grads, state, 1 + 2 * n)?;
-        check_rate("AdamW", lr)?;
+        rates.check("AdamW")?;
         let t = (&state[0] + 1.0f32)?;
         // Per dtype of the parameters, made at its first parameter.
-        let mut scalars: Vec<(DType, [Tensor; 3])> = Vec::new();
+        let mut scalars: Vec<(DType, [Tensor; 4])> = Vec::new();
         let mut new_params = Vec::with_capacity(n);
         let mut new_m = Vec::with_capacity(n);
         let mut new_v = Vec::with_capacity(n);
@@ -257,13 +307,13 @@ impl Optimizer for AdamW {
             let at = match scalars.iter().position(|(d, _)| *d == p.dtype()) {
                 Some(at) => at,
                 None => {
-                    scalars.push((p.dtype(), self.scalars(&t, lr, p.dtype())?));
+                    scalars.push((p.dtype(), self.scalars(&t, rates, p.dtype())?));
                     scalars.len() - 1
                 }
             };
-            let [step_size, decay, correction2_root] = &scalars[at].1;
+            let [beta1, step_size, decay, correction2_root] = &scalars[at].1;
             let (m, v) = (&state[1 + k], &state[1 + n + k]);
-            let m = ((m * c(self.beta1)?)? + (g * c(1.0 - self.beta1)?)?)?;
+            let m = ((m * beta1)? + (g * (c(1.0)? - beta1)?)?)?;
             let v = ((v * c(self.beta2)?)? + (g.square()? * c(1.0 - self.beta2)?)?)?;
             // p (1 - lr wd) - lr m̂ / (sqrt(v̂) + eps), with m̂ = m / c1 and
             // v̂ = v / c2: lr m̂ / (sqrt(v̂) + eps) = step_size m / (sqrt(v) + eps sqrt(c2)).
@@ -282,17 +332,19 @@ impl Optimizer for AdamW {
 }
 
 impl AdamW {
-    /// At step `t` and learning rate `lr`, in `dtype`: the step size (the
-    /// bias corrections folded in), the weight decay's factor, and the
-    /// root of the second moment's correction.
-    fn scalars(&self, t: &Tensor, lr: &Tensor, dtype: DType) -> Result<[Tensor; 3]> {
+    /// At step `t` and `rates`, in `dtype`: `beta1`, the step size (the
+    /// bias corrections folded in, the first of this step's `beta1` as
+    /// PyTorch's), the weight decay's factor, and the root of the second
+    /// moment's correction.
+    fn scalars(&self, t: &Tensor, rates: &Rates, dtype: DType) -> Result<[Tensor; 4]> {
         let c = |v: f32| constant(v, dtype);
-        let (t, lr) = (t.cast(dtype)?, lr.cast(dtype)?);
-        let correction1 = (c(1.0)? - c(self.beta1)?.pow(&t)?)?;
+        let (t, lr) = (t.cast(dtype)?, rates.lr.cast(dtype)?);
+        let beta1 = rates.momentum(self.beta1, dtype)?;
+        let correction1 = (c(1.0)? - beta1.pow(&t)?)?;
         let correction2 = (c(1.0)? - c(self.beta2)?.pow(&t)?)?;
         let step_size = ((correction2.sqrt()? / correction1)? * &lr)?;
         let decay = (c(1.0)? - (&lr * c(self.weight_decay)?)?)?;
-        Ok([step_size, decay, correction2.sqrt()?])
+        Ok([beta1, step_size, decay, correction2.sqrt()?])
     }
 
     /// Its hyperparameters in their ranges, as `torch.optim.AdamW` checks
@@ -368,17 +420,6 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f32) -> Result<(Vec<Tensor>, T
         .map(|g| g.mul(&scale.cast(g.dtype())?))
         .collect::<Result<_>>()?;
     Ok((clipped, norm))
-}
-
-/// A learning rate given as a tensor must be a scalar f32.
-fn check_rate(op: &'static str, lr: &Tensor) -> Result<()> {
-    match (lr.dtype(), lr.rank()) {
-        (DType::F32, 0) => Ok(()),
-        _ => Err(Error::Optimizer {
-            op,
-            message: format!("the learning rate must be a scalar f32, not {}", lr.ty()),
-        }),
-    }
 }
 
 /// Zeros of `p`'s type, lazily.

@@ -8,7 +8,7 @@
 //! and a count kept in the state, so a compiled step scales without a
 //! trip to the host and without being traced or compiled again.
 
-use super::{Optimizer, check_wrapped};
+use super::{Optimizer, Rates, check_wrapped};
 use crate::{DType, Error, Result, Tensor};
 
 /// `optimizer` given the gradients of a scaled loss (`GradScaler::loss`),
@@ -109,7 +109,7 @@ impl<O: Optimizer> Optimizer for GradScaler<O> {
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Tensor],
-        lr: &Tensor,
+        rates: &Rates,
     ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         self.check()?;
         let n = params.len();
@@ -139,7 +139,7 @@ impl<O: Optimizer> Optimizer for GradScaler<O> {
             unscaled.push(u);
         }
         let ok = bad.eq(&Tensor::scalar(0.0f32))?;
-        let (updated, inner_new) = self.optimizer.update_at(params, &unscaled, inner, lr)?;
+        let (updated, inner_new) = self.optimizer.update_at(params, &unscaled, inner, rates)?;
         let pick = |new: &Tensor, old: &Tensor| ok.where_cond(new, old);
         let new_params = (updated.iter().zip(params))
             .map(|(new, old)| pick(new, old))

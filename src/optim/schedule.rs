@@ -1,7 +1,8 @@
-//! Learning-rate schedules, computed on the host for each step and given
-//! to a compiled step as an input (`Optimizer::update_at`), as PyTorch's
-//! `torch.optim.lr_scheduler` moves a parameter group's `lr` between
-//! steps: the step is traced and compiled once, whatever the rate.
+//! Learning-rate (and momentum) schedules, computed on the host for each
+//! step and given to a compiled step as inputs (`Optimizer::update_at`,
+//! `Rates`), as PyTorch's `torch.optim.lr_scheduler` moves a parameter
+//! group's `lr` (and momentum) between steps: the step is traced and
+//! compiled once, whatever the rates.
 
 use std::cmp::Ordering;
 
@@ -48,7 +49,8 @@ pub enum Schedule {
     },
     /// PyTorch's `OneCycleLR` (cosine annealing, two phases): from
     /// `max / div` up to `max` at step `pct_start * total - 1`, then down
-    /// to `max / (div * final_div)` at step `total - 1`, the last.
+    /// to `max / (div * final_div)` at step `total - 1`, the last; the
+    /// momentum, where cycled, the other way.
     OneCycle {
         /// The peak rate.
         max: f32,
@@ -60,12 +62,16 @@ pub enum Schedule {
         div: f32,
         /// The last rate is the first over `final_div`.
         final_div: f32,
+        /// `[base, max]`: the momentum (SGD's, or AdamW's `beta1`) from
+        /// `max` down to `base` as the rate rises, and back up as it falls
+        /// (PyTorch's `cycle_momentum`); `None` leaves it alone.
+        momentum: Option<[f32; 2]>,
     },
 }
 
 impl Schedule {
     /// `OneCycleLR`'s defaults: 30% of the steps up, from `max / 25`,
-    /// down to `max / 25e4`.
+    /// down to `max / 25e4`, the momentum cycled between 0.85 and 0.95.
     pub fn one_cycle(max: f32, total: usize) -> Schedule {
         Schedule::OneCycle {
             max,
@@ -73,15 +79,13 @@ impl Schedule {
             pct_start: 0.3,
             div: 25.0,
             final_div: 1e4,
+            momentum: Some([0.85, 0.95]),
         }
     }
 
     /// The rate at `step`, or an `Err` naming what is out of range.
     pub fn lr(&self, step: usize) -> Result<f32> {
         self.check(step)?;
-        let cos_anneal = |from: f64, to: f64, pct: f64| {
-            to + (from - to) / 2.0 * ((std::f64::consts::PI * pct).cos() + 1.0)
-        };
         let t = step as f64;
         let rate = match *self {
             Schedule::Constant { lr } => f64::from(lr),
@@ -105,24 +109,52 @@ impl Schedule {
             }
             Schedule::OneCycle {
                 max,
-                total,
-                pct_start,
                 div,
                 final_div,
+                ..
             } => {
                 let max = f64::from(max);
                 let first = max / f64::from(div);
-                let last = first / f64::from(final_div);
-                let peak = f64::from(pct_start) * total as f64 - 1.0;
-                let end = total as f64 - 1.0;
-                if t <= peak {
-                    cos_anneal(first, max, t / peak)
-                } else {
-                    cos_anneal(max, last, (t - peak) / (end - peak))
-                }
+                self.one_cycle_at(step, [first, max, first / f64::from(final_div)])
             }
         };
         Ok(rate as f32)
+    }
+
+    /// The momentum at `step` where the schedule cycles it (`OneCycle`
+    /// with `momentum`), else `None`: give it to `Rates::momentum`.
+    pub fn momentum(&self, step: usize) -> Result<Option<f32>> {
+        self.check(step)?;
+        Ok(match *self {
+            Schedule::OneCycle {
+                momentum: Some([base, max]),
+                ..
+            } => {
+                let (base, max) = (f64::from(base), f64::from(max));
+                Some(self.one_cycle_at(step, [max, base, max]) as f32)
+            }
+            _ => None,
+        })
+    }
+
+    /// A one-cycle's value at `step`, cosine-annealed from `[start, peak,
+    /// end]`'s first to its second at the peak step and to its third at the
+    /// last step.
+    fn one_cycle_at(&self, step: usize, [start, peak, end]: [f64; 3]) -> f64 {
+        let Schedule::OneCycle {
+            total, pct_start, ..
+        } = *self
+        else {
+            return start;
+        };
+        let t = step as f64;
+        let top = f64::from(pct_start) * total as f64 - 1.0;
+        let last = total as f64 - 1.0;
+        if t <= top {
+            cos_anneal(start, peak, t / top)
+        } else {
+            cos_anneal(peak, end, (t - top) / (last - top))
+        }
     }
 
     /// Its parameters in their ranges, and `step` inside a one-cycle.
@@ -155,13 +187,16 @@ impl Schedule {
                 pct_start,
                 div,
                 final_div,
+                momentum,
             } => {
                 let peak = f64::from(pct_start) * total as f64 - 1.0;
                 let sides = peak > 0.0 && peak < total as f64 - 1.0;
+                let momentum_fits =
+                    momentum.is_none_or(|[base, max]| 0.0 <= base && base <= max && max < 1.0);
                 (
                     max,
-                    sides && div > 0.0 && final_div > 0.0,
-                    "steps on both sides of its peak, and div and final_div above 0",
+                    sides && div > 0.0 && final_div > 0.0 && momentum_fits,
+                    "steps on both sides of its peak, div and final_div above 0, and momentum [base, max] with 0 <= base <= max < 1",
                 )
             }
         };
@@ -182,4 +217,9 @@ impl Schedule {
             _ => Ok(()),
         }
     }
+}
+
+/// Half a cosine from `from` at `pct` 0 to `to` at `pct` 1.
+fn cos_anneal(from: f64, to: f64, pct: f64) -> f64 {
+    to + (from - to) / 2.0 * ((std::f64::consts::PI * pct).cos() + 1.0)
 }
