@@ -449,18 +449,34 @@ fn a_compiled_training_step_traces_once_and_matches_eager_gradients() -> Result<
 }
 
 #[test]
-fn a_nan_input_shows_in_abs_gradient_as_in_jax_and_pytorch() -> Result<()> {
+fn a_nan_input_shows_in_abs_and_max_gradients_as_in_jax() -> Result<()> {
     let x = t(&[f32::NAN, -2.0, 0.0, 3.0], &[4]);
     let g = grad(&x.abs()?.sum_all()?, &[&x])?
         .remove(0)
         .to_vec::<f32>()?;
     assert!(g[0].is_nan(), "{g:?}");
     assert_eq!(&g[1..], [-1.0, 0.0, 1.0]);
-    // relu's is 0 there, as theirs.
+    // relu's is 0 there, as JAX's (PyTorch passes the gradient through).
     let g = grad(&x.relu()?.sum_all()?, &[&x])?
         .remove(0)
         .to_vec::<f32>()?;
     assert_eq!(g, [0.0, 0.0, 0.0, 1.0]);
+    // A row whose maximum (or minimum) is NaN gets NaN everywhere, as in
+    // JAX and PyTorch (`amax`); ties share the rest.
+    let rows = t(&[f32::NAN, 1.0, 2.0, 2.0, 5.0, -1.0], &[3, 2]);
+    type Extreme = fn(&Tensor, &[isize], bool) -> Result<Tensor>;
+    let extremes: [(&str, Extreme); 2] = [("max", Tensor::max), ("min", Tensor::min)];
+    for (name, extreme) in extremes {
+        let loss = extreme(&rows, &[1], false)?.sum_all()?;
+        let g = grad(&loss, &[&rows])?.remove(0).to_vec::<f32>()?;
+        assert!(g[0].is_nan() && g[1].is_nan(), "{name}: {g:?}");
+        let last = if name == "max" {
+            [1.0, 0.0]
+        } else {
+            [0.0, 1.0]
+        };
+        assert_eq!(g[2..], [0.5, 0.5, last[0], last[1]], "{name}");
+    }
     Ok(())
 }
 

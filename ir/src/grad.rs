@@ -42,7 +42,8 @@
 //!   then a pad puts the block in place);
 //! - reductions: `sum`: `dy` expanded back over the reduced axes; `max`:
 //!   `dy` to the elements equal to the maximum, split evenly among ties
-//!   (`dy / count`), as JAX; none in a row whose maximum is NaN; `prod`:
+//!   (`dy * hit / count`), as JAX; NaN over a row whose maximum is NaN, as
+//!   JAX and PyTorch; `prod`:
 //!   `dy` times the product of the row's other elements, exactly where
 //!   the row holds zeros (see `reduce::prod_rule`);
 //! - `matmul` (batched too): `dy @ b^T` and `a^T @ dy`, transposing the

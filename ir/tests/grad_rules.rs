@@ -57,37 +57,34 @@ fn op(g: &mut Graph, op: Op, inputs: &[NodeId]) -> NodeId {
 }
 
 #[test]
-fn max_reductions_split_ties_evenly_and_skip_nan_rows() {
+fn max_reductions_split_ties_evenly_and_give_nan_rows_nan() {
     let nan = f32::NAN;
-    let x = [1.0, 3.0, 3.0, 3.0, 2.0, 3.0, 3.0, 1.0, nan, 2.0];
-    let grads = gradients_of_sum(&[(&[2, 5], &x)], |g, ids| {
-        let axes = SmallVec::from_slice(&[1]);
-        let max = op(
-            g,
-            Op::Reduce {
-                op: ReduceOp::Max,
-                axes,
-            },
-            &[ids[0]],
-        );
-        // A second, all-axes max over the same values: its gradient adds up.
-        let all = op(
-            g,
-            Op::Reduce {
-                op: ReduceOp::Max,
-                axes: SmallVec::from_slice(&[0, 1]),
-            },
-            &[ids[0]],
-        );
-        let all = op(g, Op::Expand(Shape::new(&[2, 1])), &[all]);
-        op(g, Op::Binary(BinaryOp::Add), &[max, all])
-    });
+    let max_over = |axes: &[usize], x: &[f32]| {
+        gradients_of_sum(&[(&[2, 5], x)], |g, ids| {
+            let axes = SmallVec::from_slice(axes);
+            op(
+                g,
+                Op::Reduce {
+                    op: ReduceOp::Max,
+                    axes,
+                },
+                &[ids[0]],
+            )
+        })
+        .remove(0)
+    };
+    // Row 0: a three-way tie; row 1: its max is NaN, so nothing equals it
+    // and its gradient is NaN, as JAX's and PyTorch's.
+    let grads = max_over(&[1], &[1.0, 3.0, 3.0, 3.0, 2.0, 3.0, 3.0, 1.0, nan, 2.0]);
     let third = 1.0 / 3.0;
-    // Row 0: a three-way tie; row 1: its max is NaN, so nothing equals it;
-    // the all-axes max is NaN as well.
+    assert_eq!(grads[..5], [0.0, third, third, third, 0.0]);
+    assert!(grads[5..].iter().all(|g| g.is_nan()), "{grads:?}");
+    // Over both axes: a five-way tie across the rows.
+    let grads = max_over(&[0, 1], &[1.0, 3.0, 3.0, 3.0, 2.0, 3.0, 3.0, 1.0, 0.0, 2.0]);
+    let fifth = 1.0 / 5.0;
     assert_eq!(
-        grads[0],
-        [0.0, third, third, third, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        grads,
+        [0.0, fifth, fifth, fifth, 0.0, fifth, fifth, 0.0, 0.0, 0.0]
     );
 }
 

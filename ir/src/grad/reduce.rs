@@ -12,7 +12,9 @@ use crate::graph::{Graph, NodeId};
 use crate::op::Op;
 
 /// The gradient of `y = max(x)` over `axes`: `dy` shared evenly among the
-/// elements equal to the maximum.
+/// elements equal to the maximum, `dy * hit / count` as JAX writes it, so
+/// that a row whose maximum is NaN (no element equal to it, a count of 0)
+/// gets NaN everywhere, as in JAX and PyTorch: divergence shows.
 pub(super) fn max_rule(
     g: &mut Graph,
     axes: &[usize],
@@ -25,10 +27,10 @@ pub(super) fn max_rule(
     let hit = binary(g, BinaryOp::Eq, x, ye)?;
     let ones = cast_like(g, hit, x)?;
     let count = reduce(g, ReduceOp::Sum, axes, ones)?;
-    let share = binary(g, BinaryOp::Div, dy, count)?;
-    let share = push(g, Op::Expand(from), &[share])?;
-    let zero = like(g, 0.0, x)?;
-    push(g, Op::Where, &[hit, share, zero])
+    let count = push(g, Op::Expand(from.clone()), &[count])?;
+    let dy = push(g, Op::Expand(from), &[dy])?;
+    let hits = binary(g, BinaryOp::Mul, dy, ones)?;
+    binary(g, BinaryOp::Div, hits, count)
 }
 
 /// The gradient of `y = prod(x)` over `axes`: for element `j`, `dy` times
