@@ -298,7 +298,7 @@ impl Optimizer for AdamW {
         rates.check("AdamW")?;
         let t = (&state[0] + 1.0f32)?;
         // Per dtype of the parameters, made at its first parameter.
-        let mut scalars: Vec<(DType, [Tensor; 4])> = Vec::new();
+        let mut scalars: Vec<(DType, [Tensor; 5])> = Vec::new();
         let mut new_params = Vec::with_capacity(n);
         let mut new_m = Vec::with_capacity(n);
         let mut new_v = Vec::with_capacity(n);
@@ -311,9 +311,9 @@ impl Optimizer for AdamW {
                     scalars.len() - 1
                 }
             };
-            let [beta1, step_size, decay, correction2_root] = &scalars[at].1;
+            let [beta1, rest1, step_size, decay, correction2_root] = &scalars[at].1;
             let (m, v) = (&state[1 + k], &state[1 + n + k]);
-            let m = ((m * beta1)? + (g * (c(1.0)? - beta1)?)?)?;
+            let m = ((m * beta1)? + (g * rest1)?)?;
             let v = ((v * c(self.beta2)?)? + (g.square()? * c(1.0 - self.beta2)?)?)?;
             // p (1 - lr wd) - lr m̂ / (sqrt(v̂) + eps), with m̂ = m / c1 and
             // v̂ = v / c2: lr m̂ / (sqrt(v̂) + eps) = step_size m / (sqrt(v) + eps sqrt(c2)).
@@ -332,19 +332,24 @@ impl Optimizer for AdamW {
 }
 
 impl AdamW {
-    /// At step `t` and `rates`, in `dtype`: `beta1`, the step size (the
-    /// bias corrections folded in, the first of this step's `beta1` as
-    /// PyTorch's), the weight decay's factor, and the root of the second
-    /// moment's correction.
-    fn scalars(&self, t: &Tensor, rates: &Rates, dtype: DType) -> Result<[Tensor; 4]> {
+    /// At step `t` and `rates`, in `dtype`: `beta1` and `1 - beta1`, the
+    /// step size (the bias corrections folded in, the first of this step's
+    /// `beta1` as PyTorch's), the weight decay's factor, and the root of the
+    /// second moment's correction.
+    fn scalars(&self, t: &Tensor, rates: &Rates, dtype: DType) -> Result<[Tensor; 5]> {
         let c = |v: f32| constant(v, dtype);
         let (t, lr) = (t.cast(dtype)?, rates.lr.cast(dtype)?);
         let beta1 = rates.momentum(self.beta1, dtype)?;
+        // A constant where beta1 is one (the graph as without a schedule).
+        let rest1 = match rates.momentum {
+            Some(_) => (c(1.0)? - &beta1)?,
+            None => c(1.0 - self.beta1)?,
+        };
         let correction1 = (c(1.0)? - beta1.pow(&t)?)?;
         let correction2 = (c(1.0)? - c(self.beta2)?.pow(&t)?)?;
         let step_size = ((correction2.sqrt()? / correction1)? * &lr)?;
         let decay = (c(1.0)? - (&lr * c(self.weight_decay)?)?)?;
-        Ok([beta1, step_size, decay, correction2.sqrt()?])
+        Ok([beta1, rest1, step_size, decay, correction2.sqrt()?])
     }
 
     /// Its hyperparameters in their ranges, as `torch.optim.AdamW` checks
