@@ -96,6 +96,7 @@ pub(crate) fn compile_graph(
     let backend_options = BackendOptions {
         dump_code: options.backend.dump_code || dump_requested("code"),
         dump_replay: options.backend.dump_replay || dump_requested("replay"),
+        dump_profile: options.backend.dump_profile || dump_requested("profile"),
         ..options.backend
     };
     Ok(backend.compile(optimized, backend_options)?)

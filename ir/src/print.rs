@@ -23,7 +23,7 @@ impl Graph {
     /// The printed number of every node, indexed by arena position: inputs
     /// first, by declared index, then the other nodes in arena order, each
     /// kernel followed by the values of its blocks.
-    pub(crate) fn numbering(&self) -> Vec<usize> {
+    pub fn numbering(&self) -> Vec<usize> {
         let mut next = self.inputs.len();
         self.nodes
             .iter()

@@ -36,6 +36,9 @@ pub struct BackendOptions {
     /// Print, for each executable of the CUDA backend, whether its runs
     /// replay as one CUDA graph launch, and why not where they do not.
     pub dump_replay: bool,
+    /// Time each launch of the CPU backend's executables and print, when
+    /// one is dropped, the time per run of each, the longest first.
+    pub dump_profile: bool,
 }
 
 /// A place that runs fused graphs.

@@ -1,14 +1,18 @@
 //! A fused graph compiled for the CPU: its kernels in schedule order, run
 //! over an arena sized by the memory plan, row group by row group.
 
+use std::fmt::Write;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use kiln_ir::kernel::KernelKind;
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, Op, TensorType};
 
 use super::cache::compile;
 use super::jit::{self, Buffer, CompiledKernel, Computed};
+use crate::BackendOptions;
 use crate::backend::{Place, Places};
 use crate::bind::{Bindings, Bound};
 use crate::{Error, check_data_run};
@@ -29,6 +33,15 @@ pub(crate) struct Executable {
     shares: Vec<[Share; 2]>,
     /// The buffers of computed operands kept from one launch to another.
     kept: Vec<Vec<u64>>,
+    /// The time each group took over the runs, where asked for.
+    profile: Option<Profile>,
+}
+
+/// The runs of an executable and the time each launch group took over them
+/// (`BackendOptions::dump_profile`), printed when the executable is dropped.
+struct Profile {
+    runs: u64,
+    groups: Vec<Duration>,
 }
 
 /// Where a launch's computed operand goes (`jit::Computed`), a kept one by
@@ -42,8 +55,9 @@ enum Share {
 
 impl Executable {
     /// Compiles every kernel of `optimized` (or takes it from the cache);
-    /// `dump_code` prints the Cranelift IR of each kernel compiled.
-    pub(crate) fn new(optimized: Optimized, dump_code: bool) -> Result<Executable, Error> {
+    /// `options.dump_code` prints the Cranelift IR of each kernel compiled,
+    /// `options.dump_profile` times its launches.
+    pub(crate) fn new(optimized: Optimized, options: BackendOptions) -> Result<Executable, Error> {
         let mut kernels = Vec::with_capacity(optimized.schedule.launches.len());
         for (k, launch) in optimized.schedule.launches.iter().enumerate() {
             let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
@@ -52,7 +66,7 @@ impl Executable {
                     format!("launch {k} is not a kernel"),
                 ));
             };
-            kernels.push(compile(kernel, &format!("@k{k}"), dump_code)?);
+            kernels.push(compile(kernel, &format!("@k{k}"), options.dump_code)?);
         }
         // Graph outputs are written straight into the caller's buffers: a
         // slot that only they use needs no memory here.
@@ -72,7 +86,12 @@ impl Executable {
         let shares = shared_operands(&optimized, &kernels, &mut kept)?;
         let outputs = optimized.graph.output_types();
         let groups = crate::rows::row_groups(&optimized.graph, &optimized.schedule);
+        let profile = options.dump_profile.then(|| Profile {
+            runs: 0,
+            groups: vec![Duration::ZERO; groups.len()],
+        });
         Ok(Executable {
+            profile,
             places: Places::new(&optimized),
             bindings,
             shares,
@@ -138,7 +157,11 @@ impl Executable {
                 Place::Own(m) => own[m].alias(),
             })
             .collect();
-        for group in &self.groups {
+        if let Some(profile) = &mut self.profile {
+            profile.runs += 1;
+        }
+        for (g, group) in self.groups.iter().enumerate() {
+            let started = self.profile.as_ref().map(|_| Instant::now());
             let mut bound = Vec::with_capacity(group.len());
             for (((launch, binding), kernel), shares) in schedule.launches[group.clone()]
                 .iter()
@@ -171,6 +194,9 @@ impl Executable {
                 }
             }
             jit::run_rows(&bound)?;
+            if let (Some(profile), Some(started)) = (&mut self.profile, started) {
+                profile.groups[g] += started.elapsed();
+            }
         }
         // Outputs that are inputs, or that repeat an earlier output, are
         // copies.
@@ -198,6 +224,61 @@ impl Executable {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        if let Some(profile) = &self.profile
+            && profile.runs > 0
+        {
+            eprint!("{}", profile.print(&self.optimized, &self.groups));
+        }
+    }
+}
+
+impl Profile {
+    /// Each group's time per run and share, the longest first, its launches
+    /// named by node number (as `KILN_DUMP=fuse` prints them), kind and type.
+    fn print(&self, optimized: &Optimized, groups: &[Range<usize>]) -> String {
+        let graph = &optimized.graph;
+        let number = graph.numbering();
+        let total: Duration = self.groups.iter().sum();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
+        let mut out = format!(
+            "// kiln: profile @{}: {} runs, {:.3} ms of launches per run\n",
+            graph.name,
+            self.runs,
+            ms(total)
+        );
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by_key(|&g| std::cmp::Reverse(self.groups[g]));
+        for g in order {
+            let launches: Vec<String> = (groups[g].clone())
+                .map(|k| {
+                    let id = optimized.schedule.launches[k].node;
+                    let node = graph.node(id);
+                    let kind = match &node.op {
+                        Op::Kernel(kernel) => match &kernel.kind {
+                            KernelKind::Elementwise => "elementwise",
+                            KernelKind::Reduce { op, .. } => op.name(),
+                            KernelKind::Scatter { .. } => "scatter",
+                            KernelKind::MatMul { .. } => "matmul",
+                        },
+                        _ => "not a kernel",
+                    };
+                    format!("%{} {kind} : {}", number[id.index()], node.ty)
+                })
+                .collect();
+            let share = 100.0 * self.groups[g].as_secs_f64() / total.as_secs_f64().max(1e-12);
+            let _ = writeln!(
+                out,
+                "//   {share:5.1}% {:9.3} ms  {}",
+                ms(self.groups[g]),
+                launches.join(", ")
+            );
+        }
+        out
     }
 }
 

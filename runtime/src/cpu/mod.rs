@@ -32,7 +32,7 @@ impl Backend for Cpu {
         // A `KILN_CPU_ISA` that cannot be honoured fails here, before any
         // work.
         crate::cpu_isa()?;
-        Ok(Box::new(Executable::new(optimized, options.dump_code)?))
+        Ok(Box::new(Executable::new(optimized, options)?))
     }
 
     fn donates(&self) -> bool {
