@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""numpy (OpenBLAS) and jax.jit on the matmul workloads of README.md, every
-shape and layout bench_report has (the training-step products `AtB` and `ABt`
-included, which ../shared/anchors/bench_anchors.py lacks), on that script's
-inputs and threads: three warm-up calls, then calls for a second, printed as
-JSON lines in bench_report's form (median and median absolute deviation),
-`variant` naming the framework; and `matmul_bf16` on jax (numpy has no
-bf16).
+"""numpy (OpenBLAS), jax.jit and PyTorch on the matmul workloads of
+README.md, every shape and layout bench_report has (the training-step
+products `AtB` and `ABt` included, which ../shared/anchors/bench_anchors.py
+lacks), on that script's inputs and threads: three warm-up calls, then calls
+for a second, printed as JSON lines in bench_report's form (median and
+median absolute deviation), `variant` naming the framework; and
+`matmul_bf16` on jax and PyTorch (numpy has no bf16).
 
-  ../shared/anchors/.venv/bin/python benches/matmul_anchor.py [--frameworks numpy,jax]
+  ../shared/anchors/.venv/bin/python benches/matmul_anchor.py [--frameworks numpy,jax,torch]
 
 Run it right after bench_report, in the same sitting.
 """
@@ -52,6 +52,9 @@ def main():
             import jax
             wrap, put, label = jax.jit, jax.device_put, "jax.jit"
             sync = lambda r: r.block_until_ready()  # noqa: E731
+        elif name == "torch":
+            import torch
+            wrap, put, sync, label = (lambda f: f), torch.from_numpy, (lambda r: r), "torch"
         else:
             sys.exit(f"unknown framework {name}")
         for (m, k, n, layout) in SHAPES:
@@ -61,12 +64,12 @@ def main():
             ref = xa @ wb
             plain = wrap(lambda x, w, layout=layout: operands(x, w, layout)[0] @ operands(x, w, layout)[1])
             fused = wrap(lambda x, w, b, layout=layout:
-                         np_or_jnp(name).maximum(operands(x, w, layout)[0] @ operands(x, w, layout)[1] + b, 0))
+                         relu(name)(operands(x, w, layout)[0] @ operands(x, w, layout)[1] + b))
             shape = f"{m}x{k}x{n}" + (f" {layout}" if layout else "")
             for workload, f, ins, want in [("matmul", plain, [x, w], ref),
                                            ("matmul_bias_relu", fused, [x, w, bias], np.maximum(ref + bias, 0))]:
                 dx = [put(v) for v in ins]
-                got = np.asarray(sync(f(*dx)))
+                got = np.asarray(sync(f(*dx)), dtype=np.float64)
                 err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
                 times = timed(lambda: sync(f(*dx)), args.budget)
                 med = statistics.median(times)
@@ -74,24 +77,30 @@ def main():
                 print(json.dumps(dict(workload=workload, shape=shape, variant=label, backend="cpu",
                                       median_s=med, spread_s=mad, flops=2 * m * k * n, max_rel_err=err)),
                       flush=True)
-        if name == "jax":
-            bf16_products(wrap, put, sync, label, args.budget)
+        if name != "numpy":
+            bf16_products(name, wrap, put, sync, label, args.budget)
 
 
-def bf16_products(wrap, put, sync, label, budget):
-    """`matmul_bf16`: x @ w on bf16 operands (jax's CPU bf16 matmul; numpy
-    has no bf16), at the shapes of bench_report's rows, the operands the
-    same normal values rounded to bf16."""
-    import jax.numpy as jnp
+def bf16_products(name, wrap, put, sync, label, budget):
+    """`matmul_bf16`: x @ w on bf16 operands (jax's or PyTorch's CPU bf16
+    matmul; numpy has no bf16), at the shapes of bench_report's rows, the
+    operands the same normal values rounded to bf16."""
+    if name == "jax":
+        import jax.numpy as jnp
+        to_bf16 = lambda a: put(jnp.asarray(a, dtype=jnp.bfloat16))  # noqa: E731
+        to_f64 = lambda t: np.asarray(t, dtype=np.float64)  # noqa: E731
+    else:
+        import torch
+        to_bf16 = lambda a: torch.from_numpy(a).to(torch.bfloat16)  # noqa: E731
+        to_f64 = lambda t: t.double().numpy()  # noqa: E731
     for (m, k, n, layout) in SHAPES:
         if layout:
             continue
         x, w = ba.gen_inputs([(m, k), (k, n)], ba.SEED)
-        xb, wb = jnp.asarray(x, dtype=jnp.bfloat16), jnp.asarray(w, dtype=jnp.bfloat16)
-        want = np.asarray(xb, dtype=np.float64) @ np.asarray(wb, dtype=np.float64)
+        dx = [to_bf16(x), to_bf16(w)]
+        want = to_f64(dx[0]) @ to_f64(dx[1])
         f = wrap(lambda x, w: x @ w)
-        dx = [put(xb), put(wb)]
-        got = np.asarray(sync(f(*dx)), dtype=np.float64)
+        got = to_f64(sync(f(*dx)))
         err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
         times = timed(lambda: sync(f(*dx)), budget)
         med = statistics.median(times)
@@ -113,11 +122,15 @@ def timed(call, budget):
     return times
 
 
-def np_or_jnp(name):
+def relu(name):
+    """The framework's ReLU."""
     if name == "jax":
-        import jax.numpy as jnp
-        return jnp
-    return np
+        import jax
+        return jax.nn.relu
+    if name == "torch":
+        import torch
+        return torch.relu
+    return lambda v: np.maximum(v, 0)
 
 
 if __name__ == "__main__":
