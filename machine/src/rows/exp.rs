@@ -13,11 +13,11 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m256, __m256i, _CMP_NLE_UQ, _MM_HINT_T0, _mm_prefetch, _mm256_add_epi32, _mm256_add_ps,
-    _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-    _mm256_max_ps, _mm256_min_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_srai_epi32, _mm256_storeu_ps,
-    _mm256_sub_epi32, _mm256_sub_ps,
+    __m256, __m256i, _CMP_LT_OQ, _CMP_NLE_UQ, _MM_HINT_T0, _mm_prefetch, _mm256_add_epi32,
+    _mm256_add_ps, _mm256_andnot_ps, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmp_ps,
+    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_movemask_ps,
+    _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32,
+    _mm256_srai_epi32, _mm256_storeu_ps, _mm256_sub_epi32, _mm256_sub_ps,
 };
 
 /// Stores `e^(src[j] - shift)` to `dst[j]` for `j < n` (no store where
@@ -67,6 +67,20 @@ unsafe fn exp_sum<const STORE: bool>(
 ) -> f32 {
     let shift = splat(shift);
     let mut sums = [_mm256_setzero_ps(); 4];
+    // Lanes below -104 (masked scores: -inf, -1e9) are 0 by the fast path
+    // once a lane of the row has left it: `exp8` would take the slow path
+    // for them, in every other vector of a masked row, and the branch,
+    // mispredicted there, cost masked softmax 5x (`benches/RESULTS-cpu.md`).
+    // Rows that never leave it keep the cheaper test.
+    let mut masked = false;
+    let mut exp = |x: __m256| {
+        if masked {
+            return exp8::<true>(x).0;
+        }
+        let (e, slow) = exp8::<false>(x);
+        masked = slow;
+        e
+    };
     let mut i = 0;
     // SAFETY (every access below): `i + 8 <= n`, inside the caller's row; a
     // prefetch never faults.
@@ -78,7 +92,7 @@ unsafe fn exp_sum<const STORE: bool>(
         }
         for (u, sum) in sums.iter_mut().enumerate() {
             let x = unsafe { _mm256_loadu_ps(src.add(i + 8 * u)) };
-            let e = exp8(_mm256_sub_ps(x, shift));
+            let e = exp(_mm256_sub_ps(x, shift));
             if STORE {
                 unsafe { _mm256_storeu_ps(dst.add(i + 8 * u), e) };
             }
@@ -88,7 +102,7 @@ unsafe fn exp_sum<const STORE: bool>(
     }
     while i + 8 <= n {
         let x = unsafe { _mm256_loadu_ps(src.add(i)) };
-        let e = exp8(_mm256_sub_ps(x, shift));
+        let e = exp(_mm256_sub_ps(x, shift));
         if STORE {
             unsafe { _mm256_storeu_ps(dst.add(i), e) };
         }
@@ -110,7 +124,7 @@ unsafe fn exp_sum<const STORE: bool>(
         // holds eight; the stack is apart from both rows.
         unsafe { std::ptr::copy_nonoverlapping(src.add(i), tail.as_mut_ptr(), rest) };
         let x = unsafe { _mm256_loadu_ps(tail.as_ptr()) };
-        let e = exp8(_mm256_sub_ps(x, shift));
+        let e = exp(_mm256_sub_ps(x, shift));
         unsafe { _mm256_storeu_ps(tail.as_mut_ptr(), e) };
         if STORE {
             unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), dst.add(i), rest) };
@@ -125,18 +139,25 @@ fn splat(v: f32) -> __m256 {
     _mm256_set1_ps(v)
 }
 
-/// e^x of eight lanes: `Math::exp`'s fast path, or where a lane lies beyond
-/// |x| = 87 (or is NaN), `Math::exp_anywhere` for all eight, which gives
-/// the fast path's bits on the lanes within.
+/// e^x of eight lanes, and whether it took the slow path: `Math::exp`'s
+/// fast path, or where a lane lies beyond |x| = 87 (or is NaN),
+/// `Math::exp_anywhere` for all eight, which gives the fast path's bits on
+/// the lanes within. With `TINY`, lanes below -104 are 0 by the fast path
+/// (`exp_anywhere` gives them 0 too) and only the others take the slow one.
 #[target_feature(enable = "avx2,fma")]
-fn exp8(x: __m256) -> __m256 {
+fn exp8<const TINY: bool>(x: __m256) -> (__m256, bool) {
     let (shifted, e) = parts(x);
     let n = _mm256_slli_epi32::<23>(_mm256_castps_si256(shifted));
     let fast = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(e), n));
     let square = _mm256_mul_ps(x, x);
     let outside = _mm256_cmp_ps::<_CMP_NLE_UQ>(square, splat(87.0 * 87.0));
-    if _mm256_movemask_ps(outside) == 0 {
-        return fast;
+    if TINY {
+        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(-104.0));
+        if _mm256_movemask_ps(_mm256_andnot_ps(tiny, outside)) == 0 {
+            return (_mm256_andnot_ps(tiny, fast), false);
+        }
+    } else if _mm256_movemask_ps(outside) == 0 {
+        return (fast, false);
     }
     // `x < lo ? lo : x` then `hi < x ? hi : x`: a NaN passes both (`maxps`
     // and `minps` return their second operand on one).
@@ -147,7 +168,7 @@ fn exp8(x: __m256) -> __m256 {
     let half = _mm256_srai_epi32::<1>(n);
     let rest = _mm256_sub_epi32(n, half);
     let y = _mm256_mul_ps(e, pow2(half));
-    _mm256_mul_ps(y, pow2(rest))
+    (_mm256_mul_ps(y, pow2(rest)), true)
 }
 
 /// 2^n for integer lanes `n` in [-126, 127].
