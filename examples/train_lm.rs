@@ -10,7 +10,7 @@
 //! cross-entropy at every position, the gradients, AdamW's update) is
 //! compiled once with `kiln::compile_step`. Windows start anywhere in the
 //! text; an epoch is as many steps as take as many characters as the
-//! training text holds (21). After each epoch it prints the training loss
+//! training text holds. After each epoch it prints the training loss
 //! and the held-out loss, and at the end a sample, drawn character by
 //! character from the model's distribution.
 //!

@@ -96,7 +96,7 @@ pub(crate) fn compile_graph(
     let backend_options = BackendOptions {
         dump_code: options.backend.dump_code || dump_requested("code"),
         dump_replay: options.backend.dump_replay || dump_requested("replay"),
-        dump_profile: options.backend.dump_profile || dump_requested("profile"),
+        dump_profile: options.backend.dump_profile || profile_requested(),
         ..options.backend
     };
     Ok(backend.compile(optimized, backend_options)?)
@@ -105,13 +105,16 @@ pub(crate) fn compile_graph(
 /// Runs `run` on the executable that realizes `graph` on `device`: the one
 /// compiled for the same graph before, where the realize cache keeps it,
 /// so that eager code in a loop optimizes and compiles its graph once.
-/// With `KILN_DUMP` set every realize compiles anew, printing its stages.
+/// With `KILN_DUMP` naming a stage every realize compiles anew, printing it.
 pub(crate) fn with_realized(
     graph: &Graph,
     device: Device,
     run: impl FnOnce(&mut dyn Executable) -> Result<()>,
 ) -> Result<()> {
-    let dumping = std::env::var_os("KILN_DUMP").is_some();
+    // A stage's dump compiles anew each time, to print it; a profile does
+    // not need that.
+    let dumping =
+        std::env::var("KILN_DUMP").is_ok_and(|v| v.split(',').any(|s| s.trim() != "profile"));
     // Taken out while it runs: a thread realizing the same graph meanwhile
     // compiles its own.
     let cached = (!dumping).then(|| realized().take(device, graph)).flatten();
@@ -184,6 +187,11 @@ fn optimize_with_dumps(graph: &Graph, options: Options) -> Result<Optimized> {
             }
         },
     )?)
+}
+
+/// Whether `KILN_DUMP` names `profile`: by name only, `all` prints stages.
+fn profile_requested() -> bool {
+    std::env::var("KILN_DUMP").is_ok_and(|v| v.split(',').any(|s| s.trim() == "profile"))
 }
 
 /// Whether `KILN_DUMP` (a comma-separated list of stages, or `all`) names `stage`.

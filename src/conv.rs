@@ -522,7 +522,9 @@ impl Tensor {
         };
         let (ch, cw) = (counts(&axes[0], dims[2]), counts(&axes[1], dims[3]));
         // In f64, rounded to the input's type: for f32 the same as dividing
-        // in f32 (1/n is never halfway between two f32s).
+        // in f32, since a quotient correctly rounded to f64's 53 bits (at
+        // least 2 x 24 + 2) rounds to the f32 a correctly rounded f32
+        // division gives (the counts are far below 2^24).
         let scale: Vec<f64> = ch
             .iter()
             .flat_map(|&a| cw.iter().map(move |&b| 1.0 / (a * b) as f64))

@@ -380,11 +380,13 @@ fn a_compiled_step_takes_its_rates_as_inputs_each_step() -> Result<()> {
     };
     let sgd = Sgd {
         momentum: 0.9,
+        nesterov: true,
         ..Sgd::new(0.0)
     };
     let adamw = AdamW::new(0.0);
     let optimizers: [&dyn Optimizer; 2] = [&sgd, &adamw];
-    // A rate alone, and a rate with a cycled momentum (SGD's, AdamW's beta1).
+    // A rate alone, and a rate with a cycled momentum (SGD's, Nesterov's
+    // included, and AdamW's beta1).
     for schedule in [cosine, Schedule::one_cycle(0.05, 7)] {
         for (which, optimizer) in optimizers.into_iter().enumerate() {
             let params = initial()?;

@@ -160,7 +160,7 @@ fn optimizers_step_f64_parameters_in_f64() -> Result<()> {
 }
 
 #[test]
-fn clipping_takes_the_norm_in_f64_where_a_gradient_is_f64() -> Result<()> {
+fn clipping_takes_the_norm_in_f64_and_loss_scaling_refuses_f64() -> Result<()> {
     use kiln::optim::{GradScaler, Optimizer, Sgd, clip_grad_norm};
     let (a, b) = (normals(7, 16), normals(5, 17));
     let norm = a.iter().chain(&b).map(|x| x * x).sum::<f64>().sqrt();
@@ -205,5 +205,55 @@ fn clipping_takes_the_norm_in_f64_where_a_gradient_is_f64() -> Result<()> {
         err.starts_with("GradScaler") && err.contains("f64"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn average_pools_and_transposed_convolutions_run_in_f64() -> Result<()> {
+    use kiln::Pool2d;
+    // Each against the same op in f32 on the same values, to f32's
+    // precision: its structure in f64 is the f32 one's.
+    let x32 = Tensor::randn([2, 3, 7, 6], 21)?;
+    let x64 = x32.cast(DType::F64)?;
+    let agree = |name: &str, got: &Tensor, want: &Tensor| -> Result<()> {
+        assert_eq!(got.dtype(), DType::F64, "{name}");
+        let want: Vec<f64> = want.to_vec::<f32>()?.into_iter().map(f64::from).collect();
+        close(name, &got.to_vec::<f64>()?, &want, 1e-6);
+        Ok(())
+    };
+    // One count for every window (no padding), and counts by position.
+    let windows = [
+        (Pool2d::new([2, 3]), false),
+        (
+            Pool2d {
+                stride: [2, 1],
+                padding: [(1, 0), (1, 1)],
+                ceil_mode: true,
+                ..Pool2d::new([3, 3])
+            },
+            false,
+        ),
+        (
+            Pool2d {
+                padding: [(1, 1), (0, 1)],
+                ..Pool2d::new([3, 2])
+            },
+            true,
+        ),
+    ];
+    for (k, (window, with_pad)) in windows.iter().enumerate() {
+        let got = x64.avg_pool2d(window, *with_pad)?;
+        agree(
+            &format!("avg_pool2d {k}"),
+            &got,
+            &x32.avg_pool2d(window, *with_pad)?,
+        )?;
+    }
+    let w32 = Tensor::randn([3, 2, 3, 2], 22)?;
+    let transposed = |x: &Tensor, w: &Tensor| {
+        x.conv_transpose2d(w, None, [2, 1], [(1, 0), (0, 1)], [1, 0], [1, 2], 1)
+    };
+    let got = transposed(&x64, &w32.cast(DType::F64)?)?;
+    agree("conv_transpose2d", &got, &transposed(&x32, &w32)?)?;
     Ok(())
 }

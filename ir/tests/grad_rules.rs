@@ -80,12 +80,35 @@ fn max_reductions_split_ties_evenly_and_give_nan_rows_nan() {
     assert_eq!(grads[..5], [0.0, third, third, third, 0.0]);
     assert!(grads[5..].iter().all(|g| g.is_nan()), "{grads:?}");
     // Over both axes: a five-way tie across the rows.
-    let grads = max_over(&[0, 1], &[1.0, 3.0, 3.0, 3.0, 2.0, 3.0, 3.0, 1.0, 0.0, 2.0]);
+    let x = [1.0, 3.0, 3.0, 3.0, 2.0, 3.0, 3.0, 1.0, 0.0, 2.0];
+    let grads = max_over(&[0, 1], &x);
     let fifth = 1.0 / 5.0;
     assert_eq!(
         grads,
         [0.0, fifth, fifth, fifth, 0.0, fifth, fifth, 0.0, 0.0, 0.0]
     );
+    // Both maxima of the same values in one loss: their gradients add up.
+    let both = gradients_of_sum(&[(&[2, 5], &x)], |g, ids| {
+        let max = |g: &mut Graph, axes: &[usize]| {
+            let axes = SmallVec::from_slice(axes);
+            op(
+                g,
+                Op::Reduce {
+                    op: ReduceOp::Max,
+                    axes,
+                },
+                &[ids[0]],
+            )
+        };
+        let rows = max(g, &[1]);
+        let all = max(g, &[0, 1]);
+        let all = op(g, Op::Expand(Shape::new(&[2, 1])), &[all]);
+        op(g, Op::Binary(BinaryOp::Add), &[rows, all])
+    });
+    let half = 0.5;
+    let want: [f32; 10] = [0.0, third, third, third, 0.0, half, half, 0.0, 0.0, 0.0];
+    let want: Vec<f32> = want.iter().zip(&grads).map(|(r, a)| r + 2.0 * a).collect();
+    assert_eq!(both[0], want);
 }
 
 #[test]

@@ -12,8 +12,10 @@ type Group<'a> = (&'a dyn Optimizer, Range<usize>, Range<usize>);
 
 /// Runs of parameters, in order, each with its optimizer: `update` takes
 /// the parameters of every group one after another, and the state of every
-/// group one after another. The groups share the learning rate `update_at`
-/// is given (one schedule moves them all); every other hyperparameter is
+/// group one after another. The groups share the rates `update_at` is
+/// given (one schedule moves them all): the learning rate, and a scheduled
+/// momentum, where given, in place of every group's momentum or `beta1`
+/// (an `Err` for an SGD group without one); every other hyperparameter is
 /// each group's own.
 pub struct Groups {
     groups: Vec<(Box<dyn Optimizer>, usize)>,

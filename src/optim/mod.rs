@@ -26,7 +26,7 @@ pub use groups::Groups;
 pub use scaler::GradScaler;
 pub use schedule::Schedule;
 
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result, Scalar, Tensor};
 
 /// An update rule for a list of parameters.
 pub trait Optimizer {
@@ -333,14 +333,16 @@ impl Optimizer for AdamW {
 
 impl AdamW {
     /// At step `t` and `rates`, in `dtype`: `beta1` and `1 - beta1`, the
-    /// step size (the bias corrections folded in, the first of this step's
-    /// `beta1` as PyTorch's), the weight decay's factor, and the root of the
-    /// second moment's correction.
+    /// step size (the bias corrections folded in, the first `1 - beta1^t`
+    /// with this step's `beta1`, as PyTorch computes it under a schedule,
+    /// not the product of the betas so far), the weight decay's factor, and
+    /// the root of the second moment's correction.
     fn scalars(&self, t: &Tensor, rates: &Rates, dtype: DType) -> Result<[Tensor; 5]> {
         let c = |v: f32| constant(v, dtype);
         let (t, lr) = (t.cast(dtype)?, rates.lr.cast(dtype)?);
         let beta1 = rates.momentum(self.beta1, dtype)?;
-        // A constant where beta1 is one (the graph as without a schedule).
+        // A constant where no schedule moves beta1: the graph as before
+        // `Rates` had a momentum.
         let rest1 = match rates.momentum {
             Some(_) => (c(1.0)? - &beta1)?,
             None => c(1.0 - self.beta1)?,
@@ -419,7 +421,12 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f32) -> Result<(Vec<Tensor>, T
         squares = (squares + g.square()?.sum_all()?.cast(wide)?)?;
     }
     let norm = squares.sqrt()?;
-    let scale = constant(max_norm, wide)?.div(&(norm.clone() + constant(1e-6, wide)?)?)?;
+    // PyTorch's 1e-6, in f64 as it is there (not the f32 widened).
+    let eps = match wide {
+        DType::F64 => Tensor::scalar(Scalar::F64(1e-6)),
+        _ => Tensor::scalar(1e-6f32),
+    };
+    let scale = constant(max_norm, wide)?.div(&(norm.clone() + eps)?)?;
     let scale = scale.minimum(&constant(1.0, wide)?)?;
     let clipped = (grads.iter())
         .map(|g| g.mul(&scale.cast(g.dtype())?))

@@ -109,13 +109,16 @@ impl Schedule {
             }
             Schedule::OneCycle {
                 max,
+                total,
+                pct_start,
                 div,
                 final_div,
                 ..
             } => {
                 let max = f64::from(max);
                 let first = max / f64::from(div);
-                self.one_cycle_at(step, [first, max, first / f64::from(final_div)])
+                let ends = [first, max, first / f64::from(final_div)];
+                one_cycle_at((total, pct_start), step, ends)
             }
         };
         Ok(rate as f32)
@@ -127,34 +130,16 @@ impl Schedule {
         self.check(step)?;
         Ok(match *self {
             Schedule::OneCycle {
+                total,
+                pct_start,
                 momentum: Some([base, max]),
                 ..
             } => {
                 let (base, max) = (f64::from(base), f64::from(max));
-                Some(self.one_cycle_at(step, [max, base, max]) as f32)
+                Some(one_cycle_at((total, pct_start), step, [max, base, max]) as f32)
             }
             _ => None,
         })
-    }
-
-    /// A one-cycle's value at `step`, cosine-annealed from `[start, peak,
-    /// end]`'s first to its second at the peak step and to its third at the
-    /// last step.
-    fn one_cycle_at(&self, step: usize, [start, peak, end]: [f64; 3]) -> f64 {
-        let Schedule::OneCycle {
-            total, pct_start, ..
-        } = *self
-        else {
-            return start;
-        };
-        let t = step as f64;
-        let top = f64::from(pct_start) * total as f64 - 1.0;
-        let last = total as f64 - 1.0;
-        if t <= top {
-            cos_anneal(start, peak, t / top)
-        } else {
-            cos_anneal(peak, end, (t - top) / (last - top))
-        }
     }
 
     /// Its parameters in their ranges, and `step` inside a one-cycle.
@@ -216,6 +201,24 @@ impl Schedule {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+/// A one-cycle of `total` steps, `pct_start` of them going up: its value at
+/// `step`, cosine-annealed from `[start, peak, end]`'s first to its second
+/// at the peak step and to its third at the last step.
+fn one_cycle_at(
+    (total, pct_start): (usize, f32),
+    step: usize,
+    [start, peak, end]: [f64; 3],
+) -> f64 {
+    let t = step as f64;
+    let top = f64::from(pct_start) * total as f64 - 1.0;
+    let last = total as f64 - 1.0;
+    if t <= top {
+        cos_anneal(start, peak, t / top)
+    } else {
+        cos_anneal(peak, end, (t - top) / (last - top))
     }
 }
 

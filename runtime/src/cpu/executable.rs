@@ -1,7 +1,8 @@
 //! A fused graph compiled for the CPU: its kernels in schedule order, run
 //! over an arena sized by the memory plan, row group by row group.
 
-use std::fmt::Write;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +43,8 @@ pub(crate) struct Executable {
 struct Profile {
     runs: u64,
     groups: Vec<Duration>,
+    /// Each launch as the profile names it.
+    labels: Vec<String>,
 }
 
 /// Where a launch's computed operand goes (`jit::Computed`), a kept one by
@@ -59,14 +62,27 @@ impl Executable {
     /// `options.dump_profile` times its launches.
     pub(crate) fn new(optimized: Optimized, options: BackendOptions) -> Result<Executable, Error> {
         let mut kernels = Vec::with_capacity(optimized.schedule.launches.len());
+        let mut labels = Vec::new();
+        let number = options.dump_profile.then(|| optimized.graph.numbering());
         for (k, launch) in optimized.schedule.launches.iter().enumerate() {
-            let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
+            let node = optimized.graph.node(launch.node);
+            let Op::Kernel(kernel) = &node.op else {
                 return Err(crate::launch(
                     optimized.graph.name.as_str(),
                     format!("launch {k} is not a kernel"),
                 ));
             };
             kernels.push(compile(kernel, &format!("@k{k}"), options.dump_code)?);
+            if let Some(number) = &number {
+                let kind = match &kernel.kind {
+                    KernelKind::Elementwise => "elementwise",
+                    KernelKind::Reduce { op, .. } => op.name(),
+                    KernelKind::Scatter { .. } => "scatter",
+                    KernelKind::MatMul { .. } => "matmul",
+                };
+                let at = number[launch.node.index()];
+                labels.push(format!("@k{k} %{at} {kind} : {}", node.ty));
+            }
         }
         // Graph outputs are written straight into the caller's buffers: a
         // slot that only they use needs no memory here.
@@ -89,6 +105,7 @@ impl Executable {
         let profile = options.dump_profile.then(|| Profile {
             runs: 0,
             groups: vec![Duration::ZERO; groups.len()],
+            labels,
         });
         Ok(Executable {
             profile,
@@ -232,50 +249,36 @@ impl Drop for Executable {
         if let Some(profile) = &self.profile
             && profile.runs > 0
         {
-            eprint!("{}", profile.print(&self.optimized, &self.groups));
+            // Not `eprint!`, which panics where stderr is closed: a panic in
+            // a drop while unwinding would abort.
+            let text = profile.print(&self.optimized.graph.name, &self.groups);
+            let _ = std::io::stderr().lock().write_all(text.as_bytes());
         }
     }
 }
 
 impl Profile {
     /// Each group's time per run and share, the longest first, its launches
-    /// named by node number (as `KILN_DUMP=fuse` prints them), kind and type.
-    fn print(&self, optimized: &Optimized, groups: &[Range<usize>]) -> String {
-        let graph = &optimized.graph;
-        let number = graph.numbering();
+    /// named as `KILN_DUMP=code` names their kernels (`@k3`) and by their
+    /// nodes in the graph the executable runs (the last `KILN_DUMP=all`
+    /// prints), with their kind and type.
+    fn print(&self, graph: &str, groups: &[Range<usize>]) -> String {
         let total: Duration = self.groups.iter().sum();
         let ms = |d: Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
         let mut out = format!(
-            "// kiln: profile @{}: {} runs, {:.3} ms of launches per run\n",
-            graph.name,
+            "// kiln: profile @{graph}: {} runs, {:.3} ms of launches per run\n",
             self.runs,
             ms(total)
         );
         let mut order: Vec<usize> = (0..groups.len()).collect();
         order.sort_by_key(|&g| std::cmp::Reverse(self.groups[g]));
         for g in order {
-            let launches: Vec<String> = (groups[g].clone())
-                .map(|k| {
-                    let id = optimized.schedule.launches[k].node;
-                    let node = graph.node(id);
-                    let kind = match &node.op {
-                        Op::Kernel(kernel) => match &kernel.kind {
-                            KernelKind::Elementwise => "elementwise",
-                            KernelKind::Reduce { op, .. } => op.name(),
-                            KernelKind::Scatter { .. } => "scatter",
-                            KernelKind::MatMul { .. } => "matmul",
-                        },
-                        _ => "not a kernel",
-                    };
-                    format!("%{} {kind} : {}", number[id.index()], node.ty)
-                })
-                .collect();
             let share = 100.0 * self.groups[g].as_secs_f64() / total.as_secs_f64().max(1e-12);
             let _ = writeln!(
                 out,
                 "//   {share:5.1}% {:9.3} ms  {}",
                 ms(self.groups[g]),
-                launches.join(", ")
+                self.labels[groups[g].clone()].join(", ")
             );
         }
         out
@@ -343,4 +346,80 @@ fn shared_operands(
         }
     }
     Ok(shares)
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_ir::pass::{Options, optimize};
+    use kiln_ir::{BinaryOp, DType, Graph, ReduceOp, Shape, UnaryOp};
+
+    use super::*;
+    use crate::Executable as _;
+
+    #[test]
+    fn a_profile_lists_its_groups_longest_first_with_their_shares() {
+        let ms = Duration::from_millis;
+        let profile = Profile {
+            runs: 2,
+            groups: vec![ms(2), ms(6)],
+            labels: ["@k0 %3 sum", "@k1 %5 elementwise", "@k2 %9 matmul"]
+                .map(String::from)
+                .to_vec(),
+        };
+        let text = profile.print("g", &[0..1, 1..3]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "// kiln: profile @g: 2 runs, 4.000 ms of launches per run",
+                "//    75.0%     3.000 ms  @k1 %5 elementwise, @k2 %9 matmul",
+                "//    25.0%     1.000 ms  @k0 %3 sum",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_profiled_executable_times_every_group_of_every_run() {
+        // exp(x), kept, and the column sums of exp(x) + x: two launches.
+        let mut g = Graph::new("g");
+        let x = g.input(TensorType::new(DType::F32, Shape::new(&[64, 300])));
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let r = g.push(Op::Binary(BinaryOp::Add), &[e, x]).unwrap();
+        let s = g
+            .push(
+                Op::Reduce {
+                    op: ReduceOp::Sum,
+                    axes: [0].into_iter().collect(),
+                },
+                &[r],
+            )
+            .unwrap();
+        g.outputs.extend([e, s]);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let options = BackendOptions {
+            dump_profile: true,
+            ..BackendOptions::default()
+        };
+        let mut exec = Executable::new(optimized, options).unwrap();
+        let input = vec![0.5f32; 64 * 300];
+        let mut outputs = [
+            Data::zeros(DType::F32, 64 * 300).unwrap(),
+            Data::zeros(DType::F32, 300).unwrap(),
+        ];
+        for _ in 0..3 {
+            let mut outs: Vec<&mut Data> = outputs.iter_mut().collect();
+            exec.run_donated(&mut [], &[DataRef::F32(&input)], &mut outs)
+                .unwrap();
+        }
+        let profile = exec.profile.as_ref().expect("profiled");
+        assert_eq!(profile.runs, 3);
+        assert_eq!(profile.labels.len(), exec.optimized.schedule.launches.len());
+        assert!(
+            profile.groups.iter().all(|d| !d.is_zero()),
+            "{:?}",
+            profile.groups
+        );
+        let text = profile.print("g", &exec.groups);
+        assert_eq!(text.lines().count(), 1 + exec.groups.len(), "{text}");
+    }
 }
