@@ -11,11 +11,9 @@ use std::sync::Arc;
 
 use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
-use kiln::nn::{
-    BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Mlp, Module, Relu, Sequential,
-};
+use kiln::nn::{Mlp, Module};
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{DType, Pool2d, Result, Tensor, TensorType};
+use kiln::{DType, Result, Tensor, TensorType};
 
 const BATCH: usize = 250;
 
@@ -116,20 +114,7 @@ fn an_mlp_learns_the_digits() -> Result<()> {
 #[test]
 fn a_cnn_learns_the_digits_in_an_epoch() -> Result<()> {
     let (mut loader, [test_images, test_labels]) = digits(100)?;
-    let pool = MaxPool2d(Pool2d::new([2, 2]));
-    let net = Sequential::new(vec![
-        Box::new(Conv2d::new(1, 16, [5, 5], 0)?),
-        Box::new(BatchNorm2d::new(16)?),
-        Box::new(Relu),
-        Box::new(pool),
-        Box::new(Conv2d::new(16, 32, [5, 5], 1)?),
-        Box::new(BatchNorm2d::new(32)?),
-        Box::new(Relu),
-        Box::new(pool),
-        Box::new(Flatten),
-        Box::new(Dropout::new(0.25, 3)?),
-        Box::new(Linear::new(32 * 4 * 4, 10, 2)?),
-    ]);
+    let net = kiln_support::digits_cnn::network()?;
     let images = |x: &Tensor| pixels(x)?.reshape([x.dims()[0], 1, 28, 28]);
     let adamw = AdamW::new(1e-3);
     let params: Vec<&Tensor> = net.parameters().into_iter().map(|(_, p)| p).collect();

@@ -7,11 +7,10 @@
 use std::sync::Arc;
 
 use kiln::data::{DataError, DataLoader, Dataset, LoaderOptions};
-use kiln::nn::{
-    BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Module, Relu, Sequential,
-};
+use kiln::nn::Module;
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{CompileOptions, CompiledStep, DType, Device, Pool2d, Result, Tensor, TensorType};
+use kiln::{CompileOptions, CompiledStep, DType, Device, Result, Tensor, TensorType};
+use kiln_support::digits_cnn;
 
 use crate::{Backend, max_rel_err, options, target, time};
 
@@ -87,34 +86,15 @@ fn mlp() -> Result<Case> {
     })
 }
 
-/// The CNN of `examples/train_cnn.rs`, by its `nn` modules, and of
-/// `cnn_anchor.py`: 5x5 convolutions to 16 and 32 channels, each with batch
-/// norm, ReLU and 2x2 max pooling, dropout of a quarter, and a linear layer
-/// to 10 classes, in training mode (each batch norm by the batch's
-/// statistics, moving its running ones; a new dropout mask each step).
-fn cnn_network() -> Result<Sequential> {
-    let pool = MaxPool2d(Pool2d::new([2, 2]));
-    Ok(Sequential::new(vec![
-        Box::new(Conv2d::new(1, 16, [5, 5], 0)?),
-        Box::new(BatchNorm2d::new(16)?),
-        Box::new(Relu),
-        Box::new(pool),
-        Box::new(Conv2d::new(16, 32, [5, 5], 1)?),
-        Box::new(BatchNorm2d::new(32)?),
-        Box::new(Relu),
-        Box::new(pool),
-        Box::new(Flatten),
-        Box::new(Dropout::new(0.25, 3)?),
-        Box::new(Linear::new(32 * 4 * 4, 10, 2)?),
-    ]))
-}
-
-/// `cnn_network` on a batch of 100, its weights drawn as the anchor's (the
+/// The CNN of `examples/train_cnn.rs` (`kiln_support::digits_cnn`) and of
+/// `cnn_anchor.py` in training mode (each batch norm by the batch's
+/// statistics, moving its running ones; a new dropout mask each step), on a
+/// batch of 100, its weights drawn as the anchor's (the
 /// biases are `nn`'s, the anchor's zeros: the same work either way). Its
 /// flops: each layer's products forward and for its weight's gradient, and
 /// for its input's gradient but the first's, 587 MFLOP.
 fn cnn() -> Result<Case> {
-    let net = cnn_network()?;
+    let net = digits_cnn::network()?;
     let params = (net.parameters().into_iter())
         .map(|(name, p)| match name.as_str() {
             "layers.0.weight" => he(&[16, 1, 5, 5], 25, 0),
@@ -135,7 +115,7 @@ fn cnn() -> Result<Case> {
         images,
         labels,
         loss: |p, b, x, y| {
-            let net = cnn_network()?.with_parameters(p)?.with_buffers(b)?;
+            let net = digits_cnn::network()?.with_parameters(p)?.with_buffers(b)?;
             let mut next = Vec::new();
             let h = pixels(x)?.reshape([100, 1, 28, 28])?;
             let logits = net.forward_train(&h, &mut next)?;

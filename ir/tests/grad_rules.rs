@@ -56,22 +56,24 @@ fn op(g: &mut Graph, op: Op, inputs: &[NodeId]) -> NodeId {
     g.push(op, inputs).expect("well typed")
 }
 
+/// The max of `x` over `axes`.
+fn max(g: &mut Graph, x: NodeId, axes: &[usize]) -> NodeId {
+    let axes = SmallVec::from_slice(axes);
+    op(
+        g,
+        Op::Reduce {
+            op: ReduceOp::Max,
+            axes,
+        },
+        &[x],
+    )
+}
+
 #[test]
 fn max_reductions_split_ties_evenly_and_give_nan_rows_nan() {
     let nan = f32::NAN;
     let max_over = |axes: &[usize], x: &[f32]| {
-        gradients_of_sum(&[(&[2, 5], x)], |g, ids| {
-            let axes = SmallVec::from_slice(axes);
-            op(
-                g,
-                Op::Reduce {
-                    op: ReduceOp::Max,
-                    axes,
-                },
-                &[ids[0]],
-            )
-        })
-        .remove(0)
+        gradients_of_sum(&[(&[2, 5], x)], |g, ids| max(g, ids[0], axes)).remove(0)
     };
     // Row 0: a three-way tie; row 1: its max is NaN, so nothing equals it
     // and its gradient is NaN, as JAX's and PyTorch's.
@@ -89,19 +91,8 @@ fn max_reductions_split_ties_evenly_and_give_nan_rows_nan() {
     );
     // Both maxima of the same values in one loss: their gradients add up.
     let both = gradients_of_sum(&[(&[2, 5], &x)], |g, ids| {
-        let max = |g: &mut Graph, axes: &[usize]| {
-            let axes = SmallVec::from_slice(axes);
-            op(
-                g,
-                Op::Reduce {
-                    op: ReduceOp::Max,
-                    axes,
-                },
-                &[ids[0]],
-            )
-        };
-        let rows = max(g, &[1]);
-        let all = max(g, &[0, 1]);
+        let rows = max(g, ids[0], &[1]);
+        let all = max(g, ids[0], &[0, 1]);
         let all = op(g, Op::Expand(Shape::new(&[2, 1])), &[all]);
         op(g, Op::Binary(BinaryOp::Add), &[rows, all])
     });

@@ -2,8 +2,10 @@
 //! crate so that each target imports it instead of including its source:
 //! random graphs for the property tests, central finite differences for the
 //! gradient tests, the workloads of benches/README.md, the data bench's
-//! MLP epoch, and a tensor's values whatever their dtype (`data`).
+//! MLP epoch, the CNN example's network, and a tensor's values whatever
+//! their dtype (`data`).
 
+pub mod digits_cnn;
 pub mod gradcheck;
 pub mod mlp_epoch;
 pub mod random_graph;
