@@ -203,3 +203,32 @@ fn windows_and_layers_match_differences_to_second_order() {
 fn windows_and_layers_in_f64_match_differences_to_second_order() {
     check_cases(DType::F64);
 }
+
+#[test]
+fn a_weights_gradient_over_a_batch_is_one_product() -> Result<()> {
+    // x [16, 64, 64] @ w [64, 80]: the weight's gradient, `sum_b x[b]^T @
+    // dy[b]`, is one product of depth 16 * 64 (`sum-of-products`), against
+    // the definition in f64.
+    let (b, t, d, o) = (16, 64, 64, 80);
+    let x = Tensor::randn([b, t, d], 40)?;
+    let w = Tensor::randn([d, o], 41)?;
+    let r = Tensor::randn([b, t, o], 42)?;
+    let loss = x.matmul(&w)?.mul(&r)?.sum_all()?;
+    let dw = kiln::grad(&loss, &[&w])?.remove(0);
+    let text = kiln::explain("dw", &[&dw], kiln::Options::default())?;
+    assert!(text.contains("sum-of-products x1"), "{text}");
+    let (xs, rs) = (x.to_vec::<f32>()?, r.to_vec::<f32>()?);
+    let got = dw.to_vec::<f32>()?;
+    for (i, g) in got.iter().enumerate() {
+        let (row, col) = (i / o, i % o);
+        let want: f64 = (0..b * t)
+            .map(|p| f64::from(xs[p * d + row]) * f64::from(rs[p * o + col]))
+            .sum();
+        let tolerance = 1e-5 * (b * t) as f64;
+        assert!(
+            (f64::from(*g) - want).abs() <= tolerance,
+            "dw[{i}]: {g} against {want}"
+        );
+    }
+    Ok(())
+}

@@ -3,15 +3,16 @@
 //!
 //! `x + 0.0` is not among them: for `x = -0.0` it gives `+0.0`. The float
 //! identity is `x + (-0.0) = x` (and `x - 0.0 = x`), which is what the rules use.
+//! One rule reassociates a sum (`sum-of-products`), as `split-reduce` does.
 
 use smallvec::SmallVec;
 
 use super::{Rewrite, Rule};
-use crate::elementwise::{BinaryOp, UnaryOp};
+use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::graph::{Graph, Node, NodeId};
 use crate::interp;
 use crate::op::Op;
-use crate::types::{Scalar, Shape, TensorType};
+use crate::types::{DType, Scalar, Shape, TensorType};
 
 /// The rules, tried in order on every node.
 const RULES: &[Rule] = &[
@@ -59,6 +60,10 @@ const RULES: &[Rule] = &[
         name: "view-noop",
         apply: view_noop,
     }, // reshape/permute/expand that changes nothing -> x
+    Rule {
+        name: "sum-of-products",
+        apply: sum_of_products,
+    }, // sum over the batch of a @ b -> one product over the batch
 ];
 
 /// Runs the rules to a fixpoint on every node, then drops the nodes the
@@ -225,4 +230,57 @@ fn view_noop(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Opti
         _ => false,
     };
     noop.then_some(Rewrite::To(inputs[0]))
+}
+
+/// Batched products of fewer elements than this stay as they are, summed.
+const MIN_PRODUCTS: usize = 1 << 16;
+
+/// A sum over batch axes of a batched product, every batch axis it leaves
+/// of size 1, as one product over the batch: `sum_i a[i] @ b[i]` is `[a[0]
+/// .. a[S-1]] @ [b[0]; ..; b[S-1]]`, the batch merged into the depth. One
+/// GEMM of depth `S * K` in place of `S` products and a pass over their
+/// sum: the gradient of a weight broadcast over a batch (a convolution's
+/// over its images, a linear layer's on 3-axis input). Floats only: one
+/// accumulator sums the same terms in another order, so the result
+/// differs from the reference's by rounding only, as `split-reduce`'s sums
+/// do; and only where the batched product is large enough for the pass
+/// over it to matter.
+fn sum_of_products(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<Rewrite> {
+    let Op::Reduce {
+        op: ReduceOp::Sum,
+        axes,
+    } = op
+    else {
+        return None;
+    };
+    let product = operand(g, inputs)?;
+    if !matches!(product.op, Op::MatMul) || !matches!(product.ty.dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    let dims = product.ty.shape.dims().to_vec();
+    let (a, b) = (product.inputs[0], product.inputs[1]);
+    let batch = dims.len() - 2;
+    let summed = |axis: usize| axes.contains(&axis);
+    if axes.is_empty()
+        || product.ty.shape.numel() < MIN_PRODUCTS
+        || axes.iter().any(|&axis| axis >= batch)
+        || (0..batch).any(|x| !summed(x) && dims[x] != 1)
+    {
+        return None;
+    }
+    let (m, n) = (dims[batch], dims[batch + 1]);
+    let depth = dims[..batch].iter().product::<usize>() * g.node(a).ty.shape.dims()[batch + 1];
+    // a: [batch.., m, k] -> [m, batch.., k] -> [m, batch * k], its rows in
+    // the order of b's: [batch.., k, n] -> [batch * k, n].
+    let mut to_rows: SmallVec<[usize; 4]> = SmallVec::from_slice(&[batch]);
+    to_rows.extend(0..batch);
+    to_rows.push(batch + 1);
+    let a = g.push(Op::Permute(to_rows), &[a]).ok()?;
+    let a = g.push(Op::Reshape(Shape::new(&[m, depth])), &[a]).ok()?;
+    let b = g.push(Op::Reshape(Shape::new(&[depth, n])), &[b]).ok()?;
+    let c = g.push(Op::MatMul, &[a, b]).ok()?;
+    Some(Rewrite::Node(
+        Op::Reshape(ty.shape.clone()),
+        SmallVec::from_slice(&[c]),
+    ))
 }
