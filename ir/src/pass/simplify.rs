@@ -60,17 +60,18 @@ const RULES: &[Rule] = &[
         name: "view-noop",
         apply: view_noop,
     }, // reshape/permute/expand that changes nothing -> x
-    Rule {
-        name: "sum-of-products",
-        apply: sum_of_products,
-    }, // sum over the batch of a @ b -> one product over the batch
 ];
 
 /// Runs the rules to a fixpoint on every node, then drops the nodes the
-/// rewrites left unread.
+/// rewrites left unread; then `sum-of-products`, which needs each node's
+/// readers, as a rule does not see them.
 pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
-    let (rewritten, notes) = super::rewrite(graph, "simplify", RULES);
-    (super::dce::run(&rewritten), notes)
+    let (rewritten, mut notes) = super::rewrite(graph, "simplify", RULES);
+    let (merged, fired) = sums_of_products(&super::dce::run(&rewritten));
+    if fired > 0 {
+        notes.push(format!("simplify: sum-of-products x{fired}"));
+    }
+    (super::dce::run(&merged), notes)
 }
 
 /// The value of a node that is a constant everywhere: a `Const` or a
@@ -235,17 +236,47 @@ fn view_noop(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Opti
 /// Batched products of fewer elements than this stay as they are, summed.
 const MIN_PRODUCTS: usize = 1 << 16;
 
+/// Merged products with fewer outputs than this stay batched: the GEMM
+/// shares a product among threads by its outputs, never along its depth,
+/// so a long thin product would run on one thread where the batch ran on
+/// all.
+const MIN_OUTPUTS: usize = 1 << 12;
+
+/// `graph` with every sum over the batch of a batched product that nothing
+/// else reads as one product (`sum_of_products`), and how many there were.
+fn sums_of_products(graph: &Graph) -> (Graph, usize) {
+    let mut readers = vec![0usize; graph.nodes.len()];
+    for id in graph
+        .nodes
+        .iter()
+        .flat_map(|n| &n.inputs)
+        .chain(&graph.outputs)
+    {
+        readers[id.index()] += 1;
+    }
+    let mut fired = 0;
+    let merged = super::rebuild(graph, |g, node, inputs| {
+        let alone = node.inputs.first().is_some_and(|p| readers[p.index()] == 1);
+        if alone && let Some(id) = sum_of_products(g, &node.op, &inputs, &node.ty) {
+            fired += 1;
+            return id;
+        }
+        g.push_typed(node.op.clone(), inputs, node.ty.clone())
+    });
+    (merged, fired)
+}
+
 /// A sum over batch axes of a batched product, every batch axis it leaves
 /// of size 1, as one product over the batch: `sum_i a[i] @ b[i]` is `[a[0]
 /// .. a[S-1]] @ [b[0]; ..; b[S-1]]`, the batch merged into the depth. One
 /// GEMM of depth `S * K` in place of `S` products and a pass over their
 /// sum: the gradient of a weight broadcast over a batch (a convolution's
-/// over its images, a linear layer's on 3-axis input). Floats only: one
-/// accumulator sums the same terms in another order, so the result
-/// differs from the reference's by rounding only, as `split-reduce`'s sums
-/// do; and only where the batched product is large enough for the pass
-/// over it to matter.
-fn sum_of_products(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<Rewrite> {
+/// over its images, a linear layer's on 3-axis input). f32 only (halves,
+/// not yet widened here, round each product): one accumulator sums the
+/// same terms in another order, so the result differs from the reference's
+/// by rounding only, as `split-reduce`'s sums do; and only where the
+/// batched product is large enough for the pass over it to matter.
+fn sum_of_products(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<NodeId> {
     let Op::Reduce {
         op: ReduceOp::Sum,
         axes,
@@ -254,21 +285,22 @@ fn sum_of_products(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -
         return None;
     };
     let product = operand(g, inputs)?;
-    if !matches!(product.op, Op::MatMul) || !matches!(product.ty.dtype, DType::F32 | DType::F64) {
+    if !matches!(product.op, Op::MatMul) || product.ty.dtype != DType::F32 {
         return None;
     }
     let dims = product.ty.shape.dims().to_vec();
     let (a, b) = (product.inputs[0], product.inputs[1]);
     let batch = dims.len() - 2;
     let summed = |axis: usize| axes.contains(&axis);
+    let (m, n) = (dims[batch], dims[batch + 1]);
     if axes.is_empty()
         || product.ty.shape.numel() < MIN_PRODUCTS
+        || m * n < MIN_OUTPUTS
         || axes.iter().any(|&axis| axis >= batch)
         || (0..batch).any(|x| !summed(x) && dims[x] != 1)
     {
         return None;
     }
-    let (m, n) = (dims[batch], dims[batch + 1]);
     let depth = dims[..batch].iter().product::<usize>() * g.node(a).ty.shape.dims()[batch + 1];
     // a: [batch.., m, k] -> [m, batch.., k] -> [m, batch * k], its rows in
     // the order of b's: [batch.., k, n] -> [batch * k, n].
@@ -279,8 +311,5 @@ fn sum_of_products(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -
     let a = g.push(Op::Reshape(Shape::new(&[m, depth])), &[a]).ok()?;
     let b = g.push(Op::Reshape(Shape::new(&[depth, n])), &[b]).ok()?;
     let c = g.push(Op::MatMul, &[a, b]).ok()?;
-    Some(Rewrite::Node(
-        Op::Reshape(ty.shape.clone()),
-        SmallVec::from_slice(&[c]),
-    ))
+    g.push(Op::Reshape(ty.shape.clone()), &[c]).ok()
 }

@@ -69,7 +69,7 @@ unsafe fn exp_sum<const STORE: bool>(
     let mut sums = [_mm256_setzero_ps(); 4];
     // Lanes below -104 (masked scores: -inf, -1e9) are 0 by the fast path
     // once a lane of the row has left it: `exp8` would take the slow path
-    // for them, in every other vector of a masked row, and the branch,
+    // for them, in every later vector of a masked row, and the branch,
     // mispredicted there, cost masked softmax 5x (`benches/RESULTS-cpu.md`).
     // Rows that never leave it keep the cheaper test.
     let mut masked = false;
@@ -143,7 +143,8 @@ fn splat(v: f32) -> __m256 {
 /// fast path, or where a lane lies beyond |x| = 87 (or is NaN),
 /// `Math::exp_anywhere` for all eight, which gives the fast path's bits on
 /// the lanes within. With `TINY`, lanes below -104 are 0 by the fast path
-/// (`exp_anywhere` gives them 0 too) and only the others take the slow one.
+/// (`exp_anywhere` gives them 0 too), and a vector takes the slow path (all
+/// eight lanes) only where a lane not below -104 lies beyond.
 #[target_feature(enable = "avx2,fma")]
 fn exp8<const TINY: bool>(x: __m256) -> (__m256, bool) {
     let (shifted, e) = parts(x);

@@ -403,4 +403,55 @@ mod tests {
         }
         assert!(worst.0 <= 2e-7, "exp: error {:e} at {:e}", worst.0, worst.1);
     }
+
+    /// Rows that switch the row function to its second test (a lane beyond
+    /// the fast path), then hold every kind of value after it: the same
+    /// bits as the generated exp of `x - shift`, at every length and for a
+    /// shift of 0 and another.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_row_exp_keeps_its_bits_after_a_lane_leaves_the_fast_path() {
+        if !rows::available() {
+            eprintln!("skipped: this CPU lacks AVX2 or FMA");
+            return;
+        }
+        let kinds = [
+            f32::NEG_INFINITY,
+            -1e9,
+            -104.0,
+            -104.000_01,
+            -103.98,
+            -87.5,
+            -20.0,
+            0.0,
+            1.5,
+            88.0,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        for shift in [0.0f32, 3.25] {
+            for len in [9, 16, 23, 40, 67] {
+                for first in 0..kinds.len() {
+                    // A masked lane first, then the kinds in turn.
+                    let row: Vec<f32> = (0..len)
+                        .map(|j| match j {
+                            0 => -1e9,
+                            _ => kinds[(first + j) % kinds.len()],
+                        })
+                        .collect();
+                    let shifted: Vec<f32> = row.iter().map(|&x| x - shift).collect();
+                    let want = generated_exp(&shifted);
+                    let mut got = vec![0.0f32; len];
+                    rows::exp_sum(&row, shift, Some(&mut got)).unwrap();
+                    for (j, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                            "exp({:e} - {shift}) at {j} of {len}: {g:e}, generated {w:e}",
+                            row[j]
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
