@@ -31,16 +31,7 @@ pub(crate) fn run(graph: &Graph) -> Graph {
         readers: Vec::new(),
     };
     folder.g.inputs = graph.inputs.clone();
-    // How many times each node is read, outputs counted as readers.
-    let mut readers = vec![0usize; graph.nodes.len()];
-    for id in graph
-        .nodes
-        .iter()
-        .flat_map(|n| &n.inputs)
-        .chain(&graph.outputs)
-    {
-        readers[id.index()] += 1;
-    }
+    let readers = super::readers(graph);
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     for (i, node) in graph.nodes.iter().enumerate() {
         let inputs: SmallVec<[NodeId; 2]> = node.inputs.iter().map(|id| map[id.index()]).collect();

@@ -204,6 +204,21 @@ pub(crate) fn rewrite_with(
     (out, notes)
 }
 
+/// How many times each node of `graph` is read, by arena position, its
+/// outputs counted as readers.
+pub(crate) fn readers(graph: &Graph) -> Vec<usize> {
+    let mut readers = vec![0usize; graph.nodes.len()];
+    for id in graph
+        .nodes
+        .iter()
+        .flat_map(|n| &n.inputs)
+        .chain(&graph.outputs)
+    {
+        readers[id.index()] += 1;
+    }
+    readers
+}
+
 /// A new graph with the same name and inputs, built front to back: `f` gets
 /// each node with its operands already mapped and returns the node that
 /// stands for it. Inputs are copied as they are.

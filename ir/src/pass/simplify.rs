@@ -245,15 +245,7 @@ const MIN_OUTPUTS: usize = 1 << 12;
 /// `graph` with every sum over the batch of a batched product that nothing
 /// else reads as one product (`sum_of_products`), and how many there were.
 fn sums_of_products(graph: &Graph) -> (Graph, usize) {
-    let mut readers = vec![0usize; graph.nodes.len()];
-    for id in graph
-        .nodes
-        .iter()
-        .flat_map(|n| &n.inputs)
-        .chain(&graph.outputs)
-    {
-        readers[id.index()] += 1;
-    }
+    let readers = super::readers(graph);
     let mut fired = 0;
     let merged = super::rebuild(graph, |g, node, inputs| {
         let alone = node.inputs.first().is_some_and(|p| readers[p.index()] == 1);
