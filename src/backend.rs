@@ -113,8 +113,7 @@ pub(crate) fn with_realized(
 ) -> Result<()> {
     // A stage's dump compiles anew each time, to print it; a profile does
     // not need that.
-    let dumping =
-        std::env::var("KILN_DUMP").is_ok_and(|v| v.split(',').any(|s| s.trim() != "profile"));
+    let dumping = dump_names(|name| name != "profile");
     // Taken out while it runs: a thread realizing the same graph meanwhile
     // compiles its own.
     let cached = (!dumping).then(|| realized().take(device, graph)).flatten();
@@ -191,11 +190,15 @@ fn optimize_with_dumps(graph: &Graph, options: Options) -> Result<Optimized> {
 
 /// Whether `KILN_DUMP` names `profile`: by name only, `all` prints stages.
 fn profile_requested() -> bool {
-    std::env::var("KILN_DUMP").is_ok_and(|v| v.split(',').any(|s| s.trim() == "profile"))
+    dump_names(|name| name == "profile")
 }
 
 /// Whether `KILN_DUMP` (a comma-separated list of stages, or `all`) names `stage`.
 fn dump_requested(stage: &str) -> bool {
-    std::env::var("KILN_DUMP")
-        .is_ok_and(|v| v.split(',').any(|s| s.trim() == stage || s.trim() == "all"))
+    dump_names(|name| name == stage || name == "all")
+}
+
+/// Whether a name `KILN_DUMP` lists (comma-separated) is one `wanted` takes.
+fn dump_names(wanted: impl Fn(&str) -> bool) -> bool {
+    std::env::var("KILN_DUMP").is_ok_and(|v| v.split(',').any(|s| wanted(s.trim())))
 }

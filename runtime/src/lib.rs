@@ -168,13 +168,13 @@ impl std::fmt::Display for Role {
     }
 }
 
-/// A kernel as errors name it: its kind and what it writes
-/// (`reduce kernel of f32[64,10]`).
+/// A kernel as errors and profiles name it: its kind (a reduction by its
+/// op) and what it writes (`sum kernel of f32[64,10]`).
 pub fn label(kernel: &kiln_ir::kernel::Kernel) -> String {
     use kiln_ir::kernel::KernelKind;
     let kind = match kernel.kind {
         KernelKind::Elementwise => "elementwise",
-        KernelKind::Reduce { .. } => "reduce",
+        KernelKind::Reduce { op, .. } => op.name(),
         KernelKind::Scatter { .. } => "scatter",
         KernelKind::MatMul { .. } => "matmul",
     };

@@ -7,7 +7,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_ir::kernel::KernelKind;
 use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, Op, TensorType};
 
@@ -65,8 +64,7 @@ impl Executable {
         let mut labels = Vec::new();
         let number = options.dump_profile.then(|| optimized.graph.numbering());
         for (k, launch) in optimized.schedule.launches.iter().enumerate() {
-            let node = optimized.graph.node(launch.node);
-            let Op::Kernel(kernel) = &node.op else {
+            let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
                 return Err(crate::launch(
                     optimized.graph.name.as_str(),
                     format!("launch {k} is not a kernel"),
@@ -74,14 +72,8 @@ impl Executable {
             };
             kernels.push(compile(kernel, &format!("@k{k}"), options.dump_code)?);
             if let Some(number) = &number {
-                let kind = match &kernel.kind {
-                    KernelKind::Elementwise => "elementwise",
-                    KernelKind::Reduce { op, .. } => op.name(),
-                    KernelKind::Scatter { .. } => "scatter",
-                    KernelKind::MatMul { .. } => "matmul",
-                };
                 let at = number[launch.node.index()];
-                labels.push(format!("@k{k} %{at} {kind} : {}", node.ty));
+                labels.push(format!("@k{k} %{at} {}", crate::label(kernel)));
             }
         }
         // Graph outputs are written straight into the caller's buffers: a
@@ -261,7 +253,7 @@ impl Profile {
     /// Each group's time per run and share, the longest first, its launches
     /// named as `KILN_DUMP=code` names their kernels (`@k3`) and by their
     /// nodes in the graph the executable runs (the last `KILN_DUMP=all`
-    /// prints), with their kind and type.
+    /// prints), with their kind and output (`crate::label`).
     fn print(&self, graph: &str, groups: &[Range<usize>]) -> String {
         let total: Duration = self.groups.iter().sum();
         let ms = |d: Duration| d.as_secs_f64() * 1e3 / self.runs as f64;
@@ -362,9 +354,13 @@ mod tests {
         let profile = Profile {
             runs: 2,
             groups: vec![ms(2), ms(6)],
-            labels: ["@k0 %3 sum", "@k1 %5 elementwise", "@k2 %9 matmul"]
-                .map(String::from)
-                .to_vec(),
+            labels: [
+                "@k0 %3 sum kernel",
+                "@k1 %5 elementwise kernel",
+                "@k2 %9 matmul kernel",
+            ]
+            .map(String::from)
+            .to_vec(),
         };
         let text = profile.print("g", &[0..1, 1..3]);
         let lines: Vec<&str> = text.lines().collect();
@@ -372,8 +368,8 @@ mod tests {
             lines,
             [
                 "// kiln: profile @g: 2 runs, 4.000 ms of launches per run",
-                "//    75.0%     3.000 ms  @k1 %5 elementwise, @k2 %9 matmul",
-                "//    25.0%     1.000 ms  @k0 %3 sum",
+                "//    75.0%     3.000 ms  @k1 %5 elementwise kernel, @k2 %9 matmul kernel",
+                "//    25.0%     1.000 ms  @k0 %3 sum kernel",
             ]
         );
     }
