@@ -61,15 +61,23 @@ impl Tensor {
             Some(bias) => scores.add(&bias)?,
             None => scores,
         };
-        // Rows whose every score is -inf weigh nothing; their softmax runs
-        // on zeros, so that neither it nor its gradient is NaN.
-        let hidden = scores
-            .max(&[-1], true)?
-            .detach()?
-            .eq(&Tensor::scalar(Scalar::F64(f64::NEG_INFINITY).cast(dtype)))?;
-        let zero = Tensor::scalar(Scalar::I32(0).cast(dtype));
-        let safe = hidden.where_cond(&zero, &scores)?;
-        let weights = hidden.where_cond(&zero, &safe.softmax(-1)?)?;
+        // A query whose every score is -inf weighs no value: its softmax's
+        // shift is 0 where its max is -inf, and its sum 1 where it is 0, so
+        // that neither the weights nor their gradient is NaN. 16-bit scores
+        // are weighed in f32, as `softmax` does.
+        let weights = scores.in_f32(|x| {
+            let dtype = x.dtype();
+            let [zero, one] = [0, 1].map(|c| Scalar::I32(c).cast(dtype));
+            let neg_inf = Scalar::F64(f64::NEG_INFINITY).cast(dtype);
+            let guard = |x: &Tensor, when: Scalar, then: Scalar| {
+                x.eq(&Tensor::scalar(when))?
+                    .where_cond(&Tensor::scalar(then), x)
+            };
+            let shift = guard(&x.max(&[-1], true)?.detach()?, neg_inf, zero)?;
+            let e = x.sub(&shift)?.exp()?;
+            let sum = guard(&e.sum(&[-1], true)?, zero, one)?;
+            e.mul(&sum.recip()?)
+        })?;
         weights.matmul(value)
     }
 }

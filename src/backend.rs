@@ -77,6 +77,7 @@ pub(crate) fn compile_graph(
     let facts = Options {
         parallel: backend.parallel(),
         products_apart: backend.products_apart(),
+        attention: backend.attention(),
         ..options.optimizer
     };
     let mut optimized = optimize_with_dumps(graph, facts)?;

@@ -280,6 +280,13 @@ fn rule(
             let rule = gather::scatter_add_rule(g, (*axis, *len), x(0), x(1), dy)?;
             smallvec![Some(rule), None]
         }
+        // Found by the optimizer, after gradients are taken.
+        Op::Attention(_) => {
+            return Err(Error::Malformed {
+                op: "grad",
+                message: format!("node {y} is an attention: differentiate the ops it stands for"),
+            });
+        }
         // `grad` checked on entry that the graph holds graph ops only.
         Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => {
             return Err(Error::Verify {

@@ -151,6 +151,11 @@ pub fn eval(graph: &Graph, inputs: &[&Data]) -> Result<Vec<Data>, Error> {
                 })
             }
             Op::ScatterAdd { axis, len } => scatter_add(arg(0), arg(1), arg_shape(0), *axis, *len),
+            Op::Attention(a) => {
+                let args: SmallVec<[&Data; 4]> = (0..node.inputs.len()).map(arg).collect();
+                let shapes: SmallVec<[&Shape; 4]> = (0..node.inputs.len()).map(arg_shape).collect();
+                a.evaluate(&args, &shapes)
+            }
             Op::View(view) => materialize(arg(0), view),
             Op::Kernel(k) => {
                 let args: Vec<&Data> = node.inputs.iter().map(|id| &values[id.index()]).collect();
@@ -212,7 +217,7 @@ fn num(x: Scalar) -> Num {
     }
 }
 
-fn unary(op: UnaryOp, x: Scalar) -> Scalar {
+pub(crate) fn unary(op: UnaryOp, x: Scalar) -> Scalar {
     if op == UnaryOp::Detach {
         return x;
     }
@@ -256,7 +261,7 @@ fn unary(op: UnaryOp, x: Scalar) -> Scalar {
     cast_f64(r, dtype)
 }
 
-fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
+pub(crate) fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
     let dtype = a.dtype();
     match (num(a), num(b)) {
         // Typing admits i32 operands only.
@@ -354,7 +359,7 @@ fn compare<T: PartialOrd>(op: BinaryOp, x: T, y: T) -> bool {
 /// f64 for floats and i64 for integers, then rounds or wraps once (an i64
 /// product wraps modulo 2^64, so narrower integers come out as their own
 /// wrapping products).
-fn reduce(
+pub(crate) fn reduce(
     op: ReduceOp,
     axes: &[usize],
     x: &Data,
@@ -410,7 +415,13 @@ fn reduce(
 }
 
 /// `[.., m, k] @ [.., k, n]` over equal batch dims, accumulating in f64.
-fn matmul(a: &Data, b: &Data, ls: &Shape, rs: &Shape, out: &Shape) -> Result<Data, OutOfMemory> {
+pub(crate) fn matmul(
+    a: &Data,
+    b: &Data,
+    ls: &Shape,
+    rs: &Shape,
+    out: &Shape,
+) -> Result<Data, OutOfMemory> {
     let r = ls.rank();
     let (m, k, n) = (ls.dims()[r - 2], ls.dims()[r - 1], rs.dims()[r - 1]);
     Data::from_fn(DType::F32, out.numel(), |i| {
@@ -467,7 +478,7 @@ fn index_value(i: Scalar) -> i64 {
 }
 
 /// The elements `view` presents, densely.
-fn materialize(x: &Data, view: &View) -> Result<Data, OutOfMemory> {
+pub(crate) fn materialize(x: &Data, view: &View) -> Result<Data, OutOfMemory> {
     Data::from_fn(x.dtype(), view.shape.numel(), |i| {
         read(x, view, &unravel(i, &view.shape))
     })
@@ -535,6 +546,17 @@ fn kernel(k: &Kernel, args: &[&Data]) -> Result<Vec<Data>, OutOfMemory> {
                 acc.get(flat)
             };
             body(&at)
+        }
+        KernelKind::Attention { op, operands } => {
+            let values = operands
+                .iter()
+                .map(|(input, view)| materialize(args[*input as usize], view))
+                .collect::<Result<Vec<Data>, _>>()?;
+            let shapes: Vec<&Shape> = operands.iter().map(|(_, view)| &view.shape).collect();
+            let values: Vec<&Data> = values.iter().collect();
+            let result = op.evaluate(&values, &shapes)?;
+            let strides = space.strides();
+            body(&|coords| result.get(dot(coords, &strides)))
         }
         KernelKind::MatMul { a, b } => {
             let operand = |o: &Operand| match o {

@@ -38,6 +38,7 @@
 use smallvec::SmallVec;
 
 use crate::Error;
+use crate::attention::Attention;
 use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp, infer_matmul, infer_where};
 use crate::types::{DType, Scalar, Shape, TensorType};
 use crate::view::View;
@@ -100,6 +101,15 @@ pub enum KernelKind {
         prologue: Block,
         /// The value of `prologue` that indexes `axis`.
         index: u32,
+    },
+    /// `Op::Attention` over kernel inputs read through unmasked views:
+    /// the queries, keys, values and the bias where there is one, in that
+    /// order. The body reads its result as `acc`, at the output's index.
+    Attention {
+        /// What it computes besides its products.
+        op: Attention,
+        /// Each operand: the kernel input it reads, and how.
+        operands: SmallVec<[(u32, View); 4]>,
     },
     /// `a [.., m, k] @ b [.., k, n]`, f32.
     MatMul {
@@ -374,7 +384,10 @@ impl Kernel {
                 .filter(|o| matches!(o, Operand::Computed { .. }))
                 .map(|o| o.shape().numel() * DType::F32.size())
                 .sum(),
-            KernelKind::Elementwise | KernelKind::Reduce { .. } | KernelKind::Scatter { .. } => 0,
+            KernelKind::Elementwise
+            | KernelKind::Reduce { .. }
+            | KernelKind::Scatter { .. }
+            | KernelKind::Attention { .. } => 0,
         }
     }
 
@@ -444,6 +457,28 @@ impl Kernel {
                     return Err("a scatter's body is acc alone".to_string());
                 }
                 Some(prologue.dtype().unwrap_or(DType::F32))
+            }
+            KernelKind::Attention { op, operands } => {
+                let mut types = Vec::with_capacity(operands.len());
+                for (input, view) in operands {
+                    let ty = self.inputs.get(*input as usize).ok_or_else(|| {
+                        format!("attention reads input {input}, which is not declared")
+                    })?;
+                    if view.mask.is_some() {
+                        return Err("an attention operand view is padded".to_string());
+                    }
+                    view.check(ty, &view.shape)?;
+                    types.push(TensorType::new(ty.dtype, view.shape.clone()));
+                }
+                let types: Vec<&TensorType> = types.iter().collect();
+                if types.len() != op.arity() {
+                    return Err(format!("an attention of {} operands", types.len()));
+                }
+                let result = op.infer(&types).map_err(|e| e.to_string())?;
+                if result.shape != self.out.shape {
+                    return Err(format!("an attention of {result} writes {}", self.out));
+                }
+                Some(DType::F32)
             }
             KernelKind::MatMul { a, b } => {
                 let types: Vec<TensorType> = [a, b]

@@ -6,6 +6,7 @@
 //! This crate has no `unsafe` and links no system library: a graph can be
 //! built, printed, checked and evaluated anywhere.
 
+pub mod attention;
 mod data;
 pub mod elementwise;
 mod error;

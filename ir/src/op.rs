@@ -37,6 +37,7 @@
 use smallvec::SmallVec;
 
 use crate::Error;
+pub use crate::attention::Attention;
 pub use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::elementwise::{infer_matmul, infer_where};
 use crate::kernel::Kernel;
@@ -132,6 +133,10 @@ pub enum Op {
         /// The output's length along `axis`.
         len: usize,
     },
+    /// `softmax(q kᵀ · scale + bias) v` as one op: the ops it stands for,
+    /// found by the `attention` pass where the target runs them as one
+    /// kernel (see `attention`).
+    Attention(Attention),
     // The post-fusion layer, produced by the passes.
     /// A chain of movement ops folded into one index map (`fold-views`).
     View(View),
@@ -170,7 +175,8 @@ impl Op {
             | Op::Reduce { .. }
             | Op::MatMul
             | Op::Gather { .. }
-            | Op::ScatterAdd { .. } => OpLayer::Graph,
+            | Op::ScatterAdd { .. }
+            | Op::Attention(_) => OpLayer::Graph,
             Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => OpLayer::Fused,
         }
     }
@@ -194,6 +200,7 @@ impl Op {
             Op::MatMul => "matmul",
             Op::Gather { .. } => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
+            Op::Attention(_) => "attention",
             Op::View(_) => "view",
             Op::Kernel(_) => "kernel",
             Op::SideOutput(_) => "side_output",
@@ -218,6 +225,7 @@ impl Op {
             Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::ScatterAdd { .. } => 2,
             Op::Where => 3,
             Op::Kernel(k) => k.inputs.len(),
+            Op::Attention(a) => a.arity(),
         }
     }
 
@@ -378,6 +386,7 @@ impl Op {
                     .map_err(|message| Error::Malformed { op, message })?;
                 Ok(TensorType::new(args[0].dtype, view.shape.clone()))
             }
+            Op::Attention(a) => a.infer(args),
             Op::Kernel(kernel) => kernel.check(args),
             // `verify` types it from the kernel node it reads.
             Op::SideOutput(_) => Err(Error::Malformed {

@@ -54,7 +54,7 @@ fn block_values(op: &Op) -> usize {
                         Operand::Read { .. } | Operand::Merged { .. } => 0,
                     })
                     .sum(),
-                KernelKind::Elementwise => 0,
+                KernelKind::Elementwise | KernelKind::Attention { .. } => 0,
             };
             prologue + k.body.values.len()
         }
@@ -135,6 +135,7 @@ impl fmt::Display for Graph {
                 Op::Reduce { axes, .. } => write!(line, " axes {}", compact(axes))?,
                 Op::Gather { axis } => write!(line, " axis {axis}")?,
                 Op::ScatterAdd { axis, len } => write!(line, " axis {axis} len {len}")?,
+                Op::Attention(a) => write!(line, "{a}")?,
                 Op::View(view) => write!(line, " {view}")?,
                 Op::SideOutput(k) => write!(line, " {k}")?,
                 Op::Kernel(k) => {
@@ -211,6 +212,17 @@ fn print_kernel(
             let result = print_block(f, prologue, shape, operands, next)?;
             writeln!(f, "    add %{result} at %{}", next + *index as usize)?;
             next += prologue.values.len();
+        }
+        KernelKind::Attention {
+            op,
+            operands: reads,
+        } => {
+            writeln!(f, "{line} attention{op} ({args}) : {} {{", k.out)?;
+            for (name, (input, view)) in ["q", "k", "v", "bias"].iter().zip(reads) {
+                let source = operands.get(*input as usize).map_or("%?", |s| s);
+                let shape = compact(view.shape.dims());
+                writeln!(f, "    {name} = {source} {shape} {view}")?;
+            }
         }
         KernelKind::MatMul { a, b } => {
             writeln!(f, "{line} matmul ({args}) : {} {{", k.out)?;

@@ -1,6 +1,8 @@
 //! kiln-machine: the machine kernels of kiln's CPU backend, behind a safe,
 //! slice-based API.
 //!
+//! - `attention`: `softmax(q kᵀ · scale + bias) v` a block of queries at a
+//!   time, without its score matrix;
 //! - `gemm`: kiln's f32 GEMM, `C = A B` with A and B read through any
 //!   strides or tables of offsets, a bias, ReLU and cap applied as it
 //!   stores (the AVX-512 and AVX2 cores, or the `gemm` crate), and its bf16
@@ -19,6 +21,7 @@
 //! loops, `team`'s closure handed to workers by address), each block with
 //! its reason.
 
+pub mod attention;
 pub mod gemm;
 pub mod isa;
 pub mod rows;

@@ -72,6 +72,13 @@ pub trait Backend {
         false
     }
 
+    /// Whether it runs attention (`Op::Attention`) as one kernel, so that
+    /// the optimizer finds it (`Options::attention`). False where attention
+    /// runs as the ops it stands for.
+    fn attention(&self) -> bool {
+        false
+    }
+
     /// Storage for a value of `ty`, its contents to be written by a run;
     /// running out of memory is an `Err` naming `op`, `ty` and the bytes.
     /// On the host: a buffer from the host pool (`storage::recycle`), else

@@ -177,6 +177,7 @@ pub fn label(kernel: &kiln_ir::kernel::Kernel) -> String {
         KernelKind::Reduce { op, .. } => op.name(),
         KernelKind::Scatter { .. } => "scatter",
         KernelKind::MatMul { .. } => "matmul",
+        KernelKind::Attention { .. } => "attention",
     };
     format!("{kind} kernel of {}", kernel.out)
 }

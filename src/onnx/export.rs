@@ -424,11 +424,11 @@ impl Builder<'_> {
             Op::MatMul => {
                 self.push("MatMul", args, out);
             }
-            Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => {
+            Op::Attention(_) | Op::View(_) | Op::Kernel(_) | Op::SideOutput(_) => {
                 return Err(self.error(
                     id,
                     node.op.name(),
-                    "a fused graph's op has no ONNX op; export the graph before the optimizer",
+                    "an optimized graph's op has no ONNX op; export the graph before the optimizer",
                 ));
             }
         }

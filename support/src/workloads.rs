@@ -163,6 +163,33 @@ pub fn all() -> Vec<Workload> {
         flops: 0,
         product: None,
     });
+    // Attention heads [batch, heads, sequence, 64]: a GPT-2-sized decoder's
+    // causal self-attention at 512 tokens and at batch 8 of 128, and a
+    // ViT-B's over 197 patches. Flops: both products over every score,
+    // the causal ones' hidden half included.
+    for (b, l, causal) in [(1, 512, true), (8, 128, true), (1, 197, false)] {
+        let dims = [b, 12, l, 64];
+        w.push(Workload {
+            id: "attention",
+            shape: format!("{b}x12x{l}x64{}", if causal { " causal" } else { "" }),
+            specs: vec![f32s(&dims), f32s(&dims), f32s(&dims)],
+            build: match causal {
+                true => |t| {
+                    Ok(vec![t[0].scaled_dot_product_attention(
+                        &t[1], &t[2], None, true, None,
+                    )?])
+                },
+                false => |t| {
+                    Ok(vec![t[0].scaled_dot_product_attention(
+                        &t[1], &t[2], None, false, None,
+                    )?])
+                },
+            },
+            bytes: 0,
+            flops: (4 * b * 12 * l * l * 64) as u64,
+            product: None,
+        });
+    }
     w.push(Workload {
         id: "log_softmax",
         shape: "4096x10".into(),

@@ -126,12 +126,13 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
     let Op::Kernel(kernel) = &graph.node(writer).op else {
         return Err("a side output of no kernel".to_string());
     };
-    // A matmul or a reduction accumulates into its output before the body
-    // runs. (A scatter's body is its sums alone, written where they lie.)
+    // A matmul, an attention or a reduction accumulates into its output
+    // before the body runs. (A scatter's body is its sums alone, written
+    // where they lie.)
     let apart = primary
         && matches!(
             kernel.kind,
-            KernelKind::Reduce { .. } | KernelKind::MatMul { .. }
+            KernelKind::Reduce { .. } | KernelKind::MatMul { .. } | KernelKind::Attention { .. }
         );
     if let KernelKind::Reduce {
         shape, prologue, ..
@@ -178,6 +179,11 @@ fn reads_at_own_index(kernel: &Kernel, k: u32) -> Result<(), String> {
         KernelKind::Scatter { prologue, .. } => {
             if loads(&prologue.values).any(|(input, _)| input == k) {
                 return Err("the scatter reads the input in its prologue".to_string());
+            }
+        }
+        KernelKind::Attention { operands, .. } => {
+            if operands.iter().any(|(input, _)| *input == k) {
+                return Err("the attention reads the input as an operand".to_string());
             }
         }
         KernelKind::MatMul { a, b } => {

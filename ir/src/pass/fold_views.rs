@@ -65,6 +65,7 @@ fn is_movement(op: &Op) -> bool {
         | Op::MatMul
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
+        | Op::Attention(_)
         | Op::View(_)
         | Op::Kernel(_)
         | Op::SideOutput(_) => false,
@@ -93,6 +94,7 @@ fn moved(view: &View, op: &Op) -> Option<View> {
         | Op::MatMul
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
+        | Op::Attention(_)
         | Op::View(_)
         | Op::Kernel(_)
         | Op::SideOutput(_) => None,

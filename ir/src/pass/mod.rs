@@ -2,14 +2,14 @@
 //! kernels, with the verifier after every stage.
 //!
 //! ```text
-//! simplify -> widen -> cse -> split-reduce -> fold-views -> fuse -> dce
+//! simplify -> widen -> cse -> attention -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
 //! then the schedule, and for a compiled step `donate`, which writes
 //! outputs over the inputs they replace where that is safe.
 //!
 //! The pipeline takes graph ops only (checked on entry): `simplify`,
-//! `widen`, `cse` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
+//! `widen`, `cse`, `attention` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
 //! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
 //!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
@@ -25,6 +25,7 @@ use crate::schedule::Schedule;
 use crate::types::TensorType;
 use crate::verify::{verify, verify_graph_ops};
 
+mod attention;
 mod cse;
 mod dce;
 mod donate;
@@ -37,10 +38,11 @@ mod widen;
 pub use donate::donate;
 
 /// The stages in pipeline order, as `KILN_DUMP` names them.
-pub const STAGES: [&str; 9] = [
+pub const STAGES: [&str; 10] = [
     "simplify",
     "widen",
     "cse",
+    "attention",
     "split-reduce",
     "fold-views",
     "fuse",
@@ -68,6 +70,10 @@ pub struct Options {
     /// ends at the product. A fact of the backend, which kiln's compile
     /// sets from it (`Backend::products_apart`).
     pub products_apart: bool,
+    /// Whether the target runs `Op::Attention` as one kernel, so that the
+    /// `attention` stage finds it (with fusion on). A fact of the backend,
+    /// which kiln's compile sets from it (`Backend::attention`).
+    pub attention: bool,
 }
 
 impl Default for Options {
@@ -77,6 +83,7 @@ impl Default for Options {
             fusion: true,
             parallel: 1024,
             products_apart: false,
+            attention: false,
         }
     }
 }
@@ -119,6 +126,10 @@ pub fn optimize(
         graph
     };
     let graph = stage("cse", (cse::run(&graph), Vec::new()))?;
+    let graph = match options.attention && options.fusion {
+        true => stage("attention", attention::run(&graph))?,
+        false => graph,
+    };
     let graph = stage("split-reduce", split_reduce::run(&graph, options.parallel))?;
     let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;
     let graph = stage("fuse", fuse::run(&graph, options)?)?;

@@ -76,7 +76,7 @@ pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
 
 /// The value of a node that is a constant everywhere: a `Const` or a
 /// broadcast of one.
-fn constant(g: &Graph, id: NodeId) -> Option<Scalar> {
+pub(super) fn constant(g: &Graph, id: NodeId) -> Option<Scalar> {
     let node = g.node(id);
     match &node.op {
         Op::Const(v) => Some(*v),

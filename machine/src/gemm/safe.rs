@@ -91,7 +91,7 @@ pub struct Matrix<'a, T = f32> {
 impl<T> Matrix<'_, T> {
     /// Checks that every element lies inside `data` (an operand without
     /// elements reads none, whatever its offset); `operand` names it.
-    fn check(&self, operand: &'static str) -> Result<(), Error> {
+    pub(crate) fn check(&self, operand: &'static str) -> Result<(), Error> {
         let (rows, cols) = (self.rows.len(), self.cols.len());
         if rows == 0 || cols == 0 {
             return Ok(());

@@ -43,6 +43,11 @@ impl Backend for Cpu {
     fn parallel(&self) -> usize {
         kiln_machine::team::threads()
     }
+
+    /// By `kiln_machine::attention`.
+    fn attention(&self) -> bool {
+        true
+    }
 }
 
 /// The GEMM path this process's matmuls take: `amx` (kiln's AMX core for

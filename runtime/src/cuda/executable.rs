@@ -250,7 +250,8 @@ impl Executable {
                         }
                         KernelKind::Elementwise
                         | KernelKind::Reduce { .. }
-                        | KernelKind::Scatter { .. } => {
+                        | KernelKind::Scatter { .. }
+                        | KernelKind::Attention { .. } => {
                             let program = codegen::kernel(kernel)?;
                             Step::Kernel {
                                 function: compiled(&program, i..i + 1),

@@ -169,7 +169,9 @@ pub(crate) enum Vectors {
 /// The loops of `kernel` on `target`.
 pub fn plan(kernel: &Kernel, target: Target) -> LoopKernel {
     let kind = match &kernel.kind {
-        KernelKind::Elementwise | KernelKind::MatMul { .. } => Loops::Map(map(kernel, target)),
+        KernelKind::Elementwise | KernelKind::MatMul { .. } | KernelKind::Attention { .. } => {
+            Loops::Map(map(kernel, target))
+        }
         KernelKind::Reduce {
             op,
             axes,
@@ -198,10 +200,13 @@ fn map(kernel: &Kernel, target: Target) -> Map {
     let out_view = View::contiguous(&space);
     let mut views = loads(&body);
     views.push((out_buffer, &out_view));
-    // A matmul's product is already in the output and its epilogue reads
-    // it in place, a row of the output's last axis per unit, so that it
-    // can follow the GEMM's row blocks.
-    let acc = matches!(kernel.kind, KernelKind::MatMul { .. });
+    // A matmul's product (an attention's result) is already in the output
+    // and its epilogue reads it in place, a row of the output's last axis
+    // per unit, so that it can follow the GEMM's row blocks.
+    let acc = matches!(
+        kernel.kind,
+        KernelKind::MatMul { .. } | KernelKind::Attention { .. }
+    );
     let split = acc.then(|| space.rank().saturating_sub(1));
     let nest = nest(&space, &identity, split, &views);
     let flat = nest.rows == 1 && nest.inner.len() == 1;

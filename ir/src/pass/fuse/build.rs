@@ -135,6 +135,12 @@ impl Builder<'_, '_> {
                     index,
                 }
             }
+            Some((c, Op::Attention(op))) => KernelKind::Attention {
+                op: *op,
+                operands: (plan.operands(c).into_iter())
+                    .map(|(p, view)| (self.read(p), view))
+                    .collect(),
+            },
             Some((c, _)) => return Err(internal(format!("node #{c} cannot be a kernel core"))),
         };
         let mut body = Block::default();

@@ -146,7 +146,7 @@ impl<'g> Plan<'g> {
                 let source = graph.node(*id);
                 let needs_buffer = match (&node.op, &source.op) {
                     (Op::View(_), _) => true,
-                    (Op::MatMul, Op::View(v)) => v.mask.is_some(),
+                    (Op::MatMul | Op::Attention(_), Op::View(v)) => v.mask.is_some(),
                     // A gather reads through no padding along its axis.
                     (Op::Gather { axis }, Op::View(v)) => {
                         slot == 0 && v.gathered(*axis, node.ty.shape.dims()[*axis]).is_none()
@@ -325,7 +325,10 @@ impl<'g> Plan<'g> {
                     && self.may_host(h, node.ty.dtype)
                     && !g.core.is_some_and(|c| {
                         self.broadcast_reduction(c, &g.space)
-                            || matches!(self.graph.nodes[c].op, Op::ScatterAdd { .. })
+                            || matches!(
+                                self.graph.nodes[c].op,
+                                Op::ScatterAdd { .. } | Op::Attention(_)
+                            )
                     })
             });
             if let Some(h) = host {
@@ -345,7 +348,7 @@ impl<'g> Plan<'g> {
         let node = &self.graph.nodes[i];
         let core = matches!(
             node.op,
-            Op::Reduce { .. } | Op::MatMul | Op::ScatterAdd { .. }
+            Op::Reduce { .. } | Op::MatMul | Op::ScatterAdd { .. } | Op::Attention(_)
         )
         .then_some(i);
         self.root_of[i] = Some(self.groups.len());
@@ -367,8 +370,12 @@ impl<'g> Plan<'g> {
     fn candidates(&self, live: &[&Edge]) -> Result<Vec<(usize, Role, View)>, String> {
         let mut out = Vec::new();
         for e in live {
-            if e.slot == 0 && matches!(self.graph.nodes[e.consumer].op, Op::Gather { .. }) {
-                return Err("is gathered from, at positions known only at run time".to_string());
+            match self.graph.nodes[e.consumer].op {
+                Op::Gather { .. } if e.slot == 0 => {
+                    return Err("is gathered from, at positions known only at run time".to_string());
+                }
+                Op::Attention(_) => return Err("is an attention's operand".to_string()),
+                _ => {}
             }
             for m in &self.members[e.consumer] {
                 if self.groups[m.group].core == Some(e.consumer) {
@@ -550,6 +557,7 @@ impl<'g> Plan<'g> {
                 }])
             }
             Op::ScatterAdd { .. } => Err("is a scatter-add, which stores its sums".to_string()),
+            Op::Attention(_) => Err("is an attention, which stores its result".to_string()),
             Op::View(_) => Err("is a view that no reader can fold".to_string()),
             Op::Input { .. }
             | Op::Const(_)

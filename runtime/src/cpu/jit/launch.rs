@@ -5,7 +5,7 @@
 
 #![allow(unsafe_code)]
 
-use kiln_ir::kernel::Kernel;
+use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_ir::{Data, DataRef, TensorType};
 
 use kiln_machine::team;
@@ -70,7 +70,8 @@ impl CompiledKernel {
     }
 
     /// Runs the kernel over its whole range: for a matmul, its computed
-    /// operands into `scratch` and the GEMM core first; then the generated
+    /// operands into `scratch` and the GEMM core first, for an attention
+    /// its machine kernel; then the generated
     /// code, split across threads in row ranges when the work is large.
     pub(crate) fn run(
         &self,
@@ -93,9 +94,10 @@ impl CompiledKernel {
         computed: &[Computed; 2],
     ) -> Result<(), Error> {
         let bound = self.bind(inputs, out, side, scratch)?;
-        match &self.matmul {
-            Some(matmul) => self.run_matmul(matmul, &bound, (inputs, out, scratch), computed),
-            None => run_rows(std::slice::from_ref(&bound)),
+        match (&self.matmul, &self.kernel.kind) {
+            (Some(matmul), _) => self.run_matmul(matmul, &bound, (inputs, out, scratch), computed),
+            (None, KernelKind::Attention { .. }) => self.run_attention(&bound, inputs, out),
+            (None, _) => run_rows(std::slice::from_ref(&bound)),
         }
     }
 }

@@ -14,8 +14,10 @@
 //! - `launch`: buffers checked and tabled, and the code called over row
 //!   ranges, across threads, row group by row group;
 //! - `matmul`: a matmul's operands, the GEMM call, and its epilogue over the
-//!   product's rows.
+//!   product's rows;
+//! - `attention`: an attention's operands and its machine kernel's call.
 
+mod attention;
 mod compile;
 mod launch;
 mod matmul;

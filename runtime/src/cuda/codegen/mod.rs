@@ -108,5 +108,11 @@ pub fn kernel(kernel: &Kernel) -> Result<Program, Error> {
             crate::label(kernel),
             "a matmul kernel is a plan, not one source",
         )),
+        // The backend states no attention kernel (`Backend::attention`),
+        // so the optimizer keeps attention's ops.
+        KernelKind::Attention { .. } => Err(crate::codegen(
+            crate::label(kernel),
+            "the CUDA backend runs attention as the ops it stands for",
+        )),
     }
 }

@@ -1,0 +1,250 @@
+//! Attention without its score matrix: `softmax(q kᵀ · scale + bias) v`
+//! for a block of queries at a time, the scores of a block of keys in a
+//! scratch block and never in memory whole. Flash attention's online
+//! softmax: each query keeps its running maximum and sum, and its output
+//! is rescaled as the maximum grows. The two products of each block go
+//! through `gemm::sgemm`, which checks every element they read.
+
+use crate::gemm::{self, Axis, Fused, Matrix, Product};
+use crate::{Error, Isa, rows, team};
+
+/// Queries a task takes at a time: its scores (`QUERIES x KEYS`) and
+/// outputs stay in L2.
+const QUERIES: usize = 64;
+
+/// Keys scored at a time: sequences up to this length take one pass, with
+/// no rescaling.
+const KEYS: usize = 512;
+
+/// An operand of attention, `[batch, rows, cols]`: element `(b, i, j)` at
+/// `data[batches[b] + i * rows + j * cols]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads<'a> {
+    /// The values it reads among.
+    pub data: &'a [f32],
+    /// The offset of each batch's first element.
+    pub batches: &'a [isize],
+    /// Elements between neighbouring rows (0 for a broadcast).
+    pub rows: isize,
+    /// Elements between neighbouring columns (0 for a broadcast).
+    pub cols: isize,
+}
+
+impl<'a> Heads<'a> {
+    /// Batch `b`'s `[rows, cols]` matrix.
+    fn matrix(&self, b: usize, rows: usize, cols: usize) -> Matrix<'a> {
+        Matrix {
+            data: self.data,
+            offset: self.batches[b],
+            rows: Axis::Strided {
+                len: rows,
+                stride: self.rows,
+            },
+            cols: Axis::Strided {
+                len: cols,
+                stride: self.cols,
+            },
+        }
+    }
+}
+
+/// One attention: queries `q` (`[batch, l, e]`), keys `k` (`[batch, s,
+/// e]`), values `v` (`[batch, s, ev]`), and a bias added to the scores
+/// (`[batch, l, s]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Attention<'a> {
+    /// The queries.
+    pub q: Heads<'a>,
+    /// The keys.
+    pub k: Heads<'a>,
+    /// The values.
+    pub v: Heads<'a>,
+    /// Added to the scores, if any.
+    pub bias: Option<Heads<'a>>,
+    /// `[batch, l, s, e, ev]`.
+    pub dims: [usize; 5],
+    /// The scores' factor.
+    pub scale: f32,
+    /// What a query every key is hidden from gets (its scores all -inf):
+    /// zeros, or NaN as a plain softmax gives.
+    pub hidden: f32,
+}
+
+/// `out` (`[batch, l, ev]`, row-major) = `softmax(q kᵀ · scale + bias) v`,
+/// by `isa`'s GEMM path, a query block per task on the team's threads.
+///
+/// Every element read is checked against its slice first: batch tables
+/// shorter than the batch, reads outside an operand's slice and an `out`
+/// of another length are errors.
+pub fn attention(isa: Isa, att: &Attention<'_>, out: &mut [f32]) -> Result<(), Error> {
+    let [batch, l, s, e, ev] = att.dims;
+    let mut operands = vec![("q", att.q, l, e), ("k", att.k, s, e), ("v", att.v, s, ev)];
+    operands.extend(att.bias.map(|bias| ("bias", bias, l, s)));
+    for (name, heads, rows, cols) in operands {
+        if heads.batches.len() < batch {
+            return Err(Error::Short {
+                what: name,
+                len: heads.batches.len(),
+                needs: batch,
+            });
+        }
+        for b in 0..batch {
+            heads.matrix(b, rows, cols).check(name)?;
+        }
+    }
+    let needs = batch * l * ev;
+    if out.len() != needs {
+        return Err(Error::Short {
+            what: "attention's output",
+            len: out.len(),
+            needs,
+        });
+    }
+    if ev == 0 {
+        return Ok(());
+    }
+    let failure = std::sync::Mutex::new(None);
+    team::for_each_chunk(out, QUERIES * ev, &|chunk, out| {
+        let first = chunk * QUERIES;
+        let rows = out.len() / ev;
+        // A chunk's rows may straddle batches: one block for each.
+        let mut at = first;
+        while at < first + rows {
+            let (b, i0) = (at / l, at % l);
+            let i1 = l.min(i0 + first + rows - at);
+            let block = &mut out[(at - first) * ev..(at - first + i1 - i0) * ev];
+            if let Err(error) = queries(isa, att, b, i0..i1, block) {
+                *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+            }
+            at += i1 - i0;
+        }
+    });
+    match failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// Queries `range` of batch `b` into `out` (their rows, `ev` each).
+fn queries(
+    isa: Isa,
+    att: &Attention<'_>,
+    b: usize,
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> Result<(), Error> {
+    let [_, _, s, e, ev] = att.dims;
+    let (m, keys) = (range.len(), s);
+    let mut q = att.q.matrix(b, m, e);
+    q.offset += range.start as isize * att.q.rows;
+    let mut scores = vec![0.0f32; m * KEYS.min(keys)];
+    let mut product = vec![0.0f32; if keys > KEYS { m * ev } else { 0 }];
+    let (mut max, mut sum) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
+    let mut rescale = vec![0.0f32; m];
+    for j0 in (0..keys).step_by(KEYS) {
+        let n = KEYS.min(keys - j0);
+        let mut k = att.k.matrix(b, n, e);
+        k.offset += j0 as isize * att.k.rows;
+        // kᵀ: the keys' columns as rows.
+        (k.rows, k.cols) = (k.cols, k.rows);
+        let scores = &mut scores[..m * n];
+        product_of(isa, q, k, scores)?;
+        for (r, row) in scores.chunks_exact_mut(n).enumerate() {
+            let i = range.start + r;
+            biased(att, b, (i, j0), row);
+            let top = row_max(row)?;
+            let new = if top > max[r] || top.is_nan() {
+                top
+            } else {
+                max[r]
+            };
+            if new == f32::NEG_INFINITY {
+                // Every key so far is hidden from this query.
+                row.fill(0.0);
+                continue;
+            }
+            rescale[r] = if max[r] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (max[r] - new).exp()
+            };
+            sum[r] = sum[r] * rescale[r] + exp_sum(row, new)?;
+            max[r] = new;
+        }
+        let mut v = att.v.matrix(b, n, ev);
+        v.offset += j0 as isize * att.v.rows;
+        let p = Matrix {
+            data: scores,
+            offset: 0,
+            rows: Axis::Strided {
+                len: m,
+                stride: n as isize,
+            },
+            cols: Axis::Strided { len: n, stride: 1 },
+        };
+        if j0 == 0 {
+            // The first block's products are the outputs so far.
+            product_of(isa, p, v, out)?;
+            continue;
+        }
+        product_of(isa, p, v, &mut product)?;
+        for ((to, from), c) in out
+            .chunks_exact_mut(ev)
+            .zip(product.chunks_exact(ev))
+            .zip(&rescale)
+        {
+            to.iter_mut()
+                .zip(from)
+                .for_each(|(to, from)| *to = *to * c + from);
+        }
+    }
+    for (row, sum) in out.chunks_exact_mut(ev).zip(sum) {
+        match sum {
+            // Every key is hidden from this query.
+            0.0 => row.fill(att.hidden),
+            _ => row.iter_mut().for_each(|x| *x /= sum),
+        }
+    }
+    Ok(())
+}
+
+/// Scores `row` of query `i` from key `j0` on: scaled, the bias added.
+fn biased(att: &Attention<'_>, b: usize, (i, j0): (usize, usize), row: &mut [f32]) {
+    row.iter_mut().for_each(|x| *x *= att.scale);
+    if let Some(bias) = att.bias {
+        // Checked: every element of batch `b`'s `[l, s]` lies in the slice.
+        let at = bias.batches[b] + i as isize * bias.rows + j0 as isize * bias.cols;
+        for (j, x) in row.iter_mut().enumerate() {
+            *x += bias.data[(at + j as isize * bias.cols) as usize];
+        }
+    }
+}
+
+/// The IEEE maximum of `row`, NaN where it holds one.
+fn row_max(row: &[f32]) -> Result<f32, Error> {
+    if rows::available() {
+        return rows::max(row);
+    }
+    Ok(row.iter().fold(
+        f32::NEG_INFINITY,
+        |m, &x| if x > m || x.is_nan() { x } else { m },
+    ))
+}
+
+/// `row[j] = e^(row[j] - shift)`, and their sum.
+fn exp_sum(row: &mut [f32], shift: f32) -> Result<f32, Error> {
+    if rows::available() {
+        return rows::exp_sum_in_place(row, shift);
+    }
+    Ok(row.iter_mut().fold(0.0, |sum, x| {
+        *x = (*x - shift).exp();
+        sum + *x
+    }))
+}
+
+/// `c = a b` on the calling thread.
+fn product_of(isa: Isa, a: Matrix<'_>, b: Matrix<'_>, c: &mut [f32]) -> Result<(), Error> {
+    let fused = Fused::default();
+    gemm::sgemm(isa, Product { a, b, fused }, c, 1, &|_, _| {})?;
+    Ok(())
+}

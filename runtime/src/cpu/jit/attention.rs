@@ -1,0 +1,96 @@
+//! The attention driver: an attention kernel's operands as batches of
+//! matrices over their buffers' values, `kiln_machine::attention` into the
+//! output, then the epilogue over it where the body is more than the
+//! result.
+
+use kiln_ir::kernel::{Expr, KernelKind};
+use kiln_ir::view::View;
+use kiln_ir::{DType, Scalar};
+use kiln_machine::attention::{self, Attention, Heads};
+
+use super::CompiledKernel;
+use super::launch::{Bound, Buffer, run_rows, views};
+use crate::{Error, Role};
+
+impl CompiledKernel {
+    /// Runs an attention kernel over its launch's buffers (`bound`).
+    pub(super) fn run_attention(
+        &self,
+        bound: &Bound<'_>,
+        inputs: &[&Buffer],
+        out: &mut Buffer,
+    ) -> Result<(), Error> {
+        let kernel = &self.kernel;
+        let label = || crate::label(kernel);
+        let KernelKind::Attention { op, operands } = &kernel.kind else {
+            return Err(crate::launch(label(), "not an attention"));
+        };
+        let mut read = [0; 4].map(|_| (Role::Scratch, Buffer::empty()));
+        for ((input, _), to) in operands.iter().zip(&mut read) {
+            let buffer = inputs
+                .get(*input as usize)
+                .ok_or_else(|| crate::launch(label(), format!("no input {input}, an operand")))?;
+            *to = (Role::Input(*input as usize), buffer.alias());
+        }
+        let (values, result) = views::<f32, 4>(kernel, &read, out)?;
+        let tables: Vec<Vec<isize>> = operands.iter().map(|(_, view)| batches(view)).collect();
+        let heads: Vec<Heads<'_>> = (operands.iter().zip(values).zip(&tables))
+            .map(|(((_, view), data), batches)| {
+                let r = view.shape.rank();
+                Heads {
+                    data,
+                    batches,
+                    rows: view.strides[r - 2] as isize,
+                    cols: view.strides[r - 1] as isize,
+                }
+            })
+            .collect();
+        let [q, k, v] = [0, 1, 2].map(|i| &operands[i].1.shape);
+        let r = q.rank();
+        let dims = |shape: &kiln_ir::Shape, a: usize| shape.dims()[a];
+        let att = Attention {
+            q: heads[0],
+            k: heads[1],
+            v: heads[2],
+            bias: heads.get(3).copied(),
+            dims: [
+                tables[0].len(),
+                dims(q, r - 2),
+                dims(k, r - 2),
+                dims(q, r - 1),
+                dims(v, r - 1),
+            ],
+            scale: match op.scale.map(|c| c.cast(DType::F32)) {
+                Some(Scalar::F32(c)) => c,
+                _ => 1.0,
+            },
+            hidden: if op.guarded { 0.0 } else { f32::NAN },
+        };
+        let n = kernel.out.shape.numel().min(result.len());
+        let isa = crate::cpu_isa()?;
+        attention::attention(isa, &att, &mut result[..n]).map_err(|error| Error::Machine {
+            kernel: label(),
+            error,
+        })?;
+        // A body that is the result alone has nothing left to do.
+        let alone = kernel.body.values.len() == 1 && kernel.side.is_empty();
+        if alone && kernel.body.values[0].expr == Expr::Acc {
+            return Ok(());
+        }
+        run_rows(std::slice::from_ref(bound))
+    }
+}
+
+/// The offset of each batch of `view` (its axes before the last two), in
+/// row-major order.
+fn batches(view: &View) -> Vec<isize> {
+    let r = view.shape.rank();
+    let mut table = vec![view.offset];
+    for (&d, &s) in view.shape.dims()[..r - 2].iter().zip(&view.strides) {
+        table = table
+            .iter()
+            .flat_map(|&t| (0..d as isize).map(move |i| t + i * s as isize))
+            .collect();
+    }
+    table
+}
