@@ -5,7 +5,7 @@
 //! operands, bool, additive and causal masks, a query every key is hidden
 //! from, and a plain softmax between two products (ONNX's form); and where
 //! it is not found: a training step that reads the softmax again, and
-//! attention over a few keys.
+//! attention without a mask over a few keys.
 
 use kiln::{CompileOptions, CompiledGraph, Device, Options, Result, Tensor};
 use kiln_ir::Op;
@@ -84,11 +84,22 @@ fn attention_with_a_mask_over_two_blocks_of_keys() -> Result<()> {
         Tensor::randn([2, 1, s, 24], 3)?,
         Tensor::from_vec(kept, [l, s])?,
     ];
-    check("masked", &t, 1, &|t| {
+    let f = |t: &[Tensor]| {
         let q = t[0].permute(&[0, 2, 1, 3])?;
         let y = q.scaled_dot_product_attention(&t[1], &t[2], Some(&t[3]), false, Some(0.2))?;
         Ok(vec![y])
-    })
+    };
+    check("masked", &t, 1, &f)?;
+    // The first 300 keys hidden from every query: the first blocks the
+    // kernel reads are past them.
+    let late: Vec<bool> = (0..l * s).map(|x| x % s >= 300).collect();
+    let t = [
+        t[0].clone(),
+        t[1].clone(),
+        t[2].clone(),
+        Tensor::from_vec(late, [l, s])?,
+    ];
+    check("late keys", &t, 1, &f)
 }
 
 #[test]
@@ -140,9 +151,22 @@ fn softmax_weights_read_again_and_a_few_keys_stay_as_ops() -> Result<()> {
         let w = t[0].matmul(&t[1].transpose(-2, -1)?)?.softmax(-1)?;
         Ok(vec![w.matmul(&t[2])?, w])
     })?;
-    // 16 queries by 80 keys: too few scores to be worth a kernel.
-    let few = [t[0].slice(1, 0, 16, 1)?, t[1].clone(), t[2].clone()];
-    check("few", &few, 0, &|t| {
+    // 64 queries by 80 keys: too few scores to be worth a kernel without a
+    // mask, whose blocks it could skip.
+    check("few", &t, 0, &|t| {
+        let y = t[0].scaled_dot_product_attention(&t[1], &t[2], None, false, None)?;
+        Ok(vec![y])
+    })
+}
+
+#[test]
+fn attention_without_a_mask_over_many_keys() -> Result<()> {
+    let t = [
+        Tensor::randn([1, 2, 260, 16], 14)?,
+        Tensor::randn([1, 2, 260, 16], 15)?,
+        Tensor::randn([1, 2, 260, 8], 16)?,
+    ];
+    check("unmasked", &t, 1, &|t| {
         let y = t[0].scaled_dot_product_attention(&t[1], &t[2], None, false, None)?;
         Ok(vec![y])
     })

@@ -437,3 +437,107 @@ fn a_sum_over_the_batch_of_products_is_one_product() {
         }
     }
 }
+
+/// `softmax(q kᵀ · scale + bias) v` as `Tensor::scaled_dot_product_attention`
+/// writes it (the shift and the sum guarded) where `guarded`, else a plain
+/// softmax's ops; `scale` and `bias` where given.
+fn attention(
+    g: &mut Graph,
+    [q, k, v]: [NodeId; 3],
+    scale: Option<f32>,
+    bias: Option<NodeId>,
+    guarded: bool,
+) -> (NodeId, NodeId) {
+    let rank = g.node(q).ty.shape.rank();
+    let mut perm: SmallVec<[usize; 4]> = (0..rank).collect();
+    perm.swap(rank - 2, rank - 1);
+    let kt = push(g, Op::Permute(perm), &[k]);
+    let mut x = push(g, Op::MatMul, &[q, kt]);
+    let scores = g.node(x).ty.shape.dims().to_vec();
+    let mut rows = scores.clone();
+    rows[rank - 1] = 1;
+    if let Some(c) = scale {
+        let c = constant(g, c, &scores);
+        x = push(g, Op::Binary(BinaryOp::Mul), &[x, c]);
+    }
+    if let Some(b) = bias {
+        x = push(g, Op::Binary(BinaryOp::Add), &[b, x]);
+    }
+    let reduce = |g: &mut Graph, op, x| {
+        let axes = SmallVec::from_slice(&[rank - 1]);
+        push(g, Op::Reduce { op, axes }, &[x])
+    };
+    let guard = |g: &mut Graph, x, when: f32, then: f32| {
+        if !guarded {
+            return x;
+        }
+        let (when, then) = (constant(g, when, &rows), constant(g, then, &rows));
+        let hit = push(g, Op::Binary(BinaryOp::Eq), &[x, when]);
+        push(g, Op::Where, &[hit, then, x])
+    };
+    let m = reduce(g, ReduceOp::Max, x);
+    let shift = guard(g, m, f32::NEG_INFINITY, 0.0);
+    let shift = push(g, Op::Expand(Shape::new(&scores)), &[shift]);
+    let shifted = push(g, Op::Binary(BinaryOp::Sub), &[x, shift]);
+    let e = push(g, Op::Unary(UnaryOp::Exp), &[shifted]);
+    let d = reduce(g, ReduceOp::Sum, e);
+    let d = guard(g, d, 0.0, 1.0);
+    let r = push(g, Op::Unary(UnaryOp::Recip), &[d]);
+    let r = push(g, Op::Expand(Shape::new(&scores)), &[r]);
+    let w = push(g, Op::Binary(BinaryOp::Mul), &[r, e]);
+    (push(g, Op::MatMul, &[w, v]), w)
+}
+
+#[test]
+fn softmax_between_two_products_is_one_attention() {
+    // Found: kiln's guarded form with a scale and a bias, and a plain
+    // softmax of 2^16 scores. Kept: a softmax read again, and one of few
+    // scores without a bias.
+    let mut g = Graph::new("attention");
+    let qkv = |g: &mut Graph, l: usize, s: usize| {
+        [[l, 16], [s, 16], [s, 8]].map(|[n, e]| g.input(f32s(&[2, n, e])))
+    };
+    let t = qkv(&mut g, 64, 80);
+    let bias = g.input(f32s(&[2, 64, 80]));
+    let (found, _) = attention(&mut g, t, Some(0.25), Some(bias), true);
+    let t = qkv(&mut g, 256, 256);
+    let (plain, _) = attention(&mut g, t, None, None, false);
+    let t = qkv(&mut g, 64, 80);
+    let (read_again, w) = attention(&mut g, t, Some(0.25), Some(bias), false);
+    let t = qkv(&mut g, 64, 80);
+    let (few, _) = attention(&mut g, t, None, None, true);
+    g.outputs.extend([found, plain, read_again, w, few]);
+    let options = Options {
+        attention: true,
+        ..Options::default()
+    };
+    let mut text = String::new();
+    let optimized = optimize(&g, options, &mut |name, print| {
+        if name == "attention" {
+            text = print();
+        }
+    })
+    .expect("optimizes");
+    let found: Vec<&str> = text.lines().filter(|l| l.contains("= attention")).collect();
+    insta::assert_snapshot!(found.join("\n"), @r"
+    %23 = attention %0, %22, %2, %3 scale 0.25 guarded : f32[2,64,8]
+    %26 = attention %4, %25, %6 : f32[2,256,8]
+    ");
+    // The same bits as the graph as written: the op is its ops.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let inputs: Vec<Data> = (g.inputs.iter())
+        .map(|ty| {
+            let values = (0..ty.shape.numel()).map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed % 2001) as f32 / 500.0 - 2.0
+            });
+            Data::F32(values.collect())
+        })
+        .collect();
+    let refs: Vec<&Data> = inputs.iter().collect();
+    let want = kiln_ir::interp::eval(&g, &refs).expect("evaluates");
+    let got = kiln_ir::interp::eval(&optimized.graph, &refs).expect("evaluates");
+    assert_eq!(want, got);
+}

@@ -10,11 +10,12 @@ use crate::{Error, Isa, rows, team};
 
 /// Queries a task takes at a time: its scores (`QUERIES x KEYS`) and
 /// outputs stay in L2.
-const QUERIES: usize = 64;
+const QUERIES: usize = 128;
 
-/// Keys scored at a time: sequences up to this length take one pass, with
-/// no rescaling.
-const KEYS: usize = 512;
+/// Keys scored at a time: a block of scores stays in L1, and a mask's
+/// blocks that hide every key (a causal mask's past the diagonal) are
+/// skipped.
+const KEYS: usize = 128;
 
 /// An operand of attention, `[batch, rows, cols]`: element `(b, i, j)` at
 /// `data[batches[b] + i * rows + j * cols]`.
@@ -134,15 +135,21 @@ fn queries(
     out: &mut [f32],
 ) -> Result<(), Error> {
     let [_, _, s, e, ev] = att.dims;
-    let (m, keys) = (range.len(), s);
+    let m = range.len();
     let mut q = att.q.matrix(b, m, e);
     q.offset += range.start as isize * att.q.rows;
-    let mut scores = vec![0.0f32; m * KEYS.min(keys)];
-    let mut product = vec![0.0f32; if keys > KEYS { m * ev } else { 0 }];
+    let mut scores = vec![0.0f32; m * KEYS.min(s)];
+    let mut product = vec![0.0f32; if s > KEYS { m * ev } else { 0 }];
     let (mut max, mut sum) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
-    let mut rescale = vec![0.0f32; m];
-    for j0 in (0..keys).step_by(KEYS) {
-        let n = KEYS.min(keys - j0);
+    let mut rescale = vec![1.0f32; m];
+    let mut first = true;
+    for j0 in (0..s).step_by(KEYS) {
+        let n = KEYS.min(s - j0);
+        // Keys the bias hides from every query here weigh nothing: a
+        // causal mask's blocks past the diagonal.
+        if hidden(att, b, (&range, j0..j0 + n)) {
+            continue;
+        }
         let mut k = att.k.matrix(b, n, e);
         k.offset += j0 as isize * att.k.rows;
         // kᵀ: the keys' columns as rows.
@@ -150,8 +157,7 @@ fn queries(
         let scores = &mut scores[..m * n];
         product_of(isa, q, k, scores)?;
         for (r, row) in scores.chunks_exact_mut(n).enumerate() {
-            let i = range.start + r;
-            biased(att, b, (i, j0), row);
+            biased(att, b, (range.start + r, j0), row);
             let top = row_max(row)?;
             let new = if top > max[r] || top.is_nan() {
                 top
@@ -182,9 +188,10 @@ fn queries(
             },
             cols: Axis::Strided { len: n, stride: 1 },
         };
-        if j0 == 0 {
+        if first {
             // The first block's products are the outputs so far.
             product_of(isa, p, v, out)?;
+            first = false;
             continue;
         }
         product_of(isa, p, v, &mut product)?;
@@ -200,7 +207,7 @@ fn queries(
     }
     for (row, sum) in out.chunks_exact_mut(ev).zip(sum) {
         match sum {
-            // Every key is hidden from this query.
+            // Every key is hidden from this query (or none is there).
             0.0 => row.fill(att.hidden),
             _ => row.iter_mut().for_each(|x| *x /= sum),
         }
@@ -208,15 +215,42 @@ fn queries(
     Ok(())
 }
 
-/// Scores `row` of query `i` from key `j0` on: scaled, the bias added.
-fn biased(att: &Attention<'_>, b: usize, (i, j0): (usize, usize), row: &mut [f32]) {
-    row.iter_mut().for_each(|x| *x *= att.scale);
-    if let Some(bias) = att.bias {
+/// Whether the bias hides every key of `keys` from every query of
+/// `queries` (is -inf there), read until a value that is not.
+fn hidden(
+    att: &Attention<'_>,
+    b: usize,
+    (queries, keys): (&std::ops::Range<usize>, std::ops::Range<usize>),
+) -> bool {
+    let Some(bias) = att.bias else {
+        return false;
+    };
+    queries.clone().all(|i| {
+        let at = bias.batches[b] + i as isize * bias.rows;
         // Checked: every element of batch `b`'s `[l, s]` lies in the slice.
-        let at = bias.batches[b] + i as isize * bias.rows + j0 as isize * bias.cols;
-        for (j, x) in row.iter_mut().enumerate() {
-            *x += bias.data[(at + j as isize * bias.cols) as usize];
-        }
+        keys.clone()
+            .all(|j| bias.data[(at + j as isize * bias.cols) as usize] == f32::NEG_INFINITY)
+    })
+}
+
+/// Scores `row` of query `i` from key `j0` on: scaled, then the bias added.
+fn biased(att: &Attention<'_>, b: usize, (i, j0): (usize, usize), row: &mut [f32]) {
+    let scale = att.scale;
+    let Some(bias) = att.bias else {
+        row.iter_mut().for_each(|x| *x *= scale);
+        return;
+    };
+    // Checked: every element of batch `b`'s `[l, s]` lies in the slice.
+    let at = bias.batches[b] + i as isize * bias.rows + j0 as isize * bias.cols;
+    if bias.cols == 1 {
+        let values = &bias.data[at as usize..at as usize + row.len()];
+        row.iter_mut()
+            .zip(values)
+            .for_each(|(x, b)| *x = *x * scale + b);
+        return;
+    }
+    for (j, x) in row.iter_mut().enumerate() {
+        *x = *x * scale + bias.data[(at + j as isize * bias.cols) as usize];
     }
 }
 
@@ -247,4 +281,115 @@ fn product_of(isa: Isa, a: Matrix<'_>, b: Matrix<'_>, c: &mut [f32]) -> Result<(
     let fused = Fused::default();
     gemm::sgemm(isa, Product { a, b, fused }, c, 1, &|_, _| {})?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[rows, cols]` row-major heads over `data`, one batch.
+    fn heads(data: &[f32], cols: usize) -> Heads<'_> {
+        Heads {
+            data,
+            batches: &[0],
+            rows: cols as isize,
+            cols: 1,
+        }
+    }
+
+    /// Attention of 3 queries over 200 keys (two blocks), heads of 5 and
+    /// 2, by the definition in f64.
+    fn definition(q: &[f32], k: &[f32], v: &[f32], bias: &[f32]) -> Vec<f64> {
+        let mut out = Vec::new();
+        for i in 0..3 {
+            let scores: Vec<f64> = (0..200)
+                .map(|j| {
+                    let dot: f64 = (0..5)
+                        .map(|e| f64::from(q[i * 5 + e]) * f64::from(k[j * 5 + e]))
+                        .sum();
+                    dot * 0.5 + f64::from(bias[i * 200 + j])
+                })
+                .collect();
+            let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+            let total: f64 = w.iter().sum();
+            for c in 0..2 {
+                out.push(
+                    (0..200)
+                        .map(|j| w[j] * f64::from(v[j * 2 + c]))
+                        .sum::<f64>()
+                        / total,
+                );
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn attention_over_two_blocks_of_keys_is_its_definition() {
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7 + seed) % 13) as f32 / 6.0 - 1.0)
+                .collect()
+        };
+        let (q, k, v) = (values(15, 1), values(1000, 2), values(400, 3));
+        let mut bias = values(600, 4);
+        // The last query sees no key.
+        bias[400..].fill(f32::NEG_INFINITY);
+        let att = Attention {
+            q: heads(&q, 5),
+            k: heads(&k, 5),
+            v: heads(&v, 2),
+            bias: Some(heads(&bias, 200)),
+            dims: [1, 3, 200, 5, 2],
+            scale: 0.5,
+            hidden: f32::NAN,
+        };
+        let mut out = vec![0.0; 6];
+        attention(Isa::Generic, &att, &mut out).unwrap();
+        let want = definition(&q, &k, &v, &bias);
+        for (i, (got, want)) in out.iter().zip(&want).enumerate() {
+            let close = (f64::from(*got) - want).abs() <= 1e-5 * want.abs().max(1.0);
+            assert!(
+                close || (got.is_nan() && want.is_nan()),
+                "{i}: {got} against {want}"
+            );
+        }
+        assert!(out[4].is_nan() && out[5].is_nan());
+    }
+
+    #[test]
+    fn reads_outside_the_operands_are_errors() {
+        let (q, kv) = (vec![0.0f32; 8], vec![0.0f32; 8]);
+        let att = |dims: [usize; 5]| Attention {
+            q: heads(&q, 2),
+            k: heads(&kv, 2),
+            v: heads(&kv, 2),
+            bias: None,
+            dims,
+            scale: 1.0,
+            hidden: 0.0,
+        };
+        let mut out = vec![0.0; 8];
+        let fits = att([1, 4, 4, 2, 2]);
+        assert_eq!(attention(Isa::Generic, &fits, &mut out), Ok(()));
+        // Five queries of 2 in a slice of 8.
+        let long = att([1, 5, 4, 2, 2]);
+        let mut longer = vec![0.0; 10];
+        assert!(matches!(
+            attention(Isa::Generic, &long, &mut longer),
+            Err(Error::Operand { operand: "q", .. })
+        ));
+        // Two batches, one offset.
+        let two = att([2, 1, 4, 2, 2]);
+        assert!(matches!(
+            attention(Isa::Generic, &two, &mut out[..4]),
+            Err(Error::Short { what: "q", .. })
+        ));
+        // An output of another length.
+        assert!(matches!(
+            attention(Isa::Generic, &fits, &mut out[..7]),
+            Err(Error::Short { .. })
+        ));
+    }
 }

@@ -32,6 +32,12 @@ use crate::types::{DType, Scalar};
 /// costs more as a kernel of its own than its scores cost in memory.
 const MIN_SCORES: usize = 1 << 12;
 
+/// Scores per batch below which an attention without a bias keeps its ops:
+/// they stay in L2, where the batched products and softmax took less time
+/// than the kernel (ViT-B's 197 patches, `benches/RESULTS-cpu.md`). With a
+/// bias the kernel skips the blocks it hides (a causal mask's half).
+const MIN_UNBIASED_SCORES: usize = 1 << 16;
+
 /// `graph` with each attention found as one op, and a note of how many.
 pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
     let readers = super::readers(graph);
@@ -118,7 +124,11 @@ fn find(g: &Graph, root: NodeId, readers: &[usize]) -> Option<Found> {
         scores.dims()[scores.rank() - 2],
         scores.dims()[scores.rank() - 1],
     ];
-    if l * s < MIN_SCORES || g.node(x).ty.dtype != DType::F32 {
+    let least = match bias {
+        Some(_) => MIN_SCORES,
+        None => MIN_UNBIASED_SCORES,
+    };
+    if l * s < least || g.node(x).ty.dtype != DType::F32 {
         return None;
     }
     // Every value in between is read by these ops alone.
