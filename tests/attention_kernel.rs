@@ -123,8 +123,9 @@ fn causal_attention_with_an_added_mask_and_no_scale() -> Result<()> {
 
 #[test]
 fn a_plain_softmax_between_two_products_is_one_kernel() -> Result<()> {
-    // ONNX's form: the scale on the scores, no guard, so that a query
-    // every key is hidden from gets NaN, as the ops give.
+    // ONNX's form of attention written by hand: the scores over a
+    // constant, no guard, so that a query every key is hidden from gets
+    // NaN, as the ops give.
     let mut hidden = vec![0.0f32; 70 * 90];
     hidden[3 * 90..4 * 90].fill(f32::NEG_INFINITY);
     let t = [
@@ -134,7 +135,7 @@ fn a_plain_softmax_between_two_products_is_one_kernel() -> Result<()> {
         Tensor::from_vec(hidden, [70, 90])?,
     ];
     check("plain", &t, 1, &|t| {
-        let scores = t[0].matmul(&t[1])?.mul(&Tensor::scalar(0.125f32))?;
+        let scores = t[0].matmul(&t[1])?.div(&Tensor::scalar(8.0f32))?;
         let y = scores.add(&t[3])?.softmax(-1)?.matmul(&t[2])?;
         Ok(vec![y])
     })

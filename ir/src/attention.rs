@@ -16,8 +16,8 @@ use crate::view::View;
 /// What an attention computes besides its products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Attention {
-    /// The scores' factor (f32), where there is one.
-    pub scale: Option<Scalar>,
+    /// How the scores are scaled, where they are.
+    pub scale: Option<Scale>,
     /// Whether a bias `[.., l, s]` is added to the scores: its fourth
     /// operand.
     pub bias: bool,
@@ -28,11 +28,36 @@ pub struct Attention {
     pub guarded: bool,
 }
 
-/// What the printed IR shows after the operands: ` scale 0.125 guarded`.
+/// How attention scales its scores: by an f32 constant, as
+/// `Tensor::scaled_dot_product_attention` and ONNX exports of
+/// `F.scaled_dot_product_attention` do, or over one, as attention written
+/// by hand does (`q @ k.T / sqrt(d)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scale {
+    /// `x * c`.
+    Times(Scalar),
+    /// `x / c`.
+    Over(Scalar),
+}
+
+impl Scale {
+    /// The factor, to rounding: `c` or `1 / c`.
+    pub fn factor(self) -> f32 {
+        match self {
+            Scale::Times(c) => c.to_f64() as f32,
+            Scale::Over(c) => (1.0 / c.to_f64()) as f32,
+        }
+    }
+}
+
+/// What the printed IR shows after the operands: ` scale 0.125 guarded`
+/// (` over 8.0` for a scale over a constant).
 impl std::fmt::Display for Attention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(c) = self.scale {
-            write!(f, " scale {c}")?;
+        match self.scale {
+            Some(Scale::Times(c)) => write!(f, " scale {c}")?,
+            Some(Scale::Over(c)) => write!(f, " over {c}")?,
+            None => {}
         }
         if self.guarded {
             f.write_str(" guarded")?;
@@ -89,7 +114,7 @@ impl Attention {
     /// The value of the ops it stands for, each rounded as that op is:
     ///
     /// ```text
-    /// x = q @ kᵀ, times scale, plus bias
+    /// x = q @ kᵀ, times (or over) the scale, plus bias
     /// m = max(x) along the keys            (guarded: 0 where m is -inf)
     /// e = exp(x - m)
     /// d = sum(e) along the keys            (guarded: 1 where d is 0)
@@ -110,8 +135,12 @@ impl Attention {
         let each = |x: &Data, f: &dyn Fn(usize, Scalar) -> Scalar| {
             Data::from_fn(DType::F32, x.len(), |i| f(i, x.get(i)))
         };
-        if let Some(c) = self.scale {
-            x = each(&x, &|_, x| binary(BinaryOp::Mul, x, c))?;
+        if let Some(scale) = self.scale {
+            let (op, c) = match scale {
+                Scale::Times(c) => (BinaryOp::Mul, c),
+                Scale::Over(c) => (BinaryOp::Div, c),
+            };
+            x = each(&x, &|_, x| binary(op, x, c))?;
         }
         if self.bias {
             x = each(&x, &|i, x| binary(BinaryOp::Add, x, args[3].get(i)))?;

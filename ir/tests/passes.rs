@@ -440,11 +440,12 @@ fn a_sum_over_the_batch_of_products_is_one_product() {
 
 /// `softmax(q kᵀ · scale + bias) v` as `Tensor::scaled_dot_product_attention`
 /// writes it (the shift and the sum guarded) where `guarded`, else a plain
-/// softmax's ops; `scale` and `bias` where given.
+/// softmax's ops; the scores times or over a constant and biased where
+/// given.
 fn attention(
     g: &mut Graph,
     [q, k, v]: [NodeId; 3],
-    scale: Option<f32>,
+    scale: Option<(BinaryOp, f32)>,
     bias: Option<NodeId>,
     guarded: bool,
 ) -> (NodeId, NodeId) {
@@ -456,9 +457,9 @@ fn attention(
     let scores = g.node(x).ty.shape.dims().to_vec();
     let mut rows = scores.clone();
     rows[rank - 1] = 1;
-    if let Some(c) = scale {
+    if let Some((op, c)) = scale {
         let c = constant(g, c, &scores);
-        x = push(g, Op::Binary(BinaryOp::Mul), &[x, c]);
+        x = push(g, Op::Binary(op), &[x, c]);
     }
     if let Some(b) = bias {
         x = push(g, Op::Binary(BinaryOp::Add), &[b, x]);
@@ -491,19 +492,19 @@ fn attention(
 #[test]
 fn softmax_between_two_products_is_one_attention() {
     // Found: kiln's guarded form with a scale and a bias, and a plain
-    // softmax of 2^16 scores. Kept: a softmax read again, and one of few
-    // scores without a bias.
+    // softmax of 2^16 scores over a constant. Kept: a softmax read again,
+    // and one of few scores without a bias.
     let mut g = Graph::new("attention");
     let qkv = |g: &mut Graph, l: usize, s: usize| {
         [[l, 16], [s, 16], [s, 8]].map(|[n, e]| g.input(f32s(&[2, n, e])))
     };
     let t = qkv(&mut g, 64, 80);
     let bias = g.input(f32s(&[2, 64, 80]));
-    let (found, _) = attention(&mut g, t, Some(0.25), Some(bias), true);
+    let (found, _) = attention(&mut g, t, Some((BinaryOp::Mul, 0.25)), Some(bias), true);
     let t = qkv(&mut g, 256, 256);
-    let (plain, _) = attention(&mut g, t, None, None, false);
+    let (plain, _) = attention(&mut g, t, Some((BinaryOp::Div, 8.0)), None, false);
     let t = qkv(&mut g, 64, 80);
-    let (read_again, w) = attention(&mut g, t, Some(0.25), Some(bias), false);
+    let (read_again, w) = attention(&mut g, t, Some((BinaryOp::Mul, 0.25)), Some(bias), false);
     let t = qkv(&mut g, 64, 80);
     let (few, _) = attention(&mut g, t, None, None, true);
     g.outputs.extend([found, plain, read_again, w, few]);
@@ -521,7 +522,7 @@ fn softmax_between_two_products_is_one_attention() {
     let found: Vec<&str> = text.lines().filter(|l| l.contains("= attention")).collect();
     insta::assert_snapshot!(found.join("\n"), @r"
     %23 = attention %0, %22, %2, %3 scale 0.25 guarded : f32[2,64,8]
-    %26 = attention %4, %25, %6 : f32[2,256,8]
+    %26 = attention %4, %25, %6 over 8.0 : f32[2,256,8]
     ");
     // The same bits as the graph as written: the op is its ops.
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;

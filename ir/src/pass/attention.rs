@@ -7,7 +7,7 @@
 //! softmax between two products (`Tensor::softmax`, ONNX's `Softmax`):
 //!
 //! ```text
-//! x = q @ kt, times a constant, plus a bias (each where there is one)
+//! x = q @ kt, times or over a constant, plus a bias (each where there is one)
 //! m = max(x) along the last axis        (or where(m == -inf, 0, m))
 //! e = exp(x - m)
 //! d = sum(e) along the last axis        (or where(d == 0, 1, d))
@@ -22,7 +22,7 @@
 use smallvec::SmallVec;
 
 use super::simplify::constant;
-use crate::attention::Attention;
+use crate::attention::{Attention, Scale};
 use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
@@ -237,17 +237,30 @@ impl Walk<'_> {
         (*o == op && axes.as_slice() == [last] && node.inputs[0] == of).then(|| self.inner.push(id))
     }
 
-    /// The product `id` is, or is times a constant: the product and the
-    /// constant.
-    fn scaled(&mut self, id: NodeId) -> Option<(NodeId, Option<Scalar>)> {
-        if self.g.node(id).op == Op::MatMul {
-            self.inner.push(id);
-            return Some((id, None));
+    /// The product `id` is, or is times or over a constant: the product
+    /// and the scale.
+    fn scaled(&mut self, id: NodeId) -> Option<(NodeId, Option<Scale>)> {
+        let node = self.g.node(id);
+        let f32_constant = |g, c| constant(g, c).filter(|c| c.dtype() == DType::F32);
+        match node.op {
+            Op::MatMul => {
+                self.inner.push(id);
+                Some((id, None))
+            }
+            Op::Binary(BinaryOp::Div) => {
+                let [p, c] = [node.inputs[0], node.inputs[1]];
+                let c = f32_constant(self.g, c)?;
+                self.inner.push(id);
+                self.op(p, &Op::MatMul).map(|_| (p, Some(Scale::Over(c))))
+            }
+            Op::Binary(BinaryOp::Mul) => {
+                self.inner.push(id);
+                self.either(id, |walk, p, c| {
+                    let c = f32_constant(walk.g, c)?;
+                    walk.op(p, &Op::MatMul).map(|_| (p, Some(Scale::Times(c))))
+                })
+            }
+            _ => None,
         }
-        self.op(id, &Op::Binary(BinaryOp::Mul))?;
-        self.either(id, |walk, p, c| {
-            let c = constant(walk.g, c).filter(|c| c.dtype() == DType::F32)?;
-            walk.op(p, &Op::MatMul).map(|_| (p, Some(c)))
-        })
     }
 }

@@ -5,7 +5,6 @@
 
 use kiln_ir::kernel::{Expr, KernelKind};
 use kiln_ir::view::View;
-use kiln_ir::{DType, Scalar};
 use kiln_machine::attention::{self, Attention, Heads};
 
 use super::CompiledKernel;
@@ -60,10 +59,7 @@ impl CompiledKernel {
                 dims(q, r - 1),
                 dims(v, r - 1),
             ],
-            scale: match op.scale.map(|c| c.cast(DType::F32)) {
-                Some(Scalar::F32(c)) => c,
-                _ => 1.0,
-            },
+            scale: op.scale.map_or(1.0, |s| s.factor()),
             hidden: if op.guarded { 0.0 } else { f32::NAN },
         };
         let n = kernel.out.shape.numel().min(result.len());
