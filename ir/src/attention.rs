@@ -28,10 +28,19 @@ pub struct Attention {
     pub guarded: bool,
 }
 
+/// The permutation that swaps the last two of `rank` axes: keys `[.., s,
+/// e]` as `kᵀ` `[.., e, s]` and back.
+pub(crate) fn transposed(rank: usize) -> SmallVec<[usize; 4]> {
+    let mut perm: SmallVec<[usize; 4]> = (0..rank).collect();
+    perm.swap(rank - 2, rank - 1);
+    perm
+}
+
 /// How attention scales its scores: by an f32 constant, as
-/// `Tensor::scaled_dot_product_attention` and ONNX exports of
-/// `F.scaled_dot_product_attention` do, or over one, as attention written
-/// by hand does (`q @ k.T / sqrt(d)`).
+/// `Tensor::scaled_dot_product_attention` does, or over one, as attention
+/// written by hand does (`q @ k.T / sqrt(d)`). (PyTorch's ONNX export of
+/// `F.scaled_dot_product_attention` scales the queries and keys before
+/// their product, which leaves the scores unscaled.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scale {
     /// `x * c`.
@@ -91,14 +100,17 @@ impl Attention {
             lhs: lhs.clone(),
             rhs: rhs.clone(),
         };
-        let fits = r >= 2
+        // Queries and keys share their batch axes and head size; keys and
+        // values their batch axes and length.
+        let keys = r >= 2
             && k.rank() == r
-            && v.rank() == r
             && q.dims()[..r - 2] == k.dims()[..r - 2]
-            && k.dims()[..r - 1] == v.dims()[..r - 1]
             && q.dims()[r - 1] == k.dims()[r - 1];
-        if !fits {
-            return Err(mismatch(q, if k.rank() == r { v } else { k }));
+        if !keys {
+            return Err(mismatch(q, k));
+        }
+        if v.rank() != r || k.dims()[..r - 1] != v.dims()[..r - 1] {
+            return Err(mismatch(k, v));
         }
         let [l, s] = [q.dims()[r - 2], k.dims()[r - 2]];
         let mut scores = q.dims().to_vec();
@@ -123,9 +135,7 @@ impl Attention {
     pub(crate) fn evaluate(&self, args: &[&Data], shapes: &[&Shape]) -> Result<Data, OutOfMemory> {
         let (q, k, v) = (shapes[0], shapes[1], shapes[2]);
         let r = q.rank();
-        let mut perm: SmallVec<[usize; 4]> = (0..r).collect();
-        perm.swap(r - 2, r - 1);
-        let keys = View::contiguous(k).permute(&perm);
+        let keys = View::contiguous(k).permute(&transposed(r));
         let kt = crate::interp::materialize(args[1], &keys)?;
         let s = k.dims()[r - 2];
         let mut dims = q.dims().to_vec();

@@ -104,7 +104,7 @@ pub enum KernelKind {
     },
     /// `Op::Attention` over kernel inputs read through unmasked views:
     /// the queries, keys, values and the bias where there is one, in that
-    /// order. The body reads its result as `acc`, at the output's index.
+    /// order. The body is `acc` alone, the result stored as it is.
     Attention {
         /// What it computes besides its products.
         op: Attention,
@@ -477,6 +477,9 @@ impl Kernel {
                 let result = op.infer(&types).map_err(|e| e.to_string())?;
                 if result.shape != self.out.shape {
                     return Err(format!("an attention of {result} writes {}", self.out));
+                }
+                if self.body.values.len() != 1 || !self.side.is_empty() {
+                    return Err("an attention's body is acc alone".to_string());
                 }
                 Some(DType::F32)
             }

@@ -32,6 +32,19 @@ pub struct Heads<'a> {
 }
 
 impl<'a> Heads<'a> {
+    /// Where element `(b, i, j)` lies in `data`, for an element `attention`
+    /// checked to lie there (so the wrapping sum is its offset).
+    fn offset(&self, b: usize, i: usize, j: usize) -> usize {
+        let rows = (i as isize).wrapping_mul(self.rows);
+        let cols = (j as isize).wrapping_mul(self.cols);
+        self.batches[b].wrapping_add(rows).wrapping_add(cols) as usize
+    }
+
+    /// Element `(b, i, j)`, checked to lie in `data`.
+    fn at(&self, b: usize, i: usize, j: usize) -> f32 {
+        self.data[self.offset(b, i, j)]
+    }
+
     /// Batch `b`'s `[rows, cols]` matrix.
     fn matrix(&self, b: usize, rows: usize, cols: usize) -> Matrix<'a> {
         Matrix {
@@ -68,6 +81,11 @@ pub struct Attention<'a> {
     pub scale: f32,
     /// What a query every key is hidden from gets (its scores all -inf):
     /// zeros, or NaN as a plain softmax gives.
+    ///
+    /// Keys and values hidden from every query of a block, and all of them
+    /// from a query every key is hidden from, are not read, as in flash
+    /// attention: a NaN or an infinity there, which the ops would carry
+    /// into the result through `0 · inf`, does not reach it.
     pub hidden: f32,
 }
 
@@ -93,19 +111,19 @@ pub fn attention(isa: Isa, att: &Attention<'_>, out: &mut [f32]) -> Result<(), E
             heads.matrix(b, rows, cols).check(name)?;
         }
     }
-    let needs = batch * l * ev;
-    if out.len() != needs {
+    let needs = batch.checked_mul(l).and_then(|n| n.checked_mul(ev));
+    if needs != Some(out.len()) {
         return Err(Error::Short {
             what: "attention's output",
             len: out.len(),
-            needs,
+            needs: needs.unwrap_or(usize::MAX),
         });
     }
     if ev == 0 {
         return Ok(());
     }
     let failure = std::sync::Mutex::new(None);
-    team::for_each_chunk(out, QUERIES * ev, &|chunk, out| {
+    team::for_each_chunk(out, QUERIES.saturating_mul(ev), &|chunk, out| {
         let first = chunk * QUERIES;
         let rows = out.len() / ev;
         // A chunk's rows may straddle batches: one block for each.
@@ -137,7 +155,10 @@ fn queries(
     let [_, _, s, e, ev] = att.dims;
     let m = range.len();
     let mut q = att.q.matrix(b, m, e);
-    q.offset += range.start as isize * att.q.rows;
+    // Offsets of operands without elements are never read: wrapping.
+    q.offset = q
+        .offset
+        .wrapping_add((range.start as isize).wrapping_mul(att.q.rows));
     let mut scores = vec![0.0f32; m * KEYS.min(s)];
     let mut product = vec![0.0f32; if s > KEYS { m * ev } else { 0 }];
     let (mut max, mut sum) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
@@ -151,7 +172,9 @@ fn queries(
             continue;
         }
         let mut k = att.k.matrix(b, n, e);
-        k.offset += j0 as isize * att.k.rows;
+        k.offset = k
+            .offset
+            .wrapping_add((j0 as isize).wrapping_mul(att.k.rows));
         // kᵀ: the keys' columns as rows.
         (k.rows, k.cols) = (k.cols, k.rows);
         let scores = &mut scores[..m * n];
@@ -178,7 +201,9 @@ fn queries(
             max[r] = new;
         }
         let mut v = att.v.matrix(b, n, ev);
-        v.offset += j0 as isize * att.v.rows;
+        v.offset = v
+            .offset
+            .wrapping_add((j0 as isize).wrapping_mul(att.v.rows));
         let p = Matrix {
             data: scores,
             offset: 0,
@@ -205,10 +230,12 @@ fn queries(
                 .for_each(|(to, from)| *to = *to * c + from);
         }
     }
+    // Over no keys, the product over an empty axis: zeros.
+    let hidden = if s == 0 { 0.0 } else { att.hidden };
     for (row, sum) in out.chunks_exact_mut(ev).zip(sum) {
         match sum {
-            // Every key is hidden from this query (or none is there).
-            0.0 => row.fill(att.hidden),
+            // Every key is hidden from this query.
+            0.0 => row.fill(hidden),
             _ => row.iter_mut().for_each(|x| *x /= sum),
         }
     }
@@ -225,12 +252,9 @@ fn hidden(
     let Some(bias) = att.bias else {
         return false;
     };
-    queries.clone().all(|i| {
-        let at = bias.batches[b] + i as isize * bias.rows;
-        // Checked: every element of batch `b`'s `[l, s]` lies in the slice.
-        keys.clone()
-            .all(|j| bias.data[(at + j as isize * bias.cols) as usize] == f32::NEG_INFINITY)
-    })
+    queries
+        .clone()
+        .all(|i| keys.clone().all(|j| bias.at(b, i, j) == f32::NEG_INFINITY))
 }
 
 /// Scores `row` of query `i` from key `j0` on: scaled, then the bias added.
@@ -240,22 +264,22 @@ fn biased(att: &Attention<'_>, b: usize, (i, j0): (usize, usize), row: &mut [f32
         row.iter_mut().for_each(|x| *x *= scale);
         return;
     };
-    // Checked: every element of batch `b`'s `[l, s]` lies in the slice.
-    let at = bias.batches[b] + i as isize * bias.rows + j0 as isize * bias.cols;
     if bias.cols == 1 {
-        let values = &bias.data[at as usize..at as usize + row.len()];
+        let at = bias.offset(b, i, j0);
+        let values = &bias.data[at..at + row.len()];
         row.iter_mut()
             .zip(values)
             .for_each(|(x, b)| *x = *x * scale + b);
         return;
     }
     for (j, x) in row.iter_mut().enumerate() {
-        *x = *x * scale + bias.data[(at + j as isize * bias.cols) as usize];
+        *x = *x * scale + bias.at(b, i, j0 + j);
     }
 }
 
 /// The IEEE maximum of `row`, NaN where it holds one.
 fn row_max(row: &[f32]) -> Result<f32, Error> {
+    #[cfg(target_arch = "x86_64")]
     if rows::available() {
         return rows::max(row);
     }
@@ -267,6 +291,7 @@ fn row_max(row: &[f32]) -> Result<f32, Error> {
 
 /// `row[j] = e^(row[j] - shift)`, and their sum.
 fn exp_sum(row: &mut [f32], shift: f32) -> Result<f32, Error> {
+    #[cfg(target_arch = "x86_64")]
     if rows::available() {
         return rows::exp_sum_in_place(row, shift);
     }

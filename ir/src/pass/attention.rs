@@ -22,7 +22,7 @@
 use smallvec::SmallVec;
 
 use super::simplify::constant;
-use crate::attention::{Attention, Scale};
+use crate::attention::{Attention, Scale, transposed};
 use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
@@ -44,20 +44,21 @@ pub(crate) fn run(graph: &Graph) -> (Graph, Vec<String>) {
     let found: Vec<Option<Found>> = (0..graph.nodes.len())
         .map(|i| find(graph, NodeId(i as u32), &readers))
         .collect();
-    let count = found.iter().flatten().count();
-    if count == 0 {
+    if found.iter().all(Option::is_none) {
         return (graph.clone(), Vec::new());
     }
+    let mut count = 0;
     let mut out = Graph::new(graph.name.clone());
     out.inputs = graph.inputs.clone();
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     for (node, found) in graph.nodes.iter().zip(&found) {
         let inputs: SmallVec<[NodeId; 2]> = node.inputs.iter().map(|id| map[id.index()]).collect();
-        let id = match found {
-            Some(f) => attention(&mut out, f, &map).unwrap_or_else(|| {
-                // The types were checked while matching; keep the ops if not.
-                out.push_typed(node.op.clone(), inputs, node.ty.clone())
-            }),
+        // The types were checked while matching; the ops stay if not.
+        let id = match found.as_ref().and_then(|f| attention(&mut out, f, &map)) {
+            Some(id) => {
+                count += 1;
+                id
+            }
             None => out.push_typed(node.op.clone(), inputs, node.ty.clone()),
         };
         map.push(id);
@@ -79,9 +80,9 @@ fn attention(out: &mut Graph, found: &Found, map: &[NodeId]) -> Option<NodeId> {
     let mut operands: SmallVec<[NodeId; 4]> =
         found.operands.iter().map(|id| map[id.index()]).collect();
     let rank = out.node(operands[1]).ty.shape.rank();
-    let mut perm: SmallVec<[usize; 4]> = (0..rank).collect();
-    perm.swap(rank - 2, rank - 1);
-    operands[1] = out.push(Op::Permute(perm), &[operands[1]]).ok()?;
+    operands[1] = out
+        .push(Op::Permute(transposed(rank)), &[operands[1]])
+        .ok()?;
     out.push(Op::Attention(found.op), &operands).ok()
 }
 
@@ -152,6 +153,11 @@ fn find(g: &Graph, root: NodeId, readers: &[usize]) -> Option<Found> {
     let mut operands: SmallVec<[NodeId; 4]> = SmallVec::from_slice(&g.node(product).inputs);
     operands.push(v);
     operands.extend(bias);
+    // An operand the pattern computes itself (`x = p + p`) would keep
+    // its scores.
+    if operands.iter().any(|o| walk.inner.binary_search(o).is_ok()) {
+        return None;
+    }
     let op = Attention {
         scale,
         bias: bias.is_some(),
@@ -249,9 +255,13 @@ impl Walk<'_> {
             }
             Op::Binary(BinaryOp::Div) => {
                 let [p, c] = [node.inputs[0], node.inputs[1]];
-                let c = f32_constant(self.g, c)?;
+                // A divisor whose reciprocal overflows is not a factor.
+                let scale = Scale::Over(f32_constant(self.g, c)?);
+                if !scale.factor().is_finite() {
+                    return None;
+                }
                 self.inner.push(id);
-                self.op(p, &Op::MatMul).map(|_| (p, Some(Scale::Over(c))))
+                self.op(p, &Op::MatMul).map(|_| (p, Some(scale)))
             }
             Op::Binary(BinaryOp::Mul) => {
                 self.inner.push(id);

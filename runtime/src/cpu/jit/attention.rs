@@ -1,24 +1,19 @@
 //! The attention driver: an attention kernel's operands as batches of
-//! matrices over their buffers' values, `kiln_machine::attention` into the
-//! output, then the epilogue over it where the body is more than the
-//! result.
+//! matrices over their buffers' values, and `kiln_machine::attention` into
+//! the output (its body is the result alone, `Kernel::check`).
 
-use kiln_ir::kernel::{Expr, KernelKind};
+use kiln_ir::kernel::KernelKind;
 use kiln_ir::view::View;
 use kiln_machine::attention::{self, Attention, Heads};
 
 use super::CompiledKernel;
-use super::launch::{Bound, Buffer, run_rows, views};
+use super::launch::{Buffer, views};
 use crate::{Error, Role};
 
 impl CompiledKernel {
-    /// Runs an attention kernel over its launch's buffers (`bound`).
-    pub(super) fn run_attention(
-        &self,
-        bound: &Bound<'_>,
-        inputs: &[&Buffer],
-        out: &mut Buffer,
-    ) -> Result<(), Error> {
+    /// Runs an attention kernel over its launch's buffers, checked by
+    /// `bind`.
+    pub(super) fn run_attention(&self, inputs: &[&Buffer], out: &mut Buffer) -> Result<(), Error> {
         let kernel = &self.kernel;
         let label = || crate::label(kernel);
         let KernelKind::Attention { op, operands } = &kernel.kind else {
@@ -67,13 +62,7 @@ impl CompiledKernel {
         attention::attention(isa, &att, &mut result[..n]).map_err(|error| Error::Machine {
             kernel: label(),
             error,
-        })?;
-        // A body that is the result alone has nothing left to do.
-        let alone = kernel.body.values.len() == 1 && kernel.side.is_empty();
-        if alone && kernel.body.values[0].expr == Expr::Acc {
-            return Ok(());
-        }
-        run_rows(std::slice::from_ref(bound))
+        })
     }
 }
 

@@ -96,7 +96,7 @@ impl CompiledKernel {
         let bound = self.bind(inputs, out, side, scratch)?;
         match (&self.matmul, &self.kernel.kind) {
             (Some(matmul), _) => self.run_matmul(matmul, &bound, (inputs, out, scratch), computed),
-            (None, KernelKind::Attention { .. }) => self.run_attention(&bound, inputs, out),
+            (None, KernelKind::Attention { .. }) => self.run_attention(inputs, out),
             (None, _) => run_rows(std::slice::from_ref(&bound)),
         }
     }
@@ -285,8 +285,8 @@ impl Plain for f32 {}
 /// bf16 values, as their bits.
 impl Plain for u16 {}
 
-/// The values of a matmul's buffers: those it reads (its operands and
-/// bias) as `T`, and the product it writes as f32. The product must share
+/// The values of a matmul's or an attention's buffers: those it reads (its
+/// operands and bias) as `T`, and the product it writes as f32. The product must share
 /// no byte with what is read, and every buffer be aligned for its type.
 pub(super) fn views<'b, T: Plain, const N: usize>(
     kernel: &Kernel,
