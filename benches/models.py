@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Full-size CNNs against onnxruntime: torchvision's resnet18 and
-mobilenet_v2 architectures at 1x3x224x224 and 8x3x224x224, random weights,
-written with onnx's helper API as `torch.onnx.export` writes them from an
-eval-mode model (batch norms folded into the convolutions' weights and
-biases), so no PyTorch is needed. Writes each model, its input and
+"""Full-size models against onnxruntime: torchvision's resnet18 and
+mobilenet_v2 architectures at 1x3x224x224 and 8x3x224x224 (batch norms
+folded into the convolutions' weights and biases, as `torch.onnx.export`
+writes them from an eval-mode model), and two blocks of a GPT-2-sized
+decoder (width 768, 12 heads, causal self-attention under an additive
+-inf mask, as `nn.Transformer.generate_square_subsequent_mask` makes it)
+on 128 and 512 embedded tokens; random weights, written with onnx's
+helper API, so no PyTorch is needed. Writes each model, its input and
 onnxruntime's output to DIR, times onnxruntime (two intra-op threads, as
 kiln's team; calls for a few seconds after three warm-ups) and prints JSON
 lines in bench_report's form. Then time kiln on the same files, in the same
 sitting:
 
-  /tmp/ort/bin/python benches/models.py target/models
+  /tmp/ort/bin/python benches/models.py target/models    # MODELS=decoder-t512,... for some
   cargo run --release --example bench_report -- --onnx target/models/resnet18-b1.onnx ...
 
 (`python3 -m venv /tmp/ort && /tmp/ort/bin/pip install onnxruntime onnx numpy`.)
@@ -70,6 +73,17 @@ def mobilenet_v2(g):
     return head(g, x, 1280)
 
 
+def decoder(g, tokens, layers=2, d=768, heads=12):
+    """`layers` pre-norm blocks of causal self-attention and a GELU MLP on
+    input `x` [1, tokens, d], then a final layer norm."""
+    mask = g.const(np.triu(np.full((tokens, tokens), -np.inf, np.float32), 1))
+    x = "x"
+    for _ in range(layers):
+        x = g.op("Add", [x, g.attention(g.layer_norm(x, d), tokens, d, heads, mask=mask)])
+        x = g.op("Add", [x, g.linear(g.gelu(g.linear(g.layer_norm(x, d), d, 4 * d)), 4 * d, d)])
+    return g.layer_norm(x, d)
+
+
 def timed(f, seconds=3.0):
     for _ in range(3):
         f()
@@ -87,25 +101,30 @@ def main(folder):
     rng = np.random.default_rng(0)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
-    for name, build in [("resnet18", resnet18), ("mobilenet_v2", mobilenet_v2)]:
-        for batch in [1, 8]:
-            g = Graph()
-            out = build(g)
-            shape = [batch, 3, 224, 224]
-            model = g.model(name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], out)
-            stem = os.path.join(folder, f"{name}-b{batch}")
-            onnx.save(model, stem + ".onnx")
-            x = rng.standard_normal(shape).astype(np.float32)
-            session = ort.InferenceSession(stem + ".onnx", options, providers=["CPUExecutionProvider"])
-            (y,) = session.run(None, {"x": x})
-            np.save(stem + "_x.npy", x)
-            np.save(stem + "_out.npy", y)
-            median, spread = timed(lambda: session.run(None, {"x": x}))
-            print(json.dumps({
-                "workload": f"{name}-b{batch}", "shape": "x".join(map(str, shape)),
-                "variant": f"onnxruntime {ort.__version__}", "backend": "cpu",
-                "median_s": median, "spread_s": spread,
-            }), flush=True)
+    models = [(f"{name}-b{batch}", build, [batch, 3, 224, 224])
+              for name, build in [("resnet18", resnet18), ("mobilenet_v2", mobilenet_v2)]
+              for batch in [1, 8]]
+    models += [(f"decoder-t{t}", lambda g, t=t: decoder(g, t), [1, t, 768]) for t in [128, 512]]
+    only = os.environ.get("MODELS")
+    for name, build, shape in models:
+        if only and name not in only.split(","):
+            continue
+        g = Graph()
+        out = build(g)
+        model = g.model(name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], out)
+        stem = os.path.join(folder, name)
+        onnx.save(model, stem + ".onnx")
+        x = rng.standard_normal(shape).astype(np.float32)
+        session = ort.InferenceSession(stem + ".onnx", options, providers=["CPUExecutionProvider"])
+        (y,) = session.run(None, {"x": x})
+        np.save(stem + "_x.npy", x)
+        np.save(stem + "_out.npy", y)
+        median, spread = timed(lambda: session.run(None, {"x": x}))
+        print(json.dumps({
+            "workload": name, "shape": "x".join(map(str, shape)),
+            "variant": f"onnxruntime {ort.__version__}", "backend": "cpu",
+            "median_s": median, "spread_s": spread,
+        }), flush=True)
 
 
 if __name__ == "__main__":
