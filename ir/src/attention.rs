@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use crate::Error;
 use crate::elementwise::{BinaryOp, ReduceOp, UnaryOp};
-use crate::interp::{binary, matmul, reduce, unary};
+use crate::interp::{binary, materialize, matmul, reduce, unary};
 use crate::types::{DType, Data, OutOfMemory, Scalar, Shape, TensorType};
 use crate::view::View;
 
@@ -136,7 +136,7 @@ impl Attention {
         let (q, k, v) = (shapes[0], shapes[1], shapes[2]);
         let r = q.rank();
         let keys = View::contiguous(k).permute(&transposed(r));
-        let kt = crate::interp::materialize(args[1], &keys)?;
+        let kt = materialize(args[1], &keys)?;
         let s = k.dims()[r - 2];
         let mut dims = q.dims().to_vec();
         dims[r - 1] = s;

@@ -401,6 +401,19 @@ impl Kernel {
         Ok(self.out.clone())
     }
 
+    /// The type of kernel input `input` read through `view` as an operand
+    /// of `op` (a matmul's, an attention's): a declared input, an unmasked
+    /// view inside it.
+    fn operand_read(&self, op: &str, input: u32, view: &View) -> Result<TensorType, String> {
+        let ty = (self.inputs.get(input as usize))
+            .ok_or_else(|| format!("{op} reads input {input}, which is not declared"))?;
+        if view.mask.is_some() {
+            return Err(format!("{op} reads input {input} through padding"));
+        }
+        view.check(ty, &view.shape)?;
+        Ok(TensorType::new(ty.dtype, view.shape.clone()))
+    }
+
     fn check_parts(&self, args: &[&TensorType]) -> Result<(), String> {
         let declared: Vec<&TensorType> = self.inputs.iter().collect();
         if declared != args {
@@ -459,17 +472,9 @@ impl Kernel {
                 Some(prologue.dtype().unwrap_or(DType::F32))
             }
             KernelKind::Attention { op, operands } => {
-                let mut types = Vec::with_capacity(operands.len());
-                for (input, view) in operands {
-                    let ty = self.inputs.get(*input as usize).ok_or_else(|| {
-                        format!("attention reads input {input}, which is not declared")
-                    })?;
-                    if view.mask.is_some() {
-                        return Err("an attention operand view is padded".to_string());
-                    }
-                    view.check(ty, &view.shape)?;
-                    types.push(TensorType::new(ty.dtype, view.shape.clone()));
-                }
+                let types = (operands.iter())
+                    .map(|(input, view)| self.operand_read("attention", *input, view))
+                    .collect::<Result<Vec<_>, String>>()?;
                 let types: Vec<&TensorType> = types.iter().collect();
                 if types.len() != op.arity() {
                     return Err(format!("an attention of {} operands", types.len()));
@@ -487,24 +492,9 @@ impl Kernel {
                 let types: Vec<TensorType> = [a, b]
                     .iter()
                     .map(|operand| match operand {
-                        Operand::Read { input, view } => {
-                            let ty = self.inputs.get(*input as usize).ok_or_else(|| {
-                                format!("matmul reads input {input}, which is not declared")
-                            })?;
-                            if view.mask.is_some() {
-                                return Err("a matmul operand view is padded".to_string());
-                            }
-                            view.check(ty, &view.shape)?;
-                            Ok(TensorType::new(ty.dtype, view.shape.clone()))
-                        }
+                        Operand::Read { input, view } => self.operand_read("matmul", *input, view),
                         Operand::Merged { input, view, shape } => {
-                            let ty = self.inputs.get(*input as usize).ok_or_else(|| {
-                                format!("matmul reads input {input}, which is not declared")
-                            })?;
-                            if view.mask.is_some() {
-                                return Err("a matmul operand view is padded".to_string());
-                            }
-                            view.check(ty, &view.shape)?;
+                            let ty = self.operand_read("matmul", *input, view)?;
                             if View::runs(&view.shape, shape).is_none() {
                                 return Err(format!(
                                     "a matmul operand {shape} does not merge the axes of its view {}",

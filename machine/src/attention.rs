@@ -45,11 +45,14 @@ impl<'a> Heads<'a> {
         self.data[self.offset(b, i, j)]
     }
 
-    /// Batch `b`'s `[rows, cols]` matrix.
-    fn matrix(&self, b: usize, rows: usize, cols: usize) -> Matrix<'a> {
+    /// Batch `b`'s `[rows, cols]` matrix from row `first` on.
+    fn matrix(&self, b: usize, first: usize, (rows, cols): (usize, usize)) -> Matrix<'a> {
+        // Wrapping: an operand without elements may lie anywhere, and none
+        // of its elements is read.
+        let offset = (first as isize).wrapping_mul(self.rows);
         Matrix {
             data: self.data,
-            offset: self.batches[b],
+            offset: self.batches[b].wrapping_add(offset),
             rows: Axis::Strided {
                 len: rows,
                 stride: self.rows,
@@ -108,7 +111,7 @@ pub fn attention(isa: Isa, att: &Attention<'_>, out: &mut [f32]) -> Result<(), E
             });
         }
         for b in 0..batch {
-            heads.matrix(b, rows, cols).check(name)?;
+            heads.matrix(b, 0, (rows, cols)).check(name)?;
         }
     }
     let needs = batch.checked_mul(l).and_then(|n| n.checked_mul(ev));
@@ -154,11 +157,7 @@ fn queries(
 ) -> Result<(), Error> {
     let [_, _, s, e, ev] = att.dims;
     let m = range.len();
-    let mut q = att.q.matrix(b, m, e);
-    // Offsets of operands without elements are never read: wrapping.
-    q.offset = q
-        .offset
-        .wrapping_add((range.start as isize).wrapping_mul(att.q.rows));
+    let q = att.q.matrix(b, range.start, (m, e));
     let mut scores = vec![0.0f32; m * KEYS.min(s)];
     let mut product = vec![0.0f32; if s > KEYS { m * ev } else { 0 }];
     let (mut max, mut sum) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
@@ -171,10 +170,7 @@ fn queries(
         if hidden(att, b, (&range, j0..j0 + n)) {
             continue;
         }
-        let mut k = att.k.matrix(b, n, e);
-        k.offset = k
-            .offset
-            .wrapping_add((j0 as isize).wrapping_mul(att.k.rows));
+        let mut k = att.k.matrix(b, j0, (n, e));
         // kᵀ: the keys' columns as rows.
         (k.rows, k.cols) = (k.cols, k.rows);
         let scores = &mut scores[..m * n];
@@ -200,10 +196,7 @@ fn queries(
             sum[r] = sum[r] * rescale[r] + exp_sum(row, new)?;
             max[r] = new;
         }
-        let mut v = att.v.matrix(b, n, ev);
-        v.offset = v
-            .offset
-            .wrapping_add((j0 as isize).wrapping_mul(att.v.rows));
+        let v = att.v.matrix(b, j0, (n, ev));
         let p = Matrix {
             data: scores,
             offset: 0,

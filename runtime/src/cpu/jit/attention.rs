@@ -3,11 +3,11 @@
 //! the output (its body is the result alone, `Kernel::check`).
 
 use kiln_ir::kernel::KernelKind;
-use kiln_ir::view::View;
 use kiln_machine::attention::{self, Attention, Heads};
 
 use super::CompiledKernel;
 use super::launch::{Buffer, views};
+use super::matmul::Strided;
 use crate::{Error, Role};
 
 impl CompiledKernel {
@@ -27,7 +27,10 @@ impl CompiledKernel {
             *to = (Role::Input(*input as usize), buffer.alias());
         }
         let (values, result) = views::<f32, 4>(kernel, &read, out)?;
-        let tables: Vec<Vec<isize>> = operands.iter().map(|(_, view)| batches(view)).collect();
+        let tables = (operands.iter())
+            .map(|(_, view)| Strided::new(view, &view.shape).map(|s| s.offsets()))
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(|problem| crate::launch(label(), problem))?;
         let heads: Vec<Heads<'_>> = (operands.iter().zip(values).zip(&tables))
             .map(|(((_, view), data), batches)| {
                 let r = view.shape.rank();
@@ -64,18 +67,4 @@ impl CompiledKernel {
             error,
         })
     }
-}
-
-/// The offset of each batch of `view` (its axes before the last two), in
-/// row-major order.
-fn batches(view: &View) -> Vec<isize> {
-    let r = view.shape.rank();
-    let mut table = vec![view.offset];
-    for (&d, &s) in view.shape.dims()[..r - 2].iter().zip(&view.strides) {
-        table = table
-            .iter()
-            .flat_map(|&t| (0..d as isize).map(move |i| t + i * s as isize))
-            .collect();
-    }
-    table
 }

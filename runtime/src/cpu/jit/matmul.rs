@@ -301,10 +301,11 @@ fn operand_at(
     Ok((buffer, layout))
 }
 
-/// A matmul operand as the GEMM takes it: element strides in place of a
-/// view, and tables of offsets for rows or columns that merge axes without
-/// one stride between them (`Operand::Merged`).
-struct Strided {
+/// A matmul operand as the GEMM takes it (an attention's, as its kernel
+/// takes it): element strides in place of a view, and tables of offsets for
+/// rows or columns that merge axes without one stride between them
+/// (`Operand::Merged`).
+pub(super) struct Strided {
     offset: isize,
     batch: Vec<(usize, isize)>,
     rows: Merged,
@@ -314,7 +315,7 @@ struct Strided {
 impl Strided {
     /// The operand of `shape` that `view` presents in row-major order: the
     /// view itself, or its axes merged into `shape`'s.
-    fn new(view: &View, shape: &Shape) -> Result<Strided, String> {
+    pub(super) fn new(view: &View, shape: &Shape) -> Result<Strided, String> {
         let own = || Some((0..shape.rank()).map(|a| a..a + 1).collect::<Vec<_>>());
         let runs = (if view.shape == *shape {
             own()
@@ -346,16 +347,26 @@ impl Strided {
         self.batch.iter().map(|b| b.0).product()
     }
 
-    /// Batch `index` of the operand, over `data`.
-    fn matrix<'a, T>(&'a self, data: &'a [T], mut index: usize) -> Matrix<'a, T> {
+    /// Where batch `index`'s element (0, 0) lies.
+    fn offset(&self, mut index: usize) -> isize {
         let mut offset = self.offset;
         for &(dim, stride) in self.batch.iter().rev() {
             offset += (index % dim) as isize * stride;
             index /= dim;
         }
+        offset
+    }
+
+    /// Where each batch's element (0, 0) lies, in order.
+    pub(super) fn offsets(&self) -> Vec<isize> {
+        (0..self.batches()).map(|b| self.offset(b)).collect()
+    }
+
+    /// Batch `index` of the operand, over `data`.
+    fn matrix<'a, T>(&'a self, data: &'a [T], index: usize) -> Matrix<'a, T> {
         Matrix {
             data,
-            offset,
+            offset: self.offset(index),
             rows: self.rows.axis(),
             cols: self.cols.axis(),
         }
