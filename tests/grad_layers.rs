@@ -1,12 +1,15 @@
 //! Gradients of the windowed ops, slices, binary extremes, attention and
-//! batch norm to second order, and gradients in f64, against central
-//! finite differences on the interpreter (`differences`), beside
-//! `tests/grad.rs`' elementwise, reduction and composite rules.
+//! every `nn` layer (by its input and its parameters) to second order, in
+//! f32 and f64, against central finite differences on the interpreter
+//! (`differences`), beside `tests/grad.rs`' elementwise, reduction and
+//! composite rules.
 
 mod differences;
 
-use differences::{check_in, gradient_of};
-use kiln::nn::{BatchNorm2d, Module};
+use differences::{Loss, check_in, gradients_of, to_second_order};
+use kiln::nn::{
+    BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, LayerNorm, Linear, Module, Sequential,
+};
 use kiln::{DType, Pool2d, Result, Tensor};
 use kiln_support::gradcheck::Rng;
 
@@ -31,11 +34,8 @@ fn distinct(n: usize, rng: &mut Rng) -> Vec<f32> {
         .collect()
 }
 
-type Loss = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
-
 /// Each case's input shape, its values and its loss of the input, with
-/// every tensor of `dtype`, f32 or f64 (batch norm, an f32 module, in f32
-/// alone).
+/// every tensor of `dtype`, f32 or f64.
 fn cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
     let mut rng = Rng(31);
     let mut signed = |n: usize| rng.fill(n, |r| r.signed(0.2, 1.0));
@@ -162,35 +162,25 @@ fn cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
             }),
         ),
     ];
-    if dtype == DType::F32 {
-        let norm = BatchNorm2d {
-            weight: fixed(&[2], 8),
-            bias: fixed(&[2], 9),
-            ..BatchNorm2d::new(2).expect("small")
-        };
-        cases.push((
-            "batch norm, training",
-            image,
-            img,
-            Box::new(move |x: &Tensor| bent(&norm.forward_train(x, &mut Vec::new())?, 21)),
-        ));
-    }
+    let norm = BatchNorm2d {
+        weight: fixed(&[2], 8),
+        bias: fixed(&[2], 9),
+        ..BatchNorm2d::new(2)
+            .and_then(|m| m.to_dtype(dtype))
+            .expect("small")
+    };
+    cases.push((
+        "batch norm, training",
+        image,
+        img,
+        Box::new(move |x: &Tensor| bent(&norm.forward_train(x, &mut Vec::new())?, 21)),
+    ));
     cases
 }
 
-/// Every case of `dtype`: its gradient against differences of its loss,
-/// and its Hessian-vector products against differences of its gradient.
+/// Every case of `dtype` to second order.
 fn check_cases(dtype: DType) {
-    let mut failures = Vec::new();
-    for (seed, (name, shape, x, loss)) in cases(dtype).into_iter().enumerate() {
-        let seed = seed as u64;
-        if let Err(e) = check_in(dtype, &[(&shape, x.clone())], seed, |p| loss(&p[0])) {
-            failures.push(format!("{name}, first order: {e}"));
-        }
-        if let Err(e) = check_in(dtype, &[(&shape, x)], seed, gradient_of(&loss)) {
-            failures.push(format!("{name}, second order: {e}"));
-        }
-    }
+    let failures = to_second_order(dtype, cases(dtype));
     assert!(failures.is_empty(), "{dtype}: {}", failures.join("\n"));
 }
 
@@ -202,6 +192,110 @@ fn windows_and_layers_match_differences_to_second_order() {
 #[test]
 fn windows_and_layers_in_f64_match_differences_to_second_order() {
     check_cases(DType::F64);
+}
+
+/// What a module is given: a float input drawn by the check, and so
+/// differentiated, or fixed ids.
+enum Input {
+    Drawn(Vec<usize>),
+    Fixed(Tensor),
+}
+
+/// `model` cast to `dtype`, in training mode, every parameter drawn in
+/// place of its own: the gradients of a bent loss of its output by its
+/// input (where drawn) and by each parameter against differences, and the
+/// Hessian-vector products across all of them together.
+fn check_module<M: Module + Clone>(
+    name: &str,
+    dtype: DType,
+    model: &M,
+    input: &Input,
+) -> Vec<String> {
+    let model = model.to_dtype(dtype).expect("a float type");
+    let mut rng = Rng(name.len() as u64);
+    let mut draw = |dims: &[usize]| {
+        (
+            dims.to_vec(),
+            rng.fill(dims.iter().product(), |r| r.signed(0.2, 1.0)),
+        )
+    };
+    let mut inputs = Vec::new();
+    if let Input::Drawn(dims) = input {
+        inputs.push(draw(dims));
+    }
+    inputs.extend(model.parameters().iter().map(|(_, p)| draw(p.dims())));
+    let loss = |p: &[Tensor]| {
+        let (x, params) = match input {
+            Input::Drawn(_) => (&p[0], &p[1..]),
+            Input::Fixed(ids) => (ids, p),
+        };
+        let y = model
+            .with_parameters(params)?
+            .forward_train(x, &mut Vec::new())?;
+        bent(&y, 22)
+    };
+    let inputs: Vec<(&[usize], Vec<f32>)> = (inputs.iter())
+        .map(|(d, v)| (d.as_slice(), v.clone()))
+        .collect();
+    let mut failures = Vec::new();
+    if let Err(e) = check_in(dtype, &inputs, 1, loss) {
+        failures.push(format!("{name}, first order: {e}"));
+    }
+    if let Err(e) = check_in(dtype, &inputs, 2, gradients_of(loss)) {
+        failures.push(format!("{name}, second order: {e}"));
+    }
+    failures
+}
+
+/// Every layer of `nn` that holds parameters or draws, and a model of
+/// several, in `dtype` (`Module::to_dtype`).
+fn check_modules(dtype: DType) -> Result<()> {
+    let mut conv = Conv2d::new(2, 3, [3, 3], 1)?;
+    (conv.stride, conv.padding) = ([2, 1], [(1, 1), (0, 1)]);
+    let mut small_conv = Conv2d::new(1, 2, [3, 3], 2)?;
+    small_conv.padding = [(1, 1); 2];
+    let model = Sequential::new(vec![
+        Box::new(small_conv),
+        Box::new(BatchNorm2d::new(2)?),
+        Box::new(Flatten),
+        Box::new(Dropout::new(0.25, 3)?),
+        Box::new(Linear::new(32, 3, 4)?),
+    ]);
+    // Repeated ids and one from the end.
+    let ids = Tensor::from_vec(vec![0i64, 3, 3, -1, 5, 0], [2, 3])?;
+    let drawn = |dims: &[usize]| Input::Drawn(dims.to_vec());
+    let failures = [
+        check_module("Linear", dtype, &Linear::new(5, 3, 5)?, &drawn(&[4, 5])),
+        check_module("Conv2d", dtype, &conv, &drawn(&[2, 2, 5, 4])),
+        check_module(
+            "BatchNorm2d",
+            dtype,
+            &BatchNorm2d::new(2)?,
+            &drawn(&[3, 2, 3, 3]),
+        ),
+        check_module("LayerNorm", dtype, &LayerNorm::new(5)?, &drawn(&[3, 5])),
+        check_module(
+            "Embedding",
+            dtype,
+            &Embedding::new(6, 3, 6)?,
+            &Input::Fixed(ids),
+        ),
+        check_module("Dropout", dtype, &Dropout::new(0.5, 7)?, &drawn(&[3, 5])),
+        check_module("Sequential", dtype, &model, &drawn(&[2, 1, 4, 4])),
+    ]
+    .concat();
+    assert!(failures.is_empty(), "{dtype}: {}", failures.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn modules_match_differences_to_second_order() -> Result<()> {
+    check_modules(DType::F32)
+}
+
+#[test]
+fn modules_in_f64_match_differences_to_second_order() -> Result<()> {
+    check_modules(DType::F64)
 }
 
 #[test]

@@ -436,3 +436,42 @@ fn sequential_buffers_are_named_and_replaced_by_layer() -> Result<()> {
     assert!(e.contains("layers.1.running_var"), "{e}");
     Ok(())
 }
+
+#[test]
+fn to_dtype_casts_float_parameters_and_buffers_and_computes_in_that_type() -> Result<()> {
+    let net = nn::Sequential::new(vec![
+        Box::new(nn::Conv2d::new(1, 2, [3, 3], 1)?),
+        Box::new(nn::BatchNorm2d::new(2)?),
+        Box::new(nn::Flatten),
+        Box::new(nn::Dropout::new(0.25, 2)?),
+        Box::new(nn::Linear::new(32, 3, 3)?),
+    ]);
+    let wide = net.to_dtype(DType::F64)?;
+    for (name, p) in wide.parameters().into_iter().chain(wide.buffers()) {
+        let want = if name.ends_with("key") {
+            DType::I32
+        } else {
+            DType::F64
+        };
+        assert_eq!(p.dtype(), want, "{name}");
+    }
+    // The same parameters widened: the f64 pass is the f32 one, closer.
+    let x = Tensor::randn([2, 1, 6, 6], 4)?;
+    let (mut narrow_buffers, mut wide_buffers) = (Vec::new(), Vec::new());
+    let y = net
+        .forward_train(&x, &mut narrow_buffers)?
+        .to_vec::<f32>()?;
+    let y64 = wide.forward_train(&x.cast(DType::F64)?, &mut wide_buffers)?;
+    assert_eq!(y64.dtype(), DType::F64);
+    for (a, b) in y.iter().zip(y64.to_vec::<f64>()?) {
+        assert!(
+            (f64::from(*a) - b).abs() < 1e-5 * b.abs().max(1.0),
+            "{a} {b}"
+        );
+    }
+    let dtypes: Vec<DType> = wide_buffers.iter().map(Tensor::dtype).collect();
+    assert_eq!(dtypes, [DType::F64, DType::F64, DType::I32]);
+    let e = message(net.to_dtype(DType::I32));
+    assert!(e.contains("to_dtype") && e.contains("i32"), "{e}");
+    Ok(())
+}

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::Module;
 use super::module::layered;
 use crate::rng::SplitMix64;
-use crate::{Error, Result, Tensor};
+use crate::{Error, Result, Scalar, Tensor};
 
 /// `y = x @ weight + bias`.
 ///
@@ -17,9 +17,9 @@ use crate::{Error, Result, Tensor};
 /// transpose; a weight from a PyTorch checkpoint goes in as `w.t()`.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    /// f32 `[in, out]`.
+    /// `[in, out]`.
     pub weight: Tensor,
-    /// f32 `[out]`.
+    /// `[out]`.
     pub bias: Tensor,
 }
 
@@ -61,7 +61,7 @@ impl Module for Linear {
     }
 }
 
-/// Batch normalization of NCHW f32 data over the batch and the plane, per
+/// Batch normalization of NCHW data over the batch and the plane, per
 /// channel, with a learned scale and shift, as PyTorch's `nn.BatchNorm2d`:
 /// `forward_train` normalizes by the batch's mean and (biased) variance
 /// and moves the running statistics toward them by `momentum` (the
@@ -69,13 +69,13 @@ impl Module for Linear {
 /// statistics.
 #[derive(Clone, Debug)]
 pub struct BatchNorm2d {
-    /// f32 `[channels]`, initially ones.
+    /// `[channels]`, initially ones.
     pub weight: Tensor,
-    /// f32 `[channels]`, initially zeros.
+    /// `[channels]`, initially zeros.
     pub bias: Tensor,
-    /// f32 `[channels]`, initially zeros: a buffer.
+    /// `[channels]`, initially zeros: a buffer.
     pub running_mean: Tensor,
-    /// f32 `[channels]`, initially ones: a buffer.
+    /// `[channels]`, initially ones: a buffer.
     pub running_var: Tensor,
     /// Added to the variance: 1e-5.
     pub eps: f32,
@@ -103,7 +103,7 @@ impl BatchNorm2d {
     fn normalized(&self, x: &Tensor, mean: &Tensor, var: &Tensor) -> Result<Tensor> {
         let c = self.weight.numel();
         let channel = |t: &Tensor| t.reshape([1, c, 1, 1]);
-        let inv_std = (var + self.eps)?.sqrt()?.recip()?;
+        let inv_std = var.add(&like(self.eps, var))?.sqrt()?.recip()?;
         let y = x.sub(mean)?.mul(&inv_std)?;
         y.mul(&channel(&self.weight)?)?.add(&channel(&self.bias)?)
     }
@@ -167,17 +167,27 @@ impl Module for BatchNorm2d {
         // The running statistics carry no gradient; the variance unbiased.
         let c = self.weight.numel();
         let batch_mean = mean.detach()?.reshape([c])?;
-        let unbiased = n as f32 / (n.max(2) - 1) as f32;
-        let batch_var = (var.detach()?.reshape([c])? * unbiased)?;
-        let m = self.momentum;
-        buffers.push(((&self.running_mean * (1.0 - m))? + (batch_mean * m)?)?);
-        buffers.push(((&self.running_var * (1.0 - m))? + (batch_var * m)?)?);
+        let unbiased = like(n as f32 / (n.max(2) - 1) as f32, x);
+        let batch_var = var.detach()?.reshape([c])?.mul(&unbiased)?;
+        let (m, rest) = (like(self.momentum, x), like(1.0 - self.momentum, x));
+        for (running, batch) in [
+            (&self.running_mean, batch_mean),
+            (&self.running_var, batch_var),
+        ] {
+            buffers.push(running.mul(&rest)?.add(&batch.mul(&m)?)?);
+        }
         self.normalized(x, &mean, &var)
     }
 
     fn boxed(&self) -> Box<dyn Module> {
         Box::new(self.clone())
     }
+}
+
+/// `value` as a scalar of `t`'s type: a hyperparameter of a module cast to
+/// the type the module computes in (`Module::to_dtype`).
+fn like(value: f32, t: &Tensor) -> Tensor {
+    Tensor::scalar(Scalar::F32(value).cast(t.dtype()))
 }
 
 /// `n` values uniform in PyTorch's `[-1/sqrt(fan_in), 1/sqrt(fan_in))`,
@@ -214,7 +224,7 @@ fn weight_and_bias_mut<'a>(
 /// gradient where its id points (a scatter-add).
 #[derive(Clone, Debug)]
 pub struct Embedding {
-    /// f32 `[ids, width]`.
+    /// `[ids, width]`.
     pub weight: Tensor,
 }
 
@@ -264,9 +274,9 @@ impl Module for Embedding {
 /// (`Tensor::layer_norm`).
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
-    /// f32 `[features]`, initially ones.
+    /// `[features]`, initially ones.
     pub weight: Tensor,
-    /// f32 `[features]`, initially zeros.
+    /// `[features]`, initially zeros.
     pub bias: Tensor,
     /// Added to the variance: 1e-5, as PyTorch's default.
     pub eps: f32,
@@ -350,13 +360,13 @@ impl Module for Mlp {
     }
 }
 
-/// A 2-D convolution of NCHW f32 data (`Tensor::conv2d`), as PyTorch's
+/// A 2-D convolution of NCHW data (`Tensor::conv2d`), as PyTorch's
 /// `nn.Conv2d`.
 #[derive(Clone, Debug)]
 pub struct Conv2d {
-    /// f32 `[out, in / groups, kh, kw]`.
+    /// `[out, in / groups, kh, kw]`.
     pub weight: Tensor,
-    /// f32 `[out]`.
+    /// `[out]`.
     pub bias: Tensor,
     /// Steps between windows along height and width.
     pub stride: [usize; 2],

@@ -8,7 +8,7 @@
 //! `MaxPool2d` are modules without parameters, for `Sequential`, and so is
 //! `Dropout`, whose random key is a buffer.
 
-use crate::{Pool2d, Result, Tensor};
+use crate::{DType, Pool2d, Result, Tensor};
 
 use super::set_parameters;
 
@@ -71,6 +71,27 @@ pub trait Module: Send + Sync {
         let names = self.buffers().into_iter().map(|(n, _)| n).collect();
         replaced(self, names, values, "buffers", |m| m.buffers_mut())
     }
+
+    /// A copy whose floating-point parameters and buffers are cast to
+    /// float type `dtype`, as PyTorch's `module.to(dtype)`: `to_dtype(DType::F64)`
+    /// trains in f64. Integer buffers (a dropout's key) stay as they are.
+    fn to_dtype(&self, dtype: DType) -> Result<Self>
+    where
+        Self: Sized + Clone,
+    {
+        if !dtype.is_float() {
+            return Err(kiln_ir::Error::DType {
+                op: "Module::to_dtype",
+                dtype,
+                expected: "a float type",
+            }
+            .into());
+        }
+        let mut copy = self.clone();
+        cast_floats(copy.parameters_mut(), dtype)?;
+        cast_floats(copy.buffers_mut(), dtype)?;
+        Ok(copy)
+    }
 }
 
 /// A copy of `model` whose tensors `targets` names (`names`, in order)
@@ -96,6 +117,16 @@ fn replaced<M: Clone>(
         names.into_iter().zip(values.iter().cloned()),
     )?;
     Ok(copy)
+}
+
+/// Each floating-point tensor of `targets` cast to `dtype`.
+fn cast_floats(targets: Vec<(String, &mut Tensor)>, dtype: DType) -> Result<()> {
+    for (_, t) in targets {
+        if t.dtype().is_float() {
+            *t = t.cast(dtype)?;
+        }
+    }
+    Ok(())
 }
 
 /// Layers applied in order, as PyTorch's `nn.Sequential`; layer `i`'s

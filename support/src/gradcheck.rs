@@ -97,6 +97,14 @@ pub fn check(
                 point[i][j] = down;
                 let yd = eval(&point)?;
                 point[i][j] = x;
+                // A NaN or infinity is the same bits on both sides, so it
+                // would read as an output that did not move.
+                if let Some(at) = yu.iter().chain(&yd).position(|y| !y.is_finite()) {
+                    return Err(format!(
+                        "output {} is not finite near input {i} element {j} (x = {x:?}): no difference can check it",
+                        at % yu.len().max(1)
+                    ));
+                }
                 let mut moved = 0.0;
                 let mut delta = 0.0;
                 for ((&u, &d), &w) in yu.iter().zip(&yd).zip(r) {

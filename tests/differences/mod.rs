@@ -91,3 +91,43 @@ pub fn gradient_of(
 ) -> impl Fn(&[Tensor]) -> Result<Tensor> {
     move |p: &[Tensor]| Ok(grad(&loss(&p[0])?, &[&p[0]])?.remove(0))
 }
+
+/// The gradients of `loss(inputs)` with respect to every input, flattened
+/// and joined into one vector, as a function of the inputs: its
+/// vector-Jacobian products are Hessian-vector products across all of
+/// them (a layer's input and its parameters together).
+pub fn gradients_of(
+    loss: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> impl Fn(&[Tensor]) -> Result<Tensor> {
+    move |p: &[Tensor]| {
+        let grads = grad(&loss(p)?, &p.iter().collect::<Vec<_>>())?;
+        let flat: Vec<Tensor> = (grads.iter())
+            .map(|g| g.reshape([g.numel()]))
+            .collect::<Result<_>>()?;
+        Tensor::cat(&flat.iter().collect::<Vec<_>>(), 0)
+    }
+}
+
+/// A loss of one tensor.
+pub type Loss = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+
+/// Each case (a name, its input's shape and values, its loss) with its
+/// input of `dtype`: its gradient against differences of its loss, and its
+/// Hessian-vector products against differences of its gradient. The
+/// failures, each named.
+pub fn to_second_order(
+    dtype: DType,
+    cases: Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (seed, (name, shape, x, loss)) in cases.into_iter().enumerate() {
+        let seed = seed as u64;
+        if let Err(e) = check_in(dtype, &[(&shape, x.clone())], seed, |p| loss(&p[0])) {
+            failures.push(format!("{name}, first order: {e}"));
+        }
+        if let Err(e) = check_in(dtype, &[(&shape, x)], seed, gradient_of(&loss)) {
+            failures.push(format!("{name}, second order: {e}"));
+        }
+    }
+    failures
+}
