@@ -190,6 +190,19 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
     check("batched matmul", &[a, b], product_tol(5, 16.0), |t| {
         t[0].matmul(&t[1])?.exp()
     })?;
+    // One weight broadcast over the batch: one product of the batch's rows
+    // (`batch-rows`), its bias and ReLU in the epilogue.
+    let (x, w, bias) = (
+        input(&[3, 41, 67], 40, false)?,
+        input(&[67, 130], 41, false)?,
+        input(&[130], 42, false)?,
+    );
+    check(
+        "relu(x@w + b), the weight broadcast 3x41x67x130",
+        &[x, w, bias],
+        product_tol(67, 16.0),
+        |t| t[0].matmul(&t[1])?.add(&t[2])?.relu(),
+    )?;
     // Each product large enough for the AVX-512 kernels, whose blocks of
     // rows take the epilogue as they finish.
     let (a, b) = (

@@ -438,6 +438,63 @@ fn a_sum_over_the_batch_of_products_is_one_product() {
     }
 }
 
+#[test]
+fn a_product_with_one_matrix_over_the_batch_is_one_product_of_its_rows() {
+    // `x [4, 3, 8] @ w [8, 5]` broadcast, and with `w [1, 8, 5]`: one
+    // product of 12 rows each. Left as they are: a right operand that
+    // differs along the batch, and a left one broadcast over it.
+    let mut g = Graph::new("rows");
+    let x = g.input(f32s(&[4, 3, 8]));
+    let w = g.input(f32s(&[8, 5]));
+    let w1 = g.input(f32s(&[1, 8, 5]));
+    let batched = g.input(f32s(&[4, 8, 5]));
+    let broadcast = |g: &mut Graph, w| push(g, Op::Expand(Shape::new(&[4, 8, 5])), &[w]);
+    let (wide, wide1) = (broadcast(&mut g, w), broadcast(&mut g, w1));
+    let y = push(&mut g, Op::MatMul, &[x, wide]);
+    let y1 = push(&mut g, Op::MatMul, &[x, wide1]);
+    let kept = push(&mut g, Op::MatMul, &[x, batched]);
+    let row = g.input(f32s(&[3, 8]));
+    let rows = push(&mut g, Op::Expand(Shape::new(&[4, 3, 8])), &[row]);
+    let left = push(&mut g, Op::MatMul, &[rows, batched]);
+    g.outputs.extend([y, y1, kept, left]);
+    insta::assert_snapshot!(after(&g, "simplify"), @r"
+    graph @rows(%0: f32[4,3,8], %1: f32[8,5], %2: f32[1,8,5], %3: f32[4,8,5], %4: f32[3,8]) -> (f32[4,3,5], f32[4,3,5], f32[4,3,5], f32[4,3,5]) {
+      %5 = reshape %0 [12,8] : f32[12,8]
+      %6 = matmul %5, %1 : f32[12,5]
+      %7 = reshape %6 [4,3,5] : f32[4,3,5]
+      %8 = reshape %0 [12,8] : f32[12,8]
+      %9 = reshape %2 [8,5] : f32[8,5]
+      %10 = matmul %8, %9 : f32[12,5]
+      %11 = reshape %10 [4,3,5] : f32[4,3,5]
+      %12 = matmul %0, %3 : f32[4,3,5]
+      %13 = expand %4 [4,3,8] : f32[4,3,8]
+      %14 = matmul %13, %3 : f32[4,3,5]
+      return %7, %11, %12, %14
+    }
+    // simplify: batch-rows x2
+    // simplify: stopped at a fixpoint
+    ");
+    // Each element is the same dot product, so the same bits.
+    let inputs: Vec<Data> = (g.inputs.iter())
+        .enumerate()
+        .map(|(i, ty)| {
+            let n = ty.shape.numel();
+            Data::F32(
+                (0..n)
+                    .map(|j| ((j * 7 + i * 3) % 11) as f32 * 0.37 - 1.5)
+                    .collect(),
+            )
+        })
+        .collect();
+    let refs: Vec<&Data> = inputs.iter().collect();
+    let want = kiln_ir::interp::eval(&g, &refs).expect("evaluates");
+    let optimized = optimize(&g, Options::default(), &mut |_, _| {}).expect("optimizes");
+    assert_eq!(
+        kiln_ir::interp::eval(&optimized.graph, &refs).expect("evaluates"),
+        want
+    );
+}
+
 /// `softmax(q kᵀ · scale + bias) v` as `Tensor::scaled_dot_product_attention`
 /// writes it (the shift and the sum guarded) where `guarded`, else a plain
 /// softmax's ops; the scores times or over a constant and biased where
