@@ -19,7 +19,7 @@ use kiln_runtime::{Arg, BackendOptions, Executable, Storage};
 
 use crate::backend::{backend, compile_graph, store};
 use crate::tensor::{Source, capture_with_data};
-use crate::{Device, Result, Tensor};
+use crate::{Device, Result, Tensor, fold};
 
 /// A traced and compiled function of tensors.
 pub struct CompiledGraph {
@@ -118,6 +118,10 @@ pub(crate) fn compile_donating(
     let outputs = f(&placeholders)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let (graph, sources) = capture_with_data(name, &refs);
+    let (graph, sources) = match fold::captured(&graph, &sources, device)? {
+        Some(folded) => folded,
+        None => (graph, sources),
+    };
     let input_of = |spec: usize| {
         let placeholder = |s: &Source| matches!(s, Source::Placeholder(i) if *i == spec);
         sources.iter().position(placeholder)

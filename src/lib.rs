@@ -35,6 +35,7 @@ mod conv;
 pub mod data;
 mod device;
 mod error;
+mod fold;
 mod grad;
 mod index;
 mod join;

@@ -544,6 +544,7 @@ pub fn capture(name: &str, outputs: &[&Tensor]) -> Graph {
 }
 
 /// Where the value of a captured graph input comes from.
+#[derive(Clone)]
 pub(crate) enum Source {
     /// The value the tensor holds, where its device keeps it.
     Data(Storage),

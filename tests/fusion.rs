@@ -152,3 +152,51 @@ fn same_shapes_give_equal_kernels_for_the_cache() -> Result<()> {
     assert_eq!(first.graph.nodes, second.graph.nodes);
     Ok(())
 }
+
+/// The graph inputs of `f` compiled over an f32 `[4, 5]` placeholder on
+/// `device`, and its value at `x`.
+fn compiled_inputs(
+    device: kiln::Device,
+    x: &Tensor,
+    f: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<(Vec<String>, Vec<f32>)> {
+    let spec = kiln::TensorType::new(DType::F32, [4, 5]);
+    let mut compiled =
+        kiln::compile_with("folded", &[spec], kiln::CompileOptions::on(device), |p| {
+            Ok(vec![f(&p[0])?])
+        })?;
+    let inputs = (compiled.optimized().graph.inputs.iter())
+        .map(|ty| ty.to_string())
+        .collect();
+    let y = compiled.call(&[x])?.remove(0).to_vec::<f32>()?;
+    Ok((inputs, y))
+}
+
+#[test]
+fn values_of_captured_weights_alone_are_computed_when_compiling() -> Result<()> {
+    let (w, bias) = (randn(&[7, 5], 1)?, randn(&[7], 2)?);
+    // The scaled transpose and the doubled bias read captured weights
+    // alone: each is computed once and captured in its place, the bias
+    // below its broadcast (a [7], never the [4, 7] it is read as). The
+    // placeholder's value is computed per call.
+    let f = |x: &Tensor| -> Result<Tensor> {
+        let scaled = (w.t()? * 0.5f32)?;
+        x.matmul(&scaled)?.add(&(&bias * 2.0f32)?.expand([4, 7])?)
+    };
+    let x = randn(&[4, 5], 3)?;
+    let want = f(&x)?.to_vec::<f32>()?;
+    for device in [kiln::Device::Reference, kiln::Device::Cpu] {
+        let (inputs, y) = compiled_inputs(device, &x, f)?;
+        assert_eq!(inputs, ["f32[4,5]", "f32[5,7]", "f32[7]"], "{device:?}");
+        for (a, b) in y.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{device:?}: {a} {b}"
+            );
+        }
+    }
+    // Read as a view alone, a weight stays the captured value it is.
+    let (inputs, _) = compiled_inputs(kiln::Device::Cpu, &x, |x| x.matmul(&w.t()?))?;
+    assert_eq!(inputs, ["f32[4,5]", "f32[7,5]"]);
+    Ok(())
+}
