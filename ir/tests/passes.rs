@@ -457,7 +457,7 @@ fn a_product_with_one_matrix_over_the_batch_is_one_product_of_its_rows() {
     let rows = push(&mut g, Op::Expand(Shape::new(&[4, 3, 8])), &[row]);
     let left = push(&mut g, Op::MatMul, &[rows, batched]);
     g.outputs.extend([y, y1, kept, left]);
-    insta::assert_snapshot!(after(&g, "simplify"), @r"
+    insta::assert_snapshot!(after(&g, "batch-rows"), @r"
     graph @rows(%0: f32[4,3,8], %1: f32[8,5], %2: f32[1,8,5], %3: f32[4,8,5], %4: f32[3,8]) -> (f32[4,3,5], f32[4,3,5], f32[4,3,5], f32[4,3,5]) {
       %5 = reshape %0 [12,8] : f32[12,8]
       %6 = matmul %5, %1 : f32[12,5]
@@ -471,8 +471,8 @@ fn a_product_with_one_matrix_over_the_batch_is_one_product_of_its_rows() {
       %14 = matmul %13, %3 : f32[4,3,5]
       return %7, %11, %12, %14
     }
-    // simplify: batch-rows x2
-    // simplify: stopped at a fixpoint
+    // batch-rows: batch-rows x2
+    // batch-rows: stopped at a fixpoint
     ");
     // Each element is the same dot product, so the same bits.
     let inputs: Vec<Data> = (g.inputs.iter())
@@ -492,6 +492,40 @@ fn a_product_with_one_matrix_over_the_batch_is_one_product_of_its_rows() {
     assert_eq!(
         kiln_ir::interp::eval(&optimized.graph, &refs).expect("evaluates"),
         want
+    );
+}
+
+#[test]
+fn attention_over_values_shared_by_the_batch_stays_one_op() {
+    // The values broadcast over the batch (one head's, shared): the
+    // product of the weights and the values is a batched product of one
+    // matrix, which `attention` finds before `batch-rows` would take it.
+    let mut g = Graph::new("shared");
+    let (q, k) = (g.input(f32s(&[2, 64, 16])), g.input(f32s(&[2, 80, 16])));
+    let v = g.input(f32s(&[80, 8]));
+    let v = push(&mut g, Op::Expand(Shape::new(&[2, 80, 8])), &[v]);
+    let bias = g.input(f32s(&[2, 64, 80]));
+    let (y, _) = attention(
+        &mut g,
+        [q, k, v],
+        Some((BinaryOp::Mul, 0.25)),
+        Some(bias),
+        true,
+    );
+    g.outputs.push(y);
+    let options = Options {
+        attention: true,
+        ..Options::default()
+    };
+    let optimized = optimize(&g, options, &mut |_, _| {}).expect("optimizes");
+    let attention_kernel = |n: &kiln_ir::Node| match &n.op {
+        Op::Kernel(k) => matches!(k.kind, kiln_ir::kernel::KernelKind::Attention { .. }),
+        _ => false,
+    };
+    assert!(
+        optimized.graph.nodes.iter().any(attention_kernel),
+        "{}",
+        optimized.graph
     );
 }
 

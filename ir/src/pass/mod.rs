@@ -2,14 +2,14 @@
 //! kernels, with the verifier after every stage.
 //!
 //! ```text
-//! simplify -> widen -> cse -> attention -> split-reduce -> fold-views -> fuse -> dce
+//! simplify -> widen -> cse -> attention -> batch-rows -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
 //! then the schedule, and for a compiled step `donate`, which writes
 //! outputs over the inputs they replace where that is safe.
 //!
 //! The pipeline takes graph ops only (checked on entry): `simplify`,
-//! `widen`, `cse`, `attention` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
+//! `widen`, `cse`, `attention`, `batch-rows` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
 //! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
 //!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
@@ -26,6 +26,7 @@ use crate::types::TensorType;
 use crate::verify::{verify, verify_graph_ops};
 
 mod attention;
+mod batch_rows;
 mod cse;
 mod dce;
 mod donate;
@@ -38,11 +39,12 @@ mod widen;
 pub use donate::donate;
 
 /// The stages in pipeline order, as `KILN_DUMP` names them.
-pub const STAGES: [&str; 10] = [
+pub const STAGES: [&str; 11] = [
     "simplify",
     "widen",
     "cse",
     "attention",
+    "batch-rows",
     "split-reduce",
     "fold-views",
     "fuse",
@@ -129,6 +131,10 @@ pub fn optimize(
     let graph = match options.attention && options.fusion {
         true => stage("attention", attention::run(&graph))?,
         false => graph,
+    };
+    let graph = match batch_rows::run(&graph) {
+        Some(rewritten) => stage("batch-rows", rewritten)?,
+        None => graph,
     };
     let graph = stage("split-reduce", split_reduce::run(&graph, options.parallel))?;
     let graph = stage("fold-views", (fold_views::run(&graph), Vec::new()))?;

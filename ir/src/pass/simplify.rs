@@ -60,10 +60,6 @@ const RULES: &[Rule] = &[
         name: "view-noop",
         apply: view_noop,
     }, // reshape/permute/expand that changes nothing -> x
-    Rule {
-        name: "batch-rows",
-        apply: batch_rows,
-    }, // a [b.., m, k] @ expand(w [k, n]) -> reshape(a [b * m, k] @ w)
 ];
 
 /// Runs the rules to a fixpoint on every node, then drops the nodes the
@@ -235,46 +231,6 @@ fn view_noop(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Opti
         _ => false,
     };
     noop.then_some(Rewrite::To(inputs[0]))
-}
-
-/// A batched product whose right operand is one matrix broadcast over
-/// the batch (`a [b.., m, k] @ expand(w [k, n])`: a linear layer over
-/// `[batch, tokens, features]`, an LSTM's input projection over its steps)
-/// as one product of the batch's rows, `reshape(a, [b * m, k]) @ w`:
-/// every element is the same dot product, and the weight is read (and
-/// packed, and computed where it is a computed operand) once rather than
-/// once per batch entry.
-fn batch_rows(g: &mut Graph, op: &Op, inputs: &[NodeId], ty: &TensorType) -> Option<Rewrite> {
-    let Op::MatMul = op else {
-        return None;
-    };
-    let dims = ty.shape.dims();
-    let rank = dims.len();
-    let b = g.node(inputs[1]);
-    let Op::Expand(_) = b.op else {
-        return None;
-    };
-    let w = b.inputs[0];
-    let w_dims = g.node(w).ty.shape.dims().to_vec();
-    let k = *g.node(inputs[0]).ty.shape.dims().last()?;
-    let n = dims[rank - 1];
-    let (w_batch, w_matrix) = w_dims.split_at(w_dims.len().checked_sub(2)?);
-    if rank < 3 || w_matrix != [k, n] || w_batch.iter().any(|&d| d != 1) {
-        return None;
-    }
-    let rows = dims[..rank - 1].iter().product::<usize>();
-    let a = g
-        .push(Op::Reshape(Shape::new(&[rows, k])), &[inputs[0]])
-        .ok()?;
-    let w = match w_batch.is_empty() {
-        true => w,
-        false => g.push(Op::Reshape(Shape::new(&[k, n])), &[w]).ok()?,
-    };
-    let c = g.push(Op::MatMul, &[a, w]).ok()?;
-    Some(Rewrite::Node(
-        Op::Reshape(ty.shape.clone()),
-        SmallVec::from_slice(&[c]),
-    ))
 }
 
 /// Batched products of fewer elements than this stay as they are, summed.
