@@ -6,7 +6,9 @@
 //! inputs and launches the kernels, with intermediate buffers reused from
 //! the memory plan: no tracing, optimizing, compiling or intermediate
 //! allocation per call. Tensors the function captures (weights) are baked
-//! in as the values they hold at compile time, moved to the device once.
+//! in as the values they hold at compile time, moved to the device once;
+//! what it computes from captured values alone (a weight reordered or
+//! scaled) is computed then too, once, on the CPU (`fold`).
 
 use std::sync::Arc;
 

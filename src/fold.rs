@@ -1,20 +1,21 @@
 //! Captured values computed on once, when a graph is compiled: a part of a
 //! traced graph that reads only values the function captured (a model's
 //! weights) and constants, and computes something from them (an ONNX
-//! LSTM's gates gathered into one matrix, a weight scaled), runs once in
-//! `kiln::compile` and its result is captured in its place, as onnxruntime
-//! folds a model's initializers. Left in the graph, it ran on every call:
-//! the LSTM's gathered weights took half of each call
-//! (`benches/RESULTS-cpu.md`).
+//! LSTM's gates gathered into one matrix, a weight scaled or flipped), runs
+//! once in `kiln::compile` and its result is captured in its place, as
+//! onnxruntime folds a model's initializers. Left in the graph, it ran on
+//! every call (an exported LSTM's: `benches/RESULTS-cpu.md`).
 //!
 //! What is folded: each value computed from captured values that a value
 //! computed from a call's inputs reads (or that the graph returns), below
-//! any broadcast (a broadcast stays a view over the folded value), where
-//! it computes something (views of a captured value alone cost nothing
-//! where they are read) and holds no more elements than the captured values
-//! it reads (a folded value never multiplies memory). Values of constants
-//! alone (a causal mask from index ramps) stay in the graph: the kernels
-//! that read them compute them in registers.
+//! the views over it (which stay views, reading the folded value where it
+//! lies as they read the captured one: views alone cost nothing where they
+//! are read), where it holds no more elements than the distinct captured
+//! values it reads: a value built by broadcasting (a causal mask from two
+//! index ramps) stays in the kernels that compute it in registers. Values
+//! of constants alone are no captured values and stay.
+//! The fold runs on the CPU (the interpreter for `Device::Reference`),
+//! in f32 where the graph is f32, whatever the target's precision.
 
 use std::sync::Arc;
 
@@ -58,24 +59,19 @@ fn is_view(op: &Op) -> bool {
 fn foldable(graph: &Graph, sources: &[Source]) -> Vec<NodeId> {
     let n = graph.nodes.len();
     // Per node: computed from captured host values and constants alone;
-    // reads a captured value; computes (not only views); the elements of
-    // the captured values it reads (a value read along two paths twice).
+    // reads a captured value.
     let (mut constant, mut captured) = (vec![false; n], vec![false; n]);
-    let (mut computes, mut read) = (vec![false; n], vec![0usize; n]);
     for (i, node) in graph.nodes.iter().enumerate() {
         let ins = || node.inputs.iter().map(|p| p.index());
         match node.op {
             Op::Input { index } => {
                 let host = matches!(sources[index as usize], Source::Data(Storage::Host(_)));
                 (constant[i], captured[i]) = (host, host);
-                read[i] = node.ty.shape.numel();
             }
             Op::Const(_) => constant[i] = true,
             _ => {
-                constant[i] = !node.inputs.is_empty() && ins().all(|p| constant[p]);
+                constant[i] = ins().all(|p| constant[p]);
                 captured[i] = ins().any(|p| captured[p]);
-                computes[i] = !is_view(&node.op) || ins().any(|p| computes[p]);
-                read[i] = ins().map(|p| read[p]).sum();
             }
         }
     }
@@ -93,18 +89,40 @@ fn foldable(graph: &Graph, sources: &[Source]) -> Vec<NodeId> {
     }
     let mut folded: Vec<NodeId> = Vec::new();
     for i in (0..n).filter(|&i| frontier[i]) {
+        // Views stay views over the folded value: they read it where it
+        // lies, as they read the captured value (a transposed weight, which
+        // a product reads in place), and are never larger than it.
         let mut at = i;
-        while let Op::Expand(_) = graph.nodes[at].op {
+        while is_view(&graph.nodes[at].op) {
             at = graph.nodes[at].inputs[0].index();
         }
-        let node = &graph.nodes[at];
-        let fits = node.ty.shape.numel() <= read[at];
-        if captured[at] && computes[at] && fits && !folded.iter().any(|f| f.index() == at) {
+        let computed = !matches!(graph.nodes[at].op, Op::Input { .. } | Op::Const(_));
+        let fits = || graph.nodes[at].ty.shape.numel() <= captured_elements(graph, at);
+        if captured[at] && computed && !folded.iter().any(|f| f.index() == at) && fits() {
             folded.push(NodeId(at as u32));
         }
     }
     folded.sort_by_key(|f| f.index());
     folded
+}
+
+/// The elements of the distinct captured values (graph inputs) that node
+/// `at` reads.
+fn captured_elements(graph: &Graph, at: usize) -> usize {
+    let mut seen = vec![false; at + 1];
+    let mut stack = vec![at];
+    let mut elements = 0usize;
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(&mut seen[i], true) {
+            continue;
+        }
+        let node = &graph.nodes[i];
+        match node.op {
+            Op::Input { .. } => elements = elements.saturating_add(node.ty.shape.numel()),
+            _ => stack.extend(node.inputs.iter().map(|p| p.index())),
+        }
+    }
+    elements
 }
 
 /// The values of `folded`, computed from the captured values they read on

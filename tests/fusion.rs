@@ -154,12 +154,12 @@ fn same_shapes_give_equal_kernels_for_the_cache() -> Result<()> {
 }
 
 /// The graph inputs of `f` compiled over an f32 `[4, 5]` placeholder on
-/// `device`, and its value at `x`.
+/// `device`, whether the compiled graph multiplies, and its value at `x`.
 fn compiled_inputs(
     device: kiln::Device,
     x: &Tensor,
     f: impl FnOnce(&Tensor) -> Result<Tensor>,
-) -> Result<(Vec<String>, Vec<f32>)> {
+) -> Result<(Vec<String>, bool, Vec<f32>)> {
     let spec = kiln::TensorType::new(DType::F32, [4, 5]);
     let mut compiled =
         kiln::compile_with("folded", &[spec], kiln::CompileOptions::on(device), |p| {
@@ -168,8 +168,9 @@ fn compiled_inputs(
     let inputs = (compiled.optimized().graph.inputs.iter())
         .map(|ty| ty.to_string())
         .collect();
+    let multiplies = compiled.optimized().graph.to_string().contains(" mul ");
     let y = compiled.call(&[x])?.remove(0).to_vec::<f32>()?;
-    Ok((inputs, y))
+    Ok((inputs, multiplies, y))
 }
 
 #[test]
@@ -186,8 +187,9 @@ fn values_of_captured_weights_alone_are_computed_when_compiling() -> Result<()> 
     let x = randn(&[4, 5], 3)?;
     let want = f(&x)?.to_vec::<f32>()?;
     for device in [kiln::Device::Reference, kiln::Device::Cpu] {
-        let (inputs, y) = compiled_inputs(device, &x, f)?;
+        let (inputs, multiplies, y) = compiled_inputs(device, &x, f)?;
         assert_eq!(inputs, ["f32[4,5]", "f32[5,7]", "f32[7]"], "{device:?}");
+        assert!(!multiplies, "{device:?}");
         for (a, b) in y.iter().zip(&want) {
             assert!(
                 (a - b).abs() <= 1e-5 * b.abs().max(1.0),
@@ -195,8 +197,18 @@ fn values_of_captured_weights_alone_are_computed_when_compiling() -> Result<()> 
             );
         }
     }
-    // Read as a view alone, a weight stays the captured value it is.
-    let (inputs, _) = compiled_inputs(kiln::Device::Cpu, &x, |x| x.matmul(&w.t()?))?;
+    // Read as a view alone, a weight stays the captured value it is; views
+    // over a computed one stay views over the folded value (the product
+    // reads the scaled weight transposed, where it lies).
+    let (inputs, _, _) = compiled_inputs(kiln::Device::Cpu, &x, |x| x.matmul(&w.t()?))?;
     assert_eq!(inputs, ["f32[4,5]", "f32[7,5]"]);
+    let (inputs, multiplies, y) =
+        compiled_inputs(kiln::Device::Cpu, &x, |x| x.matmul(&(&w * 0.5f32)?.t()?))?;
+    assert_eq!(inputs, ["f32[4,5]", "f32[7,5]"]);
+    assert!(!multiplies);
+    let want = x.matmul(&(&w * 0.5f32)?.t()?)?.to_vec::<f32>()?;
+    for (a, b) in y.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} {b}");
+    }
     Ok(())
 }
