@@ -113,6 +113,9 @@ def main(folder):
         if only and name not in only.split(","):
             continue
         model = make().eval()
+        if isinstance(model, torchvision.models.VisionTransformer):
+            # Its head starts at zeros, which would make every output 0.
+            nn.init.normal_(model.heads.head.weight, std=0.02)
         x = rng.standard_normal(shape).astype(np.float32)
         stem = os.path.join(folder, name)
         with torch.no_grad():

@@ -20,97 +20,173 @@ const SHAPE: [usize; 2] = [3, 5];
 /// Each rule family's case: a name, the input's values (of shape `SHAPE`)
 /// and a loss of the input, every tensor of `dtype`, f32 or f64.
 fn rule_cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
-    let mut rng = Rng(17);
-    let of = |values: Vec<f32>, dims: &[usize]| {
-        (Tensor::from_vec(values, dims).and_then(|t| t.cast(dtype))).expect("fills")
-    };
-    let w = of(rng.fill(15, |r| r.uniform(-1.0, 1.0)), &SHAPE);
-    let m = of(rng.fill(5 * 4, |r| r.uniform(-1.0, 1.0)), &[5, 4]);
-    let constant = |value: f32| Tensor::scalar(value).cast(dtype).expect("a float type");
-    let targets = Tensor::from_vec(vec![1i32, 4, 0], [3]).expect("fills");
-    // Repeated picks and picks from the end; scatter_add's also outside
-    // the axis, which it drops (a gather reads NaN there, which no
-    // difference checks: `tests/scatter.rs` does).
-    let picks = [0i64, 4, 4, -1, 2, 1, 1, 3, 3, 3, -5, 0, 2, -2, 4];
-    let picks = Tensor::from_vec(picks.to_vec(), SHAPE).expect("fills");
-    let scattered = [0i64, 4, 4, -1, 2, 9, 1, 3, 3, 3, -5, 0, 2, -6, 4];
-    let scattered = Tensor::from_vec(scattered.to_vec(), SHAPE).expect("fills");
-    // Away from every kink: magnitudes in [0.2, 1) of either sign, or
-    // positive where the op needs it; distinct, so no maximum ties.
-    let signed = rng.fill(15, |r| r.signed(0.2, 1.0));
-    let positive = rng.fill(15, |r| r.uniform(0.5, 2.0));
-    // Rows with one zero, two zeros and none: prod's rule is exact there.
-    let mut zeros = signed.clone();
-    zeros[2] = 0.0;
-    zeros[5] = 0.0;
-    zeros[9] = 0.0;
-    let weighted = |f: fn(&Tensor) -> Result<Tensor>| {
-        let w = w.clone();
-        move |x: &Tensor| f(x)?.mul(&w)?.sum_all()
-    };
-    let cases: Vec<(&str, &[f32], Loss)> = vec![
-        ("exp", &signed, Box::new(weighted(|x| x.exp()))),
-        ("tanh", &signed, Box::new(weighted(|x| x.tanh()))),
-        ("sigmoid", &signed, Box::new(weighted(|x| x.sigmoid()))),
-        ("recip", &signed, Box::new(weighted(|x| x.recip()))),
-        ("log", &positive, Box::new(weighted(|x| x.log()))),
-        ("sqrt", &positive, Box::new(weighted(|x| x.sqrt()))),
+    let f = Fixtures::new(dtype);
+    let cases = elementwise_cases(&f, dtype)
+        .into_iter()
+        .chain(composite_cases(&f, dtype));
+    cases
+        .map(|(name, x, loss)| (name, SHAPE.to_vec(), x.to_vec(), loss))
+        .collect()
+}
+
+/// The values and the fixed tensors the rule families' cases share.
+struct Fixtures {
+    w: Tensor,
+    m: Tensor,
+    targets: Tensor,
+    picks: Tensor,
+    scattered: Tensor,
+    signed: Vec<f32>,
+    positive: Vec<f32>,
+    zeros: Vec<f32>,
+}
+
+impl Fixtures {
+    fn new(dtype: DType) -> Fixtures {
+        let mut rng = Rng(17);
+        let of = |values: Vec<f32>, dims: &[usize]| {
+            (Tensor::from_vec(values, dims).and_then(|t| t.cast(dtype))).expect("fills")
+        };
+        let w = of(rng.fill(15, |r| r.uniform(-1.0, 1.0)), &SHAPE);
+        let m = of(rng.fill(5 * 4, |r| r.uniform(-1.0, 1.0)), &[5, 4]);
+        let targets = Tensor::from_vec(vec![1i32, 4, 0], [3]).expect("fills");
+        // Repeated picks and picks from the end; scatter_add's also outside
+        // the axis, which it drops (a gather reads NaN there, which no
+        // difference checks: `tests/scatter.rs` does).
+        let picks = [0i64, 4, 4, -1, 2, 1, 1, 3, 3, 3, -5, 0, 2, -2, 4];
+        let picks = Tensor::from_vec(picks.to_vec(), SHAPE).expect("fills");
+        let scattered = [0i64, 4, 4, -1, 2, 9, 1, 3, 3, 3, -5, 0, 2, -6, 4];
+        let scattered = Tensor::from_vec(scattered.to_vec(), SHAPE).expect("fills");
+        // Away from every kink: magnitudes in [0.2, 1) of either sign, or
+        // positive where the op needs it; distinct, so no maximum ties.
+        let signed = rng.fill(15, |r| r.signed(0.2, 1.0));
+        let positive = rng.fill(15, |r| r.uniform(0.5, 2.0));
+        // Rows with one zero, two zeros and none: prod's rule is exact there.
+        let mut zeros = signed.clone();
+        zeros[2] = 0.0;
+        zeros[5] = 0.0;
+        zeros[9] = 0.0;
+        Fixtures {
+            w,
+            m,
+            targets,
+            picks,
+            scattered,
+            signed,
+            positive,
+            zeros,
+        }
+    }
+}
+
+/// `sum(f(x) * w)`.
+fn weighted(
+    w: &Tensor,
+    f: fn(&Tensor) -> Result<Tensor>,
+) -> impl Fn(&Tensor) -> Result<Tensor> + use<> {
+    let w = w.clone();
+    move |x: &Tensor| f(x)?.mul(&w)?.sum_all()
+}
+
+/// `value` as a scalar of `dtype`.
+fn constant(dtype: DType, value: f32) -> Tensor {
+    Tensor::scalar(value).cast(dtype).expect("a float type")
+}
+
+/// A case: a name, the input's values and its loss.
+type Case<'f> = (&'static str, &'f [f32], Loss);
+
+/// The elementwise ops', the reductions' and the product's cases.
+fn elementwise_cases(f: &Fixtures, dtype: DType) -> Vec<Case<'_>> {
+    let Fixtures {
+        w,
+        m,
+        signed,
+        positive,
+        zeros,
+        ..
+    } = f;
+    vec![
+        ("exp", signed, Box::new(weighted(w, |x| x.exp()))),
+        ("tanh", signed, Box::new(weighted(w, |x| x.tanh()))),
+        ("sigmoid", signed, Box::new(weighted(w, |x| x.sigmoid()))),
+        ("recip", signed, Box::new(weighted(w, |x| x.recip()))),
+        ("log", positive, Box::new(weighted(w, |x| x.log()))),
+        ("sqrt", positive, Box::new(weighted(w, |x| x.sqrt()))),
         (
             "cube",
-            &positive,
+            positive,
             Box::new({
-                let (w, three) = (w.clone(), constant(3.0));
+                let (w, three) = (w.clone(), constant(dtype, 3.0));
                 move |x: &Tensor| x.pow(&three)?.mul(&w)?.sum_all()
             }),
         ),
-        ("abs", &signed, Box::new(weighted(|x| x.abs()?.square()))),
-        ("relu", &signed, Box::new(weighted(|x| x.relu()?.square()))),
-        ("gelu", &signed, Box::new(weighted(|x| x.gelu()))),
+        ("abs", signed, Box::new(weighted(w, |x| x.abs()?.square()))),
+        (
+            "relu",
+            signed,
+            Box::new(weighted(w, |x| x.relu()?.square())),
+        ),
+        ("gelu", signed, Box::new(weighted(w, |x| x.gelu()))),
         (
             "div",
-            &signed,
+            signed,
             Box::new({
-                let (w, one) = (w.clone(), constant(1.0));
+                let (w, one) = (w.clone(), constant(dtype, 1.0));
                 move |x: &Tensor| x.div(&x.square()?.add(&one)?)?.mul(&w)?.sum_all()
             }),
         ),
         (
             "max",
-            &signed,
+            signed,
             Box::new(|x: &Tensor| x.max(&[1], false)?.square()?.sum_all()),
         ),
         (
             "prod",
-            &signed,
+            signed,
             Box::new(|x: &Tensor| x.prod(&[1], false)?.sum_all()),
         ),
         (
             "prod at zeros",
-            &zeros,
+            zeros,
             Box::new(|x: &Tensor| x.prod(&[1], false)?.sum_all()),
         ),
         (
             "mean",
-            &signed,
+            signed,
             Box::new(|x: &Tensor| x.mean(&[0], false)?.exp()?.sum_all()),
         ),
         (
             "matmul",
-            &signed,
+            signed,
             Box::new({
                 let m = m.clone();
                 move |x: &Tensor| x.matmul(&m)?.tanh()?.sum_all()
             }),
         ),
-        ("softmax", &signed, Box::new(weighted(|x| x.softmax(-1)))),
+    ]
+}
+
+/// The composites' and the indexed ops' cases.
+fn composite_cases(f: &Fixtures, dtype: DType) -> Vec<Case<'_>> {
+    let Fixtures {
+        w,
+        targets,
+        picks,
+        scattered,
+        ..
+    } = f;
+    let signed = &f.signed[..];
+    vec![
+        ("softmax", signed, Box::new(weighted(w, |x| x.softmax(-1)))),
         (
             "log_softmax",
-            &signed,
-            Box::new(weighted(|x| x.log_softmax(-1))),
+            signed,
+            Box::new(weighted(w, |x| x.log_softmax(-1))),
         ),
         (
             "cross_entropy",
-            &signed,
+            signed,
             Box::new({
                 let targets = targets.clone();
                 move |x: &Tensor| x.cross_entropy(&targets)
@@ -118,7 +194,7 @@ fn rule_cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
         ),
         (
             "layer_norm",
-            &signed,
+            signed,
             Box::new({
                 let (g, b) = (
                     Tensor::ones([5], dtype).expect("small"),
@@ -130,10 +206,12 @@ fn rule_cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
         ),
         (
             "cross_entropy with options",
-            &signed,
+            signed,
             Box::new({
                 let targets = targets.clone();
-                let weight = of(vec![0.5, 2.0, 1.0, 0.25, 3.0], &[5]);
+                let weight = Tensor::from_vec(vec![0.5f32, 2.0, 1.0, 0.25, 3.0], [5])
+                    .and_then(|t| t.cast(dtype))
+                    .expect("fills");
                 move |x: &Tensor| {
                     let options = kiln::CrossEntropy {
                         weight: Some(&weight),
@@ -146,37 +224,37 @@ fn rule_cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
         ),
         (
             "min",
-            &signed,
+            signed,
             Box::new(|x: &Tensor| x.min(&[1], false)?.square()?.sum_all()),
         ),
         (
             "var",
-            &signed,
-            Box::new(weighted(|x| x.var(&[1], 1, true)?.sqrt())),
+            signed,
+            Box::new(weighted(w, |x| x.var(&[1], 1, true)?.sqrt())),
         ),
         (
             "std",
-            &signed,
+            signed,
             Box::new(|x: &Tensor| x.std(&[0], 0, false)?.exp()?.sum_all()),
         ),
         (
             "logsumexp",
-            &signed,
+            signed,
             Box::new(|x: &Tensor| x.logsumexp(&[1], false)?.square()?.sum_all()),
         ),
         (
             "cumsum",
-            &signed,
-            Box::new(weighted(|x| x.cumsum(1)?.square())),
+            signed,
+            Box::new(weighted(w, |x| x.cumsum(1)?.square())),
         ),
         (
             "clamp",
-            &signed,
-            Box::new(weighted(|x| x.clamp(-0.5, 0.5)?.square())),
+            signed,
+            Box::new(weighted(w, |x| x.clamp(-0.5, 0.5)?.square())),
         ),
         (
             "gather",
-            &signed,
+            signed,
             Box::new({
                 let (picks, w) = (picks.clone(), w.clone());
                 move |x: &Tensor| x.gather(1, &picks)?.tanh()?.mul(&w)?.sum_all()
@@ -184,9 +262,10 @@ fn rule_cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
         ),
         (
             "scatter_add",
-            &signed,
+            signed,
             Box::new({
                 let base = Tensor::zeros([3, 6], dtype).expect("small");
+                let scattered = scattered.clone();
                 move |x: &Tensor| {
                     base.scatter_add(1, &scattered, x)?
                         .tanh()?
@@ -197,16 +276,13 @@ fn rule_cases(dtype: DType) -> Vec<(&'static str, Vec<usize>, Vec<f32>, Loss)> {
         ),
         (
             "mse",
-            &signed,
+            signed,
             Box::new({
                 let w = w.clone();
                 move |x: &Tensor| x.mse_loss(&w)
             }),
         ),
-    ];
-    (cases.into_iter())
-        .map(|(name, x, loss)| (name, SHAPE.to_vec(), x.to_vec(), loss))
-        .collect()
+    ]
 }
 
 /// Every rule family's case in `dtype`, to second order.

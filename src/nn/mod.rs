@@ -11,7 +11,7 @@
 //! without parameters (softmax, gelu, the losses) stays a `Tensor` method.
 //! Layers are made in f32; `Module::to_dtype` casts a model's parameters
 //! and buffers to f64 (or bf16, f16), and its forward pass and gradients
-//! then compute in that type.
+//! then take and give values of that type.
 //! `save` and `load` write and read named tensors as a safetensors file,
 //! the format PyTorch, JAX and candle checkpoints share.
 //!

@@ -137,3 +137,18 @@ pub fn check(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::check;
+
+    #[test]
+    fn an_output_that_is_not_finite_is_an_error_not_a_still_one() {
+        // y = [x, NaN]: the NaN is the same bits either side of every step.
+        let eval = |p: &[Vec<f32>]| Ok(vec![p[0][0], f32::NAN]);
+        let e = check(&[vec![0.5]], &[0], &[1.0, 1.0], &[vec![1.0]], eval).unwrap_err();
+        assert!(e.contains("output 1 is not finite"), "{e}");
+        let fine = |p: &[Vec<f32>]| Ok(vec![p[0][0], 2.0]);
+        check(&[vec![0.5]], &[0], &[1.0, 1.0], &[vec![1.0]], fine).unwrap();
+    }
+}
