@@ -17,15 +17,16 @@ A model kiln cannot load is reported by bench_report with the reason.
 """
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import onnxruntime as ort
 import torch
 import torchvision
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import timed  # noqa: E402
 
 
 class Lstm(nn.Module):
@@ -87,19 +88,6 @@ def models():
     for batch in [1, 8]:
         yield f"lstm-b{batch}", Lstm, [64, batch, 128]
         yield f"unet-b{batch}", UNet, [batch, 3, 128, 128]
-
-
-def timed(call, seconds=3.0):
-    for _ in range(3):
-        call()
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(times) < 5:
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    median = statistics.median(times)
-    return median, statistics.median(abs(t - median) for t in times)
 
 
 def main(folder):
