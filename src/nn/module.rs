@@ -119,14 +119,17 @@ fn replaced<M: Clone>(
     Ok(copy)
 }
 
-/// Each floating-point tensor of `targets` cast to `dtype`.
+/// Each floating-point tensor of `targets` cast to `dtype`, computed now,
+/// as PyTorch's `to` copies: left lazy, every forward pass would cast again.
 fn cast_floats(targets: Vec<(String, &mut Tensor)>, dtype: DType) -> Result<()> {
+    let mut cast = Vec::new();
     for (_, t) in targets {
         if t.dtype().is_float() {
             *t = t.cast(dtype)?;
+            cast.push(t.clone());
         }
     }
-    Ok(())
+    crate::realize(&cast.iter().collect::<Vec<_>>())
 }
 
 /// Layers applied in order, as PyTorch's `nn.Sequential`; layer `i`'s
