@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use kiln_ir::{Data, DataRef, Graph, NodeId, Op};
+use kiln_ir::{Data, DataRef, Graph, Node, NodeId, Op};
 use kiln_runtime::Storage;
 
 use crate::backend::compile_graph;
@@ -133,38 +133,18 @@ fn evaluate(
     folded: &[NodeId],
     device: Device,
 ) -> Result<Vec<Data>> {
-    let mut needed = vec![false; graph.nodes.len()];
-    for f in folded {
-        needed[f.index()] = true;
-    }
-    for i in (0..graph.nodes.len()).rev() {
-        if needed[i] {
-            for p in &graph.nodes[i].inputs {
-                needed[p.index()] = true;
-            }
-        }
-    }
-    let mut sub = Graph::new(format!("{}:captured", graph.name));
-    let mut at: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
-    let mut data: Vec<Arc<Data>> = Vec::new();
-    for (i, node) in graph.nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
-        at[i] = Some(match node.op {
-            Op::Input { index } => {
-                let Source::Data(Storage::Host(d)) = &sources[index as usize] else {
-                    unreachable!("`foldable` folds values of captured host values alone")
-                };
-                data.push(d.clone());
-                sub.input(node.ty.clone())
-            }
-            _ => {
-                let inputs = node.inputs.iter().map(|p| at[p.index()].expect("earlier"));
-                sub.push_typed(node.op.clone(), inputs.collect(), node.ty.clone())
-            }
-        });
-    }
-    sub.outputs = folded
-        .iter()
-        .map(|f| at[f.index()].expect("needed"))
+    let name = format!("{}:captured", graph.name);
+    let (sub, captured) = cone(graph, name, folded, |_, node| match node.op {
+        Op::Input { index } => Some(sources[index as usize].clone()),
+        _ => None,
+    });
+    // Every input of the cone is a captured host value (`foldable`); were
+    // one not, the run would refuse the inputs' count.
+    let inputs: Vec<DataRef> = (captured.iter())
+        .filter_map(|s| match s {
+            Source::Data(Storage::Host(d)) => Some(d.as_ref().into()),
+            _ => None,
+        })
         .collect();
     let on = match device {
         Device::Reference => Device::Reference,
@@ -172,7 +152,6 @@ fn evaluate(
     };
     let mut exec = compile_graph(&sub, CompileOptions::on(on), &[])?;
     let mut values = exec.output_buffers()?;
-    let inputs: Vec<DataRef> = data.iter().map(|d| d.as_ref().into()).collect();
     exec.run_into(&inputs, &mut values)?;
     Ok(values)
 }
@@ -185,45 +164,67 @@ fn replaced(
     folded: &[NodeId],
     values: Vec<Data>,
 ) -> (Graph, Vec<Source>) {
-    let n = graph.nodes.len();
-    let mut value: Vec<Option<Data>> = (0..n).map(|_| None).collect();
+    let mut value: Vec<Option<Data>> = (0..graph.nodes.len()).map(|_| None).collect();
     for (f, v) in folded.iter().zip(values) {
         value[f.index()] = Some(v);
     }
-    let mut live = vec![false; n];
-    for o in &graph.outputs {
-        live[o.index()] = true;
+    cone(
+        graph,
+        graph.name.clone(),
+        &graph.outputs,
+        |i, node| match (value[i].take(), &node.op) {
+            (Some(v), _) => Some(Source::Data(Storage::Host(Arc::new(v)))),
+            (None, Op::Input { index }) => Some(sources[*index as usize].clone()),
+            (None, _) => None,
+        },
+    )
+}
+
+/// What `roots` read of `graph`, as a graph `name` of its own returning
+/// the roots: a node that `input` gives a source for is an input with that
+/// source (and what it reads is not copied), every other the same op on
+/// its operands' copies. The inputs' sources, in order.
+fn cone(
+    graph: &Graph,
+    name: String,
+    roots: &[NodeId],
+    mut input: impl FnMut(usize, &Node) -> Option<Source>,
+) -> (Graph, Vec<Source>) {
+    let n = graph.nodes.len();
+    let mut given: Vec<Option<Source>> = graph
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| input(i, node))
+        .collect();
+    let mut read = vec![false; n];
+    for r in roots {
+        read[r.index()] = true;
     }
     for i in (0..n).rev() {
-        if live[i] && value[i].is_none() {
+        if read[i] && given[i].is_none() {
             for p in &graph.nodes[i].inputs {
-                live[p.index()] = true;
+                read[p.index()] = true;
             }
         }
     }
-    let mut out = Graph::new(graph.name.clone());
-    let mut new_sources = Vec::new();
-    let mut at: Vec<Option<NodeId>> = vec![None; n];
-    for (i, node) in graph.nodes.iter().enumerate().filter(|(i, _)| live[*i]) {
-        at[i] = Some(match (value[i].take(), &node.op) {
-            (Some(v), _) => {
-                new_sources.push(Source::Data(Storage::Host(Arc::new(v))));
+    let mut out = Graph::new(name);
+    let mut sources = Vec::new();
+    // A node not copied maps past the arena, which the verifier refuses
+    // should a copied node read it.
+    let mut at = vec![NodeId(u32::MAX); n];
+    for (i, node) in graph.nodes.iter().enumerate().filter(|(i, _)| read[*i]) {
+        at[i] = match given[i].take() {
+            Some(source) => {
+                sources.push(source);
                 out.input(node.ty.clone())
             }
-            (None, Op::Input { index }) => {
-                new_sources.push(sources[*index as usize].clone());
-                out.input(node.ty.clone())
+            None => {
+                let inputs = node.inputs.iter().map(|p| at[p.index()]).collect();
+                out.push_typed(node.op.clone(), inputs, node.ty.clone())
             }
-            (None, op) => {
-                let inputs = node.inputs.iter().map(|p| at[p.index()].expect("earlier"));
-                out.push_typed(op.clone(), inputs.collect(), node.ty.clone())
-            }
-        });
+        };
     }
-    out.outputs = graph
-        .outputs
-        .iter()
-        .map(|o| at[o.index()].expect("live"))
-        .collect();
-    (out, new_sources)
+    out.outputs = roots.iter().map(|r| at[r.index()]).collect();
+    (out, sources)
 }
