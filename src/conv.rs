@@ -20,7 +20,9 @@
 //!   whatever follows in the product's epilogue.
 //!
 //! Where the windows step by one, the padded input is stored once before
-//! they read it (strided windows read the input in place, `padded`). A
+//! they read it (strided windows read the input in place, `padded`), but
+//! for a depthwise window whose sum the CPU's machine kernel takes
+//! (`kiln_runtime::cpu::sums_taps`), which pads each plane itself. A
 //! padded view cannot be reshaped (`fold-views` keeps it a node of its own and
 //! `fuse` copies it), so a reshape adding an axis of one makes it a buffer:
 //! each window then reads it without a mask, which the CPU backend does
@@ -224,11 +226,11 @@ fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
 /// `x` padded with `fill` on its spatial axes (the ceil-mode extra
 /// included), as its windows read it: stored once (see the module doc), with
 /// a trailing axis of one that the windows drop again, where they step by
-/// one; in place, through the padding's masks, where they stride. Then the
-/// input is several times the output, and storing it cost more than the
+/// one and `store`; else in place, through the padding's masks. Strided
+/// windows read less than their input, and storing it cost more than the
 /// scalar reads at the edges of each row that masks leave (the rest of a
 /// row reads in vectors): `benches/RESULTS-cpu.md`.
-fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
+fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar, store: bool) -> Result<Tensor> {
     let [h, w] = axes;
     let pads = [
         (0, 0),
@@ -237,7 +239,7 @@ fn padded(x: &Tensor, axes: &[Axis; 2], fill: Scalar) -> Result<Tensor> {
         (w.pad.0, w.pad.1 + w.extra),
     ];
     let p = x.pad(&pads, fill)?;
-    if h.stride > 1 || w.stride > 1 {
+    if h.stride > 1 || w.stride > 1 || !store {
         return Ok(p);
     }
     let mut d = p.dims().to_vec();
@@ -341,7 +343,10 @@ impl Tensor {
         if og > 1 || cg * w[2] * w[3] > DIRECT_TERMS {
             return im2col_gemm(self, weight, bias, groups, &axes);
         }
-        let wins = windows(&padded(self, &axes, Scalar::I32(0).cast(dtype))?, &axes)?;
+        // The CPU's machine kernel pads a depthwise window's planes itself.
+        let taps = cg == 1 && kiln_runtime::cpu::sums_taps(w[2] * w[3]);
+        let xp = padded(self, &axes, Scalar::I32(0).cast(dtype), !taps)?;
+        let wins = windows(&xp, &axes)?;
         let y = multiply_and_sum(&wins, weight, groups)?;
         match bias {
             Some(b) => y.add(&b.reshape([1, o, 1, 1])?),
@@ -490,7 +495,7 @@ impl Tensor {
         let least = ReduceOp::Max.init(self.dtype());
         check_4d(OP, self)?;
         let axes = pool_axes(OP, self, window)?;
-        pool(&padded(self, &axes, least)?, &axes, later_if_larger)
+        pool(&padded(self, &axes, least, true)?, &axes, later_if_larger)
     }
 
     /// Average pooling of NCHW f32 or f64 data over `window`: `[N, C, out_h,
@@ -504,7 +509,7 @@ impl Tensor {
         check_float(OP, dtype)?;
         let axes = pool_axes(OP, self, window)?;
         let zero = Scalar::F32(0.0).cast(dtype);
-        let sum = pool(&padded(self, &axes, zero)?, &axes, Tensor::add)?;
+        let sum = pool(&padded(self, &axes, zero, true)?, &axes, Tensor::add)?;
         let dims = self.dims();
         // The counts depend on the shapes alone: computed here, one per output position.
         let counts = |a: &Axis, len: usize| -> Vec<usize> {

@@ -10,6 +10,8 @@
 //! - `isa`: the path a process takes (`KILN_CPU_ISA`);
 //! - `rows`: the 256-bit row functions that generated code calls (e^x with
 //!   its sum, max, sum and scale over a row), and their safe forms;
+//! - `taps`: a sum of weighted taps of an input plane at every output
+//!   position (a depthwise convolution), in 256-bit vectors;
 //! - `team`: the threads that run parallel loops.
 //!
 //! Every safe function here checks what it is handed (operand offsets
@@ -17,14 +19,15 @@
 //! `Error` rather than read or write out of bounds. The row functions
 //! generated code calls by address are `unsafe extern "C"` fns, each with
 //! its contract. `unsafe` is confined to this crate's modules that run
-//! machine kernels (`gemm`'s cores, drivers and panels, `rows`' vector
-//! loops, `team`'s closure handed to workers by address), each block with
-//! its reason.
+//! machine kernels (`gemm`'s cores, drivers and panels, `rows`' and
+//! `taps`' vector loops, `team`'s closure handed to workers by address),
+//! each block with its reason.
 
 pub mod attention;
 pub mod gemm;
 pub mod isa;
 pub mod rows;
+pub mod taps;
 pub mod team;
 
 pub use isa::{ISA_VARIABLE, Isa, isa};
@@ -89,6 +92,10 @@ pub enum Error {
         /// B's columns.
         n: usize,
     },
+    /// A sum of taps that `taps::taps` does not run, or whose planes lie
+    /// outside its slices.
+    #[error("taps: {0}")]
+    Taps(String),
     /// A slice of another length than what it is to hold (for the GEMM's
     /// product and bias, shorter).
     #[error("the {what} holds {len} values, {needs} wanted")]

@@ -11,6 +11,7 @@ mod f64_math;
 mod jit;
 mod lower;
 mod math;
+mod taps;
 
 use kiln_ir::pass::Optimized;
 
@@ -48,6 +49,14 @@ impl Backend for Cpu {
     fn attention(&self) -> bool {
         true
     }
+}
+
+/// Whether the CPU sums a depthwise convolution's window of `taps` taps by
+/// its machine kernel (`kiln_machine::taps`), which pads each plane as it
+/// stages it: such a convolution's input is best read through its padding,
+/// not stored padded first.
+pub fn sums_taps(taps: usize) -> bool {
+    kiln_machine::taps::supports(taps)
 }
 
 /// The GEMM path this process's matmuls take: `amx` (kiln's AMX core for

@@ -21,7 +21,7 @@ mod text;
 pub(crate) use reduce::{By, Reduce, Runs};
 
 use kiln_ir::elementwise::infer_matmul;
-use kiln_ir::kernel::{Block, Kernel, KernelKind, Operand};
+use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
 use kiln_ir::view::View;
 use kiln_ir::{DType, Shape, TensorType};
 
@@ -200,13 +200,14 @@ fn map(kernel: &Kernel, target: Target) -> Map {
     let out_view = View::contiguous(&space);
     let mut views = loads(&body);
     views.push((out_buffer, &out_view));
-    // A matmul's product (an attention's result) is already in the output
-    // and its epilogue reads it in place, a row of the output's last axis
-    // per unit, so that it can follow the GEMM's row blocks.
+    // A matmul's product (an attention's result, a machine kernel's sum of
+    // taps, `cpu::taps`) is already in the output and its epilogue reads it
+    // in place, a row of the output's last axis per unit, so that it can
+    // follow the machine kernel's rows.
     let acc = matches!(
         kernel.kind,
         KernelKind::MatMul { .. } | KernelKind::Attention { .. }
-    );
+    ) || body.values.iter().any(|v| v.expr == Expr::Acc);
     let split = acc.then(|| space.rank().saturating_sub(1));
     let nest = nest(&space, &identity, split, &views);
     let flat = nest.rows == 1 && nest.inner.len() == 1;

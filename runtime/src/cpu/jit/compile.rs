@@ -21,6 +21,7 @@ use kiln_machine::rows;
 use crate::Error;
 use crate::cpu::f64_math;
 use crate::cpu::lower::{self, RowRange};
+use crate::cpu::taps::{self, TapsPlan};
 use crate::matmul::{self, Plan, PlanOperand, Source, Target};
 
 /// A kernel function: buffer table, first and last-plus-one row, and how
@@ -97,6 +98,17 @@ pub(crate) struct CompiledKernel {
     pub(super) kernel: Kernel,
     /// For a matmul, its plan and the prologues of its written operands.
     pub(super) matmul: Option<MatMul>,
+    /// For a sum of taps run by the machine kernel (`cpu::taps`), its plan;
+    /// `func` is then the rest of the body over the sum.
+    pub(super) taps: Option<Taps>,
+}
+
+/// A kernel's sum of taps, and whether the generated code has anything
+/// left to do after it (its body is more than the sum, or it writes side
+/// outputs).
+pub(super) struct Taps {
+    pub(super) plan: TapsPlan,
+    pub(super) epilogue: bool,
 }
 
 /// A matmul kernel's plan (`matmul::plan` for kiln's cores, made once here,
@@ -173,6 +185,16 @@ impl CompiledKernel {
             }
             _ => None,
         };
+        // A depthwise convolution's sum by the machine kernel, on kiln's
+        // own paths; the generated code computes the rest of the body.
+        let own_paths = crate::cpu_isa()? != kiln_machine::Isa::Generic;
+        let (taps, tail) = match own_paths.then(|| taps::plan(kernel)).flatten() {
+            Some((plan, tail)) => {
+                let epilogue = tail.body.values.len() > 1 || !tail.side.is_empty();
+                (Some(Taps { plan, epilogue }), Some(tail))
+            }
+            None => (None, None),
+        };
         let isa = isa()?;
         let mut jit = JITBuilder::with_isa(isa.clone(), default_libcall_names());
         jit.symbol_lookup_fn(Box::new(host_address));
@@ -194,7 +216,14 @@ impl CompiledKernel {
         };
         let mut fbc = FunctionBuilderContext::new();
         let calls = lower::Calls::new(&mut module, row_calls()?);
-        let range = lower::lower(kernel, &mut ctx.func, &mut fbc, ptr, calls, target);
+        let range = lower::lower(
+            tail.as_ref().unwrap_or(kernel),
+            &mut ctx.func,
+            &mut fbc,
+            ptr,
+            calls,
+            target,
+        );
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());
             ctx.set_disasm(true);
@@ -221,6 +250,7 @@ impl CompiledKernel {
             range,
             kernel: kernel.clone(),
             matmul,
+            taps,
         })
     }
 }

@@ -71,7 +71,7 @@ impl CompiledKernel {
 
     /// Runs the kernel over its whole range: for a matmul, its computed
     /// operands into `scratch` and the GEMM core first, for an attention
-    /// its machine kernel; then the generated
+    /// or a sum of taps its machine kernel; then the generated
     /// code, split across threads in row ranges when the work is large.
     pub(crate) fn run(
         &self,
@@ -94,10 +94,13 @@ impl CompiledKernel {
         computed: &[Computed; 2],
     ) -> Result<(), Error> {
         let bound = self.bind(inputs, out, side, scratch)?;
-        match (&self.matmul, &self.kernel.kind) {
-            (Some(matmul), _) => self.run_matmul(matmul, &bound, (inputs, out, scratch), computed),
-            (None, KernelKind::Attention { .. }) => self.run_attention(inputs, out),
-            (None, _) => run_rows(std::slice::from_ref(&bound)),
+        match (&self.matmul, &self.taps, &self.kernel.kind) {
+            (Some(matmul), _, _) => {
+                self.run_matmul(matmul, &bound, (inputs, out, scratch), computed)
+            }
+            (None, Some(taps), _) => self.run_taps(taps, &bound, inputs, out),
+            (None, None, KernelKind::Attention { .. }) => self.run_attention(inputs, out),
+            (None, None, _) => run_rows(std::slice::from_ref(&bound)),
         }
     }
 }
@@ -324,10 +327,11 @@ pub(super) fn views<'b, T: Plain, const N: usize>(
     });
     // SAFETY: as above; the product is written through this slice while the
     // views live (`out` is borrowed mutably), and besides it only by the
-    // epilogue's generated code over rows the GEMM hands back finished and
-    // no longer touches (`run_matmul`): a write through the launch's own
-    // pointer to memory this slice covers, which Rust's aliasing rules do
-    // not grant; no access of the GEMM's overlaps it.
+    // epilogue's generated code over rows the machine kernel hands back
+    // finished and no longer touches (`run_matmul`, `run_taps`): a write
+    // through the launch's own pointer to memory this slice covers, which
+    // Rust's aliasing rules do not grant; no access of the machine kernel's
+    // overlaps it.
     let product = unsafe {
         std::slice::from_raw_parts_mut(out.ptr.cast::<f32>(), out.bytes / size_of::<f32>())
     };

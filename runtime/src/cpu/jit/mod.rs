@@ -15,12 +15,15 @@
 //!   ranges, across threads, row group by row group;
 //! - `matmul`: a matmul's operands, the GEMM call, and its epilogue over the
 //!   product's rows;
-//! - `attention`: an attention's operands and its machine kernel's call.
+//! - `attention`: an attention's operands and its machine kernel's call;
+//! - `taps`: a depthwise convolution's sum by its machine kernel, plane by
+//!   plane, each followed by the rest of the kernel's body.
 
 mod attention;
 mod compile;
 mod launch;
 mod matmul;
+mod taps;
 
 pub(crate) use compile::CompiledKernel;
 pub(crate) use launch::{Buffer, run_rows};
