@@ -124,7 +124,7 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
         return Ok(());
     }
     let stage = Stage::new(t);
-    let mut staged = vec![0.0f32; stage.len()];
+    let mut staged = vec![t.fill; stage.len()];
     // The furthest read: the last output row's last 8 columns, of the
     // furthest tap; what makes the vector code's reads safe.
     let furthest = stage.at.iter().max().copied().unwrap_or(0)
@@ -177,7 +177,6 @@ struct Stage {
     at: Vec<usize>,
     in_dims: [usize; 2],
     out_dims: [usize; 2],
-    fill: f32,
 }
 
 impl Stage {
@@ -223,7 +222,6 @@ impl Stage {
             at,
             in_dims: t.in_dims,
             out_dims: t.out_dims,
-            fill: t.fill,
         }
     }
 
@@ -231,8 +229,10 @@ impl Stage {
         self.phases * self.rows * self.len
     }
 
-    /// Stages the plane whose element (0, 0) is `t.input[first]`, copying
-    /// each row's columns of a phase by `every` (`every(src, step, dst)`:
+    /// Stages the plane whose element (0, 0) is `t.input[first]` into
+    /// `staged`, which holds `fill` wherever no input value lands (it is
+    /// made so once, and only those values are written), copying each
+    /// row's columns of a phase by `every` (`every(src, step, dst)`:
     /// `dst[i] = src[i * step]`).
     #[inline(always)]
     fn fill(
@@ -242,20 +242,18 @@ impl Stage {
         every: impl Fn(&[f32], usize, &mut [f32]),
     ) {
         let [h, w] = self.in_dims;
-        let mut rows = staged.chunks_exact_mut(self.len);
-        for &(first_in, end_in, x0) in &self.columns {
-            for (r, row) in rows.by_ref().take(self.rows).enumerate() {
-                let y = r as isize + self.dy0;
-                if !(0..h as isize).contains(&y) {
-                    row.fill(self.fill);
-                    continue;
-                }
-                row[..first_in].fill(self.fill);
-                row[end_in..].fill(self.fill);
-                if first_in < end_in {
-                    let src = &t.input[first + y as usize * w..][x0..w];
-                    every(src, self.phases, &mut row[first_in..end_in]);
-                }
+        // Staged rows `r` inside the input: input rows `r + dy0` in `0..h`.
+        let r0 = (-self.dy0).max(0) as usize;
+        let r1 = ((h as isize - self.dy0).max(0) as usize).min(self.rows);
+        for (phase, &(first_in, end_in, x0)) in self.columns.iter().enumerate() {
+            if first_in >= end_in {
+                continue;
+            }
+            for r in r0..r1.max(r0) {
+                let y = (r as isize + self.dy0) as usize;
+                let src = &t.input[first + y * w..][x0..w];
+                let row = (phase * self.rows + r) * self.len;
+                every(src, self.phases, &mut staged[row + first_in..row + end_in]);
             }
         }
     }
@@ -342,15 +340,20 @@ balanced! {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd, _mm256_loadu_ps, _mm256_mul_ps,
-        _mm256_permute4x64_pd, _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+        __m256, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd, _mm256_loadu_ps,
+        _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_mul_ps, _mm256_permute4x64_pd,
+        _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
     };
 
     use super::{Stage, Taps, every, pairwise};
 
+    /// Eight lanes stored, then eight not: the mask of a row's last `n`
+    /// outputs starts `8 - n` in.
+    const LANES: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+
     /// An output plane, `[oh, ow]` row-major: its input staged (every
     /// other value 8 at a time), then its sums, 16 outputs at a time, then
-    /// 8, a last partial 8 through a buffer.
+    /// 8, a row's last few by a masked store.
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; for every tap `k`, row `r < oh` and column
@@ -364,6 +367,7 @@ mod avx2 {
         out: &mut [f32],
     ) {
         stage.fill((t, first), staged, |src, step, dst| match step {
+            1 => copy(src, dst),
             2 => evens(src, dst),
             _ => every(src, step, dst),
         });
@@ -375,7 +379,8 @@ mod avx2 {
             let o = &mut out[r * ow..(r + 1) * ow];
             let mut i = 0;
             // SAFETY (every block below): the reads are those the caller
-            // vouches for, and the stores lie inside `o` (or `last`).
+            // vouches for, and the stores lie inside `o` (a masked store
+            // writes only its lanes inside, and reads `LANES` inside it).
             while i + 16 <= ow {
                 let [a, b] = unsafe { sums::<T, 2>(base, at, &ws, row + i) };
                 unsafe {
@@ -386,15 +391,37 @@ mod avx2 {
             }
             while i < ow {
                 let [a] = unsafe { sums::<T, 1>(base, at, &ws, row + i) };
-                if i + 8 <= ow {
-                    unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(i), a) };
-                } else {
-                    let mut last = [0.0f32; 8];
-                    unsafe { _mm256_storeu_ps(last.as_mut_ptr(), a) };
-                    o[i..].copy_from_slice(&last[..ow - i]);
+                // The lanes inside the row: all 8, or its last few.
+                let inside = (ow - i).min(8);
+                unsafe {
+                    let mask = _mm256_loadu_si256(LANES.as_ptr().add(8 - inside).cast());
+                    _mm256_maskstore_ps(o.as_mut_ptr().add(i), mask, a);
                 }
                 i += 8;
             }
+        }
+    }
+
+    /// `dst[i] = src[i]`, 8 at a time: the rows copied are short (7 to
+    /// 112 values), where a call of `memcpy` costs more than the copy.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn copy(src: &[f32], dst: &mut [f32]) {
+        let n = dst.len().min(src.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `src[i..i + 8]` and `dst[i..i + 8]` lie inside the
+            // slices (the loop's condition).
+            unsafe {
+                _mm256_storeu_ps(
+                    dst.as_mut_ptr().add(i),
+                    _mm256_loadu_ps(src.as_ptr().add(i)),
+                )
+            };
+            i += 8;
+        }
+        for j in i..n {
+            dst[j] = src[j];
         }
     }
 
