@@ -340,9 +340,9 @@ balanced! {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd, _mm256_loadu_ps,
-        _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_mul_ps, _mm256_permute4x64_pd,
-        _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+        __m256, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd,
+        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_mul_ps,
+        _mm256_permute4x64_pd, _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
     };
 
     use super::{Stage, Taps, every, pairwise};
@@ -402,8 +402,9 @@ mod avx2 {
         }
     }
 
-    /// `dst[i] = src[i]`, 8 at a time: the rows copied are short (7 to
-    /// 112 values), where a call of `memcpy` costs more than the copy.
+    /// `dst[i] = src[i]`, 8 at a time, the last few one at a time: the
+    /// rows copied are short (7 to 112 values), where a call of `memcpy`
+    /// costs more than the copy (and AMD's masked stores are slow).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn copy(src: &[f32], dst: &mut [f32]) {
@@ -413,15 +414,24 @@ mod avx2 {
             // SAFETY: `src[i..i + 8]` and `dst[i..i + 8]` lie inside the
             // slices (the loop's condition).
             unsafe {
-                _mm256_storeu_ps(
-                    dst.as_mut_ptr().add(i),
-                    _mm256_loadu_ps(src.as_ptr().add(i)),
-                )
-            };
+                let v = _mm256_loadu_ps(src.as_ptr().add(i));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+            }
             i += 8;
         }
-        for j in i..n {
-            dst[j] = src[j];
+        // The last few without a loop, which the compiler would make a
+        // call of `memcpy`: 4, 2, then 1.
+        if n - i >= 4 {
+            // SAFETY: `src[i..i + 4]` and `dst[i..i + 4]` lie inside the slices.
+            unsafe { _mm_storeu_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
+            i += 4;
+        }
+        if n - i >= 2 {
+            dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
+            i += 2;
+        }
+        if n > i {
+            dst[i] = src[i];
         }
     }
 
