@@ -27,6 +27,11 @@ use crate::{Error, Isa};
 /// count's sums are unrolled into registers.
 const COUNTS: [usize; 3] = [9, 25, 49];
 
+/// Planes of at most this many outputs are summed 8 at a time, one per
+/// lane (`avx2::group`): rows this short lose lanes and their per-row work
+/// outweighs their sums.
+const SMALL_PLANE: usize = 256;
+
 /// Whether `taps` runs a sum of this many taps.
 pub fn supports(count: usize) -> bool {
     COUNTS.contains(&count)
@@ -123,6 +128,11 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
     if out.is_empty() {
         return Ok(());
     }
+    let vectors = vectors_available(isa);
+    #[cfg(target_arch = "x86_64")]
+    if vectors && oh * ow <= SMALL_PLANE {
+        return small_planes(t, planes, out);
+    }
     let stage = Stage::new(t);
     let mut staged = vec![t.fill; stage.len()];
     // The furthest read: the last output row's last 8 columns, of the
@@ -136,7 +146,6 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
             staged.len()
         ));
     }
-    let vectors = vectors_available(isa);
     for (p, out) in planes.iter().zip(out.chunks_exact_mut(oh * ow)) {
         let weights = &t.weights[p.weights..];
         macro_rules! plane {
@@ -149,6 +158,39 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
             9 => plane!(9),
             25 => plane!(25),
             _ => plane!(49),
+        }
+    }
+    Ok(())
+}
+
+/// `taps` over planes of at most `SMALL_PLANE` outputs, 8 planes at a
+/// time by the AVX2 code, one plane per lane.
+#[cfg(target_arch = "x86_64")]
+fn small_planes(t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result<(), Error> {
+    let grid = avx2::Grid::new(t);
+    let mut staged = vec![t.fill; grid.len()];
+    let furthest = grid.furthest(t.out_dims);
+    if furthest > staged.len() {
+        return Err(Error::Taps(format!(
+            "a staged group of {} values read up to {furthest}",
+            staged.len()
+        )));
+    }
+    let plane = t.out_dims[0] * t.out_dims[1];
+    for (group, out) in planes.chunks(8).zip(out.chunks_mut(8 * plane)) {
+        macro_rules! group {
+            ($n:literal) => {
+                // SAFETY: the CPU has AVX2 and FMA (`vectors_available`);
+                // `staged` holds `grid.len()` values, at least the furthest
+                // read (checked above); `taps` checked the planes, and `out`
+                // holds their outputs.
+                unsafe { avx2::group::<$n>(&grid, t, group, &mut staged, out) }
+            };
+        }
+        match t.taps.len() {
+            9 => group!(9),
+            25 => group!(25),
+            _ => group!(49),
         }
     }
     Ok(())
@@ -338,308 +380,6 @@ balanced! {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::{
-        __m256, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd,
-        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_mul_ps,
-        _mm256_permute4x64_pd, _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
-    };
-
-    use super::{Stage, Taps, every, pairwise};
-
-    /// Eight lanes stored, then eight not: the mask of a row's last `n`
-    /// outputs starts `8 - n` in.
-    const LANES: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
-
-    /// An output plane, `[oh, ow]` row-major: its input staged (every
-    /// other value 8 at a time), then its sums, 16 outputs at a time, then
-    /// 8, a row's last few by a masked store.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; for every tap `k`, row `r < oh` and column
-    /// block `i < ow.next_multiple_of(8)`, `staged[at[k] + r * row_step +
-    /// i..][..8]` lies inside `staged`; `out` holds `oh * ow` values.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn plane<const T: usize>(
-        (stage, t, first): (&Stage, &Taps<'_>, usize),
-        staged: &mut [f32],
-        (at, w): (&[usize; T], &[f32; T]),
-        out: &mut [f32],
-    ) {
-        stage.fill((t, first), staged, |src, step, dst| match step {
-            1 => copy(src, dst),
-            2 => evens(src, dst),
-            _ => every(src, step, dst),
-        });
-        let ([oh, ow], row_step) = (stage.out_dims, stage.row_step);
-        let ws: [__m256; T] = std::array::from_fn(|k| _mm256_set1_ps(w[k]));
-        let base = staged.as_ptr();
-        for r in 0..oh {
-            let row = r * row_step;
-            let o = &mut out[r * ow..(r + 1) * ow];
-            let mut i = 0;
-            // SAFETY (every block below): the reads are those the caller
-            // vouches for, and the stores lie inside `o` (a masked store
-            // writes only its lanes inside, and reads `LANES` inside it).
-            while i + 16 <= ow {
-                let [a, b] = unsafe { sums::<T, 2>(base, at, &ws, row + i) };
-                unsafe {
-                    _mm256_storeu_ps(o.as_mut_ptr().add(i), a);
-                    _mm256_storeu_ps(o.as_mut_ptr().add(i + 8), b);
-                }
-                i += 16;
-            }
-            while i < ow {
-                let [a] = unsafe { sums::<T, 1>(base, at, &ws, row + i) };
-                // The lanes inside the row: all 8, or its last few.
-                let inside = (ow - i).min(8);
-                unsafe {
-                    let mask = _mm256_loadu_si256(LANES.as_ptr().add(8 - inside).cast());
-                    _mm256_maskstore_ps(o.as_mut_ptr().add(i), mask, a);
-                }
-                i += 8;
-            }
-        }
-    }
-
-    /// `dst[i] = src[i]`, 8 at a time, the last few one at a time: the
-    /// rows copied are short (7 to 112 values), where a call of `memcpy`
-    /// costs more than the copy (and AMD's masked stores are slow).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn copy(src: &[f32], dst: &mut [f32]) {
-        let n = dst.len().min(src.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: `src[i..i + 8]` and `dst[i..i + 8]` lie inside the
-            // slices (the loop's condition).
-            unsafe {
-                let v = _mm256_loadu_ps(src.as_ptr().add(i));
-                _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
-            }
-            i += 8;
-        }
-        // The last few without a loop, which the compiler would make a
-        // call of `memcpy`: 4, 2, then 1.
-        if n - i >= 4 {
-            // SAFETY: `src[i..i + 4]` and `dst[i..i + 4]` lie inside the slices.
-            unsafe { _mm_storeu_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
-            i += 4;
-        }
-        if n - i >= 2 {
-            dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
-            i += 2;
-        }
-        if n > i {
-            dst[i] = src[i];
-        }
-    }
-
-    /// `dst[i] = src[2 * i]`, 8 at a time from 16 where `src` holds them.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn evens(src: &[f32], dst: &mut [f32]) {
-        let n = dst.len();
-        let mut i = 0;
-        while i + 8 <= n && 2 * i + 16 <= src.len() {
-            // SAFETY: `src[2i..2i + 16]` and `dst[i..i + 8]` lie inside the
-            // slices (the loop's condition).
-            let (a, b) = unsafe {
-                let at = src.as_ptr().add(2 * i);
-                (_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8)))
-            };
-            // [a0 a2 b0 b2 | a4 a6 b4 b6], then its 64-bit quarters in the
-            // order 0, 2, 1, 3.
-            let e = _mm256_shuffle_ps::<0x88>(a, b);
-            let e = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(e)));
-            unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), e) };
-            i += 8;
-        }
-        for (j, d) in dst.iter_mut().enumerate().skip(i) {
-            *d = src[2 * j];
-        }
-    }
-
-    /// `N` vectors of 8 neighbouring outputs whose taps start `col`
-    /// values past each tap's offset.
-    ///
-    /// # Safety
-    /// As `plane`'s, for these reads.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn sums<const T: usize, const N: usize>(
-        base: *const f32,
-        at: &[usize; T],
-        ws: &[__m256; T],
-        col: usize,
-    ) -> [__m256; N] {
-        let product = |k: usize| -> [__m256; N] {
-            std::array::from_fn(|j| {
-                // SAFETY: inside `staged`, by the caller's contract.
-                let x = unsafe { _mm256_loadu_ps(base.add(at[k] + col + 8 * j)) };
-                _mm256_mul_ps(x, ws[k])
-            })
-        };
-        let add = |a: [__m256; N], b: [__m256; N]| -> [__m256; N] {
-            std::array::from_fn(|j| _mm256_add_ps(a[j], b[j]))
-        };
-        pairwise::<T, [__m256; N]>(&product, &add)
-    }
-}
-
+mod avx2;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The sum as `conv2d` builds it: products paired level by level.
-    fn tree_sum(mut terms: Vec<f32>) -> f32 {
-        while terms.len() > 1 {
-            terms = terms
-                .chunks(2)
-                .map(|p| if p.len() == 2 { p[0] + p[1] } else { p[0] })
-                .collect();
-        }
-        terms[0]
-    }
-
-    /// Values of every sign and size, a few zeros, no pattern along a row.
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n as u32)
-            .map(|i| {
-                let h = (i ^ seed).wrapping_mul(2654435761).rotate_left(13);
-                if h.is_multiple_of(17) {
-                    0.0
-                } else {
-                    (h % 2001) as f32 / 997.0 - 1.0
-                }
-            })
-            .collect()
-    }
-
-    /// A window of `k x k` taps, `dilation` apart, from `-pad`.
-    fn window(k: usize, pad: isize, dilation: isize, planes_weights: usize) -> Vec<Tap> {
-        let mut taps = Vec::new();
-        for y in 0..k {
-            for x in 0..k {
-                taps.push(Tap {
-                    dy: y as isize * dilation - pad,
-                    dx: x as isize * dilation - pad,
-                    weight: (y * k + x) * planes_weights,
-                });
-            }
-        }
-        taps
-    }
-
-    fn case(in_dims: [usize; 2], k: usize, stride: [usize; 2], pad: isize, dilation: isize) {
-        let [h, w] = in_dims;
-        let span = (k as isize - 1) * dilation + 1;
-        let out_dims = [0, 1]
-            .map(|a| ((in_dims[a] as isize + 2 * pad - span) / stride[a] as isize + 1) as usize);
-        let window = window(k, pad, dilation, 2);
-        // Three planes, not packed: the input planes 5 values apart, the
-        // weights interleaved with another plane's.
-        let planes: Vec<Plane> = (0..3)
-            .map(|p| Plane {
-                input: 3 + p * (h * w + 5),
-                weights: p,
-            })
-            .collect();
-        let input = values(3 + 3 * (h * w + 5), 7);
-        let weights = values(2 * k * k + 3, 11);
-        let t = Taps {
-            input: &input,
-            weights: &weights,
-            in_dims,
-            out_dims,
-            stride,
-            taps: &window,
-            fill: 0.0,
-        };
-        let [oh, ow] = out_dims;
-        let mut want = Vec::new();
-        for p in &planes {
-            for r in 0..oh {
-                for c in 0..ow {
-                    let terms = (window.iter())
-                        .map(|tap| {
-                            let y = (r * stride[0]) as isize + tap.dy;
-                            let x = (c * stride[1]) as isize + tap.dx;
-                            let inside =
-                                (0..h as isize).contains(&y) && (0..w as isize).contains(&x);
-                            let v = match inside {
-                                true => input[p.input + y as usize * w + x as usize],
-                                false => 0.0,
-                            };
-                            v * weights[p.weights + tap.weight]
-                        })
-                        .collect();
-                    want.push(tree_sum(terms));
-                }
-            }
-        }
-        for isa in [Isa::Generic, Isa::Avx2]
-            .into_iter()
-            .filter(|i| i.available())
-        {
-            let mut got = vec![f32::NAN; want.len()];
-            taps(isa, &t, &planes, &mut got).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&got),
-                bits(&want),
-                "{isa} {in_dims:?} k{k} s{stride:?} p{pad} d{dilation}"
-            );
-        }
-    }
-
-    #[test]
-    fn sums_are_the_pairwise_trees_of_rounded_products_bit_for_bit() {
-        for (in_dims, k, stride, pad, dilation) in [
-            ([7, 7], 3, [1, 1], 1, 1),
-            ([56, 56], 3, [1, 1], 1, 1),
-            ([13, 29], 3, [2, 2], 1, 1),
-            ([112, 112], 3, [2, 2], 1, 1),
-            ([14, 14], 5, [1, 1], 2, 1),
-            ([23, 19], 5, [2, 2], 2, 1),
-            ([11, 40], 3, [1, 3], 0, 2),
-            ([9, 9], 7, [1, 1], 3, 1),
-            ([30, 17], 3, [3, 1], 2, 1),
-        ] {
-            case(in_dims, k, stride, pad, dilation);
-        }
-    }
-
-    #[test]
-    fn reads_outside_the_slices_and_other_tap_counts_are_errors() {
-        let taps9 = window(3, 1, 1, 1);
-        let (input, weights) = (vec![0.0; 16], vec![0.0; 9]);
-        let t = Taps {
-            input: &input,
-            weights: &weights,
-            in_dims: [4, 4],
-            out_dims: [4, 4],
-            stride: [1, 1],
-            taps: &taps9,
-            fill: 0.0,
-        };
-        let plane = |input, weights| [Plane { input, weights }];
-        let mut out = vec![0.0; 16];
-        assert!(taps(Isa::Generic, &t, &plane(0, 0), &mut out).is_ok());
-        let e = taps(Isa::Generic, &t, &plane(1, 0), &mut out).unwrap_err();
-        assert!(e.to_string().contains("plane 0 reads input"), "{e}");
-        let e = taps(Isa::Generic, &t, &plane(0, 1), &mut out).unwrap_err();
-        assert!(e.to_string().contains("weight"), "{e}");
-        let e = taps(Isa::Generic, &t, &plane(0, 0), &mut out[..15]).unwrap_err();
-        assert!(e.to_string().contains("15"), "{e}");
-        let four = &taps9[..4];
-        let e = taps(
-            Isa::Generic,
-            &Taps { taps: four, ..t },
-            &plane(0, 0),
-            &mut out,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("4 taps"), "{e}");
-    }
-}
+mod tests;

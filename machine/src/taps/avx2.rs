@@ -1,0 +1,267 @@
+//! The AVX2 code of `taps`: a plane's rows staged and summed 16 outputs
+//! at a time, and small planes 8 at a time, one per lane.
+//!
+//! `unsafe` here is the vector loads and stores.
+
+use std::arch::x86_64::{
+    __m256, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd,
+    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_mul_ps, _mm256_permute4x64_pd,
+    _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+};
+
+use super::{Stage, Taps, every, pairwise};
+
+/// Eight lanes stored, then eight not: the mask of a row's last `n`
+/// outputs starts `8 - n` in.
+const LANES: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// An output plane, `[oh, ow]` row-major: its input staged (every
+/// other value 8 at a time), then its sums, 16 outputs at a time, then
+/// 8, a row's last few by a masked store.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; for every tap `k`, row `r < oh` and column
+/// block `i < ow.next_multiple_of(8)`, `staged[at[k] + r * row_step +
+/// i..][..8]` lies inside `staged`; `out` holds `oh * ow` values.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn plane<const T: usize>(
+    (stage, t, first): (&Stage, &Taps<'_>, usize),
+    staged: &mut [f32],
+    (at, w): (&[usize; T], &[f32; T]),
+    out: &mut [f32],
+) {
+    stage.fill((t, first), staged, |src, step, dst| match step {
+        1 => copy(src, dst),
+        2 => evens(src, dst),
+        _ => every(src, step, dst),
+    });
+    let ([oh, ow], row_step) = (stage.out_dims, stage.row_step);
+    let ws: [__m256; T] = std::array::from_fn(|k| _mm256_set1_ps(w[k]));
+    let base = staged.as_ptr();
+    for r in 0..oh {
+        let row = r * row_step;
+        let o = &mut out[r * ow..(r + 1) * ow];
+        let mut i = 0;
+        // SAFETY (every block below): the reads are those the caller
+        // vouches for, and the stores lie inside `o` (a masked store
+        // writes only its lanes inside, and reads `LANES` inside it).
+        while i + 16 <= ow {
+            let [a, b] = unsafe { sums::<T, 2>(base, at, &ws, row + i) };
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr().add(i), a);
+                _mm256_storeu_ps(o.as_mut_ptr().add(i + 8), b);
+            }
+            i += 16;
+        }
+        while i < ow {
+            let [a] = unsafe { sums::<T, 1>(base, at, &ws, row + i) };
+            // The lanes inside the row: all 8, or its last few.
+            let inside = (ow - i).min(8);
+            unsafe {
+                let mask = _mm256_loadu_si256(LANES.as_ptr().add(8 - inside).cast());
+                _mm256_maskstore_ps(o.as_mut_ptr().add(i), mask, a);
+            }
+            i += 8;
+        }
+    }
+}
+
+/// `dst[i] = src[i]`, 8 at a time, the last few one at a time: the
+/// rows copied are short (7 to 112 values), where a call of `memcpy`
+/// costs more than the copy (and AMD's masked stores are slow).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn copy(src: &[f32], dst: &mut [f32]) {
+    let n = dst.len().min(src.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `src[i..i + 8]` and `dst[i..i + 8]` lie inside the
+        // slices (the loop's condition).
+        unsafe {
+            let v = _mm256_loadu_ps(src.as_ptr().add(i));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+        }
+        i += 8;
+    }
+    // The last few without a loop, which the compiler would make a
+    // call of `memcpy`: 4, 2, then 1.
+    if n - i >= 4 {
+        // SAFETY: `src[i..i + 4]` and `dst[i..i + 4]` lie inside the slices.
+        unsafe { _mm_storeu_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
+        i += 4;
+    }
+    if n - i >= 2 {
+        dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
+        i += 2;
+    }
+    if n > i {
+        dst[i] = src[i];
+    }
+}
+
+/// `dst[i] = src[2 * i]`, 8 at a time from 16 where `src` holds them.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn evens(src: &[f32], dst: &mut [f32]) {
+    let n = dst.len();
+    let mut i = 0;
+    while i + 8 <= n && 2 * i + 16 <= src.len() {
+        // SAFETY: `src[2i..2i + 16]` and `dst[i..i + 8]` lie inside the
+        // slices (the loop's condition).
+        let (a, b) = unsafe {
+            let at = src.as_ptr().add(2 * i);
+            (_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8)))
+        };
+        // [a0 a2 b0 b2 | a4 a6 b4 b6], then its 64-bit quarters in the
+        // order 0, 2, 1, 3.
+        let e = _mm256_shuffle_ps::<0x88>(a, b);
+        let e = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(e)));
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), e) };
+        i += 8;
+    }
+    for (j, d) in dst.iter_mut().enumerate().skip(i) {
+        *d = src[2 * j];
+    }
+}
+
+/// `N` vectors of 8 neighbouring outputs whose taps start `col`
+/// values past each tap's offset.
+///
+/// # Safety
+/// As `plane`'s, for these reads.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sums<const T: usize, const N: usize>(
+    base: *const f32,
+    at: &[usize; T],
+    ws: &[__m256; T],
+    col: usize,
+) -> [__m256; N] {
+    let product = |k: usize| -> [__m256; N] {
+        std::array::from_fn(|j| {
+            // SAFETY: inside `staged`, by the caller's contract.
+            let x = unsafe { _mm256_loadu_ps(base.add(at[k] + col + 8 * j)) };
+            _mm256_mul_ps(x, ws[k])
+        })
+    };
+    let add = |a: [__m256; N], b: [__m256; N]| -> [__m256; N] {
+        std::array::from_fn(|j| _mm256_add_ps(a[j], b[j]))
+    };
+    pairwise::<T, [__m256; N]>(&product, &add)
+}
+
+/// Small planes, 8 at a time: each staged position holds the 8 planes'
+/// values at one input position, one per lane (with `fill` where that is
+/// outside the input), so that a tap is one load and a weight one vector
+/// for any stride, and no lane is lost to a short row.
+pub(super) struct Grid {
+    /// Staged positions down and across.
+    cols: usize,
+    rows: usize,
+    /// The input position of staged position (0, 0).
+    dy0: isize,
+    dx0: isize,
+    /// Each tap's offset, in values, from an output's first position.
+    at: Vec<usize>,
+    /// Values between output rows and between output columns.
+    steps: [usize; 2],
+}
+
+impl Grid {
+    pub(super) fn new(t: &Taps<'_>) -> Grid {
+        let ([oh, ow], [sh, sw]) = (t.out_dims, t.stride);
+        let dy0 = t.taps.iter().map(|tap| tap.dy).min().unwrap_or(0);
+        let dx0 = t.taps.iter().map(|tap| tap.dx).min().unwrap_or(0);
+        let span = |d: fn(&super::Tap) -> isize, d0: isize| {
+            t.taps
+                .iter()
+                .map(|tap| (d(tap) - d0) as usize)
+                .max()
+                .unwrap_or(0)
+        };
+        let rows = (oh - 1) * sh + span(|tap| tap.dy, dy0) + 1;
+        let cols = (ow - 1) * sw + span(|tap| tap.dx, dx0) + 1;
+        let at = (t.taps.iter())
+            .map(|tap| ((tap.dy - dy0) as usize * cols + (tap.dx - dx0) as usize) * 8)
+            .collect();
+        Grid {
+            cols,
+            rows,
+            dy0,
+            dx0,
+            at,
+            steps: [sh * cols * 8, sw * 8],
+        }
+    }
+
+    /// The values a group's staging holds.
+    pub(super) fn len(&self) -> usize {
+        self.rows * self.cols * 8
+    }
+
+    /// One past the furthest value a sum reads.
+    pub(super) fn furthest(&self, [oh, ow]: [usize; 2]) -> usize {
+        let last = self.at.iter().max().copied().unwrap_or(0);
+        last + (oh - 1) * self.steps[0] + (ow - 1) * self.steps[1] + 8
+    }
+}
+
+/// Up to 8 planes' outputs (`out`, the planes one after another) from
+/// their inputs, staged in `staged`, which holds `fill` wherever no input
+/// value lands (made so once; only input values are written).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `staged` holds `grid.len()` values, at least
+/// `grid.furthest(t.out_dims)`; `planes` are at most 8, inside `t`'s slices
+/// (`taps` checked them); `out` holds their outputs.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn group<const T: usize>(
+    grid: &Grid,
+    t: &Taps<'_>,
+    planes: &[super::Plane],
+    staged: &mut [f32],
+    out: &mut [f32],
+) {
+    let ([h, w], [oh, ow]) = (t.in_dims, t.out_dims);
+    let r0 = (-grid.dy0).max(0) as usize;
+    let r1 = ((h as isize - grid.dy0).max(0) as usize).min(grid.rows);
+    let c0 = (-grid.dx0).max(0) as usize;
+    let c1 = ((w as isize - grid.dx0).max(0) as usize).min(grid.cols);
+    let mut weights = [[0.0f32; 8]; T];
+    for (lane, p) in planes.iter().enumerate() {
+        for r in r0..r1.max(r0) {
+            let y = (r as isize + grid.dy0) as usize;
+            let x0 = (c0 as isize + grid.dx0) as usize;
+            let src = &t.input[p.input + y * w + x0..][..c1.max(c0) - c0];
+            let row = &mut staged[(r * grid.cols + c0) * 8..];
+            for (c, v) in src.iter().enumerate() {
+                row[c * 8 + lane] = *v;
+            }
+        }
+        for (k, tap) in t.taps.iter().enumerate() {
+            weights[k][lane] = t.weights[p.weights + tap.weight];
+        }
+    }
+    // SAFETY: `weights[k]` holds 8 values.
+    let ws: [__m256; T] = std::array::from_fn(|k| unsafe { _mm256_loadu_ps(weights[k].as_ptr()) });
+    let at: [usize; T] = std::array::from_fn(|k| grid.at[k]);
+    let base = staged.as_ptr();
+    let plane = oh * ow;
+    for i in 0..oh {
+        for j in 0..ow {
+            let first = i * grid.steps[0] + j * grid.steps[1];
+            // SAFETY: `first + at[k] + 8` is at most `grid.furthest`, inside
+            // `staged` (the caller's contract).
+            let product = |k: usize| {
+                _mm256_mul_ps(unsafe { _mm256_loadu_ps(base.add(first + at[k])) }, ws[k])
+            };
+            let sums = pairwise::<T, __m256>(&product, &|a, b| _mm256_add_ps(a, b));
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: `lanes` holds 8 values.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+            for (lane, v) in lanes.iter().take(planes.len()).enumerate() {
+                out[lane * plane + i * ow + j] = *v;
+            }
+        }
+    }
+}
