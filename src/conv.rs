@@ -343,8 +343,13 @@ impl Tensor {
         if og > 1 || cg * w[2] * w[3] > DIRECT_TERMS {
             return im2col_gemm(self, weight, bias, groups, &axes);
         }
-        // The CPU's machine kernel pads a depthwise window's planes itself.
-        let taps = cg == 1 && kiln_runtime::cpu::sums_taps(w[2] * w[3]);
+        // The CPU's machine kernel pads a depthwise window's planes itself
+        // (f32, and planes of more than one row and column, which are
+        // views of strides it takes).
+        let taps = cg == 1
+            && dtype == DType::F32
+            && axes.iter().all(|a| a.out > 1)
+            && kiln_runtime::cpu::sums_taps(w[2] * w[3]);
         let xp = padded(self, &axes, Scalar::I32(0).cast(dtype), !taps)?;
         let wins = windows(&xp, &axes)?;
         let y = multiply_and_sum(&wins, weight, groups)?;

@@ -283,6 +283,7 @@ fn depthwise_sums_are_the_interpreters_bit_for_bit() -> Result<()> {
     ];
     let cases = [
         (3, [1, 1], [(1, 1), (1, 1)], [1, 1], [2, 7, 23, 19]),
+        (3, [1, 1], [(0, 2), (2, 1)], [1, 1], [1, 11, 9, 13]),
         (3, [2, 2], [(1, 0), (0, 1)], [1, 1], [1, 5, 30, 41]),
         (3, [1, 1], [(2, 2), (2, 2)], [2, 2], [1, 3, 12, 35]),
         (5, [2, 2], [(2, 2), (2, 2)], [1, 1], [2, 4, 17, 26]),
@@ -297,6 +298,19 @@ fn depthwise_sums_are_the_interpreters_bit_for_bit() -> Result<()> {
         let inputs = [(vec![n, c, h, w], x), (vec![c, 1, k, k], wt), (vec![c], b)];
         for (name, tail) in tails {
             let f = |t: &[Tensor]| tail(t[0].conv2d(&t[1], Some(&t[2]), stride, pad, dil, c)?);
+            // The CPU takes this sum by its machine kernel.
+            let dims = [inputs[0].0.as_slice(), &inputs[1].0, &inputs[2].0];
+            let t: Vec<Tensor> = (dims.iter().enumerate())
+                .map(|(i, d)| Tensor::randn(*d, i as u64))
+                .collect::<Result<_>>()?;
+            let optimized = kiln::optimize("dw", &[&f(&t)?], Options::default())?;
+            let taps = (optimized.schedule.launches.iter())
+                .filter_map(|l| match &optimized.graph.node(l.node).op {
+                    kiln_ir::Op::Kernel(kernel) => kiln_runtime::cpu::taps_of(kernel),
+                    _ => None,
+                })
+                .collect::<Vec<_>>();
+            assert_eq!(taps, [k * k], "{k}x{k} s{stride:?} d{dil:?} {name}");
             let got = run(Device::Cpu, true, &inputs, &f)?;
             let want = run(Device::Reference, true, &inputs, &f)?;
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

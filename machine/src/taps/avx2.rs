@@ -9,7 +9,9 @@ use std::arch::x86_64::{
     _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
 };
 
-use super::{Stage, Taps, every, pairwise};
+use std::ops::Range;
+
+use super::{Stage, Taps, Window, every, pairwise};
 
 /// Eight lanes stored, then eight not: the mask of a row's last `n`
 /// outputs starts `8 - n` in.
@@ -116,6 +118,7 @@ fn evens(src: &[f32], dst: &mut [f32]) {
         // order 0, 2, 1, 3.
         let e = _mm256_shuffle_ps::<0x88>(a, b);
         let e = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(e)));
+        // SAFETY: as above.
         unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), e) };
         i += 8;
     }
@@ -151,52 +154,46 @@ unsafe fn sums<const T: usize, const N: usize>(
 }
 
 /// Small planes, 8 at a time: each staged position holds the 8 planes'
-/// values at one input position, one per lane (with `fill` where that is
-/// outside the input), so that a tap is one load and a weight one vector
-/// for any stride, and no lane is lost to a short row.
+/// values at one input position of the window, one per lane (with `fill`
+/// where that is outside the input), so that a tap is one load and a
+/// weight one vector for any stride, and no lane is lost to a short row.
 pub(super) struct Grid {
-    /// Staged positions down and across.
+    /// Window columns per staged row.
     cols: usize,
-    rows: usize,
-    /// The input position of staged position (0, 0).
-    dy0: isize,
-    dx0: isize,
+    /// The window's rows and columns inside the input, and where the
+    /// window starts.
+    inside: [Range<usize>; 2],
+    origin: [isize; 2],
     /// Each tap's offset, in values, from an output's first position.
     at: Vec<usize>,
     /// Values between output rows and between output columns.
     steps: [usize; 2],
+    len: usize,
 }
 
 impl Grid {
-    pub(super) fn new(t: &Taps<'_>) -> Grid {
-        let ([oh, ow], [sh, sw]) = (t.out_dims, t.stride);
-        let dy0 = t.taps.iter().map(|tap| tap.dy).min().unwrap_or(0);
-        let dx0 = t.taps.iter().map(|tap| tap.dx).min().unwrap_or(0);
-        let span = |d: fn(&super::Tap) -> isize, d0: isize| {
-            t.taps
-                .iter()
-                .map(|tap| (d(tap) - d0) as usize)
-                .max()
-                .unwrap_or(0)
-        };
-        let rows = (oh - 1) * sh + span(|tap| tap.dy, dy0) + 1;
-        let cols = (ow - 1) * sw + span(|tap| tap.dx, dx0) + 1;
+    pub(super) fn new(window: &Window, t: &Taps<'_>) -> Grid {
+        let ([sh, sw], cols) = (t.stride, window.cols);
         let at = (t.taps.iter())
-            .map(|tap| ((tap.dy - dy0) as usize * cols + (tap.dx - dx0) as usize) * 8)
+            .map(|tap| {
+                let y = (tap.dy - window.dy0) as usize;
+                let x = (tap.dx - window.dx0) as usize;
+                (y * cols + x) * 8
+            })
             .collect();
         Grid {
             cols,
-            rows,
-            dy0,
-            dx0,
+            inside: [window.inside_rows.clone(), window.inside_cols.clone()],
+            origin: [window.dy0, window.dx0],
             at,
             steps: [sh * cols * 8, sw * 8],
+            len: window.rows * cols * 8,
         }
     }
 
     /// The values a group's staging holds.
     pub(super) fn len(&self) -> usize {
-        self.rows * self.cols * 8
+        self.len
     }
 
     /// One past the furthest value a sum reads.
@@ -222,20 +219,19 @@ pub(super) unsafe fn group<const T: usize>(
     staged: &mut [f32],
     out: &mut [f32],
 ) {
-    let ([h, w], [oh, ow]) = (t.in_dims, t.out_dims);
-    let r0 = (-grid.dy0).max(0) as usize;
-    let r1 = ((h as isize - grid.dy0).max(0) as usize).min(grid.rows);
-    let c0 = (-grid.dx0).max(0) as usize;
-    let c1 = ((w as isize - grid.dx0).max(0) as usize).min(grid.cols);
+    let (w, [oh, ow]) = (t.in_dims[1], t.out_dims);
+    let [rows, cols] = grid.inside.clone();
     let mut weights = [[0.0f32; 8]; T];
     for (lane, p) in planes.iter().enumerate() {
-        for r in r0..r1.max(r0) {
-            let y = (r as isize + grid.dy0) as usize;
-            let x0 = (c0 as isize + grid.dx0) as usize;
-            let src = &t.input[p.input + y * w + x0..][..c1.max(c0) - c0];
-            let row = &mut staged[(r * grid.cols + c0) * 8..];
-            for (c, v) in src.iter().enumerate() {
-                row[c * 8 + lane] = *v;
+        if !cols.is_empty() {
+            let x0 = (cols.start as isize + grid.origin[1]) as usize;
+            for r in rows.clone() {
+                let y = (r as isize + grid.origin[0]) as usize;
+                let src = &t.input[p.input + y * w + x0..][..cols.len()];
+                let row = &mut staged[(r * grid.cols + cols.start) * 8..];
+                for (c, v) in src.iter().enumerate() {
+                    row[c * 8 + lane] = *v;
+                }
             }
         }
         for (k, tap) in t.taps.iter().enumerate() {

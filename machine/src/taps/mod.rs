@@ -9,15 +9,17 @@
 //! filled in, and, for a column stride `s`, split into `s` phases of every
 //! `s`-th column, so that every tap of every output row is a contiguous,
 //! unmasked 256-bit load. Then each output row is 16 (or 8) outputs at a
-//! time, its products summed in registers.
+//! time, its products summed in registers. Planes of at most
+//! `SMALL_PLANE` outputs go 8 at a time instead, one per lane, each staged
+//! position holding the 8 planes' values (`avx2::Grid`).
 //!
 //! The values are the generated code's and the interpreter's, bit for bit:
 //! each product is rounded, and the products are summed in the tree
 //! `conv2d` builds (pairs of neighbours, then pairs of pairs, a last odd
 //! one carried), written out for each tap count (`pairwise`).
 //!
-//! `unsafe` here is the vector loads and stores from the staged plane and
-//! the output row, and the call of the AVX2 code.
+//! `unsafe` here is the calls of the AVX2 code (`avx2`, whose vector loads
+//! and stores are the rest).
 
 #![allow(unsafe_code)]
 
@@ -104,9 +106,10 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
         });
     }
     let last_weight = t.taps.iter().map(|tap| tap.weight).max().unwrap_or(0);
+    let plane_len = h.checked_mul(w);
     for (i, p) in planes.iter().enumerate() {
-        let input_end = p.input.checked_add(h * w);
-        if h * w > 0 && input_end.is_none_or(|end| end > t.input.len()) {
+        let input_end = plane_len.and_then(|n| p.input.checked_add(n));
+        if plane_len != Some(0) && input_end.is_none_or(|end| end > t.input.len()) {
             return refuse(format!(
                 "plane {i} reads input elements {}.. of {} ({h}x{w} from {})",
                 p.input,
@@ -128,12 +131,17 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
     if out.is_empty() {
         return Ok(());
     }
+    // A stride along an axis of one output moves nothing; as 1, it stages
+    // no more than the window.
+    let stride = [0, 1].map(|a| if t.out_dims[a] == 1 { 1 } else { t.stride[a] });
+    let t = &Taps { stride, ..*t };
+    let window = Window::new(t)?;
     let vectors = vectors_available(isa);
     #[cfg(target_arch = "x86_64")]
     if vectors && oh * ow <= SMALL_PLANE {
-        return small_planes(t, planes, out);
+        return small_planes(&window, t, planes, out);
     }
-    let stage = Stage::new(t);
+    let stage = Stage::new(&window, t);
     let mut staged = vec![t.fill; stage.len()];
     // The furthest read: the last output row's last 8 columns, of the
     // furthest tap; what makes the vector code's reads safe.
@@ -148,16 +156,16 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
     }
     for (p, out) in planes.iter().zip(out.chunks_exact_mut(oh * ow)) {
         let weights = &t.weights[p.weights..];
-        macro_rules! plane {
+        macro_rules! sums {
             ($n:literal) => {{
                 let w: [f32; $n] = std::array::from_fn(|k| weights[t.taps[k].weight]);
                 plane::<$n>((&stage, t, p.input), &mut staged, &w, out, vectors)
             }};
         }
         match t.taps.len() {
-            9 => plane!(9),
-            25 => plane!(25),
-            _ => plane!(49),
+            9 => sums!(9),
+            25 => sums!(25),
+            _ => sums!(49),
         }
     }
     Ok(())
@@ -166,8 +174,13 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
 /// `taps` over planes of at most `SMALL_PLANE` outputs, 8 planes at a
 /// time by the AVX2 code, one plane per lane.
 #[cfg(target_arch = "x86_64")]
-fn small_planes(t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result<(), Error> {
-    let grid = avx2::Grid::new(t);
+fn small_planes(
+    window: &Window,
+    t: &Taps<'_>,
+    planes: &[Plane],
+    out: &mut [f32],
+) -> Result<(), Error> {
+    let grid = avx2::Grid::new(window, t);
     let mut staged = vec![t.fill; grid.len()];
     let furthest = grid.furthest(t.out_dims);
     if furthest > staged.len() {
@@ -202,6 +215,86 @@ fn vectors_available(isa: Isa) -> bool {
     isa != Isa::Generic && crate::rows::available()
 }
 
+/// Where the taps reach, from an output plane's first position, and what
+/// staging it takes: both paths' sizes, computed once with every product
+/// checked, so that no offset made from them overflows.
+struct Window {
+    /// The first row and column a tap reads, from the output's.
+    dy0: isize,
+    dx0: isize,
+    /// The rows and columns between the first tap and the furthest.
+    span: [usize; 2],
+    /// The input rows and columns the outputs' taps reach, from `dy0` and
+    /// `dx0`.
+    rows: usize,
+    cols: usize,
+    /// Of those, the ones inside the input.
+    inside_rows: std::ops::Range<usize>,
+    inside_cols: std::ops::Range<usize>,
+}
+
+impl Window {
+    /// The window of `t`, whose output is not empty; an error where its
+    /// staging would not fit in memory.
+    fn new(t: &Taps<'_>) -> Result<Window, Error> {
+        let ([oh, ow], [sh, sw], [h, w]) = (t.out_dims, t.stride, t.in_dims);
+        let first = |d: fn(&Tap) -> isize| t.taps.iter().map(d).min().unwrap_or(0);
+        let (dy0, dx0) = (first(|tap| tap.dy), first(|tap| tap.dx));
+        let span = |d: fn(&Tap) -> isize, d0: isize| {
+            let mut spans = t
+                .taps
+                .iter()
+                .map(|tap| usize::try_from(d(tap) as i128 - d0 as i128));
+            spans.try_fold(0, |m, s| s.ok().map(|s| m.max(s)))
+        };
+        let extent = |n: usize, step: usize, span: Option<usize>| {
+            (n - 1)
+                .checked_mul(step)?
+                .checked_add(span?)?
+                .checked_add(1)
+        };
+        let span = [span(|tap| tap.dy, dy0), span(|tap| tap.dx, dx0)];
+        let rows = extent(oh, sh, span[0]);
+        let cols = extent(ow, sw, span[1]);
+        let (Some(rows), Some(cols), Some(span_y), Some(span_x)) = (rows, cols, span[0], span[1])
+        else {
+            return Err(Error::Taps(format!(
+                "taps spanning more than {} values",
+                usize::MAX
+            )));
+        };
+        // The larger staging of the two paths (`Stage::len`, `avx2::Grid`),
+        // in bytes, which a `Vec` must hold.
+        let by_rows = (ow.checked_next_multiple_of(8))
+            .and_then(|len| len.checked_add(span_x / sw))
+            .and_then(|len| len.checked_mul(sw)?.checked_mul(rows));
+        let by_lanes = rows.checked_mul(cols).and_then(|n| n.checked_mul(8));
+        let bytes = by_rows
+            .zip(by_lanes)
+            .and_then(|(a, b)| a.max(b).checked_mul(4));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(Error::Taps(format!(
+                "staging {rows}x{cols} input positions for {oh}x{ow} outputs: more than memory holds"
+            )));
+        }
+        // Staged positions `r` inside the input: input rows `r + dy0` in `0..h`.
+        let inside = |d0: isize, len: usize, n: usize| {
+            let start = (-(d0 as i128)).clamp(0, n as i128);
+            let end = (len as i128 - d0 as i128).clamp(start, n as i128);
+            start as usize..end as usize
+        };
+        Ok(Window {
+            dy0,
+            dx0,
+            span: [span_y, span_x],
+            rows,
+            cols,
+            inside_rows: inside(dy0, h, rows),
+            inside_cols: inside(dx0, w, cols),
+        })
+    }
+}
+
 /// How a plane is staged: `phases` copies of its rows (one per column
 /// phase), `rows` rows of `len` values each, row `r` of phase `p` holding
 /// input row `r + dy0` at columns `i * phases + p + dx0`.
@@ -210,6 +303,8 @@ struct Stage {
     rows: usize,
     len: usize,
     dy0: isize,
+    /// The staged rows inside the input.
+    inside_rows: std::ops::Range<usize>,
     /// Staged rows between output rows.
     row_step: usize,
     /// Each phase's columns inside the input: the first, the end, and the
@@ -222,36 +317,32 @@ struct Stage {
 }
 
 impl Stage {
-    fn new(t: &Taps<'_>) -> Stage {
-        let [oh, ow] = t.out_dims;
-        let [sh, sw] = t.stride;
-        let (dy0, dx0) = (
-            t.taps.iter().map(|tap| tap.dy).min().unwrap_or(0),
-            t.taps.iter().map(|tap| tap.dx).min().unwrap_or(0),
-        );
-        // Offsets from the first tap row and column, which are at least 0.
-        let rel = |tap: &Tap| ((tap.dy - dy0) as usize, (tap.dx - dx0) as usize);
-        let span_y = t.taps.iter().map(|tap| rel(tap).0).max().unwrap_or(0);
-        let span_x = t.taps.iter().map(|tap| rel(tap).1 / sw).max().unwrap_or(0);
-        let rows = (oh - 1) * sh + span_y + 1;
+    fn new(window: &Window, t: &Taps<'_>) -> Stage {
+        let ([sh, sw], ow) = (t.stride, t.out_dims[1]);
+        let rows = window.rows;
         // Every output row is computed 8 columns at a time.
-        let len = ow.next_multiple_of(8) + span_x;
+        let len = ow.next_multiple_of(8) + window.span[1] / sw;
         let at = (t.taps.iter())
             .map(|tap| {
-                let (y, x) = rel(tap);
+                let y = (tap.dy - window.dy0) as usize;
+                let x = (tap.dx - window.dx0) as usize;
                 ((x % sw) * rows + y) * len + x / sw
             })
             .collect();
         // Each phase's staged columns inside the input, `first..end`, and
-        // the input column of the first: column `i` of phase `p` is input
-        // column `i * sw + p + dx0`.
-        let w = t.in_dims[1] as isize;
+        // the input column of the first: column `i` of phase `p` is
+        // window column `i * sw + p`.
+        let cols = &window.inside_cols;
         let columns = (0..sw)
             .map(|phase| {
-                let c0 = phase as isize + dx0;
-                let end = ((w - c0).max(0) as usize).div_ceil(sw).min(len);
-                let first = (((-c0).max(0) as usize).div_ceil(sw)).min(end);
-                (first, end, ((first * sw) as isize + c0).max(0) as usize)
+                let first = cols.start.saturating_sub(phase).div_ceil(sw).min(len);
+                let end = cols
+                    .end
+                    .saturating_sub(phase)
+                    .div_ceil(sw)
+                    .clamp(first, len);
+                let x0 = (first * sw + phase) as isize + window.dx0;
+                (first, end, x0.max(0) as usize)
             })
             .collect();
         Stage {
@@ -259,7 +350,8 @@ impl Stage {
             rows,
             len,
             columns,
-            dy0,
+            dy0: window.dy0,
+            inside_rows: window.inside_rows.clone(),
             row_step: sh * len,
             at,
             in_dims: t.in_dims,
@@ -283,15 +375,12 @@ impl Stage {
         staged: &mut [f32],
         every: impl Fn(&[f32], usize, &mut [f32]),
     ) {
-        let [h, w] = self.in_dims;
-        // Staged rows `r` inside the input: input rows `r + dy0` in `0..h`.
-        let r0 = (-self.dy0).max(0) as usize;
-        let r1 = ((h as isize - self.dy0).max(0) as usize).min(self.rows);
+        let w = self.in_dims[1];
         for (phase, &(first_in, end_in, x0)) in self.columns.iter().enumerate() {
             if first_in >= end_in {
                 continue;
             }
-            for r in r0..r1.max(r0) {
+            for r in self.inside_rows.clone() {
                 let y = (r as isize + self.dy0) as usize;
                 let src = &t.input[first + y * w..][x0..w];
                 let row = (phase * self.rows + r) * self.len;

@@ -40,64 +40,82 @@ fn window(k: usize, pad: isize, dilation: isize, planes_weights: usize) -> Vec<T
     taps
 }
 
-fn case(in_dims: [usize; 2], k: usize, stride: [usize; 2], pad: isize, dilation: isize) {
-    let [h, w] = in_dims;
-    let span = (k as isize - 1) * dilation + 1;
-    let out_dims =
-        [0, 1].map(|a| ((in_dims[a] as isize + 2 * pad - span) / stride[a] as isize + 1) as usize);
-    let window = window(k, pad, dilation, 2);
-    // Three planes, not packed: the input planes 5 values apart, the
-    // weights interleaved with another plane's.
-    let planes: Vec<Plane> = (0..3)
-        .map(|p| Plane {
-            input: 3 + p * (h * w + 5),
-            weights: p,
-        })
-        .collect();
-    let input = values(3 + 3 * (h * w + 5), 7);
-    let weights = values(2 * k * k + 3, 11);
-    let t = Taps {
-        input: &input,
-        weights: &weights,
-        in_dims,
-        out_dims,
-        stride,
-        taps: &window,
-        fill: 0.0,
-    };
-    let [oh, ow] = out_dims;
+/// The outputs of `t` over `planes`, one tap at a time as the definition
+/// reads.
+fn reference(t: &Taps<'_>, planes: &[Plane]) -> Vec<f32> {
+    let ([h, w], [oh, ow], [sh, sw]) = (t.in_dims, t.out_dims, t.stride);
     let mut want = Vec::new();
-    for p in &planes {
+    for p in planes {
         for r in 0..oh {
             for c in 0..ow {
-                let terms = (window.iter())
+                let terms = (t.taps.iter())
                     .map(|tap| {
-                        let y = (r * stride[0]) as isize + tap.dy;
-                        let x = (c * stride[1]) as isize + tap.dx;
+                        let y = (r * sh) as isize + tap.dy;
+                        let x = (c * sw) as isize + tap.dx;
                         let inside = (0..h as isize).contains(&y) && (0..w as isize).contains(&x);
                         let v = match inside {
-                            true => input[p.input + y as usize * w + x as usize],
-                            false => 0.0,
+                            true => t.input[p.input + y as usize * w + x as usize],
+                            false => t.fill,
                         };
-                        v * weights[p.weights + tap.weight]
+                        v * t.weights[p.weights + tap.weight]
                     })
                     .collect();
                 want.push(tree_sum(terms));
             }
         }
     }
+    want
+}
+
+/// `t` over `planes` on every path this CPU runs, against `reference`,
+/// bit for bit.
+fn check(t: &Taps<'_>, planes: &[Plane], what: &str) {
+    let want = reference(t, planes);
     for isa in [Isa::Generic, Isa::Avx2]
         .into_iter()
         .filter(|i| i.available())
     {
         let mut got = vec![f32::NAN; want.len()];
-        taps(isa, &t, &planes, &mut got).unwrap();
+        taps(isa, t, planes, &mut got).unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&got),
-            bits(&want),
-            "{isa} {in_dims:?} k{k} s{stride:?} p{pad} d{dilation}"
-        );
+        assert_eq!(bits(&got), bits(&want), "{isa} {what}");
+    }
+}
+
+/// Planes of a convolution: `count` of them, not packed (the input planes
+/// 5 values apart, the weights interleaved with another plane's), over
+/// `in_dims`, and their values.
+fn planes(count: usize, [h, w]: [usize; 2], taps: usize) -> (Vec<Plane>, Vec<f32>, Vec<f32>) {
+    let planes = (0..count)
+        .map(|p| Plane {
+            input: 3 + p * (h * w + 5),
+            weights: p,
+        })
+        .collect();
+    let input = values(3 + count * (h * w + 5), 7);
+    let weights = values(2 * taps + count, 11);
+    (planes, input, weights)
+}
+
+fn case(in_dims: [usize; 2], k: usize, stride: [usize; 2], pad: isize, dilation: isize) {
+    let span = (k as isize - 1) * dilation + 1;
+    let out_dims =
+        [0, 1].map(|a| ((in_dims[a] as isize + 2 * pad - span) / stride[a] as isize + 1) as usize);
+    let window = window(k, pad, dilation, 2);
+    // 11 planes: a whole group of 8 for the lanes, then 3.
+    let (planes, input, weights) = planes(11, in_dims, k * k);
+    for fill in [0.0, 0.5] {
+        let t = Taps {
+            input: &input,
+            weights: &weights,
+            in_dims,
+            out_dims,
+            stride,
+            taps: &window,
+            fill,
+        };
+        let what = format!("{in_dims:?} k{k} s{stride:?} p{pad} d{dilation} fill {fill}");
+        check(&t, &planes, &what);
     }
 }
 
@@ -119,8 +137,33 @@ fn sums_are_the_pairwise_trees_of_rounded_products_bit_for_bit() {
         ([33, 70], 3, [1, 3], 0, 2),
         ([60, 20], 3, [3, 1], 2, 1),
         ([23, 19], 3, [1, 1], 1, 1),
+        // Windows that start inside the input (cropped), small and large.
+        ([12, 12], 3, [1, 1], -1, 1),
+        ([30, 30], 5, [2, 1], -2, 1),
     ] {
         case(in_dims, k, stride, pad, dilation);
+    }
+}
+
+#[test]
+fn taps_outside_the_plane_read_the_fill() {
+    // Every tap right of a 5x3 plane, or below it: products of the fill.
+    let (planes, input, weights) = planes(9, [5, 3], 9);
+    for (dy, dx) in [(0, 3), (5, 0), (-4, -3)] {
+        let mut window = window(3, 0, 1, 2);
+        for tap in &mut window {
+            (tap.dy, tap.dx) = (tap.dy + dy, tap.dx + dx);
+        }
+        let t = Taps {
+            input: &input,
+            weights: &weights,
+            in_dims: [5, 3],
+            out_dims: [3, 2],
+            stride: [1, 1],
+            taps: &window,
+            fill: 1.25,
+        };
+        check(&t, &planes, &format!("taps moved by ({dy}, {dx})"));
     }
 }
 
@@ -146,6 +189,24 @@ fn reads_outside_the_slices_and_other_tap_counts_are_errors() {
     assert!(e.to_string().contains("weight"), "{e}");
     let e = taps(Isa::Generic, &t, &plane(0, 0), &mut out[..15]).unwrap_err();
     assert!(e.to_string().contains("15"), "{e}");
+    let far = Taps {
+        out_dims: [3, 1],
+        stride: [1 << 63, 1],
+        ..t
+    };
+    let e = taps(Isa::Generic, &far, &plane(0, 0), &mut out[..3]).unwrap_err();
+    assert!(e.to_string().contains("spanning"), "{e}");
+    let e = taps(
+        Isa::Generic,
+        &Taps {
+            stride: [1, 0],
+            ..t
+        },
+        &plane(0, 0),
+        &mut out,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("stride"), "{e}");
     let four = &taps9[..4];
     let e = taps(
         Isa::Generic,

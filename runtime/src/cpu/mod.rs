@@ -59,6 +59,14 @@ pub fn sums_taps(taps: usize) -> bool {
     kiln_machine::taps::supports(taps)
 }
 
+/// How many taps of `kernel`'s sum the CPU runs by its machine kernel
+/// (`kiln_machine::taps`) on kiln's own paths (every `KILN_CPU_ISA` but
+/// `generic`): a depthwise convolution's window, where the kernel has that
+/// form. `KILN_DUMP=code` says so too.
+pub fn taps_of(kernel: &kiln_ir::kernel::Kernel) -> Option<usize> {
+    taps::plan(kernel).map(|(plan, _)| plan.taps.len())
+}
+
 /// The GEMM path this process's matmuls take: `amx` (kiln's AMX core for
 /// bf16 products, its AVX-512 core for f32 ones), `avx512` or `avx2`
 /// (kiln's cores), or `generic` (the `gemm` crate); the fastest the CPU runs

@@ -1,9 +1,9 @@
 //! Depthwise convolutions by `kiln_machine::taps`: an elementwise kernel
 //! whose body sums weighted taps of one input plane (`conv2d`'s
-//! multiply-and-sum) computes that sum by the machine kernel, a plane at a
-//! time, and the rest of its body (the bias, the activation) as generated
-//! code over each plane just written, reading the sum as `acc`, as a
-//! matmul's epilogue reads its product.
+//! multiply-and-sum) computes that sum by the machine kernel, a chunk of
+//! planes per task, and the rest of its body (the bias, the activation) as
+//! generated code over each chunk just written, reading the sum as `acc`,
+//! as a matmul's epilogue reads its product.
 //!
 //! A sum is taken only where the machine kernel reads exactly what the
 //! kernel's loads read: every tap a product of a read of one input `x`
@@ -11,12 +11,17 @@
 //! at a stride through a plane of its last two dims, padded exactly where
 //! a tap falls outside that plane, `w` constant over each plane; the
 //! products summed in `conv2d`'s pairwise tree, which the machine kernel
-//! reproduces bit for bit. Anything else stays generated code.
+//! reproduces bit for bit. A kernel that reads an input only at its own
+//! output index is left alone: `pass::donate` may give its output that
+//! input's buffer, which the sums would overwrite before the rest of the
+//! body reads it. Anything else stays generated code.
 
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, SideOutput, Value};
 use kiln_ir::view::View;
 use kiln_ir::{BinaryOp, DType, Scalar};
 use kiln_machine::taps::{self, Plane, Tap};
+
+use crate::loops;
 
 /// The taps of a kernel: which inputs they read, and how.
 #[derive(Debug)]
@@ -46,6 +51,15 @@ pub(crate) fn plan(kernel: &Kernel) -> Option<(TapsPlan, Kernel)> {
         return None;
     }
     let values = &kernel.body.values;
+    // An input read only at the output's own index may be donated to it.
+    let own = View::contiguous(&kernel.out.shape);
+    let reads = |input: u32| {
+        (values.iter()).filter_map(move |v| v.expr.read().filter(|(i, _)| *i == input))
+    };
+    let donatable = |input: u32| reads(input).all(|(_, view)| *view == own);
+    if (0..kernel.inputs.len() as u32).any(|i| reads(i).next().is_some() && donatable(i)) {
+        return None;
+    }
     let mut uses = vec![0usize; values.len()];
     for v in values {
         for o in v.expr.operands() {
@@ -65,6 +79,9 @@ pub(crate) fn plan(kernel: &Kernel) -> Option<(TapsPlan, Kernel)> {
     Some((plan, tail(kernel, root)))
 }
 
+/// More leaves than any sum the machine kernel runs.
+const LEAVES: usize = 64;
+
 /// The leaves of the tree of f32 additions at `root`, where the tree is
 /// `conv2d`'s pairwise one over them: an addition read only by the tree is
 /// part of it.
@@ -75,9 +92,14 @@ fn sum_tree(values: &[Value], uses: &[usize], root: usize) -> Option<Vec<u32>> {
         Leaf(u32),
         Add(Box<Tree>, Box<Tree>),
     }
+    /// The tree at `at`; past `LEAVES` leaves it stops descending (the
+    /// tree is then too large to match), so a chain of additions costs no
+    /// deep recursion.
     fn walk(values: &[Value], uses: &[usize], at: u32, top: bool, leaves: &mut Vec<u32>) -> Tree {
         match values[at as usize].expr {
-            Expr::Binary(BinaryOp::Add, a, b) if top || uses[at as usize] == 1 => {
+            Expr::Binary(BinaryOp::Add, a, b)
+                if (top || uses[at as usize] == 1) && leaves.len() <= LEAVES =>
+            {
                 let a = walk(values, uses, a, false, leaves);
                 let b = walk(values, uses, b, false, leaves);
                 Tree::Add(Box::new(a), Box::new(b))
@@ -247,31 +269,15 @@ fn place(
 /// `kernel` with value `root` of its body read as `acc`, the values only it
 /// read dropped.
 fn tail(kernel: &Kernel, root: usize) -> Kernel {
-    let values = &kernel.body.values;
-    let mut live = vec![false; values.len()];
-    if let Some(last) = live.last_mut() {
-        *last = true;
-    }
-    for s in &kernel.side {
-        live[s.value as usize] = true;
-    }
-    for i in (0..values.len()).rev() {
-        if live[i] && i != root {
-            for o in values[i].expr.operands() {
-                live[o as usize] = true;
-            }
-        }
-    }
-    let mut at = vec![0u32; values.len()];
-    let mut body = Block::default();
-    for (i, v) in values.iter().enumerate().filter(|(i, _)| live[*i]) {
-        at[i] = body.values.len() as u32;
-        let expr = match i == root {
-            true => Expr::Acc,
-            false => renumbered(&v.expr, &at),
-        };
-        body.values.push(Value {
-            expr,
+    let mut body = kernel.body.clone();
+    body.values[root].expr = Expr::Acc;
+    let live = loops::live(&body, kernel.side.iter().map(|s| s.value));
+    let mut at = vec![0u32; body.values.len()];
+    let mut kept = Block::default();
+    for (i, v) in body.values.iter().enumerate().filter(|(i, _)| live[*i]) {
+        at[i] = kept.values.len() as u32;
+        kept.values.push(Value {
+            expr: renumbered(&v.expr, &at),
             dtype: v.dtype,
         });
     }
@@ -282,7 +288,7 @@ fn tail(kernel: &Kernel, root: usize) -> Kernel {
         })
         .collect();
     Kernel {
-        body,
+        body: kept,
         side,
         ..kernel.clone()
     }
@@ -326,6 +332,17 @@ mod tests {
     /// it (padded input, a strided slice per tap times the tap's weight per
     /// channel, summed pairwise), plus a bias and ReLU; its one kernel.
     fn depthwise(n: usize, c: usize, [h, w]: [usize; 2], k: usize, stride: usize) -> Kernel {
+        depthwise_then(n, c, [h, w], (k, stride), false)
+    }
+
+    /// `depthwise`, then a residual input added where `residual`.
+    fn depthwise_then(
+        n: usize,
+        c: usize,
+        [h, w]: [usize; 2],
+        (k, stride): (usize, usize),
+        residual: bool,
+    ) -> Kernel {
         let pad = k / 2;
         let mut g = Graph::new("g");
         let f32s = |dims: &[usize]| TensorType::new(DType::F32, Shape::new(dims));
@@ -380,7 +397,11 @@ mod tests {
         let y = g
             .push(Op::Binary(BinaryOp::Add), &[terms[0], bias])
             .unwrap();
-        let y = g.push(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+        let mut y = g.push(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
+        if residual {
+            let r = g.input(f32s(&[n, c, oh, ow]));
+            y = g.push(Op::Binary(BinaryOp::Add), &[y, r]).unwrap();
+        }
         g.outputs.push(y);
         let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
         let launch = optimized.schedule.launches.last().unwrap();
@@ -431,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn sums_in_another_order_or_of_unsupported_counts_stay_generated() {
+    fn sums_in_another_order_of_unsupported_counts_or_beside_donatable_reads_stay_generated() {
         let mut kernel = depthwise(1, 3, [8, 8], 3, 2);
         assert!(plan(&kernel).is_some());
         // The sum's last addition with its operands swapped (the last tap
@@ -448,6 +469,9 @@ mod tests {
         };
         values[sum as usize].expr = Expr::Binary(BinaryOp::Add, b, a);
         assert!(plan(&kernel).is_none());
+        // An input read only at the output's own index, which
+        // `pass::donate` may write the output over.
+        assert!(plan(&depthwise_then(1, 3, [8, 8], (3, 2), true)).is_none());
         // A 4x4 window: 16 taps, a count the machine kernel does not run.
         assert!(plan(&depthwise(1, 3, [8, 8], 4, 1)).is_none());
     }

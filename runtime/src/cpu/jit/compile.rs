@@ -216,6 +216,15 @@ impl CompiledKernel {
         };
         let mut fbc = FunctionBuilderContext::new();
         let calls = lower::Calls::new(&mut module, row_calls()?);
+        if let (Some(code), Some(taps)) = (code.as_mut(), &taps) {
+            let plan = &taps.plan;
+            code(&format!(
+                "// {} taps of input {} by weights of input {}: kiln_machine::taps, then this code over their sums",
+                plan.taps.len(),
+                plan.x,
+                plan.w
+            ));
+        }
         let range = lower::lower(
             tail.as_ref().unwrap_or(kernel),
             &mut ctx.func,

@@ -288,8 +288,9 @@ impl Plain for f32 {}
 /// bf16 values, as their bits.
 impl Plain for u16 {}
 
-/// The values of a matmul's or an attention's buffers: those it reads (its
-/// operands and bias) as `T`, and the product it writes as f32. The product must share
+/// The values of a machine kernel's buffers (a matmul's, an attention's,
+/// a sum of taps'): those it reads (its operands and bias) as `T`, and the
+/// product it writes as f32. The product must share
 /// no byte with what is read, and every buffer be aligned for its type.
 pub(super) fn views<'b, T: Plain, const N: usize>(
     kernel: &Kernel,

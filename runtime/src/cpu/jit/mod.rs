@@ -16,8 +16,8 @@
 //! - `matmul`: a matmul's operands, the GEMM call, and its epilogue over the
 //!   product's rows;
 //! - `attention`: an attention's operands and its machine kernel's call;
-//! - `taps`: a depthwise convolution's sum by its machine kernel, plane by
-//!   plane, each followed by the rest of the kernel's body.
+//! - `taps`: a depthwise convolution's sum by its machine kernel, a chunk
+//!   of planes per task, each followed by the rest of the kernel's body.
 
 mod attention;
 mod compile;

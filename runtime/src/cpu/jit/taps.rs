@@ -58,7 +58,8 @@ impl CompiledKernel {
             true => 1,
             false => (2 * team::threads()).min(planes),
         };
-        let per_task = planes.div_ceil(tasks.max(1)).max(1);
+        // Whole groups of 8 planes per task, as small planes go 8 at a time.
+        let per_task = planes.div_ceil(tasks.max(1)).next_multiple_of(8);
         let failure = Mutex::new(None);
         team::for_each_chunk(result, per_task * plane, &|chunk, out| {
             let first = chunk * per_task;
