@@ -32,11 +32,11 @@ pub(super) unsafe fn plane<const T: usize>(
     (at, w): (&[usize; T], &[f32; T]),
     out: &mut [f32],
 ) {
-    stage.fill((t, first), staged, |src, step, dst| match step {
+    let every = |src: &[f32], step: usize, dst: &mut [f32]| match step {
         1 => copy(src, dst),
-        2 => evens(src, dst),
         _ => every(src, step, dst),
-    });
+    };
+    stage.fill((t, first), staged, every, |src, a, b| pair(src, a, b));
     let ([oh, ow], row_step) = (stage.out_dims, stage.row_step);
     let ws: [__m256; T] = std::array::from_fn(|k| _mm256_set1_ps(w[k]));
     let base = staged.as_ptr();
@@ -101,29 +101,39 @@ fn copy(src: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// `dst[i] = src[2 * i]`, 8 at a time from 16 where `src` holds them.
+/// `a[i] = src[2 * i]` and `b[i] = src[2 * i + 1]`, 8 of each at a time
+/// from 16 where `src` holds them.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn evens(src: &[f32], dst: &mut [f32]) {
-    let n = dst.len();
+fn pair(src: &[f32], a: &mut [f32], b: &mut [f32]) {
+    let n = a.len().min(b.len());
     let mut i = 0;
     while i + 8 <= n && 2 * i + 16 <= src.len() {
-        // SAFETY: `src[2i..2i + 16]` and `dst[i..i + 8]` lie inside the
-        // slices (the loop's condition).
-        let (a, b) = unsafe {
+        // SAFETY: `src[2i..2i + 16]`, `a[i..i + 8]` and `b[i..i + 8]` lie
+        // inside the slices (the loop's condition).
+        let (x, y) = unsafe {
             let at = src.as_ptr().add(2 * i);
             (_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8)))
         };
-        // [a0 a2 b0 b2 | a4 a6 b4 b6], then its 64-bit quarters in the
-        // order 0, 2, 1, 3.
-        let e = _mm256_shuffle_ps::<0x88>(a, b);
-        let e = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(e)));
+        // [x0 x2 y0 y2 | x4 x6 y4 y6] (and the odd ones), then its 64-bit
+        // quarters in the order 0, 2, 1, 3.
+        let order = |v| _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(v)));
+        let (even, odd) = (
+            order(_mm256_shuffle_ps::<0x88>(x, y)),
+            order(_mm256_shuffle_ps::<0xDD>(x, y)),
+        );
         // SAFETY: as above.
-        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), e) };
+        unsafe {
+            _mm256_storeu_ps(a.as_mut_ptr().add(i), even);
+            _mm256_storeu_ps(b.as_mut_ptr().add(i), odd);
+        }
         i += 8;
     }
-    for (j, d) in dst.iter_mut().enumerate().skip(i) {
+    for (j, d) in a.iter_mut().enumerate().skip(i) {
         *d = src[2 * j];
+    }
+    for (j, d) in b.iter_mut().enumerate().skip(i) {
+        *d = src[2 * j + 1];
     }
 }
 

@@ -367,15 +367,45 @@ impl Stage {
     /// `staged`, which holds `fill` wherever no input value lands (it is
     /// made so once, and only those values are written), copying each
     /// row's columns of a phase by `every` (`every(src, step, dst)`:
-    /// `dst[i] = src[i * step]`).
+    /// `dst[i] = src[i * step]`), or of both phases of a stride of 2 at
+    /// once by `pair` (`pair(src, a, b)`: `a[i] = src[2 * i]`, `b[i] =
+    /// src[2 * i + 1]`), reading each row once.
     #[inline(always)]
     fn fill(
         &self,
         (t, first): (&Taps<'_>, usize),
         staged: &mut [f32],
         every: impl Fn(&[f32], usize, &mut [f32]),
+        pair: impl Fn(&[f32], &mut [f32], &mut [f32]),
     ) {
         let w = self.in_dims[1];
+        let rows = |phase: usize, r: usize| {
+            let (first_in, end_in, _) = self.columns[phase];
+            let at = (phase * self.rows + r) * self.len;
+            at + first_in..at + end_in
+        };
+        if let [(f0, e0, x0), (f1, e1, x1)] = self.columns[..] {
+            // Both phases start at neighbouring input columns (they do
+            // unless one has none): the earlier takes the even ones.
+            if f0 < e0 && f1 < e1 && x0.abs_diff(x1) == 1 {
+                let block = self.rows * self.len;
+                let (phase0, phase1) = staged.split_at_mut(block);
+                for r in self.inside_rows.clone() {
+                    let y = (r as isize + self.dy0) as usize;
+                    let src = &t.input[first + y * w..][x0.min(x1)..w];
+                    let b = rows(1, r);
+                    let (a, b) = (
+                        &mut phase0[rows(0, r)],
+                        &mut phase1[b.start - block..b.end - block],
+                    );
+                    match x0 < x1 {
+                        true => pair(src, a, b),
+                        false => pair(src, b, a),
+                    }
+                }
+                return;
+            }
+        }
         for (phase, &(first_in, end_in, x0)) in self.columns.iter().enumerate() {
             if first_in >= end_in {
                 continue;
@@ -383,8 +413,7 @@ impl Stage {
             for r in self.inside_rows.clone() {
                 let y = (r as isize + self.dy0) as usize;
                 let src = &t.input[first + y * w..][x0..w];
-                let row = (phase * self.rows + r) * self.len;
-                every(src, self.phases, &mut staged[row + first_in..row + end_in]);
+                every(src, self.phases, &mut staged[rows(phase, r)]);
             }
         }
     }
@@ -421,7 +450,11 @@ fn plane<const T: usize>(
         return;
     }
     let _ = vectors;
-    stage.fill((t, first), staged, every);
+    let pair = |src: &[f32], a: &mut [f32], b: &mut [f32]| {
+        every(src, 2, a);
+        every(&src[1..], 2, b);
+    };
+    stage.fill((t, first), staged, every, pair);
     for (r, out) in out.chunks_exact_mut(ow).enumerate().take(oh) {
         for (i, o) in out.iter_mut().enumerate() {
             let read = |k: usize| staged[at[k] + r * stage.row_step + i] * w[k];
