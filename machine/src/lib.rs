@@ -92,10 +92,42 @@ pub enum Error {
         /// B's columns.
         n: usize,
     },
-    /// A sum of taps that `taps::taps` does not run, or whose planes lie
-    /// outside its slices.
-    #[error("taps: {0}")]
-    Taps(String),
+    /// A sum of a count of taps that `taps::taps` has no code for.
+    #[error("taps: {count} taps (it sums {supported:?})")]
+    TapCount {
+        /// The taps.
+        count: usize,
+        /// The counts it sums.
+        supported: [usize; 3],
+    },
+    /// Taps whose window over the outputs no memory holds: a stride of 0,
+    /// or a staging whose size overflows.
+    #[error(
+        "taps: {outputs:?} outputs {stride:?} apart, by taps {span:?} apart: no staging holds that"
+    )]
+    TapWindow {
+        /// The output plane's rows and columns.
+        outputs: [usize; 2],
+        /// Input rows and columns between neighbouring outputs.
+        stride: [usize; 2],
+        /// Rows and columns between the first tap and the furthest
+        /// (`None`: more than a `usize` counts).
+        span: [Option<usize>; 2],
+    },
+    /// A plane whose input or weights lie outside their slice.
+    #[error("taps: plane {plane} reads {count} {what} from {first}, in a slice of {len}")]
+    TapPlane {
+        /// Which plane.
+        plane: usize,
+        /// `input values` or `weights`.
+        what: &'static str,
+        /// The first it reads.
+        first: usize,
+        /// How many it reads from there.
+        count: u128,
+        /// The slice's length.
+        len: usize,
+    },
     /// A slice of another length than what it is to hold (for the GEMM's
     /// product and bias, shorter).
     #[error("the {what} holds {len} values, {needs} wanted")]

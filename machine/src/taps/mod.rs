@@ -85,17 +85,24 @@ pub struct Taps<'a> {
 /// on every path but `generic`).
 ///
 /// Every read is checked first: a plane outside `input`, weights outside
-/// `weights`, an unsupported tap count, a zero stride and an `out` of
-/// another length are errors.
+/// `weights`, an unsupported tap count, a zero stride, a window whose
+/// staging no memory holds and an `out` of another length are errors.
 pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result<(), Error> {
     let [oh, ow] = t.out_dims;
     let [h, w] = t.in_dims;
-    let refuse = |problem: String| Err(Error::Taps(problem));
+    let window = |span| Error::TapWindow {
+        outputs: t.out_dims,
+        stride: t.stride,
+        span,
+    };
     if !supports(t.taps.len()) {
-        return refuse(format!("{} taps (supported: {COUNTS:?})", t.taps.len()));
+        return Err(Error::TapCount {
+            count: t.taps.len(),
+            supported: COUNTS,
+        });
     }
     if t.stride.contains(&0) {
-        return refuse(format!("a stride of {:?}", t.stride));
+        return Err(window([None; 2]));
     }
     let needs = planes.len().checked_mul(oh).and_then(|n| n.checked_mul(ow));
     if needs != Some(out.len()) {
@@ -106,27 +113,28 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
         });
     }
     let last_weight = t.taps.iter().map(|tap| tap.weight).max().unwrap_or(0);
-    let plane_len = h.checked_mul(w);
+    let plane_len = h as u128 * w as u128;
     for (i, p) in planes.iter().enumerate() {
-        let input_end = plane_len.and_then(|n| p.input.checked_add(n));
-        if plane_len != Some(0) && input_end.is_none_or(|end| end > t.input.len()) {
-            return refuse(format!(
-                "plane {i} reads input elements {}.. of {} ({h}x{w} from {})",
-                p.input,
-                t.input.len(),
-                p.input
-            ));
-        }
-        if p.weights
-            .checked_add(last_weight)
-            .is_none_or(|at| at >= t.weights.len())
-        {
-            return refuse(format!(
-                "plane {i} reads weight {}+{last_weight} of {}",
-                p.weights,
-                t.weights.len()
-            ));
-        }
+        let reads = |what, first: usize, count: u128, len: usize| {
+            let outside = count > 0 && first as u128 + count > len as u128;
+            match outside {
+                true => Err(Error::TapPlane {
+                    plane: i,
+                    what,
+                    first,
+                    count,
+                    len,
+                }),
+                false => Ok(()),
+            }
+        };
+        reads("input values", p.input, plane_len, t.input.len())?;
+        reads(
+            "weights",
+            p.weights,
+            last_weight as u128 + 1,
+            t.weights.len(),
+        )?;
     }
     if out.is_empty() {
         return Ok(());
@@ -135,13 +143,13 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
     // no more than the window.
     let stride = [0, 1].map(|a| if t.out_dims[a] == 1 { 1 } else { t.stride[a] });
     let t = &Taps { stride, ..*t };
-    let window = Window::new(t)?;
+    let staging = Window::new(t).ok_or_else(|| window(Window::spans(t)))?;
     let vectors = vectors_available(isa);
     #[cfg(target_arch = "x86_64")]
     if vectors && oh * ow <= SMALL_PLANE {
-        return small_planes(&window, t, planes, out);
+        return small_planes(&staging, t, planes, out);
     }
-    let stage = Stage::new(&window, t);
+    let stage = Stage::new(&staging, t);
     let mut staged = vec![t.fill; stage.len()];
     // The furthest read: the last output row's last 8 columns, of the
     // furthest tap; what makes the vector code's reads safe.
@@ -149,10 +157,7 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
         + (oh - 1) * stage.row_step
         + ow.next_multiple_of(8);
     if furthest > staged.len() {
-        return refuse(format!(
-            "a staged plane of {} values read up to {furthest}",
-            staged.len()
-        ));
+        return Err(window(Window::spans(t)));
     }
     for (p, out) in planes.iter().zip(out.chunks_exact_mut(oh * ow)) {
         let weights = &t.weights[p.weights..];
@@ -184,10 +189,11 @@ fn small_planes(
     let mut staged = vec![t.fill; grid.len()];
     let furthest = grid.furthest(t.out_dims);
     if furthest > staged.len() {
-        return Err(Error::Taps(format!(
-            "a staged group of {} values read up to {furthest}",
-            staged.len()
-        )));
+        return Err(Error::TapWindow {
+            outputs: t.out_dims,
+            stride: t.stride,
+            span: Window::spans(t),
+        });
     }
     let plane = t.out_dims[0] * t.out_dims[1];
     for (group, out) in planes.chunks(8).zip(out.chunks_mut(8 * plane)) {
@@ -234,48 +240,37 @@ struct Window {
 }
 
 impl Window {
-    /// The window of `t`, whose output is not empty; an error where its
+    /// Rows and columns between the first tap and the furthest (`None`
+    /// where more than a `usize` counts).
+    fn spans(t: &Taps<'_>) -> [Option<usize>; 2] {
+        let span = |d: fn(&Tap) -> isize| {
+            let d0 = t.taps.iter().map(d).min().unwrap_or(0);
+            let mut spans = (t.taps.iter()).map(|tap| usize::try_from(d(tap) as i128 - d0 as i128));
+            spans.try_fold(0, |m, s| s.ok().map(|s| m.max(s)))
+        };
+        [span(|tap| tap.dy), span(|tap| tap.dx)]
+    }
+
+    /// The window of `t`, whose output is not empty; `None` where its
     /// staging would not fit in memory.
-    fn new(t: &Taps<'_>) -> Result<Window, Error> {
+    fn new(t: &Taps<'_>) -> Option<Window> {
         let ([oh, ow], [sh, sw], [h, w]) = (t.out_dims, t.stride, t.in_dims);
         let first = |d: fn(&Tap) -> isize| t.taps.iter().map(d).min().unwrap_or(0);
         let (dy0, dx0) = (first(|tap| tap.dy), first(|tap| tap.dx));
-        let span = |d: fn(&Tap) -> isize, d0: isize| {
-            let mut spans = t
-                .taps
-                .iter()
-                .map(|tap| usize::try_from(d(tap) as i128 - d0 as i128));
-            spans.try_fold(0, |m, s| s.ok().map(|s| m.max(s)))
+        let [span_y, span_x] = Window::spans(t);
+        let (span_y, span_x) = (span_y?, span_x?);
+        let extent = |n: usize, step: usize, span: usize| {
+            (n - 1).checked_mul(step)?.checked_add(span)?.checked_add(1)
         };
-        let extent = |n: usize, step: usize, span: Option<usize>| {
-            (n - 1)
-                .checked_mul(step)?
-                .checked_add(span?)?
-                .checked_add(1)
-        };
-        let span = [span(|tap| tap.dy, dy0), span(|tap| tap.dx, dx0)];
-        let rows = extent(oh, sh, span[0]);
-        let cols = extent(ow, sw, span[1]);
-        let (Some(rows), Some(cols), Some(span_y), Some(span_x)) = (rows, cols, span[0], span[1])
-        else {
-            return Err(Error::Taps(format!(
-                "taps spanning more than {} values",
-                usize::MAX
-            )));
-        };
+        let (rows, cols) = (extent(oh, sh, span_y)?, extent(ow, sw, span_x)?);
         // The larger staging of the two paths (`Stage::len`, `avx2::Grid`),
         // in bytes, which a `Vec` must hold.
-        let by_rows = (ow.checked_next_multiple_of(8))
-            .and_then(|len| len.checked_add(span_x / sw))
-            .and_then(|len| len.checked_mul(sw)?.checked_mul(rows));
-        let by_lanes = rows.checked_mul(cols).and_then(|n| n.checked_mul(8));
-        let bytes = by_rows
-            .zip(by_lanes)
-            .and_then(|(a, b)| a.max(b).checked_mul(4));
-        if bytes.is_none_or(|b| b > isize::MAX as usize) {
-            return Err(Error::Taps(format!(
-                "staging {rows}x{cols} input positions for {oh}x{ow} outputs: more than memory holds"
-            )));
+        let by_rows = (ow.checked_next_multiple_of(8)?.checked_add(span_x / sw)?)
+            .checked_mul(sw)?
+            .checked_mul(rows)?;
+        let by_lanes = rows.checked_mul(cols)?.checked_mul(8)?;
+        if by_rows.max(by_lanes).checked_mul(4)? > isize::MAX as usize {
+            return None;
         }
         // Staged positions `r` inside the input: input rows `r + dy0` in `0..h`.
         let inside = |d0: isize, len: usize, n: usize| {
@@ -283,7 +278,7 @@ impl Window {
             let end = (len as i128 - d0 as i128).clamp(start, n as i128);
             start as usize..end as usize
         };
-        Ok(Window {
+        Some(Window {
             dy0,
             dx0,
             span: [span_y, span_x],
