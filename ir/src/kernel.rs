@@ -236,6 +236,19 @@ impl Expr {
         }
     }
 
+    /// The positions of the values this one reads, to rewrite (as
+    /// `operands` lists them).
+    pub fn operands_mut(&mut self) -> SmallVec<[&mut u32; 3]> {
+        match self {
+            Expr::Load { .. } | Expr::Const(_) | Expr::Acc => SmallVec::new(),
+            Expr::Unary(_, x) | Expr::Cast(x) | Expr::Gather { index: x, .. } => {
+                SmallVec::from_iter([x])
+            }
+            Expr::Binary(_, x, y) => SmallVec::from_iter([x, y]),
+            Expr::Where(c, x, y) => SmallVec::from_iter([c, x, y]),
+        }
+    }
+
     /// The input and index map of a read (a load or a gather).
     pub fn read(&self) -> Option<(u32, &View)> {
         match self {

@@ -276,10 +276,11 @@ fn tail(kernel: &Kernel, root: usize) -> Kernel {
     let mut kept = Block::default();
     for (i, v) in body.values.iter().enumerate().filter(|(i, _)| live[*i]) {
         at[i] = kept.values.len() as u32;
-        kept.values.push(Value {
-            expr: renumbered(&v.expr, &at),
-            dtype: v.dtype,
-        });
+        let mut v = v.clone();
+        for x in v.expr.operands_mut() {
+            *x = at[*x as usize];
+        }
+        kept.values.push(v);
     }
     let side = (kernel.side.iter())
         .map(|s| SideOutput {
@@ -291,31 +292,6 @@ fn tail(kernel: &Kernel, root: usize) -> Kernel {
         body: kept,
         side,
         ..kernel.clone()
-    }
-}
-
-/// `expr` reading value `at[i]` wherever it read value `i`.
-fn renumbered(expr: &Expr, at: &[u32]) -> Expr {
-    let m = |x: u32| at[x as usize];
-    match expr.clone() {
-        Expr::Unary(op, x) => Expr::Unary(op, m(x)),
-        Expr::Cast(x) => Expr::Cast(m(x)),
-        Expr::Binary(op, x, y) => Expr::Binary(op, m(x), m(y)),
-        Expr::Where(c, x, y) => Expr::Where(m(c), m(x), m(y)),
-        Expr::Gather {
-            input,
-            view,
-            index,
-            stride,
-            len,
-        } => Expr::Gather {
-            input,
-            view,
-            index: m(index),
-            stride,
-            len,
-        },
-        e @ (Expr::Load { .. } | Expr::Const(_) | Expr::Acc) => e,
     }
 }
 
