@@ -1,5 +1,6 @@
 //! Dead code elimination: nodes no output depends on are dropped (inputs stay,
-//! since they are the graph's signature).
+//! since they are the graph's signature; a kept kernel's side outputs stay,
+//! since the kernel stores them).
 
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
@@ -15,6 +16,12 @@ pub(crate) fn run(graph: &Graph) -> Graph {
             for id in &node.inputs {
                 live[id.index()] = true;
             }
+        }
+    }
+    // A side output reads only its kernel: kept with it, it keeps nothing else.
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if matches!(node.op, Op::SideOutput(_)) && live[node.inputs[0].index()] {
+            live[i] = true;
         }
     }
     let mut out = Graph::new(graph.name.clone());
