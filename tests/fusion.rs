@@ -90,6 +90,19 @@ fn transpose_add_is_one_kernel_with_a_strided_read() -> Result<()> {
     check("transpose_add", &[&(a.t()? + &b)?], 1)
 }
 
+#[test]
+fn a_stack_of_many_steps_read_as_rows_is_one_kernel() -> Result<()> {
+    // An LSTM's output: its steps' states stacked, then read as one matrix
+    // of rows by the next layer's product. Moved below the stack's
+    // `where`s, that reshape would make every step's padded view and every
+    // condition a copy of its own.
+    let steps: Vec<Tensor> = (0..12).map(|t| randn(&[8, 16], t)).collect::<Result<_>>()?;
+    let w = randn(&[16, 4], 99)?;
+    let stacked = Tensor::stack(&steps.iter().collect::<Vec<_>>(), 0)?;
+    let y = stacked.reshape([96, 16])?.matmul(&w)?;
+    check("stack_of_steps_as_rows", &[&y], 2)
+}
+
 fn mlp3() -> Result<Tensor> {
     let sizes = [784, 256, 256, 10];
     let mut h = randn(&[64, 784], 0)?;

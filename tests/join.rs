@@ -78,12 +78,12 @@ fn cat_checked(what: &str, parts: &[Tensor], axis: usize, given: isize) -> Resul
 
 #[test]
 fn cat_of_more_parts_than_a_row_loop_branches_on() -> Result<()> {
-    // Eleven parts along the channels, rows of 13: the compiled row loop
-    // branches to a copy of the part each row lies in for the first parts,
-    // and selects element by element past its budget; and the same parts
-    // along the rows' own axis, where nothing is constant over a row.
+    // 70 parts along the channels, rows of 13: the compiled row loop
+    // branches to a copy of the part each row lies in for the first 65
+    // parts, and selects element by element past its budget; and the same
+    // parts along the rows' own axis, where nothing is constant over a row.
     for axis in [1usize, 2] {
-        let dims: Vec<Vec<usize>> = (0..11)
+        let dims: Vec<Vec<usize>> = (0..70)
             .map(|p| {
                 let mut d = vec![2, 3, 13];
                 d[axis] = 1 + p % 3;
@@ -94,7 +94,7 @@ fn cat_of_more_parts_than_a_row_loop_branches_on() -> Result<()> {
             .map(|(p, d)| filled(d, |i| i as f32 * 0.25 - p as f32))
             .collect::<Result<_>>()?;
         cat_checked(
-            &format!("11 parts along {axis}"),
+            &format!("70 parts along {axis}"),
             &parts,
             axis,
             axis as isize,

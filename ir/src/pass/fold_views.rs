@@ -147,6 +147,17 @@ impl Folder {
         if !moves || !elementwise || self.readers[src.index()] != 1 {
             return None;
         }
+        // An operand view that cannot take the move would become a copy
+        // kernel the size of the result: storing the result once instead
+        // (where the reader folds the move) costs no more, and one such
+        // copy per operand (a `cat` of 64 parts) costs far more.
+        let folds = |&x: &NodeId| match &self.g.node(x).op {
+            Op::View(view) => moved(view, op).is_some(),
+            _ => true,
+        };
+        if !node.inputs.iter().all(folds) {
+            return None;
+        }
         let mut moved: SmallVec<[NodeId; 2]> = SmallVec::new();
         for (k, &x) in node.inputs.iter().enumerate() {
             // An operand read twice (`x * x`) is moved once.

@@ -109,9 +109,10 @@ pub(crate) enum Version {
 }
 
 /// Branches a stretch of a row may take on its conditions, in all: enough
-/// for a concatenation of 9 parts, 9 loops; past it the rest select
-/// element by element.
-const UNSWITCHED: usize = 8;
+/// for a concatenation of 65 parts (an LSTM's 64 steps stacked), 65 loops;
+/// past it the rest select element by element, every part read for every
+/// element (`benches/RESULTS-cpu.md`).
+const UNSWITCHED: usize = 64;
 
 /// The versions of a stretch of `block`: where a `where` picks by a
 /// condition computed once, a branch on it to a version of each side that
