@@ -154,6 +154,9 @@ pub fn all() -> Vec<Workload> {
     for (k, n) in [(512, 1000), (1280, 1000)] {
         w.extend(matmuls(1, k, n, Layout::ABt));
     }
+    // An LSTM's recurrent step at batch 8 (256 wide): the state against
+    // the four gates' weight, stored [1024, 256] as ONNX's LSTM holds it.
+    w.extend(matmuls(8, 256, 1024, Layout::ABt));
     w.push(Workload {
         id: "softmax",
         shape: "4096x1000".into(),

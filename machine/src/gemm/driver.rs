@@ -170,12 +170,19 @@ struct Product {
 
 /// The product's first element: tasks write disjoint tiles of it.
 #[derive(Clone, Copy)]
-struct C(*mut f32);
+pub(super) struct C(pub(super) *mut f32);
 
 // SAFETY: tasks write through it only to the tiles they own, while the
 // caller of `sgemm` holds the product borrowed.
 unsafe impl Sync for C {}
 unsafe impl Send for C {}
+
+impl C {
+    /// Element `i` of the product.
+    pub(super) fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
 
 /// The product with the rows of C cut into blocks shared between threads,
 /// each walking every panel of B. Each thread packs B's depth blocks for

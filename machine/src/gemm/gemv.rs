@@ -1,13 +1,18 @@
-//! Products of one row of `a` (`1 x k`: a classifier's at batch 1) in one
-//! pass over `b`. The cores and the `gemm` crate pack `b` first, a second
-//! pass over its memory that for one row of `a` costs as much as the
-//! product (`benches/RESULTS-cpu.md`). Where `b`'s columns lie contiguous
-//! (a weight stored `[n, k]` and read transposed) each output is a dot
-//! product; where its rows do, each row of `b`, scaled by its element of
-//! `a`, is added into the outputs. Threads take stretches of the outputs.
+//! Products of a few rows of `a` (at most `FEW`: a classifier at batch 1,
+//! an LSTM's recurrent step at batch 8) in one pass over `b`. The cores
+//! and the `gemm` crate pack `b` first, a second pass over its memory that
+//! for a few rows of `a` costs as much as the product
+//! (`benches/RESULTS-cpu.md`).
 //!
-//! The dot products run in the path's vector registers; the rows' sums
-//! are plain multiplies and adds, which the compiler puts in lanes.
+//! Where `b`'s columns lie contiguous (a weight stored `[n, k]` and read
+//! transposed), each output is a dot product, computed in tiles of up to 4
+//! rows by up to 4 columns: every vector of a column is loaded once for
+//! all the tile's rows, and the tile's sums (one accumulator each) are
+//! enough independent chains to keep the FMA units busy. One row takes a
+//! column at a time in 4 accumulators: read as one stream, its columns
+//! took less time than 8 at once (`benches/RESULTS-cpu.md`). Where `b`'s rows
+//! lie contiguous, each row of `b`, scaled by its element of each row of
+//! `a`, is added into the outputs. Threads take stretches of columns.
 //!
 //! `unsafe` here is the reads through the caller's strides and pointers.
 
@@ -16,186 +21,438 @@
 use super::{Operand, RawFused};
 use crate::Isa;
 
-/// Outputs per task on more than one thread.
-const STRETCH: usize = 128;
+/// Rows of `a` at most.
+const FEW: usize = 8;
 
-/// One-row products of fewer multiply-adds stay with the `gemm` crate:
-/// there `b` stays in the cache between calls, the crate's packing costs
-/// little, and the crate was as fast or faster; from here the pass, on
-/// every thread, took less time (`benches/RESULTS-cpu.md`).
-const WORK: usize = 1 << 20;
+/// Columns per task are a multiple of this, of every tile's width.
+const COLUMNS: usize = 12;
+
+/// Columns per task at most: a multiple of `COLUMNS`.
+const STRETCH: usize = 132;
+
+/// Products of one row of `a` and fewer multiply-adds stay with the
+/// `gemm` crate, as do products of more rows whose `b` holds fewer than
+/// `FEW_ROWS_WORK` elements: the crate has a one-row path of its own, and
+/// packs a small `b` cheaply for several rows, where each of these dot
+/// products pays a sum across lanes (`benches/RESULTS-cpu.md`).
+const ONE_ROW_WORK: usize = 1 << 20;
+
+/// See `ONE_ROW_WORK`.
+const FEW_ROWS_WORK: usize = 1 << 15;
 
 /// Whether `gemv` takes a product of `m` rows of `a` and `n` columns of
-/// `b` over `k`: one row, at least `WORK` multiply-adds, read without
-/// tables, `b` contiguous along its rows or its columns.
+/// `b` over `k`: at most `FEW` rows, at least `ONE_ROW_WORK` or
+/// `FEW_ROWS_WORK` elements of `b`, read without tables, `b` contiguous
+/// along its rows or its columns.
 pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) -> bool {
-    m == 1
-        && n.saturating_mul(k) >= WORK
+    let work = match m {
+        1 => ONE_ROW_WORK,
+        _ => FEW_ROWS_WORK,
+    };
+    (1..=FEW).contains(&m)
+        && n.saturating_mul(k) >= work
         && !a.tabled()
         && !b.tabled()
         && (b.rows == 1 || b.cols == 1)
 }
 
-/// `c = epilogue(a b)` for `a` of one row and `k` columns and `b` of `k`
-/// rows and `c.len()` columns, with `b` contiguous along an axis, in
-/// `isa`'s lanes, on the team's threads where `threads > 1`.
+/// `c = epilogue(a b)` for `a` of `m` rows (1 to `FEW`) and `k`
+/// columns and `b` of `k` rows and `n = c.len() / m` columns, with `b`
+/// contiguous along an axis, in `isa`'s lanes, on the team's threads
+/// where `threads > 1`.
 ///
 /// # Safety
-/// `isa` is available; `a(0, l)` and `b(l, j)` for `l < k`, `j < c.len()`
-/// lie inside live buffers, and a bias of `epilogue` holds `c.len()` values
-/// (one, where it holds one per row).
+/// `isa` is available; `a(i, l)` and `b(l, j)` for `i < m`, `l < k`,
+/// `j < n` lie inside live buffers, and a bias of `epilogue` holds a value
+/// for every row or every column it is added along.
 pub(super) unsafe fn gemv(
     isa: Isa,
-    k: usize,
+    (m, k): (usize, usize),
     (a, b): (Operand, Operand),
     c: &mut [f32],
     threads: usize,
     epilogue: RawFused,
 ) {
-    let dot: unsafe fn(&[f32], &[f32]) -> f32 = match isa {
+    let n = c.len() / m;
+    let tiles: Tiles = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512 => dot_avx512,
+        Isa::Amx | Isa::Avx512 => tiles_avx512,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => dot_avx2,
-        _ => dot_any,
+        Isa::Avx2 => tiles_avx2,
+        _ => tiles_any,
     };
-    // SAFETY: element (0, l) of a (the contract of this function).
-    let x: Vec<f32> = (0..k)
-        .map(|l| unsafe { *a.ptr.offset(l as isize * a.cols) })
-        .collect();
-    let stretch = |j0: usize, out: &mut [f32]| {
-        // SAFETY: columns j0.. of b, `out.len()` of them, each of k rows,
-        // and `dot` on an available ISA (the contract of this function).
-        unsafe { columns(&x, b, j0, out, dot) };
-        for (j, y) in out.iter_mut().enumerate() {
-            // SAFETY: column j0 + j is inside the bias, or row 0 is.
-            *y = unsafe { epilogue.apply(*y, 0, j0 + j) };
+    // SAFETY: element (i, l) of a (the contract of this function).
+    let mut x = Vec::with_capacity(m * k);
+    for i in 0..m {
+        x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + l as isize * a.cols) }));
+    }
+    let out = super::driver::C(c.as_mut_ptr());
+    // Four even stretches of columns per thread, at most `STRETCH`
+    // columns each: 11 stretches of 96 columns of a 1000-column product
+    // left one thread 6 of them, the other 5. Each stretch's outputs sit
+    // on the stack: in a `Vec` per task, two threads took 20% longer
+    // (`benches/RESULTS-cpu.md`).
+    let len = (n.div_ceil(4 * threads.max(1)).next_multiple_of(COLUMNS)).min(STRETCH);
+    let stretch = |t: usize| {
+        let j0 = t * len;
+        let len = len.min(n - j0);
+        let mut y = [0.0f32; FEW * STRETCH];
+        let y = &mut y[..m * len];
+        // SAFETY: columns j0..j0 + len of b, each of k rows, and `tiles`
+        // on an available ISA (the contract of this function).
+        unsafe { columns(&x, (m, k), b, j0, y, tiles) };
+        for (i, row) in y.chunks_exact(len).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                // SAFETY: row i and column j0 + j are inside the bias where
+                // it is added along them, and element (i, j0 + j) inside c,
+                // which no other task writes.
+                unsafe { *out.at(i * n + j0 + j) = epilogue.apply(v, i, j0 + j) };
+            }
         }
     };
+    let tasks = n.div_ceil(len);
     if threads > 1 {
-        crate::team::for_each_chunk(c, STRETCH, &|i, out| stretch(i * STRETCH, out));
+        crate::team::for_each(tasks, &stretch);
     } else {
-        stretch(0, c);
+        (0..tasks).for_each(stretch);
     }
 }
 
-/// Columns `j0..j0 + out.len()` of `x b` into `out`, each dot product by
-/// `dot`.
+/// Columns `j0..j0 + y.len() / m` of `x b` into `y` (row-major), for `x`
+/// of `m` rows of `k` (row-major).
 ///
 /// # Safety
-/// Elements (l, j) of b for `l < x.len()` and those columns lie inside a
-/// live buffer, and b's rows or columns are contiguous (`takes`); `dot`
-/// runs on this CPU.
+/// Elements (l, j) of b for `l < k` and those columns lie inside a live
+/// buffer, and b's rows or columns are contiguous (`takes`); `tiles` runs
+/// on this CPU.
 #[inline(always)]
 unsafe fn columns(
     x: &[f32],
+    (m, k): (usize, usize),
     b: Operand,
     j0: usize,
-    out: &mut [f32],
-    dot: unsafe fn(&[f32], &[f32]) -> f32,
+    y: &mut [f32],
+    tiles: Tiles,
 ) {
-    let k = x.len();
+    let len = y.len() / m;
     if b.rows == 1 {
-        for (q, y) in out.iter_mut().enumerate() {
-            let first = b.ptr.wrapping_offset((j0 + q) as isize * b.cols);
-            // SAFETY: column j0 + q of b, its k elements adjacent; `dot`
-            // runs on this CPU.
-            *y = unsafe { dot(x, std::slice::from_raw_parts(first, k)) };
-        }
+        let first = b.ptr.wrapping_offset(j0 as isize * b.cols);
+        // SAFETY: the columns' elements, each column's k adjacent, lie
+        // inside b; `tiles` runs on this CPU.
+        unsafe { tiles(x, (m, k), (first, b.cols), y) };
         return;
     }
-    out.fill(0.0);
-    for (l, &xl) in x.iter().enumerate() {
+    y.fill(0.0);
+    for l in 0..k {
         let first = b.ptr.wrapping_offset(l as isize * b.rows + j0 as isize);
-        // SAFETY: row l of b at columns j0.., `out.len()` of them adjacent.
-        let row = unsafe { std::slice::from_raw_parts(first, out.len()) };
-        for (y, &v) in out.iter_mut().zip(row) {
-            *y += xl * v;
+        // SAFETY: row l of b at columns j0.., `len` of them adjacent.
+        let row = unsafe { std::slice::from_raw_parts(first, len) };
+        for (i, out) in y.chunks_exact_mut(len).enumerate() {
+            let xl = x[i * k + l];
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o += xl * v;
+            }
         }
     }
 }
 
-/// `x · y` in f32, in order.
+/// Every dot product of `x`'s `m` rows of `k` with `y.len() / m` columns
+/// of `k` adjacent elements, the first at the pointer, each the stride
+/// after the one before, into `y` (row-major).
+type Tiles = unsafe fn(&[f32], (usize, usize), (*const f32, isize), &mut [f32]);
+
+/// `Tiles` in f32, one lane.
 ///
 /// # Safety
-/// None: `unsafe` only to share the type of the vector kernels.
-unsafe fn dot_any(x: &[f32], y: &[f32]) -> f32 {
-    x.iter().zip(y).map(|(a, b)| a * b).sum()
+/// The columns lie inside a live buffer.
+unsafe fn tiles_any(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &mut [f32]) {
+    // SAFETY: the contract of this function.
+    unsafe { tiles::<f32>(x, mk, b, y) }
 }
 
-/// `x · y` (of one length) in four AVX-512 accumulators of 16 lanes.
+/// `Tiles` in 16 lanes.
 ///
 /// # Safety
-/// The CPU has AVX-512.
+/// The CPU has AVX-512; the columns lie inside a live buffer.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_avx512(x: &[f32], y: &[f32]) -> f32 {
-    use std::arch::x86_64::{
-        _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_reduce_add_ps, _mm512_setzero_ps,
-    };
-    let k = x.len().min(y.len());
-    let (xp, yp) = (x.as_ptr(), y.as_ptr());
-    let mut s = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY (every load): elements i..i + 16 of both, below k.
-    while i + 64 <= k {
-        for (u, s) in s.iter_mut().enumerate() {
-            let at = i + 16 * u;
-            *s = unsafe {
-                _mm512_fmadd_ps(_mm512_loadu_ps(xp.add(at)), _mm512_loadu_ps(yp.add(at)), *s)
-            };
-        }
-        i += 64;
-    }
-    while i + 16 <= k {
-        s[0] = unsafe {
-            _mm512_fmadd_ps(_mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(yp.add(i)), s[0])
-        };
-        i += 16;
-    }
-    let sum = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
-    let tail: f32 = x[i..k].iter().zip(&y[i..k]).map(|(a, b)| a * b).sum();
-    _mm512_reduce_add_ps(sum) + tail
+unsafe fn tiles_avx512(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &mut [f32]) {
+    // SAFETY: the contract of this function.
+    unsafe { tiles::<lanes::Avx512>(x, mk, b, y) }
 }
 
-/// `x · y` (of one length) in four AVX2 accumulators of 8 lanes.
+/// `Tiles` in 8 lanes.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
+/// The CPU has AVX2 and FMA; the columns lie inside a live buffer.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
-    use std::arch::x86_64::{
-        _mm_add_ps, _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps,
-        _mm256_castps256_ps128, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-        _mm256_setzero_ps,
-    };
-    let k = x.len().min(y.len());
-    let (xp, yp) = (x.as_ptr(), y.as_ptr());
-    let mut s = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY (every load): elements i..i + 8 of both, below k.
-    while i + 32 <= k {
-        for (u, s) in s.iter_mut().enumerate() {
-            let at = i + 8 * u;
-            *s = unsafe {
-                _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(at)), _mm256_loadu_ps(yp.add(at)), *s)
+unsafe fn tiles_avx2(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &mut [f32]) {
+    // SAFETY: the contract of this function.
+    unsafe { tiles::<lanes::Avx2>(x, mk, b, y) }
+}
+
+/// `Tiles` in `L`'s lanes, over blocks of `BLOCK` columns: in each, the
+/// rows in groups of 4 (the last group 1 to 4), each group's columns in
+/// tiles of 4 columns for two rows and 3 for three or four (at least 8
+/// sums each, so 8 FMAs are in flight, and no more than AVX2's 16
+/// registers hold), one column for one row and for the last columns, in 4
+/// accumulators each. The second group of rows reads the block's columns
+/// from the cache.
+///
+/// # Safety
+/// `L`'s instructions run on this CPU; the columns lie inside a live
+/// buffer.
+#[inline(always)]
+unsafe fn tiles<L: Lanes>(
+    x: &[f32],
+    (m, k): (usize, usize),
+    (first, stride): (*const f32, isize),
+    y: &mut [f32],
+) {
+    let len = y.len() / m;
+    for j0 in (0..len).step_by(BLOCK) {
+        let end = (j0 + BLOCK).min(len);
+        for i in (0..m).step_by(4) {
+            let rows = (m - i).min(4);
+            // One row: a column at a time, read as one stream, in 4
+            // accumulators (as many sums in flight as the tiles have).
+            let wide = match rows {
+                1 => 1,
+                2 => 4,
+                _ => 3,
             };
+            let mut j = j0;
+            while j < end {
+                let cols = if end - j >= wide { wide } else { 1 };
+                let at = Tile {
+                    x: &x[i * k..],
+                    k,
+                    b: first.wrapping_offset(j as isize * stride),
+                    stride,
+                };
+                // SAFETY: columns j..j + cols, inside b (the contract of
+                // this function); `L` runs here.
+                let out = &mut y[i * len + j..];
+                unsafe {
+                    match (rows, cols) {
+                        (2, 4) => at.dots::<L, 2, 4, 1>(out, len),
+                        (3, 3) => at.dots::<L, 3, 3, 1>(out, len),
+                        (4, 3) => at.dots::<L, 4, 3, 1>(out, len),
+                        (1, _) => at.dots::<L, 1, 1, 4>(out, len),
+                        (2, _) => at.dots::<L, 2, 1, 4>(out, len),
+                        (3, _) => at.dots::<L, 3, 1, 4>(out, len),
+                        _ => at.dots::<L, 4, 1, 4>(out, len),
+                    }
+                }
+                j += cols;
+            }
         }
-        i += 32;
     }
-    while i + 8 <= k {
-        s[0] = unsafe {
-            _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)), s[0])
-        };
-        i += 8;
+}
+
+/// Columns per block: a multiple of every tile's width.
+const BLOCK: usize = 24;
+
+/// Where a tile's dot products read: rows of `x` of `k` each from its
+/// start, columns of `b` from `b`, `stride` apart.
+struct Tile<'a> {
+    x: &'a [f32],
+    k: usize,
+    b: *const f32,
+    stride: isize,
+}
+
+impl Tile<'_> {
+    /// The dot products of the first `R` rows with the first `C` columns
+    /// into `out` (rows `row` apart), each in
+    /// `U` accumulators of `L`'s lanes taking turns along the depth: those
+    /// added, then their lanes, then the last elements past a whole vector.
+    ///
+    /// # Safety
+    /// `L`'s instructions run on this CPU; the `C` columns' `k` elements
+    /// lie inside a live buffer, and `x` holds `R` rows.
+    #[inline(always)]
+    unsafe fn dots<L: Lanes, const R: usize, const C: usize, const U: usize>(
+        &self,
+        out: &mut [f32],
+        row: usize,
+    ) {
+        let (x, k) = (self.x.as_ptr(), self.k);
+        debug_assert!(self.x.len() >= R * k);
+        let col = |c: usize| self.b.wrapping_offset(c as isize * self.stride);
+        // SAFETY: `L` runs here.
+        let zero = unsafe { L::zero() };
+        let mut s = [[[zero; C]; R]; U];
+        let mut l = 0;
+        while l + L::LANES * U <= k {
+            for (u, s) in s.iter_mut().enumerate() {
+                // SAFETY: elements below k; `L` runs here.
+                unsafe { self.step::<L, R, C>(s, l + u * L::LANES) };
+            }
+            l += L::LANES * U;
+        }
+        while l + L::LANES <= k {
+            // SAFETY: as above.
+            unsafe { self.step::<L, R, C>(&mut s[0], l) };
+            l += L::LANES;
+        }
+        for r in 0..R {
+            for c in 0..C {
+                let mut sum = s[0][r][c];
+                for s in &s[1..] {
+                    // SAFETY: `L` runs here.
+                    sum = unsafe { L::add(sum, s[r][c]) };
+                }
+                // SAFETY: the tail's elements of row r and column c.
+                let tail = (l..k).map(|q| unsafe { *x.add(r * k + q) * *col(c).add(q) });
+                out[r * row + c] = unsafe { L::sum(sum) } + tail.sum::<f32>();
+            }
+        }
     }
-    let v = _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
-    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    let v = _mm_add_ps(v, _mm_shuffle_ps::<1>(v, v));
-    let tail: f32 = x[i..k].iter().zip(&y[i..k]).map(|(a, b)| a * b).sum();
-    _mm_cvtss_f32(v) + tail
+
+    /// Adds to `s` the products of elements `l..l + LANES` of the first
+    /// `R` rows and `C` columns.
+    ///
+    /// # Safety
+    /// `L`'s instructions run on this CPU; those elements lie inside a
+    /// live buffer (`l + LANES <= k`).
+    #[inline(always)]
+    unsafe fn step<L: Lanes, const R: usize, const C: usize>(
+        &self,
+        s: &mut [[L::V; C]; R],
+        l: usize,
+    ) {
+        let (x, k) = (self.x.as_ptr(), self.k);
+        // SAFETY (every intrinsic and load): `L` runs here, and elements
+        // l..l + LANES of a column, or of a row of x, lie below k.
+        let mut v = [unsafe { L::zero() }; C];
+        for (c, v) in v.iter_mut().enumerate() {
+            let col = self.b.wrapping_offset(c as isize * self.stride);
+            *v = unsafe { L::load(col.add(l)) };
+        }
+        for (r, s) in s.iter_mut().enumerate() {
+            let a = unsafe { L::load(x.add(r * k + l)) };
+            for (s, &v) in s.iter_mut().zip(&v) {
+                *s = unsafe { L::fma(a, v, *s) };
+            }
+        }
+    }
+}
+
+/// A vector of f32 lanes: what `Tile::dots` needs of an ISA.
+trait Lanes {
+    type V: Copy;
+    const LANES: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// `a * b + c`.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// The lanes added.
+    unsafe fn sum(v: Self::V) -> f32;
+}
+
+/// One lane, plain f32.
+impl Lanes for f32 {
+    type V = f32;
+    const LANES: usize = 1;
+    #[inline(always)]
+    unsafe fn zero() -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> f32 {
+        // SAFETY: the caller's element.
+        unsafe { *p }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+    #[inline(always)]
+    unsafe fn add(a: f32, b: f32) -> f32 {
+        a + b
+    }
+    #[inline(always)]
+    unsafe fn sum(v: f32) -> f32 {
+        v
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod lanes {
+    use std::arch::x86_64::{
+        __m256, __m512, _mm_add_ps, _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps,
+        _mm256_castps256_ps128, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
+        _mm256_setzero_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_reduce_add_ps,
+        _mm512_setzero_ps,
+    };
+
+    use super::Lanes;
+
+    /// 8 lanes (AVX2 and FMA).
+    pub(super) struct Avx2;
+
+    /// 16 lanes (AVX-512).
+    pub(super) struct Avx512;
+
+    // SAFETY (every intrinsic below): the caller runs on a CPU with the
+    // type's features, within a function that enables them (`Lanes`'s
+    // contract), and loads elements it holds.
+    impl Lanes for Avx2 {
+        type V = __m256;
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sum(v: __m256) -> f32 {
+            unsafe {
+                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                _mm_cvtss_f32(_mm_add_ps(v, _mm_shuffle_ps::<1>(v, v)))
+            }
+        }
+    }
+
+    impl Lanes for Avx512 {
+        type V = __m512;
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sum(v: __m512) -> f32 {
+            unsafe { _mm512_reduce_add_ps(v) }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -203,16 +460,17 @@ mod tests {
     use std::sync::Mutex;
 
     use super::super::{Operand, RawFused, gemm};
-    use super::{WORK, gemv, takes};
+    use super::{FEW, FEW_ROWS_WORK, ONE_ROW_WORK, gemv, takes};
     use crate::Isa;
 
-    /// One-row products on each of kiln's paths the CPU has (through
-    /// `gemm` where it takes them, else directly), against sums in f64: `b`
-    /// row-major and stored transposed, `a` read with a stride,
-    /// depths of 0 to 1000, one thread and the team, each epilogue; `finish`
-    /// hears of the one row.
+    /// Products of 1 to `FEW` rows on each of kiln's paths the CPU has
+    /// (through `gemm` where it takes them, else directly), against sums
+    /// in f64: `b` row-major and stored transposed, `a`'s rows read with
+    /// strides, depths of 0 to 1000 (tails of every vector width), column
+    /// counts that end in every tile's tail, one thread and the team, each
+    /// epilogue; `finish` hears of the rows.
     #[test]
-    fn one_row_products_agree_with_sums_in_f64() {
+    fn few_row_products_agree_with_sums_in_f64() {
         let value = |i: usize, seed: usize| ((i * 7919 + seed) % 97) as f32 / 13.0 - 3.0;
         let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
             .into_iter()
@@ -238,17 +496,22 @@ mod tests {
             },
         ];
         let shapes = [
-            (0, 5),
-            (1, 1),
-            (3, 7),
-            (33, 257),
-            (1000, 1000),
-            (1100, 1000),
+            (1, 0, 5),
+            (1, 1, 1),
+            (2, 3, 7),
+            (3, 33, 257),
+            (5, 17, 1000),
+            (1, 1000, 1000),
+            (2, 1100, 1000),
+            (4, 1049, 1001),
+            (7, 1030, 1019),
+            (FEW, 1031, 1003),
         ];
-        for (isa, (k, n)) in isas.iter().flat_map(|&i| shapes.map(|s| (i, s))) {
-            // a: column 1 of a [k, 2] matrix; b: [k, n], or [n, k] read
+        for (isa, (m, k, n)) in isas.iter().flat_map(|&i| shapes.map(|s| (i, s))) {
+            // a: column 1 of an [m, k, 2] array; b: [k, n], or [n, k] read
             // transposed.
-            let a: Vec<f32> = (0..2 * k).map(|i| value(i, 1)).collect();
+            let a: Vec<f32> = (0..2 * m * k).map(|i| value(i, 1)).collect();
+            let a_at = |i: usize, l: usize| a[1 + 2 * (i * k + l)];
             let b: Vec<f32> = (0..k * n).map(|i| value(i, 2)).collect();
             for transposed in [false, true] {
                 let b_at = |l: usize, j: usize| match transposed {
@@ -259,42 +522,44 @@ mod tests {
                     false => Operand::strided(b.as_ptr(), n as isize, 1),
                     true => Operand::strided(b.as_ptr(), 1, k as isize),
                 };
-                let a_op = Operand::strided(a.as_ptr().wrapping_add(1), 0, 2);
+                let a_op = Operand::strided(a.as_ptr().wrapping_add(1), 2 * k as isize, 2);
                 for (e, &epilogue) in epilogues.iter().enumerate() {
                     for threads in [1, 2] {
-                        let mut c = vec![f32::NAN; n];
+                        let mut c = vec![f32::NAN; m * n];
                         let rows = Mutex::new(Vec::new());
                         let finish = |r0, r1| rows.lock().expect("unpoisoned").push((r0, r1));
                         let what = format!(
-                            "{} {k}x{n} transposed {transposed} epilogue {e}",
+                            "{} {m}x{k}x{n} transposed {transposed} epilogue {e}",
                             isa.name()
                         );
-                        let taken = takes((1, n, k), a_op, b_op);
-                        assert_eq!(taken, k * n >= WORK, "{what}");
-                        // SAFETY: isa is available; a(0, l) = a[1 + 2l] and
-                        // b's elements lie inside `a` and `b`, `c` holds n,
-                        // the bias 1000 values.
+                        let taken = takes((m, n, k), a_op, b_op);
+                        let work = if m == 1 { ONE_ROW_WORK } else { FEW_ROWS_WORK };
+                        assert_eq!(taken, k * n >= work, "{what}");
+                        // SAFETY: isa is available; a(i, l) = a[1 + 2(ik + l)]
+                        // and b's elements lie inside `a` and `b`, `c` holds
+                        // m * n, the bias 1000 values.
                         unsafe {
                             if taken {
                                 let c = &mut c;
                                 let applied =
-                                    gemm(isa, 1, n, k, a_op, b_op, c, threads, epilogue, &finish);
+                                    gemm(isa, m, n, k, a_op, b_op, c, threads, epilogue, &finish);
                                 assert!(applied, "{what}");
                             } else {
-                                gemv(isa, k, (a_op, b_op), &mut c, threads, epilogue);
-                                finish(0, 1);
+                                gemv(isa, (m, k), (a_op, b_op), &mut c, threads, epilogue);
+                                finish(0, m);
                             }
                         }
-                        assert_eq!(*rows.lock().expect("unpoisoned"), [(0, 1)], "{what}");
-                        for (j, &got) in c.iter().enumerate() {
-                            let terms = (0..k).map(|l| f64::from(a[1 + 2 * l] * b_at(l, j)));
+                        assert_eq!(*rows.lock().expect("unpoisoned"), [(0, m)], "{what}");
+                        for (at, &got) in c.iter().enumerate() {
+                            let (i, j) = (at / n, at % n);
+                            let terms = (0..k).map(|l| f64::from(a_at(i, l) * b_at(l, j)));
                             let size: f64 = terms.clone().map(f64::abs).sum();
-                            // SAFETY: column j and row 0 are inside the bias.
-                            let want = unsafe { epilogue.apply(terms.sum::<f64>() as f32, 0, j) };
+                            // SAFETY: row i and column j are inside the bias.
+                            let want = unsafe { epilogue.apply(terms.sum::<f64>() as f32, i, j) };
                             let tol = 2.0 * k as f64 * f64::from(f32::EPSILON) * (size + 6.0);
                             assert!(
                                 (f64::from(got) - f64::from(want)).abs() <= tol,
-                                "{what}: column {j}: got {got}, want {want}"
+                                "{what}: ({i}, {j}): got {got}, want {want}"
                             );
                         }
                     }

@@ -255,7 +255,7 @@ pub(crate) unsafe fn gemm(
 ) -> bool {
     if !matches!(isa, Isa::Generic) && gemv::takes((m, n, k), a, b) {
         // SAFETY: the contract of this function, for one row of c.
-        unsafe { gemv::gemv(isa, k, (a, b), c, threads, epilogue) };
+        unsafe { gemv::gemv(isa, (m, k), (a, b), c, threads, epilogue) };
         finish(0, m);
         return true;
     }
