@@ -155,6 +155,44 @@ fn crop(x: &Tensor, axis: usize, (before, after): (usize, usize)) -> Result<Tens
     x.slice(axis as isize, before, x.dims()[axis] - after, 1)
 }
 
+/// `conv_transpose2d` with strides as long as the kernel, no dilation and
+/// no output padding (a U-Net's 2x2 upsampling): each output element takes
+/// one input element through one weight, so each group is one product of
+/// its weight, `[out * kh * kw, in]`, with the input's pixels, whose
+/// `[kh, kw]` blocks are then laid side by side and cropped by `padding`.
+/// The convolution over the input spread by the stride would multiply its
+/// zeros too (at stride 2, three products in four) after writing the
+/// spread and padded input. Checked by the caller.
+fn blocks(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    groups: usize,
+    padding: [(usize, usize); 2],
+) -> Result<Tensor> {
+    let (n, c, h, w) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
+    let (og, kh, kw) = (weight.dims()[1], weight.dims()[2], weight.dims()[3]);
+    let (g, cg) = (groups, c / groups);
+    let rows = weight
+        .reshape([g, cg, og, kh, kw])?
+        .permute(&[0, 2, 3, 4, 1])?
+        .reshape([g, og * kh * kw, cg])?;
+    let products =
+        rows.matmul(&x.reshape([n, g, cg, h * w])?)?
+            .reshape([n, g, og, kh * kw * h * w])?;
+    // The bias in the product's epilogue: after the blocks are laid out it
+    // would be a pass of its own.
+    let products = match bias {
+        Some(b) => products.add(&b.reshape([g, og, 1])?)?,
+        None => products,
+    };
+    let y = products
+        .reshape([n, g, og, kh, kw, h, w])?
+        .permute(&[0, 1, 2, 5, 3, 6, 4])?
+        .reshape([n, g * og, h * kh, w * kw])?;
+    crop(&crop(&y, 2, padding[0])?, 3, padding[1])
+}
+
 /// The two spatial axes of `x` (NCHW) under `window`, checked.
 fn spatial(op: &'static str, x: &Tensor, window: &Pool2d) -> Result<[Axis; 2]> {
     let Pool2d {
@@ -369,7 +407,9 @@ impl Tensor {
     /// Computed as the convolution it transposes: the input spread out by
     /// the stride (zeros between its elements), padded by the kernel's
     /// reach less `padding`, convolved with the weight flipped and its
-    /// channel axes swapped per group.
+    /// channel axes swapped per group; where the stride is the kernel's
+    /// size (no dilation, no output padding), as one product per group
+    /// (`blocks`).
     // PyTorch's `F.conv_transpose2d` signature, argument for argument.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_transpose2d(
@@ -442,6 +482,9 @@ impl Tensor {
                 before.saturating_sub(reach),
                 after.saturating_sub(after_reach),
             );
+        }
+        if stride == kernel && dilation == [1, 1] && output_padding == [0, 0] {
+            return blocks(self, weight, bias, groups, padding);
         }
         let (n, c) = (x[0], x[1]);
         // Zeros between the elements: [N, C, H, 1, W, 1] padded to the

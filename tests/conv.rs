@@ -664,6 +664,30 @@ fn conv_transpose2d_scatters_each_input_through_the_kernel() -> Result<()> {
             },
             [0, 0],
         ),
+        // Strides as long as the kernel (a U-Net's upsampling): one
+        // product per group. Plain, then cropped unevenly, in groups, and
+        // 3 by 2.
+        (
+            Conv {
+                k: [2, 2],
+                stride: [2, 2],
+                pad: [(0, 0), (0, 0)],
+                ..BASE
+            },
+            [0, 0],
+        ),
+        (
+            Conv {
+                k: [3, 2],
+                stride: [3, 2],
+                pad: [(1, 2), (0, 1)],
+                c: 4,
+                o: 6,
+                groups: 2,
+                ..BASE
+            },
+            [0, 0],
+        ),
     ];
     for (seed, (p, extra)) in cases.into_iter().enumerate() {
         let mut rng = Rng(40 + seed as u64);

@@ -442,6 +442,24 @@ fn convolution_and_pooling_match_differences() {
         },
     )
     .unwrap();
+    // Transposed with strides as long as the kernel: one product per group.
+    let (w, b) = (values(4 * 3 * 2 * 3), values(6));
+    check(
+        &[(x_shape, x.clone()), (&[4, 3, 2, 3], w), (&[6], b)],
+        6,
+        |p| {
+            p[0].conv_transpose2d(
+                &p[1],
+                Some(&p[2]),
+                [2, 3],
+                [(1, 0), (0, 1)],
+                [0, 0],
+                [1, 1],
+                2,
+            )
+        },
+    )
+    .unwrap();
     let window = kiln::Pool2d {
         stride: [2, 1],
         padding: [(1, 0), (0, 1)],
