@@ -42,8 +42,9 @@ const FEW_ROWS_WORK: usize = 1 << 15;
 
 /// Whether `gemv` takes a product of `m` rows of `a` and `n` columns of
 /// `b` over `k`: at most `FEW` rows, at least `ONE_ROW_WORK` or
-/// `FEW_ROWS_WORK` elements of `b`, read without tables, `b` contiguous
-/// along its rows or its columns.
+/// `FEW_ROWS_WORK` elements of `b`, read without tables, `b`'s columns
+/// contiguous, or for one row its rows (whose loop, in plain code, is
+/// measured for one row only).
 pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) -> bool {
     let work = match m {
         1 => ONE_ROW_WORK,
@@ -53,13 +54,13 @@ pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) ->
         && n.saturating_mul(k) >= work
         && !a.tabled()
         && !b.tabled()
-        && (b.rows == 1 || b.cols == 1)
+        && (b.rows == 1 || (m == 1 && b.cols == 1))
 }
 
-/// `c = epilogue(a b)` for `a` of `m` rows (1 to `FEW`) and `k`
-/// columns and `b` of `k` rows and `n = c.len() / m` columns, with `b`
-/// contiguous along an axis, in `isa`'s lanes, on the team's threads
-/// where `threads > 1`.
+/// `c = epilogue(a b)` (row-major, its first `m * n` values) for `a` of
+/// `m` rows and `k` columns and `b` of `k` rows and `n` columns, as
+/// `takes` takes them (`m` from 1 to `FEW`, `b` contiguous along an axis),
+/// in `isa`'s lanes, on the team's threads where `threads > 1`.
 ///
 /// # Safety
 /// `isa` is available; `a(i, l)` and `b(l, j)` for `i < m`, `l < k`,
@@ -67,30 +68,36 @@ pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) ->
 /// for every row or every column it is added along.
 pub(super) unsafe fn gemv(
     isa: Isa,
-    (m, k): (usize, usize),
+    (m, n, k): (usize, usize, usize),
     (a, b): (Operand, Operand),
     c: &mut [f32],
     threads: usize,
     epilogue: RawFused,
 ) {
-    let n = c.len() / m;
+    if n == 0 {
+        return;
+    }
+    assert!(
+        (1..=FEW).contains(&m) && c.len() >= m * n,
+        "gemv: {m} rows, {n} columns"
+    );
     let tiles: Tiles = match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Amx | Isa::Avx512 => tiles_avx512,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => tiles_avx2,
-        _ => tiles_any,
+        _ => unreachable!("gemm sends only kiln's paths here"),
     };
-    // SAFETY: element (i, l) of a (the contract of this function).
     let mut x = Vec::with_capacity(m * k);
     for i in 0..m {
+        // SAFETY: element (i, l) of a (the contract of this function).
         x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + l as isize * a.cols) }));
     }
     let out = super::driver::C(c.as_mut_ptr());
     // Four even stretches of columns per thread, at most `STRETCH`
-    // columns each: 11 stretches of 96 columns of a 1000-column product
-    // left one thread 6 of them, the other 5. Each stretch's outputs sit
-    // on the stack: in a `Vec` per task, two threads took 20% longer
+    // columns each, rather than fixed ones that leave one thread a
+    // stretch more than the other; each stretch's outputs sit on the
+    // stack, as a `Vec` per task took longer on two threads
     // (`benches/RESULTS-cpu.md`).
     let len = (n.div_ceil(4 * threads.max(1)).next_multiple_of(COLUMNS)).min(STRETCH);
     let stretch = |t: usize| {
@@ -160,15 +167,6 @@ unsafe fn columns(
 /// of `k` adjacent elements, the first at the pointer, each the stride
 /// after the one before, into `y` (row-major).
 type Tiles = unsafe fn(&[f32], (usize, usize), (*const f32, isize), &mut [f32]);
-
-/// `Tiles` in f32, one lane.
-///
-/// # Safety
-/// The columns lie inside a live buffer.
-unsafe fn tiles_any(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &mut [f32]) {
-    // SAFETY: the contract of this function.
-    unsafe { tiles::<f32>(x, mk, b, y) }
-}
 
 /// `Tiles` in 16 lanes.
 ///
@@ -306,6 +304,7 @@ impl Tile<'_> {
                 }
                 // SAFETY: the tail's elements of row r and column c.
                 let tail = (l..k).map(|q| unsafe { *x.add(r * k + q) * *col(c).add(q) });
+                // SAFETY: `L` runs here.
                 out[r * row + c] = unsafe { L::sum(sum) } + tail.sum::<f32>();
             }
         }
@@ -341,6 +340,11 @@ impl Tile<'_> {
 }
 
 /// A vector of f32 lanes: what `Tile::dots` needs of an ISA.
+///
+/// # Safety
+/// Every method runs only where the CPU has the implementor's features,
+/// inside a function that enables them; `load` reads `LANES` elements,
+/// which lie inside a live buffer.
 trait Lanes {
     type V: Copy;
     const LANES: usize;
@@ -351,33 +355,6 @@ trait Lanes {
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     /// The lanes added.
     unsafe fn sum(v: Self::V) -> f32;
-}
-
-/// One lane, plain f32.
-impl Lanes for f32 {
-    type V = f32;
-    const LANES: usize = 1;
-    #[inline(always)]
-    unsafe fn zero() -> f32 {
-        0.0
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> f32 {
-        // SAFETY: the caller's element.
-        unsafe { *p }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a * b + c
-    }
-    #[inline(always)]
-    unsafe fn add(a: f32, b: f32) -> f32 {
-        a + b
-    }
-    #[inline(always)]
-    unsafe fn sum(v: f32) -> f32 {
-        v
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -501,6 +478,7 @@ mod tests {
             (2, 3, 7),
             (3, 33, 257),
             (5, 17, 1000),
+            (6, 37, 1000),
             (1, 1000, 1000),
             (2, 1100, 1000),
             (4, 1049, 1001),
@@ -534,7 +512,13 @@ mod tests {
                         );
                         let taken = takes((m, n, k), a_op, b_op);
                         let work = if m == 1 { ONE_ROW_WORK } else { FEW_ROWS_WORK };
-                        assert_eq!(taken, k * n >= work, "{what}");
+                        assert_eq!(taken, k * n >= work && (transposed || m == 1), "{what}");
+                        assert!(!takes((FEW + 1, n, k), a_op, b_op), "{what}");
+                        if !taken && !transposed && m > 1 {
+                            // Several rows of a row-major `b`: the crate's,
+                            // which `tests/gemm_paths.rs` checks.
+                            continue;
+                        }
                         // SAFETY: isa is available; a(i, l) = a[1 + 2(ik + l)]
                         // and b's elements lie inside `a` and `b`, `c` holds
                         // m * n, the bias 1000 values.
@@ -545,7 +529,7 @@ mod tests {
                                     gemm(isa, m, n, k, a_op, b_op, c, threads, epilogue, &finish);
                                 assert!(applied, "{what}");
                             } else {
-                                gemv(isa, (m, k), (a_op, b_op), &mut c, threads, epilogue);
+                                gemv(isa, (m, n, k), (a_op, b_op), &mut c, threads, epilogue);
                                 finish(0, m);
                             }
                         }

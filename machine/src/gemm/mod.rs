@@ -225,7 +225,7 @@ fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
 }
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
-/// `threads` threads. On kiln's paths: one row of `a`, where `b` is
+/// `threads` threads. On kiln's paths: 1 to 8 rows of `a`, where `b` is
 /// contiguous along an axis, in one pass over `b` (`gemv`); else by
 /// `isa`'s core, for products large enough for it (its threshold, or
 /// `SHARED_WORK`) and not too narrow (`narrow`), or with an operand read
@@ -254,8 +254,9 @@ pub(crate) unsafe fn gemm(
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> bool {
     if !matches!(isa, Isa::Generic) && gemv::takes((m, n, k), a, b) {
-        // SAFETY: the contract of this function, for one row of c.
-        unsafe { gemv::gemv(isa, (m, k), (a, b), c, threads, epilogue) };
+        // SAFETY: the contract of this function, for the few rows
+        // `takes` takes.
+        unsafe { gemv::gemv(isa, (m, n, k), (a, b), c, threads, epilogue) };
         finish(0, m);
         return true;
     }
