@@ -5,7 +5,8 @@
 use crate::graph::{Graph, NodeId};
 use crate::op::Op;
 
-/// Keeps the inputs and the nodes some output depends on.
+/// Keeps the inputs, the nodes some output depends on, and the side
+/// outputs of the kernels kept.
 pub(crate) fn run(graph: &Graph) -> Graph {
     let mut live = vec![false; graph.nodes.len()];
     for id in &graph.outputs {

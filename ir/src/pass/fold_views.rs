@@ -9,9 +9,11 @@
 //! reads it; `fuse` materializes such a view as a copy.
 //!
 //! A reshape or permute (which moves elements without repeating or dropping
-//! any) of an elementwise value that nothing else reads moves below the op:
-//! `relu(x).T` becomes `relu(x.T)`, and a chain of such ops takes the view
-//! down to where it can fold into a read. The chain then computes in its
+//! any) of an elementwise value that nothing else reads moves below the op
+//! where every operand that is a view takes it: `relu(x).T` becomes
+//! `relu(x.T)`, and a chain of such ops takes the view down to where it can
+//! fold into a read. (An operand view that did not take it would be a copy
+//! the size of the result: a `cat` of 64 parts, read as rows, had 64.) The chain then computes in its
 //! reader's order, so `fuse` can take it whole: the normalization of images
 //! before the reshape that feeds a first layer, a transposed activation
 //! returned as an output.
@@ -135,8 +137,9 @@ impl Folder {
     }
 
     /// `op` applied to the operands of `src` and `src`'s op to the results,
-    /// when `op` only moves elements and `src` is elementwise and read by
-    /// nothing else; `None` otherwise.
+    /// when `op` only moves elements, `src` is elementwise and read by
+    /// nothing else, and every operand view of `src` takes `op`; `None`
+    /// otherwise.
     fn sink(&mut self, op: &Op, src: NodeId, shape: &Shape) -> Option<NodeId> {
         let node = self.g.node(src).clone();
         let moves = matches!(op, Op::Reshape(_) | Op::Permute(_));
@@ -147,10 +150,7 @@ impl Folder {
         if !moves || !elementwise || self.readers[src.index()] != 1 {
             return None;
         }
-        // An operand view that cannot take the move would become a copy
-        // kernel the size of the result: storing the result once instead
-        // (where the reader folds the move) costs no more, and one such
-        // copy per operand (a `cat` of 64 parts) costs far more.
+        // Else the result is stored once and its reader folds the move.
         let folds = |&x: &NodeId| match &self.g.node(x).op {
             Op::View(view) => moved(view, op).is_some(),
             _ => true,
