@@ -424,42 +424,28 @@ fn convolution_and_pooling_match_differences() {
         p[0].conv2d(&p[1], None, [1, 1], [(1, 1), (0, 1)], [1, 1], 1)
     })
     .unwrap();
-    // Transposed, strided, in two groups, with output padding.
-    let (w, b) = (values(4 * 3 * 2 * 3), values(6));
-    check(
-        &[(x_shape, x.clone()), (&[4, 3, 2, 3], w), (&[6], b)],
-        5,
-        |p| {
-            p[0].conv_transpose2d(
-                &p[1],
-                Some(&p[2]),
-                [2, 3],
-                [(1, 0), (0, 1)],
-                [1, 2],
-                [1, 1],
-                2,
-            )
-        },
-    )
-    .unwrap();
-    // Transposed with strides as long as the kernel: one product per group.
-    let (w, b) = (values(4 * 3 * 2 * 3), values(6));
-    check(
-        &[(x_shape, x.clone()), (&[4, 3, 2, 3], w), (&[6], b)],
-        6,
-        |p| {
-            p[0].conv_transpose2d(
-                &p[1],
-                Some(&p[2]),
-                [2, 3],
-                [(1, 0), (0, 1)],
-                [0, 0],
-                [1, 1],
-                2,
-            )
-        },
-    )
-    .unwrap();
+    // Transposed, strided, in two groups: with output padding, and without
+    // it, where the strides are as long as the kernel (one product per
+    // group).
+    for (seed, extra) in [(5, [1, 2]), (6, [0, 0])] {
+        let (w, b) = (values(4 * 3 * 2 * 3), values(6));
+        check(
+            &[(x_shape, x.clone()), (&[4, 3, 2, 3], w), (&[6], b)],
+            seed,
+            |p| {
+                p[0].conv_transpose2d(
+                    &p[1],
+                    Some(&p[2]),
+                    [2, 3],
+                    [(1, 0), (0, 1)],
+                    extra,
+                    [1, 1],
+                    2,
+                )
+            },
+        )
+        .unwrap();
+    }
     let window = kiln::Pool2d {
         stride: [2, 1],
         padding: [(1, 0), (0, 1)],
