@@ -128,10 +128,16 @@ impl Schedule {
                         .collect();
                     frees.extend(scratch);
                     // An output nothing reads (a matmul's accumulator kept
-                    // apart by `pass::donate`) is free after its launch.
+                    // apart by `pass::donate`, a side output whose reader
+                    // was simplified away) is free after its launch.
                     if last_read[i].is_none() && !keep[i] {
                         frees.push(output);
                     }
+                    frees.extend(
+                        (side.iter())
+                            .filter(|(id, _)| last_read[id.index()].is_none() && !keep[id.index()])
+                            .map(|&(_, slot)| slot),
+                    );
                     frees.sort_unstable();
                     frees.dedup();
                     free.extend(&frees);
