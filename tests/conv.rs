@@ -5,8 +5,8 @@
 //! convolution with bias and relu compiles to; and the errors of shapes
 //! that do not fit.
 
-mod pools;
 mod conv_transpose;
+mod pools;
 
 use kiln::{
     CompileOptions, DType, Data, Device, Options, Pool2d, Result, Tensor, TensorType, compile_with,
