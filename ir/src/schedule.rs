@@ -130,13 +130,12 @@ impl Schedule {
                     // An output nothing reads (a matmul's accumulator kept
                     // apart by `pass::donate`, a side output whose reader
                     // was simplified away) is free after its launch.
-                    if last_read[i].is_none() && !keep[i] {
-                        frees.push(output);
-                    }
+                    let written =
+                        std::iter::once((NodeId(i as u32), output)).chain(side.iter().copied());
                     frees.extend(
-                        (side.iter())
+                        written
                             .filter(|(id, _)| last_read[id.index()].is_none() && !keep[id.index()])
-                            .map(|&(_, slot)| slot),
+                            .map(|(_, slot)| slot),
                     );
                     frees.sort_unstable();
                     frees.dedup();

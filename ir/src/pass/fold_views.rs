@@ -13,10 +13,10 @@
 //! where every operand that is a view takes it: `relu(x).T` becomes
 //! `relu(x.T)`, and a chain of such ops takes the view down to where it can
 //! fold into a read. (An operand view that did not take it would be a copy
-//! the size of the result: a `cat` of 64 parts, read as rows, had 64.) The chain then computes in its
-//! reader's order, so `fuse` can take it whole: the normalization of images
-//! before the reshape that feeds a first layer, a transposed activation
-//! returned as an output.
+//! the size of the result: a `cat` of 64 parts, read as rows, had 64.) The
+//! chain then computes in its reader's order, so `fuse` can take it whole:
+//! the normalization of images before the reshape that feeds a first layer,
+//! a transposed activation returned as an output.
 
 use smallvec::SmallVec;
 

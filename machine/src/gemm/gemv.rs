@@ -262,6 +262,12 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
+    /// The first element of column `c`.
+    #[inline(always)]
+    fn column(&self, c: usize) -> *const f32 {
+        self.b.wrapping_offset(c as isize * self.stride)
+    }
+
     /// The dot products of the first `R` rows with the first `C` columns
     /// into `out` (rows `row` apart), each in
     /// `U` accumulators of `L`'s lanes taking turns along the depth: those
@@ -278,7 +284,6 @@ impl Tile<'_> {
     ) {
         let (x, k) = (self.x.as_ptr(), self.k);
         debug_assert!(self.x.len() >= R * k);
-        let col = |c: usize| self.b.wrapping_offset(c as isize * self.stride);
         // SAFETY: `L` runs here.
         let zero = unsafe { L::zero() };
         let mut s = [[[zero; C]; R]; U];
@@ -303,7 +308,7 @@ impl Tile<'_> {
                     sum = unsafe { L::add(sum, s[r][c]) };
                 }
                 // SAFETY: the tail's elements of row r and column c.
-                let tail = (l..k).map(|q| unsafe { *x.add(r * k + q) * *col(c).add(q) });
+                let tail = (l..k).map(|q| unsafe { *x.add(r * k + q) * *self.column(c).add(q) });
                 // SAFETY: `L` runs here.
                 out[r * row + c] = unsafe { L::sum(sum) } + tail.sum::<f32>();
             }
@@ -327,8 +332,7 @@ impl Tile<'_> {
         // l..l + LANES of a column, or of a row of x, lie below k.
         let mut v = [unsafe { L::zero() }; C];
         for (c, v) in v.iter_mut().enumerate() {
-            let col = self.b.wrapping_offset(c as isize * self.stride);
-            *v = unsafe { L::load(col.add(l)) };
+            *v = unsafe { L::load(self.column(c).add(l)) };
         }
         for (r, s) in s.iter_mut().enumerate() {
             let a = unsafe { L::load(x.add(r * k + l)) };
