@@ -133,7 +133,7 @@ pub(crate) fn compile_donating(
     let pairs: Vec<(u32, u32)> = (0..state)
         .filter_map(|k| input_of(k).map(|i| (i as u32, (first_new + k) as u32)))
         .collect();
-    let exec = compile_graph(&graph, options, &pairs)?;
+    let mut exec = compile_graph(&graph, options, &pairs)?;
     let inputs = (sources.iter().zip(&graph.inputs))
         .map(|(source, ty)| {
             Ok(match source {
@@ -144,7 +144,17 @@ pub(crate) fn compile_donating(
                 },
             })
         })
-        .collect::<Result<_>>()?;
+        .collect::<Result<Vec<_>>>()?;
+    // A captured value on the host is the same buffer on every run, held
+    // unchanged while this graph holds it: the executable may prepare what
+    // it reads of it once (the CPU packs a weight for its GEMM).
+    for (i, input) in inputs.iter().enumerate() {
+        if let Input::Captured { stored, .. } = input
+            && let Some(value) = stored.as_host()
+        {
+            exec.constant(i, value)?;
+        }
+    }
     let donated = &exec.optimized().schedule.donated;
     let mut passed = 0;
     let args = (0..specs.len())

@@ -197,7 +197,65 @@ fn products() -> Result<()> {
         9,
         |t| (t[0].matmul(&t[1])? + &t[2])?.relu(),
     );
+    captured_weights(path)?;
     bf16_products(path)?;
+    Ok(())
+}
+
+/// Products whose right operand is a weight the compiled graph captures,
+/// which the CPU packs once (`Executable::constant`), against the same
+/// graph compiled for the interpreter: a few rows streamed over the
+/// panels (one row across threads, rows past the first four), more through
+/// the cores' loop nest over them (several depth blocks, rows shared by
+/// threads); the weight read transposed, as stored, by two products at
+/// once, and broadcast over a batch; bias, ReLU and ReLU6 applied.
+fn captured_weights(path: &str) -> Result<()> {
+    for (m, k, n) in [
+        (1, 2900, 700),
+        (3, 70, 33),
+        (5, 1031, 163),
+        (8, 300, 130),
+        (13, 600, 100),
+        (300, 64, 48),
+    ] {
+        let wt = randn(&[n, k], 21)?;
+        let w = contiguous(&wt.t()?)?;
+        let bias = randn(&[n], 22)?;
+        let spec = kiln::TensorType::new(DType::F32, [2, m, k].as_slice());
+        let graph = |device: Device| {
+            let options = kiln::CompileOptions::on(device);
+            kiln::compile_with("captured", std::slice::from_ref(&spec), options, |t| {
+                let x = t[0].slice(0, 0, 1, 1)?.reshape([m, k])?;
+                Ok(vec![
+                    (x.matmul(&wt.t()?)? + &bias)?.relu()?,
+                    x.matmul(&w)?,
+                    x.matmul(&wt.t()?)?.clamp(0.0, 6.0)?,
+                    t[0].matmul(&w)?,
+                ])
+            })
+        };
+        let x = randn(&[2, m, k], 23)?.to_vec::<f32>()?;
+        let x = kiln::Data::F32(x);
+        let (cpu, reference) = (
+            graph(Device::Cpu)?.run(&[&x])?,
+            graph(Device::Reference)?.run(&[&x])?,
+        );
+        let atol = 4.0 * k as f64 * f64::from(f32::EPSILON) * 16.0;
+        for (o, (cpu, reference)) in cpu.iter().zip(&reference).enumerate() {
+            let what = format!("captured {m}x{k}x{n} output {o} on {path}");
+            let (kiln::Data::F32(cpu), kiln::Data::F32(reference)) = (cpu, reference) else {
+                panic!("{what}: not f32");
+            };
+            assert_eq!(cpu.len(), reference.len(), "{what}: lengths");
+            for (i, (&a, &b)) in cpu.iter().zip(reference).enumerate() {
+                let (a, b) = (f64::from(a), f64::from(b));
+                assert!(
+                    (a - b).abs() <= (1e-6 * a.abs().max(b.abs())).max(atol),
+                    "{what}: element {i}: cpu {a:e}, reference {b:e}"
+                );
+            }
+        }
+    }
     Ok(())
 }
 

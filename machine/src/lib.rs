@@ -80,6 +80,15 @@ pub enum Error {
         /// B's columns.
         n: usize,
     },
+    /// A right operand too large to pack once for many products: its
+    /// panels hold more than this machine can address or allocate.
+    #[error("gemm: a right operand of [{k}, {n}] is too large to pack")]
+    PackTooLarge {
+        /// Its rows.
+        k: usize,
+        /// Its columns.
+        n: usize,
+    },
     /// Operands whose inner dimensions differ.
     #[error("gemm: a product of [{m}, {k}] @ [{k_b}, {n}]")]
     Inner {

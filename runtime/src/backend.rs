@@ -205,6 +205,15 @@ pub trait Executable: Send {
         self.run_donated(&mut donated, &refs, &mut outputs)
     }
 
+    /// Graph input `input` is `value` on every run from now on (a captured
+    /// weight, which stays as it is while it is held): the executable may
+    /// prepare what it reads of it once, as the CPU's packs the right
+    /// operand of a product for its GEMM. A run that passes another buffer
+    /// for it is run as if this had not been called.
+    fn constant(&mut self, _input: usize, _value: &Arc<Data>) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// For benchmarks: runs the kernels again on the inputs of the last
     /// `run_into` and returns the device's own time for them in seconds.
     /// `None` where kernels run on the host: time `run_into` by the clock.

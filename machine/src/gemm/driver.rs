@@ -70,6 +70,16 @@ pub(super) struct Tile {
     pub epilogue: RawFused,
 }
 
+/// B as the loop nest reads it: where it lies, each depth block packed into
+/// panels as the product goes, or packed once before (`PackedB`): `NR`-column
+/// panels one after the other, each `k` rows of `NR` (the last panel's
+/// missing columns whatever the packing put there).
+#[derive(Clone, Copy)]
+pub(super) enum Right<'a> {
+    Lies(Operand),
+    Packed(&'a [f32]),
+}
+
 /// `c[i * n + j] = epilogue(sum over l of a(i, l) b(l, j))` for `i < m`,
 /// `j < n`, by kernel `K`, on up to `threads` threads; `finish(r0, r1)`
 /// runs as soon as rows `r0..r1` of c are done, once for each of a
@@ -78,15 +88,16 @@ pub(super) struct Tile {
 ///
 /// # Safety
 /// The CPU has `K`'s ISA, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
-/// `l < k, j < n` must lie inside live buffers, and a bias of `epilogue`
-/// `n` live values (`m` where it holds one per row).
+/// `l < k, j < n` must lie inside live buffers (packed, `n.div_ceil(NR)`
+/// panels of `k * NR` values), and a bias of `epilogue` `n` live values
+/// (`m` where it holds one per row).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     m: usize,
     n: usize,
     k: usize,
     a: Operand,
-    b: Operand,
+    b: Right<'_>,
     c: &mut [f32],
     threads: usize,
     epilogue: RawFused,
@@ -121,16 +132,17 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         a_in_place,
         b,
         n,
+        k,
         c: C(c.as_mut_ptr()),
         epilogue,
     };
     // B is read where it lies when its rows are contiguous, close together,
     // and A has at most MC rows: then each panel serves a few tiles only,
     // and packing it would cost about as much as it saves.
-    let b_in_place = b.cols == 1
+    let b_in_place = matches!(b, Right::Lies(b) if b.cols == 1
         && !b.tabled()
         && (n as isize..=K::TUNING.in_place_rows as isize).contains(&b.rows)
-        && m <= K::TUNING.mc;
+        && m <= K::TUNING.mc);
     // Sharing B's panels, every thread packs all of A that it does not
     // read in place, and the threads' shares are whole panels; sharing
     // rows, every thread packs all of B, and the shares are whole tiles.
@@ -159,11 +171,12 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 }
 
 /// What every task of a product reads, and where it writes.
-struct Product {
+struct Product<'a> {
     a: Operand,
     a_in_place: bool,
-    b: Operand,
+    b: Right<'a>,
     n: usize,
+    k: usize,
     c: C,
     epilogue: RawFused,
 }
@@ -197,7 +210,7 @@ impl C {
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
 unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    product: &Product,
+    product: &Product<'_>,
     m: usize,
     blocks_of_k: &[(usize, usize)],
     in_place: bool,
@@ -206,14 +219,21 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 ) {
     let (b, n) = (product.b, product.n);
     let panels = n.div_ceil(NR);
-    // Read in place, B's ragged last panel is packed all the same: reading
-    // its NR columns would pass the end of B's row.
-    let first_packed = if in_place { n / NR } else { 0 };
+    // Panels `..first_packed` are read where they lie: all of them packed
+    // before, else where B is read in place all but its ragged last panel,
+    // which is packed all the same (reading its NR columns would pass the
+    // end of B's row).
+    let first_packed = match b {
+        Right::Packed(_) => panels,
+        Right::Lies(_) if in_place => n / NR,
+        Right::Lies(_) => 0,
+    };
     // Depth blocks in groups that run as one parallel region, each task
-    // walking its rows through all of them. Read in place, B packs little,
-    // and one group saves a dispatch per block; packed, each block is its
-    // own group, so that its panels stay in cache for every row block.
-    let groups: Vec<&[(usize, usize)]> = if in_place {
+    // walking its rows through all of them. Read where they lie, B's panels
+    // pack little or nothing, and one group saves a dispatch per block;
+    // packed, each block is its own group, so that its panels stay in
+    // cache for every row block.
+    let groups: Vec<&[(usize, usize)]> = if first_packed > 0 {
         vec![blocks_of_k]
     } else {
         blocks_of_k.chunks(1).collect()
@@ -261,13 +281,15 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             // again too.
             let mut packed_b = PACKED_B.take();
             let packed = aligned(&mut packed_b.buffer, packed_width * (k_end - k_first));
-            if packed_b.region != Some(region) {
+            if let Right::Lies(b) = *b
+                && packed_b.region != Some(region)
+            {
                 for &(k0, kc) in group {
                     let at = packed_at(k0, kc, first_packed);
                     let out = &mut packed[at..at + packed_width * kc];
                     // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
                     // are inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_panels::<NR>(*b, (k0, kc), first_packed..panels, n, out) };
+                    unsafe { pack_panels::<NR>(b, (k0, kc), first_packed..panels, n, out) };
                 }
                 packed_b.region = Some(region);
             }
@@ -277,23 +299,27 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 // Panel `p` of this depth block: its rows and their
                 // distance.
                 let panel = |p: usize| -> (&[f32], usize) {
-                    if p < first_packed {
-                        let stride = b.rows as usize;
-                        // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
-                        // `stride` apart in one buffer, and columns `p *
-                        // NR..(p + 1) * NR` are inside each (`p < n /
-                        // NR`); the slice runs from the first of them to
-                        // the last.
-                        let rows = unsafe {
-                            std::slice::from_raw_parts(
-                                b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
-                                (kc - 1) * stride + NR,
-                            )
-                        };
-                        (rows, stride)
-                    } else {
+                    if p >= first_packed {
                         let at = packed_at(k0, kc, p);
-                        (&packed[at..at + NR * kc], NR)
+                        return (&packed[at..at + NR * kc], NR);
+                    }
+                    match *b {
+                        Right::Packed(all) => (prepacked::<NR>(all, product.k, (k0, kc), p), NR),
+                        Right::Lies(b) => {
+                            let stride = b.rows as usize;
+                            // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
+                            // `stride` apart in one buffer, and columns `p *
+                            // NR..(p + 1) * NR` are inside each (`p < n /
+                            // NR`); the slice runs from the first of them to
+                            // the last.
+                            let rows = unsafe {
+                                std::slice::from_raw_parts(
+                                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                                    (kc - 1) * stride + NR,
+                                )
+                            };
+                            (rows, stride)
+                        }
                     }
                 };
                 let last = g == last_group && d + 1 == group.len();
@@ -350,7 +376,7 @@ fn largest_first<const MR: usize>(m: usize, blocks: usize) -> Vec<(usize, usize)
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
 unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    product: &Product,
+    product: &Product<'_>,
     m: usize,
     blocks_of_k: &[(usize, usize)],
     threads: usize,
@@ -384,14 +410,26 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         let mut packed_b_buffer = PACKED_B.take().buffer;
         let mut packed_a = PACKED_A.take();
         for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
-            let packed_b = aligned(&mut packed_b_buffer, range.len() * NR * kc);
-            // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
-            // inside its buffer (the contract of `sgemm`).
-            unsafe { pack_panels::<NR>(b, (k0, kc), range.clone(), n, packed_b) };
-            let packed_b = &*packed_b;
+            let packed_b = match b {
+                Right::Lies(b) => {
+                    let packed = aligned(&mut packed_b_buffer, range.len() * NR * kc);
+                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
+                    // inside its buffer (the contract of `sgemm`).
+                    unsafe { pack_panels::<NR>(b, (k0, kc), range.clone(), n, packed) };
+                    Some(&*packed)
+                }
+                Right::Packed(_) => None,
+            };
             let panel = |p: usize| -> (&[f32], usize) {
-                let at = (p - range.start) * NR * kc;
-                (&packed_b[at..at + NR * kc], NR)
+                let rows = match (packed_b, b) {
+                    (Some(packed), _) => {
+                        let at = (p - range.start) * NR * kc;
+                        &packed[at..at + NR * kc]
+                    }
+                    (None, Right::Packed(all)) => prepacked::<NR>(all, product.k, (k0, kc), p),
+                    (None, Right::Lies(_)) => unreachable!("B is packed where it lies"),
+                };
+                (rows, NR)
             };
             // Every other thread, and every other depth block, walks
             // the blocks of rows backwards: in the last depth block
@@ -440,7 +478,7 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 /// The contract of `sgemm`, and no one else touches these rows and panels'
 /// columns of C meanwhile.
 unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    product: &Product,
+    product: &Product<'_>,
     rows: std::ops::Range<usize>,
     (k0, kc, last): (usize, usize, bool),
     (panels, panel): (std::ops::Range<usize>, impl Fn(usize) -> (&'b [f32], usize)),
@@ -494,6 +532,13 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     }
 }
 
+/// The rows `k0..k0 + kc` of panel `p` of B packed before (`Right::Packed`,
+/// panels of `k` rows).
+fn prepacked<const NR: usize>(all: &[f32], k: usize, (k0, kc): (usize, usize), p: usize) -> &[f32] {
+    let at = (p * k + k0) * NR;
+    &all[at..at + kc * NR]
+}
+
 /// Panels `range` of b's depth block `(k0, kc)`, each `kc x NR`, one after
 /// the other in `out`, `PACK_PANELS` at a time.
 ///
@@ -501,7 +546,7 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 /// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer;
 /// `range` holds panels of b (`range.end <= n.div_ceil(NR)`), and `out`
 /// holds exactly those, `range.len() * NR * kc` elements.
-unsafe fn pack_panels<const NR: usize>(
+pub(super) unsafe fn pack_panels<const NR: usize>(
     b: Operand,
     (k0, kc): (usize, usize),
     range: std::ops::Range<usize>,

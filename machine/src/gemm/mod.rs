@@ -3,8 +3,12 @@
 //! need no copy), C row-major, and the path that computes it; and `C = A B`
 //! for bf16 A and B, summed in f32, on AMX.
 //!
-//! - `sgemm`, `bf16_gemm`: the safe entries, which check every offset the
-//!   product reads and writes against its slices;
+//! - `sgemm`, `sgemm_packed`, `bf16_gemm`: the safe entries, which check
+//!   every offset the product reads and writes against its slices;
+//! - `packed`: a right operand packed once for many products (`PackedB`, a
+//!   compiled graph's weight), a few rows streamed over its panels;
+//! - `gemv`: products of a few rows in one pass over a `b` not packed;
+//! - `lanes`: the vectors of f32 lanes `gemv` and `packed` are written in;
 //! - `driver`: the loop nest of kiln's own cores (cache blocking, packing,
 //!   threads, a bias and ReLU applied in registers, any other epilogue
 //!   handed each block of rows as it finishes), generic over a
@@ -36,6 +40,8 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod driver;
 mod gemv;
+mod lanes;
+mod packed;
 #[cfg(target_arch = "x86_64")]
 mod panel;
 mod safe;
@@ -43,7 +49,16 @@ mod safe;
 mod tests;
 mod tuning;
 
-pub use safe::{Axis, Bias, Fused, Matrix, Product, Table, bf16_gemm, sgemm};
+pub use packed::PackedB;
+pub use safe::{Axis, Bias, Fused, Matrix, Product, Table, bf16_gemm, sgemm, sgemm_packed};
+
+/// The threads a product of `work` multiply-adds runs on: one per 64³,
+/// up to the team's (`team::threads`). The second thread pays from about
+/// that size, as at 100³ and at the training step's 250x256x10
+/// (`benches/RESULTS-cpu.md`).
+pub fn threads_for(work: usize) -> usize {
+    (work / (64 * 64 * 64)).clamp(1, crate::team::threads())
+}
 
 /// Whether this CPU runs kiln's bf16 core (AMX-BF16, and Linux lets the
 /// process use the tiles).
@@ -277,7 +292,15 @@ pub(crate) unsafe fn gemm(
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m, n, k, a, b, c, threads, epilogue, finish,
+                    m,
+                    n,
+                    k,
+                    a,
+                    driver::Right::Lies(b),
+                    c,
+                    threads,
+                    epilogue,
+                    finish,
                 );
             }
             return true;
@@ -286,7 +309,15 @@ pub(crate) unsafe fn gemm(
             // SAFETY: the contract of this function.
             unsafe {
                 driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                    m, n, k, a, b, c, threads, epilogue, finish,
+                    m,
+                    n,
+                    k,
+                    a,
+                    driver::Right::Lies(b),
+                    c,
+                    threads,
+                    epilogue,
+                    finish,
                 );
             }
             return true;

@@ -1,6 +1,7 @@
 //! `sgemm`, the GEMM's safe entry: operands as slices with the offsets of
 //! their rows and columns, every offset checked before a core reads one.
 
+use super::packed::PackedB;
 use super::{Operand, RawFused};
 use crate::{Error, Isa};
 
@@ -118,7 +119,7 @@ impl<T> Matrix<'_, T> {
     /// The operand as the cores take it. Its address is formed without the
     /// in-bounds promise of `offset`: an operand without elements may lie
     /// anywhere (a padded empty view), and none of its elements is read.
-    fn raw(&self) -> Operand<T> {
+    pub(super) fn raw(&self) -> Operand<T> {
         let ((rows, row_table), (cols, col_table)) = (self.rows.raw(), self.cols.raw());
         Operand {
             ptr: self.data.as_ptr().wrapping_offset(self.offset),
@@ -218,7 +219,20 @@ pub fn sgemm(
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<bool, Error> {
     let (m, k, n) = checked(&a, &b, c)?;
-    let short = |what, len, needs| Error::Short { what, len, needs };
+    let fused = raw_fused(fused, m, n)?;
+    if !isa.available() {
+        return Err(Error::MissingIsa { isa });
+    }
+    // SAFETY: `isa` is available; every element the operands read lies
+    // inside their slices and the bias's `m` or `n` values inside its own
+    // (checked above), all borrowed for the call; `c` holds `m * n`.
+    let (c, threads) = (&mut c[..m * n], threads.clamp(1, crate::team::threads()));
+    Ok(unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) })
+}
+
+/// `fused` as the cores take it, once its bias holds a value for each of
+/// the product's `n` columns (`m` rows where it is added along rows).
+fn raw_fused(fused: Fused<'_>, m: usize, n: usize) -> Result<RawFused, Error> {
     let bias = match fused.bias {
         None => None,
         Some(Bias::Columns(values)) => Some((values, false, n)),
@@ -227,22 +241,68 @@ pub fn sgemm(
     if let Some((values, _, needs)) = bias
         && values.len() < needs
     {
-        return Err(short("bias", values.len(), needs));
+        return Err(Error::Short {
+            what: "bias",
+            len: values.len(),
+            needs,
+        });
     }
-    if !isa.available() {
-        return Err(Error::MissingIsa { isa });
-    }
-    let fused = RawFused {
+    Ok(RawFused {
         bias: bias.map_or(std::ptr::null(), |b| b.0.as_ptr()),
         rows: bias.is_some_and(|b| b.1),
         relu: fused.relu,
         cap: fused.cap,
+    })
+}
+
+/// `c = a b` as `sgemm` computes it, for `b` packed before (`PackedB`, for
+/// this `isa`): by kiln's cores, which apply `fused` as they store the
+/// product and call `finish(r0, r1)` on each block of rows as it is done.
+/// It takes as many threads as the product pays for, up to the team's.
+///
+/// `a`, `c` and the bias are checked as `sgemm`'s; `b` packed for another
+/// path is an error.
+pub fn sgemm_packed(
+    isa: Isa,
+    a: Matrix<'_>,
+    b: &PackedB,
+    fused: Fused<'_>,
+    c: &mut [f32],
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(), Error> {
+    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols());
+    if b.rows() != k {
+        return Err(Error::Inner {
+            m,
+            k,
+            k_b: b.rows(),
+            n,
+        });
+    }
+    a.check("a")?;
+    if c.len() < m.saturating_mul(n) {
+        return Err(Error::Short {
+            what: "product",
+            len: c.len(),
+            needs: m.saturating_mul(n),
+        });
+    }
+    let fused = raw_fused(fused, m, n)?;
+    if b.isa() != isa || !isa.available() {
+        return Err(Error::MissingIsa { isa: b.isa() });
+    }
+    // SAFETY: `isa` is available and `b` packed for it; every element `a`
+    // reads lies inside its slice and the bias's `m` or `n` values inside
+    // its own (checked above), all borrowed for the call; `c` holds
+    // `m * n`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        super::packed::gemm(a.raw(), b, &mut c[..m * n], fused, finish)
     };
-    // SAFETY: `isa` is available; every element the operands read lies
-    // inside their slices and the bias's `m` or `n` values inside its own
-    // (checked above), all borrowed for the call; `c` holds `m * n`.
-    let (c, threads) = (&mut c[..m * n], threads.clamp(1, crate::team::threads()));
-    Ok(unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) })
+    // Off x86-64 no path packs (`PackedB::new`).
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (fused, finish);
+    Ok(())
 }
 
 /// `c = a b` for bf16 `a` (`m x k`) and `b` (`k x n`), given as their bits,

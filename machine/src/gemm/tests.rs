@@ -76,11 +76,27 @@ unsafe fn core(
         match isa {
             Isa::Avx512 | Isa::Amx => {
                 driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m, n, k, a, b, c, threads, epilogue, finish,
+                    m,
+                    n,
+                    k,
+                    a,
+                    driver::Right::Lies(b),
+                    c,
+                    threads,
+                    epilogue,
+                    finish,
                 )
             }
             Isa::Avx2 => driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                m, n, k, a, b, c, threads, epilogue, finish,
+                m,
+                n,
+                k,
+                a,
+                driver::Right::Lies(b),
+                c,
+                threads,
+                epilogue,
+                finish,
             ),
             Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
         }

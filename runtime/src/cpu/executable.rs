@@ -11,7 +11,7 @@ use kiln_ir::pass::Optimized;
 use kiln_ir::{Data, DataRef, Op, TensorType};
 
 use super::cache::compile;
-use super::jit::{self, Buffer, CompiledKernel, Computed};
+use super::jit::{self, Buffer, CompiledKernel, Computed, PackedOperand};
 use crate::BackendOptions;
 use crate::backend::{Place, Places};
 use crate::bind::{Bindings, Bound};
@@ -33,6 +33,10 @@ pub(crate) struct Executable {
     shares: Vec<[Share; 2]>,
     /// The buffers of computed operands kept from one launch to another.
     kept: Vec<Vec<u64>>,
+    /// For each launch, its right operand packed from a constant input
+    /// (`constant`), shared by the launches that read the same matrix of
+    /// it (an LSTM's steps, its recurrent weight).
+    packed: Vec<Option<Arc<PackedOperand>>>,
     /// The time each group took over the runs, where asked for.
     profile: Option<Profile>,
 }
@@ -100,6 +104,7 @@ impl Executable {
             labels,
         });
         Ok(Executable {
+            packed: vec![None; kernels.len()],
             profile,
             places: Places::new(&optimized),
             bindings,
@@ -139,6 +144,30 @@ impl crate::Executable for Executable {
         check_data_run(&self.optimized, &self.outputs, donated, inputs, outputs)?;
         self.launch(donated, inputs, outputs)
     }
+
+    /// Packs the right operand of every product that reads `value` as it
+    /// is for each batch, once for the launches that read the same matrix.
+    fn constant(&mut self, input: usize, value: &Arc<Data>) -> Result<(), Error> {
+        let mut done: Vec<(_, Option<Arc<PackedOperand>>)> = Vec::new();
+        for (l, (binding, kernel)) in self.bindings.launches.iter().zip(&self.kernels).enumerate() {
+            let reads = binding.args.iter().enumerate();
+            let Some(key) = reads
+                .filter(|&(_, &arg)| arg == Bound::Input(input as u32))
+                .find_map(|(k, _)| kernel.constant_b(k))
+            else {
+                continue;
+            };
+            self.packed[l] = match done.iter().find(|(k, _)| *k == key) {
+                Some((_, packed)) => packed.clone(),
+                None => {
+                    let packed = kernel.pack_b(&key, value)?.map(Arc::new);
+                    done.push((key, packed.clone()));
+                    packed
+                }
+            };
+        }
+        Ok(())
+    }
 }
 
 impl Executable {
@@ -172,11 +201,12 @@ impl Executable {
         for (g, group) in self.groups.iter().enumerate() {
             let started = self.profile.as_ref().map(|_| Instant::now());
             let mut bound = Vec::with_capacity(group.len());
-            for (((launch, binding), kernel), shares) in schedule.launches[group.clone()]
+            for ((((launch, binding), kernel), shares), packed) in schedule.launches[group.clone()]
                 .iter()
                 .zip(&self.bindings.launches[group.clone()])
                 .zip(&self.kernels[group.clone()])
                 .zip(&self.shares[group.clone()])
+                .zip(&self.packed[group.clone()])
             {
                 let arena = &mut self.arena;
                 let args: Vec<Buffer> = (binding.args.iter())
@@ -197,7 +227,8 @@ impl Executable {
                         Share::Keep(k) => Computed::Keep(Buffer::slot(&mut self.kept[k])),
                         Share::Kept(k) => Computed::Kept(Buffer::slot(&mut self.kept[k])),
                     });
-                    kernel.run_computed(&refs, &mut out, &mut side, &mut scratch, &computed)?;
+                    let operands = (&computed, packed.as_deref());
+                    kernel.run_computed(&refs, &mut out, &mut side, &mut scratch, operands)?;
                 } else {
                     bound.push(kernel.bind(&refs, &mut out, &mut side, &mut scratch)?);
                 }

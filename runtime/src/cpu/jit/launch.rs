@@ -10,7 +10,7 @@ use kiln_ir::{Data, DataRef, TensorType};
 
 use kiln_machine::team;
 
-use super::{CompiledKernel, Computed};
+use super::{CompiledKernel, Computed, PackedOperand};
 use crate::{Error, Role};
 
 /// Work below this many elements runs on the calling thread.
@@ -81,22 +81,24 @@ impl CompiledKernel {
         scratch: &mut Buffer,
     ) -> Result<(), Error> {
         let computed = [Computed::Scratch, Computed::Scratch];
-        self.run_computed(inputs, out, side, scratch, &computed)
+        self.run_computed(inputs, out, side, scratch, (&computed, None))
     }
 
-    /// `run`, a matmul's computed operands where `computed` says.
+    /// `run`, a matmul's computed operands where `computed` says, its
+    /// right operand from `packed` where that was packed from the input
+    /// the launch passes.
     pub(crate) fn run_computed(
         &self,
         inputs: &[&Buffer],
         out: &mut Buffer,
         side: &mut [Buffer],
         scratch: &mut Buffer,
-        computed: &[Computed; 2],
+        (computed, packed): (&[Computed; 2], Option<&PackedOperand>),
     ) -> Result<(), Error> {
         let bound = self.bind(inputs, out, side, scratch)?;
         match (&self.matmul, &self.taps, &self.kernel.kind) {
             (Some(matmul), _, _) => {
-                self.run_matmul(matmul, &bound, (inputs, out, scratch), computed)
+                self.run_matmul(matmul, &bound, (inputs, out, scratch), computed, packed)
             }
             (None, Some(taps), _) => self.run_taps(taps, &bound, inputs, out),
             (None, None, KernelKind::Attention { .. }) => self.run_attention(inputs, out),

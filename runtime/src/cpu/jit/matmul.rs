@@ -10,13 +10,14 @@
 
 #![allow(unsafe_code)]
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kiln_ir::DType;
+use kiln_ir::Data;
 use kiln_ir::Shape;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::view::View;
-use kiln_machine::gemm::{self, Axis, Bias, Matrix, Product, Table};
+use kiln_machine::gemm::{self, Axis, Bias, Matrix, PackedB, Product, Table};
 use kiln_machine::team;
 
 use super::CompiledKernel;
@@ -39,16 +40,75 @@ pub(crate) enum Computed {
     Kept(Buffer),
 }
 
+/// A matmul's right operand packed once (`gemm::PackedB`) from a value
+/// that every run passes as the same input (a captured weight), and that
+/// value, held so that it stays alive and unchanged: a run that passes
+/// another buffer multiplies the operand where it lies.
+pub(crate) struct PackedOperand {
+    value: Arc<Data>,
+    packed: PackedB,
+}
+
+impl PackedOperand {
+    /// Whether `buffer` is the value it was packed from.
+    fn holds(&self, buffer: &Buffer) -> bool {
+        let held = Buffer::input(self.value.as_ref().into());
+        held.ptr == buffer.ptr && held.bytes == buffer.bytes
+    }
+}
+
 impl CompiledKernel {
+    /// The right operand of this matmul kernel, where it reads kernel
+    /// input `input` as f32 and the same matrix for every batch: its shape
+    /// and the view it reads through, which tell two launches that read the
+    /// same matrix of a value.
+    pub(crate) fn constant_b(&self, input: usize) -> Option<(Shape, View)> {
+        let b = &self.matmul.as_ref()?.plan.b;
+        match &b.source {
+            Source::Input { input: i, view } if *i as usize == input && b.dtype == DType::F32 => {
+                let layout = Strided::new(view, &b.shape).ok()?;
+                let one = layout.batch.iter().all(|&(_, stride)| stride == 0);
+                one.then(|| (b.shape.clone(), view.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// `constant_b`'s operand packed from `value`, where this process's
+    /// path packs it.
+    pub(crate) fn pack_b(
+        &self,
+        (shape, view): &(Shape, View),
+        value: &Arc<Data>,
+    ) -> Result<Option<PackedOperand>, Error> {
+        let kernel = &self.kernel;
+        let (Data::F32(values), isa) = (value.as_ref(), crate::cpu_isa()?) else {
+            return Ok(None);
+        };
+        let layout = Strided::new(view, shape)
+            .map_err(|problem| crate::launch(crate::label(kernel), problem))?;
+        let packed =
+            PackedB::new(isa, layout.matrix(values, 0)).map_err(|error| Error::Machine {
+                kernel: crate::label(kernel),
+                error,
+            })?;
+        Ok(packed.map(|packed| PackedOperand {
+            value: Arc::clone(value),
+            packed,
+        }))
+    }
+
     /// Runs a matmul kernel by its plan over its launch's buffers
     /// (`bound`): its written operands where `computed` says, the GEMM
-    /// core, then the epilogue.
+    /// core (over `packed`, the right operand packed before, where the
+    /// launch passes the value it was packed from), then the epilogue.
     pub(super) fn run_matmul(
         &self,
         MatMul { plan, prologues }: &MatMul,
         bound: &Bound<'_>,
         (inputs, out, scratch): (&[&Buffer], &mut Buffer, &Buffer),
         computed: &[Computed; 2],
+        packed: Option<&PackedOperand>,
     ) -> Result<(), Error> {
         let isa = crate::cpu_isa()?;
         let kernel = &self.kernel;
@@ -68,6 +128,7 @@ impl CompiledKernel {
             )
         });
         let (((a_role, a_buffer), a), ((b_role, b_buffer), b)) = (a?, b?);
+        let packed = packed.filter(|p| p.holds(&b_buffer)).map(|p| &p.packed);
         if a.cols.len() != b.rows.len() {
             let problem = format!("operands of {} and {} rows", a.cols.len(), b.rows.len());
             return Err(crate::launch(crate::label(kernel), problem));
@@ -128,7 +189,14 @@ impl CompiledKernel {
         };
         let product: &Batch<'_> = &|batch, c, threads, rows| {
             let (a, b) = (a.matrix(a_values, batch), b.matrix(b_values, batch));
-            gemm::sgemm(isa, Product { a, b, fused }, c, threads, rows).map_err(machine)
+            match packed {
+                Some(packed) => gemm::sgemm_packed(isa, a, packed, fused, c, rows)
+                    .map(|()| true)
+                    .map_err(machine),
+                None => {
+                    gemm::sgemm(isa, Product { a, b, fused }, c, threads, rows).map_err(machine)
+                }
+            }
         };
         let in_registers = in_registers.is_some();
         self.batches(
@@ -171,11 +239,8 @@ impl CompiledKernel {
         }
         // The GEMM core splits its own work across threads (each packs what
         // it reads of the operands); the epilogue then sweeps the
-        // output in row ranges. A thread per 64³ multiply-adds, up to the
-        // team's: the second thread pays from about that size, as at 100³
-        // and at the training step's 250x256x10 (`benches/RESULTS-cpu.md`).
-        let work = values * k.max(1);
-        let threads = (work / (64 * 64 * 64)).clamp(1, team::threads());
+        // output in row ranges.
+        let threads = gemm::threads_for(values * k.max(1));
         // The epilogue takes each block of rows as the GEMM core finishes it
         // when its launch's rows are the product's: a launch of one row is
         // over elements instead (a product of one row, bias and relu, had

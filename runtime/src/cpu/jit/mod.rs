@@ -27,7 +27,7 @@ mod taps;
 
 pub(crate) use compile::CompiledKernel;
 pub(crate) use launch::{Buffer, run_rows};
-pub(crate) use matmul::Computed;
+pub(crate) use matmul::{Computed, PackedOperand};
 
 /// The kernel of the first launch of `g`, optimized, compiled.
 #[cfg(test)]
