@@ -157,6 +157,16 @@ pub fn all() -> Vec<Workload> {
     // An LSTM's recurrent step at batch 8 (256 wide): the state against
     // the four gates' weight, stored [1024, 256] as ONNX's LSTM holds it.
     w.extend(matmuls(8, 256, 1024, Layout::ABt));
+    // The same products with the weight captured by the compiled graph, as
+    // a model's is: packed once when it is compiled.
+    for (m, k, n) in [
+        (1, 256, 1024),
+        (8, 256, 1024),
+        (1, 512, 1000),
+        (1, 1280, 1000),
+    ] {
+        w.push(linear(m, k, n));
+    }
     w.push(Workload {
         id: "softmax",
         shape: "4096x1000".into(),
@@ -388,6 +398,28 @@ fn matmuls(m: usize, k: usize, n: usize, layout: Layout) -> [Workload; 2] {
             product,
         },
     ]
+}
+
+/// `linear`: `x · wᵀ` for `x: [m, k]` and a weight `w: [n, k]` (n 1000 or
+/// 1024) that the graph captures, seeded, as a model's weights are.
+fn linear(m: usize, k: usize, n: usize) -> Workload {
+    fn times_weight(t: &[Tensor], n: usize) -> Result<Vec<Tensor>> {
+        let k = t[0].dims()[1];
+        let w = Tensor::randn([n, k].as_slice(), 31)?.to(t[0].device())?;
+        Ok(vec![t[0].matmul(&w.t()?)?])
+    }
+    Workload {
+        id: "linear",
+        shape: format!("{m}x{k}x{n}"),
+        specs: vec![f32s(&[m, k])],
+        build: match n {
+            1000 => |t| times_weight(t, 1000),
+            _ => |t| times_weight(t, 1024),
+        },
+        bytes: 0,
+        flops: 2 * (m * k * n) as u64,
+        product: None,
+    }
 }
 
 /// The 3-layer MLP of `compile_mlp3` (784-256-256-10, batch 64, relu
