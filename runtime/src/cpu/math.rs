@@ -8,8 +8,8 @@
 //!   +inf above 88.7228, subnormal results correctly scaled, NaN kept;
 //! - `log`: absolute error below 2e-7 near 1, relative below 2e-7 elsewhere;
 //!   NaN below 0, -inf at 0, +inf at +inf;
-//! - `tanh`: relative error below 5e-7 (odd polynomial below 0.25, through
-//!   exp above);
+//! - `tanh`: relative error below 5e-7 (from `e^2|x| - 1` by exp's
+//!   reduction, with no branch);
 //! - `sigmoid`: `1 / (1 + exp(-x))`, relative error below 5e-7 where the
 //!   result is a normal f32.
 
@@ -228,6 +228,15 @@ impl Math<'_, '_> {
 
     /// `(n + 1.5 * 2^23, e^r)` for `x = n ln2 + r`, n = nearest(x log2e).
     fn exp_parts(&mut self, x: Value) -> (Value, Value) {
+        let (shifted, r, p) = self.exp_reduced(x);
+        // One fused multiply-add, so the result is rounded once.
+        let one = self.f(1.0);
+        (shifted, self.b.ins().fma(r, p, one))
+    }
+
+    /// `(n + 1.5 * 2^23, r, p(r))` for `x = n ln2 + r`, n = nearest(x
+    /// log2e), and `e^r = 1 + r p(r)`.
+    fn exp_reduced(&mut self, x: Value) -> (Value, Value, Value) {
         // Adding 1.5 * 2^23 leaves n in the sum's low mantissa bits, rounded
         // once by the fused multiply-add.
         let (log2e, magic) = (self.f(std::f32::consts::LOG2_E), self.f(12_582_912.0));
@@ -236,12 +245,11 @@ impl Math<'_, '_> {
         let (ln2_hi, ln2_lo) = (self.f(-0.693_359_4), self.f(2.121_944_4e-4));
         let r = self.b.ins().fma(n, ln2_hi, x);
         let r = self.b.ins().fma(n, ln2_lo, r);
-        // e^r = 1 + r p(r), p the minimax polynomial of degree 5 with
-        // p(0) = 1 (relative error 3.7e-9 on |r| <= ln2/2 with these f32
-        // coefficients), in pairs (Estrin's scheme): half the dependency
-        // chain of Horner's rule, which out-of-order cores cannot overlap
-        // across enough vectors to hide. The last step is one fused
-        // multiply-add, so the result is rounded once.
+        // p the minimax polynomial of degree 5 with p(0) = 1 (relative
+        // error of e^r 3.7e-9 on |r| <= ln2/2 with these f32 coefficients),
+        // in pairs (Estrin's scheme): half the dependency chain of Horner's
+        // rule, which out-of-order cores cannot overlap across enough
+        // vectors to hide.
         let r2 = self.b.ins().fmul(r, r);
         let one = self.f(1.0);
         let p1 = self.f(4.999_999_4e-1);
@@ -256,7 +264,7 @@ impl Math<'_, '_> {
         });
         let bc = self.b.ins().fma(c, r2, b);
         let p = self.b.ins().fma(bc, r2, a);
-        (shifted, self.b.ins().fma(r, p, one))
+        (shifted, r, p)
     }
 
     /// ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m by the Cephes
@@ -338,32 +346,45 @@ impl Math<'_, '_> {
         self.select(invalid, nan, r)
     }
 
-    /// tanh x: an odd Taylor polynomial below |x| = 0.25, where
-    /// `1 - 2/(e^2|x| + 1)` would cancel, and that formula above.
+    /// tanh x from `m = e^2|x| - 1`, x's sign restored: `m / (m + 2)`
+    /// below |x| = 0.55, where `1 - 2 / (m + 2)` would cancel, and that
+    /// formula above, where it rounds once near 1 (which `1 + tanh` in
+    /// GELU's tail needs). One exp's reduction and polynomial, one
+    /// division, no branch; |x| past 10 gives 1 (tanh(10) is 1 - 4e-9),
+    /// which keeps e^2|x| a normal float.
     pub fn tanh(&mut self, x: Value) -> Value {
+        // `fast_min(10, NaN)` is NaN: the clamp keeps a NaN.
+        let ten = self.f(10.0);
         let ax = self.abs(x);
-        let two = self.f(2.0);
-        let twice = self.b.ins().fmul(ax, two);
-        let e = self.exp(twice);
+        let ax = self.fast_min(ten, ax);
+        let y = self.b.ins().fadd(ax, ax);
+        // m = 2^n (1 + r p) - 1 = 2^n r p + (2^n - 1): no cancellation
+        // where y is small (n = 0, m = r p).
+        let (shifted, r, p) = self.exp_reduced(y);
+        let q = self.b.ins().fmul(r, p);
+        let shifted_bits = self.bits_of(shifted);
+        let n = self.b.ins().ishl_imm_s(shifted_bits, 23);
+        let one_bits = self.i(1.0f32.to_bits() as i32);
+        let two_n = self.b.ins().iadd(one_bits, n);
+        let two_n = self.float_of(two_n);
         let one = self.f(1.0);
-        let d = self.b.ins().fadd(e, one);
-        let q = self.b.ins().fdiv(two, d);
-        let big = self.b.ins().fsub(one, q);
-        // copysign(big, x); big >= 0, so or-ing in x's sign bit is enough
-        // (fcopysign has no f32x4 lowering on x64).
-        let big_bits = self.bits_of(big);
+        let less_one = self.b.ins().fsub(two_n, one);
+        let m = self.b.ins().fma(two_n, q, less_one);
+        let two = self.f(2.0);
+        let d = self.b.ins().fadd(m, two);
+        let g = self.b.ins().fdiv(one, d);
+        let small = self.b.ins().fmul(m, g);
+        let minus_two = self.f(-2.0);
+        let large = self.b.ins().fma(minus_two, g, one);
+        let bound = self.f(0.55);
+        let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, bound);
+        let t = self.select(is_small, small, large);
+        let t_bits = self.bits_of(t);
         let x_bits = self.bits_of(x);
         let sign = self.i(i32::MIN);
         let x_sign = self.b.ins().band(x_bits, sign);
-        let bits = self.b.ins().bor(big_bits, x_sign);
-        let big = self.float_of(bits);
-        let x2 = self.b.ins().fmul(x, x);
-        let p = self.poly(x2, &[62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0]);
-        let p = self.b.ins().fmul(p, x2);
-        let small = self.b.ins().fma(p, x, x);
-        let quarter = self.f(0.25);
-        let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, quarter);
-        self.select(is_small, small, big)
+        let bits = self.b.ins().bor(t_bits, x_sign);
+        self.float_of(bits)
     }
 
     /// 1 / (1 + e^-x).
