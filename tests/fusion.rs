@@ -103,33 +103,6 @@ fn a_stack_of_many_steps_read_as_rows_is_one_kernel() -> Result<()> {
     check("stack_of_steps_as_rows", &[&y], 2)
 }
 
-/// An LSTM's steps: the gates from a product, the cell state `c` from the
-/// last step's, the output `h = o tanh(c)`.
-fn lstm_steps(steps: usize) -> Result<Vec<Tensor>> {
-    let (x, w) = (randn(&[steps, 6, 32], 0)?, randn(&[8, 32], 1)?);
-    let (mut h, mut c) = (randn(&[6, 8], 2)?, randn(&[6, 8], 3)?);
-    let mut outputs = Vec::new();
-    for t in 0..steps {
-        let gates = (x.slice(0, t, t + 1, 1)?.reshape([6, 32])? + &h.matmul(&w)?)?;
-        let gate = |g: usize| gates.slice(1, 8 * g, 8 * g + 8, 1);
-        c = ((gate(0)?.sigmoid()? * &c)? + &(gate(1)?.sigmoid()? * gate(2)?.tanh()?)?)?;
-        h = (gate(3)?.sigmoid()? * c.tanh()?)?;
-        outputs.push(h.clone());
-    }
-    outputs.push(c);
-    Ok(outputs)
-}
-
-#[test]
-fn an_lstm_step_is_a_product_and_one_kernel() -> Result<()> {
-    // The cell state, read by this step's `h` and by the next step's cell,
-    // is computed in the kernel of `h` and stored beside it: no kernel of
-    // its own (before: a product and two elementwise kernels a step, 9).
-    let outputs = lstm_steps(3)?;
-    let refs: Vec<&Tensor> = outputs.iter().collect();
-    check("lstm_steps", &refs, 6)
-}
-
 fn mlp3() -> Result<Tensor> {
     let sizes = [784, 256, 256, 10];
     let mut h = randn(&[64, 784], 0)?;

@@ -38,11 +38,6 @@
 //! one-element output computed from graph inputs alone (an optimizer's step
 //! count) is stored beside an earlier one-element kernel's (the loss).
 //!
-//! An elementwise value read by several kernels is computed in the first of
-//! them (by its root's place in the graph) and stored as a side output,
-//! where that kernel has no reduction or matmul and reads it at its own
-//! index: an LSTM's cell state in the kernel of the step's output.
-//!
 //! Everything else is materialized: the outputs, the other matmul operands,
 //! values read by several kernels, values read through a non-broadcast view.
 //! Exceptions keep values of graph inputs and constants alone unstored,
@@ -257,15 +252,6 @@ impl<'g> Plan<'g> {
             } else {
                 self.join(i, &live)
             };
-            // Read by several kernels, an elementwise value may still be
-            // computed in the first of them and stored beside its output.
-            let (decision, stored) = match decision {
-                Err(reason) if options.fusion && !output[i] => match self.shared(i, &live) {
-                    Some(member) => (Ok(vec![member]), true),
-                    None => (Err(reason), false),
-                },
-                decision => (decision, output[i]),
-            };
             match decision {
                 Ok(members) if members.is_empty() => self.inline[i] = true,
                 Ok(members) => {
@@ -273,7 +259,7 @@ impl<'g> Plan<'g> {
                         if matches!(node.op, Op::Reduce { .. } | Op::MatMul) {
                             self.groups[m.group].core = Some(i);
                         }
-                        if stored {
+                        if output[i] {
                             self.groups[m.group].side.push(i);
                         }
                     }
@@ -438,41 +424,6 @@ impl<'g> Plan<'g> {
             role: Role::Main,
             places: vec![place.clone()],
         }])
-    }
-
-    /// Elementwise node `i`, read by several kernels, as a side output of
-    /// the first of them (by its root's place in the graph), which reads it
-    /// at its own index; the others, whose roots come after, read it
-    /// stored. An LSTM's cell state `c` is computed and stored in the
-    /// kernel of `h = o tanh(c)`, which the next step's cell reads, rather
-    /// than in a kernel of its own. `None` where there is no such kernel,
-    /// or it has a core.
-    fn shared(&self, i: usize, live: &[&Edge]) -> Option<Membership> {
-        let node = &self.graph.nodes[i];
-        if !elementwise(&node.op) || matches!(node.op, Op::Gather { .. }) {
-            return None;
-        }
-        let candidates = self.candidates(live).ok()?;
-        let first = |c: &&(usize, Role, View)| self.groups[c.0].root;
-        let &(host, role, ref place) = candidates.iter().min_by_key(first)?;
-        let g = &self.groups[host];
-        let own = role == Role::Main
-            && *place == View::contiguous(&g.space)
-            && node.ty.shape == g.space
-            && g.core.is_none()
-            && self.may_host(host, node.ty.dtype)
-            && self.root_of[g.root] == Some(host);
-        // Every kernel reads only values stored by kernels whose roots come
-        // before its own (a side output's readers come after its host, as
-        // here): the kernels stay in an order without cycles.
-        let after = candidates.iter().all(|c| {
-            (c.0 == host && c.1 == role && c.2 == *place) || self.groups[c.0].root > g.root
-        });
-        (own && after).then(|| Membership {
-            group: host,
-            role,
-            places: vec![place.clone()],
-        })
     }
 
     /// Whether kernel `group` may store side outputs of `dtype`: those of
