@@ -635,3 +635,47 @@ fn an_empty_matmul_of_a_padded_operand_is_empty() -> Result<()> {
         t[0].matmul(&t[1])
     })
 }
+
+#[test]
+fn an_lstms_steps_agree() -> Result<()> {
+    use kiln::TensorType;
+    // An LSTM's recurrence, its gates' sigmoids and tanhs: every step's `h`
+    // and the last `c` against the interpreter, on a batch of 3 and 13
+    // units (vector tails) over 5 steps.
+    let (steps, batch, units) = (5, 3, 13);
+    let inputs: Vec<Tensor> = [
+        vec![steps, batch, 4 * units],
+        vec![units, 4 * units],
+        vec![batch, units],
+        vec![batch, units],
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, d)| input(d, 80 + i as u64, false))
+    .collect::<Result<_>>()?;
+    let specs: Vec<TensorType> = inputs.iter().map(|t| t.ty().clone()).collect();
+    let lstm = |t: &[Tensor]| -> Result<Vec<Tensor>> {
+        let (mut h, mut c) = (t[2].clone(), t[3].clone());
+        let mut outputs = Vec::new();
+        for s in 0..steps {
+            let x = t[0].slice(0, s, s + 1, 1)?.reshape([batch, 4 * units])?;
+            let gates = (x + &h.matmul(&t[1])?)?;
+            let gate = |g: usize| gates.slice(1, g * units, (g + 1) * units, 1);
+            c = ((gate(0)?.sigmoid()? * &c)? + &(gate(1)?.sigmoid()? * gate(2)?.tanh()?)?)?;
+            h = (gate(3)?.sigmoid()? * c.tanh()?)?;
+            outputs.push(h.clone());
+        }
+        outputs.push(c);
+        Ok(outputs)
+    };
+    let compile = |device| kiln::compile_with("lstm", &specs, CompileOptions::on(device), lstm);
+    let mut tested = compile(device())?;
+    let data: Vec<Data> = inputs.iter().map(data).collect::<Result<_>>()?;
+    let refs: Vec<&Data> = data.iter().collect();
+    let got = tested.run(&refs)?;
+    let want = compile(Device::Reference)?.run(&refs)?;
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        compare(&format!("lstm output {i}"), a, b, sum_tol(units, 64.0));
+    }
+    Ok(())
+}
