@@ -80,6 +80,14 @@ pub enum Error {
         /// B's columns.
         n: usize,
     },
+    /// A right operand packed for one path, multiplied on another.
+    #[error("gemm: a right operand packed for the {packed} path, multiplied on the {isa} path")]
+    PackedFor {
+        /// The path it was packed for.
+        packed: Isa,
+        /// The path asked for.
+        isa: Isa,
+    },
     /// A right operand too large to pack once for many products: its
     /// panels hold more than this machine can address or allocate.
     #[error("gemm: a right operand of [{k}, {n}] is too large to pack")]

@@ -159,14 +159,12 @@ pub fn all() -> Vec<Workload> {
     w.extend(matmuls(8, 256, 1024, Layout::ABt));
     // The same products with the weight captured by the compiled graph, as
     // a model's is: packed once when it is compiled.
-    for (m, k, n) in [
-        (1, 256, 1024),
-        (8, 256, 1024),
-        (1, 512, 1000),
-        (1, 1280, 1000),
-    ] {
-        w.push(linear(m, k, n));
-    }
+    w.extend([
+        linear::<1024>(1, 256),
+        linear::<1024>(8, 256),
+        linear::<1000>(1, 512),
+        linear::<1000>(1, 1280),
+    ]);
     w.push(Workload {
         id: "softmax",
         shape: "4096x1000".into(),
@@ -400,24 +398,21 @@ fn matmuls(m: usize, k: usize, n: usize, layout: Layout) -> [Workload; 2] {
     ]
 }
 
-/// `linear`: `x · wᵀ` for `x: [m, k]` and a weight `w: [n, k]` (n 1000 or
-/// 1024) that the graph captures, seeded, as a model's weights are.
-fn linear(m: usize, k: usize, n: usize) -> Workload {
-    fn times_weight(t: &[Tensor], n: usize) -> Result<Vec<Tensor>> {
+/// `linear`: `x · wᵀ` for `x: [m, k]` and a weight `w: [N, k]` that the
+/// graph captures, seeded, as a model's weights are.
+fn linear<const N: usize>(m: usize, k: usize) -> Workload {
+    fn times_weight<const N: usize>(t: &[Tensor]) -> Result<Vec<Tensor>> {
         let k = t[0].dims()[1];
-        let w = Tensor::randn([n, k].as_slice(), 31)?.to(t[0].device())?;
+        let w = Tensor::randn([N, k].as_slice(), 31)?.to(t[0].device())?;
         Ok(vec![t[0].matmul(&w.t()?)?])
     }
     Workload {
         id: "linear",
-        shape: format!("{m}x{k}x{n}"),
+        shape: format!("{m}x{k}x{N}"),
         specs: vec![f32s(&[m, k])],
-        build: match n {
-            1000 => |t| times_weight(t, 1000),
-            _ => |t| times_weight(t, 1024),
-        },
+        build: times_weight::<N>,
         bytes: 0,
-        flops: 2 * (m * k * n) as u64,
+        flops: 2 * (m * k * N) as u64,
         product: None,
     }
 }

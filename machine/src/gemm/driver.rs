@@ -72,8 +72,8 @@ pub(super) struct Tile {
 
 /// B as the loop nest reads it: where it lies, each depth block packed into
 /// panels as the product goes, or packed once before (`PackedB`): `NR`-column
-/// panels one after the other, each `k` rows of `NR` (the last panel's
-/// missing columns whatever the packing put there).
+/// panels one after the other, each `k` rows of `NR` (zeros past column
+/// `n`).
 #[derive(Clone, Copy)]
 pub(super) enum Right<'a> {
     Lies(Operand),
@@ -229,35 +229,17 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         Right::Lies(_) => 0,
     };
     // Depth blocks in groups that run as one parallel region, each task
-    // walking its rows through all of them. Read where they lie, B's panels
-    // pack little or nothing, and one group saves a dispatch per block;
-    // packed, each block is its own group, so that its panels stay in
-    // cache for every row block.
-    let groups: Vec<&[(usize, usize)]> = if first_packed > 0 {
+    // walking its rows through all of them. Read in place or packed
+    // before, B's panels pack little or nothing, and one group saves a
+    // dispatch per block; packed as the product goes, each block is its own
+    // group, so that its panels stay in cache for every row block.
+    let groups: Vec<&[(usize, usize)]> = if in_place || first_packed > 0 {
         vec![blocks_of_k]
     } else {
         blocks_of_k.chunks(1).collect()
     };
     let packed_width = (panels - first_packed) * NR;
-    // Row blocks. Where the rows make one block of at most MC per thread,
-    // a thread's time is its block's, so they are cut evenly at multiples
-    // of the kernel's row unit, and the last tile of a block runs the
-    // kernel of its height: with 12-row tiles and a unit of 4, 64 rows are
-    // 2 x (12 + 12 + 8), not 36 + 28 with a 12-row kernel on the 4 left.
-    // Else blocks of at most MC rows, taken in turns (`largest_first`).
-    let tiles = m.div_ceil(MR);
-    let blocks = (threads * tiles.div_ceil(threads * (K::TUNING.mc / MR))).min(tiles);
-    let bounds: Vec<(usize, usize)> = if blocks <= threads {
-        let units = m.div_ceil(K::ROW_UNIT);
-        (0..blocks)
-            .map(|i| {
-                let row = |i: usize| (i * units / blocks * K::ROW_UNIT).min(m);
-                (row(i), row(i + 1))
-            })
-            .collect()
-    } else {
-        largest_first::<MR>(m, blocks)
-    };
+    let bounds = row_blocks::<MR, NR, K>(m, threads);
     let last_group = groups.len() - 1;
     for (g, group) in groups.into_iter().enumerate() {
         let k_first = group[0].0;
@@ -303,24 +285,9 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                         let at = packed_at(k0, kc, p);
                         return (&packed[at..at + NR * kc], NR);
                     }
-                    match *b {
-                        Right::Packed(all) => (prepacked::<NR>(all, product.k, (k0, kc), p), NR),
-                        Right::Lies(b) => {
-                            let stride = b.rows as usize;
-                            // SAFETY: `in_place`: rows `k0..k0 + kc` of b lie
-                            // `stride` apart in one buffer, and columns `p *
-                            // NR..(p + 1) * NR` are inside each (`p < n /
-                            // NR`); the slice runs from the first of them to
-                            // the last.
-                            let rows = unsafe {
-                                std::slice::from_raw_parts(
-                                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
-                                    (kc - 1) * stride + NR,
-                                )
-                            };
-                            (rows, stride)
-                        }
-                    }
+                    // SAFETY: `p < first_packed`: B packed before, or read
+                    // in place and `p < n / NR` (the contract of `sgemm`).
+                    unsafe { lying::<NR>(*b, product.k, (k0, kc), p) }
                 };
                 let last = g == last_group && d + 1 == group.len();
                 // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
@@ -347,6 +314,30 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
             bounds.iter().for_each(block);
         }
     }
+}
+
+/// `by_rows`' blocks of rows. Where the rows make one block of at most MC
+/// per thread, a thread's time is its block's, so they are cut evenly at
+/// multiples of the kernel's row unit, and the last tile of a block runs
+/// the kernel of its height: with 12-row tiles and a unit of 4, 64 rows are
+/// 2 x (12 + 12 + 8), not 36 + 28 with a 12-row kernel on the 4 left.
+/// Else blocks of at most MC rows, taken in turns (`largest_first`).
+fn row_blocks<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+    m: usize,
+    threads: usize,
+) -> Vec<(usize, usize)> {
+    let tiles = m.div_ceil(MR);
+    let blocks = (threads * tiles.div_ceil(threads * (K::TUNING.mc / MR))).min(tiles);
+    if blocks > threads {
+        return largest_first::<MR>(m, blocks);
+    }
+    let units = m.div_ceil(K::ROW_UNIT);
+    (0..blocks)
+        .map(|i| {
+            let row = |i: usize| (i * units / blocks * K::ROW_UNIT).min(m);
+            (row(i), row(i + 1))
+        })
+        .collect()
 }
 
 /// Rows `0..m` in `blocks` blocks of whole tiles of `MR` rows, the larger
@@ -421,15 +412,15 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 Right::Packed(_) => None,
             };
             let panel = |p: usize| -> (&[f32], usize) {
-                let rows = match (packed_b, b) {
-                    (Some(packed), _) => {
+                match packed_b {
+                    Some(packed) => {
                         let at = (p - range.start) * NR * kc;
-                        &packed[at..at + NR * kc]
+                        (&packed[at..at + NR * kc], NR)
                     }
-                    (None, Right::Packed(all)) => prepacked::<NR>(all, product.k, (k0, kc), p),
-                    (None, Right::Lies(_)) => unreachable!("B is packed where it lies"),
-                };
-                (rows, NR)
+                    // SAFETY: B packed before (B where it lies is packed
+                    // above).
+                    None => unsafe { lying::<NR>(b, product.k, (k0, kc), p) },
+                }
             };
             // Every other thread, and every other depth block, walks
             // the blocks of rows backwards: in the last depth block
@@ -532,11 +523,37 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     }
 }
 
-/// The rows `k0..k0 + kc` of panel `p` of B packed before (`Right::Packed`,
-/// panels of `k` rows).
-fn prepacked<const NR: usize>(all: &[f32], k: usize, (k0, kc): (usize, usize), p: usize) -> &[f32] {
-    let at = (p * k + k0) * NR;
-    &all[at..at + kc * NR]
+/// Rows `k0..k0 + kc` of panel `p` of B where they lie, and their
+/// distance: in the panels packed before (`Right::Packed`, each `k` rows of
+/// `NR`), or in B read in place.
+///
+/// # Safety
+/// Read in place, rows `k0..k0 + kc` of b lie in one live buffer and
+/// columns `p * NR..(p + 1) * NR` inside each (`p < n / NR`).
+unsafe fn lying<const NR: usize>(
+    b: Right<'_>,
+    k: usize,
+    (k0, kc): (usize, usize),
+    p: usize,
+) -> (&[f32], usize) {
+    match b {
+        Right::Packed(all) => {
+            let at = (p * k + k0) * NR;
+            (&all[at..at + kc * NR], NR)
+        }
+        Right::Lies(b) => {
+            let stride = b.rows as usize;
+            // SAFETY: the contract of this function; the slice runs from
+            // the first of those elements to the last.
+            let rows = unsafe {
+                std::slice::from_raw_parts(
+                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+                    (kc - 1) * stride + NR,
+                )
+            };
+            (rows, stride)
+        }
+    }
 }
 
 /// Panels `range` of b's depth block `(k0, kc)`, each `kc x NR`, one after

@@ -24,8 +24,8 @@ use super::lanes::Lanes;
 use super::{Operand, RawFused};
 use crate::Isa;
 
-/// Rows of `a` at most.
-const FEW: usize = 8;
+/// Rows of `a` at most (here and in `packed`'s streamed products).
+pub(super) const FEW: usize = 8;
 
 /// Columns per task are a multiple of this, of every tile's width.
 const COLUMNS: usize = 12;
@@ -91,11 +91,9 @@ pub(super) unsafe fn gemv(
         Isa::Avx2 => tiles_avx2,
         _ => unreachable!("gemm sends only kiln's paths here"),
     };
-    let mut x = Vec::with_capacity(m * k);
-    for i in 0..m {
-        // SAFETY: element (i, l) of a (the contract of this function).
-        x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + l as isize * a.cols) }));
-    }
+    // SAFETY: a's elements lie inside a live buffer (the contract of this
+    // function).
+    let x = unsafe { rows_of(a, m, k) };
     let out = super::driver::C(c.as_mut_ptr());
     // Four even stretches of columns per thread, at most `STRETCH`
     // columns each, rather than fixed ones that leave one thread a
@@ -126,6 +124,20 @@ pub(super) unsafe fn gemv(
     } else {
         (0..tasks).for_each(stretch);
     }
+}
+
+/// The first `m` rows of `a`, `k` elements each, one after the other:
+/// the few rows a product of a few rows reads at every column.
+///
+/// # Safety
+/// Elements `(i, l)` of `a` for `i < m`, `l < k` lie inside a live buffer.
+pub(super) unsafe fn rows_of(a: Operand, m: usize, k: usize) -> Vec<f32> {
+    let mut x = Vec::with_capacity(m * k);
+    for i in 0..m {
+        // SAFETY: element (i, l) of a (the contract of this function).
+        x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + a.col(l)) }));
+    }
+    x
 }
 
 /// Columns `j0..j0 + y.len() / m` of `x b` into `y` (row-major), for `x`

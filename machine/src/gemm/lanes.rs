@@ -14,7 +14,8 @@ pub(super) use x86::{Avx2, Avx512};
 /// # Safety
 /// Every method runs only where the CPU has the implementor's features,
 /// inside a function that enables them; `load` reads `LANES` elements,
-/// which lie inside a live buffer.
+/// which lie inside a live buffer, and `store` writes `LANES` elements of
+/// a buffer the caller may write.
 pub(super) trait Lanes {
     type V: Copy;
     const LANES: usize;
@@ -50,7 +51,7 @@ mod x86 {
 
     // SAFETY (every intrinsic below): the caller runs on a CPU with the
     // type's features, within a function that enables them (`Lanes`'s
-    // contract), and loads elements it holds.
+    // contract), and loads and stores elements it holds.
     impl Lanes for Avx2 {
         type V = __m256;
         const LANES: usize = 8;

@@ -8,27 +8,27 @@
 //! - 1 to `FEW` rows: each row's outputs summed over the panels in
 //!   registers, `x(i, l)` broadcast against each panel's row `l`: no sum
 //!   across lanes, and each panel one sequential stream. Tiles of 1 row by
-//!   4 panels, 2 by 2, 3 or 4 by 1 (8 to 12 accumulators, enough FMAs in
-//!   flight); the rows past the first 4 read the same stretch of panels
-//!   again from the cache. Threads take fixed halves (thirds...) of the
+//!   4 panels, 2 by 2, 3 or 4 by 1 (6 to 8 accumulators of two vectors
+//!   each, enough FMAs in flight); the rows past the first 4 read the same
+//!   stretch of panels again from the cache. Threads take fixed halves (thirds...) of the
 //!   panels, so that a weight read on every step of a recurrence stays in
 //!   the same core's caches.
 //!
-//! `unsafe` here is the reads of the panels and of `a` through its
-//! offsets, made safe by `sgemm_packed`'s checks.
+//! `unsafe` here is the packing's reads of `b`, the products' reads of the
+//! panels and of `a` through its offsets, and their writes into `c`, made
+//! safe by `PackedB::new`'s and `sgemm_packed`'s checks.
 
 #![allow(unsafe_code)]
 
 #[cfg(target_arch = "x86_64")]
 use super::driver::{self, C, Right};
 #[cfg(target_arch = "x86_64")]
+use super::gemv::{FEW, rows_of};
+#[cfg(target_arch = "x86_64")]
 use super::lanes::{self, Lanes};
 use super::safe::Matrix;
 use super::{Operand, RawFused};
 use crate::{Error, Isa};
-
-/// Rows of `a` at most for the streamed path.
-const FEW: usize = 8;
 
 /// Bytes of panels one thread takes at least in a product of a few rows:
 /// two threads took less time than one from 256 KiB of panels, and about
@@ -40,8 +40,8 @@ const THREAD_BYTES: usize = 1 << 17;
 const STRETCH_BYTES: usize = 1 << 17;
 
 /// A `k x n` right operand packed into the panels of `isa`'s core: `NR`
-/// columns each (the last one's missing columns whatever the packing puts
-/// there, which no product stores), `k` rows of them one after the other.
+/// columns each (zeros past column `n`), `k` rows of them one after the
+/// other.
 pub struct PackedB {
     isa: Isa,
     k: usize,
@@ -73,11 +73,15 @@ impl PackedB {
         let Some(nr) = panel_width(isa) else {
             return Ok(None);
         };
+        #[cfg(target_arch = "x86_64")]
         if n <= super::tuning::NARROW || k == 0 {
             return Ok(None);
         }
         let too_large = || Error::PackTooLarge { k, n };
-        let len = (n.div_ceil(nr) * nr).checked_mul(k).ok_or_else(too_large)?;
+        let len = (n.div_ceil(nr).checked_mul(nr))
+            .and_then(|width| width.checked_mul(k))
+            .filter(|len| *len < usize::MAX - 16)
+            .ok_or_else(too_large)?;
         let mut buffer = Vec::new();
         buffer
             .try_reserve_exact(len + 16)
@@ -85,8 +89,9 @@ impl PackedB {
         buffer.resize(len + 16, 0.0);
         let start = buffer.as_ptr().align_offset(64).min(16);
         let out = &mut buffer[start..start + len];
-        // Runs of panels packed on the team's threads: a ViT's weights
-        // took twice as long to pack on one.
+        // Runs of panels packed on the team's threads: a model's weights
+        // are packed when it is compiled, all of it copying, and the
+        // compile waits for it.
         #[cfg(target_arch = "x86_64")]
         {
             const RUN: usize = 8;
@@ -175,11 +180,9 @@ pub(super) unsafe fn gemm(
         };
         return;
     }
-    let mut x = Vec::with_capacity(m * k);
-    for i in 0..m {
-        // SAFETY: element (i, l) of a (the contract of this function).
-        x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + l as isize * a.cols) }));
-    }
+    // SAFETY: a's elements lie inside a live buffer (the contract of this
+    // function).
+    let x = unsafe { rows_of(a, m, k) };
     let threads = (size_of_val(b.panels()) / THREAD_BYTES).clamp(1, crate::team::threads());
     let rows = Rows {
         x: &x,
@@ -327,8 +330,8 @@ impl Rows<'_> {
                     }
                 }
             }
-            // At most 4 panels of 32 for a row, 2 of 32 for two, 1 for
-            // three or four.
+            // R x P panels of at most 32 columns (the tiles `stream` takes).
+            const { assert!(R * P * 32 <= 128) };
             let mut out = [0.0f32; 128];
             for (r, s) in s.iter().enumerate() {
                 for (q, s) in s.iter().enumerate() {

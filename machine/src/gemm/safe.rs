@@ -177,17 +177,21 @@ fn checked<T>(
     b: &Matrix<'_, T>,
     c: &[f32],
 ) -> Result<(usize, usize, usize), Error> {
-    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols.len());
-    if b.rows.len() != k {
-        return Err(Error::Inner {
-            m,
-            k,
-            k_b: b.rows.len(),
-            n,
-        });
+    b.check("b")?;
+    checked_a(a, (b.rows.len(), b.cols.len()), c)
+}
+
+/// `checked` for a right operand of `k_b x n` checked before.
+fn checked_a<T>(
+    a: &Matrix<'_, T>,
+    (k_b, n): (usize, usize),
+    c: &[f32],
+) -> Result<(usize, usize, usize), Error> {
+    let (m, k) = (a.rows.len(), a.cols.len());
+    if k_b != k {
+        return Err(Error::Inner { m, k, k_b, n });
     }
     a.check("a")?;
-    b.check("b")?;
     let mn = m.saturating_mul(n);
     if c.len() < mn {
         return Err(Error::Short {
@@ -261,7 +265,7 @@ fn raw_fused(fused: Fused<'_>, m: usize, n: usize) -> Result<RawFused, Error> {
 /// It takes as many threads as the product pays for, up to the team's.
 ///
 /// `a`, `c` and the bias are checked as `sgemm`'s; `b` packed for another
-/// path is an error.
+/// path than `isa` is an error.
 pub fn sgemm_packed(
     isa: Isa,
     a: Matrix<'_>,
@@ -270,26 +274,16 @@ pub fn sgemm_packed(
     c: &mut [f32],
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(), Error> {
-    let (m, k, n) = (a.rows.len(), a.cols.len(), b.cols());
-    if b.rows() != k {
-        return Err(Error::Inner {
-            m,
-            k,
-            k_b: b.rows(),
-            n,
-        });
-    }
-    a.check("a")?;
-    if c.len() < m.saturating_mul(n) {
-        return Err(Error::Short {
-            what: "product",
-            len: c.len(),
-            needs: m.saturating_mul(n),
-        });
-    }
+    let (m, _, n) = checked_a(&a, (b.rows(), b.cols()), c)?;
     let fused = raw_fused(fused, m, n)?;
-    if b.isa() != isa || !isa.available() {
-        return Err(Error::MissingIsa { isa: b.isa() });
+    if b.isa() != isa {
+        return Err(Error::PackedFor {
+            packed: b.isa(),
+            isa,
+        });
+    }
+    if !isa.available() {
+        return Err(Error::MissingIsa { isa });
     }
     // SAFETY: `isa` is available and `b` packed for it; every element `a`
     // reads lies inside its slice and the bias's `m` or `n` values inside
@@ -299,9 +293,13 @@ pub fn sgemm_packed(
     unsafe {
         super::packed::gemm(a.raw(), b, &mut c[..m * n], fused, finish)
     };
-    // Off x86-64 no path packs (`PackedB::new`).
+    // Off x86-64 no path packs (`PackedB::new`): no `b` reaches here.
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (fused, finish);
+    {
+        let _ = (fused, finish);
+        return Err(Error::MissingIsa { isa: b.isa() });
+    }
+    #[cfg(target_arch = "x86_64")]
     Ok(())
 }
 

@@ -380,6 +380,41 @@ mod tests {
     use crate::Executable as _;
 
     #[test]
+    fn a_constant_right_operand_is_packed_and_another_buffer_read_where_it_lies() {
+        // x [3, 20] @ w [20, 40]: w given as a constant, then another w.
+        let mut g = Graph::new("g");
+        let x = g.input(TensorType::new(DType::F32, Shape::new(&[3, 20])));
+        let w = g.input(TensorType::new(DType::F32, Shape::new(&[20, 40])));
+        let y = g.push(Op::MatMul, &[x, w]).unwrap();
+        g.outputs.push(y);
+        let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
+        let mut exec = Executable::new(optimized, BackendOptions::default()).unwrap();
+        let values = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7 + seed) % 11) as f32 - 5.0)
+                .collect()
+        };
+        let (xs, ws, others) = (values(60, 1), values(800, 2), values(800, 3));
+        exec.constant(1, &Arc::new(Data::F32(ws.clone()))).unwrap();
+        let packs = crate::cpu_isa().unwrap() != kiln_machine::Isa::Generic;
+        assert_eq!(exec.packed[0].is_some(), packs, "packed");
+        for w in [&ws, &others] {
+            let mut out = [Data::zeros(DType::F32, 120).unwrap()];
+            let mut outs: Vec<&mut Data> = out.iter_mut().collect();
+            let inputs = [DataRef::F32(&xs), DataRef::F32(w)];
+            exec.run_donated(&mut [], &inputs, &mut outs).unwrap();
+            let Data::F32(got) = &out[0] else {
+                panic!("an f32 output")
+            };
+            for (i, &v) in got.iter().enumerate() {
+                let (r, c) = (i / 40, i % 40);
+                let want: f32 = (0..20).map(|l| xs[r * 20 + l] * w[l * 40 + c]).sum();
+                assert_eq!(v, want, "element {i}");
+            }
+        }
+    }
+
+    #[test]
     fn a_profile_lists_its_groups_longest_first_with_their_shares() {
         let ms = Duration::from_millis;
         let profile = Profile {

@@ -74,6 +74,9 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
             cols: Axis::Strided { len: n, stride: 1 },
         },
     ];
+    let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+    let a_reversed: Vec<f32> = (0..m * k).map(|i| a[i / k * k + (k - 1 - i % k)]).collect();
+    let a_table = Table::new((0..k).map(|l| (k - 1 - l) as isize).collect());
     let per_column = values(n, 3);
     let per_row = values(m, 4);
     let cases: [(Option<Bias<'_>>, bool, Option<f32>); 4] = [
@@ -92,7 +95,21 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
         let finished = std::sync::Mutex::new(Vec::new());
         let finish = |r0, r1| finished.lock().expect("unpoisoned").push((r0, r1));
         let fused = Fused { bias, relu, cap };
-        let a_matrix = strided(&a, (m, k as isize), (k, 1));
+        // a row-major, stored transposed ([k, m]), or its columns through a
+        // table of their offsets (reversed).
+        let a_matrix = match layout {
+            0 => strided(&a, (m, k as isize), (k, 1)),
+            1 => strided(&at, (m, 1), (k, m as isize)),
+            _ => Matrix {
+                data: &a_reversed,
+                offset: 0,
+                rows: Axis::Strided {
+                    len: m,
+                    stride: k as isize,
+                },
+                cols: Axis::Table(&a_table),
+            },
+        };
         sgemm_packed(isa, a_matrix, &packed, fused, &mut c, &finish).expect("a valid product");
         let what = format!("{} {m}x{k}x{n} layout {layout}", isa.name());
         let mut finished = finished.into_inner().expect("unpoisoned");
@@ -195,6 +212,12 @@ fn packed_products_refuse_what_does_not_fit() {
             &mut c,
             none,
         );
-        assert!(matches!(result, Err(Error::MissingIsa { isa: Isa::Avx2 })));
+        assert!(matches!(
+            result,
+            Err(Error::PackedFor {
+                packed: Isa::Avx2,
+                isa: Isa::Avx512
+            })
+        ));
     }
 }

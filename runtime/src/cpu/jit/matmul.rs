@@ -87,11 +87,15 @@ impl CompiledKernel {
         };
         let layout = Strided::new(view, shape)
             .map_err(|problem| crate::launch(crate::label(kernel), problem))?;
-        let packed =
-            PackedB::new(isa, layout.matrix(values, 0)).map_err(|error| Error::Machine {
+        // Packing is an optimization: where its panels cannot be allocated
+        // the product reads the operand where it lies.
+        let packed = match PackedB::new(isa, layout.matrix(values, 0)) {
+            Err(kiln_machine::Error::PackTooLarge { .. }) => None,
+            packed => packed.map_err(|error| Error::Machine {
                 kernel: crate::label(kernel),
                 error,
-            })?;
+            })?,
+        };
         Ok(packed.map(|packed| PackedOperand {
             value: Arc::clone(value),
             packed,
@@ -128,7 +132,8 @@ impl CompiledKernel {
             )
         });
         let (((a_role, a_buffer), a), ((b_role, b_buffer), b)) = (a?, b?);
-        let packed = packed.filter(|p| p.holds(&b_buffer)).map(|p| &p.packed);
+        let packed =
+            (packed.filter(|p| p.holds(&b_buffer) && p.packed.isa() == isa)).map(|p| &p.packed);
         if a.cols.len() != b.rows.len() {
             let problem = format!("operands of {} and {} rows", a.cols.len(), b.rows.len());
             return Err(crate::launch(crate::label(kernel), problem));
