@@ -10,9 +10,10 @@
 //!   across lanes, and each panel one sequential stream. Tiles of 1 row by
 //!   4 panels, 2 by 2, 3 or 4 by 1 (6 to 8 accumulators of two vectors
 //!   each, enough FMAs in flight); the rows past the first 4 read the same
-//!   stretch of panels again from the cache. Threads take fixed halves (thirds...) of the
-//!   panels, so that a weight read on every step of a recurrence stays in
-//!   the same core's caches.
+//!   stretch of panels again from the cache. Each thread takes a fixed
+//!   range of the panels, so that at every step of a recurrence a core
+//!   reads the same part of the weight (from its own caches where that
+//!   part fits them).
 //!
 //! `unsafe` here is the packing's reads of `b`, the products' reads of the
 //! panels and of `a` through its offsets, and their writes into `c`, made
