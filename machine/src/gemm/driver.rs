@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
 use super::tuning::Tuning;
 use super::{Operand, RawFused};
-use crate::team;
+use crate::{Isa, team};
 
 /// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
 /// depth block, and the blocking sized for its registers and caches.
@@ -167,6 +167,37 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         unsafe { by_panels::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
     } else {
         unsafe { by_rows::<MR, NR, K>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
+    }
+}
+
+/// `sgemm` on the core of `isa`: kiln's AVX-512 core (AMX's f32 path
+/// too) or its AVX2 core.
+///
+/// # Safety
+/// `isa` is one of those, and the contract of `sgemm` for its core.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn on_core(
+    isa: Isa,
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Right<'_>,
+    c: &mut [f32],
+    threads: usize,
+    epilogue: RawFused,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) {
+    use super::{avx2, avx512};
+    // SAFETY: the contract of this function.
+    unsafe {
+        match isa {
+            Isa::Avx512 | Isa::Amx => sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
+                m, n, k, a, b, c, threads, epilogue, finish,
+            ),
+            Isa::Avx2 => sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
+                m, n, k, a, b, c, threads, epilogue, finish,
+            ),
+            Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
+        }
     }
 }
 

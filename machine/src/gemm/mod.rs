@@ -285,44 +285,29 @@ pub(crate) unsafe fn gemm(
     let takes =
         |threshold: usize, narrow: bool| tabled || ((work >= threshold || shared) && !narrow);
     #[cfg(target_arch = "x86_64")]
-    match isa {
-        Isa::Amx | Isa::Avx512
-            if takes(AVX512.work, narrow::<{ avx512::MR }, { avx512::NR }>(a, n)) =>
-        {
-            // SAFETY: the contract of this function.
-            unsafe {
-                driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m,
-                    n,
-                    k,
-                    a,
-                    driver::Right::Lies(b),
-                    c,
-                    threads,
-                    epilogue,
-                    finish,
-                );
-            }
-            return true;
+    let on_core = match isa {
+        Isa::Amx | Isa::Avx512 => {
+            takes(AVX512.work, narrow::<{ avx512::MR }, { avx512::NR }>(a, n))
         }
-        Isa::Avx2 if takes(AVX2.work, narrow::<{ avx2::MR }, { avx2::NR }>(a, n)) => {
-            // SAFETY: the contract of this function.
-            unsafe {
-                driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                    m,
-                    n,
-                    k,
-                    a,
-                    driver::Right::Lies(b),
-                    c,
-                    threads,
-                    epilogue,
-                    finish,
-                );
-            }
-            return true;
-        }
-        _ => {}
+        Isa::Avx2 => takes(AVX2.work, narrow::<{ avx2::MR }, { avx2::NR }>(a, n)),
+        Isa::Generic => false,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if on_core {
+        // SAFETY: the contract of this function, on one of kiln's cores.
+        unsafe {
+            driver::on_core(
+                isa,
+                (m, n, k),
+                a,
+                driver::Right::Lies(b),
+                c,
+                threads,
+                epilogue,
+                finish,
+            )
+        };
+        return true;
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (isa, epilogue, finish, tabled);

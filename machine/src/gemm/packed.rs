@@ -165,20 +165,7 @@ pub(super) unsafe fn gemm(
         let panels = Right::Packed(b.panels());
         // SAFETY: the contract of this function; the panels are the
         // core's, `k` rows each.
-        unsafe {
-            match b.isa {
-                Isa::Avx2 => {
-                    use super::avx2::{Avx2, MR, NR};
-                    driver::sgemm::<MR, NR, Avx2>(m, n, k, a, panels, c, threads, epilogue, finish)
-                }
-                _ => {
-                    use super::avx512::{Avx512, MR, NR};
-                    driver::sgemm::<MR, NR, Avx512>(
-                        m, n, k, a, panels, c, threads, epilogue, finish,
-                    )
-                }
-            }
-        };
+        unsafe { driver::on_core(b.isa, (m, n, k), a, panels, c, threads, epilogue, finish) };
         return;
     }
     // SAFETY: a's elements lie inside a live buffer (the contract of this

@@ -73,33 +73,16 @@ unsafe fn core(
 ) {
     // SAFETY: the contract of this function.
     unsafe {
-        match isa {
-            Isa::Avx512 | Isa::Amx => {
-                driver::sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
-                    m,
-                    n,
-                    k,
-                    a,
-                    driver::Right::Lies(b),
-                    c,
-                    threads,
-                    epilogue,
-                    finish,
-                )
-            }
-            Isa::Avx2 => driver::sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
-                m,
-                n,
-                k,
-                a,
-                driver::Right::Lies(b),
-                c,
-                threads,
-                epilogue,
-                finish,
-            ),
-            Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
-        }
+        driver::on_core(
+            isa,
+            (m, n, k),
+            a,
+            driver::Right::Lies(b),
+            c,
+            threads,
+            epilogue,
+            finish,
+        )
     }
 }
 
