@@ -424,13 +424,24 @@ pub(crate) fn matmul(
 ) -> Result<Data, OutOfMemory> {
     let r = ls.rank();
     let (m, k, n) = (ls.dims()[r - 2], ls.dims()[r - 1], rs.dims()[r - 1]);
+    // Each operand converted to f64 once, B with its columns contiguous:
+    // the products are the same, in the same order, as read element by
+    // element, and the reference stays fast enough for large products.
+    let mut at = try_vec(a.len(), 0.0)?;
+    for (i, t) in at.iter_mut().enumerate() {
+        *t = a.get(i).to_f64();
+    }
+    let mut bt = try_vec(b.len(), 0.0)?;
+    for (i, t) in bt.iter_mut().enumerate() {
+        let (batch, col, p) = (i / (n * k), i / k % n, i % k);
+        *t = b.get(batch * k * n + p * n + col).to_f64();
+    }
     Data::from_fn(DType::F32, out.numel(), |i| {
         let (batch, row, col) = (i / (m * n), i / n % m, i % n);
-        let (a0, b0) = (batch * m * k + row * k, batch * k * n + col);
+        let (a0, b0) = (batch * m * k + row * k, batch * k * n + col * k);
+        let (a, b) = (&at[a0..a0 + k], &bt[b0..b0 + k]);
         // A fold from +0.0: `Iterator::sum` starts at -0.0, and an empty product must be +0.0.
-        let sum = (0..k).fold(0.0, |acc, p| {
-            acc + a.get(a0 + p).to_f64() * b.get(b0 + p * n).to_f64()
-        });
+        let sum = a.iter().zip(b).fold(0.0, |acc, (x, y)| acc + x * y);
         Scalar::F32(sum as f32)
     })
 }
