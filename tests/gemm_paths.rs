@@ -6,7 +6,8 @@
 //! epilogues.
 //!
 //! bf16 products run on each path too: by the AMX core on `amx`, widened
-//! to f32 on the others.
+//! to f32 as kiln's f32 cores pack them on the others (or before the
+//! `gemm` crate's).
 //!
 //! `products` runs on the path this process takes (the fastest, unless
 //! `KILN_CPU_ISA` names one); `every_other_path` runs `products` again in a
@@ -260,7 +261,7 @@ fn captured_weights(path: &str) -> Result<()> {
 }
 
 /// Products of bf16 operands (on the `amx` path by its core, on the others
-/// widened to f32) against the interpreter, which sums in f64 and rounds
+/// widened to f32 as they are packed) against the interpreter, which sums in f64 and rounds
 /// to bf16 once: one bf16 unit apart at most, and f32's rounding of the
 /// sums (`check`'s bound). Ragged tiles and depths, a product of one row,
 /// B read transposed, batches, operands through merged axes, ReLU over the

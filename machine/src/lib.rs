@@ -69,9 +69,10 @@ pub enum Error {
         /// The slice's length.
         len: usize,
     },
-    /// A bf16 product too large to pack: its operands padded to whole AMX
-    /// tiles hold more than this machine can address or allocate.
-    #[error("gemm: a bf16 product of [{m}, {k}] @ [{k}, {n}] is too large to pack")]
+    /// A product too large to pack: its operands padded to whole AMX tiles,
+    /// or gathered or widened into plain f32 matrices, hold more than this
+    /// machine can address or allocate.
+    #[error("gemm: a product of [{m}, {k}] @ [{k}, {n}] is too large to pack")]
     TooLarge {
         /// A's rows.
         m: usize,

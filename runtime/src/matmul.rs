@@ -42,7 +42,8 @@ pub struct Target {
     /// Scratch parts start at multiples of this many bytes.
     pub align: usize,
     /// It multiplies bf16 operands read in place, summing in f32 (kiln's
-    /// AMX core, cuBLASLt), which then take the place of the f32 operands
+    /// cores, which widen them as they pack them or multiply them on AMX;
+    /// cuBLASLt), which then take the place of the f32 operands
     /// `pass::widen` casts them into; as any view, where `any_view`.
     pub bf16: bool,
     /// It rounds a product of bf16 operands to bf16 as it stores it, where
@@ -61,7 +62,7 @@ impl Target {
         product_in_scratch: false,
         transposes: true,
         align: 4,
-        bf16: false,
+        bf16: true,
         stores_bf16: false,
     };
 

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
 use super::tuning::Tuning;
-use super::{Operand, RawFused};
+use super::{Element, Operand, RawFused};
 use crate::{Isa, team};
 
 /// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
@@ -75,8 +75,8 @@ pub(super) struct Tile {
 /// panels one after the other, each `k` rows of `NR` (zeros past column
 /// `n`).
 #[derive(Clone, Copy)]
-pub(super) enum Right<'a> {
-    Lies(Operand),
+pub(super) enum Right<'a, T = f32> {
+    Lies(Operand<T>),
     Packed(&'a [f32]),
 }
 
@@ -92,12 +92,12 @@ pub(super) enum Right<'a> {
 /// panels of `k * NR` values), and a bias of `epilogue` `n` live values
 /// (`m` where it holds one per row).
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
+pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
     m: usize,
     n: usize,
     k: usize,
-    a: Operand,
-    b: Right<'_>,
+    a: Operand<T>,
+    b: Right<'_, T>,
     c: &mut [f32],
     threads: usize,
     epilogue: RawFused,
@@ -121,7 +121,7 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // place is as fast as packed with many (1000³); but rows 4 KiB apart all
     // fall in one set, and 1024³ read in place took longer
     // (`benches/RESULTS-cpu.md`).
-    let a_in_place = reads_a_in_place::<MR, NR>(a);
+    let a_in_place = T::as_f32(a).filter(|&a| reads_a_in_place::<MR, NR>(a));
     let depth = k.div_ceil(k.div_ceil(K::TUNING.kc));
     let blocks_of_k: Vec<(usize, usize)> = (0..k)
         .step_by(depth)
@@ -139,10 +139,16 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // B is read where it lies when its rows are contiguous, close together,
     // and A has at most MC rows: then each panel serves a few tiles only,
     // and packing it would cost about as much as it saves.
-    let b_in_place = matches!(b, Right::Lies(b) if b.cols == 1
-        && !b.tabled()
-        && (n as isize..=K::TUNING.in_place_rows as isize).contains(&b.rows)
-        && m <= K::TUNING.mc);
+    let b_in_place = match b {
+        Right::Lies(b) => T::as_f32(b),
+        Right::Packed(_) => None,
+    }
+    .filter(|b| {
+        b.cols == 1
+            && !b.tabled()
+            && (n as isize..=K::TUNING.in_place_rows as isize).contains(&b.rows)
+            && m <= K::TUNING.mc
+    });
     // Sharing B's panels, every thread packs all of A that it does not
     // read in place, and the threads' shares are whole panels; sharing
     // rows, every thread packs all of B, and the shares are whole tiles.
@@ -156,17 +162,17 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // 256 columns), which stays by rows (`benches/RESULTS-cpu.md`).
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
-    let share_panels = !b_in_place
+    let share_panels = b_in_place.is_none()
         && threads > 1
         && panels >= 2 * threads
-        && (a_in_place || m <= K::TUNING.mc || n > m)
+        && (a_in_place.is_some() || m <= K::TUNING.mc || n > m)
         && largest_share(panels) <= largest_share(tiles) + 1.0 / 32.0;
     // SAFETY (both calls): the contract of this function; `c` is borrowed
     // for the call, and holds `m * n` elements.
     if share_panels {
-        unsafe { by_panels::<MR, NR, K>(&product, m, &blocks_of_k, threads, finish) }
+        unsafe { by_panels::<MR, NR, K, T>(&product, m, &blocks_of_k, threads, finish) }
     } else {
-        unsafe { by_rows::<MR, NR, K>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
+        unsafe { by_rows::<MR, NR, K, T>(&product, m, &blocks_of_k, b_in_place, threads, finish) }
     }
 }
 
@@ -176,11 +182,11 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 /// # Safety
 /// `isa` is one of those, and the contract of `sgemm` for its core.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn on_core(
+pub(super) unsafe fn on_core<T: Element>(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
-    a: Operand,
-    b: Right<'_>,
+    a: Operand<T>,
+    b: Right<'_, T>,
     c: &mut [f32],
     threads: usize,
     epilogue: RawFused,
@@ -190,10 +196,10 @@ pub(super) unsafe fn on_core(
     // SAFETY: the contract of this function.
     unsafe {
         match isa {
-            Isa::Avx512 | Isa::Amx => sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512>(
+            Isa::Avx512 | Isa::Amx => sgemm::<{ avx512::MR }, { avx512::NR }, avx512::Avx512, T>(
                 m, n, k, a, b, c, threads, epilogue, finish,
             ),
-            Isa::Avx2 => sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2>(
+            Isa::Avx2 => sgemm::<{ avx2::MR }, { avx2::NR }, avx2::Avx2, T>(
                 m, n, k, a, b, c, threads, epilogue, finish,
             ),
             Isa::Generic => unreachable!("the gemm crate is no core of kiln's"),
@@ -201,11 +207,12 @@ pub(super) unsafe fn on_core(
     }
 }
 
-/// What every task of a product reads, and where it writes.
-struct Product<'a> {
-    a: Operand,
-    a_in_place: bool,
-    b: Right<'a>,
+/// What every task of a product reads, and where it writes: A where it
+/// lies too, if it is read there.
+struct Product<'a, T> {
+    a: Operand<T>,
+    a_in_place: Option<Operand>,
+    b: Right<'a, T>,
     n: usize,
     k: usize,
     c: C,
@@ -240,11 +247,11 @@ impl C {
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
-unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    product: &Product<'_>,
+unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
+    product: &Product<'_, T>,
     m: usize,
     blocks_of_k: &[(usize, usize)],
-    in_place: bool,
+    in_place: Option<Operand>,
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) {
@@ -254,17 +261,17 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     // before, else where B is read in place all but its ragged last panel,
     // which is packed all the same (reading its NR columns would pass the
     // end of B's row).
-    let first_packed = match b {
-        Right::Packed(_) => panels,
-        Right::Lies(_) if in_place => n / NR,
-        Right::Lies(_) => 0,
+    let first_packed = match (b, in_place) {
+        (Right::Packed(_), _) => panels,
+        (Right::Lies(_), Some(_)) => n / NR,
+        (Right::Lies(_), None) => 0,
     };
     // Depth blocks in groups that run as one parallel region, each task
     // walking its rows through all of them. Read in place or packed
     // before, B's panels pack little or nothing, and one group saves a
     // dispatch per block; packed as the product goes, each block is its own
     // group, so that its panels stay in cache for every row block.
-    let groups: Vec<&[(usize, usize)]> = if in_place || first_packed > 0 {
+    let groups: Vec<&[(usize, usize)]> = if in_place.is_some() || first_packed > 0 {
         vec![blocks_of_k]
     } else {
         blocks_of_k.chunks(1).collect()
@@ -302,7 +309,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                     let out = &mut packed[at..at + packed_width * kc];
                     // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
                     // are inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_panels::<NR>(b, (k0, kc), first_packed..panels, n, out) };
+                    unsafe { pack_panels::<NR, T>(b, (k0, kc), first_packed..panels, n, out) };
                 }
                 packed_b.region = Some(region);
             }
@@ -312,19 +319,24 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 // Panel `p` of this depth block: its rows and their
                 // distance.
                 let panel = |p: usize| -> (&[f32], usize) {
-                    if p >= first_packed {
-                        let at = packed_at(k0, kc, p);
-                        return (&packed[at..at + NR * kc], NR);
+                    match (*b, in_place) {
+                        (Right::Packed(all), _) => packed_before::<NR>(all, product.k, (k0, kc), p),
+                        // SAFETY: `p < n / NR`, and B read in place (the
+                        // contract of `sgemm`).
+                        (Right::Lies(_), Some(b)) if p < first_packed => unsafe {
+                            in_place_rows::<NR>(b, (k0, kc), p)
+                        },
+                        (Right::Lies(_), _) => {
+                            let at = packed_at(k0, kc, p);
+                            (&packed[at..at + NR * kc], NR)
+                        }
                     }
-                    // SAFETY: `p < first_packed`: B packed before, or read
-                    // in place and `p < n / NR` (the contract of `sgemm`).
-                    unsafe { lying::<NR>(*b, product.k, (k0, kc), p) }
                 };
                 let last = g == last_group && d + 1 == group.len();
                 // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
                 // this task's alone.
                 unsafe {
-                    block::<MR, NR, K>(
+                    block::<MR, NR, K, T>(
                         product,
                         r0..r1,
                         (k0, kc, last),
@@ -397,8 +409,8 @@ fn largest_first<const MR: usize>(m: usize, blocks: usize) -> Vec<(usize, usize)
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
-unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    product: &Product<'_>,
+unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
+    product: &Product<'_, T>,
     m: usize,
     blocks_of_k: &[(usize, usize)],
     threads: usize,
@@ -432,25 +444,23 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
         let mut packed_b_buffer = PACKED_B.take().buffer;
         let mut packed_a = PACKED_A.take();
         for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
-            let packed_b = match b {
+            let packed: &[f32] = match b {
                 Right::Lies(b) => {
                     let packed = aligned(&mut packed_b_buffer, range.len() * NR * kc);
                     // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
                     // inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_panels::<NR>(b, (k0, kc), range.clone(), n, packed) };
-                    Some(&*packed)
+                    unsafe { pack_panels::<NR, T>(b, (k0, kc), range.clone(), n, packed) };
+                    packed
                 }
-                Right::Packed(_) => None,
+                Right::Packed(_) => &[],
             };
             let panel = |p: usize| -> (&[f32], usize) {
-                match packed_b {
-                    Some(packed) => {
+                match b {
+                    Right::Lies(_) => {
                         let at = (p - range.start) * NR * kc;
                         (&packed[at..at + NR * kc], NR)
                     }
-                    // SAFETY: B packed before (B where it lies is packed
-                    // above).
-                    None => unsafe { lying::<NR>(b, product.k, (k0, kc), p) },
+                    Right::Packed(all) => packed_before::<NR>(all, product.k, (k0, kc), p),
                 }
             };
             // Every other thread, and every other depth block, walks
@@ -469,7 +479,7 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 // SAFETY: the contract of `sgemm`; columns of this
                 // range's panels are this task's alone.
                 unsafe {
-                    block::<MR, NR, K>(
+                    block::<MR, NR, K, T>(
                         product,
                         r0..r1,
                         (k0, kc, d == last),
@@ -499,8 +509,8 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 /// # Safety
 /// The contract of `sgemm`, and no one else touches these rows and panels'
 /// columns of C meanwhile.
-unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    product: &Product<'_>,
+unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
+    product: &Product<'_, T>,
     rows: std::ops::Range<usize>,
     (k0, kc, last): (usize, usize, bool),
     (panels, panel): (std::ops::Range<usize>, impl Fn(usize) -> (&'b [f32], usize)),
@@ -508,16 +518,15 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
 ) {
     let (a, n) = (product.a, product.n);
     let (r0, mr) = (rows.start, rows.len());
-    let len = if product.a_in_place {
-        0
-    } else {
-        mr.div_ceil(MR) * MR * kc
+    let len = match product.a_in_place {
+        Some(_) => 0,
+        None => mr.div_ceil(MR) * MR * kc,
     };
     let packed_a = aligned(packed_a, len);
-    if !product.a_in_place {
+    if product.a_in_place.is_none() {
         // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
         // inside its buffer (the contract of `sgemm`).
-        unsafe { pack_a::<MR>(a, r0, mr, k0, kc, packed_a) };
+        unsafe { pack_a::<MR, T>(a, r0, mr, k0, kc, packed_a) };
     }
     let (packed_a, _) = packed_a.as_chunks::<MR>();
     for p0 in panels.clone().step_by(K::TUNING.nc_panels) {
@@ -536,7 +545,7 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
                 };
                 let (b_rows, b_stride) = panel(p);
                 let c = product.c.0;
-                if product.a_in_place {
+                if let Some(a) = product.a_in_place {
                     // SAFETY: `a_in_place`: rows of a are contiguous; the
                     // tile's rows (1 to MR of them), columns `k0..k0 + kc`,
                     // are inside its buffer.
@@ -554,37 +563,39 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
     }
 }
 
-/// Rows `k0..k0 + kc` of panel `p` of B where they lie, and their
-/// distance: in the panels packed before (`Right::Packed`, each `k` rows of
-/// `NR`), or in B read in place.
-///
-/// # Safety
-/// Read in place, rows `k0..k0 + kc` of b lie in one live buffer and
-/// columns `p * NR..(p + 1) * NR` inside each (`p < n / NR`).
-unsafe fn lying<const NR: usize>(
-    b: Right<'_>,
+/// Rows `k0..k0 + kc` of panel `p` of B packed before (`Right::Packed`,
+/// each panel `k` rows of `NR`), and their distance.
+fn packed_before<const NR: usize>(
+    all: &[f32],
     k: usize,
     (k0, kc): (usize, usize),
     p: usize,
 ) -> (&[f32], usize) {
-    match b {
-        Right::Packed(all) => {
-            let at = (p * k + k0) * NR;
-            (&all[at..at + kc * NR], NR)
-        }
-        Right::Lies(b) => {
-            let stride = b.rows as usize;
-            // SAFETY: the contract of this function; the slice runs from
-            // the first of those elements to the last.
-            let rows = unsafe {
-                std::slice::from_raw_parts(
-                    b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
-                    (kc - 1) * stride + NR,
-                )
-            };
-            (rows, stride)
-        }
-    }
+    let at = (p * k + k0) * NR;
+    (&all[at..at + kc * NR], NR)
+}
+
+/// Rows `k0..k0 + kc` of panel `p` of B where they lie in b, and their
+/// distance.
+///
+/// # Safety
+/// Rows `k0..k0 + kc` of b lie in one live buffer, and columns `p *
+/// NR..(p + 1) * NR` inside each (`p < n / NR`).
+unsafe fn in_place_rows<'a, const NR: usize>(
+    b: Operand,
+    (k0, kc): (usize, usize),
+    p: usize,
+) -> (&'a [f32], usize) {
+    let stride = b.rows as usize;
+    // SAFETY: the contract of this function; the slice runs from the
+    // first of those elements to the last.
+    let rows = unsafe {
+        std::slice::from_raw_parts(
+            b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+            (kc - 1) * stride + NR,
+        )
+    };
+    (rows, stride)
 }
 
 /// Panels `range` of b's depth block `(k0, kc)`, each `kc x NR`, one after
@@ -594,8 +605,8 @@ unsafe fn lying<const NR: usize>(
 /// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer;
 /// `range` holds panels of b (`range.end <= n.div_ceil(NR)`), and `out`
 /// holds exactly those, `range.len() * NR * kc` elements.
-pub(super) unsafe fn pack_panels<const NR: usize>(
-    b: Operand,
+pub(super) unsafe fn pack_panels<const NR: usize, T: Element>(
+    b: Operand<T>,
     (k0, kc): (usize, usize),
     range: std::ops::Range<usize>,
     n: usize,
@@ -604,7 +615,7 @@ pub(super) unsafe fn pack_panels<const NR: usize>(
     let runs = out.chunks_mut(PACK_PANELS * NR * kc);
     for (run, p) in runs.zip(range.step_by(PACK_PANELS)) {
         // SAFETY: the contract of this function.
-        unsafe { pack_b::<NR>(b, (k0, kc), p, n, run) };
+        unsafe { pack_b::<NR, T>(b, (k0, kc), p, n, run) };
     }
 }
 

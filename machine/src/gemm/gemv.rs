@@ -453,7 +453,7 @@ mod tests {
                                 let c = &mut c;
                                 let applied =
                                     gemm(isa, m, n, k, a_op, b_op, c, threads, epilogue, &finish);
-                                assert!(applied, "{what}");
+                                assert_eq!(applied, Ok(true), "{what}");
                             } else {
                                 gemv(isa, (m, n, k), (a_op, b_op), &mut c, threads, epilogue);
                                 finish(0, m);

@@ -71,7 +71,9 @@ pub fn bf16_available() -> bool {
     false
 }
 
-use crate::Isa;
+use std::collections::TryReserveError;
+
+use crate::{Error, Isa};
 #[cfg(not(target_arch = "x86_64"))]
 use tuning::CRATE_SHARED_WORK;
 #[cfg(target_arch = "x86_64")]
@@ -134,6 +136,68 @@ impl<T> Operand<T> {
             // SAFETY: the table holds an offset for every column.
             false => unsafe { *self.col_table.add(j) },
         }
+    }
+}
+
+/// The elements kiln's cores multiply: f32, and bf16 as its bits (`u16`),
+/// which they widen to the f32 of the same value as they pack it.
+pub(crate) trait Element: Copy + Send + Sync + 'static {
+    /// Its value as an f32.
+    fn to_f32(self) -> f32;
+    /// The f32 values of four adjacent elements from `p`.
+    ///
+    /// # Safety
+    /// The four lie inside a live buffer.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load4(p: *const Self) -> std::arch::x86_64::__m128;
+    /// The operand where its elements are f32 already, which cores may read
+    /// where they lie.
+    fn as_f32(x: Operand<Self>) -> Option<Operand>;
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load4(p: *const f32) -> std::arch::x86_64::__m128 {
+        // SAFETY: the four lie inside a live buffer (the caller's contract);
+        // x86-64 has SSE.
+        unsafe { std::arch::x86_64::_mm_loadu_ps(p) }
+    }
+
+    fn as_f32(x: Operand) -> Option<Operand> {
+        Some(x)
+    }
+}
+
+impl Element for u16 {
+    /// bf16 is the top half of the f32 of the same value.
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+
+    /// Each 16 bits moved into the top half of a 32-bit lane.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load4(p: *const u16) -> std::arch::x86_64::__m128 {
+        use std::arch::x86_64::{
+            _mm_castsi128_ps, _mm_loadl_epi64, _mm_setzero_si128, _mm_unpacklo_epi16,
+        };
+        // SAFETY: the four (64 bits) lie inside a live buffer (the caller's
+        // contract); x86-64 has SSE2.
+        unsafe {
+            let bits = _mm_loadl_epi64(p.cast());
+            _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), bits))
+        }
+    }
+
+    fn as_f32(_: Operand<u16>) -> Option<Operand> {
+        None
     }
 }
 
@@ -235,20 +299,45 @@ unsafe impl Send for RawFused {}
 /// less time on such products than either core. With A in place the
 /// AVX-512 core, the faster there, keeps them (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
-fn narrow<const MR: usize, const NR: usize>(a: Operand, n: usize) -> bool {
-    n <= NARROW || (n <= NR / 2 && !driver::reads_a_in_place::<MR, NR>(a))
+fn narrow<const MR: usize, const NR: usize, T: Element>(a: Operand<T>, n: usize) -> bool {
+    let in_place = T::as_f32(a).is_some_and(driver::reads_a_in_place::<MR, NR>);
+    n <= NARROW || (n <= NR / 2 && !in_place)
+}
+
+/// Whether `isa`'s core takes the product of `a` (`m x k`) and `b` (`k x
+/// n`) on `threads` threads: one large enough for it (its threshold, or
+/// `SHARED_WORK`) and not too narrow (`narrow`), or with an operand read
+/// through tables (which only kiln's cores pack).
+#[cfg(target_arch = "x86_64")]
+fn core_takes<T: Element>(
+    isa: Isa,
+    (m, n, k): (usize, usize, usize),
+    (a, b): (Operand<T>, Operand<T>),
+    threads: usize,
+) -> bool {
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
+    let takes = |threshold: usize, narrow: bool| {
+        a.tabled() || b.tabled() || ((work >= threshold || shared) && !narrow)
+    };
+    match isa {
+        Isa::Amx | Isa::Avx512 => takes(
+            AVX512.work,
+            narrow::<{ avx512::MR }, { avx512::NR }, T>(a, n),
+        ),
+        Isa::Avx2 => takes(AVX2.work, narrow::<{ avx2::MR }, { avx2::NR }, T>(a, n)),
+        Isa::Generic => false,
+    }
 }
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
 /// `threads` threads. On kiln's paths: 1 to 8 rows of `a`, where `b` is
 /// contiguous along an axis, in one pass over `b` (`gemv`); else by
-/// `isa`'s core, for products large enough for it (its threshold, or
-/// `SHARED_WORK`) and not too narrow (`narrow`), or with an operand read
-/// through tables (which only kiln's cores pack). Those apply `epilogue`
-/// as they store the product and call `finish(r0, r1)` on each block of
-/// rows as it is done (the result is then true). Else by the `gemm` crate
-/// (a tabled operand gathered into a plain matrix first), which does
-/// neither.
+/// `isa`'s core where it takes the product (`core_takes`). Those apply
+/// `epilogue` as they store the product and call `finish(r0, r1)` on each
+/// block of rows as it is done (the result is then true). Else by the
+/// `gemm` crate (a tabled operand gathered into a plain matrix first, an
+/// error where that cannot be allocated), which does neither.
 ///
 /// # Safety
 /// `isa` must be available, `a(i, l)` for `i < m, l < k` and `b(l, j)` for
@@ -267,33 +356,16 @@ pub(crate) unsafe fn gemm(
     threads: usize,
     epilogue: RawFused,
     finish: &(dyn Fn(usize, usize) + Sync),
-) -> bool {
+) -> Result<bool, Error> {
     if !matches!(isa, Isa::Generic) && gemv::takes((m, n, k), a, b) {
         // SAFETY: the contract of this function, for the few rows
         // `takes` takes.
         unsafe { gemv::gemv(isa, (m, n, k), (a, b), c, threads, epilogue) };
         finish(0, m);
-        return true;
+        return Ok(true);
     }
-    let tabled = a.tabled() || b.tabled();
-    let work = m.saturating_mul(n).saturating_mul(k);
     #[cfg(target_arch = "x86_64")]
-    let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
-    // Whether a core of this threshold takes the product, given whether it
-    // is too narrow for that core.
-    #[cfg(target_arch = "x86_64")]
-    let takes =
-        |threshold: usize, narrow: bool| tabled || ((work >= threshold || shared) && !narrow);
-    #[cfg(target_arch = "x86_64")]
-    let on_core = match isa {
-        Isa::Amx | Isa::Avx512 => {
-            takes(AVX512.work, narrow::<{ avx512::MR }, { avx512::NR }>(a, n))
-        }
-        Isa::Avx2 => takes(AVX2.work, narrow::<{ avx2::MR }, { avx2::NR }>(a, n)),
-        Isa::Generic => false,
-    };
-    #[cfg(target_arch = "x86_64")]
-    if on_core {
+    if core_takes(isa, (m, n, k), (a, b), threads) {
         // SAFETY: the contract of this function, on one of kiln's cores.
         unsafe {
             driver::on_core(
@@ -307,14 +379,16 @@ pub(crate) unsafe fn gemm(
                 finish,
             )
         };
-        return true;
+        return Ok(true);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, epilogue, finish, tabled);
+    let _ = (epilogue, finish);
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let too_large = |_| Error::TooLarge { m, k, n };
     // SAFETY (both): the operands' elements lie inside live buffers (the
     // contract of this function).
-    let (a_plain, a) = unsafe { untabled(a, m, k) };
-    let (b_plain, b) = unsafe { untabled(b, k, n) };
+    let (a_plain, a) = unsafe { untabled(a, m, k) }.map_err(too_large)?;
+    let (b_plain, b) = unsafe { untabled(b, k, n) }.map_err(too_large)?;
     // SAFETY: the operands' elements (gathered ones in the vectors, alive
     // to the end of the call) and c's `m * n` lie inside live buffers.
     unsafe {
@@ -345,7 +419,51 @@ pub(crate) unsafe fn gemm(
         );
     }
     drop((a_plain, b_plain));
-    false
+    Ok(false)
+}
+
+/// `gemm` for bf16 operands (their bits), without an epilogue: each
+/// product exact and their sums in f32, as `gemm` sums the operands widened
+/// to f32. `isa`'s core widens them as it packs them, where it takes the
+/// product (`core_takes`); else both are widened into f32 matrices first
+/// (an error where they cannot be allocated), which `gemm` multiplies. The
+/// result is `gemm`'s.
+///
+/// # Safety
+/// As `gemm`'s.
+pub(crate) unsafe fn gemm_bf16(
+    isa: Isa,
+    (m, n, k): (usize, usize, usize),
+    (a, b): (Operand<u16>, Operand<u16>),
+    c: &mut [f32],
+    threads: usize,
+    finish: &(dyn Fn(usize, usize) + Sync),
+) -> Result<bool, Error> {
+    #[cfg(target_arch = "x86_64")]
+    if core_takes(isa, (m, n, k), (a, b), threads) {
+        // SAFETY: the contract of this function, on one of kiln's cores.
+        unsafe {
+            driver::on_core(
+                isa,
+                (m, n, k),
+                a,
+                driver::Right::Lies(b),
+                c,
+                threads,
+                RawFused::NONE,
+                finish,
+            )
+        };
+        return Ok(true);
+    }
+    let too_large = |_| Error::TooLarge { m, k, n };
+    // SAFETY (all three): the operands' elements lie inside live buffers,
+    // and the widened ones in the vectors, alive to the end of the call.
+    let (a_wide, a) = unsafe { gathered(a, m, k) }.map_err(too_large)?;
+    let (b_wide, b) = unsafe { gathered(b, k, n) }.map_err(too_large)?;
+    let done = unsafe { gemm(isa, m, n, k, a, b, c, threads, RawFused::NONE, finish) };
+    drop((a_wide, b_wide));
+    done
 }
 
 /// `x` (`rows x cols`) as a plain strided operand: itself, or its elements
@@ -353,27 +471,37 @@ pub(crate) unsafe fn gemm(
 ///
 /// # Safety
 /// Every element of `x` lies inside a live buffer.
-unsafe fn untabled<T: Copy>(x: Operand<T>, rows: usize, cols: usize) -> (Vec<T>, Operand<T>) {
+unsafe fn untabled(
+    x: Operand,
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<f32>, Operand), TryReserveError> {
     match x.tabled() {
-        false => (Vec::new(), x),
+        false => Ok((Vec::new(), x)),
         // SAFETY: the contract of this function.
         true => unsafe { gathered(x, rows, cols) },
     }
 }
 
-/// The elements of `x` (`rows x cols`) gathered row-major into the
-/// returned vector, and the operand that reads them there.
+/// The elements of `x` (`rows x cols`) as f32, gathered row-major into the
+/// returned vector, and the operand that reads them there; an error where
+/// the vector cannot be allocated.
 ///
 /// # Safety
 /// Every element of `x` lies inside a live buffer.
-unsafe fn gathered<T: Copy>(x: Operand<T>, rows: usize, cols: usize) -> (Vec<T>, Operand<T>) {
-    let mut plain = Vec::with_capacity(rows * cols);
+unsafe fn gathered<T: Element>(
+    x: Operand<T>,
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<f32>, Operand), TryReserveError> {
+    let mut plain = Vec::new();
+    plain.try_reserve_exact(rows.saturating_mul(cols))?;
     for i in 0..rows {
         for j in 0..cols {
             // SAFETY: element (i, j) of x, inside its buffer.
-            plain.push(unsafe { *x.ptr.wrapping_offset(x.row(i) + x.col(j)) });
+            plain.push(unsafe { *x.ptr.wrapping_offset(x.row(i) + x.col(j)) }.to_f32());
         }
     }
     let operand = Operand::strided(plain.as_ptr(), cols as isize, 1);
-    (plain, operand)
+    Ok((plain, operand))
 }

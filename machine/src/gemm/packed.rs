@@ -103,8 +103,8 @@ impl PackedB {
                 // above), and `run` holds panels `range`, `k` rows each.
                 unsafe {
                     match nr {
-                        16 => driver::pack_panels::<16>(b, (0, k), range, n, run),
-                        _ => driver::pack_panels::<32>(b, (0, k), range, n, run),
+                        16 => driver::pack_panels::<16, f32>(b, (0, k), range, n, run),
+                        _ => driver::pack_panels::<32, f32>(b, (0, k), range, n, run),
                     }
                 }
             });

@@ -1,17 +1,15 @@
 //! The operands of a micro-kernel: panels of B packed `NR` columns wide,
 //! and a tile's rows of A, packed `MR` to a column or read where they lie.
 //! ISA-independent: the micro-kernels read them through `PanelA` and plain
-//! slices.
+//! slices. Packing widens bf16 operands to f32 (`Element`).
 //!
 //! `unsafe` here is the reads through the caller's strides and pointers.
 
 #![allow(unsafe_code)]
 
-use std::arch::x86_64::{
-    _MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_loadu_ps, _mm_prefetch, _mm_storeu_ps,
-};
+use std::arch::x86_64::{_MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_prefetch, _mm_storeu_ps};
 
-use super::Operand;
+use super::{Element, Operand};
 
 /// Panels `p0..` of rows `k0..k0 + kc` of b, as many as `out` holds, one
 /// after the other: panel `p` holds columns `p * NR..` up to `n`, `kc x NR`
@@ -19,8 +17,8 @@ use super::Operand;
 ///
 /// # Safety
 /// Those elements of b must lie inside its buffer.
-pub(super) unsafe fn pack_b<const NR: usize>(
-    b: Operand,
+pub(super) unsafe fn pack_b<const NR: usize, T: Element>(
+    b: Operand<T>,
     (k0, kc): (usize, usize),
     p0: usize,
     n: usize,
@@ -28,7 +26,7 @@ pub(super) unsafe fn pack_b<const NR: usize>(
 ) {
     if b.tabled() {
         // SAFETY: the contract of this function.
-        unsafe { pack_b_tabled::<NR>(b, (k0, kc), p0, n, out) };
+        unsafe { pack_b_tabled::<NR, T>(b, (k0, kc), p0, n, out) };
         return;
     }
     let first = b
@@ -47,13 +45,13 @@ pub(super) unsafe fn pack_b<const NR: usize>(
                 // SAFETY: elements (k0 + l, (p0 + q) * NR..) of b, `cols` of
                 // them, adjacent.
                 let from = unsafe { std::slice::from_raw_parts(row.add(q * NR), cols) };
-                if let (Ok(to), Ok(from)) = (
-                    <&mut [f32; NR]>::try_from(&mut *to),
-                    <&[f32; NR]>::try_from(from),
-                ) {
-                    *to = *from;
+                if let (Ok(to), true) = (<&mut [f32; NR]>::try_from(&mut *to), cols == NR) {
+                    // SAFETY: `cols == NR` of them.
+                    unsafe { widen_run(from.as_ptr(), to) };
                 } else {
-                    to[..cols].copy_from_slice(from);
+                    for (x, &y) in to.iter_mut().zip(from) {
+                        *x = y.to_f32();
+                    }
                     to[cols..].fill(0.0);
                 }
             }
@@ -67,17 +65,35 @@ pub(super) unsafe fn pack_b<const NR: usize>(
         if b.rows == 1 {
             // SAFETY: elements (k0.., (p0 + q) * NR..) of b, `kc x cols` of
             // them (the contract of this function).
-            unsafe { transpose_into::<NR>(first, b.cols, kc, cols, rows) };
+            unsafe { transpose_into::<NR, T>(first, b.cols, kc, cols, rows) };
         } else {
             for (l, row) in rows.iter_mut().enumerate() {
                 let start = first.wrapping_offset(l as isize * b.rows);
                 for (j, x) in row[..cols].iter_mut().enumerate() {
                     // SAFETY: element (k0 + l, (p0 + q) * NR + j) of b.
-                    *x = unsafe { *start.offset(j as isize * b.cols) };
+                    *x = unsafe { *start.offset(j as isize * b.cols) }.to_f32();
                 }
                 row[cols..].fill(0.0);
             }
         }
+    }
+}
+
+/// `N` adjacent elements from `from` as f32 in `to`, four at a time in SSE
+/// registers.
+///
+/// # Safety
+/// The `N` elements lie inside a live buffer.
+#[inline(always)]
+unsafe fn widen_run<T: Element, const N: usize>(from: *const T, to: &mut [f32; N]) {
+    let (quads, rest) = to.as_chunks_mut::<4>();
+    for (q, quad) in quads.iter_mut().enumerate() {
+        // SAFETY: elements `4q..4q + 4` of the `N`; `quad` holds four.
+        unsafe { _mm_storeu_ps(quad.as_mut_ptr(), T::load4(from.add(4 * q))) };
+    }
+    for (i, x) in rest.iter_mut().enumerate() {
+        // SAFETY: one of the `N` past the whole fours.
+        *x = unsafe { *from.add(N / 4 * 4 + i) }.to_f32();
     }
 }
 
@@ -92,8 +108,8 @@ pub(super) unsafe fn pack_b<const NR: usize>(
 /// # Safety
 /// Element `l` of each of the `cols` runs lies inside its operand's buffer
 /// for `l < kc`; `cols <= NR`, and `rows` holds `kc` rows.
-unsafe fn transpose_into<const NR: usize>(
-    first: *const f32,
+unsafe fn transpose_into<const NR: usize, T: Element>(
+    first: *const T,
     stride: isize,
     kc: usize,
     cols: usize,
@@ -110,7 +126,7 @@ unsafe fn transpose_into<const NR: usize>(
             // elements.
             unsafe {
                 let [mut r0, mut r1, mut r2, mut r3] =
-                    std::array::from_fn(|c| _mm_loadu_ps(column(j + c).add(l0)));
+                    std::array::from_fn(|c| T::load4(column(j + c).add(l0)));
                 _MM_TRANSPOSE4_PS(&mut r0, &mut r1, &mut r2, &mut r3);
                 for (row, r) in block.iter_mut().zip([r0, r1, r2, r3]) {
                     _mm_storeu_ps(row.as_mut_ptr().add(j), r);
@@ -121,7 +137,7 @@ unsafe fn transpose_into<const NR: usize>(
         for (i, row) in block.iter_mut().enumerate() {
             for (c, x) in row[j..cols].iter_mut().enumerate() {
                 // SAFETY: element `l0 + i` of column `j + c`.
-                *x = unsafe { *column(j + c).add(l0 + i) };
+                *x = unsafe { *column(j + c).add(l0 + i) }.to_f32();
             }
         }
     }
@@ -129,7 +145,7 @@ unsafe fn transpose_into<const NR: usize>(
     for (i, row) in rows[whole..].iter_mut().enumerate() {
         for (c, x) in row[..cols].iter_mut().enumerate() {
             // SAFETY: element `whole + i` of column `c`.
-            *x = unsafe { *column(c).add(whole + i) };
+            *x = unsafe { *column(c).add(whole + i) }.to_f32();
         }
     }
     for row in rows.iter_mut() {
@@ -144,8 +160,8 @@ unsafe fn transpose_into<const NR: usize>(
 ///
 /// # Safety
 /// As `pack_b`.
-unsafe fn pack_b_tabled<const NR: usize>(
-    b: Operand,
+unsafe fn pack_b_tabled<const NR: usize, T: Element>(
+    b: Operand<T>,
     (k0, kc): (usize, usize),
     p0: usize,
     n: usize,
@@ -163,16 +179,11 @@ unsafe fn pack_b_tabled<const NR: usize>(
             let start = b.ptr.wrapping_offset(unsafe { b.row(k0 + l) });
             if run {
                 // SAFETY: elements (k0 + l, j0..j0 + NR) of b, adjacent.
-                *row = unsafe {
-                    start
-                        .wrapping_offset(at[0])
-                        .cast::<[f32; NR]>()
-                        .read_unaligned()
-                };
+                unsafe { widen_run(start.wrapping_offset(at[0]), row) };
             } else {
                 for (x, &o) in row[..cols].iter_mut().zip(&at) {
                     // SAFETY: element (k0 + l, j0 + c) of b.
-                    *x = unsafe { *start.wrapping_offset(o) };
+                    *x = unsafe { *start.wrapping_offset(o) }.to_f32();
                 }
                 row[cols..].fill(0.0);
             }
@@ -185,8 +196,8 @@ unsafe fn pack_b_tabled<const NR: usize>(
 ///
 /// # Safety
 /// Those elements of a must lie inside its buffer.
-pub(super) unsafe fn pack_a<const MR: usize>(
-    a: Operand,
+pub(super) unsafe fn pack_a<const MR: usize, T: Element>(
+    a: Operand<T>,
     r0: usize,
     mr: usize,
     k0: usize,
@@ -204,7 +215,8 @@ pub(super) unsafe fn pack_a<const MR: usize>(
                     *x = unsafe {
                         *a.ptr
                             .wrapping_offset(a.row(r0 + t * MR + i) + a.col(k0 + l))
-                    };
+                    }
+                    .to_f32();
                 }
                 column[rows..].fill(0.0);
             }
@@ -218,25 +230,20 @@ pub(super) unsafe fn pack_a<const MR: usize>(
             // a stored transposed: a column of the panel lies contiguous.
             for (l, column) in columns.iter_mut().enumerate() {
                 // SAFETY: elements (r0 + t * MR.., k0 + l) of a, adjacent.
-                *column = unsafe {
-                    first
-                        .offset(l as isize * a.cols)
-                        .cast::<[f32; MR]>()
-                        .read_unaligned()
-                };
+                unsafe { widen_run(first.offset(l as isize * a.cols), column) };
             }
         } else if a.cols == 1 {
             // Rows of a contiguous: turned in blocks, as b's columns are (the
             // runs are a's rows, the panel's rows its columns).
             // SAFETY: elements (r0 + t * MR + i, k0..k0 + kc) of a for
             // `i < rows`, inside its buffer.
-            unsafe { transpose_into::<MR>(first, a.rows, kc, rows, columns) };
+            unsafe { transpose_into::<MR, T>(first, a.rows, kc, rows, columns) };
         } else {
             for (l, column) in columns.iter_mut().enumerate() {
                 let start = first.wrapping_offset(l as isize * a.cols);
                 for (i, x) in column[..rows].iter_mut().enumerate() {
                     // SAFETY: element (r0 + t * MR + i, k0 + l) of a, inside its buffer.
-                    *x = unsafe { *start.offset(i as isize * a.rows) };
+                    *x = unsafe { *start.offset(i as isize * a.rows) }.to_f32();
                 }
                 column[rows..].fill(0.0);
             }

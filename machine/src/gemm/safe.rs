@@ -231,7 +231,7 @@ pub fn sgemm(
     // inside their slices and the bias's `m` or `n` values inside its own
     // (checked above), all borrowed for the call; `c` holds `m * n`.
     let (c, threads) = (&mut c[..m * n], threads.clamp(1, crate::team::threads()));
-    Ok(unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) })
+    unsafe { super::gemm(isa, m, n, k, a.raw(), b.raw(), c, threads, fused, finish) }
 }
 
 /// `fused` as the cores take it, once its bias holds a value for each of
@@ -305,32 +305,37 @@ pub fn sgemm_packed(
 
 /// `c = a b` for bf16 `a` (`m x k`) and `b` (`k x n`), given as their bits,
 /// into f32 `c` (row-major `m x n`, its first `m * n` values) on `threads`
-/// threads, by kiln's AMX core: each product exact, their sums in
-/// f32, as the product of the operands widened to f32 is (the order of
-/// the additions aside). `finish(r0, r1)` is called on each block of rows
-/// as it is done; any epilogue is the caller's.
+/// threads, by `isa`'s path: each product exact, their sums in f32, as the
+/// product of the operands widened to f32 is (the order of the additions
+/// aside). On `Isa::Amx` kiln's AMX core multiplies the bf16 values;
+/// elsewhere kiln's f32 cores widen them as they pack them, and products
+/// they do not take are `sgemm`'s of both operands widened first.
+/// Where kiln's cores compute it they call `finish(r0, r1)` on each block
+/// of rows as it is done, and the result is true; any epilogue is the
+/// caller's.
 ///
-/// Checked as `sgemm`'s operands are; a CPU without the core
-/// (`bf16_available`) is an error.
+/// Checked as `sgemm`'s operands are; `isa` must be one this CPU runs.
 pub fn bf16_gemm(
+    isa: Isa,
     a: Matrix<'_, u16>,
     b: Matrix<'_, u16>,
     c: &mut [f32],
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let (m, k, n) = checked(&a, &b, c)?;
-    if !Isa::Amx.available() {
-        return Err(Error::MissingIsa { isa: Isa::Amx });
+    if !isa.available() {
+        return Err(Error::MissingIsa { isa });
     }
     let (c, threads) = (&mut c[..m * n], threads.clamp(1, crate::team::threads()));
-    // SAFETY: the CPU runs the core; every element the operands read lies
-    // inside their slices (checked above), borrowed for the call; `c`
-    // holds `m * n`.
     #[cfg(target_arch = "x86_64")]
-    unsafe {
-        super::amx::gemm((m, n, k), (a.raw(), b.raw()), c, threads, finish)
+    if isa == Isa::Amx {
+        // SAFETY: the CPU runs the core; every element the operands read
+        // lies inside their slices (checked above), borrowed for the call;
+        // `c` holds `m * n`.
+        return unsafe { super::amx::gemm((m, n, k), (a.raw(), b.raw()), c, threads, finish) }
+            .map(|()| true);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    Ok(())
+    // SAFETY: as above, for `isa`'s path.
+    unsafe { super::gemm_bf16(isa, (m, n, k), (a.raw(), b.raw()), c, threads, finish) }
 }

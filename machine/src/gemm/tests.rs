@@ -480,18 +480,17 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
     );
 }
 
-/// kiln's bf16 core against a plain product in f64 of the same bf16
-/// values: tiles and panels ragged, odd depths (a last pair of one value,
-/// with a NaN beside it in memory that must not reach the sum), several
-/// depth blocks, B transposed and A read through a table, on one thread
-/// and two; `finish` sees every row once. A depth too large to pack is an
-/// error.
+/// bf16 products on every path this CPU runs (kiln's AMX core, its f32
+/// cores widening the operands as they pack them, and the widened
+/// operands' `sgemm`) against a plain product in f64 of the same bf16
+/// values: tiles and panels ragged, odd depths (with a NaN beside each of
+/// a's rows in memory that must not reach the sum), several depth blocks,
+/// a few rows and wide ones, A stored transposed or read through a table,
+/// B stored transposed or read through a table, on one thread and two;
+/// `finish` sees every row once where kiln's cores compute the product.
+/// A depth too large to pack is an error.
 #[test]
-fn the_bf16_core_agrees_with_a_plain_product() {
-    if !Isa::Amx.available() {
-        eprintln!("skipped: this CPU has no amx");
-        return;
-    }
+fn bf16_products_agree_with_a_plain_product_on_every_path() {
     let bits = |len: usize, seed: usize| -> Vec<u16> {
         (0..len)
             .map(|i| ((((i * 7919 + seed) % 97) as f32 / 13.0 - 3.0).to_bits() >> 16) as u16)
@@ -499,6 +498,7 @@ fn the_bf16_core_agrees_with_a_plain_product() {
     };
     let value = |b: u16| f64::from(f32::from_bits(u32::from(b) << 16));
     let strided = |len, stride| Axis::Strided { len, stride };
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|isa| isa.available()).collect();
     for &(m, k, n) in &[
         (1, 1, 1),
         (13, 7, 33),
@@ -506,15 +506,19 @@ fn the_bf16_core_agrees_with_a_plain_product() {
         (50, 513, 70),
         (97, 1100, 129),
         (200, 64, 17),
+        (3, 300, 200),
+        (130, 260, 5),
         (5, 0, 7),
     ] {
         // A row-major with a NaN past each row's last value (an odd k's
-        // neighbour), B row-major or stored transposed.
+        // neighbour), or stored transposed; B row-major or stored
+        // transposed.
         let lda = k + 1;
         let mut a = bits(m * lda, 1);
         for i in 0..m {
             a[i * lda + k] = 0x7fc0;
         }
+        let at: Vec<u16> = (0..k * m).map(|e| a[(e % m) * lda + e / m]).collect();
         let b = bits(k * n, 2);
         let bt: Vec<u16> = (0..n * k).map(|e| b[(e % k) * n + e / k]).collect();
         // Each element's sum, and the sum of its terms' magnitudes.
@@ -525,16 +529,23 @@ fn the_bf16_core_agrees_with_a_plain_product() {
                 terms.fold((0.0, 0.0), |(s, t), x| (s + x, t + x.abs()))
             })
             .unzip();
-        let rows: Vec<isize> = (0..m).rev().map(|i| (i * lda) as isize).collect();
-        let table = Table::new(rows);
+        // A's rows and B's columns through tables, in reverse order.
+        let rows = Table::new((0..m).rev().map(|i| (i * lda) as isize).collect());
+        let cols = Table::new((0..n).rev().map(|j| j as isize).collect());
         let a_plain = Matrix {
             data: &a,
             offset: 0,
             rows: strided(m, lda as isize),
             cols: strided(k, 1),
         };
+        let a_transposed = Matrix {
+            data: &at,
+            offset: 0,
+            rows: strided(m, 1),
+            cols: strided(k, m as isize),
+        };
         let a_tabled = Matrix {
-            rows: Axis::Table(&table),
+            rows: Axis::Table(&rows),
             ..a_plain
         };
         let b_plain = Matrix {
@@ -549,26 +560,42 @@ fn the_bf16_core_agrees_with_a_plain_product() {
             rows: strided(k, 1),
             cols: strided(n, k as isize),
         };
-        for (what, a_op, b_op, flipped) in [
-            ("plain", a_plain, b_plain, false),
-            ("b transposed", a_plain, b_transposed, false),
-            ("a tabled", a_tabled, b_plain, true),
+        let b_tabled = Matrix {
+            cols: Axis::Table(&cols),
+            ..b_plain
+        };
+        for (what, a_op, b_op, (flip_rows, flip_cols)) in [
+            ("plain", a_plain, b_plain, (false, false)),
+            ("a transposed", a_transposed, b_plain, (false, false)),
+            ("b transposed", a_plain, b_transposed, (false, false)),
+            ("a tabled", a_tabled, b_plain, (true, false)),
+            ("b tabled", a_plain, b_tabled, (false, true)),
         ] {
-            for threads in [1, 2] {
+            for (&isa, threads) in isas.iter().flat_map(|isa| [(isa, 1), (isa, 2)]) {
                 let mut c = vec![f32::NAN; m * n];
                 let seen = std::sync::Mutex::new(vec![0u8; m]);
                 let finish = |r0: usize, r1: usize| {
                     let mut seen = seen.lock().unwrap();
                     seen[r0..r1].iter_mut().for_each(|s| *s += 1);
                 };
-                bf16_gemm(a_op, b_op, &mut c, threads, &finish).unwrap();
-                let context = format!("{m}x{k}x{n} {what}, {threads} threads");
+                let done = bf16_gemm(isa, a_op, b_op, &mut c, threads, &finish).unwrap();
+                let context = format!("{m}x{k}x{n} {what} on {isa}, {threads} threads");
                 let seen = seen.into_inner().unwrap();
-                assert!(seen.iter().all(|&s| s == 1), "{context}: finish");
+                assert!(
+                    seen.iter().all(|&s| s == u8::from(done)),
+                    "{context}: finish"
+                );
+                // Kiln's cores take every tabled product and every one of
+                // 2^23 multiply-adds or more.
+                let tabled = flip_rows || flip_cols;
+                if isa != Isa::Generic && (tabled || m * n * k >= 1 << 23) {
+                    assert!(done, "{context}: not on kiln's core");
+                }
                 for i in 0..m {
-                    let row = if flipped { m - 1 - i } else { i };
+                    let row = if flip_rows { m - 1 - i } else { i };
                     for j in 0..n {
-                        let (got, e) = (f64::from(c[i * n + j]), row * n + j);
+                        let col = if flip_cols { n - 1 - j } else { j };
+                        let (got, e) = (f64::from(c[i * n + j]), row * n + col);
                         assert!(
                             (got - want[e]).abs() <= 1e-6 * scale[e].max(1.0),
                             "{context} at ({i},{j}): {got} vs {}",
@@ -579,7 +606,8 @@ fn the_bf16_core_agrees_with_a_plain_product() {
             }
         }
     }
-    // A broadcast depth of 2^62: no packed copy of it fits in memory.
+    // A broadcast depth of 2^62: no packed or widened copy of it fits in
+    // memory.
     let one = [0u16];
     let deep = |rows, cols| Matrix {
         data: &one,
@@ -587,14 +615,21 @@ fn the_bf16_core_agrees_with_a_plain_product() {
         rows: strided(rows, 0),
         cols: strided(cols, 0),
     };
-    let mut c = [0.0f32];
-    let err = bf16_gemm(deep(1, 1 << 62), deep(1 << 62, 1), &mut c, 1, &|_, _| {});
-    assert_eq!(
-        err,
-        Err(Error::TooLarge {
+    for isa in isas {
+        let mut c = [0.0f32];
+        let err = bf16_gemm(
+            isa,
+            deep(1, 1 << 62),
+            deep(1 << 62, 1),
+            &mut c,
+            1,
+            &|_, _| {},
+        );
+        let too_large = Error::TooLarge {
             m: 1,
             k: 1 << 62,
-            n: 1
-        })
-    );
+            n: 1,
+        };
+        assert_eq!(err, Err(too_large), "{isa}");
+    }
 }

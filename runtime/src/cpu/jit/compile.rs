@@ -152,15 +152,7 @@ impl CompiledKernel {
     ) -> Result<CompiledKernel, Error> {
         let matmul = match &kernel.kind {
             KernelKind::MatMul { .. } => {
-                // bf16 operands as they are, where the AMX core is the path.
-                let bf16 = crate::cpu_isa()? == kiln_machine::Isa::Amx;
-                let plan = matmul::plan(
-                    kernel,
-                    Target {
-                        bf16,
-                        ..Target::CPU
-                    },
-                )?;
+                let plan = matmul::plan(kernel, Target::CPU)?;
                 // The schedule gave the launch the scratch of the kernel's
                 // computed operands (`Kernel::scratch_bytes`); kiln's
                 // cores read every other operand in place.

@@ -155,9 +155,7 @@ impl CompiledKernel {
             let ([a_values, b_values], c) = views::<u16, 2>(kernel, &read, out)?;
             let product: &Batch<'_> = &|batch, c, threads, rows| {
                 let (a, b) = (a.matrix(a_values, batch), b.matrix(b_values, batch));
-                gemm::bf16_gemm(a, b, c, threads, rows)
-                    .map(|()| true)
-                    .map_err(machine)
+                gemm::bf16_gemm(isa, a, b, c, threads, rows).map_err(machine)
             };
             return self.batches(bound, run, c, product);
         }
