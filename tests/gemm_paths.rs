@@ -94,6 +94,17 @@ fn products() -> Result<()> {
                     .minimum(&Tensor::scalar(6.0f32))
             },
         );
+        // ReLU6 without a bias (a convolution whose bias folded away).
+        check(
+            &format!("relu6(a@b) {shape}"),
+            &[a.clone(), b.clone()],
+            k,
+            |t| {
+                t[0].matmul(&t[1])?
+                    .maximum(&Tensor::scalar(0.0f32))?
+                    .minimum(&Tensor::scalar(6.0f32))
+            },
+        );
         // The same product from operands stored transposed: Aᵀ·B (a weight
         // gradient), A·Bᵀ (an input gradient), and both.
         let (at, bt) = (contiguous(&a.t()?)?, contiguous(&b.t()?)?);

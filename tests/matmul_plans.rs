@@ -49,7 +49,12 @@ fn a_bias_and_relu_are_the_gemms_own() -> Result<()> {
         Tensor::randn([96, 32], 1)?,
         Tensor::randn([32], 2)?,
     );
-    insta::assert_snapshot!(plans("dense", &[&(x.matmul(&w)? + &b)?.relu()?])?);
+    // ReLU6 without a bias, the GEMM's too.
+    let relu6 = x
+        .matmul(&Tensor::randn([96, 32], 3)?)?
+        .maximum(&Tensor::scalar(0.0f32))?
+        .minimum(&Tensor::scalar(6.0f32))?;
+    insta::assert_snapshot!(plans("dense", &[&(x.matmul(&w)? + &b)?.relu()?, &relu6])?);
     Ok(())
 }
 

@@ -31,6 +31,9 @@ pub struct Target {
     /// It caps the result at a constant (ReLU6's 6) after the bias and
     /// ReLU (kiln's cores).
     pub cap: bool,
+    /// It applies ReLU and the cap to a product without a bias as well
+    /// (kiln's cores).
+    pub activation_alone: bool,
     /// An epilogue kernel reads the product from scratch (a CUDA kernel
     /// after the GEMM); else from the output, where the GEMM stored it,
     /// writing over it (the CPU's kernel, row block by row block).
@@ -59,6 +62,7 @@ impl Target {
         bias_epilogue: true,
         row_bias: true,
         cap: true,
+        activation_alone: true,
         product_in_scratch: false,
         transposes: true,
         align: 4,
@@ -77,6 +81,7 @@ impl Target {
             // per column of kiln's row-major product.
             row_bias: false,
             cap: false,
+            activation_alone: false,
             product_in_scratch: true,
             transposes: false,
             align: 256,
@@ -200,14 +205,14 @@ pub enum Epilogue {
     /// It is the output: the kernel's body is its `acc`, or that rounded
     /// to the output's bf16 (`Target::stores_bf16`).
     Product,
-    /// The GEMM adds kernel input `bias` (one value per column of the
-    /// product, broadcast over its rows and batches, or with `rows` one per
-    /// row, broadcast over its columns and batches: a convolution's, per
-    /// output channel) as it stores it, then ReLU if `relu`, then the lesser
-    /// of that and `cap` if there is one (ReLU6).
+    /// The GEMM adds kernel input `bias`, if there is one (one value per
+    /// column of the product, broadcast over its rows and batches, or with
+    /// `rows` one per row, broadcast over its columns and batches: a
+    /// convolution's, per output channel) as it stores it, then ReLU if
+    /// `relu`, then the lesser of that and `cap` if there is one (ReLU6).
     Bias {
         /// The kernel input holding the bias.
-        bias: u32,
+        bias: Option<u32>,
         /// Whether ReLU follows.
         relu: bool,
         /// The bits of the f32 the result is capped at: finite, not zero
@@ -321,17 +326,8 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     };
     let (a, b) = (operand(a), operand(b));
     let epilogue = match stored(kernel, m, n) {
-        Some(Epilogue::Product) => Epilogue::Product,
-        // With k = 0 the product is zeros, which a runtime may write
-        // without a GEMM (CUDA does): the bias then needs the kernel.
-        Some(bias @ Epilogue::Bias { rows, cap, .. })
-            if target.bias_epilogue
-                && k > 0
-                && (!rows || target.row_bias)
-                && (cap.is_none() || target.cap) =>
-        {
-            bias
-        }
+        Some(e @ Epilogue::Product) => e,
+        Some(bias @ Epilogue::Bias { .. }) if applies(&bias, target, k) => bias,
         _ => Epilogue::Kernel {
             acc: target.product_in_scratch.then(|| {
                 let acc = scratch;
@@ -350,6 +346,25 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
         epilogue,
         scratch_bytes: scratch,
     })
+}
+
+/// Whether `target`'s GEMM applies `epilogue` itself to a product of depth
+/// `k`. With k = 0 the product is zeros, which a runtime may write without
+/// a GEMM (CUDA does): the bias then needs the kernel.
+fn applies(epilogue: &Epilogue, target: Target, k: usize) -> bool {
+    match *epilogue {
+        Epilogue::Product => true,
+        Epilogue::Bias {
+            bias, rows, cap, ..
+        } => {
+            target.bias_epilogue
+                && k > 0
+                && (!rows || target.row_bias)
+                && (cap.is_none() || target.cap)
+                && (bias.is_some() || target.activation_alone)
+        }
+        Epilogue::Kernel { .. } => false,
+    }
 }
 
 /// The epilogue of a GEMM of bf16 operands, which applies none of its
@@ -531,8 +546,8 @@ pub fn blas(view: &View) -> Option<Strides> {
 /// matmul `kernel` of `m` rows and `n` columns, where it writes no side
 /// output: `Product` when its body is the product, `Bias` when it is a bias
 /// over the product's rows or columns, then ReLU (or the max with +0, the
-/// same values) and a cap (the min with a constant), each if there is one;
-/// `None` otherwise.
+/// same values) and a cap (the min with a constant), each if there is one
+/// (and at least one of the three); `None` otherwise.
 fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
     if !kernel.side.is_empty() {
         return None;
@@ -551,29 +566,44 @@ fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
         }
         _ => None,
     };
-    match kernel.body.values.as_slice() {
-        [acc, bias, add, rest @ ..] if acc.expr == Expr::Acc => {
-            let (bias, rows) = is_bias(&bias.expr)?;
-            let added = matches!(
-                add.expr,
-                Expr::Binary(BinaryOp::Add, 0, 1) | Expr::Binary(BinaryOp::Add, 1, 0)
-            );
-            let (relu, cap) = activation(rest)?;
-            added.then_some(Epilogue::Bias {
-                bias,
-                relu,
-                rows,
-                cap,
-            })
-        }
-        _ => None,
+    let [acc, rest @ ..] = kernel.body.values.as_slice() else {
+        return None;
+    };
+    if acc.expr != Expr::Acc {
+        return None;
+    }
+    if let [bias, add, after @ ..] = rest
+        && let Some((bias, rows)) = is_bias(&bias.expr)
+    {
+        let added = matches!(
+            add.expr,
+            Expr::Binary(BinaryOp::Add, 0, 1) | Expr::Binary(BinaryOp::Add, 1, 0)
+        );
+        let (relu, cap) = activation(after, 2)?;
+        return added.then_some(Epilogue::Bias {
+            bias: Some(bias),
+            relu,
+            rows,
+            cap,
+        });
+    }
+    // ReLU or a cap alone (a convolution whose bias folded away).
+    match activation(rest, 0)? {
+        (false, None) => None,
+        (relu, cap) => Some(Epilogue::Bias {
+            bias: None,
+            relu,
+            rows: false,
+            cap,
+        }),
     }
 }
 
-/// The ReLU and the cap of a bias epilogue's values after the addition
-/// (value 2): `relu(x)` or `max(x, +0)`, then `min(x, c)` with a finite
-/// constant `c` other than zero, each if there; `None` for anything else.
-fn activation(rest: &[kiln_ir::kernel::Value]) -> Option<(bool, Option<u32>)> {
+/// The ReLU and the cap of an epilogue's values after value `x` (the
+/// bias's addition, or the product): `relu(x)` or `max(x, +0)`, then
+/// `min(x, c)` with a finite constant `c` other than zero, each if there;
+/// `None` for anything else.
+fn activation(rest: &[kiln_ir::kernel::Value], x: u32) -> Option<(bool, Option<u32>)> {
     let constant = |v: &kiln_ir::kernel::Value| match v.expr {
         Expr::Const(Scalar::F32(c)) => Some(c),
         _ => None,
@@ -582,14 +612,14 @@ fn activation(rest: &[kiln_ir::kernel::Value]) -> Option<(bool, Option<u32>)> {
         *e == Expr::Binary(op, x, x + 1) || *e == Expr::Binary(op, x + 1, x)
     };
     let (relu, last, rest) = match rest {
-        [r, tail @ ..] if r.expr == Expr::Unary(UnaryOp::Relu, 2) => (true, 3, tail),
+        [r, tail @ ..] if r.expr == Expr::Unary(UnaryOp::Relu, x) => (true, x + 1, tail),
         // +0 exactly: the max with -0 keeps a -0.
         [c, m, tail @ ..]
-            if constant(c).is_some_and(|c| c.to_bits() == 0) && of(&m.expr, BinaryOp::Max, 2) =>
+            if constant(c).is_some_and(|c| c.to_bits() == 0) && of(&m.expr, BinaryOp::Max, x) =>
         {
-            (true, 4, tail)
+            (true, x + 2, tail)
         }
-        _ => (false, 2, rest),
+        _ => (false, x, rest),
     };
     match rest {
         [] => Some((relu, None)),

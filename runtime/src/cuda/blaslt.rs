@@ -134,7 +134,7 @@ impl Matmul {
         // From here on `Drop` releases what exists.
         let mut matmul = Matmul {
             product,
-            bias: matches!(epilogue, Epilogue::Bias { .. }),
+            bias: matches!(epilogue, Epilogue::Bias { bias: Some(_), .. }),
             narrow: stored != DType::F32,
             desc,
             layouts: [std::ptr::null_mut(); 3],

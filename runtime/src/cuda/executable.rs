@@ -579,7 +579,9 @@ impl Executable {
         }
         let (a, b) = (operand(&plan.a, m, k)?, operand(&plan.b, k, n)?);
         let bias = match epilogue {
-            Epilogue::Bias { bias, .. } => {
+            Epilogue::Bias {
+                bias: Some(bias), ..
+            } => {
                 let buffer = *args.get(*bias as usize).ok_or_else(|| {
                     crate::launch(
                         self.optimized.graph.name.as_str(),
@@ -596,7 +598,8 @@ impl Executable {
                 }
                 Some(buffer.address(0)?)
             }
-            Epilogue::Product | Epilogue::Kernel { .. } => None,
+            // A bias-less epilogue fails its compile (`gemm::matmul`).
+            Epilogue::Product | Epilogue::Kernel { .. } | Epilogue::Bias { bias: None, .. } => None,
         };
         let shape = plan.column_major();
         match (self.precision, lt) {

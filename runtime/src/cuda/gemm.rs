@@ -69,11 +69,14 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
             &kernel.side,
         )?),
         // cuBLASLt's bias is one per column of kiln's products, and it has
-        // no cap: `Target::cuda` asks for neither.
-        Epilogue::Bias { rows: true, .. } | Epilogue::Bias { cap: Some(_), .. } => {
+        // no cap; its epilogues here add a bias: `Target::cuda` asks for
+        // none of those.
+        Epilogue::Bias { rows: true, .. }
+        | Epilogue::Bias { cap: Some(_), .. }
+        | Epilogue::Bias { bias: None, .. } => {
             return Err(crate::codegen(
                 crate::label(kernel),
-                "a bias per row or a cap in cuBLASLt's epilogue",
+                "a bias per row, a cap or no bias in cuBLASLt's epilogue",
             ));
         }
         Epilogue::Product | Epilogue::Bias { .. } => None,

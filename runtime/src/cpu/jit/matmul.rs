@@ -163,7 +163,7 @@ impl CompiledKernel {
         // third buffer read, else an empty one.
         let (bias, in_registers) = match plan.epilogue {
             Epilogue::Bias {
-                bias,
+                bias: Some(bias),
                 relu,
                 rows,
                 cap,
@@ -172,18 +172,26 @@ impl CompiledKernel {
                     crate::launch(crate::label(kernel), format!("no input {bias}, its bias"))
                 })?;
                 let read = (Role::Input(bias as usize), buffer.alias());
-                (read, Some((rows, relu, cap.map(f32::from_bits))))
+                (read, Some((Some(rows), relu, cap.map(f32::from_bits))))
             }
+            Epilogue::Bias {
+                bias: None,
+                relu,
+                cap,
+                ..
+            } => (
+                (Role::Scratch, Buffer::empty()),
+                Some((None, relu, cap.map(f32::from_bits))),
+            ),
             Epilogue::Product | Epilogue::Kernel { .. } => ((Role::Scratch, Buffer::empty()), None),
         };
         let read = [(a_role, a_buffer), (b_role, b_buffer), bias];
         let ([a_values, b_values, bias], c) = views::<f32, 3>(kernel, &read, out)?;
         let fused = match in_registers {
             Some((rows, relu, cap)) => gemm::Fused {
-                bias: Some(if rows {
-                    Bias::Rows(bias)
-                } else {
-                    Bias::Columns(bias)
+                bias: rows.map(|rows| match rows {
+                    true => Bias::Rows(bias),
+                    false => Bias::Columns(bias),
                 }),
                 relu,
                 cap,
