@@ -222,9 +222,9 @@ fn matmuls_plain_transposed_batched() -> Result<()> {
 }
 
 /// Products of bf16 values: multiplied exactly (the AMX core, cuBLASLt on
-/// a GPU, or widened to f32 as kiln's cores pack them), summed in f32 and rounded once to bf16, as
-/// the interpreter rounds its f64 sums: one bf16 unit apart at most, past
-/// the f32 sum's own error.
+/// a GPU, or widened to f32 as kiln's cores pack them), summed in f32 and
+/// rounded once to bf16, as the interpreter rounds its f64 sums: one bf16
+/// unit apart at most, past the f32 sum's own error.
 #[test]
 fn bf16_products_plain_transposed_batched_at_offsets() -> Result<()> {
     let half = |dims: &[usize], seed| -> Result<Tensor> {

@@ -272,9 +272,9 @@ fn captured_weights(path: &str) -> Result<()> {
 }
 
 /// Products of bf16 operands (on the `amx` path by its core, on the others
-/// widened to f32 as they are packed) against the interpreter, which sums in f64 and rounds
-/// to bf16 once: one bf16 unit apart at most, and f32's rounding of the
-/// sums (`check`'s bound). Ragged tiles and depths, a product of one row,
+/// widened to f32 as they are packed) against the interpreter, which sums
+/// in f64 and rounds to bf16 once: one bf16 unit apart at most, and f32's
+/// rounding of the sums (`check`'s bound). Ragged tiles and depths, a product of one row,
 /// B read transposed, batches, operands through merged axes, ReLU over the
 /// rounded product, and an f32 product of bf16 values with a bias and ReLU
 /// (a kernel's epilogue over each block of rows).

@@ -5,8 +5,8 @@
 //!   time, without its score matrix;
 //! - `gemm`: kiln's f32 GEMM, `C = A B` with A and B read through any
 //!   strides or tables of offsets, a bias, ReLU and cap applied as it
-//!   stores (the AVX-512 and AVX2 cores, or the `gemm` crate), and its bf16
-//!   GEMM on AMX;
+//!   stores (the AVX-512 and AVX2 cores, or the `gemm` crate), and bf16
+//!   products, on AMX or widened to f32 as the f32 cores pack them;
 //! - `isa`: the path a process takes (`KILN_CPU_ISA`);
 //! - `rows`: the 256-bit row functions that generated code calls (e^x with
 //!   its sum, max, sum and scale over a row), and their safe forms;

@@ -326,8 +326,7 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     };
     let (a, b) = (operand(a), operand(b));
     let epilogue = match stored(kernel, m, n) {
-        Some(e @ Epilogue::Product) => e,
-        Some(bias @ Epilogue::Bias { .. }) if applies(&bias, target, k) => bias,
+        Some(stored) if applies(&stored, target, k) => stored,
         _ => Epilogue::Kernel {
             acc: target.product_in_scratch.then(|| {
                 let acc = scratch;

@@ -5,7 +5,8 @@
 //! is packed into `NR`-column panels (or, for products with few rows, read
 //! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
 //! panels (or, when they are contiguous and spread over the cache's sets,
-//! read in place). Threads share a product by rows (`by_rows`: each takes
+//! read in place). bf16 operands (`Element`) are always packed, widened to
+//! f32 as they are. Threads share a product by rows (`by_rows`: each takes
 //! blocks of rows and walks every panel of B, all of which it packs for
 //! itself) or by panels (`by_panels`: each packs its own panels of B and
 //! walks every block of rows over them, with no barrier between depth
@@ -579,8 +580,8 @@ fn packed_before<const NR: usize>(
 /// distance.
 ///
 /// # Safety
-/// Rows `k0..k0 + kc` of b lie in one live buffer, and columns `p *
-/// NR..(p + 1) * NR` inside each (`p < n / NR`).
+/// Rows `k0..k0 + kc` of b lie in one buffer that lives and is not written
+/// for `'a`, and columns `p * NR..(p + 1) * NR` inside each (`p < n / NR`).
 unsafe fn in_place_rows<'a, const NR: usize>(
     b: Operand,
     (k0, kc): (usize, usize),

@@ -1,7 +1,8 @@
 //! kiln's GEMMs: `C = A B` in f32, A and B read through any strides or
 //! tables of offsets (so transposed operands and a convolution's windows
 //! need no copy), C row-major, and the path that computes it; and `C = A B`
-//! for bf16 A and B, summed in f32, on AMX.
+//! for bf16 A and B, summed in f32 (on AMX, or widened to f32 as the f32
+//! cores pack them).
 //!
 //! - `sgemm`, `sgemm_packed`, `bf16_gemm`: the safe entries, which check
 //!   every offset the product reads and writes against its slices;
@@ -13,7 +14,8 @@
 //!   threads, a bias and ReLU applied in registers, any other epilogue
 //!   handed each block of rows as it finishes), generic over a
 //!   micro-kernel;
-//! - `panel`: packed panels of B and A, and rows of A read where they lie;
+//! - `panel`: packed panels of B and A (bf16 widened to f32 as they are
+//!   packed), and rows of A read where they lie;
 //! - `avx512`, `avx2`: the micro-kernels, 12 x 32 in zmm and 6 x 16 in ymm
 //!   registers;
 //! - `amx`: the bf16 core, 32 x 32 in four AMX tiles;
@@ -25,6 +27,8 @@
 //! AVX-512, else its
 //! AVX2+FMA core where it has those, else (and for products too small for
 //! packing to pay) the `gemm` crate, which dispatches on the CPU itself.
+//! Off AMX, bf16 products take the f32 path, their operands widened as the
+//! cores pack them, or before the `gemm` crate's.
 //!
 //! `unsafe` here is the cores' loads and stores through the operands'
 //! offsets, made safe by `sgemm`'s checks.
@@ -306,19 +310,21 @@ fn narrow<const MR: usize, const NR: usize, T: Element>(a: Operand<T>, n: usize)
 
 /// Whether `isa`'s core takes the product of `a` (`m x k`) and `b` (`k x
 /// n`) on `threads` threads: one large enough for it (its threshold, or
-/// `SHARED_WORK`) and not too narrow (`narrow`), or with an operand read
-/// through tables (which only kiln's cores pack).
+/// `SHARED_WORK`; any size where `any_size`) and not too narrow
+/// (`narrow`), or with an operand read through tables (which only kiln's
+/// cores pack).
 #[cfg(target_arch = "x86_64")]
 fn core_takes<T: Element>(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
     (a, b): (Operand<T>, Operand<T>),
     threads: usize,
+    any_size: bool,
 ) -> bool {
     let work = m.saturating_mul(n).saturating_mul(k);
     let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
     let takes = |threshold: usize, narrow: bool| {
-        a.tabled() || b.tabled() || ((work >= threshold || shared) && !narrow)
+        a.tabled() || b.tabled() || ((any_size || work >= threshold || shared) && !narrow)
     };
     match isa {
         Isa::Amx | Isa::Avx512 => takes(
@@ -365,7 +371,7 @@ pub(crate) unsafe fn gemm(
         return Ok(true);
     }
     #[cfg(target_arch = "x86_64")]
-    if core_takes(isa, (m, n, k), (a, b), threads) {
+    if core_takes(isa, (m, n, k), (a, b), threads, false) {
         // SAFETY: the contract of this function, on one of kiln's cores.
         unsafe {
             driver::on_core(
@@ -424,9 +430,10 @@ pub(crate) unsafe fn gemm(
 
 /// `gemm` for bf16 operands (their bits), without an epilogue: each
 /// product exact and their sums in f32, as `gemm` sums the operands widened
-/// to f32. `isa`'s core widens them as it packs them, where it takes the
-/// product (`core_takes`); else both are widened into f32 matrices first
-/// (an error where they cannot be allocated), which `gemm` multiplies. The
+/// to f32. `isa`'s core widens them as it packs them, on every thread,
+/// where it takes the product (`core_takes`, at any size: the operands are
+/// widened either way); else both are widened into f32 matrices first (an
+/// error where they cannot be allocated), which `gemm` multiplies. The
 /// result is `gemm`'s.
 ///
 /// # Safety
@@ -440,7 +447,7 @@ pub(crate) unsafe fn gemm_bf16(
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<bool, Error> {
     #[cfg(target_arch = "x86_64")]
-    if core_takes(isa, (m, n, k), (a, b), threads) {
+    if core_takes(isa, (m, n, k), (a, b), threads, true) {
         // SAFETY: the contract of this function, on one of kiln's cores.
         unsafe {
             driver::on_core(
@@ -457,10 +464,12 @@ pub(crate) unsafe fn gemm_bf16(
         return Ok(true);
     }
     let too_large = |_| Error::TooLarge { m, k, n };
-    // SAFETY (all three): the operands' elements lie inside live buffers,
-    // and the widened ones in the vectors, alive to the end of the call.
+    // SAFETY (both): the operands' elements lie inside live buffers (the
+    // contract of this function).
     let (a_wide, a) = unsafe { gathered(a, m, k) }.map_err(too_large)?;
     let (b_wide, b) = unsafe { gathered(b, k, n) }.map_err(too_large)?;
+    // SAFETY: the contract of this function, for the widened operands,
+    // alive in the vectors to the end of the call.
     let done = unsafe { gemm(isa, m, n, k, a, b, c, threads, RawFused::NONE, finish) };
     drop((a_wide, b_wide));
     done
@@ -497,9 +506,17 @@ unsafe fn gathered<T: Element>(
     let mut plain = Vec::new();
     plain.try_reserve_exact(rows.saturating_mul(cols))?;
     for i in 0..rows {
+        // SAFETY: row i of x is inside its buffer.
+        let row = x.ptr.wrapping_offset(unsafe { x.row(i) });
+        if x.cols == 1 && x.col_table.is_null() && cols > 0 {
+            // SAFETY: the row's `cols` adjacent elements, inside its buffer.
+            let row = unsafe { std::slice::from_raw_parts(row, cols) };
+            plain.extend(row.iter().map(|v| v.to_f32()));
+            continue;
+        }
         for j in 0..cols {
             // SAFETY: element (i, j) of x, inside its buffer.
-            plain.push(unsafe { *x.ptr.wrapping_offset(x.row(i) + x.col(j)) }.to_f32());
+            plain.push(unsafe { *row.wrapping_offset(x.col(j)) }.to_f32());
         }
     }
     let operand = Operand::strided(plain.as_ptr(), cols as isize, 1);

@@ -483,12 +483,12 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
 /// bf16 products on every path this CPU runs (kiln's AMX core, its f32
 /// cores widening the operands as they pack them, and the widened
 /// operands' `sgemm`) against a plain product in f64 of the same bf16
-/// values: tiles and panels ragged, odd depths (with a NaN beside each of
-/// a's rows in memory that must not reach the sum), several depth blocks,
-/// a few rows and wide ones, A stored transposed or read through a table,
-/// B stored transposed or read through a table, on one thread and two;
-/// `finish` sees every row once where kiln's cores compute the product.
-/// A depth too large to pack is an error.
+/// values: tiles and panels ragged, odd depths, several depth blocks, a
+/// few rows and wide ones, A stored transposed or read through a table, B
+/// stored transposed or read through tables (in runs and out of them), on
+/// one thread and two; every stored operand has a NaN past each of its
+/// runs, which must not reach a sum. `finish` sees every row once where
+/// kiln's cores compute the product.
 #[test]
 fn bf16_products_agree_with_a_plain_product_on_every_path() {
     let bits = |len: usize, seed: usize| -> Vec<u16> {
@@ -498,7 +498,16 @@ fn bf16_products_agree_with_a_plain_product_on_every_path() {
     };
     let value = |b: u16| f64::from(f32::from_bits(u32::from(b) << 16));
     let strided = |len, stride| Axis::Strided { len, stride };
-    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|isa| isa.available()).collect();
+    // `rows x cols` values of `x` (row-major) stored `rows x (cols + 1)`,
+    // a NaN after each row.
+    let padded = |x: &[u16], rows: usize, cols: usize| -> Vec<u16> {
+        (0..rows * (cols + 1))
+            .map(|e| match e % (cols + 1) {
+                c if c == cols => 0x7fc0,
+                c => x[e / (cols + 1) * cols + c],
+            })
+            .collect()
+    };
     for &(m, k, n) in &[
         (1, 1, 1),
         (13, 7, 33),
@@ -510,112 +519,129 @@ fn bf16_products_agree_with_a_plain_product_on_every_path() {
         (130, 260, 5),
         (5, 0, 7),
     ] {
-        // A row-major with a NaN past each row's last value (an odd k's
-        // neighbour), or stored transposed; B row-major or stored
-        // transposed.
-        let lda = k + 1;
-        let mut a = bits(m * lda, 1);
-        for i in 0..m {
-            a[i * lda + k] = 0x7fc0;
+        let (a, b) = (bits(m * k, 1), bits(k * n, 2));
+        let transpose = |x: &[u16], rows: usize, cols: usize| -> Vec<u16> {
+            (0..rows * cols)
+                .map(|e| x[(e % rows) * cols + e / rows])
+                .collect()
+        };
+        let (a_rows, a_cols) = (padded(&a, m, k), padded(&transpose(&a, m, k), k, m));
+        let (b_rows, b_cols) = (padded(&b, k, n), padded(&transpose(&b, k, n), n, k));
+        // B's columns 3 apart after every 40th: panels of adjacent
+        // offsets and panels across a gap.
+        let gap = |j: usize| j + j / 40 * 3;
+        let ldg = gap(n) + 1;
+        let mut b_gaps = vec![0x7fc0u16; k * ldg];
+        for (e, &v) in b.iter().enumerate() {
+            b_gaps[e / n * ldg + gap(e % n)] = v;
         }
-        let at: Vec<u16> = (0..k * m).map(|e| a[(e % m) * lda + e / m]).collect();
-        let b = bits(k * n, 2);
-        let bt: Vec<u16> = (0..n * k).map(|e| b[(e % k) * n + e / k]).collect();
         // Each element's sum, and the sum of its terms' magnitudes.
         let (want, scale): (Vec<f64>, Vec<f64>) = (0..m * n)
             .map(|e| {
                 let (i, j) = (e / n, e % n);
-                let terms = (0..k).map(|l| value(a[i * lda + l]) * value(b[l * n + j]));
+                let terms = (0..k).map(|l| value(a[i * k + l]) * value(b[l * n + j]));
                 terms.fold((0.0, 0.0), |(s, t), x| (s + x, t + x.abs()))
             })
             .unzip();
-        // A's rows and B's columns through tables, in reverse order.
-        let rows = Table::new((0..m).rev().map(|i| (i * lda) as isize).collect());
-        let cols = Table::new((0..n).rev().map(|j| j as isize).collect());
-        let a_plain = Matrix {
-            data: &a,
+        // A's rows and B's columns through tables: in reverse order, and
+        // ascending with gaps.
+        let a_table = Table::new((0..m).rev().map(|i| (i * (k + 1)) as isize).collect());
+        let b_reversed = Table::new((0..n).rev().map(|j| j as isize).collect());
+        let b_gapped = Table::new((0..n).map(|j| gap(j) as isize).collect());
+        let matrix = |data, (rows, cols)| Matrix {
+            data,
             offset: 0,
-            rows: strided(m, lda as isize),
-            cols: strided(k, 1),
+            rows,
+            cols,
         };
-        let a_transposed = Matrix {
-            data: &at,
-            offset: 0,
-            rows: strided(m, 1),
-            cols: strided(k, m as isize),
-        };
-        let a_tabled = Matrix {
-            rows: Axis::Table(&rows),
-            ..a_plain
-        };
-        let b_plain = Matrix {
-            data: &b,
-            offset: 0,
-            rows: strided(k, n as isize),
-            cols: strided(n, 1),
-        };
-        let b_transposed = Matrix {
-            data: &bt,
-            offset: 0,
-            rows: strided(k, 1),
-            cols: strided(n, k as isize),
-        };
-        let b_tabled = Matrix {
-            cols: Axis::Table(&cols),
-            ..b_plain
-        };
-        for (what, a_op, b_op, (flip_rows, flip_cols)) in [
+        let a_plain = matrix(&a_rows, (strided(m, k as isize + 1), strided(k, 1)));
+        let a_transposed = matrix(&a_cols, (strided(m, 1), strided(k, m as isize + 1)));
+        let a_tabled = matrix(&a_rows, (Axis::Table(&a_table), strided(k, 1)));
+        let b_plain = matrix(&b_rows, (strided(k, n as isize + 1), strided(n, 1)));
+        let b_transposed = matrix(&b_cols, (strided(k, 1), strided(n, k as isize + 1)));
+        let b_tabled = matrix(
+            &b_rows,
+            (strided(k, n as isize + 1), Axis::Table(&b_reversed)),
+        );
+        let b_runs = matrix(&b_gaps, (strided(k, ldg as isize), Axis::Table(&b_gapped)));
+        for (what, a_op, b_op, flips) in [
             ("plain", a_plain, b_plain, (false, false)),
             ("a transposed", a_transposed, b_plain, (false, false)),
             ("b transposed", a_plain, b_transposed, (false, false)),
             ("a tabled", a_tabled, b_plain, (true, false)),
             ("b tabled", a_plain, b_tabled, (false, true)),
+            ("b tabled in runs", a_plain, b_runs, (false, false)),
         ] {
-            for (&isa, threads) in isas.iter().flat_map(|isa| [(isa, 1), (isa, 2)]) {
-                let mut c = vec![f32::NAN; m * n];
-                let seen = std::sync::Mutex::new(vec![0u8; m]);
-                let finish = |r0: usize, r1: usize| {
-                    let mut seen = seen.lock().unwrap();
-                    seen[r0..r1].iter_mut().for_each(|s| *s += 1);
-                };
-                let done = bf16_gemm(isa, a_op, b_op, &mut c, threads, &finish).unwrap();
-                let context = format!("{m}x{k}x{n} {what} on {isa}, {threads} threads");
-                let seen = seen.into_inner().unwrap();
+            let context = format!("{m}x{k}x{n} {what}");
+            check_bf16(&context, (a_op, b_op), (m, n), flips, (&want, &scale));
+        }
+    }
+}
+
+/// `bf16_gemm` of `a` and `b` on every path and on one thread and two,
+/// against `want` (row-major, each within 1e-6 of its terms' magnitudes
+/// `scale`), read with its rows or columns reversed where `flips` says.
+fn check_bf16(
+    context: &str,
+    (a, b): (Matrix<'_, u16>, Matrix<'_, u16>),
+    (m, n): (usize, usize),
+    (flip_rows, flip_cols): (bool, bool),
+    (want, scale): (&[f64], &[f64]),
+) {
+    let isas = Isa::ALL.into_iter().filter(|isa| isa.available());
+    for (isa, threads) in isas.flat_map(|isa| [(isa, 1), (isa, 2)]) {
+        let mut c = vec![f32::NAN; m * n];
+        let seen = std::sync::Mutex::new(vec![0u8; m]);
+        let finish = |r0: usize, r1: usize| {
+            let mut seen = seen.lock().expect("unpoisoned");
+            seen[r0..r1].iter_mut().for_each(|s| *s += 1);
+        };
+        let done = bf16_gemm(isa, a, b, &mut c, threads, &finish).expect("a product");
+        let context = format!("{context} on {isa}, {threads} threads");
+        let seen = seen.into_inner().expect("unpoisoned");
+        assert!(
+            seen.iter().all(|&s| s == u8::from(done)),
+            "{context}: finish"
+        );
+        // Kiln's cores take every tabled product and every other one not
+        // too narrow for them.
+        let tabled = matches!(a.rows, Axis::Table(_)) || matches!(b.cols, Axis::Table(_));
+        if isa != Isa::Generic && (tabled || n > 16) {
+            assert!(done, "{context}: not on kiln's core");
+        }
+        for i in 0..m {
+            let row = if flip_rows { m - 1 - i } else { i };
+            for j in 0..n {
+                let col = if flip_cols { n - 1 - j } else { j };
+                let (got, e) = (f64::from(c[i * n + j]), row * n + col);
                 assert!(
-                    seen.iter().all(|&s| s == u8::from(done)),
-                    "{context}: finish"
+                    (got - want[e]).abs() <= 1e-6 * scale[e].max(1.0),
+                    "{context} at ({i},{j}): {got} vs {}",
+                    want[e]
                 );
-                // Kiln's cores take every tabled product and every one of
-                // 2^23 multiply-adds or more.
-                let tabled = flip_rows || flip_cols;
-                if isa != Isa::Generic && (tabled || m * n * k >= 1 << 23) {
-                    assert!(done, "{context}: not on kiln's core");
-                }
-                for i in 0..m {
-                    let row = if flip_rows { m - 1 - i } else { i };
-                    for j in 0..n {
-                        let col = if flip_cols { n - 1 - j } else { j };
-                        let (got, e) = (f64::from(c[i * n + j]), row * n + col);
-                        assert!(
-                            (got - want[e]).abs() <= 1e-6 * scale[e].max(1.0),
-                            "{context} at ({i},{j}): {got} vs {}",
-                            want[e]
-                        );
-                    }
-                }
             }
         }
     }
-    // A broadcast depth of 2^62: no packed or widened copy of it fits in
-    // memory.
+}
+
+/// A bf16 product whose broadcast depth of 2^62 no packed or widened copy
+/// holds is an error on every path.
+#[test]
+fn a_bf16_product_too_large_to_pack_is_an_error() {
     let one = [0u16];
     let deep = |rows, cols| Matrix {
         data: &one,
         offset: 0,
-        rows: strided(rows, 0),
-        cols: strided(cols, 0),
+        rows: Axis::Strided {
+            len: rows,
+            stride: 0,
+        },
+        cols: Axis::Strided {
+            len: cols,
+            stride: 0,
+        },
     };
-    for isa in isas {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.available()) {
         let mut c = [0.0f32];
         let err = bf16_gemm(
             isa,

@@ -2,8 +2,9 @@
 //! written operands into scratch first, its operands as strided matrices
 //! over their buffers' values, and the product batch by batch by the GEMM
 //! of this process's path (`kiln_machine::gemm`), with the epilogue applied
-//! in registers by kiln's cores where it is a bias and ReLU, else run over
-//! each block of rows as they finish it, or over the product after.
+//! in registers by kiln's cores where it is a bias, ReLU and a cap (each if
+//! there), else run over each block of rows as they finish it, or over the
+//! product after.
 //!
 //! `unsafe` here is that epilogue's call of the generated code over the
 //! rows the GEMM hands back finished.
@@ -159,8 +160,9 @@ impl CompiledKernel {
             };
             return self.batches(bound, run, c, product);
         }
-        // A bias and ReLU kiln's cores apply as they store the product: the
-        // third buffer read, else an empty one.
+        // A bias, ReLU and a cap (each if there) kiln's cores apply as they
+        // store the product: the bias the third buffer read, else an empty
+        // one.
         let (bias, in_registers) = match plan.epilogue {
             Epilogue::Bias {
                 bias: Some(bias),
