@@ -602,7 +602,7 @@ fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
 /// bias's addition, or the product): `relu(x)` or `max(x, +0)`, then
 /// `min(x, c)` with a finite constant `c` other than zero, each if there;
 /// `None` for anything else.
-fn activation(rest: &[kiln_ir::kernel::Value], x: u32) -> Option<(bool, Option<u32>)> {
+pub(crate) fn activation(rest: &[kiln_ir::kernel::Value], x: u32) -> Option<(bool, Option<u32>)> {
     let constant = |v: &kiln_ir::kernel::Value| match v.expr {
         Expr::Const(Scalar::F32(c)) => Some(c),
         _ => None,

@@ -4,14 +4,15 @@
 //! `unsafe` here is the vector loads and stores.
 
 use std::arch::x86_64::{
-    __m256, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_castpd_ps, _mm256_castps_pd,
-    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_mul_ps, _mm256_permute4x64_pd,
-    _mm256_set1_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+    __m256, _CMP_LE_OQ, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_andnot_ps,
+    _mm256_castpd_ps, _mm256_castps_pd, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_maskstore_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_permute4x64_pd, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
 };
 
 use std::ops::Range;
 
-use super::{Stage, Taps, Window, every, pairwise};
+use super::{Activation, Stage, Taps, Window, every, pairwise};
 
 /// Eight lanes stored, then eight not: the mask of a row's last `n`
 /// outputs starts `8 - n` in.
@@ -269,5 +270,33 @@ pub(super) unsafe fn group<const T: usize>(
                 out[lane * plane + i * ow + j] = *v;
             }
         }
+    }
+}
+
+/// `act` applied to `sums`, 8 at a time, the last few one at a time:
+/// lane by lane as `Activation::of` (the same bits).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn activate(act: Activation, sums: &mut [f32]) {
+    let (eights, rest) = sums.as_chunks_mut::<8>();
+    for eight in eights {
+        // SAFETY: `eight` holds 8 values.
+        let mut v = unsafe { _mm256_loadu_ps(eight.as_ptr()) };
+        if act.relu {
+            // Lanes not above zero (NaN is not) become +0.
+            let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
+            v = _mm256_andnot_ps(not_above, v);
+        }
+        if let Some(cap) = act.cap {
+            // `cap < v ? cap : v`: a NaN lane stays.
+            v = _mm256_min_ps(_mm256_set1_ps(cap), v);
+        }
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(eight.as_mut_ptr(), v) };
+    }
+    for x in rest {
+        *x = act.of(*x);
     }
 }

@@ -61,6 +61,56 @@ pub struct Plane {
     pub weights: usize,
 }
 
+/// What is applied to each sum as it is stored: ReLU (NaN stays, anything
+/// not above zero becomes +0), then the lesser of that and `cap`, as kiln's
+/// GEMM applies them (`gemm::Fused`) and generated code's `max(x, +0)` and
+/// `min(x, cap)` compute them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Activation {
+    /// Whether ReLU applies.
+    pub relu: bool,
+    /// The value the result is capped at (finite, not zero), if any.
+    pub cap: Option<f32>,
+}
+
+impl Activation {
+    /// Neither: the sums as they are.
+    pub const NONE: Activation = Activation {
+        relu: false,
+        cap: None,
+    };
+
+    /// Applies it to `sums`, just written (a plane, or a group's): 8 lanes
+    /// at a time by the AVX2 code where `vectors` (one at a time, its
+    /// branches went the sums' signs' random ways and took longer than the
+    /// sums).
+    fn apply(self, sums: &mut [f32], vectors: bool) {
+        if self == Activation::NONE {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if vectors {
+            // SAFETY: the AVX2 code runs (`vectors_available`).
+            unsafe { avx2::activate(self, sums) };
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = vectors;
+        for x in sums {
+            *x = self.of(*x);
+        }
+    }
+
+    /// It applied to one sum.
+    fn of(self, x: f32) -> f32 {
+        let x = if self.relu && x <= 0.0 { 0.0 } else { x };
+        match self.cap {
+            Some(cap) if x > cap => cap,
+            _ => x,
+        }
+    }
+}
+
 /// The planes' common geometry and their values.
 #[derive(Clone, Copy, Debug)]
 pub struct Taps<'a> {
@@ -78,11 +128,14 @@ pub struct Taps<'a> {
     pub taps: &'a [Tap],
     /// What a tap outside the input plane reads.
     pub fill: f32,
+    /// Applied to each sum as it is stored.
+    pub activation: Activation,
 }
 
 /// `out` (the planes one after another, each `out_dims` row-major) = the
-/// sum of `t`'s taps over each of `planes`, on `isa`'s path (the AVX2 code
-/// on every path but `generic`).
+/// sum of `t`'s taps over each of `planes`, `t.activation` applied to it
+/// as each plane (or group of small planes) is written, on `isa`'s path
+/// (the AVX2 code on every path but `generic`).
 ///
 /// Every read is checked first: a plane outside `input`, weights outside
 /// `weights`, an unsupported tap count, a zero stride, a window whose
@@ -172,6 +225,7 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
             25 => sums!(25),
             _ => sums!(49),
         }
+        t.activation.apply(out, vectors);
     }
     Ok(())
 }
@@ -211,6 +265,7 @@ fn small_planes(
             25 => group!(25),
             _ => group!(49),
         }
+        t.activation.apply(out, true);
     }
     Ok(())
 }

@@ -41,7 +41,7 @@ fn window(k: usize, pad: isize, dilation: isize, planes_weights: usize) -> Vec<T
 }
 
 /// The outputs of `t` over `planes`, one tap at a time as the definition
-/// reads.
+/// reads, then its activation.
 fn reference(t: &Taps<'_>, planes: &[Plane]) -> Vec<f32> {
     let ([h, w], [oh, ow], [sh, sw]) = (t.in_dims, t.out_dims, t.stride);
     let mut want = Vec::new();
@@ -60,7 +60,13 @@ fn reference(t: &Taps<'_>, planes: &[Plane]) -> Vec<f32> {
                         v * t.weights[p.weights + tap.weight]
                     })
                     .collect();
-                want.push(tree_sum(terms));
+                // ReLU as `max(x, +0)` reads: a NaN stays; then the cap.
+                let sum: f32 = tree_sum(terms);
+                let relu = match t.activation.relu && !(sum > 0.0 || sum.is_nan()) {
+                    true => 0.0,
+                    false => sum,
+                };
+                want.push(t.activation.cap.filter(|&c| relu > c).unwrap_or(relu));
             }
         }
     }
@@ -104,7 +110,20 @@ fn case(in_dims: [usize; 2], k: usize, stride: [usize; 2], pad: isize, dilation:
     let window = window(k, pad, dilation, 2);
     // 11 planes: a whole group of 8 for the lanes, then 3.
     let (planes, input, weights) = planes(11, in_dims, k * k);
-    for fill in [0.0, 0.5] {
+    let relu6 = Activation {
+        relu: true,
+        cap: Some(1.0),
+    };
+    let cap = Activation {
+        relu: false,
+        cap: Some(-0.5),
+    };
+    for (fill, activation) in [
+        (0.0, Activation::NONE),
+        (0.5, Activation::NONE),
+        (0.0, relu6),
+        (0.5, cap),
+    ] {
         let t = Taps {
             input: &input,
             weights: &weights,
@@ -113,8 +132,10 @@ fn case(in_dims: [usize; 2], k: usize, stride: [usize; 2], pad: isize, dilation:
             stride,
             taps: &window,
             fill,
+            activation,
         };
-        let what = format!("{in_dims:?} k{k} s{stride:?} p{pad} d{dilation} fill {fill}");
+        let what =
+            format!("{in_dims:?} k{k} s{stride:?} p{pad} d{dilation} fill {fill} {activation:?}");
         check(&t, &planes, &what);
     }
 }
@@ -162,6 +183,7 @@ fn taps_outside_the_plane_read_the_fill() {
             stride: [1, 1],
             taps: &window,
             fill: 1.25,
+            activation: Activation::NONE,
         };
         check(&t, &planes, &format!("taps moved by ({dy}, {dx})"));
     }
@@ -179,6 +201,7 @@ fn reads_outside_the_slices_and_other_tap_counts_are_errors() {
         stride: [1, 1],
         taps: &taps9,
         fill: 0.0,
+        activation: Activation::NONE,
     };
     let plane = |input, weights| [Plane { input, weights }];
     let mut out = vec![0.0; 16];

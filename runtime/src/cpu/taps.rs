@@ -3,7 +3,8 @@
 //! multiply-and-sum) computes that sum by the machine kernel, a chunk of
 //! planes per task, and the rest of its body (the bias, the activation) as
 //! generated code over each chunk just written, reading the sum as `acc`,
-//! as a matmul's epilogue reads its product.
+//! as a matmul's epilogue reads its product; where the rest is ReLU and a
+//! cap alone, the machine kernel applies them as it writes the sums.
 //!
 //! A sum is taken only where the machine kernel reads exactly what the
 //! kernel's loads read: every tap a product of a read of one input `x`
@@ -19,7 +20,7 @@
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, SideOutput, Value};
 use kiln_ir::view::View;
 use kiln_ir::{BinaryOp, DType, Scalar};
-use kiln_machine::taps::{self, Plane, Tap};
+use kiln_machine::taps::{self, Activation, Plane, Tap};
 
 use crate::loops;
 
@@ -42,10 +43,14 @@ pub(crate) struct TapsPlan {
     pub stride: [usize; 2],
     /// What a tap outside the input plane reads.
     pub fill: f32,
+    /// ReLU and a cap, where they are all the kernel does to the sum: the
+    /// machine kernel applies them as it writes the sums.
+    pub activation: Activation,
 }
 
 /// The taps of `kernel`'s body, and the kernel that remains: its body with
-/// the sum read as `acc`.
+/// the sum read as `acc` (and no more, where the plan's activation is the
+/// rest of it).
 pub(crate) fn plan(kernel: &Kernel) -> Option<(TapsPlan, Kernel)> {
     if kernel.kind != KernelKind::Elementwise || kernel.out.dtype != DType::F32 {
         return None;
@@ -76,7 +81,34 @@ pub(crate) fn plan(kernel: &Kernel) -> Option<(TapsPlan, Kernel)> {
         let leaves = sum_tree(values, &uses, root)?;
         taps_of(kernel, &leaves).map(|plan| (root, plan))
     })?;
-    Some((plan, tail(kernel, root)))
+    let tail = tail(kernel, root);
+    match activation_of(&tail) {
+        Some(activation) => {
+            let sum = Block {
+                values: tail.body.values[..1].to_vec(),
+            };
+            let plan = TapsPlan { activation, ..plan };
+            Some((plan, Kernel { body: sum, ..tail }))
+        }
+        None => Some((plan, tail)),
+    }
+}
+
+/// The ReLU and cap of `tail` (its body the sum as `acc`, then those, each
+/// if there, and no side output), which the machine kernel applies as a
+/// GEMM's epilogue does (`matmul::activation`); `None` for any other tail.
+fn activation_of(tail: &Kernel) -> Option<Activation> {
+    let [acc, rest @ ..] = tail.body.values.as_slice() else {
+        return None;
+    };
+    if acc.expr != Expr::Acc || rest.is_empty() || !tail.side.is_empty() {
+        return None;
+    }
+    let (relu, cap) = crate::matmul::activation(rest, 0)?;
+    Some(Activation {
+        relu,
+        cap: cap.map(f32::from_bits),
+    })
 }
 
 /// More leaves than any sum the machine kernel runs.
@@ -226,6 +258,7 @@ fn taps_of(kernel: &Kernel, leaves: &[u32]) -> Option<TapsPlan> {
         out_dims,
         stride: [sh, sw],
         fill: fill.unwrap_or(0.0),
+        activation: Activation::NONE,
     })
 }
 
@@ -308,16 +341,27 @@ mod tests {
     /// it (padded input, a strided slice per tap times the tap's weight per
     /// channel, summed pairwise), plus a bias and ReLU; its one kernel.
     fn depthwise(n: usize, c: usize, [h, w]: [usize; 2], k: usize, stride: usize) -> Kernel {
-        depthwise_then(n, c, [h, w], (k, stride), false)
+        depthwise_then(n, c, [h, w], (k, stride), Then::Relu)
     }
 
-    /// `depthwise`, then a residual input added where `residual`.
+    /// What follows a depthwise convolution's sum.
+    #[derive(PartialEq)]
+    enum Then {
+        /// A bias, then ReLU.
+        Relu,
+        /// A bias, ReLU, then a residual input added.
+        Residual,
+        /// ReLU, then the min with 6 (ReLU6 without a bias).
+        Relu6,
+    }
+
+    /// `depthwise`, with `then` after the sum.
     fn depthwise_then(
         n: usize,
         c: usize,
         [h, w]: [usize; 2],
         (k, stride): (usize, usize),
-        residual: bool,
+        then: Then,
     ) -> Kernel {
         let pad = k / 2;
         let mut g = Graph::new("g");
@@ -370,13 +414,19 @@ mod tests {
         let bias = g
             .push(Op::Expand(Shape::new(&[n, c, oh, ow])), &[bias])
             .unwrap();
-        let y = g
-            .push(Op::Binary(BinaryOp::Add), &[terms[0], bias])
-            .unwrap();
+        let y = match then {
+            Then::Relu6 => terms[0],
+            _ => (g.push(Op::Binary(BinaryOp::Add), &[terms[0], bias])).unwrap(),
+        };
         let mut y = g.push(Op::Unary(UnaryOp::Relu), &[y]).unwrap();
-        if residual {
+        if then == Then::Residual {
             let r = g.input(f32s(&[n, c, oh, ow]));
             y = g.push(Op::Binary(BinaryOp::Add), &[y, r]).unwrap();
+        }
+        if then == Then::Relu6 {
+            let six = g.push(Op::Const(Scalar::F32(6.0)), &[]).unwrap();
+            let six = (g.push(Op::Expand(Shape::new(&[n, c, oh, ow])), &[six])).unwrap();
+            y = g.push(Op::Binary(BinaryOp::Min), &[y, six]).unwrap();
         }
         g.outputs.push(y);
         let optimized = optimize(&g, Options::default(), &mut |_, _| {}).unwrap();
@@ -428,6 +478,20 @@ mod tests {
     }
 
     #[test]
+    fn relu6_alone_is_the_machine_kernels_and_a_bias_before_it_the_tails() {
+        let relu6 = depthwise_then(1, 3, [8, 8], (3, 1), Then::Relu6);
+        let (taps, tail) = plan(&relu6).expect("the sum is matched");
+        let applied = Activation {
+            relu: true,
+            cap: Some(6.0),
+        };
+        assert_eq!((taps.activation, tail.body.values.len()), (applied, 1));
+        let (taps, tail) = plan(&depthwise(1, 3, [8, 8], 3, 1)).expect("the sum is matched");
+        assert_eq!(taps.activation, Activation::NONE);
+        assert_eq!(tail.body.values.len(), 4);
+    }
+
+    #[test]
     fn sums_in_another_order_of_unsupported_counts_or_beside_donatable_reads_stay_generated() {
         let mut kernel = depthwise(1, 3, [8, 8], 3, 2);
         assert!(plan(&kernel).is_some());
@@ -447,7 +511,7 @@ mod tests {
         assert!(plan(&kernel).is_none());
         // An input read only at the output's own index, which
         // `pass::donate` may write the output over.
-        assert!(plan(&depthwise_then(1, 3, [8, 8], (3, 2), true)).is_none());
+        assert!(plan(&depthwise_then(1, 3, [8, 8], (3, 2), Then::Residual)).is_none());
         // A 4x4 window: 16 taps, a count the machine kernel does not run.
         assert!(plan(&depthwise(1, 3, [8, 8], 4, 1)).is_none());
     }

@@ -48,6 +48,7 @@ impl CompiledKernel {
             stride: plan.stride,
             taps: &plan.taps,
             fill: plan.fill,
+            activation: plan.activation,
         };
         let isa = crate::cpu_isa()?;
         // The epilogue follows each chunk's planes where its rows are the
