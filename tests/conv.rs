@@ -11,6 +11,7 @@ mod pools;
 use kiln::{
     CompileOptions, DType, Data, Device, Options, Pool2d, Result, Tensor, TensorType, compile_with,
 };
+use kiln_runtime::cpu::Activation;
 use kiln_support::gradcheck::Rng;
 
 /// Where a case runs: the CPU fused, the CPU unfused, the interpreter.
@@ -268,22 +269,49 @@ fn conv2d_depthwise_and_depth_multiplier() -> Result<()> {
 /// Depthwise convolutions of the windows whose sums the CPU hands to its
 /// machine kernel (3x3, 5x5, 7x7), at both strides, asymmetric padding and
 /// dilation, with what follows them in models (a bias, then ReLU6,
-/// hardswish or nothing; ReLU6 without a bias) fused after the sum: the interpreter's values, bit
+/// hardswish or nothing; ReLU6 or a cap without a bias) fused after the
+/// sum: the interpreter's values, bit
 /// for bit, as the generated code's were. (SiLU is left out: the CPU's
 /// sigmoid is within 2 ulp of the interpreter's, not equal to it.)
 #[test]
 fn depthwise_sums_are_the_interpreters_bit_for_bit() -> Result<()> {
     type Tail = fn(Tensor) -> Result<Tensor>;
-    // Each with the bias or without it (ReLU6 alone, which the machine
-    // kernel applies itself as it writes the sums).
-    let tails: [(&str, bool, Tail); 4] = [
-        ("none", true, Ok),
-        ("relu6", true, |y| y.clamp(0.0, 6.0)),
-        ("relu6 without a bias", false, |y| y.clamp(0.0, 6.0)),
-        ("hardswish", true, |y| {
-            let gate = y.add(&Tensor::scalar(3.0f32))?.clamp(0.0, 6.0)?;
-            y.mul(&gate.div(&Tensor::scalar(6.0f32))?)
-        }),
+    // Each with the bias or without it, and the ReLU and cap the machine
+    // kernel applies itself (where they are all that follows the sum, as
+    // ONNX's Clip imports ReLU6: a max with +0, then a min).
+    let none = Activation::NONE;
+    let relu6 = Activation {
+        relu: true,
+        cap: Some(6.0),
+    };
+    let capped = Activation {
+        relu: false,
+        cap: Some(2.5),
+    };
+    let tails: [(&str, bool, Tail, Activation); 5] = [
+        ("none", true, Ok, none),
+        ("relu6", true, |y| y.clamp(0.0, 6.0), none),
+        (
+            "relu6 without a bias",
+            false,
+            |y| (y.maximum(&Tensor::scalar(0.0f32))?).minimum(&Tensor::scalar(6.0f32)),
+            relu6,
+        ),
+        (
+            "a cap without a bias",
+            false,
+            |y| y.minimum(&Tensor::scalar(2.5f32)),
+            capped,
+        ),
+        (
+            "hardswish",
+            true,
+            |y| {
+                let gate = y.add(&Tensor::scalar(3.0f32))?.clamp(0.0, 6.0)?;
+                y.mul(&gate.div(&Tensor::scalar(6.0f32))?)
+            },
+            none,
+        ),
     ];
     let cases = [
         (3, [1, 1], [(1, 1), (1, 1)], [1, 1], [2, 7, 23, 19]),
@@ -300,12 +328,13 @@ fn depthwise_sums_are_the_interpreters_bit_for_bit() -> Result<()> {
         let wt = rng.fill(c * k * k, |r| r.uniform(-1.0, 1.0));
         let b = rng.fill(c, |r| r.uniform(-1.0, 1.0));
         let inputs = [(vec![n, c, h, w], x), (vec![c, 1, k, k], wt), (vec![c], b)];
-        for (name, bias, tail) in tails {
+        for (name, bias, tail, activation) in tails {
             let f = |t: &[Tensor]| {
                 let bias = t.get(2).filter(|_| bias);
                 tail(t[0].conv2d(&t[1], bias, stride, pad, dil, c)?)
             };
-            // The CPU takes this sum by its machine kernel.
+            // The CPU takes this sum by its machine kernel, and the
+            // activation where there is one alone.
             let dims = [inputs[0].0.as_slice(), &inputs[1].0, &inputs[2].0];
             let t: Vec<Tensor> = (dims.iter().enumerate())
                 .map(|(i, d)| Tensor::randn(*d, i as u64))
@@ -317,7 +346,8 @@ fn depthwise_sums_are_the_interpreters_bit_for_bit() -> Result<()> {
                     _ => None,
                 })
                 .collect::<Vec<_>>();
-            assert_eq!(taps, [k * k], "{k}x{k} s{stride:?} d{dil:?} {name}");
+            let want = [(k * k, activation)];
+            assert_eq!(taps, want, "{k}x{k} s{stride:?} d{dil:?} {name}");
             let got = run(Device::Cpu, true, &inputs, &f)?;
             let want = run(Device::Reference, true, &inputs, &f)?;
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

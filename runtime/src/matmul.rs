@@ -598,10 +598,11 @@ fn stored(kernel: &Kernel, m: usize, n: usize) -> Option<Epilogue> {
     }
 }
 
-/// The ReLU and the cap of an epilogue's values after value `x` (the
-/// bias's addition, or the product): `relu(x)` or `max(x, +0)`, then
-/// `min(x, c)` with a finite constant `c` other than zero, each if there;
-/// `None` for anything else.
+/// The ReLU and the cap of a body's values after value `x` (a matmul's
+/// bias addition or product, a depthwise convolution's sum: `cpu::taps`),
+/// `rest` being values `x + 1..` to the body's end: `relu(x)` or
+/// `max(x, +0)`, then `min(x, c)` with a finite constant `c` other than
+/// zero, each if there; `None` for anything else.
 pub(crate) fn activation(rest: &[kiln_ir::kernel::Value], x: u32) -> Option<(bool, Option<u32>)> {
     let constant = |v: &kiln_ir::kernel::Value| match v.expr {
         Expr::Const(Scalar::F32(c)) => Some(c),

@@ -274,7 +274,7 @@ pub(super) unsafe fn group<const T: usize>(
 }
 
 /// `act` applied to `sums`, 8 at a time, the last few one at a time:
-/// lane by lane as `Activation::of` (the same bits).
+/// lane by lane as `Activation::of` (the same bits, NaN's included).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.

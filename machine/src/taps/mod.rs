@@ -16,7 +16,8 @@
 //! The values are the generated code's and the interpreter's, bit for bit:
 //! each product is rounded, and the products are summed in the tree
 //! `conv2d` builds (pairs of neighbours, then pairs of pairs, a last odd
-//! one carried), written out for each tap count (`pairwise`).
+//! one carried), written out for each tap count (`pairwise`). ReLU and a
+//! cap (`Activation`) follow over each plane, or group, just written.
 //!
 //! `unsafe` here is the calls of the AVX2 code (`avx2`, whose vector loads
 //! and stores are the rest).
@@ -61,10 +62,11 @@ pub struct Plane {
     pub weights: usize,
 }
 
-/// What is applied to each sum as it is stored: ReLU (NaN stays, anything
-/// not above zero becomes +0), then the lesser of that and `cap`, as kiln's
-/// GEMM applies them (`gemm::Fused`) and generated code's `max(x, +0)` and
-/// `min(x, cap)` compute them.
+/// What is applied to the sums once a plane (or a group of small planes)
+/// is written: ReLU (anything not above zero becomes +0, a NaN stays),
+/// then the lesser of that and `cap`, as kiln's GEMM applies them
+/// (`gemm::Fused`) and generated code's `max(x, +0)` and `min(x, cap)`
+/// compute them (a NaN's payload aside).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Activation {
     /// Whether ReLU applies.
@@ -90,7 +92,8 @@ impl Activation {
         }
         #[cfg(target_arch = "x86_64")]
         if vectors {
-            // SAFETY: the AVX2 code runs (`vectors_available`).
+            // SAFETY: `vectors` holds only where `vectors_available` did:
+            // the CPU has AVX2 and FMA.
             unsafe { avx2::activate(self, sums) };
             return;
         }
@@ -128,7 +131,7 @@ pub struct Taps<'a> {
     pub taps: &'a [Tap],
     /// What a tap outside the input plane reads.
     pub fill: f32,
-    /// Applied to each sum as it is stored.
+    /// Applied to the sums once they are written.
     pub activation: Activation,
 }
 

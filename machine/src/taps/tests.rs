@@ -298,3 +298,55 @@ fn reads_outside_the_slices_and_other_tap_counts_are_errors() {
     .unwrap_err();
     assert!(matches!(e, Error::TapCount { count: 4, .. }), "{e}");
 }
+
+/// ReLU and a cap over edge values (zeros of both signs, infinities, NaNs
+/// of both signs, the cap and its neighbours, subnormals), 0 to 17 of them,
+/// on the AVX2 code and one at a time, bit for bit as their definition
+/// reads: anything not above zero +0, a NaN kept as it is, then the lesser
+/// of that and the cap.
+#[test]
+fn activations_of_edge_values_are_their_definitions() {
+    let cap = 2.5f32;
+    let edges = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        cap,
+        f32::from_bits(cap.to_bits() + 1),
+        f32::from_bits(cap.to_bits() - 1),
+        f32::MIN_POSITIVE / 2.0,
+        -f32::MIN_POSITIVE / 2.0,
+        1.0,
+        -1.0,
+        7.0,
+        -7.0,
+        1e-30,
+        3.0,
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (relu, cap) in [(true, None), (false, Some(cap)), (true, Some(cap))] {
+        let act = Activation { relu, cap };
+        let definition = |x: f32| {
+            let x = match relu && !(x > 0.0 || x.is_nan()) {
+                true => 0.0,
+                false => x,
+            };
+            cap.filter(|&c| x > c).unwrap_or(x)
+        };
+        for len in 0..=edges.len() {
+            let want: Vec<f32> = edges[..len].iter().map(|&x| definition(x)).collect();
+            for vectors in [false, vectors_available(Isa::Avx2)] {
+                let mut got = edges[..len].to_vec();
+                act.apply(&mut got, vectors);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{act:?} over {len}, vectors {vectors}"
+                );
+            }
+        }
+    }
+}

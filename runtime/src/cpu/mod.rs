@@ -59,12 +59,17 @@ pub fn sums_taps(taps: usize) -> bool {
     kiln_machine::taps::supports(taps)
 }
 
+/// The ReLU and cap the machine kernel applies to a depthwise
+/// convolution's sums (`taps_of`).
+pub use kiln_machine::taps::Activation;
+
 /// How many taps of `kernel`'s sum the CPU runs by its machine kernel
 /// (`kiln_machine::taps`) on kiln's own paths (every `KILN_CPU_ISA` but
 /// `generic`): a depthwise convolution's window, where the kernel has that
-/// form. `KILN_DUMP=code` says so too.
-pub fn taps_of(kernel: &kiln_ir::kernel::Kernel) -> Option<usize> {
-    taps::plan(kernel).map(|(plan, _)| plan.taps.len())
+/// form; and the ReLU and cap the machine kernel applies to the sums, where
+/// they are all that follows them. `KILN_DUMP=code` says so too.
+pub fn taps_of(kernel: &kiln_ir::kernel::Kernel) -> Option<(usize, Activation)> {
+    taps::plan(kernel).map(|(plan, _)| (plan.taps.len(), plan.activation))
 }
 
 /// The GEMM path this process's matmuls take: `amx` (kiln's AMX core for

@@ -4,7 +4,7 @@
 //! planes per task, and the rest of its body (the bias, the activation) as
 //! generated code over each chunk just written, reading the sum as `acc`,
 //! as a matmul's epilogue reads its product; where the rest is ReLU and a
-//! cap alone, the machine kernel applies them as it writes the sums.
+//! cap alone, the machine kernel applies them to each plane it writes.
 //!
 //! A sum is taken only where the machine kernel reads exactly what the
 //! kernel's loads read: every tap a product of a read of one input `x`
@@ -44,7 +44,7 @@ pub(crate) struct TapsPlan {
     /// What a tap outside the input plane reads.
     pub fill: f32,
     /// ReLU and a cap, where they are all the kernel does to the sum: the
-    /// machine kernel applies them as it writes the sums.
+    /// machine kernel applies them to each plane it writes.
     pub activation: Activation,
 }
 

@@ -178,7 +178,8 @@ impl CompiledKernel {
             _ => None,
         };
         // A depthwise convolution's sum by the machine kernel, on kiln's
-        // own paths; the generated code computes the rest of the body.
+        // own paths, and ReLU and a cap where they are all the rest; the
+        // generated code computes any other rest of the body.
         let own_paths = crate::cpu_isa()? != kiln_machine::Isa::Generic;
         let (taps, tail) = match own_paths.then(|| taps::plan(kernel)).flatten() {
             Some((plan, tail)) => {
@@ -211,10 +212,11 @@ impl CompiledKernel {
         if let (Some(code), Some(taps)) = (code.as_mut(), &taps) {
             let plan = &taps.plan;
             code(&format!(
-                "// {} taps of input {} by weights of input {}: kiln_machine::taps, then this code over their sums",
+                "// {} taps of input {} by weights of input {}: kiln_machine::taps ({:?}), then this code over their sums",
                 plan.taps.len(),
                 plan.x,
-                plan.w
+                plan.w,
+                plan.activation
             ));
         }
         let range = lower::lower(

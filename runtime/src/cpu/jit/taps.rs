@@ -1,7 +1,8 @@
 //! The taps driver: a kernel's sum of taps by `kiln_machine::taps` into the
-//! output, a chunk of planes per task, and the generated rest of its body
-//! over each chunk's rows as soon as they are written, while they are in
-//! cache (`cpu::taps`).
+//! output (with ReLU and a cap, where they are all the rest of its body), a
+//! chunk of planes per task, and the generated rest of its body over each
+//! chunk's rows as soon as they are written, while they are in cache
+//! (`cpu::taps`).
 
 #![allow(unsafe_code)]
 
