@@ -308,38 +308,51 @@ fn narrow<const MR: usize, const NR: usize, T: Element>(a: Operand<T>, n: usize)
     n <= NARROW || (n <= NR / 2 && !in_place)
 }
 
-/// Whether `isa`'s core takes the product of `a` (`m x k`) and `b` (`k x
-/// n`) on `threads` threads: one large enough for it (its threshold, or
-/// `SHARED_WORK`; any size where `any_size`) and not too narrow
-/// (`narrow`), or with an operand read through tables (which only kiln's
-/// cores pack).
+/// `c = a b` by `isa`'s core, for `a` (`m x k`) and `b` (`k x n`) on
+/// `threads` threads, where the core takes the product: one large enough
+/// for it (its threshold, or `SHARED_WORK`; any size of bf16 operands,
+/// which are widened either way) and not too narrow (`narrow`), or with an
+/// operand read through tables (which only kiln's cores pack). The core
+/// applies `epilogue` and calls `finish` as `gemm` says; the result is
+/// whether it took the product.
+///
+/// # Safety
+/// As `gemm`'s.
 #[cfg(target_arch = "x86_64")]
-fn core_takes<T: Element>(
+unsafe fn by_core<T: Element>(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
     (a, b): (Operand<T>, Operand<T>),
+    c: &mut [f32],
     threads: usize,
-    any_size: bool,
+    (epilogue, finish): (RawFused, &(dyn Fn(usize, usize) + Sync)),
 ) -> bool {
     let work = m.saturating_mul(n).saturating_mul(k);
     let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
+    let any_size = T::as_f32(a).is_none();
     let takes = |threshold: usize, narrow: bool| {
         a.tabled() || b.tabled() || ((any_size || work >= threshold || shared) && !narrow)
     };
-    match isa {
+    let takes = match isa {
         Isa::Amx | Isa::Avx512 => takes(
             AVX512.work,
             narrow::<{ avx512::MR }, { avx512::NR }, T>(a, n),
         ),
         Isa::Avx2 => takes(AVX2.work, narrow::<{ avx2::MR }, { avx2::NR }, T>(a, n)),
         Isa::Generic => false,
+    };
+    if takes {
+        let b = driver::Right::Lies(b);
+        // SAFETY: the contract of this function, on one of kiln's cores.
+        unsafe { driver::on_core(isa, (m, n, k), a, b, c, threads, epilogue, finish) };
     }
+    takes
 }
 
 /// `c = a b` for `a: m x k`, `b: k x n`, `c` row-major `m x n`, on
 /// `threads` threads. On kiln's paths: 1 to 8 rows of `a`, where `b` is
 /// contiguous along an axis, in one pass over `b` (`gemv`); else by
-/// `isa`'s core where it takes the product (`core_takes`). Those apply
+/// `isa`'s core where it takes the product (`by_core`). Those apply
 /// `epilogue` as they store the product and call `finish(r0, r1)` on each
 /// block of rows as it is done (the result is then true). Else by the
 /// `gemm` crate (a tabled operand gathered into a plain matrix first, an
@@ -370,21 +383,9 @@ pub(crate) unsafe fn gemm(
         finish(0, m);
         return Ok(true);
     }
+    // SAFETY: the contract of this function.
     #[cfg(target_arch = "x86_64")]
-    if core_takes(isa, (m, n, k), (a, b), threads, false) {
-        // SAFETY: the contract of this function, on one of kiln's cores.
-        unsafe {
-            driver::on_core(
-                isa,
-                (m, n, k),
-                a,
-                driver::Right::Lies(b),
-                c,
-                threads,
-                epilogue,
-                finish,
-            )
-        };
+    if unsafe { by_core(isa, (m, n, k), (a, b), c, threads, (epilogue, finish)) } {
         return Ok(true);
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -431,7 +432,7 @@ pub(crate) unsafe fn gemm(
 /// `gemm` for bf16 operands (their bits), without an epilogue: each
 /// product exact and their sums in f32, as `gemm` sums the operands widened
 /// to f32. `isa`'s core widens them as it packs them, on every thread,
-/// where it takes the product (`core_takes`, at any size: the operands are
+/// where it takes the product (`by_core`, at any size: the operands are
 /// widened either way); else both are widened into f32 matrices first (an
 /// error where they cannot be allocated), which `gemm` multiplies. The
 /// result is `gemm`'s.
@@ -446,21 +447,9 @@ pub(crate) unsafe fn gemm_bf16(
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<bool, Error> {
+    // SAFETY: the contract of this function.
     #[cfg(target_arch = "x86_64")]
-    if core_takes(isa, (m, n, k), (a, b), threads, true) {
-        // SAFETY: the contract of this function, on one of kiln's cores.
-        unsafe {
-            driver::on_core(
-                isa,
-                (m, n, k),
-                a,
-                driver::Right::Lies(b),
-                c,
-                threads,
-                RawFused::NONE,
-                finish,
-            )
-        };
+    if unsafe { by_core(isa, (m, n, k), (a, b), c, threads, (RawFused::NONE, finish)) } {
         return Ok(true);
     }
     let too_large = |_| Error::TooLarge { m, k, n };

@@ -447,19 +447,7 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
     // Dimensions whose product passes usize (2^33 x 2^31), over one value
     // broadcast: no slice holds it.
     let one = [0.0f32];
-    let broadcast = |rows, cols| Matrix {
-        data: &one,
-        offset: 0,
-        rows: Axis::Strided {
-            len: rows,
-            stride: 0,
-        },
-        cols: Axis::Strided {
-            len: cols,
-            stride: 0,
-        },
-    };
-    let (tall, wide) = (broadcast(1 << 33, 1), broadcast(1, 1 << 31));
+    let (tall, wide) = (broadcast(&one, 1 << 33, 1), broadcast(&one, 1, 1 << 31));
     let err = run(tall, wide, &mut [], None);
     assert_eq!(err, Err(short("product", 0, usize::MAX)));
     // Reaches past i128 (lengths near 2^64 by strides near 2^63).
@@ -473,7 +461,7 @@ fn sgemm_refuses_what_would_reach_outside_its_slices() {
         rows: far,
         cols: far,
     };
-    let err = run(huge, broadcast(usize::MAX, 1), &mut c, None);
+    let err = run(huge, broadcast(&one, usize::MAX, 1), &mut c, None);
     assert!(
         matches!(err, Err(Error::Operand { operand: "a", .. })),
         "{err:?}"
@@ -629,18 +617,7 @@ fn check_bf16(
 #[test]
 fn a_bf16_product_too_large_to_pack_is_an_error() {
     let one = [0u16];
-    let deep = |rows, cols| Matrix {
-        data: &one,
-        offset: 0,
-        rows: Axis::Strided {
-            len: rows,
-            stride: 0,
-        },
-        cols: Axis::Strided {
-            len: cols,
-            stride: 0,
-        },
-    };
+    let deep = |rows, cols| broadcast(&one, rows, cols);
     for isa in Isa::ALL.into_iter().filter(|isa| isa.available()) {
         let mut c = [0.0f32];
         let err = bf16_gemm(
@@ -657,5 +634,21 @@ fn a_bf16_product_too_large_to_pack_is_an_error() {
             n: 1,
         };
         assert_eq!(err, Err(too_large), "{isa}");
+    }
+}
+
+/// A `rows x cols` matrix of `one`'s value, broadcast (both strides 0).
+fn broadcast<T>(one: &[T; 1], rows: usize, cols: usize) -> Matrix<'_, T> {
+    Matrix {
+        data: one,
+        offset: 0,
+        rows: Axis::Strided {
+            len: rows,
+            stride: 0,
+        },
+        cols: Axis::Strided {
+            len: cols,
+            stride: 0,
+        },
     }
 }
