@@ -3,9 +3,11 @@
 # device-resident values, replay and the fed loader (tests/cuda_resident.rs,
 # tests/cuda_device.rs), the quickstart on the GPU, the training steps, eager
 # calls and the fed epoch beside jax.jit and PyTorch (`train_anchor.py`),
-# then every op and fusion kind against the interpreter on GPU 0
-# (tests/cpu.rs, tests/cpu_products.rs, tests/index.rs, tests/scatter.rs,
-# tests/join.rs, tests/random.rs on tensors that live on the device), then
+# the wide MLP's step in f32 and bf16 mixed precision beside PyTorch's
+# under autocast (`mixed_anchor.py`), then every op and fusion kind against
+# the interpreter on GPU 0 (tests/cpu.rs, tests/cpu_products.rs,
+# tests/index.rs, tests/scatter.rs, tests/join.rs, tests/random.rs,
+# tests/autocast.rs on tensors that live on the device), then
 # the rest of `bench_report --backend cuda` and PyTorch on the same
 # workloads (`cuda_anchor.py`).
 #
@@ -13,7 +15,7 @@
 #
 # DIR holds binaries built with `--features cuda` (a GPU machine needs no Rust
 # toolchain): `cpu`, `cpu_products`, `cuda_device`, `cuda_resident`, `index`,
-# `scatter`, `join` and `random` (from `cargo test --release --features cuda
+# `scatter`, `join`, `random` and `autocast` (from `cargo test --release --features cuda
 # --no-run`), `bench_report` and `quickstart`, and a copy of
 # `shared/anchors/train_anchor.py` (which does not travel with the
 # checkout). Logs and JSON lines go to OUT. Every step has a time limit,
@@ -44,6 +46,10 @@ step kiln-train.jsonl 150 "$bin/bench_report" --backend cuda --workload train_sg
 cat "$out/kiln-train.jsonl" | grep '^{'
 step train-anchor.jsonl 120 python3 "$bin/train_anchor.py" --device cuda
 cat "$out/train-anchor.jsonl"
+step kiln-mixed.jsonl 90 "$bin/bench_report" --backend cuda --workload train_mixed
+cat "$out/kiln-mixed.jsonl" | grep '^{'
+step mixed-anchor.jsonl 150 python3 benches/mixed_anchor.py
+cat "$out/mixed-anchor.jsonl"
 export KILN_TEST_DEVICE=cuda:0
 step tests-cpu.log 120 "$bin/cpu"
 step tests-cpu_products.log 120 "$bin/cpu_products"
@@ -51,6 +57,7 @@ step tests-index.log 120 "$bin/index"
 step tests-scatter.log 90 "$bin/scatter"
 step tests-join.log 60 "$bin/join"
 step tests-random.log 60 "$bin/random"
+step tests-autocast.log 60 "$bin/autocast"
 unset KILN_TEST_DEVICE
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     step kiln.jsonl 240 "$bin/bench_report" --backend cuda

@@ -13,7 +13,9 @@
 //! Run with `cargo run --release --example quickstart`. Built with
 //! `--features cuda`, `-- --device cuda` trains on GPU 0, its parameters and
 //! optimizer state living in the GPU's memory, and prints the CPU's
-//! samples/s for an epoch of the same steps beside the GPU's.
+//! samples/s for an epoch of the same steps beside the GPU's. With
+//! `-- --autocast bf16` the steps train in mixed precision (`Autocast`):
+//! products on bf16 operands, accumulated in f32, f32 master weights.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,7 +26,9 @@ use kiln::data::npy::NpyArray;
 use kiln::data::{ArrayDataset, DataLoader, Dataset, LoaderOptions, Subset, Zip};
 use kiln::nn::{Mlp, Module};
 use kiln::optim::{AdamW, Optimizer};
-use kiln::{CompileOptions, CompiledStep, DType, Device, Options, Result, Tensor, TensorType};
+use kiln::{
+    Autocast, CompileOptions, CompiledStep, DType, Device, Options, Result, Tensor, TensorType,
+};
 
 /// Digits that train; the rest test.
 const TRAIN: usize = 4000;
@@ -40,14 +44,14 @@ fn pixels(images: &Tensor) -> Result<Tensor> {
     x?.reshape([rows, 784])
 }
 
-/// The training step compiled for `device`: state = parameters, then
-/// AdamW's state; arguments = a batch of images and labels; output = the
-/// batch's loss.
+/// The training step compiled for `device` with `optimizer` (fusion and
+/// mixed precision): state = parameters, then AdamW's state; arguments = a
+/// batch of images and labels; output = the batch's loss.
 fn training_step(
     device: Device,
     mlp: &Mlp,
     optimizer: &AdamW,
-    fusion: bool,
+    options: Options,
 ) -> Result<CompiledStep> {
     let params: Vec<&Tensor> = mlp.parameters().into_iter().map(|(_, p)| p).collect();
     let mut state: Vec<Tensor> = params.iter().map(|&p| p.clone()).collect();
@@ -64,10 +68,7 @@ fn training_step(
         &batch,
         CompileOptions {
             device,
-            optimizer: Options {
-                fusion,
-                ..Options::default()
-            },
+            optimizer: options,
             ..CompileOptions::default()
         },
         |state, batch| {
@@ -123,21 +124,31 @@ fn epoch(
     Ok((total / losses.len() as f32, start.elapsed().as_secs_f64()))
 }
 
-/// The device `--device cpu|cuda` names (the CPU without it).
-fn device() -> std::result::Result<Device, String> {
+/// The device `--device cpu|cuda` names (the CPU without it) and the
+/// mixed precision `--autocast bf16` asks for (none without it).
+fn flags() -> std::result::Result<(Device, Option<Autocast>), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        [] | ["--device", "cpu"] => Ok(Device::Cpu),
-        ["--device", "cuda"] => Ok(Device::Cuda(0)),
-        _ => Err(format!(
-            "usage: quickstart [--device cpu|cuda], not {args:?}"
-        )),
+    let (mut device, mut autocast) = (Device::Cpu, None);
+    for pair in args.chunks(2) {
+        match pair {
+            [flag, value] if flag == "--device" && value == "cpu" => device = Device::Cpu,
+            [flag, value] if flag == "--device" && value == "cuda" => device = Device::Cuda(0),
+            [flag, value] if flag == "--autocast" && value == "bf16" => {
+                autocast = Some(Autocast::BF16);
+            }
+            _ => {
+                return Err(format!(
+                    "usage: quickstart [--device cpu|cuda] [--autocast bf16], not {args:?}"
+                ));
+            }
+        }
     }
+    Ok((device, autocast))
 }
 
 fn main() -> Result<()> {
-    let device = match device() {
-        Ok(d) => d,
+    let (device, autocast) = match flags() {
+        Ok(f) => f,
         Err(usage) => {
             eprintln!("{usage}");
             std::process::exit(2);
@@ -160,9 +171,14 @@ fn main() -> Result<()> {
 
     let mlp = Mlp::new(&[784, 256, 256, 10], 0)?;
     let optimizer = AdamW::new(1e-3);
-    let mut step = training_step(device, &mlp, &optimizer, true)?;
+    let fused = Options {
+        autocast,
+        ..Options::default()
+    };
+    let mut step = training_step(device, &mlp, &optimizer, fused)?;
+    let precision = autocast.map_or("f32".to_string(), |a| format!("{a:?} autocast"));
     println!(
-        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW, on {device:?}: {} kernels per step, {} of {} state tensors updated in place",
+        "training an MLP 784-256-256-10 on {TRAIN} digits, batches of {BATCH}, AdamW, {precision}, on {device:?}: {} kernels per step, {} of {} state tensors updated in place",
         step.graph().launches(),
         step.in_place().iter().filter(|&&b| b).count(),
         step.in_place().len(),
@@ -193,7 +209,11 @@ fn main() -> Result<()> {
     }
 
     // Fused against unfused from the same state, epochs taking turns.
-    let mut unfused = training_step(device, &mlp, &optimizer, false)?;
+    let unfused_options = Options {
+        fusion: false,
+        ..fused
+    };
+    let mut unfused = training_step(device, &mlp, &optimizer, unfused_options)?;
     let hidden = ProgressBar::hidden();
     let mut seconds = [Vec::new(), Vec::new()];
     for (turn, which) in [0, 1, 1, 0].into_iter().enumerate() {
@@ -211,7 +231,7 @@ fn main() -> Result<()> {
     );
     if device != Device::Cpu {
         // The same steps on the CPU, from the initial parameters.
-        let mut on_cpu = training_step(Device::Cpu, &mlp, &optimizer, true)?;
+        let mut on_cpu = training_step(Device::Cpu, &mlp, &optimizer, fused)?;
         let cpu = epoch(&mut on_cpu, &mut train_loader, EPOCHS + 4, &hidden)?.1;
         println!(
             "on {device:?} {:.0} samples/s, on the CPU {:.0} samples/s",

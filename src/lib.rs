@@ -57,7 +57,7 @@ pub use conv::Pool2d;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use grad::{grad, value_and_grad};
-pub use kiln_ir::pass::{Optimized, Options};
+pub use kiln_ir::pass::{Autocast, Optimized, Options};
 pub use kiln_ir::{DType, Data, DataRef, Element, Graph, Scalar, Shape, TensorType, bf16, f16};
 pub use kiln_runtime::{BackendOptions, MemoryStats, Precision};
 pub use step::{CompiledStep, compile_step, compile_step_with};

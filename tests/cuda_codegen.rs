@@ -10,7 +10,7 @@
 // Helpers serve both the snapshot tests and, with feature `cuda`, NVRTC's.
 #![allow(dead_code)]
 
-use kiln::{DType, Options, Result, Tensor};
+use kiln::{Autocast, DType, Options, Result, Tensor};
 use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_ir::{Graph, Op};
 use kiln_runtime::cuda::codegen;
@@ -121,6 +121,19 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
             vec![(tokens + randn(&[8, 24], 1)?.index_select(0, &positions)?)?]
         }
         // Dropout: Threefry of each element's position, in the kernel.
+        // A hidden value read by two products (one transposed) and an
+        // elementwise op: each product rounds it in its operand's prologue
+        // under mixed precision (`cuda` sets bf16 autocast by the name).
+        "autocast_shared" => {
+            let (x, w, v) = (
+                randn(&[64, 96], 0)?,
+                randn(&[96, 40], 1)?,
+                randn(&[40, 24], 2)?,
+            );
+            let h = x.matmul(&w)?.relu()?;
+            let g = randn(&[64, 16], 3)?;
+            vec![h.matmul(&v)?, h.t()?.matmul(&g)?, h.mul(&h)?]
+        }
         "dropout" => vec![randn(&[64, 33], 0)?.dropout(0.25, &Tensor::scalar(7i32))?],
         // The table's gradient: each row added where its id points.
         "embedding_grad" => {
@@ -133,7 +146,7 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
     })
 }
 
-const PATTERNS: [&str; 17] = [
+const PATTERNS: [&str; 18] = [
     "relu_add",
     "relu_add_bf16",
     "bf16_scale",
@@ -148,6 +161,7 @@ const PATTERNS: [&str; 17] = [
     "sums",
     "sgd_step",
     "adamw_step",
+    "autocast_shared",
     "embedding",
     "embedding_grad",
     "dropout",
@@ -221,12 +235,14 @@ fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
 }
 
 /// Pattern `name` optimized as the CUDA backend has it optimized, its
-/// products held apart from their kernels' outputs, and generated.
+/// products held apart from their kernels' outputs (in bf16 mixed
+/// precision where the name starts with `autocast`), and generated.
 fn cuda(name: &str) -> Result<(String, Vec<String>)> {
     let outputs = pattern(name)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let options = Options {
         products_apart: true,
+        autocast: name.starts_with("autocast").then_some(Autocast::BF16),
         ..Options::default()
     };
     let optimized = kiln::optimize(name, &refs, options)?;
@@ -300,6 +316,12 @@ fn an_update_stores_the_parameter_and_its_moments_beside_the_output() -> Result<
     // kernel writing the new weight and both moments.
     assert!(text.contains("float* __restrict__ side1"), "{text}");
     assert!(text.contains("side1[i] = "), "{text}");
+    Ok(())
+}
+
+#[test]
+fn mixed_precision_rounds_a_shared_operand_in_each_products_prologue() -> Result<()> {
+    insta::assert_snapshot!(cuda("autocast_shared")?.0);
     Ok(())
 }
 

@@ -1,15 +1,16 @@
 //! `bench_report`'s training steps: `train_sgd` and `train_adam`, the MLP
 //! step of `../shared/anchors/train_anchor.py`, `train_cnn`, the CNN step
 //! of `benches/cnn_anchor.py`, `train_lm`, the transformer step of
-//! `benches/lm_anchor.py`, and `train_fed`, an epoch of MLP steps fed by a
-//! data loader.
+//! `benches/lm_anchor.py`, `train_mixed`, a wide MLP's step in f32 and in
+//! bf16 mixed precision, the step of `benches/mixed_anchor.py`, and
+//! `train_fed`, an epoch of MLP steps fed by a data loader.
 
 use std::sync::Arc;
 
 use kiln::data::{DataError, DataLoader, Dataset, LoaderOptions};
 use kiln::nn::Module;
 use kiln::optim::{AdamW, Optimizer, Sgd};
-use kiln::{CompileOptions, CompiledStep, DType, Device, Result, Tensor, TensorType};
+use kiln::{Autocast, CompileOptions, CompiledStep, DType, Device, Result, Tensor, TensorType};
 use kiln_support::digits_cnn;
 
 use crate::{Backend, max_rel_err, options, target, time};
@@ -83,6 +84,41 @@ fn mlp() -> Result<Case> {
             Ok((h.cross_entropy(y)?, Vec::new()))
         },
         flops: (2 * 250 * (3 * macs - sizes[0] * sizes[1])) as u64,
+    })
+}
+
+/// Rows of `train_mixed`'s batch, and its MLP's widths.
+const WIDE: (usize, [usize; 4]) = (1024, [4096, 4096, 4096, 10]);
+
+/// The MLP 4096-4096-4096-10 of `benches/mixed_anchor.py` on a batch of
+/// 1024 normal rows (the size where a GPU's tensor cores, not its
+/// launches, take the time): the same products as `mlp`'s, 206 GFLOP.
+fn wide_mlp() -> Result<Case> {
+    let (rows, sizes) = WIDE;
+    let mut params = Vec::new();
+    for (i, pair) in sizes.windows(2).enumerate() {
+        params.push(he(&[pair[0], pair[1]], pair[0], i as u64)?);
+        params.push(Tensor::zeros([pair[1]], DType::F32)?);
+    }
+    let labels: Vec<i32> = (0..rows as i32).map(|i| i * 31 % 10).collect();
+    let macs: usize = sizes.windows(2).map(|p| p[0] * p[1]).sum();
+    Ok(Case {
+        shape: "1024x4096-4096-4096-10",
+        params,
+        buffers: Vec::new(),
+        images: Tensor::randn([rows, sizes[0]], 7)?,
+        labels: Tensor::from_vec(labels, [rows])?,
+        loss: |p, _, x, y| {
+            let mut h = x.clone();
+            for (i, layer) in p.chunks(2).enumerate() {
+                h = (h.matmul(&layer[0])? + &layer[1])?;
+                if i + 1 < p.len() / 2 {
+                    h = h.relu()?;
+                }
+            }
+            Ok((h.cross_entropy(y)?, Vec::new()))
+        },
+        flops: (2 * rows * (3 * macs - sizes[0] * sizes[1])) as u64,
     })
 }
 
@@ -247,18 +283,21 @@ fn compile(
 }
 
 /// A training step (`train_sgd`: SGD with momentum 0.9 at 0.05;
-/// `train_adam`, `train_cnn` and `train_lm`: Adam at 1e-3) compiled with
-/// `kiln::compile_step_with` for `backend`, fused and unfused taking turns.
-/// The batch is on the step's device, as the anchors have it; a timed step
-/// reads its loss, so that on a GPU it is the host's time for a step
-/// through the loss on the host. `compile_s` is the step's compile time
-/// (tracing, optimizing, code generation). Checked: the first step's loss
-/// against the interpreter's.
+/// `train_adam`, `train_cnn`, `train_lm` and `train_mixed`: Adam at 1e-3)
+/// compiled with `kiln::compile_step_with` for `backend`, fused and unfused
+/// taking turns (`train_mixed`: fused, in f32 and in bf16 mixed precision,
+/// `Options::autocast`). The batch is on the step's device, as the anchors
+/// have it; a timed step reads its loss, so that on a GPU it is the host's
+/// time for a step through the loss on the host. `compile_s` is the step's
+/// compile time (tracing, optimizing, code generation). Checked: the first
+/// step's loss against the interpreter's (`train_mixed`: against the f32
+/// step's, which says how far mixed precision moves it).
 pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<()> {
     eprintln!("{id}");
     let case = match id {
         "train_cnn" => cnn()?,
         "train_lm" => lm()?,
+        "train_mixed" => wide_mlp()?,
         _ => mlp()?,
     };
     let sgd = Sgd {
@@ -274,31 +313,34 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
     // On the step's device, as the anchors have it.
     let batch = [case.images.to(device)?, case.labels.to(device)?];
     let batch: Vec<&Tensor> = batch.iter().collect();
+    let mixed = CompileOptions {
+        optimizer: kiln::Options {
+            autocast: Some(Autocast::BF16),
+            ..options(backend, true).optimizer
+        },
+        ..options(backend, true)
+    };
+    let variants = match id {
+        "train_mixed" => [("f32", options(backend, true)), ("bf16", mixed)],
+        _ => [
+            ("fused", options(backend, true)),
+            ("unfused", options(backend, false)),
+        ],
+    };
     let mut steps = Vec::new();
-    for fusion in [true, false] {
-        let options = options(backend, fusion);
+    for (variant, options) in variants {
         let start = std::time::Instant::now();
         let mut step = compile(id, &case, optimizer, options)?;
         let compile_s = start.elapsed().as_secs_f64();
         let first = step.call(&batch)?[0].to_scalar::<f32>()?;
-        steps.push((
-            if fusion { "fused" } else { "unfused" },
-            step,
-            first,
-            compile_s,
-        ));
+        steps.push((variant, step, first, compile_s));
     }
-    let on_reference = |values: &[Tensor]| -> Result<Vec<Tensor>> {
-        values.iter().map(|v| v.to(Device::Reference)).collect()
+    let want = match id {
+        // The interpreter's f64 products of 1024x4096x4096 would take
+        // minutes.
+        "train_mixed" => f64::from(steps[0].2),
+        _ => reference_loss(&case)?,
     };
-    let (params, buffers) = (on_reference(&case.params)?, on_reference(&case.buffers)?);
-    let x = case.images.to(Device::Reference)?;
-    let y = case.labels.to(Device::Reference)?;
-    let want = f64::from(
-        (case.loss)(&params, &buffers, &x, &y)?
-            .0
-            .to_scalar::<f32>()?,
-    );
     let timings = time(quick, steps.len(), |v| {
         steps[v].1.call(&batch)?[0].to_scalar::<f32>().map(|_| None)
     })?;
@@ -314,6 +356,18 @@ pub(crate) fn train(id: &'static str, quick: bool, backend: Backend) -> Result<(
         );
     }
     Ok(())
+}
+
+/// The first step's loss of `case`, by the interpreter.
+fn reference_loss(case: &Case) -> Result<f64> {
+    let on_reference = |values: &[Tensor]| -> Result<Vec<Tensor>> {
+        values.iter().map(|v| v.to(Device::Reference)).collect()
+    };
+    let (params, buffers) = (on_reference(&case.params)?, on_reference(&case.buffers)?);
+    let x = case.images.to(Device::Reference)?;
+    let y = case.labels.to(Device::Reference)?;
+    let loss = (case.loss)(&params, &buffers, &x, &y)?.0;
+    Ok(f64::from(loss.to_scalar::<f32>()?))
 }
 
 /// Batches of `EPOCH_STEPS` per epoch of `train_fed`.

@@ -258,31 +258,50 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     }
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);
-    // Both operands bf16 widened to f32, which a bf16 GEMM reads as they
-    // are: through any view, or one BLAS steps through.
+    // Both operands bf16 values widened to f32, which a bf16 GEMM reads as
+    // bf16: a bf16 input read where it lies (through any view, or one BLAS
+    // steps through), or computed values rounded to bf16 (mixed
+    // precision's operands), which its prologue writes as bf16.
     let halves = [a, b].map(|o| {
-        (widened_bf16(o))
-            .filter(|(_, view)| target.bf16 && (target.any_view || blas(view).is_some()))
+        let read = widened_bf16(o).filter(|(_, view)| target.any_view || blas(view).is_some());
+        match read {
+            Some((input, view)) => Some(Half::Read(input, view)),
+            None => rounded_bf16(o).map(Half::Rounded),
+        }
     });
-    if let [Some(a_read), Some(b_read)] = halves {
-        let operand = |o: &Operand, (input, view): (u32, &View)| PlanOperand {
-            shape: o.shape().clone(),
-            dtype: DType::BF16,
-            source: Source::Input {
-                input,
-                view: view.clone(),
-            },
+    if let ([Some(a_half), Some(b_half)], true) = (halves, target.bf16) {
+        let mut scratch = 0;
+        let mut operand = |o: &Operand, half: Half| {
+            let source = match half {
+                Half::Read(input, view) => Source::Input {
+                    input,
+                    view: view.clone(),
+                },
+                Half::Rounded(block) => {
+                    let rounded = Operand::Computed {
+                        shape: o.shape().clone(),
+                        block,
+                    };
+                    prologue_source(kernel, &rounded, DType::BF16, target, &mut scratch)
+                }
+            };
+            PlanOperand {
+                shape: o.shape().clone(),
+                dtype: DType::BF16,
+                source,
+            }
         };
-        let (epilogue, scratch_bytes) = bf16_epilogue(kernel, target, m, n);
+        let (a, b) = (operand(a, a_half), operand(b, b_half));
+        let epilogue = bf16_epilogue(kernel, target, m, n, &mut scratch);
         return Ok(Plan {
             batches,
             m,
             n,
             k,
-            a: operand(a, a_read),
-            b: operand(b, b_read),
+            a,
+            b,
             epilogue,
-            scratch_bytes,
+            scratch_bytes: scratch,
         });
     }
     let mut scratch = 0;
@@ -299,24 +318,7 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
                 input: *input,
                 view: view.clone(),
             },
-            _ => {
-                let (body, written, transposed) = written(o, target);
-                let at = scratch;
-                scratch =
-                    (scratch + shape.numel() * DType::F32.size()).next_multiple_of(target.align);
-                let prologue = Box::new(Kernel {
-                    inputs: kernel.inputs.clone(),
-                    out: TensorType::new(DType::F32, written),
-                    kind: KernelKind::Elementwise,
-                    body,
-                    side: Vec::new(),
-                });
-                Source::Written {
-                    prologue,
-                    transposed,
-                    at,
-                }
-            }
+            _ => prologue_source(kernel, o, DType::F32, target, &mut scratch),
         };
         PlanOperand {
             shape,
@@ -347,6 +349,32 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     })
 }
 
+/// Operand `o` of `kernel` written into scratch from byte `*scratch` (moved
+/// past it) as `dtype` by a prologue, for `target`'s GEMM.
+fn prologue_source(
+    kernel: &Kernel,
+    o: &Operand,
+    dtype: DType,
+    target: Target,
+    scratch: &mut usize,
+) -> Source {
+    let (body, written, transposed) = written(o, target);
+    let at = *scratch;
+    *scratch = (at + written.numel() * dtype.size()).next_multiple_of(target.align);
+    let prologue = Box::new(Kernel {
+        inputs: kernel.inputs.clone(),
+        out: TensorType::new(dtype, written),
+        kind: KernelKind::Elementwise,
+        body,
+        side: Vec::new(),
+    });
+    Source::Written {
+        prologue,
+        transposed,
+        at,
+    }
+}
+
 /// Whether `target`'s GEMM applies `epilogue` itself to a product of depth
 /// `k`. With k = 0 the product is zeros, which a runtime may write without
 /// a GEMM (CUDA does): the bias then needs the kernel.
@@ -367,16 +395,52 @@ fn applies(epilogue: &Epilogue, target: Target, k: usize) -> bool {
 }
 
 /// The epilogue of a GEMM of bf16 operands, which applies none of its
-/// own, and the scratch bytes it needs: the product stored as it is, or
-/// rounded to bf16 (`Target::stores_bf16`), else a kernel after it.
-fn bf16_epilogue(kernel: &Kernel, target: Target, m: usize, n: usize) -> (Epilogue, usize) {
-    let product = kernel.out.shape.numel() * DType::F32.size();
+/// own: the product stored as it is, or rounded to bf16
+/// (`Target::stores_bf16`), else a kernel after it, the product in scratch
+/// from byte `*scratch` (moved past it) where the target keeps it there.
+fn bf16_epilogue(
+    kernel: &Kernel,
+    target: Target,
+    m: usize,
+    n: usize,
+    scratch: &mut usize,
+) -> Epilogue {
     match stored(kernel, m, n) {
-        Some(Epilogue::Product) => (Epilogue::Product, 0),
-        _ if target.stores_bf16 && rounded_product(kernel) => (Epilogue::Product, 0),
-        _ if target.product_in_scratch => (Epilogue::Kernel { acc: Some(0) }, product),
-        _ => (Epilogue::Kernel { acc: None }, 0),
+        Some(Epilogue::Product) => Epilogue::Product,
+        _ if target.stores_bf16 && rounded_product(kernel) => Epilogue::Product,
+        _ if target.product_in_scratch => {
+            let acc = *scratch;
+            *scratch += kernel.out.shape.numel() * DType::F32.size();
+            Epilogue::Kernel { acc: Some(acc) }
+        }
+        _ => Epilogue::Kernel { acc: None },
     }
+}
+
+/// A GEMM operand that holds bf16 values (`plan`'s bf16 GEMM).
+enum Half<'a> {
+    /// A bf16 kernel input, read through this view.
+    Read(u32, &'a View),
+    /// Computed values rounded to bf16: this block computes them as bf16.
+    Rounded(Block),
+}
+
+/// The block that computes operand `o` as bf16 values, where its last
+/// step widens a bf16 value to f32 (mixed precision's rounding,
+/// `cast(cast(x, bf16), f32)`, or a bf16 input no GEMM reads in place):
+/// the block up to that bf16 value.
+fn rounded_bf16(o: &Operand) -> Option<Block> {
+    let Operand::Computed { block, .. } = o else {
+        return None;
+    };
+    let last = block.values.last()?;
+    let Expr::Cast(narrow) = last.expr else {
+        return None;
+    };
+    let narrow = narrow as usize;
+    (last.dtype == DType::F32 && block.values[narrow].dtype == DType::BF16).then(|| Block {
+        values: block.values[..=narrow].to_vec(),
+    })
 }
 
 /// Whether the kernel's output is its product rounded to bf16, in order:

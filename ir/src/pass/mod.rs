@@ -2,14 +2,14 @@
 //! kernels, with the verifier after every stage.
 //!
 //! ```text
-//! simplify -> widen -> cse -> attention -> batch-rows -> split-reduce -> fold-views -> fuse -> dce
+//! simplify -> widen -> cse -> attention -> autocast -> batch-rows -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
 //! then the schedule, and for a compiled step `donate`, which writes
 //! outputs over the inputs they replace where that is safe.
 //!
 //! The pipeline takes graph ops only (checked on entry): `simplify`,
-//! `widen`, `cse`, `attention`, `batch-rows` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
+//! `widen`, `cse`, `attention`, `autocast` (asked for), `batch-rows` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
 //! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
 //!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
@@ -22,10 +22,11 @@ use crate::Error;
 use crate::graph::{Graph, Node, NodeId};
 use crate::op::Op;
 use crate::schedule::Schedule;
-use crate::types::TensorType;
+use crate::types::{DType, TensorType};
 use crate::verify::{verify, verify_graph_ops};
 
 mod attention;
+mod autocast;
 mod batch_rows;
 mod cse;
 mod dce;
@@ -39,11 +40,12 @@ mod widen;
 pub use donate::donate;
 
 /// The stages in pipeline order, as `KILN_DUMP` names them.
-pub const STAGES: [&str; 11] = [
+pub const STAGES: [&str; 12] = [
     "simplify",
     "widen",
     "cse",
     "attention",
+    "autocast",
     "batch-rows",
     "split-reduce",
     "fold-views",
@@ -76,6 +78,54 @@ pub struct Options {
     /// `attention` stage finds it (with fusion on). A fact of the backend,
     /// which kiln's compile sets from it (`Backend::attention`).
     pub attention: bool,
+    /// Mixed precision: the operands of f32 matmuls rounded to 16 bits,
+    /// products accumulated and kept in f32 (`torch.autocast`; the lists
+    /// are `Autocast`'s). Unlike the other options this changes results,
+    /// by that rounding. None by default.
+    pub autocast: Option<Autocast>,
+}
+
+/// The 16-bit type mixed precision multiplies in (`Options::autocast`).
+///
+/// The lists, against `torch.autocast`'s on CUDA:
+///
+/// - **In 16 bits:** matmuls, batched or not, and so the convolutions kiln
+///   computes as products (a dense convolution, grouped or 1x1; attention
+///   written as two products). These are where the tensor cores and the
+///   bytes are.
+/// - **In f32:** everything else: sums, means and maxima, softmax and
+///   log-softmax, the normalizations, exp, log, pow and the other
+///   elementwise ops, the losses, an optimizer's update, and a depthwise
+///   convolution, which kiln computes as a sum of products rather than a
+///   matmul. torch runs these in f32 too (or in whatever type their
+///   operands have, which here is f32). And attention that the backend
+///   runs as one kernel (`Options::attention`, the CPU's): it computes in
+///   f32 inside it, and its operands rounded would be kernels of their own.
+/// - **Left as they are:** f64 and integer products, as torch leaves them.
+///
+/// One departure from torch: torch rounds a product to 16 bits, kiln keeps
+/// it in f32 (JAX's `preferred_element_type=float32`). The product is in
+/// f32 registers when the matmul's epilogue (bias, activation) reads it, so
+/// rounding it would cost accuracy and save nothing; where a product feeds
+/// another product, that one rounds it as its operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Autocast {
+    /// bf16: f32's range, 8 bits of significand. Trains without loss
+    /// scaling.
+    BF16,
+    /// f16: 11 bits of significand, but a range that small gradients fall
+    /// out of: train with loss scaling (kiln's `GradScaler`).
+    F16,
+}
+
+impl Autocast {
+    /// The dtype products' operands are rounded to.
+    pub fn dtype(self) -> DType {
+        match self {
+            Autocast::BF16 => DType::BF16,
+            Autocast::F16 => DType::F16,
+        }
+    }
 }
 
 impl Default for Options {
@@ -86,6 +136,7 @@ impl Default for Options {
             parallel: 1024,
             products_apart: false,
             attention: false,
+            autocast: None,
         }
     }
 }
@@ -131,6 +182,11 @@ pub fn optimize(
     let graph = match options.attention && options.fusion {
         true => stage("attention", attention::run(&graph))?,
         false => graph,
+    };
+    // After `widen`: its casts are already ones a backend has.
+    let graph = match options.autocast {
+        Some(to) => stage("autocast", autocast::run(&graph, to))?,
+        None => graph,
     };
     let graph = match batch_rows::run(&graph) {
         Some(rewritten) => stage("batch-rows", rewritten)?,

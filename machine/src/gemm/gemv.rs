@@ -382,7 +382,8 @@ mod tests {
         if isas.is_empty() {
             eprintln!("skipped: this CPU runs none of kiln's cores");
         }
-        let bias: Vec<f32> = (0..1000).map(|j| value(j, 5)).collect();
+        // A value per column of the widest product below.
+        let bias: Vec<f32> = (0..1019).map(|j| value(j, 5)).collect();
         let epilogues = [
             RawFused::NONE,
             RawFused {
@@ -447,7 +448,7 @@ mod tests {
                         }
                         // SAFETY: isa is available; a(i, l) = a[1 + 2(ik + l)]
                         // and b's elements lie inside `a` and `b`, `c` holds
-                        // m * n, the bias 1000 values.
+                        // m * n, the bias a value per column (and per row).
                         unsafe {
                             if taken {
                                 let c = &mut c;

@@ -21,7 +21,11 @@
 //!   constants alone (the cast and normalization of a batch of images)
 //!   becomes that operand's prologue, computed once per element inside the
 //!   matmul's kernel. An operand computed from a reduction or a matmul is
-//!   stored instead: it is the epilogue of that kernel.
+//!   stored instead: it is the epilogue of that kernel. Except a rounding
+//!   to 16 bits and back (`cast(cast(x, bf16), f32)`, mixed precision's
+//!   operand) of a value that other kernels read too: each product rounds
+//!   it in its operand's prologue, as it reads it, so the rounding costs no
+//!   kernel and no buffer of its own.
 //!
 //! A gather joins its readers as an elementwise op does, its table always
 //! a buffer: what it reads depends on indices known only at run time. A
@@ -111,6 +115,9 @@ struct Plan<'g> {
     /// Input-fed values recomputed in every kernel that reads them rather
     /// than stored: cheap ops, or one element (see the module doc).
     cheap: Vec<bool>,
+    /// The casts that round a value read by several kernels to 16 bits and
+    /// back, recomputed in the prologue of each product that reads them.
+    rounding: Vec<bool>,
     members: Vec<Vec<Membership>>,
     inline: Vec<bool>,
     root_of: Vec<Option<usize>>,
@@ -163,6 +170,7 @@ impl<'g> Plan<'g> {
             transparent,
             input_fed: vec![false; n],
             cheap: vec![false; n],
+            rounding: rounding(graph),
             members: (0..n).map(|_| Vec::new()).collect(),
             inline: vec![false; n],
             root_of: vec![None; n],
@@ -456,7 +464,8 @@ impl<'g> Plan<'g> {
         if let Some(member) = self.merged_operand(i, &candidates) {
             return Ok(vec![member]);
         }
-        if !self.input_fed[i] && candidates.iter().any(|c| matches!(c.1, Role::Operand(_))) {
+        let operand = candidates.iter().any(|c| matches!(c.1, Role::Operand(_)));
+        if operand && !self.input_fed[i] && !self.rounding[i] {
             return Err("is a matmul operand".to_string());
         }
         let mut groups: SmallVec<[usize; 2]> = candidates.iter().map(|c| c.0).collect();
@@ -467,7 +476,7 @@ impl<'g> Plan<'g> {
             // A gather is computed at its reader's index as elementwise ops
             // are, its table read where it lies.
             Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) | Op::Gather { .. } => {
-                if groups.len() > 1 && !self.cheap[i] {
+                if groups.len() > 1 && !self.cheap[i] && !self.rounding[i] {
                     return Err(format!("has {readers} readers in different kernels"));
                 }
                 if candidates
@@ -625,6 +634,48 @@ impl<'g> Plan<'g> {
         node.ty.shape.numel() == 1
             || (cheap_op && self.operands(i).iter().all(|(p, _)| cheap_operand(*p)))
     }
+}
+
+/// Per node of `graph`: whether it is a cast to 16 bits and back, or its
+/// first half, of an f32 value (or a view of one) that more than one node
+/// reads, so stored anyway: a value read by the rounding alone is rounded
+/// by the kernel that computes it.
+fn rounding(graph: &Graph) -> Vec<bool> {
+    let readers = super::readers(graph);
+    let source = |mut id: NodeId| {
+        while let Op::View(_) = graph.node(id).op {
+            id = graph.node(id).inputs[0];
+        }
+        id
+    };
+    let narrowing = |id: NodeId| {
+        let node = graph.node(id);
+        matches!(node.op, Op::Cast(to) if to.is_half())
+            && graph.node(node.inputs[0]).ty.dtype == DType::F32
+            && readers[source(node.inputs[0]).index()] > 1
+    };
+    let mut out: Vec<bool> = graph
+        .nodes
+        .iter()
+        .map(|node| matches!(node.op, Op::Cast(DType::F32)) && narrowing(node.inputs[0]))
+        .collect();
+    // The narrowing casts those widen, when nothing else reads them.
+    let mut others = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for id in &node.inputs {
+            others[id.index()] |= !out[i];
+        }
+    }
+    for id in &graph.outputs {
+        others[id.index()] = true;
+    }
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if out[i] {
+            let narrow = node.inputs[0].index();
+            out[narrow] = !others[narrow];
+        }
+    }
+    out
 }
 
 /// Whether `op` is elementwise: computed at an index from its operands there.

@@ -350,7 +350,7 @@ fn operand_at(
             ((Role::Input(*input as usize), buffer.alias()), view.clone())
         }
         (Source::Written { at: offset, .. }, Some(prologue), Some(view)) => {
-            let bytes = shape.numel() * DType::F32.size();
+            let bytes = shape.numel() * operand.dtype.size();
             let (mut part, there) = match at.place {
                 Computed::Scratch => (scratch.part(*offset, bytes), false),
                 Computed::Keep(buffer) => (buffer.alias(), false),
