@@ -6,8 +6,8 @@
 # the wide MLP's step in f32 and bf16 mixed precision beside PyTorch's
 # under autocast (`mixed_anchor.py`), then every op and fusion kind against
 # the interpreter on GPU 0 (tests/cpu.rs, tests/cpu_products.rs,
-# tests/index.rs, tests/scatter.rs, tests/join.rs, tests/random.rs,
-# tests/autocast.rs on tensors that live on the device), then
+# tests/index.rs, tests/scatter.rs, tests/join.rs, tests/random.rs and the
+# products of tests/autocast.rs on tensors that live on the device), then
 # the rest of `bench_report --backend cuda` and PyTorch on the same
 # workloads (`cuda_anchor.py`).
 #

@@ -1,9 +1,11 @@
 //! Mixed precision (`Options::autocast`): a compiled graph's f32 products
 //! multiply their operands rounded to bf16 or f16 and sum in f32, whatever
 //! kernel the rounding lands in, against the interpreter computing the same
-//! products on operands rounded by hand; attention run as one kernel stays
-//! in f32; the roundings cost a training step no kernel; the quickstart's
-//! MLP trains to the f32 run's accuracy.
+//! products on operands rounded by hand, in as many kernels as without
+//! autocast (on the device under test, `KILN_TEST_DEVICE`); on the CPU,
+//! attention run as one kernel stays in f32, the roundings cost a training
+//! step no kernel, and the quickstart's MLP trains to the f32 run's
+//! accuracy.
 
 // The shared helpers, of which this file uses some.
 #[allow(dead_code)]
@@ -29,26 +31,33 @@ type Products = fn(&[Tensor], Round) -> Result<Vec<Tensor>>;
 /// `f` compiled with `to`'s autocast on the device under test against `f`
 /// on the interpreter without it, each product's operands rounded by hand;
 /// and against the interpreter without any rounding, to show that the
-/// rounding happened. `k` is the longest sum, for the tolerance.
+/// rounding happened; in as many kernels as `f` without autocast (the
+/// roundings fused). `k` is the longest sum, for the tolerance.
 fn check(what: &str, inputs: &[Tensor], k: usize, to: Autocast, f: Products) -> Result<()> {
     let specs: Vec<TensorType> = inputs.iter().map(|t| t.ty().clone()).collect();
     let refs: Vec<&Tensor> = inputs.iter().collect();
-    let run = |options: CompileOptions, round: Round| -> Result<Vec<Tensor>> {
-        kiln::compile_with(what, &specs, options, |t| f(t, round))?.call(&refs)
+    let compile = |options: CompileOptions, round: Round| {
+        kiln::compile_with(what, &specs, options, |t| f(t, round))
     };
+    let run = |options, round| -> Result<Vec<Tensor>> { compile(options, round)?.call(&refs) };
     let half = to.dtype();
+    let plain = CompileOptions::on(device());
     let tested = CompileOptions {
-        device: device(),
         optimizer: Options {
             autocast: Some(to),
             ..Options::default()
         },
-        ..CompileOptions::default()
+        ..plain
     };
-    let got = run(tested, &|x| Ok(x.clone()))?;
+    let same: Round = &|x| Ok(x.clone());
+    let mut graph = compile(tested, same)?;
+    let kernels = compile(plain, same)?.launches();
+    assert_eq!(graph.launches(), kernels, "{what} {half}: kernels");
+    let got = graph.call(&refs)?;
     let reference = CompileOptions::on(Device::Reference);
-    let want = run(reference, &|x| x.cast(half)?.cast(DType::F32))?;
-    let exact = run(reference, &|x| Ok(x.clone()))?;
+    let by_hand: Round = &|x| x.cast(half)?.cast(DType::F32);
+    let want = run(reference, by_hand)?;
+    let exact = run(reference, same)?;
     let tol = sum_tol(k, 16.0);
     for (j, ((got, want), exact)) in got.iter().zip(&want).zip(&exact).enumerate() {
         let (got, want, exact) = (data(got)?, data(want)?, data(exact)?);
@@ -112,15 +121,22 @@ fn a_value_several_kernels_read_is_rounded_by_each_product() -> Result<()> {
 }
 
 #[test]
+/// A convolution's windows rounded as the image is stored: a layer's
+/// input computed by the kernel before it (here, stored before its
+/// padding), one layer after another, in as many kernels as in f32.
 fn a_convolution_multiplies_rounded_windows() -> Result<()> {
     let inputs = [
         input(&[2, 5, 11, 9], 10, false)?,
         input(&[7, 5, 3, 3], 11, false)?,
+        input(&[4, 7, 1, 1], 12, false)?,
     ];
     for to in [Autocast::BF16, Autocast::F16] {
         check("conv2d", &inputs, 45, to, |t, r| {
-            let y = r(&t[0])?.conv2d(&r(&t[1])?, None, [1, 1], [(1, 1), (1, 1)], [1, 1], 1)?;
-            Ok(vec![y])
+            let x = (&t[0] * 0.5f32)?;
+            let padding = [(1, 1), (1, 1)];
+            let y = r(&x)?.conv2d(&r(&t[1])?, None, [1, 1], padding, [1, 1], 1)?;
+            let z = r(&y.relu()?)?.conv2d(&r(&t[2])?, None, [1, 1], [(0, 0); 2], [1, 1], 1)?;
+            Ok(vec![y, z])
         })?;
     }
     Ok(())

@@ -3,10 +3,11 @@
 //! applies, bytes normalized on the way into the product and into its
 //! weight gradient (written transposed for the CPU), a convolution's
 //! windows (read in place through tables on the CPU, copied for CUDA), and
-//! batch axes swapped by a permute. A change to either backend's decisions
-//! shows up here as a reviewable diff.
+//! batch axes swapped by a permute, mixed precision's operands written as
+//! bf16. A change to either backend's decisions shows up here as a
+//! reviewable diff.
 
-use kiln::{DType, Options, Result, Tensor};
+use kiln::{Autocast, DType, Options, Result, Tensor};
 use kiln_ir::Op;
 use kiln_ir::kernel::{Kernel, KernelKind};
 use kiln_runtime::matmul::{Target, plan};
@@ -24,7 +25,17 @@ fn plans(name: &str, outputs: &[&Tensor]) -> Result<String> {
 /// The plans of every matmul kernel of `outputs`, optimized, for each
 /// target.
 fn plans_on(name: &str, outputs: &[&Tensor], targets: &[(Target, &str)]) -> Result<String> {
-    let optimized = kiln::optimize(name, outputs, Options::default())?;
+    plans_with(name, outputs, Options::default(), targets)
+}
+
+/// `plans_on` with the optimizer's `options`.
+fn plans_with(
+    name: &str,
+    outputs: &[&Tensor],
+    options: Options,
+    targets: &[(Target, &str)],
+) -> Result<String> {
+    let optimized = kiln::optimize(name, outputs, options)?;
     let mut text = String::new();
     for launch in &optimized.schedule.launches {
         let Op::Kernel(kernel) = &optimized.graph.node(launch.node).op else {
@@ -143,5 +154,46 @@ fn batch_axes_of_one_stride_are_read_in_place() -> Result<()> {
         .permute(&[1, 0, 2, 3])?
         .matmul(&w)?;
     insta::assert_snapshot!(plans("batched", &[&in_place, &swapped])?);
+    Ok(())
+}
+
+#[test]
+fn mixed_precision_operands_are_written_as_bf16() -> Result<()> {
+    // Under bf16 autocast: a hidden value read by two products (one
+    // transposed) and the inputs, each rounded by the product's prologue
+    // and written as bf16 for a GEMM that multiplies bf16 (after the
+    // operands, the product where an epilogue kernel reads it); a bf16
+    // input (read where it lies) times a rounded weight; a bf16 image
+    // through a convolution's padding, copied as f32 (as a view that pads
+    // a product's operand is), so that its product is f32's. cuBLAS's
+    // sgemm multiplies the rounded values as f32.
+    let (x, w, v, g) = (
+        Tensor::randn([64, 96], 0)?,
+        Tensor::randn([96, 40], 1)?,
+        Tensor::randn([40, 24], 2)?,
+        Tensor::randn([64, 16], 3)?,
+    );
+    let h = x.matmul(&w)?.relu()?;
+    let (y, z, hh) = (h.matmul(&v)?, h.t()?.matmul(&g)?, h.mul(&h)?);
+    let half = Tensor::randn([64, 96], 4)?.cast(DType::BF16)?;
+    let image = Tensor::randn([1, 3, 9, 9], 5)?.cast(DType::BF16)?;
+    for t in [&half, &image] {
+        t.realize()?;
+    }
+    let mixed = half.cast(DType::F32)?.matmul(&w)?;
+    let filter = Tensor::randn([4, 3, 3, 3], 6)?;
+    let conv =
+        (image.cast(DType::F32)?).conv2d(&filter, None, [1, 1], [(1, 1), (1, 1)], [1, 1], 1)?;
+    let options = Options {
+        autocast: Some(Autocast::BF16),
+        ..Options::default()
+    };
+    let targets = [
+        (Target::CPU, "cpu"),
+        (Target::cuda(true), "cuda"),
+        (Target::cuda(false), "cuda f32"),
+    ];
+    let outputs = [&y, &z, &hh, &mixed, &conv];
+    insta::assert_snapshot!(plans_with("autocast", &outputs, options, &targets)?);
     Ok(())
 }

@@ -13,6 +13,8 @@ use kiln_ir::{BinaryOp, DType, Scalar, Shape, TensorType, UnaryOp};
 use crate::Error;
 use crate::nest::nest;
 
+mod bf16;
+
 /// What a backend's GEMM takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -258,51 +260,8 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     }
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);
-    // Both operands bf16 values widened to f32, which a bf16 GEMM reads as
-    // bf16: a bf16 input read where it lies (through any view, or one BLAS
-    // steps through), or computed values rounded to bf16 (mixed
-    // precision's operands), which its prologue writes as bf16.
-    let halves = [a, b].map(|o| {
-        let read = widened_bf16(o).filter(|(_, view)| target.any_view || blas(view).is_some());
-        match read {
-            Some((input, view)) => Some(Half::Read(input, view)),
-            None => rounded_bf16(o).map(Half::Rounded),
-        }
-    });
-    if let ([Some(a_half), Some(b_half)], true) = (halves, target.bf16) {
-        let mut scratch = 0;
-        let mut operand = |o: &Operand, half: Half| {
-            let source = match half {
-                Half::Read(input, view) => Source::Input {
-                    input,
-                    view: view.clone(),
-                },
-                Half::Rounded(block) => {
-                    let rounded = Operand::Computed {
-                        shape: o.shape().clone(),
-                        block,
-                    };
-                    prologue_source(kernel, &rounded, DType::BF16, target, &mut scratch)
-                }
-            };
-            PlanOperand {
-                shape: o.shape().clone(),
-                dtype: DType::BF16,
-                source,
-            }
-        };
-        let (a, b) = (operand(a, a_half), operand(b, b_half));
-        let epilogue = bf16_epilogue(kernel, target, m, n, &mut scratch);
-        return Ok(Plan {
-            batches,
-            m,
-            n,
-            k,
-            a,
-            b,
-            epilogue,
-            scratch_bytes: scratch,
-        });
+    if let Some(plan) = bf16::plan(kernel, target, (batches, m, n, k)) {
+        return Ok(plan);
     }
     let mut scratch = 0;
     let mut operand = |o: &Operand| {
@@ -391,88 +350,6 @@ fn applies(epilogue: &Epilogue, target: Target, k: usize) -> bool {
                 && (bias.is_some() || target.activation_alone)
         }
         Epilogue::Kernel { .. } => false,
-    }
-}
-
-/// The epilogue of a GEMM of bf16 operands, which applies none of its
-/// own: the product stored as it is, or rounded to bf16
-/// (`Target::stores_bf16`), else a kernel after it, the product in scratch
-/// from byte `*scratch` (moved past it) where the target keeps it there.
-fn bf16_epilogue(
-    kernel: &Kernel,
-    target: Target,
-    m: usize,
-    n: usize,
-    scratch: &mut usize,
-) -> Epilogue {
-    match stored(kernel, m, n) {
-        Some(Epilogue::Product) => Epilogue::Product,
-        _ if target.stores_bf16 && rounded_product(kernel) => Epilogue::Product,
-        _ if target.product_in_scratch => {
-            let acc = *scratch;
-            *scratch += kernel.out.shape.numel() * DType::F32.size();
-            Epilogue::Kernel { acc: Some(acc) }
-        }
-        _ => Epilogue::Kernel { acc: None },
-    }
-}
-
-/// A GEMM operand that holds bf16 values (`plan`'s bf16 GEMM).
-enum Half<'a> {
-    /// A bf16 kernel input, read through this view.
-    Read(u32, &'a View),
-    /// Computed values rounded to bf16: this block computes them as bf16.
-    Rounded(Block),
-}
-
-/// The block that computes operand `o` as bf16 values, where its last
-/// step widens a bf16 value to f32 (mixed precision's rounding,
-/// `cast(cast(x, bf16), f32)`, or a bf16 input no GEMM reads in place):
-/// the block up to that bf16 value.
-fn rounded_bf16(o: &Operand) -> Option<Block> {
-    let Operand::Computed { block, .. } = o else {
-        return None;
-    };
-    let last = block.values.last()?;
-    let Expr::Cast(narrow) = last.expr else {
-        return None;
-    };
-    let narrow = narrow as usize;
-    (last.dtype == DType::F32 && block.values[narrow].dtype == DType::BF16).then(|| Block {
-        values: block.values[..=narrow].to_vec(),
-    })
-}
-
-/// Whether the kernel's output is its product rounded to bf16, in order:
-/// `bf16 @ bf16` as `pass::widen` writes it, where the product may land in
-/// a bf16 output (`Options::products_apart`).
-fn rounded_product(kernel: &Kernel) -> bool {
-    let [acc, cast] = kernel.body.values.as_slice() else {
-        return false;
-    };
-    kernel.side.is_empty()
-        && kernel.out.dtype == DType::BF16
-        && acc.expr == Expr::Acc
-        && cast.expr == Expr::Cast(0)
-        && cast.dtype == DType::BF16
-}
-
-/// The bf16 input and its view that operand `o` casts to f32, where that
-/// is all it computes and the view reads no padding.
-fn widened_bf16(o: &Operand) -> Option<(u32, &View)> {
-    let Operand::Computed { block, .. } = o else {
-        return None;
-    };
-    match block.values.as_slice() {
-        [load, cast] if load.dtype == DType::BF16 && cast.dtype == DType::F32 => {
-            match (&load.expr, &cast.expr) {
-                (Expr::Load { input, view }, Expr::Cast(0)) if view.mask.is_none() => {
-                    Some((*input, view))
-                }
-                _ => None,
-            }
-        }
-        _ => None,
     }
 }
 

@@ -4,11 +4,12 @@
 //!
 //! What runs in 16 bits and what does not: `Autocast`'s docs.
 //!
-//! A value is rounded once, however many products read it (a layer's input,
-//! read by its forward product and its weight's gradient), as
-//! `cast(cast(x, half), f32)`: later passes fuse the rounding into the kernel
-//! that computes `x` or into the product's operand, and a backend that holds
-//! 16-bit operands reads the rounded value as 16 bits (`pass::widen`).
+//! A value is rounded once, however many products read it or views of it
+//! (a layer's input, read by its forward product and, transposed, by its
+//! weight's gradient), as `cast(cast(x, half), f32)`: fusion puts the
+//! rounding into the kernel that computes `x` or into each product's
+//! operand (`fuse`'s module doc), and a backend whose GEMM multiplies
+//! 16-bit operands reads the rounded value as 16 bits.
 
 use std::collections::HashMap;
 
@@ -29,32 +30,14 @@ pub(crate) fn run(graph: &Graph, to: Autocast) -> (Graph, Vec<String>) {
     let mut products = 0;
     let mut values = 0;
     let out = super::rebuild(graph, |out, node, inputs| {
-        let f32_product = matches!(node.op, Op::MatMul) && node.ty.dtype == DType::F32;
-        let inputs = if f32_product {
-            products += 1;
-            inputs
-                .iter()
-                .map(|&x| {
-                    if let Some(&r) = rounded.get(&x) {
-                        return r;
-                    }
-                    let r = if holds(out, x, half) {
-                        x
-                    } else {
-                        values += 1;
-                        let shape = out.node(x).ty.shape.clone();
-                        let narrow = TensorType::new(half, shape.clone());
-                        let h = out.push_typed(Op::Cast(half), SmallVec::from_slice(&[x]), narrow);
-                        let wide = TensorType::new(DType::F32, shape);
-                        out.push_typed(Op::Cast(DType::F32), SmallVec::from_slice(&[h]), wide)
-                    };
-                    rounded.insert(x, r);
-                    r
-                })
-                .collect()
-        } else {
-            inputs
-        };
+        if !(matches!(node.op, Op::MatMul) && node.ty.dtype == DType::F32) {
+            return out.push_typed(node.op.clone(), inputs, node.ty.clone());
+        }
+        products += 1;
+        let inputs = inputs
+            .iter()
+            .map(|&x| operand(out, x, half, &mut rounded, &mut values))
+            .collect();
         out.push_typed(node.op.clone(), inputs, node.ty.clone())
     });
     let notes = match products {
@@ -64,6 +47,82 @@ pub(crate) fn run(graph: &Graph, to: Autocast) -> (Graph, Vec<String>) {
         )],
     };
     (out, notes)
+}
+
+/// Operand `x` of a product rounded to `half`, once for every product that
+/// reads it or the same views of it, beneath the views that fusion
+/// computes through: the value beneath transposes and broadcasts (`x` and
+/// `x.T`, a weight broadcast over a batch are one rounding), the views
+/// made again over it; and beneath a convolution's windows (and the
+/// reshapes, slices and padding around them) the image, which the product
+/// reads where it lies once the kernel computing it has stored it rounded.
+/// Other views stay above the rounding, where a product's prologue reads
+/// through them (a reshape of a rounding would have it stored first).
+/// `values` counts the values rounded.
+fn operand(
+    out: &mut Graph,
+    x: NodeId,
+    half: DType,
+    rounded: &mut HashMap<NodeId, NodeId>,
+    values: &mut usize,
+) -> NodeId {
+    let windows = beneath(out, x).any(|op| matches!(op, Op::Unfold { .. }));
+    round(out, x, half, windows, rounded, values)
+}
+
+/// The ops of the views beneath `x`, from `x` down.
+fn beneath(graph: &Graph, mut x: NodeId) -> impl Iterator<Item = &Op> {
+    std::iter::from_fn(move || {
+        let node = graph.node(x);
+        let view = matches!(
+            node.op,
+            Op::Reshape(_)
+                | Op::Permute(_)
+                | Op::Expand(_)
+                | Op::Slice(_)
+                | Op::Pad { .. }
+                | Op::Unfold { .. }
+        );
+        view.then(|| {
+            x = node.inputs[0];
+            &node.op
+        })
+    })
+}
+
+/// `operand`'s rounding of `x`, through every view where `windows`.
+fn round(
+    out: &mut Graph,
+    x: NodeId,
+    half: DType,
+    windows: bool,
+    rounded: &mut HashMap<NodeId, NodeId>,
+    values: &mut usize,
+) -> NodeId {
+    if let Some(&r) = rounded.get(&x) {
+        return r;
+    }
+    let node = out.node(x).clone();
+    let through = match node.op {
+        Op::Permute(_) | Op::Expand(_) => true,
+        Op::Reshape(_) | Op::Slice(_) | Op::Pad { .. } | Op::Unfold { .. } => windows,
+        _ => false,
+    };
+    let r = if through {
+        let source = round(out, node.inputs[0], half, windows, rounded, values);
+        out.push_typed(node.op, SmallVec::from_slice(&[source]), node.ty)
+    } else if holds(out, x, half) {
+        x
+    } else {
+        *values += 1;
+        let shape = node.ty.shape;
+        let narrow = TensorType::new(half, shape.clone());
+        let h = out.push_typed(Op::Cast(half), SmallVec::from_slice(&[x]), narrow);
+        let wide = TensorType::new(DType::F32, shape);
+        out.push_typed(Op::Cast(DType::F32), SmallVec::from_slice(&[h]), wide)
+    };
+    rounded.insert(x, r);
+    r
 }
 
 /// Whether `x` already holds values of `half`: it is a cast to f32 of one.

@@ -2,14 +2,14 @@
 //! kernels, with the verifier after every stage.
 //!
 //! ```text
-//! simplify -> widen -> cse -> attention -> autocast -> batch-rows -> split-reduce -> fold-views -> fuse -> dce
+//! simplify -> widen -> cse -> attention -> batch-rows -> autocast -> split-reduce -> fold-views -> fuse -> dce
 //! ```
 //!
 //! then the schedule, and for a compiled step `donate`, which writes
 //! outputs over the inputs they replace where that is safe.
 //!
 //! The pipeline takes graph ops only (checked on entry): `simplify`,
-//! `widen`, `cse`, `attention`, `autocast` (asked for), `batch-rows` and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
+//! `widen`, `cse`, `attention`, `batch-rows`, `autocast` (asked for) and `split-reduce` rewrite graph ops into graph ops, `fold-views` brings
 //! in the post-fusion `View` and `fuse` the `Kernel` (see `op`'s module doc).
 //!
 //! A pass is one function `&Graph -> Graph` or a list of small named rules
@@ -45,8 +45,8 @@ pub const STAGES: [&str; 12] = [
     "widen",
     "cse",
     "attention",
-    "autocast",
     "batch-rows",
+    "autocast",
     "split-reduce",
     "fold-views",
     "fuse",
@@ -90,15 +90,16 @@ pub struct Options {
 /// The lists, against `torch.autocast`'s on CUDA:
 ///
 /// - **In 16 bits:** matmuls, batched or not, and so the convolutions kiln
-///   computes as products (a dense convolution, grouped or 1x1; attention
-///   written as two products). These are where the tensor cores and the
-///   bytes are.
+///   computes as products (grouped or 1x1 ones; those with many terms per
+///   output; attention written as two products). These are where the
+///   tensor cores and the bytes are.
 /// - **In f32:** everything else: sums, means and maxima, softmax and
 ///   log-softmax, the normalizations, exp, log, pow and the other
-///   elementwise ops, the losses, an optimizer's update, and a depthwise
-///   convolution, which kiln computes as a sum of products rather than a
-///   matmul. torch runs these in f32 too (or in whatever type their
-///   operands have, which here is f32). And attention that the backend
+///   elementwise ops, the losses, an optimizer's update, and convolutions
+///   kiln computes as sums of products rather than as a matmul (depthwise
+///   ones, and others with few terms per output). torch runs these in f32
+///   too (but its convolutions in 16 bits), or in whatever type their
+///   operands have, which here is f32. And attention that the backend
 ///   runs as one kernel (`Options::attention`, the CPU's): it computes in
 ///   f32 inside it, and its operands rounded would be kernels of their own.
 /// - **Left as they are:** f64 and integer products, as torch leaves them.
@@ -183,13 +184,15 @@ pub fn optimize(
         true => stage("attention", attention::run(&graph))?,
         false => graph,
     };
-    // After `widen`: its casts are already ones a backend has.
-    let graph = match options.autocast {
-        Some(to) => stage("autocast", autocast::run(&graph, to))?,
-        None => graph,
-    };
     let graph = match batch_rows::run(&graph) {
         Some(rewritten) => stage("batch-rows", rewritten)?,
+        None => graph,
+    };
+    // After `widen` (its casts are already ones a backend has), `attention`
+    // (which keeps its products in f32) and `batch-rows` (which finds
+    // products by their operands' views, the roundings not yet there).
+    let graph = match options.autocast {
+        Some(to) => stage("autocast", autocast::run(&graph, to))?,
         None => graph,
     };
     let graph = stage("split-reduce", split_reduce::run(&graph, options.parallel))?;

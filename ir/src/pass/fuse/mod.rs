@@ -21,11 +21,11 @@
 //!   constants alone (the cast and normalization of a batch of images)
 //!   becomes that operand's prologue, computed once per element inside the
 //!   matmul's kernel. An operand computed from a reduction or a matmul is
-//!   stored instead: it is the epilogue of that kernel. Except a rounding
-//!   to 16 bits and back (`cast(cast(x, bf16), f32)`, mixed precision's
-//!   operand) of a value that other kernels read too: each product rounds
-//!   it in its operand's prologue, as it reads it, so the rounding costs no
-//!   kernel and no buffer of its own.
+//!   stored instead: it is the epilogue of that kernel. Except mixed
+//!   precision's rounding to 16 bits and back (`cast(cast(x, bf16), f32)`)
+//!   of a value other kernels read too: each product rounds it in its
+//!   operand's prologue, as it reads it, so the rounding costs no kernel
+//!   and no buffer of its own (`rounding`).
 //!
 //! A gather joins its readers as an elementwise op does, its table always
 //! a buffer: what it reads depends on indices known only at run time. A
@@ -170,7 +170,7 @@ impl<'g> Plan<'g> {
             transparent,
             input_fed: vec![false; n],
             cheap: vec![false; n],
-            rounding: rounding(graph),
+            rounding: rounding(graph, products_apart),
             members: (0..n).map(|_| Vec::new()).collect(),
             inline: vec![false; n],
             root_of: vec![None; n],
@@ -636,44 +636,61 @@ impl<'g> Plan<'g> {
     }
 }
 
-/// Per node of `graph`: whether it is a cast to 16 bits and back, or its
-/// first half, of an f32 value (or a view of one) that more than one node
-/// reads, so stored anyway: a value read by the rounding alone is rounded
-/// by the kernel that computes it.
-fn rounding(graph: &Graph) -> Vec<bool> {
-    let readers = super::readers(graph);
-    let source = |mut id: NodeId| {
-        while let Op::View(_) = graph.node(id).op {
-            id = graph.node(id).inputs[0];
+/// Per node of `graph`: whether it is mixed precision's rounding of an f32
+/// value `x`, `cast(cast(x, half), f32)`, or its narrowing half, that the
+/// products reading it compute in their operands' prologues:
+///
+/// - the narrowing, where `x` is stored anyway (other kernels read it, or
+///   it is an attention's or a scatter-add's result, which their kernels
+///   store as they are): each product rounds `x` as it reads it, and no
+///   kernel or buffer holds the rounded value;
+/// - the widening, then too, and wherever a product may land in a 16-bit
+///   output (`products_apart`): there the kernel that computes `x` stores
+///   it narrowed, 16 bits, which the product reads where it lies.
+///
+/// Elsewhere the kernel that computes `x` stores it rounded, in f32.
+fn rounding(graph: &Graph, products_apart: bool) -> Vec<bool> {
+    let n = graph.nodes.len();
+    // Live nodes only: dead ones (dropped at `dce`) read nothing.
+    let mut live = vec![false; n];
+    for id in &graph.outputs {
+        live[id.index()] = true;
+    }
+    let mut readers = vec![0usize; n];
+    for i in (0..n).rev() {
+        if !live[i] {
+            continue;
         }
-        id
-    };
-    let narrowing = |id: NodeId| {
-        let node = graph.node(id);
-        matches!(node.op, Op::Cast(to) if to.is_half())
-            && graph.node(node.inputs[0]).ty.dtype == DType::F32
-            && readers[source(node.inputs[0]).index()] > 1
-    };
-    let mut out: Vec<bool> = graph
-        .nodes
-        .iter()
-        .map(|node| matches!(node.op, Op::Cast(DType::F32)) && narrowing(node.inputs[0]))
-        .collect();
-    // The narrowing casts those widen, when nothing else reads them.
-    let mut others = vec![false; graph.nodes.len()];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        for id in &node.inputs {
-            others[id.index()] |= !out[i];
+        for id in &graph.nodes[i].inputs {
+            live[id.index()] = true;
+            readers[id.index()] += 1;
         }
     }
     for id in &graph.outputs {
-        others[id.index()] = true;
+        readers[id.index()] += 1;
     }
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if out[i] {
-            let narrow = node.inputs[0].index();
-            out[narrow] = !others[narrow];
-        }
+    // The narrowings that only widenings read: (narrowing, widening).
+    let pairs: Vec<(usize, usize)> = (0..n)
+        .filter(|&i| live[i] && graph.nodes[i].op == Op::Cast(DType::F32))
+        .filter_map(|i| {
+            let narrow = graph.nodes[i].inputs[0];
+            let node = graph.node(narrow);
+            let rounds = matches!(node.op, Op::Cast(to) if to.is_half())
+                && graph.node(node.inputs[0]).ty.dtype == DType::F32;
+            rounds.then_some((narrow.index(), i))
+        })
+        .collect();
+    let mut widened = vec![0usize; n];
+    for &(narrow, _) in &pairs {
+        widened[narrow] += 1;
+    }
+    let mut out = vec![false; n];
+    for (narrow, wide) in pairs {
+        let x = graph.nodes[narrow].inputs[0];
+        let stored = readers[x.index()] > 1
+            || matches!(graph.node(x).op, Op::Attention(_) | Op::ScatterAdd { .. });
+        out[narrow] = stored && widened[narrow] == readers[narrow];
+        out[wide] = out[narrow] || products_apart;
     }
     out
 }
