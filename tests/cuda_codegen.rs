@@ -134,6 +134,16 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
             let g = randn(&[64, 16], 3)?;
             vec![h.matmul(&v)?, h.t()?.matmul(&g)?, h.mul(&h)?]
         }
+        // A hidden value only the next product reads: stored as bf16 by the
+        // kernel after the GEMM that computes it, read where it lies.
+        "autocast_chain" => {
+            let (x, w, v) = (
+                randn(&[64, 96], 0)?,
+                randn(&[96, 40], 1)?,
+                randn(&[40, 24], 2)?,
+            );
+            vec![x.matmul(&w)?.relu()?.matmul(&v)?]
+        }
         "dropout" => vec![randn(&[64, 33], 0)?.dropout(0.25, &Tensor::scalar(7i32))?],
         // The table's gradient: each row added where its id points.
         "embedding_grad" => {
@@ -146,7 +156,7 @@ fn pattern(name: &str) -> Result<Vec<Tensor>> {
     })
 }
 
-const PATTERNS: [&str; 18] = [
+const PATTERNS: [&str; 19] = [
     "relu_add",
     "relu_add_bf16",
     "bf16_scale",
@@ -162,6 +172,7 @@ const PATTERNS: [&str; 18] = [
     "sgd_step",
     "adamw_step",
     "autocast_shared",
+    "autocast_chain",
     "embedding",
     "embedding_grad",
     "dropout",
@@ -322,6 +333,12 @@ fn an_update_stores_the_parameter_and_its_moments_beside_the_output() -> Result<
 #[test]
 fn mixed_precision_rounds_a_shared_operand_in_each_products_prologue() -> Result<()> {
     insta::assert_snapshot!(cuda("autocast_shared")?.0);
+    Ok(())
+}
+
+#[test]
+fn mixed_precision_stores_a_value_only_a_product_reads_as_bf16() -> Result<()> {
+    insta::assert_snapshot!(cuda("autocast_chain")?.0);
     Ok(())
 }
 

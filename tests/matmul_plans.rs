@@ -158,15 +158,16 @@ fn batch_axes_of_one_stride_are_read_in_place() -> Result<()> {
 }
 
 #[test]
-fn mixed_precision_operands_are_written_as_bf16() -> Result<()> {
+fn mixed_precision_operands_are_written_for_the_faster_gemm() -> Result<()> {
     // Under bf16 autocast: a hidden value read by two products (one
     // transposed) and the inputs, each rounded by the product's prologue
-    // and written as bf16 for a GEMM that multiplies bf16 (after the
-    // operands, the product where an epilogue kernel reads it); a bf16
-    // input (read where it lies) times a rounded weight; a bf16 image
-    // through a convolution's padding, copied as f32 (as a view that pads
-    // a product's operand is), so that its product is f32's. cuBLAS's
-    // sgemm multiplies the rounded values as f32.
+    // and written as bf16 for a GEMM whose bf16 is the faster (cuBLASLt,
+    // kiln's cores on AMX; after the operands, the product where an
+    // epilogue kernel reads it), as f32 for the others (kiln's AVX cores,
+    // cuBLAS's sgemm); a bf16 input (read where it lies) times a rounded
+    // weight; a bf16 image through a convolution's padding, copied as f32
+    // (as a view that pads a product's operand is), so that its product is
+    // f32's.
     let (x, w, v, g) = (
         Tensor::randn([64, 96], 0)?,
         Tensor::randn([96, 40], 1)?,
@@ -190,6 +191,14 @@ fn mixed_precision_operands_are_written_as_bf16() -> Result<()> {
     };
     let targets = [
         (Target::CPU, "cpu"),
+        // `Target::cpu` on the AMX path.
+        (
+            Target {
+                bf16_faster: true,
+                ..Target::CPU
+            },
+            "cpu amx",
+        ),
         (Target::cuda(true), "cuda"),
         (Target::cuda(false), "cuda f32"),
     ];

@@ -55,6 +55,12 @@ pub struct Target {
     /// that is all the kernel's output is (cuBLASLt's bf16 result), rather
     /// than leaving it to a kernel after.
     pub stores_bf16: bool,
+    /// Its bf16 products outrun its f32 ones (cuBLASLt's tensor cores, AMX
+    /// tiles), so that operands a prologue rounds to bf16 (mixed
+    /// precision's) are written as bf16 for them; else as f32, rounded, for
+    /// the f32 GEMM, which kiln's AVX cores run faster than they widen bf16
+    /// (`benches/RESULTS-cpu.md`).
+    pub bf16_faster: bool,
 }
 
 impl Target {
@@ -70,7 +76,16 @@ impl Target {
         align: 4,
         bf16: true,
         stores_bf16: false,
+        bf16_faster: false,
     };
+
+    /// kiln's CPU cores on `isa`'s path: bf16 faster on AMX.
+    pub fn cpu(isa: kiln_machine::Isa) -> Target {
+        Target {
+            bf16_faster: isa == kiln_machine::Isa::Amx,
+            ..Target::CPU
+        }
+    }
 
     /// cuBLASLt in TF32 (`fused`), bf16 operands as they are, or cuBLAS's
     /// IEEE `sgemm`, which has no epilogue and multiplies f32 alone;
@@ -89,6 +104,7 @@ impl Target {
             align: 256,
             bf16: fused,
             stores_bf16: fused,
+            bf16_faster: fused,
         }
     }
 }

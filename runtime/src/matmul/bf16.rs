@@ -1,7 +1,7 @@
 //! Products of bf16 values: both operands bf16 (inputs read where they
-//! lie, or computed values rounded to bf16, as mixed precision's operands
-//! are, written as bf16 by their prologues), summed in f32 by a GEMM that
-//! multiplies bf16 (`Target::bf16`).
+//! lie, or, where bf16 is the faster, computed values rounded to bf16, as
+//! mixed precision's operands are, written as bf16 by their prologues),
+//! summed in f32 by a GEMM that multiplies bf16 (`Target::bf16`).
 
 use kiln_ir::DType;
 use kiln_ir::kernel::{Block, Expr, Kernel, KernelKind, Operand};
@@ -29,7 +29,9 @@ pub(super) fn plan(
             widened_bf16(o).filter(|(_, view)| target.any_view || super::blas(view).is_some());
         match read {
             Some((input, view)) => Some(Half::Read(input, view)),
-            None => rounded_bf16(o).map(Half::Rounded),
+            None => rounded_bf16(o)
+                .filter(|_| target.bf16_faster)
+                .map(Half::Rounded),
         }
     });
     let ([Some(a_half), Some(b_half)], true) = (halves, target.bf16) else {

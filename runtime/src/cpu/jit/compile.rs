@@ -152,7 +152,7 @@ impl CompiledKernel {
     ) -> Result<CompiledKernel, Error> {
         let matmul = match &kernel.kind {
             KernelKind::MatMul { .. } => {
-                let plan = matmul::plan(kernel, Target::CPU)?;
+                let plan = matmul::plan(kernel, Target::cpu(crate::cpu_isa()?))?;
                 // The schedule gave the launch the scratch of the kernel's
                 // computed operands (`Kernel::scratch_bytes`); kiln's
                 // cores read every other operand in place.
