@@ -54,10 +54,11 @@ pub(crate) fn run(graph: &Graph, to: Autocast) -> (Graph, Vec<String>) {
 /// computes through: the value beneath transposes and broadcasts (`x` and
 /// `x.T`, a weight broadcast over a batch are one rounding), the views
 /// made again over it; and beneath a convolution's windows (and the
-/// reshapes, slices and padding around them) the image, which the product
-/// reads where it lies once the kernel computing it has stored it rounded.
-/// Other views stay above the rounding, where a product's prologue reads
-/// through them (a reshape of a rounding would have it stored first).
+/// reshapes and slices around them) the image's padded copy (or the image,
+/// where it is computed from graph inputs alone), which the product reads
+/// where it lies once a kernel has stored it rounded.
+/// Other views stay above the rounding, where a kernel reads through them
+/// (a reshape or padding of a rounding would have it stored first).
 /// `values` counts the values rounded.
 fn operand(
     out: &mut Graph,
@@ -67,6 +68,15 @@ fn operand(
     values: &mut usize,
 ) -> NodeId {
     let windows = beneath(out, x).any(|op| matches!(op, Op::Unfold { .. }));
+    // Views of 16-bit values (padded with zeros, which they hold too) are
+    // rounded already.
+    let mut source = x;
+    for _ in beneath(out, x) {
+        source = out.node(source).inputs[0];
+    }
+    if holds(out, source, half) {
+        return x;
+    }
     round(out, x, half, windows, rounded, values)
 }
 
@@ -90,7 +100,8 @@ fn beneath(graph: &Graph, mut x: NodeId) -> impl Iterator<Item = &Op> {
     })
 }
 
-/// `operand`'s rounding of `x`, through every view where `windows`.
+/// `operand`'s rounding of `x`, through the views around windows where
+/// `windows`.
 fn round(
     out: &mut Graph,
     x: NodeId,
@@ -105,7 +116,12 @@ fn round(
     let node = out.node(x).clone();
     let through = match node.op {
         Op::Permute(_) | Op::Expand(_) => true,
-        Op::Reshape(_) | Op::Slice(_) | Op::Pad { .. } | Op::Unfold { .. } => windows,
+        Op::Reshape(_) | Op::Slice(_) | Op::Unfold { .. } => windows,
+        // A rounding of graph inputs alone is computed inside each kernel
+        // that reads it, never stored, so the product could not read the
+        // windows where they lie: rounded beneath the padding, the image
+        // is stored rounded, and padded by the copy that padding is.
+        Op::Pad { .. } => windows && fed(out, node.inputs[0]),
         _ => false,
     };
     let r = if through {
@@ -123,6 +139,19 @@ fn round(
     };
     rounded.insert(x, r);
     r
+}
+
+/// Whether `x` is computed elementwise from graph inputs and constants
+/// alone.
+fn fed(graph: &Graph, x: NodeId) -> bool {
+    let node = graph.node(x);
+    match node.op {
+        Op::Input { .. } | Op::Const(_) => true,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
+            node.inputs.iter().all(|&i| fed(graph, i))
+        }
+        _ => false,
+    }
 }
 
 /// Whether `x` already holds values of `half`: it is a cast to f32 of one.

@@ -115,8 +115,8 @@ struct Plan<'g> {
     /// Input-fed values recomputed in every kernel that reads them rather
     /// than stored: cheap ops, or one element (see the module doc).
     cheap: Vec<bool>,
-    /// The casts that round a value read by several kernels to 16 bits and
-    /// back, recomputed in the prologue of each product that reads them.
+    /// Mixed precision's roundings that the products reading them compute
+    /// in their operands' prologues (`rounding`).
     rounding: Vec<bool>,
     members: Vec<Vec<Membership>>,
     inline: Vec<bool>,
