@@ -132,6 +132,28 @@ fn a_value_several_kernels_read_is_rounded_by_each_product() -> Result<()> {
     Ok(())
 }
 
+/// Linear layers over `[batch, tokens, features]` (one product of the
+/// batch's rows each, `batch-rows`) of a value a sum reads too, as a
+/// transformer's queries, keys and values read a block's input beside its
+/// residual: each product rounds it as it reads it.
+#[test]
+fn linear_layers_over_a_batch_round_a_shared_input_as_they_read_it() -> Result<()> {
+    let inputs = [
+        input(&[2, 17, 45], 13, false)?,
+        input(&[45, 11], 14, false)?,
+        input(&[45, 6], 15, false)?,
+    ];
+    for to in [Autocast::BF16, Autocast::F16] {
+        check("batched layers", &inputs, 45, to, |t, r| {
+            let x = (&t[0] - &t[0].mean_all()?)?;
+            let (q, k) = (r(&x)?.matmul(&r(&t[1])?)?, r(&x)?.matmul(&r(&t[2])?)?);
+            let residual = (&x + &q.slice(2, 0, 1, 1)?)?;
+            Ok(vec![q, k, residual])
+        })?;
+    }
+    Ok(())
+}
+
 /// A convolution's windows rounded as the image is stored: a layer's
 /// input computed by the kernel before it, read by the convolution through
 /// its padding and by a residual sum after it (rounded as its padded copy
@@ -165,6 +187,13 @@ fn a_convolution_multiplies_rounded_windows() -> Result<()> {
                 [1, 1],
                 1,
             )?])
+        })?;
+        // Normalized and reshaped first, as `examples/train_cnn.rs` does.
+        check_adding("first conv2d, reshaped", &inputs[..2], 45, to, 1, |t, r| {
+            let x = ((&t[0] - 0.5f32)? * 2.0f32)?.reshape([2, 5, 9, 11])?;
+            let padding = [(1, 1), (1, 1)];
+            let y = r(&x)?.conv2d(&r(&t[1])?, None, [1, 1], padding, [1, 1], 1)?;
+            Ok(vec![y])
         })?;
     }
     Ok(())

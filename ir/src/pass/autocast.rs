@@ -24,133 +24,167 @@ use super::Autocast;
 /// `graph` with the operands of its f32 matmuls rounded to `to`'s type; the
 /// notes say how many products and values.
 pub(crate) fn run(graph: &Graph, to: Autocast) -> (Graph, Vec<String>) {
-    let half = to.dtype();
-    // A node of `out` and its value rounded, once made.
-    let mut rounded: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut rounder = Rounder {
+        half: to.dtype(),
+        rounded: HashMap::new(),
+        fed: HashMap::new(),
+        values: 0,
+    };
     let mut products = 0;
-    let mut values = 0;
     let out = super::rebuild(graph, |out, node, inputs| {
         if !(matches!(node.op, Op::MatMul) && node.ty.dtype == DType::F32) {
             return out.push_typed(node.op.clone(), inputs, node.ty.clone());
         }
         products += 1;
-        let inputs = inputs
-            .iter()
-            .map(|&x| operand(out, x, half, &mut rounded, &mut values))
-            .collect();
+        let inputs = inputs.iter().map(|&x| rounder.operand(out, x)).collect();
         out.push_typed(node.op.clone(), inputs, node.ty.clone())
     });
     let notes = match products {
         0 => Vec::new(),
         n => vec![format!(
-            "{n} f32 products on operands rounded to {half}: {values} values rounded"
+            "{n} f32 products on operands rounded to {}: {} values rounded",
+            rounder.half, rounder.values
         )],
     };
     (out, notes)
 }
 
-/// Operand `x` of a product rounded to `half`, once for every product that
-/// reads it or the same views of it, beneath the views that fusion
-/// computes through: the value beneath transposes and broadcasts (`x` and
-/// `x.T`, a weight broadcast over a batch are one rounding), the views
-/// made again over it; and beneath a convolution's windows (and the
-/// reshapes and slices around them) the image's padded copy (or the image,
-/// where it is computed from graph inputs alone), which the product reads
-/// where it lies once a kernel has stored it rounded.
-/// Other views stay above the rounding, where a kernel reads through them
-/// (a reshape or padding of a rounding would have it stored first).
-/// `values` counts the values rounded.
-fn operand(
-    out: &mut Graph,
-    x: NodeId,
+/// The roundings made so far, by the node of the graph being built that
+/// each rounds.
+struct Rounder {
     half: DType,
-    rounded: &mut HashMap<NodeId, NodeId>,
-    values: &mut usize,
-) -> NodeId {
-    let windows = beneath(out, x).any(|op| matches!(op, Op::Unfold { .. }));
-    // Views of 16-bit values (padded with zeros, which they hold too) are
-    // rounded already.
-    let mut source = x;
-    for _ in beneath(out, x) {
-        source = out.node(source).inputs[0];
-    }
-    if holds(out, source, half) {
-        return x;
-    }
-    round(out, x, half, windows, rounded, values)
+    /// A node and its value rounded, once made.
+    rounded: HashMap<NodeId, NodeId>,
+    /// Whether a node is computed from graph inputs and constants alone.
+    fed: HashMap<NodeId, bool>,
+    /// How many values were rounded.
+    values: usize,
 }
 
-/// The ops of the views beneath `x`, from `x` down.
-fn beneath(graph: &Graph, mut x: NodeId) -> impl Iterator<Item = &Op> {
-    std::iter::from_fn(move || {
-        let node = graph.node(x);
-        let view = matches!(
-            node.op,
-            Op::Reshape(_)
+impl Rounder {
+    /// Operand `x` of a product rounded, once for every product that reads
+    /// it or the same views of it, beneath the views that fusion computes
+    /// through: the value beneath transposes and broadcasts (`x` and `x.T`,
+    /// a weight broadcast over a batch are one rounding), the views made
+    /// again over it; and beneath a convolution's windows (and the reshapes
+    /// and slices around them) the image's padded copy (or the image, where
+    /// it is computed from graph inputs alone), which the product reads
+    /// where it lies once a kernel has stored it rounded. Other views stay
+    /// above the rounding, where a kernel reads through them (a reshape or
+    /// padding of a rounding would have it stored first).
+    fn operand(&mut self, out: &mut Graph, x: NodeId) -> NodeId {
+        let windows = self
+            .beneath(out, x)
+            .any(|op| matches!(op, Op::Unfold { .. }));
+        // Views of 16-bit values (padded with values they hold) are rounded
+        // already.
+        let mut source = x;
+        for _ in self.beneath(out, x) {
+            source = out.node(source).inputs[0];
+        }
+        if holds(out, source, self.half) {
+            return x;
+        }
+        self.round(out, x, windows)
+    }
+
+    /// The ops of the views beneath `x` that rounding commutes with, from
+    /// `x` down: padding only with a value of the 16-bit type.
+    fn beneath<'g>(&self, graph: &'g Graph, mut x: NodeId) -> impl Iterator<Item = &'g Op> {
+        let half = self.half;
+        std::iter::from_fn(move || {
+            let node = graph.node(x);
+            let view = match node.op {
+                Op::Reshape(_)
+                | Op::Permute(_)
+                | Op::Expand(_)
+                | Op::Slice(_)
+                | Op::Unfold { .. } => true,
+                Op::Pad { value, .. } => value.cast(half).to_f64() == value.to_f64(),
+                _ => false,
+            };
+            view.then(|| {
+                x = node.inputs[0];
+                &node.op
+            })
+        })
+    }
+
+    /// `operand`'s rounding of `x`, through the views around windows where
+    /// `windows`.
+    fn round(&mut self, out: &mut Graph, x: NodeId, windows: bool) -> NodeId {
+        if let Some(&r) = self.rounded.get(&x) {
+            return r;
+        }
+        let node = out.node(x).clone();
+        let commutes = self.beneath(out, x).next().is_some();
+        let through = commutes
+            && match node.op {
+                Op::Permute(_) | Op::Expand(_) => true,
+                Op::Reshape(_) | Op::Slice(_) | Op::Unfold { .. } => windows,
+                // A rounding of graph inputs alone is computed inside each
+                // kernel that reads it, never stored, so the product could
+                // not read the windows where they lie: rounded beneath the
+                // padding, the image is stored rounded, and padded by the
+                // copy that padding is.
+                Op::Pad { .. } => windows && self.fed(out, node.inputs[0]),
+                _ => false,
+            };
+        let r = if through {
+            let source = self.round(out, node.inputs[0], windows);
+            out.push_typed(node.op, SmallVec::from_slice(&[source]), node.ty)
+        } else {
+            self.values += 1;
+            let shape = node.ty.shape;
+            let narrow = TensorType::new(self.half, shape.clone());
+            let h = out.push_typed(Op::Cast(self.half), SmallVec::from_slice(&[x]), narrow);
+            let wide = TensorType::new(DType::F32, shape);
+            out.push_typed(Op::Cast(DType::F32), SmallVec::from_slice(&[h]), wide)
+        };
+        self.rounded.insert(x, r);
+        r
+    }
+
+    /// Whether `x` is computed from graph inputs and constants alone,
+    /// elementwise and through views, as fusion's input-fed values are
+    /// (each node decided once, without recursion).
+    fn fed(&mut self, graph: &Graph, x: NodeId) -> bool {
+        let mut stack = vec![x];
+        while let Some(&id) = stack.last() {
+            if self.fed.contains_key(&id) {
+                stack.pop();
+                continue;
+            }
+            let node = graph.node(id);
+            let through = match node.op {
+                Op::Input { .. } | Op::Const(_) => Some(true),
+                Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Where
+                | Op::Cast(_)
+                | Op::Reshape(_)
                 | Op::Permute(_)
                 | Op::Expand(_)
                 | Op::Slice(_)
                 | Op::Pad { .. }
-                | Op::Unfold { .. }
-        );
-        view.then(|| {
-            x = node.inputs[0];
-            &node.op
-        })
-    })
-}
-
-/// `operand`'s rounding of `x`, through the views around windows where
-/// `windows`.
-fn round(
-    out: &mut Graph,
-    x: NodeId,
-    half: DType,
-    windows: bool,
-    rounded: &mut HashMap<NodeId, NodeId>,
-    values: &mut usize,
-) -> NodeId {
-    if let Some(&r) = rounded.get(&x) {
-        return r;
-    }
-    let node = out.node(x).clone();
-    let through = match node.op {
-        Op::Permute(_) | Op::Expand(_) => true,
-        Op::Reshape(_) | Op::Slice(_) | Op::Unfold { .. } => windows,
-        // A rounding of graph inputs alone is computed inside each kernel
-        // that reads it, never stored, so the product could not read the
-        // windows where they lie: rounded beneath the padding, the image
-        // is stored rounded, and padded by the copy that padding is.
-        Op::Pad { .. } => windows && fed(out, node.inputs[0]),
-        _ => false,
-    };
-    let r = if through {
-        let source = round(out, node.inputs[0], half, windows, rounded, values);
-        out.push_typed(node.op, SmallVec::from_slice(&[source]), node.ty)
-    } else if holds(out, x, half) {
-        x
-    } else {
-        *values += 1;
-        let shape = node.ty.shape;
-        let narrow = TensorType::new(half, shape.clone());
-        let h = out.push_typed(Op::Cast(half), SmallVec::from_slice(&[x]), narrow);
-        let wide = TensorType::new(DType::F32, shape);
-        out.push_typed(Op::Cast(DType::F32), SmallVec::from_slice(&[h]), wide)
-    };
-    rounded.insert(x, r);
-    r
-}
-
-/// Whether `x` is computed elementwise from graph inputs and constants
-/// alone.
-fn fed(graph: &Graph, x: NodeId) -> bool {
-    let node = graph.node(x);
-    match node.op {
-        Op::Input { .. } | Op::Const(_) => true,
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => {
-            node.inputs.iter().all(|&i| fed(graph, i))
+                | Op::Unfold { .. } => None,
+                _ => Some(false),
+            };
+            let pending = node.inputs.iter().find(|i| !self.fed.contains_key(i));
+            match (through, pending) {
+                (Some(known), _) => {
+                    self.fed.insert(id, known);
+                    stack.pop();
+                }
+                (None, Some(&next)) => stack.push(next),
+                (None, None) => {
+                    let all = node.inputs.iter().all(|i| self.fed[i]);
+                    self.fed.insert(id, all);
+                    stack.pop();
+                }
+            }
         }
-        _ => false,
+        self.fed[&x]
     }
 }
 

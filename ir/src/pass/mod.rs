@@ -90,16 +90,16 @@ pub struct Options {
 /// The lists, against `torch.autocast`'s on CUDA:
 ///
 /// - **In 16 bits:** matmuls, batched or not, and so the convolutions kiln
-///   computes as products (grouped or 1x1 ones; those with many terms per
-///   output; attention written as two products). These are where the
-///   tensor cores and the bytes are.
+///   computes as products (those with more than one output channel per
+///   group, or more than 64 terms per output) and attention written as two
+///   products. These are where the tensor cores and the bytes are.
 /// - **In f32:** everything else: sums, means and maxima, softmax and
 ///   log-softmax, the normalizations, exp, log, pow and the other
 ///   elementwise ops, the losses, an optimizer's update, and convolutions
-///   kiln computes as sums of products rather than as a matmul (depthwise
-///   ones, and others with few terms per output). torch runs these in f32
-///   too (but its convolutions in 16 bits), or in whatever type their
-///   operands have, which here is f32. And attention that the backend
+///   kiln computes as sums of products rather than as a matmul (one output
+///   channel per group and at most 64 terms per output: depthwise ones).
+///   torch runs these in f32 too (but its convolutions in 16 bits), or in
+///   whatever type their operands have, which here is f32. And attention that the backend
 ///   runs as one kernel (`Options::attention`, the CPU's): it computes in
 ///   f32 inside it, and its operands rounded would be kernels of their own.
 /// - **Left as they are:** f64 and integer products, as torch leaves them.

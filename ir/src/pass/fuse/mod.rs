@@ -640,10 +640,11 @@ impl<'g> Plan<'g> {
 /// value `x`, `cast(cast(x, half), f32)`, or its narrowing half, that the
 /// products reading it compute in their operands' prologues:
 ///
-/// - the narrowing, where `x` is stored anyway (other kernels read it, or
-///   it is an attention's or a scatter-add's result, which their kernels
-///   store as they are): each product rounds `x` as it reads it, and no
-///   kernel or buffer holds the rounded value;
+/// - the narrowing, where `x` (or the value beneath its unmasked views) is
+///   stored anyway (other kernels read it, or it is an attention's or a
+///   scatter-add's result, which their kernels store as they are): each
+///   product rounds `x` as it reads it, and no kernel or buffer holds the
+///   rounded value;
 /// - the widening, then too, and wherever a product may land in a 16-bit
 ///   output (`products_apart`): there the kernel that computes `x` stores
 ///   it narrowed, 16 bits, which the product reads where it lies.
@@ -687,8 +688,20 @@ fn rounding(graph: &Graph, products_apart: bool) -> Vec<bool> {
     let mut out = vec![false; n];
     for (narrow, wide) in pairs {
         let x = graph.nodes[narrow].inputs[0];
+        // Beneath unmasked views (a product's operand reshaped by
+        // `batch-rows`), the value other kernels may read too.
+        let mut source = x;
+        while let Op::View(view) = &graph.node(source).op
+            && view.mask.is_none()
+        {
+            source = graph.node(source).inputs[0];
+        }
         let stored = readers[x.index()] > 1
-            || matches!(graph.node(x).op, Op::Attention(_) | Op::ScatterAdd { .. });
+            || readers[source.index()] > 1
+            || matches!(
+                graph.node(source).op,
+                Op::Attention(_) | Op::ScatterAdd { .. }
+            );
         out[narrow] = stored && widened[narrow] == readers[narrow];
         out[wide] = out[narrow] || products_apart;
     }
