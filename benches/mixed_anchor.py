@@ -91,7 +91,7 @@ def main():
                 "device": a.device,
                 "median_s": statistics.median(times),
                 "compile_s": compile_s,
-                "loss": float(loss),
+                "loss": float(loss.detach()),
             }), flush=True)
 
 

@@ -509,7 +509,7 @@ fn main() -> Result<()> {
             train::train(id, args.quick, args.backend)?;
         }
     }
-    // 206 GFLOP a step, sized for a GPU's tensor cores: on the CPU only
+    // 172 GFLOP a step, sized for a GPU's tensor cores: on the CPU only
     // when asked for by name.
     if wanted("train_mixed") && (args.backend != Backend::Cpu || !args.workloads.is_empty()) {
         train::train("train_mixed", args.quick, args.backend)?;
