@@ -20,8 +20,8 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::lanes;
-use super::lanes::Lanes;
-use super::{Operand, RawFused};
+use super::lanes::{Lanes, Load};
+use super::{Element, Operand, RawFused};
 use crate::Isa;
 
 /// Rows of `a` at most (here and in `packed`'s streamed products).
@@ -48,7 +48,7 @@ const FEW_ROWS_WORK: usize = 1 << 15;
 /// `FEW_ROWS_WORK` elements of `b`, read without tables, `b`'s columns
 /// contiguous, or for one row its rows (whose loop, in plain code, is
 /// measured for one row only).
-pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) -> bool {
+pub(super) fn takes<T>((m, n, k): (usize, usize, usize), a: Operand<T>, b: Operand<T>) -> bool {
     let work = match m {
         1 => ONE_ROW_WORK,
         _ => FEW_ROWS_WORK,
@@ -69,10 +69,10 @@ pub(super) fn takes((m, n, k): (usize, usize, usize), a: Operand, b: Operand) ->
 /// `isa` is available; `a(i, l)` and `b(l, j)` for `i < m`, `l < k`,
 /// `j < n` lie inside live buffers, and a bias of `epilogue` holds a value
 /// for every row or every column it is added along.
-pub(super) unsafe fn gemv(
+pub(super) unsafe fn gemv<T: Load>(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
-    (a, b): (Operand, Operand),
+    (a, b): (Operand<T>, Operand<T>),
     c: &mut [f32],
     threads: usize,
     epilogue: RawFused,
@@ -84,11 +84,11 @@ pub(super) unsafe fn gemv(
         (1..=FEW).contains(&m) && c.len() >= m * n,
         "gemv: {m} rows, {n} columns"
     );
-    let tiles: Tiles = match isa {
+    let tiles: Tiles<T> = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512 => tiles_avx512,
+        Isa::Amx | Isa::Avx512 => tiles_avx512::<T>,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => tiles_avx2,
+        Isa::Avx2 => tiles_avx2::<T>,
         _ => unreachable!("gemm sends only kiln's paths here"),
     };
     // SAFETY: a's elements lie inside a live buffer (the contract of this
@@ -131,11 +131,11 @@ pub(super) unsafe fn gemv(
 ///
 /// # Safety
 /// Elements `(i, l)` of `a` for `i < m`, `l < k` lie inside a live buffer.
-pub(super) unsafe fn rows_of(a: Operand, m: usize, k: usize) -> Vec<f32> {
+pub(super) unsafe fn rows_of<T: Element>(a: Operand<T>, m: usize, k: usize) -> Vec<f32> {
     let mut x = Vec::with_capacity(m * k);
     for i in 0..m {
         // SAFETY: element (i, l) of a (the contract of this function).
-        x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + a.col(l)) }));
+        x.extend((0..k).map(|l| unsafe { *a.ptr.offset(a.row(i) + a.col(l)) }.to_f32()));
     }
     x
 }
@@ -148,13 +148,13 @@ pub(super) unsafe fn rows_of(a: Operand, m: usize, k: usize) -> Vec<f32> {
 /// buffer, and b's rows or columns are contiguous (`takes`); `tiles` runs
 /// on this CPU.
 #[inline(always)]
-unsafe fn columns(
+unsafe fn columns<T: Load>(
     x: &[f32],
     (m, k): (usize, usize),
-    b: Operand,
+    b: Operand<T>,
     j0: usize,
     y: &mut [f32],
-    tiles: Tiles,
+    tiles: Tiles<T>,
 ) {
     let len = y.len() / m;
     if b.rows == 1 {
@@ -172,7 +172,7 @@ unsafe fn columns(
         for (i, out) in y.chunks_exact_mut(len).enumerate() {
             let xl = x[i * k + l];
             for (o, &v) in out.iter_mut().zip(row) {
-                *o += xl * v;
+                *o += xl * v.to_f32();
             }
         }
     }
@@ -181,7 +181,7 @@ unsafe fn columns(
 /// Every dot product of `x`'s `m` rows of `k` with `y.len() / m` columns
 /// of `k` adjacent elements, the first at the pointer, each the stride
 /// after the one before, into `y` (row-major).
-type Tiles = unsafe fn(&[f32], (usize, usize), (*const f32, isize), &mut [f32]);
+type Tiles<T> = unsafe fn(&[f32], (usize, usize), (*const T, isize), &mut [f32]);
 
 /// `Tiles` in 16 lanes.
 ///
@@ -189,9 +189,14 @@ type Tiles = unsafe fn(&[f32], (usize, usize), (*const f32, isize), &mut [f32]);
 /// The CPU has AVX-512; the columns lie inside a live buffer.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tiles_avx512(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &mut [f32]) {
+unsafe fn tiles_avx512<T: Load>(
+    x: &[f32],
+    mk: (usize, usize),
+    b: (*const T, isize),
+    y: &mut [f32],
+) {
     // SAFETY: the contract of this function.
-    unsafe { tiles::<lanes::Avx512>(x, mk, b, y) }
+    unsafe { tiles::<lanes::Avx512, T>(x, mk, b, y) }
 }
 
 /// `Tiles` in 8 lanes.
@@ -200,9 +205,9 @@ unsafe fn tiles_avx512(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y:
 /// The CPU has AVX2 and FMA; the columns lie inside a live buffer.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tiles_avx2(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &mut [f32]) {
+unsafe fn tiles_avx2<T: Load>(x: &[f32], mk: (usize, usize), b: (*const T, isize), y: &mut [f32]) {
     // SAFETY: the contract of this function.
-    unsafe { tiles::<lanes::Avx2>(x, mk, b, y) }
+    unsafe { tiles::<lanes::Avx2, T>(x, mk, b, y) }
 }
 
 /// `Tiles` in `L`'s lanes, over blocks of `BLOCK` columns: in each, the
@@ -217,10 +222,10 @@ unsafe fn tiles_avx2(x: &[f32], mk: (usize, usize), b: (*const f32, isize), y: &
 /// `L`'s instructions run on this CPU; the columns lie inside a live
 /// buffer.
 #[inline(always)]
-unsafe fn tiles<L: Lanes>(
+unsafe fn tiles<L: Lanes, T: Load>(
     x: &[f32],
     (m, k): (usize, usize),
-    (first, stride): (*const f32, isize),
+    (first, stride): (*const T, isize),
     y: &mut [f32],
 ) {
     let len = y.len() / m;
@@ -269,17 +274,17 @@ const BLOCK: usize = 24;
 
 /// Where a tile's dot products read: rows of `x` of `k` each from its
 /// start, columns of `b` from `b`, `stride` apart.
-struct Tile<'a> {
+struct Tile<'a, T> {
     x: &'a [f32],
     k: usize,
-    b: *const f32,
+    b: *const T,
     stride: isize,
 }
 
-impl Tile<'_> {
+impl<T: Load> Tile<'_, T> {
     /// The first element of column `c`.
     #[inline(always)]
-    fn column(&self, c: usize) -> *const f32 {
+    fn column(&self, c: usize) -> *const T {
         self.b.wrapping_offset(c as isize * self.stride)
     }
 
@@ -323,7 +328,8 @@ impl Tile<'_> {
                     sum = unsafe { L::add(sum, s[r][c]) };
                 }
                 // SAFETY: the tail's elements of row r and column c.
-                let tail = (l..k).map(|q| unsafe { *x.add(r * k + q) * *self.column(c).add(q) });
+                let tail = (l..k)
+                    .map(|q| unsafe { *x.add(r * k + q) * (*self.column(c).add(q)).to_f32() });
                 // SAFETY: `L` runs here.
                 out[r * row + c] = unsafe { L::sum(sum) } + tail.sum::<f32>();
             }
@@ -347,7 +353,7 @@ impl Tile<'_> {
         // l..l + LANES of a column, or of a row of x, lie below k.
         let mut v = [unsafe { L::zero() }; C];
         for (c, v) in v.iter_mut().enumerate() {
-            *v = unsafe { L::load(self.column(c).add(l)) };
+            *v = unsafe { T::lanes::<L>(self.column(c).add(l)) };
         }
         for (r, s) in s.iter_mut().enumerate() {
             let a = unsafe { L::load(x.add(r * k + l)) };

@@ -1,5 +1,5 @@
 //! Vectors of f32 lanes, one type per ISA, for the kernels written once
-//! for every ISA (`gemv`, `packed`).
+//! for every ISA (`gemv`, `packed`), and the elements they load as such.
 //!
 //! `unsafe` here is the intrinsics, which run only where the CPU has the
 //! type's features (`Lanes`'s contract).
@@ -21,6 +21,8 @@ pub(super) trait Lanes {
     const LANES: usize;
     unsafe fn zero() -> Self::V;
     unsafe fn load(p: *const f32) -> Self::V;
+    /// `LANES` bf16 values (their bits) from `p`, widened.
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
     /// `a * b + c`.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
@@ -32,13 +34,42 @@ pub(super) trait Lanes {
     unsafe fn store(p: *mut f32, v: Self::V);
 }
 
+/// The elements a few-row product reads from `b`, loaded as f32 lanes:
+/// f32, and bf16 as its bits, widened as they are loaded.
+pub(super) trait Load: super::Element {
+    /// `L::LANES` elements from `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// As `Lanes::load`.
+    unsafe fn lanes<L: Lanes>(p: *const Self) -> L::V;
+}
+
+impl Load for f32 {
+    #[inline(always)]
+    unsafe fn lanes<L: Lanes>(p: *const f32) -> L::V {
+        // SAFETY: the caller's contract.
+        unsafe { L::load(p) }
+    }
+}
+
+impl Load for u16 {
+    #[inline(always)]
+    unsafe fn lanes<L: Lanes>(p: *const u16) -> L::V {
+        // SAFETY: the caller's contract.
+        unsafe { L::load_bf16(p) }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{
-        __m256, __m512, _mm_add_ps, _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps,
-        _mm256_castps256_ps128, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-        _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps, _mm512_add_ps, _mm512_fmadd_ps,
-        _mm512_loadu_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+        __m256, __m512, _mm_add_ps, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps, _mm_shuffle_ps,
+        _mm256_add_ps, _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cvtepu16_epi32,
+        _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+        _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_storeu_ps, _mm512_add_ps,
+        _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_fmadd_ps, _mm512_loadu_ps,
+        _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32,
+        _mm512_storeu_ps,
     };
 
     use super::Lanes;
@@ -62,6 +93,15 @@ mod x86 {
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m256 {
             unsafe { _mm256_loadu_ps(p) }
+        }
+        /// Each 16 bits zero-extended into a 32-bit lane, then moved to
+        /// its top half.
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m256 {
+            unsafe {
+                let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bits))
+            }
         }
         #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
@@ -99,6 +139,14 @@ mod x86 {
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m512 {
             unsafe { _mm512_loadu_ps(p) }
+        }
+        /// As `Avx2`'s, 16 at a time.
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m512 {
+            unsafe {
+                let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits))
+            }
         }
         #[inline(always)]
         unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {

@@ -431,11 +431,12 @@ pub(crate) unsafe fn gemm(
 
 /// `gemm` for bf16 operands (their bits), without an epilogue: each
 /// product exact and their sums in f32, as `gemm` sums the operands widened
-/// to f32. `isa`'s core widens them as it packs them, on every thread,
-/// where it takes the product (`by_core`, at any size: the operands are
-/// widened either way); else both are widened into f32 matrices first (an
-/// error where they cannot be allocated), which `gemm` multiplies. The
-/// result is `gemm`'s.
+/// to f32. A product of a few rows that `gemv` takes streams B, widened as
+/// it is loaded; else `isa`'s core widens them as it packs them, on every
+/// thread, where it takes the product (`by_core`, at any size: the
+/// operands are widened either way); else both are widened into f32
+/// matrices first (an error where they cannot be allocated), which `gemm`
+/// multiplies. The result is `gemm`'s.
 ///
 /// # Safety
 /// As `gemm`'s.
@@ -447,6 +448,15 @@ pub(crate) unsafe fn gemm_bf16(
     threads: usize,
     finish: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<bool, Error> {
+    // A few rows stream B where it lies, widened as it is loaded, as f32's
+    // do: packed, all of it would be widened first.
+    if !matches!(isa, Isa::Generic) && gemv::takes((m, n, k), a, b) {
+        // SAFETY: the contract of this function, for the few rows
+        // `takes` takes.
+        unsafe { gemv::gemv(isa, (m, n, k), (a, b), c, threads, RawFused::NONE) };
+        finish(0, m);
+        return Ok(true);
+    }
     // SAFETY: the contract of this function.
     #[cfg(target_arch = "x86_64")]
     if unsafe { by_core(isa, (m, n, k), (a, b), c, threads, (RawFused::NONE, finish)) } {

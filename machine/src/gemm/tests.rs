@@ -506,6 +506,9 @@ fn bf16_products_agree_with_a_plain_product_on_every_path() {
         (3, 300, 200),
         (130, 260, 5),
         (5, 0, 7),
+        // Few rows that stream B (`gemv`): one, and two groups of four.
+        (1, 1100, 1000),
+        (8, 1030, 41),
     ] {
         let (a, b) = (bits(m * k, 1), bits(k * n, 2));
         let transpose = |x: &[u16], rows: usize, cols: usize| -> Vec<u16> {
