@@ -73,41 +73,28 @@ impl Rounder {
     /// above the rounding, where a kernel reads through them (a reshape or
     /// padding of a rounding would have it stored first).
     fn operand(&mut self, out: &mut Graph, x: NodeId) -> NodeId {
-        let windows = self
-            .beneath(out, x)
-            .any(|op| matches!(op, Op::Unfold { .. }));
-        // Views of 16-bit values (padded with values they hold) are rounded
-        // already.
-        let mut source = x;
-        for _ in self.beneath(out, x) {
+        // Down the views rounding commutes with: whether they hold windows,
+        // and the value beneath them.
+        let (mut source, mut windows) = (x, false);
+        while self.commutes(&out.node(source).op) {
+            windows |= matches!(out.node(source).op, Op::Unfold { .. });
             source = out.node(source).inputs[0];
         }
+        // Views of 16-bit values (padded with values they hold) are rounded
+        // already.
         if holds(out, source, self.half) {
             return x;
         }
         self.round(out, x, windows)
     }
 
-    /// The ops of the views beneath `x` that rounding commutes with, from
-    /// `x` down: padding only with a value of the 16-bit type.
-    fn beneath<'g>(&self, graph: &'g Graph, mut x: NodeId) -> impl Iterator<Item = &'g Op> {
-        let half = self.half;
-        std::iter::from_fn(move || {
-            let node = graph.node(x);
-            let view = match node.op {
-                Op::Reshape(_)
-                | Op::Permute(_)
-                | Op::Expand(_)
-                | Op::Slice(_)
-                | Op::Unfold { .. } => true,
-                Op::Pad { value, .. } => value.cast(half).to_f64() == value.to_f64(),
-                _ => false,
-            };
-            view.then(|| {
-                x = node.inputs[0];
-                &node.op
-            })
-        })
+    /// Whether `op` is a view that rounding commutes with: padding only
+    /// with a value of the 16-bit type.
+    fn commutes(&self, op: &Op) -> bool {
+        match op {
+            Op::Pad { value, .. } => value.cast(self.half).to_f64() == value.to_f64(),
+            op => view(op),
+        }
     }
 
     /// `operand`'s rounding of `x`, through the views around windows where
@@ -117,8 +104,7 @@ impl Rounder {
             return r;
         }
         let node = out.node(x).clone();
-        let commutes = self.beneath(out, x).next().is_some();
-        let through = commutes
+        let through = self.commutes(&node.op)
             && match node.op {
                 Op::Permute(_) | Op::Expand(_) => true,
                 Op::Reshape(_) | Op::Slice(_) | Op::Unfold { .. } => windows,
@@ -158,16 +144,8 @@ impl Rounder {
             let node = graph.node(id);
             let through = match node.op {
                 Op::Input { .. } | Op::Const(_) => Some(true),
-                Op::Unary(_)
-                | Op::Binary(_)
-                | Op::Where
-                | Op::Cast(_)
-                | Op::Reshape(_)
-                | Op::Permute(_)
-                | Op::Expand(_)
-                | Op::Slice(_)
-                | Op::Pad { .. }
-                | Op::Unfold { .. } => None,
+                Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => None,
+                ref op if view(op) => None,
                 _ => Some(false),
             };
             let pending = node.inputs.iter().find(|i| !self.fed.contains_key(i));
@@ -186,6 +164,19 @@ impl Rounder {
         }
         self.fed[&x]
     }
+}
+
+/// Whether `op` is one of the graph's views (before `fold-views`).
+fn view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice(_)
+            | Op::Pad { .. }
+            | Op::Unfold { .. }
+    )
 }
 
 /// Whether `x` already holds values of `half`: it is a cast to f32 of one.
