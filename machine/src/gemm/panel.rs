@@ -7,7 +7,10 @@
 
 #![allow(unsafe_code)]
 
-use std::arch::x86_64::{_MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_prefetch, _mm_storeu_ps};
+use std::arch::x86_64::{
+    _MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_castps_pd, _mm_prefetch, _mm_storeh_pd, _mm_storel_pd,
+    _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
+};
 
 use super::{Element, Operand};
 
@@ -133,6 +136,24 @@ unsafe fn transpose_into<const NR: usize, T: Element>(
                 }
             }
             j += 4;
+        }
+        if cols - j == 2 {
+            // The two runs past the last whole four (a 6-row panel of A):
+            // interleaved in SSE registers, two elements stored to each of
+            // the block's rows, as the fours are.
+            // SAFETY: elements `l0..l0 + 4` of columns `j` and `j + 1`;
+            // `block`'s rows hold `j + 2 <= NR` elements.
+            unsafe {
+                let (r0, r1) = (T::load4(column(j).add(l0)), T::load4(column(j + 1).add(l0)));
+                let low = _mm_castps_pd(_mm_unpacklo_ps(r0, r1));
+                let high = _mm_castps_pd(_mm_unpackhi_ps(r0, r1));
+                let [p0, p1, p2, p3] = block.each_mut().map(|row| row.as_mut_ptr().add(j).cast());
+                _mm_storel_pd(p0, low);
+                _mm_storeh_pd(p1, low);
+                _mm_storel_pd(p2, high);
+                _mm_storeh_pd(p3, high);
+            }
+            j += 2;
         }
         for (i, row) in block.iter_mut().enumerate() {
             for (c, x) in row[j..cols].iter_mut().enumerate() {
