@@ -4,10 +4,11 @@
 //! `unsafe` here is the vector loads and stores.
 
 use std::arch::x86_64::{
-    __m256, _CMP_LE_OQ, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_andnot_ps,
-    _mm256_castpd_ps, _mm256_castps_pd, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_loadu_si256,
-    _mm256_maskstore_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_permute4x64_pd, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+    __m128, __m256, _CMP_LE_OQ, _MM_TRANSPOSE4_PS, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps,
+    _mm256_andnot_ps, _mm256_castpd_ps, _mm256_castps_pd, _mm256_cmp_ps, _mm256_loadu_ps,
+    _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
+    _mm256_permute4x64_pd, _mm256_set1_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+    _mm256_unpackhi_ps, _mm256_unpacklo_ps,
 };
 
 use std::ops::Range;
@@ -233,18 +234,20 @@ pub(super) unsafe fn group<const T: usize>(
     let (w, [oh, ow]) = (t.in_dims[1], t.out_dims);
     let [rows, cols] = grid.inside.clone();
     let mut weights = [[0.0f32; 8]; T];
-    for (lane, p) in planes.iter().enumerate() {
-        if !cols.is_empty() {
-            let x0 = (cols.start as isize + grid.origin[1]) as usize;
-            for r in rows.clone() {
-                let y = (r as isize + grid.origin[0]) as usize;
-                let src = &t.input[p.input + y * w + x0..][..cols.len()];
-                let row = &mut staged[(r * grid.cols + cols.start) * 8..];
-                for (c, v) in src.iter().enumerate() {
-                    row[c * 8 + lane] = *v;
-                }
-            }
+    if let (false, Some(last)) = (cols.is_empty(), planes.len().checked_sub(1)) {
+        let x0 = (cols.start as isize + grid.origin[1]) as usize;
+        for r in rows {
+            let y = (r as isize + grid.origin[0]) as usize;
+            // Lanes past the group's planes repeat its last (their sums
+            // are not stored).
+            let src: [&[f32]; 8] = std::array::from_fn(|lane| {
+                &t.input[planes[lane.min(last)].input + y * w + x0..][..cols.len()]
+            });
+            let row = &mut staged[(r * grid.cols + cols.start) * 8..][..cols.len() * 8];
+            interleave(src, row);
         }
+    }
+    for (lane, p) in planes.iter().enumerate() {
         for (k, tap) in t.taps.iter().enumerate() {
             weights[k][lane] = t.weights[p.weights + tap.weight];
         }
@@ -254,23 +257,135 @@ pub(super) unsafe fn group<const T: usize>(
     let at: [usize; T] = std::array::from_fn(|k| grid.at[k]);
     let base = staged.as_ptr();
     let plane = oh * ow;
-    for i in 0..oh {
-        for j in 0..ow {
-            let first = i * grid.steps[0] + j * grid.steps[1];
-            // SAFETY: `first + at[k] + 8` is at most `grid.furthest`, inside
-            // `staged` (the caller's contract).
-            let product = |k: usize| {
-                _mm256_mul_ps(unsafe { _mm256_loadu_ps(base.add(first + at[k])) }, ws[k])
-            };
-            let sums = pairwise::<T, __m256>(&product, &|a, b| _mm256_add_ps(a, b));
-            let mut lanes = [0.0f32; 8];
-            // SAFETY: `lanes` holds 8 values.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
-            for (lane, v) in lanes.iter().take(planes.len()).enumerate() {
-                out[lane * plane + i * ow + j] = *v;
+    // The 8 planes' sums at output row `i`, column `j`.
+    let sums = |i: usize, j: usize| {
+        let first = i * grid.steps[0] + j * grid.steps[1];
+        // SAFETY: `first + at[k] + 8` is at most `grid.furthest`, inside
+        // `staged` (the caller's contract).
+        let product =
+            |k: usize| _mm256_mul_ps(unsafe { _mm256_loadu_ps(base.add(first + at[k])) }, ws[k]);
+        pairwise::<T, __m256>(&product, &|a, b| _mm256_add_ps(a, b))
+    };
+    // Eight positions at a time, turned in registers so that each plane's
+    // eight outputs (adjacent: a plane's positions run on from row to row)
+    // are one store, where each output was a store of its own.
+    let mut q = 0;
+    let mut block = [_mm256_setzero_ps(); 8];
+    while q + 8 <= plane {
+        // (Each sum put aside as it is made: the weights take 9 of the 16
+        // registers, and eight sums held at once spill.)
+        let (mut i, mut j) = (q / ow, q % ow);
+        for v in &mut block {
+            *v = sums(i, j);
+            j += 1;
+            if j == ow {
+                (i, j) = (i + 1, 0);
             }
         }
+        let turned = transpose(block);
+        for (lane, v) in turned.iter().take(planes.len()).enumerate() {
+            let to = &mut out[lane * plane + q..][..8];
+            // SAFETY: `to` holds 8 values.
+            unsafe { _mm256_storeu_ps(to.as_mut_ptr(), *v) };
+        }
+        q += 8;
     }
+    for q in q..plane {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 values.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums(q / ow, q % ow)) };
+        for (lane, v) in lanes.iter().take(planes.len()).enumerate() {
+            out[lane * plane + q] = *v;
+        }
+    }
+}
+
+/// `row[c * 8 + lane] = src[lane][c]`: eight rows interleaved, eight
+/// columns at a time turned in registers, then four, the last few one by
+/// one. (Value by value, the stores made half the time of 384 planes of
+/// 14 x 14: `benches/RESULTS-cpu.md`.)
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn interleave(src: [&[f32]; 8], row: &mut [f32]) {
+    let len = row.len() / 8;
+    assert!(src.iter().all(|s| s.len() >= len), "rows of {len} values");
+    let mut c = 0;
+    while c + 8 <= len {
+        // SAFETY: values `c..c + 8` of every row (the assert above).
+        let turned = transpose(std::array::from_fn(|lane| unsafe {
+            _mm256_loadu_ps(src[lane].as_ptr().add(c))
+        }));
+        for (q, v) in turned.iter().enumerate() {
+            let to = &mut row[(c + q) * 8..][..8];
+            // SAFETY: `to` holds 8 values.
+            unsafe { _mm256_storeu_ps(to.as_mut_ptr(), *v) };
+        }
+        c += 8;
+    }
+    if c + 4 <= len {
+        // Lanes 0-3 and 4-7 turned as two 4 x 4 blocks.
+        // SAFETY: values `c..c + 4` of every row (the assert above).
+        let [mut low, mut high]: [[__m128; 4]; 2] = std::array::from_fn(|half| {
+            std::array::from_fn(|i| unsafe { _mm_loadu_ps(src[4 * half + i].as_ptr().add(c)) })
+        });
+        let [l0, l1, l2, l3] = &mut low;
+        _MM_TRANSPOSE4_PS(l0, l1, l2, l3);
+        let [h0, h1, h2, h3] = &mut high;
+        _MM_TRANSPOSE4_PS(h0, h1, h2, h3);
+        for q in 0..4 {
+            let to = &mut row[(c + q) * 8..][..8];
+            // SAFETY: `to` holds 8 values.
+            unsafe {
+                _mm_storeu_ps(to.as_mut_ptr(), low[q]);
+                _mm_storeu_ps(to.as_mut_ptr().add(4), high[q]);
+            }
+        }
+        c += 4;
+    }
+    for c in c..len {
+        for (lane, x) in row[c * 8..][..8].iter_mut().enumerate() {
+            *x = src[lane][c];
+        }
+    }
+}
+
+/// Eight vectors turned: lane `j` of vector `i` becomes lane `i` of
+/// vector `j`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn transpose([r0, r1, r2, r3, r4, r5, r6, r7]: [__m256; 8]) -> [__m256; 8] {
+    // Pairs of rows interleaved, then quads: within each 128-bit half,
+    // lane `j` of every row; the halves then swapped into place.
+    let pairs = [
+        _mm256_unpacklo_ps(r0, r1),
+        _mm256_unpackhi_ps(r0, r1),
+        _mm256_unpacklo_ps(r2, r3),
+        _mm256_unpackhi_ps(r2, r3),
+        _mm256_unpacklo_ps(r4, r5),
+        _mm256_unpackhi_ps(r4, r5),
+        _mm256_unpacklo_ps(r6, r7),
+        _mm256_unpackhi_ps(r6, r7),
+    ];
+    let quads = |low: usize, high: usize| {
+        [
+            _mm256_shuffle_ps::<0x44>(pairs[low], pairs[high]),
+            _mm256_shuffle_ps::<0xEE>(pairs[low], pairs[high]),
+        ]
+    };
+    let [q0, q1] = quads(0, 2);
+    let [q2, q3] = quads(1, 3);
+    let [q4, q5] = quads(4, 6);
+    let [q6, q7] = quads(5, 7);
+    [
+        _mm256_permute2f128_ps::<0x20>(q0, q4),
+        _mm256_permute2f128_ps::<0x20>(q1, q5),
+        _mm256_permute2f128_ps::<0x20>(q2, q6),
+        _mm256_permute2f128_ps::<0x20>(q3, q7),
+        _mm256_permute2f128_ps::<0x31>(q0, q4),
+        _mm256_permute2f128_ps::<0x31>(q1, q5),
+        _mm256_permute2f128_ps::<0x31>(q2, q6),
+        _mm256_permute2f128_ps::<0x31>(q3, q7),
+    ]
 }
 
 /// `act` applied to `sums`, 8 at a time, the last few one at a time:
