@@ -39,7 +39,7 @@ pub(super) unsafe fn plane<const T: usize>(
         _ => every(src, step, dst),
     };
     stage.fill((t, first), staged, every, |src, a, b| pair(src, a, b));
-    let ([oh, ow], row_step) = (stage.out_dims, stage.row_step);
+    let ([oh, ow], row_step, act) = (stage.out_dims, stage.row_step, t.activation);
     let ws: [__m256; T] = std::array::from_fn(|k| _mm256_set1_ps(w[k]));
     let base = staged.as_ptr();
     for r in 0..oh {
@@ -52,8 +52,8 @@ pub(super) unsafe fn plane<const T: usize>(
         while i + 16 <= ow {
             let [a, b] = unsafe { sums::<T, 2>(base, at, &ws, row + i) };
             unsafe {
-                _mm256_storeu_ps(o.as_mut_ptr().add(i), a);
-                _mm256_storeu_ps(o.as_mut_ptr().add(i + 8), b);
+                _mm256_storeu_ps(o.as_mut_ptr().add(i), activated(act, a));
+                _mm256_storeu_ps(o.as_mut_ptr().add(i + 8), activated(act, b));
             }
             i += 16;
         }
@@ -63,7 +63,7 @@ pub(super) unsafe fn plane<const T: usize>(
             let inside = (ow - i).min(8);
             unsafe {
                 let mask = _mm256_loadu_si256(LANES.as_ptr().add(8 - inside).cast());
-                _mm256_maskstore_ps(o.as_mut_ptr().add(i), mask, a);
+                _mm256_maskstore_ps(o.as_mut_ptr().add(i), mask, activated(act, a));
             }
             i += 8;
         }
@@ -286,7 +286,7 @@ pub(super) unsafe fn group<const T: usize>(
         for (lane, v) in turned.iter().take(planes.len()).enumerate() {
             let to = &mut out[lane * plane + q..][..8];
             // SAFETY: `to` holds 8 values.
-            unsafe { _mm256_storeu_ps(to.as_mut_ptr(), *v) };
+            unsafe { _mm256_storeu_ps(to.as_mut_ptr(), activated(t.activation, *v)) };
         }
         q += 8;
     }
@@ -295,7 +295,7 @@ pub(super) unsafe fn group<const T: usize>(
         // SAFETY: `lanes` holds 8 values.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums(q / ow, q % ow)) };
         for (lane, v) in lanes.iter().take(planes.len()).enumerate() {
-            out[lane * plane + q] = *v;
+            out[lane * plane + q] = t.activation.of(*v);
         }
     }
 }
@@ -388,30 +388,35 @@ fn transpose([r0, r1, r2, r3, r4, r5, r6, r7]: [__m256; 8]) -> [__m256; 8] {
     ]
 }
 
-/// `act` applied to `sums`, 8 at a time, the last few one at a time:
-/// lane by lane as `Activation::of` (the same bits, NaN's included).
+/// `act` applied to the 8 sums of `v`: lane by lane as `Activation::of`
+/// (the same bits, NaN's included), in registers as they are stored.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn activated(act: Activation, mut v: __m256) -> __m256 {
+    if act.relu {
+        // Lanes not above zero (NaN is not) become +0.
+        let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
+        v = _mm256_andnot_ps(not_above, v);
+    }
+    match act.cap {
+        // `cap < v ? cap : v`: a NaN lane stays.
+        Some(cap) => _mm256_min_ps(_mm256_set1_ps(cap), v),
+        None => v,
+    }
+}
+
+/// `activated` over 8 values in memory, for the tests.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
+#[cfg(test)]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn activate(act: Activation, sums: &mut [f32]) {
-    let (eights, rest) = sums.as_chunks_mut::<8>();
-    for eight in eights {
-        // SAFETY: `eight` holds 8 values.
-        let mut v = unsafe { _mm256_loadu_ps(eight.as_ptr()) };
-        if act.relu {
-            // Lanes not above zero (NaN is not) become +0.
-            let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
-            v = _mm256_andnot_ps(not_above, v);
-        }
-        if let Some(cap) = act.cap {
-            // `cap < v ? cap : v`: a NaN lane stays.
-            v = _mm256_min_ps(_mm256_set1_ps(cap), v);
-        }
-        // SAFETY: as above.
-        unsafe { _mm256_storeu_ps(eight.as_mut_ptr(), v) };
-    }
-    for x in rest {
-        *x = act.of(*x);
-    }
+pub(super) unsafe fn activated_lanes(act: Activation, lanes: &mut [f32; 8]) {
+    // SAFETY: `lanes` holds 8 values.
+    unsafe {
+        _mm256_storeu_ps(
+            lanes.as_mut_ptr(),
+            activated(act, _mm256_loadu_ps(lanes.as_ptr())),
+        )
+    };
 }

@@ -17,7 +17,7 @@
 //! each product is rounded, and the products are summed in the tree
 //! `conv2d` builds (pairs of neighbours, then pairs of pairs, a last odd
 //! one carried), written out for each tap count (`pairwise`). ReLU and a
-//! cap (`Activation`) follow over each plane, or group, just written.
+//! cap (`Activation`) apply to each sum as it is stored.
 //!
 //! `unsafe` here is the calls of the AVX2 code (`avx2`, whose vector loads
 //! and stores are the rest).
@@ -81,28 +81,6 @@ impl Activation {
         relu: false,
         cap: None,
     };
-
-    /// Applies it to `sums`, just written (a plane, or a group's): 8 lanes
-    /// at a time by the AVX2 code where `vectors` (one at a time, its
-    /// branches went the sums' signs' random ways and took longer than the
-    /// sums).
-    fn apply(self, sums: &mut [f32], vectors: bool) {
-        if self == Activation::NONE {
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if vectors {
-            // SAFETY: `vectors` holds only where `vectors_available` did:
-            // the CPU has AVX2 and FMA.
-            unsafe { avx2::activate(self, sums) };
-            return;
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = vectors;
-        for x in sums {
-            *x = self.of(*x);
-        }
-    }
 
     /// It applied to one sum.
     fn of(self, x: f32) -> f32 {
@@ -228,7 +206,6 @@ pub fn taps(isa: Isa, t: &Taps<'_>, planes: &[Plane], out: &mut [f32]) -> Result
             25 => sums!(25),
             _ => sums!(49),
         }
-        t.activation.apply(out, vectors);
     }
     Ok(())
 }
@@ -268,7 +245,6 @@ fn small_planes(
             25 => group!(25),
             _ => group!(49),
         }
-        t.activation.apply(out, true);
     }
     Ok(())
 }
@@ -511,7 +487,7 @@ fn plane<const T: usize>(
     for (r, out) in out.chunks_exact_mut(ow).enumerate().take(oh) {
         for (i, o) in out.iter_mut().enumerate() {
             let read = |k: usize| staged[at[k] + r * stage.row_step + i] * w[k];
-            *o = pairwise::<T, f32>(&read, &|a, b| a + b);
+            *o = t.activation.of(pairwise::<T, f32>(&read, &|a, b| a + b));
         }
     }
 }
