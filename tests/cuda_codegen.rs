@@ -489,7 +489,9 @@ mod nvrtc {
         let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
         let mut failures = Vec::new();
         for arch in ["sm_90", "sm_80"] {
-            for (code, compiled) in sources.iter().zip(nvrtc::compile_all(&sources, arch)) {
+            // (No CUBIN kept on disk: every kernel is compiled here.)
+            let compiled = nvrtc::compile_all_in(&sources, arch, None);
+            for (code, compiled) in sources.iter().zip(compiled) {
                 match compiled {
                     Ok(cubin) if cubin.starts_with(b"\x7fELF") => {}
                     Ok(_) => failures.push(format!("{arch}: not an ELF CUBIN\n{code}")),
@@ -625,7 +627,7 @@ mod nvrtc {
             kernel("= sqrtf(x[0])"),
         ];
         let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
-        let together = nvrtc::compile_all(&sources, "sm_90");
+        let together = nvrtc::compile_all_in(&sources, "sm_90", None);
         assert_eq!(together.len(), sources.len());
         for (source, cubin) in sources.iter().zip(together) {
             match (cubin, nvrtc::compile(source, "sm_90")) {
@@ -638,5 +640,54 @@ mod nvrtc {
                 ),
             }
         }
+    }
+
+    /// Kernels compiled with a cache folder are kept there, a file each,
+    /// and read back from it: the same CUBINs from a second call, a CUBIN
+    /// put in the folder under a kernel's key rather than a compile, and a
+    /// damaged file compiled again and replaced. A failed compile keeps
+    /// nothing.
+    #[test]
+    fn compiled_kernels_are_kept_on_disk_and_read_back() {
+        use kiln_runtime::cuda::cubin_cache;
+        if !nvrtc::available() {
+            eprintln!("skipped: libnvrtc.so.13 is not on LD_LIBRARY_PATH");
+            return;
+        }
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cubin_cache");
+        let _ = std::fs::remove_dir_all(&dir);
+        let kernel = |body: &str| {
+            format!("extern \"C\" __global__ void k(float* x) {{ x[threadIdx.x] {body}; }}")
+        };
+        let sources = [
+            kernel("+= 1.0f"),
+            kernel("*= 2.0f"),
+            kernel("= undefined_fn()"),
+        ];
+        let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
+        let files = || std::fs::read_dir(&dir).map_or(0, |d| d.count());
+        let first = nvrtc::compile_all_in(&sources, "sm_90", Some(&dir));
+        assert!(first[2].is_err(), "undefined_fn compiled");
+        assert_eq!(files(), 2, "a file for each kernel compiled");
+        let cubins: Vec<Vec<u8>> = first.into_iter().take(2).flatten().collect();
+        let again = nvrtc::compile_all_in(&sources[..2], "sm_90", Some(&dir));
+        assert!(again.into_iter().flatten().eq(cubins.clone()));
+        let key = nvrtc::cache_key(sources[0], "sm_90").expect("NVRTC is loaded");
+        cubin_cache::write(&dir, &key, b"kept");
+        let read = nvrtc::compile_all_in(&sources[..1], "sm_90", Some(&dir));
+        assert!(matches!(&read[..], [Ok(cubin)] if cubin == b"kept"));
+        // Cut short: compiled again, and the file whole again.
+        let name: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        let path = dir.join(format!("{name}.cubin"));
+        let bytes = std::fs::read(&path).expect("the kept file");
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).expect("the test's folder");
+        let compiled = nvrtc::compile_all_in(&sources[..1], "sm_90", Some(&dir));
+        assert!(matches!(&compiled[..], [Ok(cubin)] if *cubin == cubins[0]));
+        assert_eq!(cubin_cache::read(&dir, &key).as_ref(), Some(&cubins[0]));
+        // The key is the architecture's too.
+        let sm80 = nvrtc::compile_all_in(&sources[..1], "sm_80", Some(&dir));
+        assert!(matches!(&sm80[..], [Ok(cubin)] if *cubin != cubins[0]));
+        assert_eq!(files(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,7 +15,8 @@
 //! - `replay`: runs on the buffers of an earlier run, replayed as one
 //!   CUDA graph launch;
 //! - `blaslt`, `blas`: the GEMM through cuBLASLt (TF32) or cuBLAS (f32);
-//! - `nvrtc`: CUDA C to CUBIN.
+//! - `nvrtc`: CUDA C to CUBIN;
+//! - `cubin_cache`: CUBINs kept on disk from process to process.
 //!
 //! `context`, `memory`, `executable`, `replay`, `blas`, `blaslt` and `nvrtc`
 //! are the modules of the CUDA backend with `unsafe`: device memory is made
@@ -29,6 +30,8 @@ pub mod blaslt;
 pub mod codegen;
 #[cfg(feature = "cuda")]
 mod context;
+#[cfg(feature = "cuda")]
+pub mod cubin_cache;
 #[cfg(feature = "cuda")]
 mod executable;
 pub mod gemm;

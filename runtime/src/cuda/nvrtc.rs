@@ -7,10 +7,12 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::nvrtc::{result, sys};
 
+use super::cubin_cache;
 use crate::Error;
 
 /// Whether libnvrtc can be loaded (it is looked up on the library path, as
@@ -35,8 +37,7 @@ pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
     let text = CString::new(source)
         .map_err(|_| crate::cuda("nvrtc", "generated CUDA C contains a NUL byte"))?;
     let program = result::create_program(&text, None).map_err(|e| fail("create", e))?;
-    // IEEE arithmetic as the interpreter computes it: no a*b+c contracted to FMA.
-    let options = [format!("--gpu-architecture={arch}"), "--fmad=false".into()];
+    let options = options(arch);
     // SAFETY: `program` was created above and is destroyed only at the end;
     // the buffers passed to NVRTC have the sizes NVRTC reported.
     unsafe {
@@ -63,15 +64,77 @@ pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, Error> {
     }
 }
 
+/// NVRTC's options for `arch`: IEEE arithmetic as the interpreter computes
+/// it, no a*b+c contracted to FMA.
+fn options(arch: &str) -> [String; 2] {
+    [format!("--gpu-architecture={arch}"), "--fmad=false".into()]
+}
+
+/// The version of the NVRTC loaded, if it is.
+fn version() -> Option<(i32, i32)> {
+    if !available() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (checked above); both are valid out-pointers.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor).result().ok()? };
+    Some((major, minor))
+}
+
+/// The key `compile_all_in` keeps `source`'s CUBIN for `arch` under: of
+/// the source, the architecture, NVRTC's options and its version (`None`
+/// without NVRTC).
+pub fn cache_key(source: &str, arch: &str) -> Option<[u8; 32]> {
+    version().map(|nvrtc| cubin_cache::key(source, arch, &options(arch), nvrtc))
+}
+
 /// The most NVRTC compiles at once: each holds a compiler's memory.
 const COMPILE_THREADS: usize = 16;
+
+/// Compiles each of `sources` for `arch`, or reads its CUBIN kept on disk
+/// by an earlier compile (`cubin_cache`, in its folder). The results are
+/// in the order of `sources`.
+pub fn compile_all(sources: &[&str], arch: &str) -> Vec<Result<Vec<u8>, Error>> {
+    compile_all_in(sources, arch, cubin_cache::folder().as_deref())
+}
+
+/// `compile_all` with the CUBINs kept in `cache`, or none kept where it is
+/// `None`: those kept are read, the others compiled and kept.
+pub fn compile_all_in(
+    sources: &[&str],
+    arch: &str,
+    cache: Option<&Path>,
+) -> Vec<Result<Vec<u8>, Error>> {
+    // Without NVRTC nothing is read either: its version is part of the key.
+    let keys: Option<Vec<[u8; 32]>> = sources.iter().map(|s| cache_key(s, arch)).collect();
+    let Some((cache, keys)) = cache.zip(keys) else {
+        return compile_each(sources, arch);
+    };
+    let mut results: Vec<Option<Result<Vec<u8>, Error>>> = (keys.iter())
+        .map(|k| cubin_cache::read(cache, k).map(Ok))
+        .collect();
+    let missing: Vec<usize> = (0..sources.len())
+        .filter(|&i| results[i].is_none())
+        .collect();
+    let compiled = compile_each(
+        &missing.iter().map(|&i| sources[i]).collect::<Vec<_>>(),
+        arch,
+    );
+    for (i, result) in missing.into_iter().zip(compiled) {
+        if let Ok(cubin) = &result {
+            cubin_cache::write(cache, &keys[i], cubin);
+        }
+        results[i] = Some(result);
+    }
+    results.into_iter().flatten().collect()
+}
 
 /// Compiles each of `sources` for `arch`, on as many threads as the
 /// machine runs at once, at most `COMPILE_THREADS` (NVRTC compiles programs
 /// concurrently), so that a graph's kernels compile side by side rather
 /// than one after another (`benches/RESULTS-cuda.md`). The results are in
 /// the order of `sources`.
-pub fn compile_all(sources: &[&str], arch: &str) -> Vec<Result<Vec<u8>, Error>> {
+fn compile_each(sources: &[&str], arch: &str) -> Vec<Result<Vec<u8>, Error>> {
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(COMPILE_THREADS)
