@@ -677,8 +677,7 @@ mod nvrtc {
         let read = nvrtc::compile_all_in(&sources[..1], "sm_90", Some(&dir));
         assert!(matches!(&read[..], [Ok(cubin)] if cubin == b"kept"));
         // Cut short: compiled again, and the file whole again.
-        let name: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        let path = dir.join(format!("{name}.cubin"));
+        let path = cubin_cache::file(&dir, &key);
         let bytes = std::fs::read(&path).expect("the kept file");
         std::fs::write(&path, &bytes[..bytes.len() - 1]).expect("the test's folder");
         let compiled = nvrtc::compile_all_in(&sources[..1], "sm_90", Some(&dir));

@@ -8,8 +8,8 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    _MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_castps_pd, _mm_prefetch, _mm_storeh_pd, _mm_storel_pd,
-    _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
+    _MM_HINT_T0, _MM_TRANSPOSE4_PS, _mm_castps_si128, _mm_prefetch, _mm_srli_si128,
+    _mm_storel_epi64, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
 };
 
 use super::{Element, Operand};
@@ -138,20 +138,25 @@ unsafe fn transpose_into<const NR: usize, T: Element>(
             j += 4;
         }
         if cols - j == 2 {
-            // The two runs past the last whole four (a 6-row panel of A):
-            // interleaved in SSE registers, two elements stored to each of
-            // the block's rows, as the fours are.
+            // Two runs past the last whole four (a 6-row panel of A, a
+            // panel of B's last 2, 6, 10 or 14 columns): interleaved in SSE
+            // registers, two elements stored to each of the block's rows.
             // SAFETY: elements `l0..l0 + 4` of columns `j` and `j + 1`;
-            // `block`'s rows hold `j + 2 <= NR` elements.
+            // `block`'s rows hold `j + 2 <= NR` elements (`movq` stores
+            // need no alignment).
             unsafe {
                 let (r0, r1) = (T::load4(column(j).add(l0)), T::load4(column(j + 1).add(l0)));
-                let low = _mm_castps_pd(_mm_unpacklo_ps(r0, r1));
-                let high = _mm_castps_pd(_mm_unpackhi_ps(r0, r1));
-                let [p0, p1, p2, p3] = block.each_mut().map(|row| row.as_mut_ptr().add(j).cast());
-                _mm_storel_pd(p0, low);
-                _mm_storeh_pd(p1, low);
-                _mm_storel_pd(p2, high);
-                _mm_storeh_pd(p3, high);
+                let low = _mm_castps_si128(_mm_unpacklo_ps(r0, r1));
+                let high = _mm_castps_si128(_mm_unpackhi_ps(r0, r1));
+                let halves = [
+                    low,
+                    _mm_srli_si128::<8>(low),
+                    high,
+                    _mm_srli_si128::<8>(high),
+                ];
+                for (row, half) in block.iter_mut().zip(halves) {
+                    _mm_storel_epi64(row.as_mut_ptr().add(j).cast(), half);
+                }
             }
             j += 2;
         }

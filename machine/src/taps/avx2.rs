@@ -287,8 +287,8 @@ pub(super) unsafe fn group<const T: usize>(
     let mut q = 0;
     let mut block = [_mm256_setzero_ps(); 8];
     while q + 8 <= plane {
-        // (Each sum put aside as it is made: the weights take 9 of the 16
-        // registers, and eight sums held at once spill.)
+        // (Each sum put aside as it is made: the weights take `T` of the
+        // 16 registers, and eight sums held beside them spill.)
         let (mut i, mut j) = (q / ow, q % ow);
         for v in &mut block {
             *v = sums(i, j);
@@ -317,8 +317,8 @@ pub(super) unsafe fn group<const T: usize>(
 
 /// `row[c * 8 + lane] = src[lane][c]`: eight rows interleaved, eight
 /// columns at a time turned in registers, then four, the last few one by
-/// one. (Value by value, the stores made half the time of 384 planes of
-/// 14 x 14: `benches/RESULTS-cpu.md`.)
+/// one. (Value by value, a store each, the staging's stores took much of
+/// a small plane's time: `benches/RESULTS-cpu.md`.)
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn interleave(src: [&[f32]; 8], row: &mut [f32]) {

@@ -62,8 +62,7 @@ pub struct Plane {
     pub weights: usize,
 }
 
-/// What is applied to the sums once a plane (or a group of small planes)
-/// is written: ReLU (anything not above zero becomes +0, a NaN stays),
+/// What is applied to each sum as it is stored: ReLU (anything not above zero becomes +0, a NaN stays),
 /// then the lesser of that and `cap`, as kiln's GEMM applies them
 /// (`gemm::Fused`) and generated code's `max(x, +0)` and `min(x, cap)`
 /// compute them (a NaN's payload aside).
@@ -109,13 +108,13 @@ pub struct Taps<'a> {
     pub taps: &'a [Tap],
     /// What a tap outside the input plane reads.
     pub fill: f32,
-    /// Applied to the sums once they are written.
+    /// Applied to each sum as it is stored.
     pub activation: Activation,
 }
 
 /// `out` (the planes one after another, each `out_dims` row-major) = the
-/// sum of `t`'s taps over each of `planes`, `t.activation` applied to it
-/// as each plane (or group of small planes) is written, on `isa`'s path
+/// sum of `t`'s taps over each of `planes`, `t.activation` applied to
+/// each sum as it is stored, on `isa`'s path
 /// (the AVX2 code on every path but `generic`).
 ///
 /// Every read is checked first: a plane outside `input`, weights outside

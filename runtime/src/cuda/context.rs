@@ -342,7 +342,8 @@ impl Gpu {
     }
 
     /// The kernel of each of `codes`, compiled to a CUBIN for this device
-    /// once: those not compiled before are compiled together, in parallel
+    /// once: those not compiled before in this process are read from the
+    /// CUBINs kept on disk or compiled together, in parallel
     /// (`nvrtc::compile_all`).
     pub(super) fn functions(&self, codes: &[String]) -> Result<Vec<CudaFunction>, Error> {
         let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,7 +1,7 @@
 //! CUBINs kept on disk from process to process: a kernel compiled once by
 //! NVRTC is read back by every later process that generates the same CUDA
 //! C for the same architecture with the same NVRTC, instead of compiled
-//! again (NVRTC takes tens of milliseconds a kernel or more: `benches/RESULTS-cuda.md`).
+//! again (NVRTC's time is per kernel: `benches/RESULTS-cuda.md`).
 //!
 //! A file per kernel, named by the SHA-256 of what determines its CUBIN
 //! (the source, the architecture, NVRTC's options and version). It holds a
@@ -10,14 +10,19 @@
 //! key or whose CUBIN does not hash to its digest is not used: the kernel
 //! is compiled and the file written again. Files are written under a
 //! temporary name and renamed into place, so that processes sharing the
-//! folder never read one half written. The cache only saves time: a folder
+//! folder never read one half written (a process killed between the two
+//! leaves its temporary file behind). The cache only saves time: a folder
 //! that cannot be made or written leaves every kernel compiled as without
-//! it.
+//! it. Nothing is ever removed from it; deleting the folder empties it.
+//!
+//! The digests catch damage, not forgery: like any compiler's cache, the
+//! folder is trusted as the CUBINs in it are loaded and run.
 //!
 //! The folder is `$KILN_CACHE_DIR/cuda`, else `$XDG_CACHE_HOME/kiln/cuda`,
-//! else `$HOME/.cache/kiln/cuda`; `KILN_CACHE_DIR` set but empty turns the
-//! cache off.
+//! else `$HOME/.cache/kiln/cuda`; without any of them, or with
+//! `KILN_CACHE_DIR` set but empty, the cache is off.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -66,7 +71,7 @@ pub fn key(source: &str, arch: &str, options: &[String], nvrtc: (i32, i32)) -> [
 }
 
 /// The file of `key` in `folder`.
-fn file(folder: &Path, key: &[u8; 32]) -> PathBuf {
+pub fn file(folder: &Path, key: &[u8; 32]) -> PathBuf {
     let name: String = key.iter().map(|b| format!("{b:02x}")).collect();
     folder.join(format!("{name}.cubin"))
 }
@@ -86,7 +91,8 @@ pub fn read(folder: &Path, key: &[u8; 32]) -> Option<Vec<u8>> {
     sound.then(|| cubin.to_vec())
 }
 
-/// Keeps `cubin` for `key`; a failure leaves the cache as it was.
+/// Keeps `cubin` for `key`; a failure leaves the cache as it was (but
+/// for a temporary file it could not remove).
 pub fn write(folder: &Path, key: &[u8; 32], cubin: &[u8]) {
     // Written by no other thread or process: the process's id and a count.
     static WRITES: AtomicU64 = AtomicU64::new(0);
@@ -102,8 +108,18 @@ pub fn write(folder: &Path, key: &[u8; 32], cubin: &[u8]) {
     bytes.extend_from_slice(&(cubin.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&Sha256::digest(cubin));
     bytes.extend_from_slice(cubin);
-    let written = std::fs::create_dir_all(folder)
-        .and_then(|()| std::fs::write(&temporary, &bytes))
+    // (`create_new`: a name some other process took is left to it.)
+    let created = std::fs::create_dir_all(folder).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)
+    });
+    let Ok(mut temporary_file) = created else {
+        return;
+    };
+    let written = temporary_file
+        .write_all(&bytes)
         .and_then(|()| std::fs::rename(&temporary, &target));
     if written.is_err() {
         let _ = std::fs::remove_file(&temporary);

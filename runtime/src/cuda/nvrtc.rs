@@ -106,10 +106,13 @@ pub fn compile_all_in(
     cache: Option<&Path>,
 ) -> Vec<Result<Vec<u8>, Error>> {
     // Without NVRTC nothing is read either: its version is part of the key.
-    let keys: Option<Vec<[u8; 32]>> = sources.iter().map(|s| cache_key(s, arch)).collect();
-    let Some((cache, keys)) = cache.zip(keys) else {
+    let Some((cache, nvrtc)) = cache.zip(version()) else {
         return compile_each(sources, arch);
     };
+    let options = options(arch);
+    let keys: Vec<[u8; 32]> = (sources.iter())
+        .map(|s| cubin_cache::key(s, arch, &options, nvrtc))
+        .collect();
     let mut results: Vec<Option<Result<Vec<u8>, Error>>> = (keys.iter())
         .map(|k| cubin_cache::read(cache, k).map(Ok))
         .collect();
@@ -126,7 +129,12 @@ pub fn compile_all_in(
         }
         results[i] = Some(result);
     }
-    results.into_iter().flatten().collect()
+    // Every index was read or compiled above.
+    (results.into_iter())
+        .map(|r| {
+            r.unwrap_or_else(|| Err(crate::cuda("nvrtc", "a kernel neither read nor compiled")))
+        })
+        .collect()
 }
 
 /// Compiles each of `sources` for `arch`, on as many threads as the
