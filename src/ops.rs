@@ -193,6 +193,13 @@ impl Tensor {
         self.binary(BinaryOp::Pow, rhs)
     }
 
+    /// The remainder of a / b, the quotient truncated toward zero,
+    /// broadcasting: the sign of a, as `torch.fmod` and Rust's `%` (exact
+    /// for floats). An integer remainder by 0 is 0.
+    pub fn fmod(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Rem, rhs)
+    }
+
     /// a < b as bool, broadcasting.
     pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Lt, rhs)

@@ -93,7 +93,7 @@ fn unary_ops_at_every_size() -> Result<()> {
 #[test]
 fn binary_ops_with_broadcasting() -> Result<()> {
     type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
-    let ops: [(&str, Op, Tol); 7] = [
+    let ops: [(&str, Op, Tol); 8] = [
         ("add", Tensor::add, EXACT),
         ("sub", Tensor::sub, EXACT),
         ("mul", Tensor::mul, EXACT),
@@ -101,6 +101,7 @@ fn binary_ops_with_broadcasting() -> Result<()> {
         ("maximum", Tensor::maximum, EXACT),
         ("minimum", Tensor::minimum, EXACT),
         ("pow", Tensor::pow, EXACT),
+        ("fmod", Tensor::fmod, EXACT),
     ];
     for (name, op, tol) in ops {
         for n in SIZES {
@@ -167,6 +168,34 @@ fn half_floats_elementwise_at_every_size() -> Result<()> {
             )?;
         }
     }
+    Ok(())
+}
+
+/// Integer remainders by every kind of divisor: 0 and `MIN % -1` give 0
+/// (where `srem` traps), the rest C's, the dividend's sign; in i32, i64
+/// and u8, and in bf16 and f16 (exact, so bit for bit).
+#[test]
+fn remainders_by_every_kind_of_divisor() -> Result<()> {
+    let dividends = [i32::MIN, i32::MAX, -7, 7, 0, -1, 12345, -98765];
+    let divisors = [0, -1, 1, 3, -3, i32::MIN, i32::MAX, 7];
+    for n in SIZES {
+        let a: Vec<i32> = (0..n).map(|i| dividends[i % 8]).collect();
+        let b: Vec<i32> = (0..n).map(|i| divisors[(i / 8 + i) % 8]).collect();
+        let (a, b) = (Tensor::from_vec(a, [n])?, Tensor::from_vec(b, [n])?);
+        for dtype in [DType::I32, DType::I64, DType::U8, DType::BF16, DType::F16] {
+            let (a, b) = (a.cast(dtype)?, b.cast(dtype)?);
+            a.realize()?;
+            b.realize()?;
+            check(&format!("{dtype} fmod [{n}]"), &[a, b], EXACT, |t| {
+                t[0].fmod(&t[1])
+            })?;
+        }
+    }
+    let (a, b) = (
+        Tensor::from_vec(vec![-7i32, 7, -7, 7, 5, i32::MIN, -5], [7])?,
+        Tensor::from_vec(vec![3i32, -3, 0, -1, 3, -1, -3], [7])?,
+    );
+    assert_eq!(a.fmod(&b)?.to_vec::<i32>()?, [-1, 1, 0, 0, 2, 0, -2]);
     Ok(())
 }
 

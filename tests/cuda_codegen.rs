@@ -476,6 +476,13 @@ mod nvrtc {
                 "no kernel reads a {buffer} buffer"
             );
         }
+        // Remainders: of floats by `fmodf`, of integers by `%` guarded.
+        for remainder in ["fmodf(", " == -1 ? 0 : "] {
+            assert!(
+                sources.iter().any(|s| s.contains(remainder)),
+                "no kernel takes a remainder as `{remainder}`"
+            );
+        }
         // Products: of floats as they are, of integers widened and wrapped.
         for product in [
             "acc = acc * ",

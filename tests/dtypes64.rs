@@ -233,10 +233,11 @@ fn i64_elementwise_ops_match_the_interpreter() -> Result<()> {
             input(DType::I64, dims, seed + 1)?,
         );
         let both = [a.clone(), b.clone()];
-        let ops: [(&str, Op); 14] = [
+        let ops: [(&str, Op); 15] = [
             ("add", |t| t[0].add(&t[1])),
             ("sub", |t| t[0].sub(&t[1])),
             ("mul", |t| t[0].mul(&t[1])),
+            ("fmod", |t| t[0].fmod(&t[1])),
             ("max", |t| t[0].maximum(&t[1])),
             ("min", |t| t[0].minimum(&t[1])),
             ("neg", |t| t[0].neg()),
@@ -272,11 +273,12 @@ fn f64_elementwise_ops_match_the_interpreter() -> Result<()> {
             input(DType::F64, dims, seed + 1)?,
         );
         let both = [a.clone(), b.clone()];
-        let ops: [(&str, Op); 21] = [
+        let ops: [(&str, Op); 22] = [
             ("add", |t| t[0].add(&t[1])),
             ("sub", |t| t[0].sub(&t[1])),
             ("mul", |t| t[0].mul(&t[1])),
             ("div", |t| t[0].div(&t[1])),
+            ("fmod", |t| t[0].fmod(&t[1])),
             ("max", |t| t[0].maximum(&t[1])),
             ("min", |t| t[0].minimum(&t[1])),
             ("pow", |t| t[0].abs()?.pow(&t[1])),

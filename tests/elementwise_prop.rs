@@ -31,6 +31,7 @@ enum Bin {
     Max,
     Min,
     Pow,
+    Rem,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -85,6 +86,7 @@ fn expr() -> impl Strategy<Value = Expr> {
             Bin::Max,
             Bin::Min,
             Bin::Pow,
+            Bin::Rem,
         ]);
         let cmp = prop::sample::select(vec![Cmp::Lt, Cmp::Le, Cmp::Eq, Cmp::Ne]);
         prop_oneof![
@@ -153,6 +155,7 @@ fn build(e: &Expr, inputs: &[Tensor]) -> Result<Tensor> {
                 Bin::Max => a.maximum(&b)?,
                 Bin::Min => a.minimum(&b)?,
                 Bin::Pow => a.pow(&b)?,
+                Bin::Rem => a.fmod(&b)?,
             }
         }
         Expr::Select(cmp, e) => {
@@ -232,6 +235,7 @@ fn scalar(e: &Expr, coords: &[usize], inputs: &[(Vec<usize>, Vec<f32>)]) -> f32 
                 Bin::Max => a.max(b),
                 Bin::Min => a.min(b),
                 Bin::Pow => rounded((a as f64).powf(b as f64)),
+                Bin::Rem => a % b,
             }
         }
         Expr::Select(cmp, e) => {

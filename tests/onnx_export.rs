@@ -352,7 +352,7 @@ fn unary_ops_round_trip() -> Result<()> {
 #[test]
 fn binary_ops_round_trip_broadcasting() -> Result<()> {
     type Binary = fn(&Tensor, &Tensor) -> Result<Tensor>;
-    let ops: [(&str, Binary); 13] = [
+    let ops: [(&str, Binary); 14] = [
         ("Add", Tensor::add),
         ("Sub", Tensor::sub),
         ("Mul", Tensor::mul),
@@ -360,6 +360,7 @@ fn binary_ops_round_trip_broadcasting() -> Result<()> {
         ("Max", Tensor::maximum),
         ("Min", Tensor::minimum),
         ("Pow", Tensor::pow),
+        ("Mod", Tensor::fmod),
         ("Less", Tensor::lt),
         ("LessOrEqual", Tensor::le),
         ("Greater", Tensor::gt),

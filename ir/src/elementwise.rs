@@ -140,6 +140,10 @@ pub enum BinaryOp {
     Min,
     /// a^b (floats only)
     Pow,
+    /// The remainder of a / b, the quotient truncated toward zero: the sign
+    /// of a, as C's `fmod` and Rust's `%` (exact for floats). For integers
+    /// a remainder by 0 is 0, as is `MIN % -1`.
+    Rem,
     /// a < b
     Lt,
     /// a <= b
@@ -223,6 +227,7 @@ impl BinaryOp {
             BinaryOp::Max => "max",
             BinaryOp::Min => "min",
             BinaryOp::Pow => "pow",
+            BinaryOp::Rem => "rem",
             BinaryOp::Lt => "lt",
             BinaryOp::Le => "le",
             BinaryOp::Gt => "gt",
@@ -249,6 +254,7 @@ impl BinaryOp {
             | BinaryOp::Max
             | BinaryOp::Min
             | BinaryOp::Pow
+            | BinaryOp::Rem
             | BinaryOp::Uniform => false,
         }
     }
@@ -256,9 +262,12 @@ impl BinaryOp {
     /// The dtypes the op accepts for its (equal) operand type.
     fn accepts(self, dtype: DType) -> Result<(), &'static str> {
         match self {
-            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => {
-                accept(dtype, NUMBERS, "a number type")
-            }
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::Rem => accept(dtype, NUMBERS, "a number type"),
             BinaryOp::Div | BinaryOp::Pow => accept(dtype, FLOATS, "a float type"),
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
                 accept(dtype, NUMBERS, "a number type")

@@ -425,6 +425,18 @@ fn binary_rule(
             };
             binary(g, Mul, dy, slope)
         }),
+        // a - trunc(a / b) b: 1 for a, -trunc(a / b) = (y - a) / b for b, as
+        // JAX's `rem` (piecewise constant in a / b, its jumps ignored).
+        BinaryOp::Rem => {
+            let db = want[1]
+                .then(|| {
+                    let minus = binary(g, BinaryOp::Sub, y, a)?;
+                    let slope = binary(g, Div, minus, b)?;
+                    binary(g, Mul, dy, slope)
+                })
+                .transpose()?;
+            Ok(smallvec![Some(dy), db])
+        }
         // Integer operands: nothing to differentiate.
         BinaryOp::Lt
         | BinaryOp::Le

@@ -294,6 +294,9 @@ fn int_binary(op: BinaryOp, x: i64, y: i64) -> i64 {
         BinaryOp::Mul => x.wrapping_mul(y),
         BinaryOp::Max => x.max(y),
         BinaryOp::Min => x.min(y),
+        // 0 for a remainder by 0 and for `MIN % -1` (whose true remainder
+        // it is); in i64 an i32's `MIN % -1` does not overflow anyway.
+        BinaryOp::Rem => x.checked_rem(y).unwrap_or(0),
         // Typing admits these for floats only; they are defined through f64 anyway.
         BinaryOp::Div | BinaryOp::Pow => float_binary(op, x as f64, y as f64) as i64,
         // Typed f32; `binary` computes it.
@@ -313,6 +316,8 @@ fn float_binary(op: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::Max => maximum(x, y),
         BinaryOp::Min => -maximum(-x, -y),
         BinaryOp::Pow => x.powf(y),
+        // Exact: an f32's remainder computed in f64 is the f32 remainder.
+        BinaryOp::Rem => x % y,
         BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne => {
             compare(op, x, y) as u8 as f64
         }
@@ -351,6 +356,7 @@ fn compare<T: PartialOrd>(op: BinaryOp, x: T, y: T) -> bool {
         | BinaryOp::Max
         | BinaryOp::Min
         | BinaryOp::Pow
+        | BinaryOp::Rem
         | BinaryOp::Uniform => false,
     }
 }

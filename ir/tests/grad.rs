@@ -227,12 +227,14 @@ fn unary_case(seed: u64) -> Result<(), TestCaseError> {
 fn binary_case(seed: u64) -> Result<(), TestCaseError> {
     use BinaryOp::*;
     let mut c = Case::new(seed);
-    let op = [Add, Sub, Mul, Div, Max, Min, Pow][c.rng.below(7)];
+    let op = [Add, Sub, Mul, Div, Max, Min, Pow, Rem][c.rng.below(8)];
     let rank = c.rng.below(4);
     let dims = c.dims(rank, true);
     let (da, db) = (c.broadcast_from(&dims), c.broadcast_from(&dims));
     let a = c.input(&da, |rng| match op {
         Pow => rng.uniform(0.3, 2.5),
+        // a / b in (1.2, 1.8): away from the jumps at whole quotients.
+        Rem => rng.uniform(1.5, 1.7),
         Max | Min => grid(rng),
         Add | Sub | Mul | Div => rng.uniform(-3.0, 3.0),
         Lt | Le | Gt | Ge | Eq | Ne | Uniform => unreachable!("not drawn"),
@@ -243,6 +245,7 @@ fn binary_case(seed: u64) -> Result<(), TestCaseError> {
     } else {
         c.input(&db, |rng| match op {
             Pow => rng.uniform(-2.0, 2.0),
+            Rem => rng.uniform(0.95, 1.25),
             Div => rng.signed(0.5, 2.0),
             Max | Min => grid(rng),
             Add | Sub | Mul => rng.uniform(-3.0, 3.0),

@@ -276,7 +276,11 @@ impl Builder<'_> {
                 self.push("Not", vec![eq], out);
             }
             Op::Binary(op) => {
-                self.push(binary(*op), args, out);
+                let node = self.push(binary(*op), args, out);
+                if *op == BinaryOp::Rem {
+                    // C's remainder, the dividend's sign (floats require it).
+                    node.attributes.push(int_attr("fmod", 1));
+                }
             }
             Op::Where => {
                 self.push("Where", args, out);
@@ -481,6 +485,7 @@ fn binary(op: BinaryOp) -> &'static str {
         BinaryOp::Max => "Max",
         BinaryOp::Min => "Min",
         BinaryOp::Pow => "Pow",
+        BinaryOp::Rem => "Mod",
         BinaryOp::Lt => "Less",
         BinaryOp::Le => "LessOrEqual",
         BinaryOp::Gt => "Greater",

@@ -145,7 +145,7 @@ pub fn random_graph(seed: u64, steps: usize, mode: Mode) -> Graph {
                 let y = pick(&mut c, &nodes);
                 use BinaryOp::*;
                 let ops: &[BinaryOp] = match mode {
-                    Mode::All | Mode::Exact => &[Add, Sub, Mul, Div, Max, Min],
+                    Mode::All | Mode::Exact => &[Add, Sub, Mul, Div, Max, Min, Rem],
                     Mode::Continuous => &[Add, Sub, Mul, Max, Min],
                 };
                 binary(&mut g, ops[c.below(ops.len())], x, y)
@@ -388,9 +388,9 @@ fn wide(
     );
     use BinaryOp::*;
     let ops: &[BinaryOp] = match (mode, wide) {
-        (_, DType::I64) => &[Add, Sub, Mul, Max, Min],
+        (_, DType::I64) => &[Add, Sub, Mul, Max, Min, Rem],
         (Mode::Continuous, _) => &[Add, Sub, Mul, Max, Min],
-        (Mode::All | Mode::Exact, _) => &[Add, Sub, Mul, Div, Max, Min],
+        (Mode::All | Mode::Exact, _) => &[Add, Sub, Mul, Div, Max, Min, Rem],
     };
     let mut y = binary(g, ops[c.below(ops.len())], x, k)?;
     if wide == DType::F64 && c.below(2) == 0 {
@@ -439,7 +439,7 @@ fn narrow(
     use BinaryOp::*;
     let ops: &[BinaryOp] = match mode {
         Mode::Continuous => &[Add, Sub, Mul, Max, Min],
-        Mode::All | Mode::Exact => &[Add, Sub, Mul, Div, Max, Min],
+        Mode::All | Mode::Exact => &[Add, Sub, Mul, Div, Max, Min, Rem],
     };
     let mut y = binary(g, ops[c.below(ops.len())], x, k)?;
     if c.below(2) == 0 {

@@ -44,6 +44,11 @@ pub(crate) extern "C" fn kiln_powd(x: f64, y: f64) -> f64 {
     x.powf(y)
 }
 
+/// The remainder of `x / y`, the quotient truncated (C's `fmod`), in f64.
+pub(crate) extern "C" fn kiln_remd(x: f64, y: f64) -> f64 {
+    x % y
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +74,6 @@ mod tests {
         }
         assert!(kiln_unary_f64(x, 99).is_nan());
         assert_eq!(kiln_powd(2.0, 10.0), 1024.0);
+        assert_eq!(kiln_remd(-7.5, 2.0), -1.5);
     }
 }

@@ -48,7 +48,8 @@ fn f32_lane_op(v: &kiln_ir::kernel::Value) -> bool {
             Expr::Unary(op, _) => !called(*op),
             // `uniform` is f32 from i32 operands: lanes of i32, not f32.
             Expr::Binary(op, _, _) => {
-                !op.is_comparison() && !matches!(op, BinaryOp::Pow | BinaryOp::Uniform)
+                !op.is_comparison()
+                    && !matches!(op, BinaryOp::Pow | BinaryOp::Rem | BinaryOp::Uniform)
             }
             Expr::Where(..) | Expr::Cast(_) | Expr::Gather { .. } => false,
         }
@@ -113,8 +114,8 @@ fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {
             Expr::Acc => v.dtype == DType::F32,
             Expr::Unary(op, _) => matches!(v.dtype, DType::F32 | DType::I32) && !called(*op),
             Expr::Binary(op, x, _) => match dtype_of(*x) {
-                DType::F32 => *op != BinaryOp::Pow,
-                DType::I32 => true,
+                DType::F32 => !matches!(op, BinaryOp::Pow | BinaryOp::Rem),
+                DType::I32 => *op != BinaryOp::Rem,
                 DType::U8 | DType::Bool => {
                     op.is_comparison() || matches!(op, BinaryOp::Max | BinaryOp::Min)
                 }

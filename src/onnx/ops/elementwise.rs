@@ -41,6 +41,7 @@ pub(super) fn convert(node: &Node) -> Option<Result<Vec<Value>>> {
         "Mul" => x().and_then(|x| one(x.mul(&y()?)?)),
         "Div" => x().and_then(|x| one(x.div(&y()?)?)),
         "Pow" => pow(node),
+        "Mod" => modulo(node),
         "Equal" => x().and_then(|x| one(x.eq(&y()?)?)),
         "Less" => x().and_then(|x| one(x.lt(&y()?)?)),
         "LessOrEqual" => x().and_then(|x| one(x.le(&y()?)?)),
@@ -221,6 +222,27 @@ fn pow(node: &Node) -> Result<Vec<Value>> {
         false => y.cast(x.dtype())?,
     };
     one(x.pow(&y)?)
+}
+
+/// `Mod`: C's remainder, the dividend's sign, where `fmod` is 1 (floats
+/// must set it); else, for integers, Python's, the divisor's sign: C's
+/// plus the divisor where the two signs differ. A remainder by 0 is 0.
+fn modulo(node: &Node) -> Result<Vec<Value>> {
+    let (x, y) = (node.tensor(0)?, node.tensor(1)?);
+    let c_style = node.attr_int("fmod", 0)? != 0;
+    if x.dtype().is_float() && !c_style {
+        return Err(node.invalid("Mod of floats needs fmod = 1"));
+    }
+    let r = x.fmod(&y)?;
+    if c_style || x.dtype() == DType::U8 {
+        return one(r);
+    }
+    let zero = scalar(0.0, x.dtype());
+    let signs_differ = r.lt(&zero)?.ne(&y.lt(&zero)?)?;
+    let adjust = r
+        .ne(&zero)?
+        .where_cond(&signs_differ, &Tensor::scalar(false))?;
+    one(adjust.where_cond(&r.add(&y)?, &r)?)
 }
 
 fn cast(node: &Node) -> Result<Vec<Value>> {

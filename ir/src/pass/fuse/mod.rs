@@ -625,7 +625,10 @@ impl<'g> Plan<'g> {
         let node = &self.graph.nodes[i];
         let cheap_op = match node.op {
             Op::Unary(u) => matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs),
-            Op::Binary(b) => !matches!(b, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Uniform),
+            Op::Binary(b) => !matches!(
+                b,
+                BinaryOp::Div | BinaryOp::Pow | BinaryOp::Rem | BinaryOp::Uniform
+            ),
             Op::Where | Op::Cast(_) => true,
             _ => false,
         };

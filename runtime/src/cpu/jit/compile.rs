@@ -40,6 +40,7 @@ fn host_address(name: &str) -> Option<*const u8> {
     Some(match host {
         lower::Host::PowF => kiln_powf as *const u8,
         lower::Host::PowD => f64_math::kiln_powd as *const u8,
+        lower::Host::RemD => f64_math::kiln_remd as *const u8,
         lower::Host::UnaryF64 => f64_math::kiln_unary_f64 as *const u8,
         #[cfg(target_arch = "x86_64")]
         lower::Host::ExpSum => rows::kiln_exp_sum as *const u8,

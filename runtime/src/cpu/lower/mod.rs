@@ -91,6 +91,8 @@ pub(crate) enum Host {
     PowF,
     /// `kiln_powd(x, y)` (`cpu::f64_math`): f64 `pow`.
     PowD,
+    /// `kiln_remd(x, y)` (`cpu::f64_math`): f64 `rem` (C's `fmod`).
+    RemD,
     /// `kiln_unary_f64(x, code)` (`cpu::f64_math`): the f64 transcendentals,
     /// by `f64_math::unary_code`.
     UnaryF64,
@@ -105,9 +107,10 @@ pub(crate) enum Host {
 }
 
 impl Host {
-    pub(crate) const ALL: [Host; 7] = [
+    pub(crate) const ALL: [Host; 8] = [
         Host::PowF,
         Host::PowD,
+        Host::RemD,
         Host::UnaryF64,
         Host::ExpSum,
         Host::MaxRow,
@@ -120,6 +123,7 @@ impl Host {
         match self {
             Host::PowF => "kiln_powf",
             Host::PowD => "kiln_powd",
+            Host::RemD => "kiln_remd",
             Host::UnaryF64 => "kiln_unary_f64",
             Host::ExpSum => "kiln_exp_sum",
             Host::MaxRow => "kiln_max_row",
@@ -133,7 +137,7 @@ impl Host {
         let (f, d, n) = (types::F32, types::F64, types::I64);
         match self {
             Host::PowF => (vec![f, f], Some(f)),
-            Host::PowD => (vec![d, d], Some(d)),
+            Host::PowD | Host::RemD => (vec![d, d], Some(d)),
             Host::UnaryF64 => (vec![d, n], Some(d)),
             Host::ExpSum => (vec![ptr, f, ptr, n, ptr], Some(f)),
             Host::MaxRow | Host::SumRow => (vec![ptr, n], Some(f)),

@@ -154,6 +154,9 @@ impl<'a> Emitter<'a> {
         if op == BinaryOp::Uniform {
             return self.uniform(x, y);
         }
+        if op == BinaryOp::Rem {
+            return self.rem(dtype, x, y);
+        }
         let ins = self.b.ins();
         match dtype {
             // Scalar f64 `fmax`/`fmin` (what `maximum` emits for a scalar)
@@ -183,8 +186,8 @@ impl<'a> Emitter<'a> {
                 BinaryOp::Ge => ins.fcmp(FloatCC::GreaterThanOrEqual, x, y),
                 BinaryOp::Eq => ins.fcmp(FloatCC::Equal, x, y),
                 BinaryOp::Ne => ins.fcmp(FloatCC::NotEqual, x, y),
-                // Typing admits i32 operands only; returned above.
-                BinaryOp::Uniform => x,
+                // Returned above (`uniform` typed for i32 operands only).
+                BinaryOp::Rem | BinaryOp::Uniform => x,
             },
             DType::I32 | DType::I64 | DType::U8 | DType::Bool => {
                 let signed = matches!(dtype, DType::I32 | DType::I64);
@@ -202,12 +205,50 @@ impl<'a> Emitter<'a> {
                     BinaryOp::Ge => ins.icmp(int_cc(false, true, signed), x, y),
                     BinaryOp::Eq => ins.icmp(IntCC::Equal, x, y),
                     BinaryOp::Ne => ins.icmp(IntCC::NotEqual, x, y),
-                    // Typing admits div and pow on floats only; `uniform`
-                    // returned above.
-                    BinaryOp::Div | BinaryOp::Pow | BinaryOp::Uniform => x,
+                    // Typing admits div and pow on floats only; `rem` and
+                    // `uniform` returned above.
+                    BinaryOp::Div | BinaryOp::Pow | BinaryOp::Rem | BinaryOp::Uniform => x,
                 }
             }
         }
+    }
+
+    /// `x rem y` of one element (`loops::lanes` keeps `rem` out of lanes):
+    /// a float's in f64 by a call, exact, and rounded back exactly; an
+    /// integer's by `srem` or `urem`, with 0 for a divisor of 0 and (signed)
+    /// of -1, whose remainders are 0, where the divisor is first made 1, as
+    /// both instructions trap on 0 (and `srem` on `MIN % -1` on x86).
+    fn rem(&mut self, dtype: DType, x: Value, y: Value) -> Value {
+        if dtype.is_float() {
+            let (x, y) = match dtype {
+                DType::F64 => (x, y),
+                _ => (
+                    self.b.ins().fpromote(types::F64, x),
+                    self.b.ins().fpromote(types::F64, y),
+                ),
+            };
+            let r = self.call(Host::RemD, &[x, y])[0];
+            return match dtype {
+                DType::F64 => r,
+                _ => self.b.ins().fdemote(types::F32, r),
+            };
+        }
+        let signed = matches!(dtype, DType::I32 | DType::I64);
+        let ty = self.b.func.dfg.value_type(y);
+        let zero = self.b.ins().iconst(ty, 0);
+        let one = self.b.ins().iconst(ty, 1);
+        let mut no_remainder = self.b.ins().icmp(IntCC::Equal, y, zero);
+        if signed {
+            let minus_one = self.b.ins().iconst(ty, -1);
+            let by_minus_one = self.b.ins().icmp(IntCC::Equal, y, minus_one);
+            no_remainder = self.b.ins().bor(no_remainder, by_minus_one);
+        }
+        let divisor = self.b.ins().select(no_remainder, one, y);
+        let r = match signed {
+            true => self.b.ins().srem(x, divisor),
+            false => self.b.ins().urem(x, divisor),
+        };
+        self.b.ins().select(no_remainder, zero, r)
     }
 
     /// `uniform(key, counter)` of i32s or four i32 lanes: Threefry-2x32-20

@@ -572,6 +572,9 @@ impl Writer {
                     format!("(float)pow((double){x}, (double){y})")
                 }
                 BinaryOp::Pow => format!("pow({x}, {y})"),
+                // Exact, as the interpreter's.
+                BinaryOp::Rem if ty != DType::F64 => format!("fmodf({x}, {y})"),
+                BinaryOp::Rem => format!("fmod({x}, {y})"),
                 _ => {
                     return Err(crate::codegen(
                         "CUDA C",
@@ -587,6 +590,10 @@ impl Writer {
             BinaryOp::Mul => wide("*"),
             BinaryOp::Max => format!("{x} > {y} ? {x} : {y}"),
             BinaryOp::Min => format!("{x} < {y} ? {x} : {y}"),
+            // 0 by 0, and by -1 (whose remainder it is; `MIN % -1` is
+            // undefined in C), as the interpreter's.
+            BinaryOp::Rem if ty == DType::U8 => format!("{y} == 0 ? 0 : {x} % {y}"),
+            BinaryOp::Rem => format!("{y} == 0 || {y} == -1 ? 0 : {x} % {y}"),
             _ => {
                 return Err(crate::codegen(
                     "CUDA C",
