@@ -615,6 +615,15 @@ mod nvrtc {
         assert!(err.contains("undefined_fn"), "{err}");
     }
 
+    /// A kernel `x[threadIdx.x] <body>;` for each body.
+    fn tiny_kernels(bodies: &[&str]) -> Vec<String> {
+        (bodies.iter())
+            .map(|body| {
+                format!("extern \"C\" __global__ void k(float* x) {{ x[threadIdx.x] {body}; }}")
+            })
+            .collect()
+    }
+
     /// Kernels compiled together come back in the order given, each the
     /// CUBIN it compiles to alone, a failure its own `Err` among them.
     #[test]
@@ -623,16 +632,13 @@ mod nvrtc {
             eprintln!("skipped: libnvrtc.so.13 is not on LD_LIBRARY_PATH");
             return;
         }
-        let kernel = |body: &str| {
-            format!("extern \"C\" __global__ void k(float* x) {{ x[threadIdx.x] {body}; }}")
-        };
-        let sources = [
-            kernel("+= 1.0f"),
-            kernel("*= 2.0f"),
-            kernel("= undefined_fn()"),
-            kernel("-= 3.0f"),
-            kernel("= sqrtf(x[0])"),
-        ];
+        let sources = tiny_kernels(&[
+            "+= 1.0f",
+            "*= 2.0f",
+            "= undefined_fn()",
+            "-= 3.0f",
+            "= sqrtf(x[0])",
+        ]);
         let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
         let together = nvrtc::compile_all_in(&sources, "sm_90", None);
         assert_eq!(together.len(), sources.len());
@@ -663,14 +669,7 @@ mod nvrtc {
         }
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cubin_cache");
         let _ = std::fs::remove_dir_all(&dir);
-        let kernel = |body: &str| {
-            format!("extern \"C\" __global__ void k(float* x) {{ x[threadIdx.x] {body}; }}")
-        };
-        let sources = [
-            kernel("+= 1.0f"),
-            kernel("*= 2.0f"),
-            kernel("= undefined_fn()"),
-        ];
+        let sources = tiny_kernels(&["+= 1.0f", "*= 2.0f", "= undefined_fn()"]);
         let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
         let files = || std::fs::read_dir(&dir).map_or(0, |d| d.count());
         let first = nvrtc::compile_all_in(&sources, "sm_90", Some(&dir));

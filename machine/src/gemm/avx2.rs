@@ -383,17 +383,26 @@ unsafe fn row_bias<const EPILOGUE: bool>(epilogue: RawFused, i: usize) -> Option
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn apply(v: __m256, bias: Option<__m256>, epilogue: RawFused) -> __m256 {
-    let mut v = match bias {
+    let v = match bias {
         Some(bias) => _mm256_add_ps(v, bias),
         None => v,
     };
-    if epilogue.relu {
-        // Lanes not above zero (NaN is not) become +0.
+    relu_then_cap(v, epilogue.relu, epilogue.cap)
+}
+
+/// ReLU where `relu` (lanes not above zero become +0, a NaN stays), then
+/// the lesser of that and `cap` where there is one (a NaN stays): the
+/// GEMM's epilogue and the depthwise kernel's, lane by lane as
+/// `RawFused::apply`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn relu_then_cap(mut v: __m256, relu: bool, cap: Option<f32>) -> __m256 {
+    if relu {
         let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
         v = _mm256_andnot_ps(not_above, v);
     }
-    match epilogue.cap {
-        // `cap < v ? cap : v`: a NaN lane stays.
+    match cap {
+        // `cap < v ? cap : v`.
         Some(cap) => _mm256_min_ps(_mm256_set1_ps(cap), v),
         None => v,
     }

@@ -4,11 +4,10 @@
 //! `unsafe` here is the vector loads and stores.
 
 use std::arch::x86_64::{
-    __m128, __m256, _CMP_LE_OQ, _MM_TRANSPOSE4_PS, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps,
-    _mm256_andnot_ps, _mm256_castpd_ps, _mm256_castps_pd, _mm256_cmp_ps, _mm256_loadu_ps,
-    _mm256_loadu_si256, _mm256_maskstore_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
-    _mm256_permute4x64_pd, _mm256_set1_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
-    _mm256_unpackhi_ps, _mm256_unpacklo_ps,
+    __m128, __m256, _MM_TRANSPOSE4_PS, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps,
+    _mm256_castpd_ps, _mm256_castps_pd, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_maskstore_ps,
+    _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_permute4x64_pd, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps,
 };
 
 use std::ops::Range;
@@ -407,17 +406,8 @@ fn transpose([r0, r1, r2, r3, r4, r5, r6, r7]: [__m256; 8]) -> [__m256; 8] {
 /// (the same bits, NaN's included), in registers as they are stored.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn activated(act: Activation, mut v: __m256) -> __m256 {
-    if act.relu {
-        // Lanes not above zero (NaN is not) become +0.
-        let not_above = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_setzero_ps());
-        v = _mm256_andnot_ps(not_above, v);
-    }
-    match act.cap {
-        // `cap < v ? cap : v`: a NaN lane stays.
-        Some(cap) => _mm256_min_ps(_mm256_set1_ps(cap), v),
-        None => v,
-    }
+fn activated(act: Activation, v: __m256) -> __m256 {
+    crate::gemm::relu_then_cap(v, act.relu, act.cap)
 }
 
 /// `activated` over 8 values in memory, for the tests.
