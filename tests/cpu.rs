@@ -3,7 +3,7 @@
 //! and thread splits) and [4096, 1000], with NaN, infinities and signed zeros
 //! where the op defines them.
 //!
-//! Ops computed exactly as IEEE says (`+ - * /`, sqrt, comparisons, casts,
+//! Ops computed exactly as IEEE says (`+ - * /`, rem, sqrt, comparisons, casts,
 //! max/min, relu, the data movement) must agree bit for bit; transcendental
 //! functions within their stated bounds; sums and products within the error
 //! bound of f32 accumulation, `n * eps * sum|x|`.
@@ -196,6 +196,26 @@ fn remainders_by_every_kind_of_divisor() -> Result<()> {
         Tensor::from_vec(vec![3i32, -3, 0, -1, 3, -1, -3], [7])?,
     );
     assert_eq!(a.fmod(&b)?.to_vec::<i32>()?, [-1, 1, 0, 0, 2, 0, -2]);
+    let (a, b) = (
+        Tensor::from_vec(vec![i64::MIN, i64::MIN, 7, -7], [4])?,
+        Tensor::from_vec(vec![-1i64, 0, 0, i64::MIN], [4])?,
+    );
+    assert_eq!(a.fmod(&b)?.to_vec::<i64>()?, [0, 0, 0, -7]);
+    // Floats: NaN by 0 and of infinity, x by infinity x, -0 kept.
+    let inf = f32::INFINITY;
+    let (a, b) = (
+        Tensor::from_vec(vec![5.0f32, inf, -3.5, -4.0, 7.5], [5])?,
+        Tensor::from_vec(vec![0.0f32, 2.0, inf, 2.0, -2.0], [5])?,
+    );
+    let bits: Vec<u32> = (a.fmod(&b)?.to_vec::<f32>()?.iter())
+        .map(|x| x.to_bits())
+        .collect();
+    let want: Vec<u32> = [f32::NAN, f32::NAN, -3.5, -0.0, 1.5]
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    assert_eq!(bits[2..], want[2..]);
+    assert!(f32::from_bits(bits[0]).is_nan() && f32::from_bits(bits[1]).is_nan());
     Ok(())
 }
 

@@ -476,22 +476,16 @@ mod nvrtc {
                 "no kernel reads a {buffer} buffer"
             );
         }
-        // Remainders: of floats by `fmodf`, of integers by `%` guarded.
-        for remainder in ["fmodf(", " == -1 ? 0 : "] {
-            assert!(
-                sources.iter().any(|s| s.contains(remainder)),
-                "no kernel takes a remainder as `{remainder}`"
-            );
-        }
-        // Products: of floats as they are, of integers widened and wrapped.
-        for product in [
+        // Remainders (of floats by `fmodf`, of integers by a guarded `%`) and
+        // products (of floats as they are, of integers widened and wrapped).
+        for form in [
+            "fmodf(",
+            " == -1 ? 0 : ",
             "acc = acc * ",
             "acc = (int)(unsigned int)((long long)acc * ",
         ] {
-            assert!(
-                sources.iter().any(|s| s.contains(product)),
-                "no kernel multiplies as `{product}`"
-            );
+            let found = sources.iter().any(|s| s.contains(form));
+            assert!(found, "no kernel computes as `{form}`");
         }
         let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
         let mut failures = Vec::new();
@@ -530,6 +524,7 @@ mod nvrtc {
                 BinaryOp::Max,
                 BinaryOp::Min,
                 BinaryOp::Pow,
+                BinaryOp::Rem,
                 BinaryOp::Lt,
                 BinaryOp::Eq,
             ];
@@ -572,10 +567,13 @@ mod nvrtc {
             g.outputs = outputs;
             graphs.push(g);
         }
-        // Products of the narrower number types: u8 and i32 wrap through `long long`.
+        // Products of the narrower number types: u8 and i32 wrap through
+        // `long long`; and their remainders.
         for dtype in [DType::F32, DType::I32, DType::U8] {
             let mut g = Graph::new("products");
             let x = g.input(TensorType::new(dtype, [5, 7]));
+            let rem = g.push(Op::Binary(BinaryOp::Rem), &[x, x])?;
+            g.outputs.push(rem);
             for axes in [&[0][..], &[1], &[0, 1]] {
                 let op = Op::Reduce {
                     op: ReduceOp::Prod,

@@ -25,7 +25,9 @@
 //! - `add`: `dy, dy`; `sub`: `dy, -dy`; `mul`: `dy * b, dy * a`;
 //!   `div`: `q = dy / b`, then `q, -(q * y)`;
 //!   `pow`: `dy * b * a^(b-1)` (0 where `b == 0`) and `dy * y * log(a)`
-//!   (0 where `a == 0`), both as JAX writes them;
+//!   (0 where `a == 0`), both as JAX writes them; `rem`: `dy` and
+//!   `dy * (y - a) / b`, minus the truncated quotient, which JAX computes
+//!   as `-sign(a / b) floor(|a / b|)`;
 //! - `max`, `min` (binary): `dy` to the operand equal to the result, split
 //!   evenly (`dy / 2` each) when both are, as JAX's balanced rule; none where
 //!   the result is NaN;
@@ -425,8 +427,9 @@ fn binary_rule(
             };
             binary(g, Mul, dy, slope)
         }),
-        // a - trunc(a / b) b: 1 for a, -trunc(a / b) = (y - a) / b for b, as
-        // JAX's `rem` (piecewise constant in a / b, its jumps ignored).
+        // a - trunc(a / b) b: 1 for a, and for b -trunc(a / b), here
+        // (y - a) / b (equal to it in exact arithmetic), the jumps at whole
+        // quotients ignored as JAX's `rem` ignores them.
         BinaryOp::Rem => {
             let db = want[1]
                 .then(|| {

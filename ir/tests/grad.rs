@@ -233,8 +233,9 @@ fn binary_case(seed: u64) -> Result<(), TestCaseError> {
     let (da, db) = (c.broadcast_from(&dims), c.broadcast_from(&dims));
     let a = c.input(&da, |rng| match op {
         Pow => rng.uniform(0.3, 2.5),
-        // a / b in (1.2, 1.8): away from the jumps at whole quotients.
-        Rem => rng.uniform(1.5, 1.7),
+        // a / b within (2.1, 2.95) of either sign: away from the jumps at
+        // whole quotients, where truncating and flooring differ.
+        Rem => rng.signed(2.2, 2.8),
         Max | Min => grid(rng),
         Add | Sub | Mul | Div => rng.uniform(-3.0, 3.0),
         Lt | Le | Gt | Ge | Eq | Ne | Uniform => unreachable!("not drawn"),
@@ -245,7 +246,7 @@ fn binary_case(seed: u64) -> Result<(), TestCaseError> {
     } else {
         c.input(&db, |rng| match op {
             Pow => rng.uniform(-2.0, 2.0),
-            Rem => rng.uniform(0.95, 1.25),
+            Rem => rng.signed(0.95, 1.05),
             Div => rng.signed(0.5, 2.0),
             Max | Min => grid(rng),
             Add | Sub | Mul => rng.uniform(-3.0, 3.0),

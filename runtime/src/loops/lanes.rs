@@ -102,8 +102,8 @@ pub(crate) fn has_lanes(dtype: DType) -> bool {
     !matches!(dtype, DType::F64 | DType::I64)
 }
 
-/// Whether `v` of `block` has a lane form: f32 arithmetic but `pow`, i32
-/// arithmetic, comparisons, `where`, casts between types with lanes. u8 and
+/// Whether `v` of `block` has a lane form: f32 arithmetic but `pow` and
+/// `rem`, i32 arithmetic but `rem`, comparisons, `where`, casts between types with lanes. u8 and
 /// bool lanes hold their values widened, where adding or multiplying would
 /// not wrap at 8 bits: of those only comparisons, max and min.
 fn lane_op(block: &Block, v: &kiln_ir::kernel::Value) -> bool {

@@ -226,7 +226,8 @@ fn pow(node: &Node) -> Result<Vec<Value>> {
 
 /// `Mod`: C's remainder, the dividend's sign, where `fmod` is 1 (floats
 /// must set it); else, for integers, Python's, the divisor's sign: C's
-/// plus the divisor where the two signs differ. A remainder by 0 is 0.
+/// plus the divisor where the two signs differ. An integer remainder by 0
+/// is 0.
 fn modulo(node: &Node) -> Result<Vec<Value>> {
     let (x, y) = (node.tensor(0)?, node.tensor(1)?);
     let c_style = node.attr_int("fmod", 0)? != 0;

@@ -215,9 +215,9 @@ impl<'a> Emitter<'a> {
 
     /// `x rem y` of one element (`loops::lanes` keeps `rem` out of lanes):
     /// a float's in f64 by a call, exact, and rounded back exactly; an
-    /// integer's by `srem` or `urem`, with 0 for a divisor of 0 and (signed)
-    /// of -1, whose remainders are 0, where the divisor is first made 1, as
-    /// both instructions trap on 0 (and `srem` on `MIN % -1` on x86).
+    /// integer's by `srem` or `urem`, with 0 for a divisor of 0, where the
+    /// divisor is first made 1, as both instructions trap on 0 (and, signed,
+    /// for -1 too, whose remainders are all 0: no `MIN % -1` reaches `srem`).
     fn rem(&mut self, dtype: DType, x: Value, y: Value) -> Value {
         if dtype.is_float() {
             let (x, y) = match dtype {
