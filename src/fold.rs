@@ -42,19 +42,6 @@ pub(crate) fn captured(
     Ok(Some(replaced(graph, sources, &folded, values)))
 }
 
-/// Whether `op` only moves or broadcasts its operand's elements.
-fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape(_)
-            | Op::Permute(_)
-            | Op::Expand(_)
-            | Op::Slice(_)
-            | Op::Unfold { .. }
-            | Op::Pad { .. }
-    )
-}
-
 /// The nodes to fold, in the graph's order.
 fn foldable(graph: &Graph, sources: &[Source]) -> Vec<NodeId> {
     let n = graph.nodes.len();
@@ -93,7 +80,7 @@ fn foldable(graph: &Graph, sources: &[Source]) -> Vec<NodeId> {
         // lies, as they read the captured value (a transposed weight, which
         // a product reads in place), and are never larger than it.
         let mut at = i;
-        while is_view(&graph.nodes[at].op) {
+        while graph.nodes[at].op.is_movement() {
             at = graph.nodes[at].inputs[0].index();
         }
         let computed = !matches!(graph.nodes[at].op, Op::Input { .. } | Op::Const(_));

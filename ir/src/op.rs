@@ -207,6 +207,34 @@ impl Op {
         }
     }
 
+    /// Whether the op only moves or broadcasts its operand's elements (the
+    /// graph's views, which `fold-views` folds). Exhaustive, so a new op
+    /// must say.
+    pub fn is_movement(&self) -> bool {
+        match self {
+            Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice(_)
+            | Op::Unfold { .. }
+            | Op::Pad { .. } => true,
+            Op::Input { .. }
+            | Op::Const(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast(_)
+            | Op::Reduce { .. }
+            | Op::MatMul
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Attention(_)
+            | Op::View(_)
+            | Op::Kernel(_)
+            | Op::SideOutput(_) => false,
+        }
+    }
+
     /// How many operands the op takes.
     pub fn arity(&self) -> usize {
         match self {

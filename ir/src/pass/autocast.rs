@@ -93,7 +93,7 @@ impl Rounder {
     fn commutes(&self, op: &Op) -> bool {
         match op {
             Op::Pad { value, .. } => value.cast(self.half).to_f64() == value.to_f64(),
-            op => view(op),
+            op => op.is_movement(),
         }
     }
 
@@ -145,7 +145,7 @@ impl Rounder {
             let through = match node.op {
                 Op::Input { .. } | Op::Const(_) => Some(true),
                 Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => None,
-                ref op if view(op) => None,
+                ref op if op.is_movement() => None,
                 _ => Some(false),
             };
             let pending = node.inputs.iter().find(|i| !self.fed.contains_key(i));
@@ -164,19 +164,6 @@ impl Rounder {
         }
         self.fed[&x]
     }
-}
-
-/// Whether `op` is one of the graph's views (before `fold-views`).
-fn view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape(_)
-            | Op::Permute(_)
-            | Op::Expand(_)
-            | Op::Slice(_)
-            | Op::Pad { .. }
-            | Op::Unfold { .. }
-    )
 }
 
 /// Whether `x` already holds values of `half`: it is a cast to f32 of one.

@@ -37,7 +37,7 @@ pub(crate) fn run(graph: &Graph) -> Graph {
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     for (i, node) in graph.nodes.iter().enumerate() {
         let inputs: SmallVec<[NodeId; 2]> = node.inputs.iter().map(|id| map[id.index()]).collect();
-        let id = if is_movement(&node.op) {
+        let id = if node.op.is_movement() {
             folder.movement(&node.op, inputs[0], &node.ty)
         } else {
             folder.push(node.op.clone(), inputs, node.ty.clone())
@@ -47,31 +47,6 @@ pub(crate) fn run(graph: &Graph) -> Graph {
     }
     folder.g.outputs = graph.outputs.iter().map(|id| map[id.index()]).collect();
     super::dce::run(&folder.g)
-}
-
-fn is_movement(op: &Op) -> bool {
-    match op {
-        Op::Reshape(_)
-        | Op::Permute(_)
-        | Op::Expand(_)
-        | Op::Slice(_)
-        | Op::Unfold { .. }
-        | Op::Pad { .. } => true,
-        Op::Input { .. }
-        | Op::Const(_)
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Where
-        | Op::Cast(_)
-        | Op::Reduce { .. }
-        | Op::MatMul
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Attention(_)
-        | Op::View(_)
-        | Op::Kernel(_)
-        | Op::SideOutput(_) => false,
-    }
 }
 
 /// `view` after the movement op `op`, or `None` when the result is not one
