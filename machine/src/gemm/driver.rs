@@ -8,9 +8,9 @@
 //! read in place). bf16 operands (`Element`) are always packed, widened to
 //! f32 as they are. Threads share a product by rows (`by_rows`: each takes
 //! blocks of rows and walks every panel of B, all of which it packs for
-//! itself) or by panels (`by_panels`: each packs its own panels of B and
-//! walks every block of rows over them, with no barrier between depth
-//! blocks); either way no thread reads what another packed. A task walks its
+//! itself) or by panels (`by_panels`: A packed by all threads together
+//! first, then each packs its own panels of B and walks every block of rows
+//! over them, with no barrier between depth blocks). A task walks its
 //! panels of B in groups of `NC_PANELS` (a group stays in L2): each panel
 //! of A passes over every panel of the group, so it is read from the
 //! nearest caches while B's panels stream past it, prefetched a few steps
@@ -150,12 +150,12 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>, 
             && (n as isize..=K::TUNING.in_place_rows as isize).contains(&b.rows)
             && m <= K::TUNING.mc
     });
-    // Sharing B's panels, every thread packs all of A that it does not
-    // read in place, and the threads' shares are whole panels; sharing
-    // rows, every thread packs all of B, and the shares are whole tiles.
-    // Panels are shared where A costs little to pack again (read in place,
-    // at most MC rows, or fewer rows than B has columns: A is then the
-    // smaller operand to pack on every thread) and they split about as
+    // Sharing B's panels, every thread reads all of A (packed once, where
+    // it is not read in place), and the threads' shares are whole panels;
+    // sharing rows, every thread packs all of B, and the shares are whole
+    // tiles. Panels are shared where A costs little to read again (read in
+    // place, at most MC rows, or fewer rows than B has columns: A is then
+    // the smaller operand to read on every thread) and they split about as
     // evenly as tiles (within 1/32 of the product: 49 panels on two
     // threads). By panels, the AVX-512 core took less time at 250x784x256
     // and 256³, the AVX2 core at 250x256x784 with B stored transposed, and
@@ -315,7 +315,7 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elemen
                 packed_b.region = Some(region);
             }
             let packed = &*packed;
-            let mut packed_a = PACKED_A.take();
+            let mut packed_a_buffer = PACKED_A.take();
             for (d, &(k0, kc)) in group.iter().enumerate() {
                 // Panel `p` of this depth block: its rows and their
                 // distance.
@@ -334,6 +334,16 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elemen
                     }
                 };
                 let last = g == last_group && d + 1 == group.len();
+                let len = match product.a_in_place {
+                    Some(_) => 0,
+                    None => (r1 - r0).div_ceil(MR) * MR * kc,
+                };
+                let packed_a = aligned(&mut packed_a_buffer, len);
+                if product.a_in_place.is_none() {
+                    // SAFETY: rows `r0..r1` and columns `k0..k0 + kc` of a
+                    // are inside its buffer (the contract of `sgemm`).
+                    unsafe { pack_a::<MR, T>(product.a, r0, r1 - r0, k0, kc, packed_a) };
+                }
                 // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
                 // this task's alone.
                 unsafe {
@@ -342,11 +352,11 @@ unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elemen
                         r0..r1,
                         (k0, kc, last),
                         (0..panels, panel),
-                        &mut packed_a,
+                        (packed_a, MR * kc),
                     )
                 };
             }
-            PACKED_A.set(packed_a);
+            PACKED_A.set(packed_a_buffer);
             PACKED_B.set(packed_b);
             if g == last_group {
                 finish(r0, r1);
@@ -438,12 +448,35 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
     // the others' writes, which its increment acquires).
     let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
     let last = blocks_of_k.len() - 1;
+    // A, where it is not read in place, is packed before, by all threads
+    // together, and read by each: panels of MR rows, each k deep (a depth
+    // block's panel is then a part of it). Every thread walks all of A, so
+    // packed by each for itself, it was packed `threads` times over, and a
+    // bf16 product took longer than an f32 one whose A is read in place
+    // (`benches/RESULTS-cpu.md`). The caller's buffer holds it, taken for
+    // the call: a product that `finish` starts makes its own.
+    let k = product.k;
+    let mut packed_a_buffer = PACKED_A.take();
+    let packed_a = match product.a_in_place {
+        Some(_) => &mut [],
+        None => aligned(&mut packed_a_buffer, tiles * MR * k),
+    };
+    team::for_each_chunk(packed_a, MR * k, &|t, panel| {
+        // SAFETY: rows `t * MR..` (at most MR of them, up to m) and columns
+        // `..k` of a are inside its buffer (the contract of `sgemm`).
+        unsafe { pack_a::<MR, T>(product.a, t * MR, MR.min(m - t * MR), 0, k, panel) }
+    });
+    let packed_a = &*packed_a;
+    // Depth block `k0..` of the panels from row `r0` on.
+    let rows_of_a = |r0: usize, k0: usize| match product.a_in_place {
+        Some(_) => &[][..],
+        None => &packed_a[r0 * k + k0 * MR..],
+    };
     team::for_each(threads, &|t| {
         let range = ranges[t].clone();
-        // Both buffers are taken for the task, so that a product started
-        // by `finish` makes its own.
+        // The buffer is taken for the task, so that a product started by
+        // `finish` makes its own.
         let mut packed_b_buffer = PACKED_B.take().buffer;
-        let mut packed_a = PACKED_A.take();
         for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
             let packed: &[f32] = match b {
                 Right::Lies(b) => {
@@ -485,7 +518,7 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
                         r0..r1,
                         (k0, kc, d == last),
                         (range.clone(), panel),
-                        &mut packed_a,
+                        (rows_of_a(r0, k0), MR * k),
                     )
                 };
                 if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
@@ -493,19 +526,21 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
                 }
             }
         }
-        PACKED_A.set(packed_a);
         PACKED_B.set(PackedB {
             region: None,
             buffer: packed_b_buffer,
         });
     });
+    PACKED_A.set(packed_a_buffer);
 }
 
 /// Rows `rows` of C over one depth block `(k0, kc)`, the last one if
 /// `last` (whose tiles apply the epilogue), and panels `panels` of B (each
-/// `panel(p)`: its rows and their distance): A's rows packed into
-/// `packed_a` (or read in place), then each group of `NC_PANELS` panels
-/// walked by every tile of rows.
+/// `panel(p)`: its rows and their distance): each group of `NC_PANELS`
+/// panels walked by every tile of rows, read in place or from `packed_a`
+/// (the tiles' panels of this depth block packed, `kc` columns of MR
+/// values each, the next `stride` values on; empty where A is read in
+/// place).
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches these rows and panels'
@@ -515,21 +550,10 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
     rows: std::ops::Range<usize>,
     (k0, kc, last): (usize, usize, bool),
     (panels, panel): (std::ops::Range<usize>, impl Fn(usize) -> (&'b [f32], usize)),
-    packed_a: &mut Vec<f32>,
+    (packed_a, stride): (&[f32], usize),
 ) {
-    let (a, n) = (product.a, product.n);
+    let n = product.n;
     let (r0, mr) = (rows.start, rows.len());
-    let len = match product.a_in_place {
-        Some(_) => 0,
-        None => mr.div_ceil(MR) * MR * kc,
-    };
-    let packed_a = aligned(packed_a, len);
-    if product.a_in_place.is_none() {
-        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
-        // inside its buffer (the contract of `sgemm`).
-        unsafe { pack_a::<MR, T>(a, r0, mr, k0, kc, packed_a) };
-    }
-    let (packed_a, _) = packed_a.as_chunks::<MR>();
     for p0 in panels.clone().step_by(K::TUNING.nc_panels) {
         for t in 0..mr.div_ceil(MR) {
             for p in p0..panels.end.min(p0 + K::TUNING.nc_panels) {
@@ -555,7 +579,8 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
                     // rows and columns here are this caller's alone.
                     unsafe { K::tile(a_rows, b_rows, b_stride, c, tile) };
                 } else {
-                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
+                    let (a_panel, _) = packed_a[t * stride..t * stride + MR * kc].as_chunks();
+                    let a_panel = Packed(a_panel);
                     // SAFETY: as above.
                     unsafe { K::tile(a_panel, b_rows, b_stride, c, tile) };
                 }

@@ -84,11 +84,11 @@ pub(super) unsafe fn gemv<T: Load>(
         (1..=FEW).contains(&m) && c.len() >= m * n,
         "gemv: {m} rows, {n} columns"
     );
-    let tiles: Tiles<T> = match isa {
+    let columns: Columns<T> = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512 => tiles_avx512::<T>,
+        Isa::Amx | Isa::Avx512 => columns_avx512::<T>,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => tiles_avx2::<T>,
+        Isa::Avx2 => columns_avx2::<T>,
         _ => unreachable!("gemm sends only kiln's paths here"),
     };
     // SAFETY: a's elements lie inside a live buffer (the contract of this
@@ -106,9 +106,10 @@ pub(super) unsafe fn gemv<T: Load>(
         let len = len.min(n - j0);
         let mut y = [0.0f32; FEW * STRETCH];
         let y = &mut y[..m * len];
-        // SAFETY: columns j0..j0 + len of b, each of k rows, and `tiles`
-        // on an available ISA (the contract of this function).
-        unsafe { columns(&x, (m, k), b, j0, y, tiles) };
+        // SAFETY: columns j0..j0 + len of b, each of k rows, contiguous
+        // along an axis (`takes`), and `columns` on an available ISA (the
+        // contract of this function).
+        unsafe { columns(&x, (m, k), b, j0, y) };
         for (i, row) in y.chunks_exact(len).enumerate() {
             for (j, &v) in row.iter().enumerate() {
                 // SAFETY: row i and column j0 + j are inside the bias where
@@ -141,76 +142,155 @@ pub(super) unsafe fn rows_of<T: Element>(a: Operand<T>, m: usize, k: usize) -> V
 }
 
 /// Columns `j0..j0 + y.len() / m` of `x b` into `y` (row-major), for `x`
-/// of `m` rows of `k` (row-major).
+/// of `m` rows of `k` (row-major), in `L`'s lanes.
 ///
 /// # Safety
-/// Elements (l, j) of b for `l < k` and those columns lie inside a live
-/// buffer, and b's rows or columns are contiguous (`takes`); `tiles` runs
-/// on this CPU.
+/// `L`'s instructions run on this CPU; elements (l, j) of b for `l < k`
+/// and those columns lie inside a live buffer, and b's columns are
+/// contiguous, or its rows for one row of `x` (`takes`).
 #[inline(always)]
-unsafe fn columns<T: Load>(
+unsafe fn columns<L: Lanes, T: Load>(
     x: &[f32],
     (m, k): (usize, usize),
     b: Operand<T>,
     j0: usize,
     y: &mut [f32],
-    tiles: Tiles<T>,
 ) {
-    let len = y.len() / m;
     if b.rows == 1 {
         let first = b.ptr.wrapping_offset(j0 as isize * b.cols);
         // SAFETY: the columns' elements, each column's k adjacent, lie
-        // inside b; `tiles` runs on this CPU.
-        unsafe { tiles(x, (m, k), (first, b.cols), y) };
-        return;
+        // inside b; `L` runs here.
+        unsafe { tiles::<L, T>(x, (m, k), (first, b.cols), y) };
+    } else {
+        debug_assert_eq!(m, 1, "rows of b are read for one row of x");
+        let first = b.ptr.wrapping_add(j0);
+        // SAFETY: row l of b at columns j0.., `y.len()` of them adjacent,
+        // for l < k; `L` runs here.
+        unsafe { rows::<L, T>(&x[..k], (first, b.rows), y) };
     }
-    y.fill(0.0);
-    for l in 0..k {
-        let first = b.ptr.wrapping_offset(l as isize * b.rows + j0 as isize);
-        // SAFETY: row l of b at columns j0.., `len` of them adjacent.
-        let row = unsafe { std::slice::from_raw_parts(first, len) };
-        for (i, out) in y.chunks_exact_mut(len).enumerate() {
-            let xl = x[i * k + l];
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o += xl * v.to_f32();
+}
+
+/// `columns` in 16 lanes.
+///
+/// # Safety
+/// The CPU has AVX-512, and `columns`' contract.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn columns_avx512<T: Load>(
+    x: &[f32],
+    mk: (usize, usize),
+    b: Operand<T>,
+    j0: usize,
+    y: &mut [f32],
+) {
+    // SAFETY: the contract of this function.
+    unsafe { columns::<lanes::Avx512, T>(x, mk, b, j0, y) }
+}
+
+/// `columns` in 8 lanes.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and `columns`' contract.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn columns_avx2<T: Load>(
+    x: &[f32],
+    mk: (usize, usize),
+    b: Operand<T>,
+    j0: usize,
+    y: &mut [f32],
+) {
+    // SAFETY: the contract of this function.
+    unsafe { columns::<lanes::Avx2, T>(x, mk, b, j0, y) }
+}
+
+/// `columns` on one ISA.
+type Columns<T> = unsafe fn(&[f32], (usize, usize), Operand<T>, usize, &mut [f32]);
+
+/// `y = x b` for one row `x` and `y.len()` columns of b whose rows are
+/// contiguous, the first row at the pointer, each the stride after the one
+/// before: the columns in groups of 8 vectors (8 sums, enough FMAs in
+/// flight, and two cache lines of each bf16 row), each summed down the
+/// depth, then of one vector (the last ending at the last column, over
+/// columns of the group before, which it sums the same way). Fewer columns
+/// than a vector are summed one by one. (In plain code, as the compiler
+/// vectorized it for SSE2, a bf16 row of 1280x1000 took longer than an f32
+/// one, and groups of 4 vectors in two chains took longer than these:
+/// `benches/RESULTS-cpu.md`.)
+///
+/// # Safety
+/// `L`'s instructions run on this CPU; the first `y.len()` elements of
+/// each of `x.len()` rows lie inside a live buffer.
+#[inline(always)]
+unsafe fn rows<L: Lanes, T: Load>(x: &[f32], b: (*const T, isize), y: &mut [f32]) {
+    let len = y.len();
+    if len < L::LANES {
+        y.fill(0.0);
+        for (l, &xl) in x.iter().enumerate() {
+            let row = b.0.wrapping_offset(l as isize * b.1);
+            for (j, out) in y.iter_mut().enumerate() {
+                // SAFETY: element j of row l (the contract of this function).
+                *out += xl * unsafe { *row.add(j) }.to_f32();
             }
         }
+        return;
+    }
+    let mut j = 0;
+    while j + 8 * L::LANES <= len {
+        // SAFETY: columns j..j + 8 LANES, below len; `L` runs here.
+        unsafe { row_sums::<L, T, 8>(x, b, j, y) };
+        j += 8 * L::LANES;
+    }
+    while j < len {
+        // SAFETY: columns up to len, from at least 0 (LANES <= len).
+        unsafe { row_sums::<L, T, 1>(x, b, j.min(len - L::LANES), y) };
+        j += L::LANES;
+    }
+}
+
+/// `s += x * row`, for `C` vectors of a row of b from `row`.
+///
+/// # Safety
+/// `L`'s instructions run on this CPU; `C * LANES` elements from `row` lie
+/// inside a live buffer.
+#[inline(always)]
+unsafe fn row_step<L: Lanes, T: Load, const C: usize>(s: &mut [L::V; C], x: f32, row: *const T) {
+    // SAFETY (each intrinsic and load): the contract of this function.
+    let a = unsafe { L::splat(x) };
+    for (c, s) in s.iter_mut().enumerate() {
+        *s = unsafe { L::fma(a, T::lanes::<L>(row.add(c * L::LANES)), *s) };
+    }
+}
+
+/// Columns `j..j + C * LANES` of `rows`' product into `y`.
+///
+/// # Safety
+/// `rows`' contract, and those columns lie below `y.len()`.
+#[inline(always)]
+unsafe fn row_sums<L: Lanes, T: Load, const C: usize>(
+    x: &[f32],
+    (first, stride): (*const T, isize),
+    j: usize,
+    y: &mut [f32],
+) {
+    debug_assert!(j + C * L::LANES <= y.len());
+    let b = first.wrapping_add(j);
+    // SAFETY: `L` runs here.
+    let mut s = [unsafe { L::zero() }; C];
+    for (l, &x) in x.iter().enumerate() {
+        // SAFETY: `L` runs here, row l of b at these columns (the contract
+        // of this function).
+        unsafe { row_step::<L, T, C>(&mut s, x, b.wrapping_offset(l as isize * stride)) };
+    }
+    for (c, &s) in s.iter().enumerate() {
+        // SAFETY: columns below y.len(); `L` runs here.
+        unsafe { L::store(y.as_mut_ptr().add(j + c * L::LANES), s) };
     }
 }
 
 /// Every dot product of `x`'s `m` rows of `k` with `y.len() / m` columns
 /// of `k` adjacent elements, the first at the pointer, each the stride
-/// after the one before, into `y` (row-major).
-type Tiles<T> = unsafe fn(&[f32], (usize, usize), (*const T, isize), &mut [f32]);
-
-/// `Tiles` in 16 lanes.
-///
-/// # Safety
-/// The CPU has AVX-512; the columns lie inside a live buffer.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tiles_avx512<T: Load>(
-    x: &[f32],
-    mk: (usize, usize),
-    b: (*const T, isize),
-    y: &mut [f32],
-) {
-    // SAFETY: the contract of this function.
-    unsafe { tiles::<lanes::Avx512, T>(x, mk, b, y) }
-}
-
-/// `Tiles` in 8 lanes.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA; the columns lie inside a live buffer.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tiles_avx2<T: Load>(x: &[f32], mk: (usize, usize), b: (*const T, isize), y: &mut [f32]) {
-    // SAFETY: the contract of this function.
-    unsafe { tiles::<lanes::Avx2, T>(x, mk, b, y) }
-}
-
-/// `Tiles` in `L`'s lanes, over blocks of `BLOCK` columns: in each, the
+/// after the one before, into `y` (row-major), in `L`'s lanes, over blocks of `BLOCK` columns: in each, the
 /// rows in groups of 4 (the last group 1 to 4), each group's columns in
 /// tiles of 4 columns for two rows and 3 for three or four (at least 8
 /// sums each, so 8 FMAs are in flight, and no more than AVX2's 16
@@ -409,6 +489,7 @@ mod tests {
             (1, 0, 5),
             (1, 1, 1),
             (2, 3, 7),
+            (1, 33, 257),
             (3, 33, 257),
             (5, 17, 1000),
             (6, 37, 1000),
