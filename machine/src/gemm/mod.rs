@@ -83,7 +83,7 @@ use crate::{Error, Isa};
 #[cfg(not(target_arch = "x86_64"))]
 use tuning::CRATE_SHARED_WORK;
 #[cfg(target_arch = "x86_64")]
-use tuning::{AVX2, AVX512, CRATE_SHARED_WORK, NARROW, SHARED_DIM, SHARED_WORK};
+use tuning::{AVX2, AVX512, CRATE_SHARED_WORK, NARROW, SHARED_COLUMNS, SHARED_DIM, SHARED_WORK};
 
 /// An operand: element `(i, j)` at `ptr + i * rows + j * cols`, or where
 /// a table is given, at `ptr + row_table[i] + j * cols` and so on: the rows
@@ -330,7 +330,8 @@ unsafe fn by_core<T: Element>(
     (epilogue, finish): (RawFused, &(dyn Fn(usize, usize) + Sync)),
 ) -> bool {
     let work = m.saturating_mul(n).saturating_mul(k);
-    let shared = threads > 1 && work >= SHARED_WORK && m.min(n).min(k) >= SHARED_DIM;
+    let wide = m.min(k) >= SHARED_DIM && n >= SHARED_COLUMNS;
+    let shared = threads > 1 && work >= SHARED_WORK && wide;
     let any_size = T::as_f32(a).is_none();
     let takes = |threshold: usize, narrow: bool| {
         a.tabled() || b.tabled() || ((any_size || work >= threshold || shared) && !narrow)

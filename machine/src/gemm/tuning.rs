@@ -58,17 +58,25 @@ pub(super) const AVX2: Tuning = Tuning {
 };
 
 /// On two threads or more, products of at least this many multiply-adds
-/// and at least `SHARED_DIM` along each dim run on kiln's cores, whatever
+/// and not too narrow (`SHARED_DIM`) run on kiln's cores, whatever
 /// their own `work`: there kiln's cores run on every thread, and the `gemm`
 /// crate on one (`CRATE_SHARED_WORK`), and both of kiln's cores took less
 /// time than the crate; below it the crate was as fast or faster.
 #[cfg(target_arch = "x86_64")]
 pub(super) const SHARED_WORK: usize = 1 << 20;
 
-/// Narrower products stay with the crate, which reads A in place and took
-/// less time on them than kiln's cores.
+/// Products with fewer rows or a shallower depth than this, or fewer
+/// columns than `SHARED_COLUMNS`, stay with the crate, which reads A in
+/// place and took less time on them than kiln's cores (16x4096x16,
+/// 512x10x256). 16 and 64 rows of a convolution's 1x1 filter, 64 and 16
+/// deep, took less time on kiln's core, where the crate's rayon threads
+/// also vie with the team's for the cores (`benches/RESULTS-cpu.md`).
 #[cfg(target_arch = "x86_64")]
-pub(super) const SHARED_DIM: usize = 32;
+pub(super) const SHARED_DIM: usize = 16;
+
+/// See `SHARED_DIM`.
+#[cfg(target_arch = "x86_64")]
+pub(super) const SHARED_COLUMNS: usize = 32;
 
 /// Products of at most this many columns stay with the crate: most of each
 /// tile's FMAs would be wasted (`super::narrow`).
