@@ -20,6 +20,7 @@ use kiln_machine::rows;
 
 use crate::Error;
 use crate::cpu::f64_math;
+use crate::cpu::jit::matmul::Strided;
 use crate::cpu::lower::{self, RowRange};
 use crate::cpu::taps::{self, TapsPlan};
 use crate::matmul::{self, Plan, PlanOperand, Source, Target};
@@ -114,10 +115,12 @@ pub(super) struct Taps {
 
 /// A matmul kernel's plan (`matmul::plan` for kiln's cores, made once here,
 /// not at every launch), and, for `a` and `b`, the prologue that writes
-/// the operand where the plan has one.
+/// the operand where the plan has one, and the layout the GEMM reads it
+/// through (a convolution's, a table of an offset per output position).
 pub(super) struct MatMul {
     pub(super) plan: Plan,
     pub(super) prologues: [Option<Box<CompiledKernel>>; 2],
+    pub(super) layouts: [Strided; 2],
 }
 
 impl CompiledKernel {
@@ -174,7 +177,15 @@ impl CompiledKernel {
                         *slot = Some(Box::new(CompiledKernel::new(prologue, code)?));
                     }
                 }
-                Some(MatMul { plan, prologues })
+                let layout = |o: &PlanOperand| {
+                    Strided::of(o).map_err(|problem| crate::codegen(crate::label(kernel), problem))
+                };
+                let layouts = [layout(&plan.a)?, layout(&plan.b)?];
+                Some(MatMul {
+                    plan,
+                    prologues,
+                    layouts,
+                })
             }
             _ => None,
         };

@@ -109,7 +109,11 @@ impl CompiledKernel {
     /// launch passes the value it was packed from), then the epilogue.
     pub(super) fn run_matmul(
         &self,
-        MatMul { plan, prologues }: &MatMul,
+        MatMul {
+            plan,
+            prologues,
+            layouts,
+        }: &MatMul,
         bound: &Bound<'_>,
         (inputs, out, scratch): (&[&Buffer], &mut Buffer, &Buffer),
         computed: &[Computed; 2],
@@ -127,7 +131,7 @@ impl CompiledKernel {
                     side,
                     place,
                 },
-                operand,
+                (operand, &layouts[side]),
                 prologue,
                 (inputs, scratch),
             )
@@ -329,27 +333,28 @@ struct Side<'a> {
     place: &'a Computed,
 }
 
-/// A matmul operand's buffer and layout: an input where it lies, or an
-/// operand its prologue writes, written where `at.place` says (into
-/// scratch, or a kept buffer) unless an earlier launch has.
-fn operand_at(
+/// A matmul operand's buffer, and its layout (`Strided::of`): an input
+/// where it lies, or an operand its prologue writes, written where
+/// `at.place` says (into scratch, or a kept buffer) unless an earlier
+/// launch has.
+fn operand_at<'l>(
     at: Side<'_>,
-    operand: &PlanOperand,
+    (operand, layout): (&PlanOperand, &'l Strided),
     prologue: Option<&CompiledKernel>,
     (inputs, scratch): (&[&Buffer], &Buffer),
-) -> Result<((Role, Buffer), Strided), Error> {
+) -> Result<((Role, Buffer), &'l Strided), Error> {
     let shape = &operand.shape;
-    let (buffer, view) = match (&operand.source, prologue, operand.written_view()) {
-        (Source::Input { input, view }, _, _) => {
+    let buffer = match (&operand.source, prologue) {
+        (Source::Input { input, .. }, _) => {
             let buffer = inputs.get(*input as usize).ok_or_else(|| {
                 crate::launch(
                     crate::label(at.kernel),
                     format!("no input {input}, an operand"),
                 )
             })?;
-            ((Role::Input(*input as usize), buffer.alias()), view.clone())
+            (Role::Input(*input as usize), buffer.alias())
         }
-        (Source::Written { at: offset, .. }, Some(prologue), Some(view)) => {
+        (Source::Written { at: offset, .. }, Some(prologue)) => {
             let bytes = shape.numel() * operand.dtype.size();
             let (mut part, there) = match at.place {
                 Computed::Scratch => (scratch.part(*offset, bytes), false),
@@ -367,15 +372,13 @@ fn operand_at(
             if !there {
                 prologue.run(inputs, &mut part, &mut [], &mut Buffer::empty())?;
             }
-            ((Role::Operand(at.side), part), view)
+            (Role::Operand(at.side), part)
         }
-        (Source::Written { .. }, _, _) => {
+        (Source::Written { .. }, None) => {
             let problem = format!("written operand {} without its prologue", at.side);
             return Err(crate::launch(crate::label(at.kernel), problem));
         }
     };
-    let layout = Strided::new(&view, shape)
-        .map_err(|problem| crate::launch(crate::label(at.kernel), problem))?;
     Ok((buffer, layout))
 }
 
@@ -391,6 +394,19 @@ pub(super) struct Strided {
 }
 
 impl Strided {
+    /// A matmul operand's layout, through the view it is read by where it
+    /// lies, or the one its prologue writes it in. Worked out once, when
+    /// the kernel is compiled: a table's offsets built at every launch
+    /// were a few percent of a convolution's time, on one thread while the
+    /// others waited.
+    pub(super) fn of(operand: &PlanOperand) -> Result<Strided, String> {
+        match (&operand.source, operand.written_view()) {
+            (Source::Input { view, .. }, _) => Strided::new(view, &operand.shape),
+            (Source::Written { .. }, Some(view)) => Strided::new(&view, &operand.shape),
+            (Source::Written { .. }, None) => Err("a written operand without a view".into()),
+        }
+    }
+
     /// The operand of `shape` that `view` presents in row-major order: the
     /// view itself, or its axes merged into `shape`'s.
     pub(super) fn new(view: &View, shape: &Shape) -> Result<Strided, String> {
