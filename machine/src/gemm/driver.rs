@@ -28,7 +28,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::panel::{InPlace, Packed, PanelA, pack_a, pack_b};
+use super::panel::{InPlace, Packed, PanelA, in_place_rows, pack_a, pack_panels, packed_before};
 use super::tuning::Tuning;
 use super::{Element, Operand, RawFused};
 use crate::{Isa, team};
@@ -413,10 +413,11 @@ fn largest_first<const MR: usize>(m: usize, blocks: usize) -> Vec<(usize, usize)
 }
 
 /// The product with the panels of B shared between threads, each packing
-/// its own panels, depth block by depth block, and walking every block of
-/// rows of A over them: each thread reads a part of B only, and no thread
-/// waits for another (a block of rows is finished by the last thread to
-/// pass it).
+/// its own panels a run at a time, depth block by depth block, and walking
+/// every block of rows of A (packed once for all, `packed_for_all`) over
+/// them: each thread reads a part of B only, and no thread waits for
+/// another but for A's packing (a block of rows is finished by the last
+/// thread to pass it).
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -443,30 +444,18 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
             (row(i), row(i + 1))
         })
         .collect();
-    // A block of rows is done when every range has passed it in the last
-    // depth block: the last task to get there runs `finish` over it (after
-    // the others' writes, which its increment acquires).
+    // A block of rows is done when every range has passed it in its last
+    // pass (its last run's last depth block): the last task to get there
+    // runs `finish` over it (after the others' writes, which its increment
+    // acquires).
     let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
-    let last = blocks_of_k.len() - 1;
-    // A, where it is not read in place, is packed before, by all threads
-    // together, and read by each: panels of MR rows, each k deep (a depth
-    // block's panel is then a part of it). Every thread walks all of A, so
-    // packed by each for itself, it was packed `threads` times over, and a
-    // bf16 product took longer than an f32 one whose A is read in place
-    // (`benches/RESULTS-cpu.md`). The caller's buffer holds it, taken for
-    // the call: a product that `finish` starts makes its own.
+    let last_depth = blocks_of_k.len() - 1;
+    // The caller's buffer holds A packed, taken for the call: a product
+    // that `finish` starts makes its own.
     let k = product.k;
     let mut packed_a_buffer = PACKED_A.take();
-    let packed_a = match product.a_in_place {
-        Some(_) => &mut [],
-        None => aligned(&mut packed_a_buffer, tiles * MR * k),
-    };
-    team::for_each_chunk(packed_a, MR * k, &|t, panel| {
-        // SAFETY: rows `t * MR..` (at most MR of them, up to m) and columns
-        // `..k` of a are inside its buffer (the contract of `sgemm`).
-        unsafe { pack_a::<MR, T>(product.a, t * MR, MR.min(m - t * MR), 0, k, panel) }
-    });
-    let packed_a = &*packed_a;
+    // SAFETY: the contract of `sgemm`.
+    let packed_a = unsafe { packed_for_all::<MR, T>(product, m, &mut packed_a_buffer) };
     // Depth block `k0..` of the panels from row `r0` on.
     let rows_of_a = |r0: usize, k0: usize| match product.a_in_place {
         Some(_) => &[][..],
@@ -477,52 +466,65 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
         // The buffer is taken for the task, so that a product started by
         // `finish` makes its own.
         let mut packed_b_buffer = PACKED_B.take().buffer;
-        for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
-            let packed: &[f32] = match b {
-                Right::Lies(b) => {
-                    let packed = aligned(&mut packed_b_buffer, range.len() * NR * kc);
-                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b are
-                    // inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_panels::<NR, T>(b, (k0, kc), range.clone(), n, packed) };
-                    packed
-                }
-                Right::Packed(_) => &[],
-            };
-            let panel = |p: usize| -> (&[f32], usize) {
-                match b {
-                    Right::Lies(_) => {
-                        let at = (p - range.start) * NR * kc;
-                        (&packed[at..at + NR * kc], NR)
+        // Passes over the blocks of rows so far: every other one walks
+        // them backwards. In the last pass threads then pass a block last
+        // in turns, so that each finishes about its share of
+        // them (walked all the same way, a thread a little behind the
+        // other finished every block, and 784x250x256 with bias and relu
+        // took longer: `benches/RESULTS-cpu.md`), and a pass starts on the
+        // rows of C the last one ended on, still in cache.
+        let mut passes = t;
+        // The range's panels a run at a time (`RUN_BYTES`), each run over
+        // every depth block, packed, then walked by every block of rows,
+        // so that the run and its columns of C stay in cache: packed whole
+        // for each depth block, 32x576x16384's panels and C ran from
+        // memory (`benches/RESULTS-cpu.md`).
+        let deepest = blocks_of_k[0].1;
+        let run = (RUN_BYTES / (NR * deepest * size_of::<f32>())).max(K::TUNING.nc_panels);
+        let runs = range.len().div_ceil(run);
+        for (r, first) in range.clone().step_by(run).enumerate() {
+            let panels = first..(first + run).min(range.end);
+            for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
+                let packed: &[f32] = match b {
+                    Right::Lies(b) => {
+                        let packed = aligned(&mut packed_b_buffer, panels.len() * NR * kc);
+                        // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
+                        // are inside its buffer (the contract of `sgemm`).
+                        unsafe { pack_panels::<NR, T>(b, (k0, kc), panels.clone(), n, packed) };
+                        packed
                     }
-                    Right::Packed(all) => packed_before::<NR>(all, product.k, (k0, kc), p),
-                }
-            };
-            // Every other thread, and every other depth block, walks
-            // the blocks of rows backwards: in the last depth block
-            // threads then pass a block last in turns, so that each
-            // finishes about its share of them (walked all the same
-            // way, a thread a little behind the other finished every
-            // block, and 784x250x256 with bias and relu took longer:
-            // `benches/RESULTS-cpu.md`), and a depth block starts on the
-            // rows of C the last one ended on, still in cache.
-            let mut order: Vec<_> = bounds.iter().zip(&done).collect();
-            if (t + d) % 2 == 1 {
-                order.reverse();
-            }
-            for (&(r0, r1), done) in order {
-                // SAFETY: the contract of `sgemm`; columns of this
-                // range's panels are this task's alone.
-                unsafe {
-                    block::<MR, NR, K, T>(
-                        product,
-                        r0..r1,
-                        (k0, kc, d == last),
-                        (range.clone(), panel),
-                        (rows_of_a(r0, k0), MR * k),
-                    )
+                    Right::Packed(_) => &[],
                 };
-                if d == last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
-                    finish(r0, r1);
+                let panel = |p: usize| -> (&[f32], usize) {
+                    match b {
+                        Right::Lies(_) => {
+                            let at = (p - first) * NR * kc;
+                            (&packed[at..at + NR * kc], NR)
+                        }
+                        Right::Packed(all) => packed_before::<NR>(all, product.k, (k0, kc), p),
+                    }
+                };
+                let mut order: Vec<_> = bounds.iter().zip(&done).collect();
+                if passes % 2 == 1 {
+                    order.reverse();
+                }
+                passes += 1;
+                let last = d == last_depth && r + 1 == runs;
+                for (&(r0, r1), done) in order {
+                    // SAFETY: the contract of `sgemm`; columns of this
+                    // range's panels are this task's alone.
+                    unsafe {
+                        block::<MR, NR, K, T>(
+                            product,
+                            r0..r1,
+                            (k0, kc, d == last_depth),
+                            (panels.clone(), panel),
+                            (rows_of_a(r0, k0), MR * k),
+                        )
+                    };
+                    if last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                        finish(r0, r1);
+                    }
                 }
             }
         }
@@ -532,6 +534,33 @@ unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
         });
     });
     PACKED_A.set(packed_a_buffer);
+}
+
+/// A, where it is not read in place, packed into `buffer` by all threads
+/// together for `by_panels`, in which every thread reads it all: panels
+/// of MR rows, each k deep (a depth block's panel is then a part of it);
+/// else nothing. Packed by each thread for itself, it was packed `threads`
+/// times over, and a bf16 product took longer than an f32 one whose A is
+/// read in place (`benches/RESULTS-cpu.md`).
+///
+/// # Safety
+/// The contract of `sgemm` for `product`, of `m` rows.
+unsafe fn packed_for_all<'a, const MR: usize, T: Element>(
+    product: &Product<'_, T>,
+    m: usize,
+    buffer: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    let k = product.k;
+    let packed = match product.a_in_place {
+        Some(_) => &mut [],
+        None => aligned(buffer, m.div_ceil(MR) * MR * k),
+    };
+    team::for_each_chunk(packed, MR * k, &|t, panel| {
+        // SAFETY: rows `t * MR..` (at most MR of them, up to m) and columns
+        // `..k` of a are inside its buffer (the contract of `sgemm`).
+        unsafe { pack_a::<MR, T>(product.a, t * MR, MR.min(m - t * MR), 0, k, panel) }
+    });
+    packed
 }
 
 /// Rows `rows` of C over one depth block `(k0, kc)`, the last one if
@@ -589,71 +618,18 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
     }
 }
 
-/// Rows `k0..k0 + kc` of panel `p` of B packed before (`Right::Packed`,
-/// each panel `k` rows of `NR`), and their distance.
-fn packed_before<const NR: usize>(
-    all: &[f32],
-    k: usize,
-    (k0, kc): (usize, usize),
-    p: usize,
-) -> (&[f32], usize) {
-    let at = (p * k + k0) * NR;
-    (&all[at..at + kc * NR], NR)
-}
-
-/// Rows `k0..k0 + kc` of panel `p` of B where they lie in b, and their
-/// distance.
-///
-/// # Safety
-/// Rows `k0..k0 + kc` of b lie in one buffer that lives and is not written
-/// for `'a`, and columns `p * NR..(p + 1) * NR` inside each (`p < n / NR`).
-unsafe fn in_place_rows<'a, const NR: usize>(
-    b: Operand,
-    (k0, kc): (usize, usize),
-    p: usize,
-) -> (&'a [f32], usize) {
-    let stride = b.rows as usize;
-    // SAFETY: the contract of this function; the slice runs from the
-    // first of those elements to the last.
-    let rows = unsafe {
-        std::slice::from_raw_parts(
-            b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
-            (kc - 1) * stride + NR,
-        )
-    };
-    (rows, stride)
-}
-
-/// Panels `range` of b's depth block `(k0, kc)`, each `kc x NR`, one after
-/// the other in `out`, `PACK_PANELS` at a time.
-///
-/// # Safety
-/// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer;
-/// `range` holds panels of b (`range.end <= n.div_ceil(NR)`), and `out`
-/// holds exactly those, `range.len() * NR * kc` elements.
-pub(super) unsafe fn pack_panels<const NR: usize, T: Element>(
-    b: Operand<T>,
-    (k0, kc): (usize, usize),
-    range: std::ops::Range<usize>,
-    n: usize,
-    out: &mut [f32],
-) {
-    let runs = out.chunks_mut(PACK_PANELS * NR * kc);
-    for (run, p) in runs.zip(range.step_by(PACK_PANELS)) {
-        // SAFETY: the contract of this function.
-        unsafe { pack_b::<NR, T>(b, (k0, kc), p, n, run) };
-    }
-}
-
-/// Panels of B packed together, row by row of B: a few lines of each row
-/// read at once, and as many written.
-const PACK_PANELS: usize = 8;
+/// About the bytes of B's packed panels that `by_panels` walks every block
+/// of rows over at a time, over every depth block: twice a Zen 3 core's
+/// L2, far below its L3. Runs of 256 KiB packed a row-major B's rows a few
+/// lines at a time, and 64x1152x4096 took longer than with the range
+/// packed whole (`benches/RESULTS-cpu.md`).
+const RUN_BYTES: usize = 1 << 20;
 
 /// The parallel regions of `by_rows` so far.
 static REGIONS: AtomicU64 = AtomicU64::new(0);
 
 /// A thread's packed panels of B, and the region of `by_rows` they were
-/// packed for, if any (`by_panels` packs them afresh at each depth block).
+/// packed for, if any (`by_panels` packs them afresh for each run and depth block).
 #[derive(Default)]
 struct PackedB {
     region: Option<u64>,

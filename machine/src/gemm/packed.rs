@@ -27,6 +27,7 @@ use super::driver::{self, C, Right};
 use super::gemv::{FEW, rows_of};
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{self, Lanes};
+use super::panel;
 use super::safe::Matrix;
 use super::{Operand, RawFused};
 use crate::{Error, Isa};
@@ -103,8 +104,8 @@ impl PackedB {
                 // above), and `run` holds panels `range`, `k` rows each.
                 unsafe {
                     match nr {
-                        16 => driver::pack_panels::<16, f32>(b, (0, k), range, n, run),
-                        _ => driver::pack_panels::<32, f32>(b, (0, k), range, n, run),
+                        16 => panel::pack_panels::<16, f32>(b, (0, k), range, n, run),
+                        _ => panel::pack_panels::<32, f32>(b, (0, k), range, n, run),
                     }
                 }
             });

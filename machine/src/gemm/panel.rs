@@ -179,6 +179,66 @@ unsafe fn transpose_into<const NR: usize, T: Element>(
     }
 }
 
+/// Rows `k0..k0 + kc` of panel `p` of B packed before (`Right::Packed`,
+/// each panel `k` rows of `NR`), and their distance.
+pub(super) fn packed_before<const NR: usize>(
+    all: &[f32],
+    k: usize,
+    (k0, kc): (usize, usize),
+    p: usize,
+) -> (&[f32], usize) {
+    let at = (p * k + k0) * NR;
+    (&all[at..at + kc * NR], NR)
+}
+
+/// Rows `k0..k0 + kc` of panel `p` of B where they lie in b, and their
+/// distance.
+///
+/// # Safety
+/// Rows `k0..k0 + kc` of b lie in one buffer that lives and is not written
+/// for `'a`, and columns `p * NR..(p + 1) * NR` inside each (`p < n / NR`).
+pub(super) unsafe fn in_place_rows<'a, const NR: usize>(
+    b: Operand,
+    (k0, kc): (usize, usize),
+    p: usize,
+) -> (&'a [f32], usize) {
+    let stride = b.rows as usize;
+    // SAFETY: the contract of this function; the slice runs from the
+    // first of those elements to the last.
+    let rows = unsafe {
+        std::slice::from_raw_parts(
+            b.ptr.offset(k0 as isize * b.rows + (p * NR) as isize),
+            (kc - 1) * stride + NR,
+        )
+    };
+    (rows, stride)
+}
+
+/// Panels `range` of b's depth block `(k0, kc)`, each `kc x NR`, one after
+/// the other in `out`, `PACK_PANELS` at a time.
+///
+/// # Safety
+/// Rows `k0..k0 + kc` and columns `..n` of b lie inside its buffer;
+/// `range` holds panels of b (`range.end <= n.div_ceil(NR)`), and `out`
+/// holds exactly those, `range.len() * NR * kc` elements.
+pub(super) unsafe fn pack_panels<const NR: usize, T: Element>(
+    b: Operand<T>,
+    (k0, kc): (usize, usize),
+    range: std::ops::Range<usize>,
+    n: usize,
+    out: &mut [f32],
+) {
+    let runs = out.chunks_mut(PACK_PANELS * NR * kc);
+    for (run, p) in runs.zip(range.step_by(PACK_PANELS)) {
+        // SAFETY: the contract of this function.
+        unsafe { pack_b::<NR, T>(b, (k0, kc), p, n, run) };
+    }
+}
+
+/// Panels of B packed together, row by row of B: a few lines of each row
+/// read at once, and as many written.
+const PACK_PANELS: usize = 8;
+
 /// `pack_b` for an operand read through tables: each panel row by row,
 /// its `NR` columns copied as one run where their offsets are consecutive
 /// (a panel within one row of a convolution's output positions), else one

@@ -49,6 +49,9 @@ fn cores_agree_with_a_plain_product() {
             // More rows than MC but fewer than B's columns, A packed: shared
             // by panels.
             (100, 1024, 230),
+            // Shared by panels, each thread's in two runs (`RUN_BYTES`) over
+            // three depth blocks, the last panel ragged.
+            (20, 1100, 1500),
             (5, 0, 7),
         ] {
             check(isa, m, k, n);
@@ -207,17 +210,27 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
             b_op = Operand::strided(b_values.as_ptr(), stride as isize, 1);
         }
         let mut c = vec![f32::NAN; m * n];
+        // `finish` keeps the rows it is handed as they are then, which must
+        // be as they end: read through the product's start, as the
+        // runtime's epilogue passes read them.
+        let start = super::driver::C(c.as_mut_ptr());
         let finished = std::sync::Mutex::new(Vec::new());
-        let finish = |r0, r1| finished.lock().expect("unpoisoned").push((r0, r1));
+        let finish = |r0: usize, r1: usize| {
+            // SAFETY: rows r0..r1 of c are done, and no thread writes them
+            // again (`finish`'s contract).
+            let rows = unsafe { std::slice::from_raw_parts(start.at(r0 * n), (r1 - r0) * n) };
+            let rows: Vec<u32> = rows.iter().map(|x| x.to_bits()).collect();
+            finished.lock().expect("unpoisoned").push((r0, r1, rows));
+        };
         // SAFETY: `isa` is available; both operands index inside their
-        // vectors.
+        // vectors, and c holds m * n elements from its start.
         unsafe {
             core(
                 isa,
                 (m, n, k),
                 a_op,
                 b_op,
-                &mut c,
+                std::slice::from_raw_parts_mut(start.0, m * n),
                 threads,
                 epilogue,
                 &finish,
@@ -227,12 +240,14 @@ fn check(isa: Isa, m: usize, k: usize, n: usize) {
             "{} {m}x{k}x{n} threads {threads} pad {pad} bias per row {rows:?} relu {relu} cap {cap:?}",
             isa.name()
         );
-        // `finish` saw a partition of the rows.
+        // `finish` saw a partition of the rows, each as it ended.
         let mut finished = finished.into_inner().expect("unpoisoned");
         finished.sort_unstable();
         let mut next = 0;
-        for (r0, r1) in finished {
+        for (r0, r1, rows) in finished {
             assert_eq!(r0, next, "{what}: rows finished");
+            let now: Vec<u32> = c[r0 * n..r1 * n].iter().map(|x| x.to_bits()).collect();
+            assert!(rows == now, "{what}: rows {r0}..{r1} finished early");
             next = r1;
         }
         assert_eq!(next, m, "{what}: rows finished");
