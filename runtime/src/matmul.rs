@@ -170,17 +170,20 @@ pub enum Source {
 }
 
 impl PlanOperand {
-    /// The view of a written operand over what its prologue wrote, in the
-    /// operand's shape; `None` for an input.
-    pub fn written_view(&self) -> Option<View> {
-        let Source::Written { transposed, .. } = &self.source else {
-            return None;
-        };
-        Some(match transposed {
-            true => View::contiguous(&swapped_shape(&self.shape))
+    /// The view the product reads the operand through, in the operand's
+    /// shape: an input's own, or a written operand's over what its
+    /// prologue wrote.
+    pub fn view(&self) -> View {
+        match &self.source {
+            Source::Input { view, .. } => view.clone(),
+            Source::Written {
+                transposed: true, ..
+            } => View::contiguous(&swapped_shape(&self.shape))
                 .permute(&swapped_axes(self.shape.rank())),
-            false => View::contiguous(&self.shape),
-        })
+            Source::Written {
+                transposed: false, ..
+            } => View::contiguous(&self.shape),
+        }
     }
 }
 

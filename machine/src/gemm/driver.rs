@@ -3,35 +3,31 @@
 //!
 //! For each block of at most `KC` along k (blocks of even depth), B's block
 //! is packed into `NR`-column panels (or, for products with few rows, read
-//! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
-//! panels (or, when they are contiguous and spread over the cache's sets,
-//! read in place). bf16 operands (`Element`) are always packed, widened to
-//! f32 as they are. Threads share a product by rows (`by_rows`: each takes
-//! blocks of rows and walks every panel of B, all of which it packs for
-//! itself) or by panels (`by_panels`: A packed by all threads together
-//! first, then each packs its own panels of B and walks every block of rows
-//! over them, with no barrier between depth blocks). A task walks its
-//! panels of B in groups of `NC_PANELS` (a group stays in L2): each panel
-//! of A passes over every panel of the group, so it is read from the
-//! nearest caches while B's panels stream past it, prefetched a few steps
-//! ahead of use by the micro-kernel (faster than without: measured in
-//! `benches/RESULTS-cpu.md`).
-//! In the last depth block each tile applies the caller's `RawFused` epilogue (a
-//! bias, ReLU) in registers as it stores, and each block of rows of C is
-//! handed to the caller's `finish` as soon as that block is done, on the
-//! (last) thread that computed it.
+//! where it lies), and A's rows into `MR`-row panels, a block of at most
+//! `MC` rows at a time or all at once (or, when they are contiguous and
+//! spread over the cache's sets, read in place). bf16 operands (`Element`)
+//! are always packed, widened to f32 as they are. Threads share a product
+//! by rows or by panels (`share`). A task walks its panels of B in groups
+//! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
+//! panel of the group, so it is read from the nearest caches while B's
+//! panels stream past it, prefetched a few steps ahead of use by the
+//! micro-kernel (faster than without: measured in
+//! `benches/RESULTS-cpu.md`). In the last depth block each tile applies the
+//! caller's `RawFused` epilogue (a bias, ReLU) in registers as it stores,
+//! and each block of rows of C is handed to the caller's `finish` as soon
+//! as that block is done, on the (last) thread that computed it.
 //!
-//! `unsafe` here is the reads of B in place and the calls of the packing
-//! and of the micro-kernels, whose contracts the loop nest keeps.
+//! `unsafe` here is the calls of the micro-kernels, of the reads of A in
+//! place and of the sharing strategies, whose contracts the loop nest
+//! keeps.
 
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-use super::panel::{InPlace, Packed, PanelA, in_place_rows, pack_a, pack_panels, packed_before};
+use super::panel::{InPlace, Packed, PanelA};
+use super::share::{by_panels, by_rows};
 use super::tuning::Tuning;
 use super::{Element, Operand, RawFused};
-use crate::{Isa, team};
+use crate::Isa;
 
 /// One ISA's micro-kernel, an `MR x NR` tile of C held in registers over a
 /// depth block, and the blocking sized for its registers and caches.
@@ -210,14 +206,14 @@ pub(super) unsafe fn on_core<T: Element>(
 
 /// What every task of a product reads, and where it writes: A where it
 /// lies too, if it is read there.
-struct Product<'a, T> {
-    a: Operand<T>,
-    a_in_place: Option<Operand>,
-    b: Right<'a, T>,
-    n: usize,
-    k: usize,
-    c: C,
-    epilogue: RawFused,
+pub(super) struct Product<'a, T> {
+    pub(super) a: Operand<T>,
+    pub(super) a_in_place: Option<Operand>,
+    pub(super) b: Right<'a, T>,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) c: C,
+    pub(super) epilogue: RawFused,
 }
 
 /// The product's first element: tasks write disjoint tiles of it.
@@ -236,333 +232,6 @@ impl C {
     }
 }
 
-/// The product with the rows of C cut into blocks shared between threads,
-/// each walking every panel of B. Each thread packs B's depth blocks for
-/// itself, at the first block of rows it takes in each parallel region
-/// (one per depth block, or one for all where B is read in place).
-/// (Packed once for all threads, the panels that one thread had packed
-/// came to the other from its cache or through L3, and threads waited for
-/// each other's runs of panels. Packed per thread, 784x250x256 with A
-/// stored transposed took less time, and no product measured took
-/// longer: `benches/RESULTS-cpu.md`.)
-///
-/// # Safety
-/// The contract of `sgemm`, and no one else touches C meanwhile.
-unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
-    product: &Product<'_, T>,
-    m: usize,
-    blocks_of_k: &[(usize, usize)],
-    in_place: Option<Operand>,
-    threads: usize,
-    finish: &(dyn Fn(usize, usize) + Sync),
-) {
-    let (b, n) = (product.b, product.n);
-    let panels = n.div_ceil(NR);
-    // Panels `..first_packed` are read where they lie: all of them packed
-    // before, else where B is read in place all but its ragged last panel,
-    // which is packed all the same (reading its NR columns would pass the
-    // end of B's row).
-    let first_packed = match (b, in_place) {
-        (Right::Packed(_), _) => panels,
-        (Right::Lies(_), Some(_)) => n / NR,
-        (Right::Lies(_), None) => 0,
-    };
-    // Depth blocks in groups that run as one parallel region, each task
-    // walking its rows through all of them. Read in place or packed
-    // before, B's panels pack little or nothing, and one group saves a
-    // dispatch per block; packed as the product goes, each block is its own
-    // group, so that its panels stay in cache for every row block.
-    let groups: Vec<&[(usize, usize)]> = if in_place.is_some() || first_packed > 0 {
-        vec![blocks_of_k]
-    } else {
-        blocks_of_k.chunks(1).collect()
-    };
-    let packed_width = (panels - first_packed) * NR;
-    let bounds = row_blocks::<MR, NR, K>(m, threads);
-    let last_group = groups.len() - 1;
-    for (g, group) in groups.into_iter().enumerate() {
-        let k_first = group[0].0;
-        let k_end = group.last().map_or(k_first, |&(k0, kc)| k0 + kc);
-        // Where packed panel `p` of the depth block from `k0`, `kc` deep,
-        // starts: depth block after depth block, panel after panel.
-        let packed_at = |k0: usize, kc: usize, p: usize| {
-            packed_width * (k0 - k_first) + (p - first_packed) * NR * kc
-        };
-        // This group's parallel region, told apart from every other: a
-        // thread's packed panels are this region's when tagged with it.
-        let region = REGIONS.fetch_add(1, Ordering::Relaxed);
-        // (`b` is taken whole, by reference: its pointer alone is not
-        // `Sync`.)
-        let b = &b;
-        let block = |&(r0, r1): &(usize, usize)| {
-            // The thread's packed panels (and below, rows of A), taken for
-            // the task and put back before `finish`: a product that
-            // `finish` starts packs them again, tagged with its own region,
-            // so that this region's next task on this thread packs them
-            // again too.
-            let mut packed_b = PACKED_B.take();
-            let packed = aligned(&mut packed_b.buffer, packed_width * (k_end - k_first));
-            if let Right::Lies(b) = *b
-                && packed_b.region != Some(region)
-            {
-                for &(k0, kc) in group {
-                    let at = packed_at(k0, kc, first_packed);
-                    let out = &mut packed[at..at + packed_width * kc];
-                    // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
-                    // are inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_panels::<NR, T>(b, (k0, kc), first_packed..panels, n, out) };
-                }
-                packed_b.region = Some(region);
-            }
-            let packed = &*packed;
-            let mut packed_a_buffer = PACKED_A.take();
-            for (d, &(k0, kc)) in group.iter().enumerate() {
-                // Panel `p` of this depth block: its rows and their
-                // distance.
-                let panel = |p: usize| -> (&[f32], usize) {
-                    match (*b, in_place) {
-                        (Right::Packed(all), _) => packed_before::<NR>(all, product.k, (k0, kc), p),
-                        // SAFETY: `p < n / NR`, and B read in place (the
-                        // contract of `sgemm`).
-                        (Right::Lies(_), Some(b)) if p < first_packed => unsafe {
-                            in_place_rows::<NR>(b, (k0, kc), p)
-                        },
-                        (Right::Lies(_), _) => {
-                            let at = packed_at(k0, kc, p);
-                            (&packed[at..at + NR * kc], NR)
-                        }
-                    }
-                };
-                let last = g == last_group && d + 1 == group.len();
-                let len = match product.a_in_place {
-                    Some(_) => 0,
-                    None => (r1 - r0).div_ceil(MR) * MR * kc,
-                };
-                let packed_a = aligned(&mut packed_a_buffer, len);
-                if product.a_in_place.is_none() {
-                    // SAFETY: rows `r0..r1` and columns `k0..k0 + kc` of a
-                    // are inside its buffer (the contract of `sgemm`).
-                    unsafe { pack_a::<MR, T>(product.a, r0, r1 - r0, k0, kc, packed_a) };
-                }
-                // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
-                // this task's alone.
-                unsafe {
-                    block::<MR, NR, K, T>(
-                        product,
-                        r0..r1,
-                        (k0, kc, last),
-                        (0..panels, panel),
-                        (packed_a, MR * kc),
-                    )
-                };
-            }
-            PACKED_A.set(packed_a_buffer);
-            PACKED_B.set(packed_b);
-            if g == last_group {
-                finish(r0, r1);
-            }
-        };
-        if threads > 1 {
-            team::for_each(bounds.len(), &|i| block(&bounds[i]));
-        } else {
-            bounds.iter().for_each(block);
-        }
-    }
-}
-
-/// `by_rows`' blocks of rows. Where the rows make one block of at most MC
-/// per thread, a thread's time is its block's, so they are cut evenly at
-/// multiples of the kernel's row unit, and the last tile of a block runs
-/// the kernel of its height: with 12-row tiles and a unit of 4, 64 rows are
-/// 2 x (12 + 12 + 8), not 36 + 28 with a 12-row kernel on the 4 left.
-/// Else blocks of at most MC rows, taken in turns (`largest_first`).
-fn row_blocks<const MR: usize, const NR: usize, K: Kernel<MR, NR>>(
-    m: usize,
-    threads: usize,
-) -> Vec<(usize, usize)> {
-    let tiles = m.div_ceil(MR);
-    let blocks = (threads * tiles.div_ceil(threads * (K::TUNING.mc / MR))).min(tiles);
-    if blocks > threads {
-        return largest_first::<MR>(m, blocks);
-    }
-    let units = m.div_ceil(K::ROW_UNIT);
-    (0..blocks)
-        .map(|i| {
-            let row = |i: usize| (i * units / blocks * K::ROW_UNIT).min(m);
-            (row(i), row(i + 1))
-        })
-        .collect()
-}
-
-/// Rows `0..m` in `blocks` blocks of whole tiles of `MR` rows, the larger
-/// ones (by a tile) first: threads that take blocks in turns then end
-/// within a tile of each other. (Taken in the rows' order, 784x250x256's
-/// blocks of 6 and 7 tiles could leave one thread two tiles more than the
-/// other, a sixteenth of the product's time on two threads.)
-fn largest_first<const MR: usize>(m: usize, blocks: usize) -> Vec<(usize, usize)> {
-    let tiles = m.div_ceil(MR);
-    let (size, larger) = (tiles / blocks, tiles % blocks);
-    let mut first = 0;
-    (0..blocks)
-        .map(|i| {
-            let start = first;
-            first += size + usize::from(i < larger);
-            (start * MR, (first * MR).min(m))
-        })
-        .collect()
-}
-
-/// The product with the panels of B shared between threads, each packing
-/// its own panels a run at a time, depth block by depth block, and walking
-/// every block of rows of A (packed once for all, `packed_for_all`) over
-/// them: each thread reads a part of B only, and no thread waits for
-/// another but for A's packing (a block of rows is finished by the last
-/// thread to pass it).
-///
-/// # Safety
-/// The contract of `sgemm`, and no one else touches C meanwhile.
-unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
-    product: &Product<'_, T>,
-    m: usize,
-    blocks_of_k: &[(usize, usize)],
-    threads: usize,
-    finish: &(dyn Fn(usize, usize) + Sync),
-) {
-    let (b, n) = (product.b, product.n);
-    let panels = n.div_ceil(NR);
-    let ranges: Vec<std::ops::Range<usize>> = (0..threads)
-        .map(|i| i * panels / threads..(i + 1) * panels / threads)
-        .collect();
-    // Blocks of at most MC rows, tiles shared evenly between them, and at
-    // least one per thread (where there are the tiles), so that threads
-    // finish blocks in turns to the end.
-    let tiles = m.div_ceil(MR);
-    let blocks = tiles.div_ceil(K::TUNING.mc / MR).max(threads.min(tiles));
-    let bounds: Vec<(usize, usize)> = (0..blocks)
-        .map(|i| {
-            let row = |i: usize| (i * tiles / blocks * MR).min(m);
-            (row(i), row(i + 1))
-        })
-        .collect();
-    // A block of rows is done when every range has passed it in its last
-    // pass (its last run's last depth block): the last task to get there
-    // runs `finish` over it (after the others' writes, which its increment
-    // acquires).
-    let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
-    let last_depth = blocks_of_k.len() - 1;
-    // The caller's buffer holds A packed, taken for the call: a product
-    // that `finish` starts makes its own.
-    let k = product.k;
-    let mut packed_a_buffer = PACKED_A.take();
-    // SAFETY: the contract of `sgemm`.
-    let packed_a = unsafe { packed_for_all::<MR, T>(product, m, &mut packed_a_buffer) };
-    // Depth block `k0..` of the panels from row `r0` on.
-    let rows_of_a = |r0: usize, k0: usize| match product.a_in_place {
-        Some(_) => &[][..],
-        None => &packed_a[r0 * k + k0 * MR..],
-    };
-    team::for_each(threads, &|t| {
-        let range = ranges[t].clone();
-        // The buffer is taken for the task, so that a product started by
-        // `finish` makes its own.
-        let mut packed_b_buffer = PACKED_B.take().buffer;
-        // Passes over the blocks of rows so far: every other one walks
-        // them backwards. In the last pass threads then pass a block last
-        // in turns, so that each finishes about its share of
-        // them (walked all the same way, a thread a little behind the
-        // other finished every block, and 784x250x256 with bias and relu
-        // took longer: `benches/RESULTS-cpu.md`), and a pass starts on the
-        // rows of C the last one ended on, still in cache.
-        let mut passes = t;
-        // The range's panels a run at a time (`RUN_BYTES`), each run over
-        // every depth block, packed, then walked by every block of rows,
-        // so that the run and its columns of C stay in cache: packed whole
-        // for each depth block, 32x576x16384's panels and C ran from
-        // memory (`benches/RESULTS-cpu.md`).
-        let deepest = blocks_of_k[0].1;
-        let run = (RUN_BYTES / (NR * deepest * size_of::<f32>())).max(K::TUNING.nc_panels);
-        let runs = range.len().div_ceil(run);
-        for (r, first) in range.clone().step_by(run).enumerate() {
-            let panels = first..(first + run).min(range.end);
-            for (d, &(k0, kc)) in blocks_of_k.iter().enumerate() {
-                let packed: &[f32] = match b {
-                    Right::Lies(b) => {
-                        let packed = aligned(&mut packed_b_buffer, panels.len() * NR * kc);
-                        // SAFETY: rows `k0..k0 + kc` and columns `..n` of b
-                        // are inside its buffer (the contract of `sgemm`).
-                        unsafe { pack_panels::<NR, T>(b, (k0, kc), panels.clone(), n, packed) };
-                        packed
-                    }
-                    Right::Packed(_) => &[],
-                };
-                let panel = |p: usize| -> (&[f32], usize) {
-                    match b {
-                        Right::Lies(_) => {
-                            let at = (p - first) * NR * kc;
-                            (&packed[at..at + NR * kc], NR)
-                        }
-                        Right::Packed(all) => packed_before::<NR>(all, product.k, (k0, kc), p),
-                    }
-                };
-                let mut order: Vec<_> = bounds.iter().zip(&done).collect();
-                if passes % 2 == 1 {
-                    order.reverse();
-                }
-                passes += 1;
-                let last = d == last_depth && r + 1 == runs;
-                for (&(r0, r1), done) in order {
-                    // SAFETY: the contract of `sgemm`; columns of this
-                    // range's panels are this task's alone.
-                    unsafe {
-                        block::<MR, NR, K, T>(
-                            product,
-                            r0..r1,
-                            (k0, kc, d == last_depth),
-                            (panels.clone(), panel),
-                            (rows_of_a(r0, k0), MR * k),
-                        )
-                    };
-                    if last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
-                        finish(r0, r1);
-                    }
-                }
-            }
-        }
-        PACKED_B.set(PackedB {
-            region: None,
-            buffer: packed_b_buffer,
-        });
-    });
-    PACKED_A.set(packed_a_buffer);
-}
-
-/// A, where it is not read in place, packed into `buffer` by all threads
-/// together for `by_panels`, in which every thread reads it all: panels
-/// of MR rows, each k deep (a depth block's panel is then a part of it);
-/// else nothing. Packed by each thread for itself, it was packed `threads`
-/// times over, and a bf16 product took longer than an f32 one whose A is
-/// read in place (`benches/RESULTS-cpu.md`).
-///
-/// # Safety
-/// The contract of `sgemm` for `product`, of `m` rows.
-unsafe fn packed_for_all<'a, const MR: usize, T: Element>(
-    product: &Product<'_, T>,
-    m: usize,
-    buffer: &'a mut Vec<f32>,
-) -> &'a [f32] {
-    let k = product.k;
-    let packed = match product.a_in_place {
-        Some(_) => &mut [],
-        None => aligned(buffer, m.div_ceil(MR) * MR * k),
-    };
-    team::for_each_chunk(packed, MR * k, &|t, panel| {
-        // SAFETY: rows `t * MR..` (at most MR of them, up to m) and columns
-        // `..k` of a are inside its buffer (the contract of `sgemm`).
-        unsafe { pack_a::<MR, T>(product.a, t * MR, MR.min(m - t * MR), 0, k, panel) }
-    });
-    packed
-}
-
 /// Rows `rows` of C over one depth block `(k0, kc)`, the last one if
 /// `last` (whose tiles apply the epilogue), and panels `panels` of B (each
 /// `panel(p)`: its rows and their distance): each group of `NC_PANELS`
@@ -574,7 +243,7 @@ unsafe fn packed_for_all<'a, const MR: usize, T: Element>(
 /// # Safety
 /// The contract of `sgemm`, and no one else touches these rows and panels'
 /// columns of C meanwhile.
-unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
+pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Element>(
     product: &Product<'_, T>,
     rows: std::ops::Range<usize>,
     (k0, kc, last): (usize, usize, bool),
@@ -616,52 +285,6 @@ unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, NR>, T: Elem
             }
         }
     }
-}
-
-/// About the bytes of B's packed panels that `by_panels` walks every block
-/// of rows over at a time, over every depth block: twice a Zen 3 core's
-/// L2, far below its L3. Runs of 256 KiB packed a row-major B's rows a few
-/// lines at a time, and 64x1152x4096 took longer than with the range
-/// packed whole (`benches/RESULTS-cpu.md`).
-const RUN_BYTES: usize = 1 << 20;
-
-/// The parallel regions of `by_rows` so far.
-static REGIONS: AtomicU64 = AtomicU64::new(0);
-
-/// A thread's packed panels of B, and the region of `by_rows` they were
-/// packed for, if any (`by_panels` packs them afresh for each run and depth block).
-#[derive(Default)]
-struct PackedB {
-    region: Option<u64>,
-    buffer: Vec<f32>,
-}
-
-thread_local! {
-    /// Each thread's packed rows of A, kept from call to call: packing
-    /// writes every element the microkernel reads, so reuse needs no
-    /// clearing. Taken by a task while it runs, as `PACKED_B` is: a
-    /// product started by `finish` then makes its own.
-    static PACKED_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// Each thread's packed panels of B, kept from call to call as
-    /// `PACKED_A` is: a fresh zeroed buffer cost 256³ a tenth of its time.
-    static PACKED_B: std::cell::Cell<PackedB> = const {
-        std::cell::Cell::new(PackedB {
-            region: None,
-            buffer: Vec::new(),
-        })
-    };
-}
-
-/// `len` elements of `buffer` (grown as needed) from a 64-byte boundary:
-/// a row of a packed panel then never straddles two cache lines (a large
-/// allocation starts 16 bytes past a page boundary).
-fn aligned(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    const LINE: usize = 64 / size_of::<f32>();
-    if buffer.len() < len + LINE {
-        buffer.resize(len + LINE, 0.0);
-    }
-    let skip = buffer.as_ptr().align_offset(64).min(LINE);
-    &mut buffer[skip..skip + len]
 }
 
 /// Whether a core of `MR x NR` tiles reads `a` where it lies (rather than

@@ -11,8 +11,8 @@
 //! enough independent chains to keep the FMA units busy. One row takes a
 //! column at a time in 4 accumulators: read as one stream, its columns
 //! took less time than 8 at once (`benches/RESULTS-cpu.md`). Where `b`'s rows
-//! lie contiguous, each row of `b`, scaled by its element of each row of
-//! `a`, is added into the outputs. Threads take stretches of columns.
+//! lie contiguous, for one row of `a`, groups of columns are summed down
+//! the depth in vector lanes (`rows`). Threads take stretches of columns.
 //!
 //! `unsafe` here is the reads through the caller's strides and pointers.
 
@@ -46,8 +46,8 @@ const FEW_ROWS_WORK: usize = 1 << 15;
 /// Whether `gemv` takes a product of `m` rows of `a` and `n` columns of
 /// `b` over `k`: at most `FEW` rows, at least `ONE_ROW_WORK` or
 /// `FEW_ROWS_WORK` elements of `b`, read without tables, `b`'s columns
-/// contiguous, or for one row its rows (whose loop, in plain code, is
-/// measured for one row only).
+/// contiguous, or for one row its rows (`rows`, measured for one row
+/// only).
 pub(super) fn takes<T>((m, n, k): (usize, usize, usize), a: Operand<T>, b: Operand<T>) -> bool {
     let work = match m {
         1 => ONE_ROW_WORK,
@@ -210,7 +210,7 @@ type Columns<T> = unsafe fn(&[f32], (usize, usize), Operand<T>, usize, &mut [f32
 /// `y = x b` for one row `x` and `y.len()` columns of b whose rows are
 /// contiguous, the first row at the pointer, each the stride after the one
 /// before: the columns in groups of 8 vectors (8 sums, enough FMAs in
-/// flight, and two cache lines of each bf16 row), each summed down the
+/// flight, and two cache lines of each bf16 row in 8 lanes), each summed down the
 /// depth, then of one vector (the last ending at the last column, over
 /// columns of the group before, which it sums the same way). Fewer columns
 /// than a vector are summed one by one. (In plain code, as the compiler
@@ -255,9 +255,10 @@ unsafe fn rows<L: Lanes, T: Load>(x: &[f32], b: (*const T, isize), y: &mut [f32]
 /// inside a live buffer.
 #[inline(always)]
 unsafe fn row_step<L: Lanes, T: Load, const C: usize>(s: &mut [L::V; C], x: f32, row: *const T) {
-    // SAFETY (each intrinsic and load): the contract of this function.
+    // SAFETY: the contract of this function.
     let a = unsafe { L::splat(x) };
     for (c, s) in s.iter_mut().enumerate() {
+        // SAFETY: vector c of the row (the contract of this function).
         *s = unsafe { L::fma(a, T::lanes::<L>(row.add(c * L::LANES)), *s) };
     }
 }
@@ -290,13 +291,13 @@ unsafe fn row_sums<L: Lanes, T: Load, const C: usize>(
 
 /// Every dot product of `x`'s `m` rows of `k` with `y.len() / m` columns
 /// of `k` adjacent elements, the first at the pointer, each the stride
-/// after the one before, into `y` (row-major), in `L`'s lanes, over blocks of `BLOCK` columns: in each, the
-/// rows in groups of 4 (the last group 1 to 4), each group's columns in
-/// tiles of 4 columns for two rows and 3 for three or four (at least 8
-/// sums each, so 8 FMAs are in flight, and no more than AVX2's 16
-/// registers hold), one column for one row and for the last columns, in 4
-/// accumulators each. The second group of rows reads the block's columns
-/// from the cache.
+/// after the one before, into `y` (row-major), in `L`'s lanes, over blocks
+/// of `BLOCK` columns: in each, the rows in groups of 4 (the last group 1
+/// to 4), each group's columns in tiles of 4 columns for two rows and 3 for
+/// three or four (at least 8 sums each, so 8 FMAs are in flight, and no
+/// more than AVX2's 16 registers hold), one column for one row and for the
+/// last columns, in 4 accumulators each. The second group of rows reads
+/// the block's columns from the cache.
 ///
 /// # Safety
 /// `L`'s instructions run on this CPU; the columns lie inside a live

@@ -51,6 +51,8 @@ mod packed;
 #[cfg(target_arch = "x86_64")]
 mod panel;
 mod safe;
+#[cfg(target_arch = "x86_64")]
+mod share;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;
 mod tuning;

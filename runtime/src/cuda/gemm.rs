@@ -34,16 +34,14 @@ pub fn matmul(kernel: &Kernel, fused: bool) -> Result<MatMul, Error> {
     let plan = plan(kernel, Target::cuda(fused))?;
     let mut prologues = Vec::new();
     let mut operand = |o: &crate::matmul::PlanOperand| -> Result<GemmOperand, Error> {
-        let (source, view) = match &o.source {
-            Source::Input { input, view } => (OperandSource::Input(*input), view.clone()),
+        let source = match &o.source {
+            Source::Input { input, .. } => OperandSource::Input(*input),
             Source::Written { prologue, at, .. } => {
                 prologues.push(codegen::kernel(prologue)?);
-                let view = o
-                    .written_view()
-                    .ok_or_else(|| crate::codegen(crate::label(kernel), "no written view"))?;
-                (OperandSource::Scratch(*at), view)
+                OperandSource::Scratch(*at)
             }
         };
+        let view = o.view();
         let s = blas(&view).ok_or_else(|| {
             crate::codegen(
                 crate::label(kernel),

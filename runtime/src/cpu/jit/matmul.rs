@@ -64,11 +64,14 @@ impl CompiledKernel {
     /// and the view it reads through, which tell two launches that read the
     /// same matrix of a value.
     pub(crate) fn constant_b(&self, input: usize) -> Option<(Shape, View)> {
-        let b = &self.matmul.as_ref()?.plan.b;
+        let matmul = self.matmul.as_ref()?;
+        let b = &matmul.plan.b;
         match &b.source {
             Source::Input { input: i, view } if *i as usize == input && b.dtype == DType::F32 => {
-                let layout = Strided::new(view, &b.shape).ok()?;
-                let one = layout.batch.iter().all(|&(_, stride)| stride == 0);
+                let one = matmul.layouts[1]
+                    .batch
+                    .iter()
+                    .all(|&(_, stride)| stride == 0);
                 one.then(|| (b.shape.clone(), view.clone()))
             }
             _ => None,
@@ -394,17 +397,12 @@ pub(super) struct Strided {
 }
 
 impl Strided {
-    /// A matmul operand's layout, through the view it is read by where it
-    /// lies, or the one its prologue writes it in. Worked out once, when
+    /// A matmul operand's layout (`PlanOperand::view`). Worked out once, when
     /// the kernel is compiled: a table's offsets built at every launch
     /// were a few percent of a convolution's time, on one thread while the
     /// others waited.
     pub(super) fn of(operand: &PlanOperand) -> Result<Strided, String> {
-        match (&operand.source, operand.written_view()) {
-            (Source::Input { view, .. }, _) => Strided::new(view, &operand.shape),
-            (Source::Written { .. }, Some(view)) => Strided::new(&view, &operand.shape),
-            (Source::Written { .. }, None) => Err("a written operand without a view".into()),
-        }
+        Strided::new(&operand.view(), &operand.shape)
     }
 
     /// The operand of `shape` that `view` presents in row-major order: the
