@@ -146,12 +146,12 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>, 
             && (n as isize..=K::TUNING.in_place_rows as isize).contains(&b.rows)
             && m <= K::TUNING.mc
     });
-    // Sharing B's panels, every thread reads all of A (packed once, where
-    // it is not read in place), and the threads' shares are whole panels;
-    // sharing rows, every thread packs all of B, and the shares are whole
-    // tiles. Panels are shared where A costs little to read again (read in
-    // place, at most MC rows, or fewer rows than B has columns: A is then
-    // the smaller operand to read on every thread) and they split about as
+    // Sharing B's panels, every thread packs all of A that it does not
+    // read in place, and the threads' shares are whole panels; sharing
+    // rows, every thread packs all of B, and the shares are whole tiles.
+    // Panels are shared where A costs little to pack again (read in place,
+    // at most MC rows, or fewer rows than B has columns: A is then the
+    // smaller operand to pack on every thread) and they split about as
     // evenly as tiles (within 1/32 of the product: 49 panels on two
     // threads). By panels, the AVX-512 core took less time at 250x784x256
     // and 256³, the AVX2 core at 250x256x784 with B stored transposed, and

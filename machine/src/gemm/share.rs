@@ -1,8 +1,8 @@
 //! How threads share a product on kiln's GEMM cores (`driver::sgemm`
 //! chooses): by rows (`by_rows`: each takes blocks of rows and walks every
 //! panel of B, all of which it packs for itself) or by panels (`by_panels`:
-//! A packed by all threads together first, then each packs its own panels
-//! of B a run at a time and walks every block of rows over them, with no
+//! each packs its own panels of B a run at a time and walks every block of
+//! rows over them, packing the rows of A it does not read in place, with no
 //! barrier between depth blocks), and the packed operands each thread
 //! keeps from call to call.
 //!
@@ -204,10 +204,12 @@ fn even_blocks<const MR: usize>(m: usize, mc: usize, threads: usize) -> Vec<(usi
 
 /// The product with the panels of B shared between threads, each packing
 /// its own panels a run at a time, depth block by depth block, and walking
-/// every block of rows of A (packed once for all, `packed_for_all`) over
-/// them: each thread reads a part of B only, and no thread waits for
-/// another but for A's packing (a block of rows is finished by the last
-/// thread to pass it).
+/// every block of rows of A over them (each packing the rows it does not
+/// read in place): each thread reads a part of B only, and no thread waits
+/// for another (a block of rows is finished by the last thread to pass
+/// it). (A packed once by all threads together, each thread read all of
+/// it from L3, where packing its rows left them in L2: bf16 250x784x256
+/// took longer, `benches/RESULTS-cpu.md`.)
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches C meanwhile.
@@ -233,30 +235,12 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
     // acquires).
     let done: Vec<AtomicUsize> = bounds.iter().map(|_| AtomicUsize::new(0)).collect();
     let last_depth = blocks_of_k.len() - 1;
-    // The caller's buffer holds A packed, taken for the call: a product
-    // that `finish` starts makes its own.
-    let k = product.k;
-    let mut packed_a_buffer = PACKED_A.take();
-    // SAFETY: the contract of `sgemm`.
-    let packed_a = unsafe { packed_for_all::<MR, T>(product, m, threads, &mut packed_a_buffer) };
-    // Depth block `k0..` of the panels from row `r0` on.
-    let rows_of_a = |r0: usize, k0: usize| match product.a_in_place {
-        Some(_) => &[][..],
-        None => &packed_a[r0 * k + k0 * MR..],
-    };
     team::for_each(threads, &|t| {
         let range = ranges[t].clone();
-        // The buffer is taken for the task, so that a product started by
-        // `finish` makes its own.
+        // Both buffers are taken for the task, so that a product started
+        // by `finish` makes its own.
         let mut packed_b_buffer = PACKED_B.take().buffer;
-        // Passes over the blocks of rows: every other one walks them
-        // backwards, counted from the last, which walks them forwards on
-        // every other thread. In the last pass threads then pass a block
-        // last in turns, so that each finishes about its share of
-        // them (walked all the same way, a thread a little behind the
-        // other finished every block, and 784x250x256 with bias and relu
-        // took longer: `benches/RESULTS-cpu.md`), and a pass starts on the
-        // rows of C the last one ended on, still in cache.
+        let mut packed_a_buffer = PACKED_A.take();
         // The range's panels a run at a time (`RUN_BYTES`), each run over
         // every depth block, packed, then walked by every block of rows,
         // so that the run and its columns of C stay in cache: packed whole
@@ -267,6 +251,14 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
             .max(1)
             .next_multiple_of(K::TUNING.nc_panels);
         let runs = range.len().div_ceil(run);
+        // Passes over the blocks of rows: every other one walks them
+        // backwards, counted from the last, which walks them forwards on
+        // every other thread. In the last pass threads then pass a block
+        // last in turns, so that each finishes about its share of
+        // them (walked all the same way, a thread a little behind the
+        // other finished every block, and 784x250x256 with bias and relu
+        // took longer: `benches/RESULTS-cpu.md`), and a pass starts on the
+        // rows of C the last one ended on, still in cache.
         let mut passes_left = runs * blocks_of_k.len();
         for (r, first) in range.clone().step_by(run).enumerate() {
             let panels = first..(first + run).min(range.end);
@@ -297,15 +289,18 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
                 }
                 let last = d == last_depth && r + 1 == runs;
                 for (&(r0, r1), done) in order {
-                    // SAFETY: the contract of `sgemm`; columns of this
-                    // range's panels are this task's alone.
+                    // SAFETY (both): the contract of `sgemm`; columns of
+                    // this range's panels are this task's alone.
+                    let packed_a = unsafe {
+                        packed_rows::<MR, T>(product, r0..r1, (k0, kc), &mut packed_a_buffer)
+                    };
                     unsafe {
                         block::<MR, NR, K, T>(
                             product,
                             r0..r1,
                             (k0, kc, d == last_depth),
                             (panels.clone(), panel),
-                            (rows_of_a(r0, k0), MR * k),
+                            (packed_a, MR * kc),
                         )
                     };
                     if last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
@@ -314,14 +309,12 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
                 }
             }
         }
+        PACKED_A.set(packed_a_buffer);
         PACKED_B.set(PackedB {
             region: None,
             buffer: packed_b_buffer,
         });
     });
-    if packed_a_buffer.capacity() <= KEPT_A {
-        PACKED_A.set(packed_a_buffer);
-    }
 }
 
 /// Rows `rows` of A, columns `k0..k0 + kc`, packed into `buffer` as
@@ -345,48 +338,12 @@ unsafe fn packed_rows<'a, const MR: usize, T: Element>(
     packed
 }
 
-/// A, where it is not read in place, packed into `buffer` by `threads`
-/// threads together for `by_panels`, in which every thread reads it all:
-/// panels of MR rows, each k deep (a depth block's panel is then a part of
-/// it); else nothing. Packed by each thread for itself, it was packed
-/// `threads` times over, and a bf16 product took longer than an f32 one
-/// whose A is read in place (`benches/RESULTS-cpu.md`).
-///
-/// # Safety
-/// The contract of `sgemm` for `product`, of `m` rows.
-unsafe fn packed_for_all<'a, const MR: usize, T: Element>(
-    product: &Product<'_, T>,
-    m: usize,
-    threads: usize,
-    buffer: &'a mut Vec<f32>,
-) -> &'a [f32] {
-    let (k, tiles) = (product.k, m.div_ceil(MR));
-    if product.a_in_place.is_some() || tiles == 0 {
-        return &[];
-    }
-    let packed = aligned(buffer, tiles * MR * k);
-    // Each thread packs whole panels of MR rows.
-    let share = tiles.div_ceil(threads) * MR;
-    team::for_each_chunk(packed, share * k, &|i, panels| {
-        let r0 = i * share;
-        // SAFETY: rows `r0..` (up to m) and columns `..k` of a are inside
-        // its buffer (the contract of `sgemm`).
-        unsafe { pack_a::<MR, T>(product.a, r0, share.min(m - r0), 0, k, panels) }
-    });
-    packed
-}
-
 /// About the bytes of B's packed panels that `by_panels` walks every block
 /// of rows over at a time, over every depth block: twice a Zen 3 core's
 /// L2, far below its L3. Runs of 256 KiB packed a row-major B's rows a few
 /// lines at a time, and 64x1152x4096 took longer than with the range
 /// packed whole (`benches/RESULTS-cpu.md`).
 const RUN_BYTES: usize = 1 << 20;
-
-/// The most values of packed A a thread keeps for its next product: all of
-/// a large A, packed for `by_panels`, is let go (its product is large
-/// enough that allocating again costs little beside it).
-const KEPT_A: usize = 1 << 20;
 
 /// The parallel regions of `by_rows` so far.
 static REGIONS: AtomicU64 = AtomicU64::new(0);
@@ -400,12 +357,10 @@ struct PackedB {
 }
 
 thread_local! {
-    /// Each thread's packed rows of A (`by_rows`' block of rows, or all
-    /// of A where `by_panels`' caller packs it), kept from call to call up
-    /// to `KEPT_A` values: packing writes every element the microkernel
-    /// reads, so reuse needs no clearing. Taken by a task (or by
-    /// `by_panels`' caller) while it runs, as `PACKED_B` is: a product
-    /// started by `finish` then makes its own.
+    /// Each thread's packed rows of A, kept from call to call: packing
+    /// writes every element the microkernel reads, so reuse needs no
+    /// clearing. Taken by a task while it runs, as `PACKED_B` is: a
+    /// product started by `finish` then makes its own.
     static PACKED_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// Each thread's packed panels of B, kept from call to call as
     /// `PACKED_A` is: a fresh zeroed buffer cost 256³ a tenth of its time.
