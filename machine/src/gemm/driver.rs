@@ -3,9 +3,9 @@
 //!
 //! For each block of at most `KC` along k (blocks of even depth), B's block
 //! is packed into `NR`-column panels (or, for products with few rows, read
-//! where it lies), and A's rows into `MR`-row panels, a block of at most
-//! `MC` rows at a time or all at once (or, when they are contiguous and
-//! spread over the cache's sets, read in place). bf16 operands (`Element`)
+//! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
+//! panels (or, when they are contiguous and spread over the cache's sets,
+//! read in place). bf16 operands (`Element`)
 //! are always packed, widened to f32 as they are. Threads share a product
 //! by rows or by panels (`share`). A task walks its panels of B in groups
 //! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
@@ -17,13 +17,13 @@
 //! and each block of rows of C is handed to the caller's `finish` as soon
 //! as that block is done, on the (last) thread that computed it.
 //!
-//! `unsafe` here is the calls of the micro-kernels, of the reads of A in
-//! place and of the sharing strategies, whose contracts the loop nest
-//! keeps.
+//! `unsafe` here is the calls of the packing, of the micro-kernels, of the
+//! reads of A in place and of the sharing strategies, whose contracts the
+//! loop nest keeps.
 
 #![allow(unsafe_code)]
 
-use super::panel::{InPlace, Packed, PanelA};
+use super::panel::{InPlace, Packed, PanelA, aligned, pack_a};
 use super::share::{by_panels, by_rows};
 use super::tuning::Tuning;
 use super::{Element, Operand, RawFused};
@@ -234,11 +234,9 @@ impl C {
 
 /// Rows `rows` of C over one depth block `(k0, kc)`, the last one if
 /// `last` (whose tiles apply the epilogue), and panels `panels` of B (each
-/// `panel(p)`: its rows and their distance): each group of `NC_PANELS`
-/// panels walked by every tile of rows, read in place or from `packed_a`
-/// (the tiles' panels of this depth block packed, `kc` columns of MR
-/// values each, the next `stride` values on; empty where A is read in
-/// place).
+/// `panel(p)`: its rows and their distance): A's rows packed into
+/// `packed_a` (or read in place), then each group of `NC_PANELS` panels
+/// walked by every tile of rows.
 ///
 /// # Safety
 /// The contract of `sgemm`, and no one else touches these rows and panels'
@@ -248,10 +246,21 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
     rows: std::ops::Range<usize>,
     (k0, kc, last): (usize, usize, bool),
     (panels, panel): (std::ops::Range<usize>, impl Fn(usize) -> (&'b [f32], usize)),
-    (packed_a, stride): (&[f32], usize),
+    packed_a: &mut Vec<f32>,
 ) {
-    let n = product.n;
+    let (a, n) = (product.a, product.n);
     let (r0, mr) = (rows.start, rows.len());
+    let len = match product.a_in_place {
+        Some(_) => 0,
+        None => mr.div_ceil(MR) * MR * kc,
+    };
+    let packed_a = aligned(packed_a, len);
+    if product.a_in_place.is_none() {
+        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
+        // inside its buffer (the contract of `sgemm`).
+        unsafe { pack_a::<MR, T>(a, r0, mr, k0, kc, packed_a) };
+    }
+    let (packed_a, _) = packed_a.as_chunks::<MR>();
     for p0 in panels.clone().step_by(K::TUNING.nc_panels) {
         for t in 0..mr.div_ceil(MR) {
             for p in p0..panels.end.min(p0 + K::TUNING.nc_panels) {
@@ -277,8 +286,7 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
                     // rows and columns here are this caller's alone.
                     unsafe { K::tile(a_rows, b_rows, b_stride, c, tile) };
                 } else {
-                    let (a_panel, _) = packed_a[t * stride..t * stride + MR * kc].as_chunks();
-                    let a_panel = Packed(a_panel);
+                    let a_panel = Packed(&packed_a[t * kc..(t + 1) * kc]);
                     // SAFETY: as above.
                     unsafe { K::tile(a_panel, b_rows, b_stride, c, tile) };
                 }

@@ -239,6 +239,18 @@ pub(super) unsafe fn pack_panels<const NR: usize, T: Element>(
 /// read at once, and as many written.
 const PACK_PANELS: usize = 8;
 
+/// `len` elements of `buffer` (grown as needed) from a 64-byte boundary:
+/// a row of a packed panel then never straddles two cache lines (a large
+/// allocation starts 16 bytes past a page boundary).
+pub(super) fn aligned(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    const LINE: usize = 64 / size_of::<f32>();
+    if buffer.len() < len + LINE {
+        buffer.resize(len + LINE, 0.0);
+    }
+    let skip = buffer.as_ptr().align_offset(64).min(LINE);
+    &mut buffer[skip..skip + len]
+}
+
 /// `pack_b` for an operand read through tables: each panel row by row,
 /// its `NR` columns copied as one run where their offsets are consecutive
 /// (a panel within one row of a convolution's output positions), else one

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::driver::{Kernel, Product, Right, block};
-use super::panel::{in_place_rows, pack_a, pack_panels, packed_before};
+use super::panel::{aligned, in_place_rows, pack_panels, packed_before};
 use super::{Element, Operand};
 use crate::team;
 
@@ -97,7 +97,7 @@ pub(super) unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>
                 packed_b.region = Some(region);
             }
             let packed = &*packed;
-            let mut packed_a_buffer = PACKED_A.take();
+            let mut packed_a = PACKED_A.take();
             for (d, &(k0, kc)) in group.iter().enumerate() {
                 // Panel `p` of this depth block: its rows and their
                 // distance.
@@ -116,22 +116,19 @@ pub(super) unsafe fn by_rows<const MR: usize, const NR: usize, K: Kernel<MR, NR>
                     }
                 };
                 let last = g == last_group && d + 1 == group.len();
-                // SAFETY (both): the contract of `sgemm`; rows `r0..r1` of
-                // C are this task's alone.
-                let packed_a = unsafe {
-                    packed_rows::<MR, T>(product, r0..r1, (k0, kc), &mut packed_a_buffer)
-                };
+                // SAFETY: the contract of `sgemm`; rows `r0..r1` of C are
+                // this task's alone.
                 unsafe {
                     block::<MR, NR, K, T>(
                         product,
                         r0..r1,
                         (k0, kc, last),
                         (0..panels, panel),
-                        (packed_a, MR * kc),
+                        &mut packed_a,
                     )
                 };
             }
-            PACKED_A.set(packed_a_buffer);
+            PACKED_A.set(packed_a);
             PACKED_B.set(packed_b);
             if g == last_group {
                 finish(r0, r1);
@@ -240,7 +237,7 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
         // Both buffers are taken for the task, so that a product started
         // by `finish` makes its own.
         let mut packed_b_buffer = PACKED_B.take().buffer;
-        let mut packed_a_buffer = PACKED_A.take();
+        let mut packed_a = PACKED_A.take();
         // The range's panels a run at a time (`RUN_BYTES`), each run over
         // every depth block, packed, then walked by every block of rows,
         // so that the run and its columns of C stay in cache: packed whole
@@ -289,18 +286,15 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
                 }
                 let last = d == last_depth && r + 1 == runs;
                 for (&(r0, r1), done) in order {
-                    // SAFETY (both): the contract of `sgemm`; columns of
-                    // this range's panels are this task's alone.
-                    let packed_a = unsafe {
-                        packed_rows::<MR, T>(product, r0..r1, (k0, kc), &mut packed_a_buffer)
-                    };
+                    // SAFETY: the contract of `sgemm`; columns of this
+                    // range's panels are this task's alone.
                     unsafe {
                         block::<MR, NR, K, T>(
                             product,
                             r0..r1,
                             (k0, kc, d == last_depth),
                             (panels.clone(), panel),
-                            (packed_a, MR * kc),
+                            &mut packed_a,
                         )
                     };
                     if last && done.fetch_add(1, Ordering::AcqRel) + 1 == threads {
@@ -309,33 +303,12 @@ pub(super) unsafe fn by_panels<const MR: usize, const NR: usize, K: Kernel<MR, N
                 }
             }
         }
-        PACKED_A.set(packed_a_buffer);
+        PACKED_A.set(packed_a);
         PACKED_B.set(PackedB {
             region: None,
             buffer: packed_b_buffer,
         });
     });
-}
-
-/// Rows `rows` of A, columns `k0..k0 + kc`, packed into `buffer` as
-/// `MR`-row panels (`pack_a`), where A is not read in place; else nothing.
-///
-/// # Safety
-/// The contract of `sgemm` for `product`; the rows and columns are A's.
-unsafe fn packed_rows<'a, const MR: usize, T: Element>(
-    product: &Product<'_, T>,
-    rows: std::ops::Range<usize>,
-    (k0, kc): (usize, usize),
-    buffer: &'a mut Vec<f32>,
-) -> &'a [f32] {
-    if product.a_in_place.is_some() {
-        return &[];
-    }
-    let packed = aligned(buffer, rows.len().div_ceil(MR) * MR * kc);
-    // SAFETY: rows `rows` and columns `k0..k0 + kc` of a are inside its
-    // buffer (the contract of this function).
-    unsafe { pack_a::<MR, T>(product.a, rows.start, rows.len(), k0, kc, packed) };
-    packed
 }
 
 /// About the bytes of B's packed panels that `by_panels` walks every block
@@ -370,16 +343,4 @@ thread_local! {
             buffer: Vec::new(),
         })
     };
-}
-
-/// `len` elements of `buffer` (grown as needed) from a 64-byte boundary:
-/// a row of a packed panel then never straddles two cache lines (a large
-/// allocation starts 16 bytes past a page boundary).
-fn aligned(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    const LINE: usize = 64 / size_of::<f32>();
-    if buffer.len() < len + LINE {
-        buffer.resize(len + LINE, 0.0);
-    }
-    let skip = buffer.as_ptr().align_offset(64).min(LINE);
-    &mut buffer[skip..skip + len]
 }
