@@ -160,7 +160,7 @@ impl crate::Executable for Executable {
             self.packed[l] = match done.iter().find(|(k, _)| *k == key) {
                 Some((_, packed)) => packed.clone(),
                 None => {
-                    let packed = kernel.pack_b(&key, value)?.map(Arc::new);
+                    let packed = kernel.pack_b(value)?.map(Arc::new);
                     done.push((key, packed.clone()));
                     packed
                 }

@@ -78,19 +78,17 @@ impl CompiledKernel {
         }
     }
 
-    /// `constant_b`'s operand packed from `value`, where this process's
-    /// path packs it.
-    pub(crate) fn pack_b(
-        &self,
-        (shape, view): &(Shape, View),
-        value: &Arc<Data>,
-    ) -> Result<Option<PackedOperand>, Error> {
+    /// The right operand of this matmul kernel (`constant_b`'s) packed
+    /// from `value`, through the layout worked out when the kernel was
+    /// compiled, where this process's path packs it.
+    pub(crate) fn pack_b(&self, value: &Arc<Data>) -> Result<Option<PackedOperand>, Error> {
         let kernel = &self.kernel;
-        let (Data::F32(values), isa) = (value.as_ref(), crate::cpu_isa()?) else {
+        let (Some(matmul), Data::F32(values), isa) =
+            (&self.matmul, value.as_ref(), crate::cpu_isa()?)
+        else {
             return Ok(None);
         };
-        let layout = Strided::new(view, shape)
-            .map_err(|problem| crate::launch(crate::label(kernel), problem))?;
+        let layout = &matmul.layouts[1];
         // Packing is an optimization: where its panels cannot be allocated
         // the product reads the operand where it lies.
         let packed = match PackedB::new(isa, layout.matrix(values, 0)) {
