@@ -76,7 +76,6 @@ pub(crate) fn compile_graph(
     }
     let facts = Options {
         parallel: backend.parallel(),
-        products_apart: backend.products_apart(),
         attention: backend.attention(),
         ..options.optimizer
     };

@@ -280,6 +280,58 @@ fn bf16_products_plain_transposed_batched_at_offsets() -> Result<()> {
     )
 }
 
+/// Products whose kernel's output cannot hold the f32 product (a bf16,
+/// f16 or f64 output: the product's rounding or widening, the bias and
+/// ReLU between), which the kernel keeps apart, in scratch, and the
+/// epilogue reads there: against the interpreter, rounded once where the
+/// output is 16 bits.
+#[test]
+fn products_landing_in_outputs_of_other_sizes() -> Result<()> {
+    for (m, k, n) in [(1, 5, 3), (7, 1027, 3), (50, 3, 1027), (64, 784, 256)] {
+        let (x, w, bias) = (
+            input(&[m, k], 51, false)?,
+            input(&[k, n], 52, false)?,
+            input(&[n], 53, false)?,
+        );
+        for (dtype, rtol) in [
+            (DType::BF16, 2f64.powi(-7)),
+            (DType::F16, 2f64.powi(-10)),
+            (DType::F64, 0.0),
+        ] {
+            let tol = Tol {
+                rtol: rtol.max(1e-6),
+                ..product_tol(k, 16.0)
+            };
+            check(
+                &format!("(x@w) as {dtype} {m}x{k}x{n}"),
+                &[x.clone(), w.clone()],
+                tol,
+                |t| t[0].matmul(&t[1])?.cast(dtype),
+            )?;
+            check(
+                &format!("relu(x@w+b) as {dtype} {m}x{k}x{n}"),
+                &[x.clone(), w.clone(), bias.clone()],
+                tol,
+                |t| (t[0].matmul(&t[1])? + &t[2])?.relu()?.cast(dtype),
+            )?;
+        }
+    }
+    // Batches side by side, one thread each.
+    let (x, w) = (
+        input(&[6, 40, 256], 54, false)?,
+        input(&[256, 72], 55, false)?,
+    );
+    check(
+        "(x@w) as bf16, batched 6x40x256x72",
+        &[x, w],
+        Tol {
+            rtol: 2f64.powi(-7),
+            ..product_tol(256, 16.0)
+        },
+        |t| t[0].matmul(&t[1])?.cast(DType::BF16),
+    )
+}
+
 /// Products of small integers held in bf16 sum exactly in f32 and in the
 /// interpreter's f64, so that every path rounds the same sums: a bare
 /// product (rounded as the GEMM stores it, on a GPU) and one with a bias

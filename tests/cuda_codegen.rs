@@ -245,14 +245,12 @@ fn generate_one(k: usize, kernel: &Kernel) -> Result<(String, Vec<String>)> {
     Ok((text, sources))
 }
 
-/// Pattern `name` optimized as the CUDA backend has it optimized, its
-/// products held apart from their kernels' outputs (in bf16 mixed
-/// precision where the name starts with `autocast`), and generated.
+/// Pattern `name` optimized as the CUDA backend has it optimized (in bf16
+/// mixed precision where the name starts with `autocast`), and generated.
 fn cuda(name: &str) -> Result<(String, Vec<String>)> {
     let outputs = pattern(name)?;
     let refs: Vec<&Tensor> = outputs.iter().collect();
     let options = Options {
-        products_apart: true,
         autocast: name.starts_with("autocast").then_some(Autocast::BF16),
         ..Options::default()
     };

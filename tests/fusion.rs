@@ -49,6 +49,25 @@ fn matmul_bias_relu_is_one_kernel() -> Result<()> {
 }
 
 #[test]
+fn bf16_matmul_bias_relu_is_one_kernel() -> Result<()> {
+    // The product stays f32 until the epilogue rounds it, in the same
+    // kernel: no cast costs a kernel of its own.
+    let half = |t: Tensor| -> Result<Tensor> {
+        let t = t.cast(DType::BF16)?;
+        t.realize()?;
+        Ok(t)
+    };
+    let x = half(randn(&[64, 784], 0)?)?;
+    let w = half(randn(&[784, 256], 1)?)?;
+    let b = half(randn(&[256], 2)?)?;
+    check(
+        "bf16_matmul_bias_relu",
+        &[&(x.matmul(&w)? + &b)?.relu()?],
+        1,
+    )
+}
+
+#[test]
 fn softmax_is_two_kernels() -> Result<()> {
     let x = randn(&[4096, 1000], 0)?;
     check("softmax", &[&x.softmax(-1)?], 2)

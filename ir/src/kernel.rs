@@ -389,19 +389,37 @@ fn dtype_of(ty: Result<TensorType, Error>) -> Result<DType, String> {
 
 impl Kernel {
     /// The bytes of working memory a run needs besides its output: room for
-    /// the computed operands of a matmul.
+    /// the computed operands of a matmul, then for its f32 product where
+    /// the output cannot hold it (`holds_product`).
     pub fn scratch_bytes(&self) -> usize {
         match &self.kind {
-            KernelKind::MatMul { a, b } => [a, b]
-                .iter()
-                .filter(|o| matches!(o, Operand::Computed { .. }))
-                .map(|o| o.shape().numel() * DType::F32.size())
-                .sum(),
+            KernelKind::MatMul { a, b } => {
+                let product = match self.holds_product() {
+                    true => 0,
+                    false => self.out.shape.numel() * DType::F32.size(),
+                };
+                [a, b]
+                    .iter()
+                    .filter(|o| matches!(o, Operand::Computed { .. }))
+                    .map(|o| o.shape().numel() * DType::F32.size())
+                    .sum::<usize>()
+                    + product
+            }
             KernelKind::Elementwise
             | KernelKind::Reduce { .. }
             | KernelKind::Scatter { .. }
             | KernelKind::Attention { .. } => 0,
         }
+    }
+
+    /// Whether the output can hold a matmul's f32 product until the
+    /// epilogue overwrites it element by element: an output of elements of
+    /// f32's size (a wider one would overwrite products not yet read, a
+    /// narrower one, a bf16 product's rounding, not hold them). Else a
+    /// backend that keeps the product in its output, as the CPU does, keeps
+    /// it in scratch instead.
+    pub fn holds_product(&self) -> bool {
+        self.out.dtype.size() == DType::F32.size()
     }
 
     /// Checks the kernel against the types of its operands and returns its

@@ -73,10 +73,9 @@ fn a_product_keeps_its_accumulator_apart_to_write_over_an_input_it_reads() {
 
 #[test]
 fn a_bf16_product_held_apart_is_not_written_over_its_input() {
-    // w' = bf16(w - 0.1 (a @ b)) on bf16 values, where the backend holds
-    // products apart: the update's rounding lands in the matmul's kernel,
-    // whose bf16 output cannot hold the f32 product. Refused, and the graph
-    // still verifies.
+    // w' = bf16(w - 0.1 (a @ b)) on bf16 values: the update's rounding
+    // lands in the matmul's kernel, whose bf16 output cannot hold the f32
+    // product. Refused, and the graph still verifies.
     let bf16s = |dims: &[usize]| TensorType::new(DType::BF16, dims);
     let mut g = Graph::new("bf16_update");
     let w = g.input(bf16s(&[5, 3]));
@@ -92,11 +91,7 @@ fn a_bf16_product_held_apart_is_not_written_over_its_input() {
     let step = push(&mut g, Op::Binary(BinaryOp::Mul), &[prod, lr]);
     let next = push(&mut g, Op::Binary(BinaryOp::Sub), &[w, step]);
     g.outputs = vec![next];
-    let options = Options {
-        products_apart: true,
-        ..Options::default()
-    };
-    let optimized = optimize(&g, options, &mut |_, _| {}).expect("optimizes");
+    let optimized = optimize(&g, Options::default(), &mut |_, _| {}).expect("optimizes");
     assert_eq!(optimized.schedule.kernels(), 1, "{}", optimized.graph);
     let (optimized, notes) = donate(&optimized, &[(0, 0)]).expect("donates");
     assert_eq!(

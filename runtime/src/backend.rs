@@ -64,14 +64,6 @@ pub trait Backend {
         1
     }
 
-    /// Whether its matmuls hold the product apart from their kernel's
-    /// output, so that a kernel whose output is not of f32's size may end
-    /// in one (the optimizer's `Options::products_apart`). False where the
-    /// epilogue overwrites the product in the output, as the CPU's does.
-    fn products_apart(&self) -> bool {
-        false
-    }
-
     /// Whether it runs attention (`Op::Attention`) as one kernel, so that
     /// the optimizer finds it (`Options::attention`). False where attention
     /// runs as the ops it stands for.

@@ -38,7 +38,9 @@ pub struct Target {
     pub activation_alone: bool,
     /// An epilogue kernel reads the product from scratch (a CUDA kernel
     /// after the GEMM); else from the output, where the GEMM stored it,
-    /// writing over it (the CPU's kernel, row block by row block).
+    /// writing over it (the CPU's kernel, row block by row block), and
+    /// from scratch where the output cannot hold it
+    /// (`Kernel::holds_product`).
     pub product_in_scratch: bool,
     /// A prologue that reads its source down columns writes the operand
     /// transposed, so that it reads and writes along rows
@@ -267,16 +269,6 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
             ),
         ));
     }
-    // A product stored in the output, for the epilogue to overwrite element
-    // by element, needs an output of f32's size: a wider one would overwrite
-    // products not yet read, a narrower one not hold them. The fuser gives
-    // such a target no other (`Options::products_apart`).
-    if !target.product_in_scratch && kernel.out.dtype.size() != DType::F32.size() {
-        return Err(crate::codegen(
-            crate::label(kernel),
-            format!("a product stored in its {} output", kernel.out.dtype),
-        ));
-    }
     let (m, k, n) = (ad[ra - 2], ad[ra - 1], bd[rb - 1]);
     let batches = kernel.out.shape.numel() / (m * n).max(1);
     if let Some(plan) = bf16::plan(kernel, target, (batches, m, n, k)) {
@@ -307,13 +299,7 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
     let (a, b) = (operand(a), operand(b));
     let epilogue = match stored(kernel, m, n) {
         Some(stored) if applies(&stored, target, k) => stored,
-        _ => Epilogue::Kernel {
-            acc: target.product_in_scratch.then(|| {
-                let acc = scratch;
-                scratch += kernel.out.shape.numel() * DType::F32.size();
-                acc
-            }),
-        },
+        _ => kernel_epilogue(kernel, target, &mut scratch),
     };
     Ok(Plan {
         batches,
@@ -325,6 +311,20 @@ pub fn plan(kernel: &Kernel, target: Target) -> Result<Plan, Error> {
         epilogue,
         scratch_bytes: scratch,
     })
+}
+
+/// The epilogue as a kernel after the GEMM, reading the product from
+/// scratch from byte `*scratch` (moved past it) where `target` keeps it
+/// there or the output cannot hold it, else from the output.
+fn kernel_epilogue(kernel: &Kernel, target: Target, scratch: &mut usize) -> Epilogue {
+    let apart = target.product_in_scratch || !kernel.holds_product();
+    Epilogue::Kernel {
+        acc: apart.then(|| {
+            let acc = *scratch;
+            *scratch += kernel.out.shape.numel() * DType::F32.size();
+            acc
+        }),
+    }
 }
 
 /// Operand `o` of `kernel` written into scratch from byte `*scratch` (moved

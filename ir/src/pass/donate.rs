@@ -146,7 +146,7 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
         }
     }
     // A product is f32; an output of another type (a bf16 product's
-    // rounding, where the backend holds products apart) cannot hold it.
+    // rounding, the product held apart) cannot hold it.
     if apart && matches!(kernel.kind, KernelKind::MatMul { .. }) && kernel.out.dtype != DType::F32 {
         return Err("the product accumulates in another dtype".to_string());
     }

@@ -66,14 +66,6 @@ pub struct Options {
     /// splits a pass makes (`split-reduce`'s partial results): a fact of the
     /// backend, which kiln's compile sets from it (`Backend::parallel`).
     pub parallel: usize,
-    /// Whether the target holds a matmul's product apart from its kernel's
-    /// output (in scratch, or stored by its GEMM in the output's type), so
-    /// that the product may land in a kernel whose output is not of f32's
-    /// size: a bf16 product's rounding in the matmul's kernel. Else (the
-    /// CPU, whose epilogue overwrites the product in place) such a kernel
-    /// ends at the product. A fact of the backend, which kiln's compile
-    /// sets from it (`Backend::products_apart`).
-    pub products_apart: bool,
     /// Whether the target runs `Op::Attention` as one kernel, so that the
     /// `attention` stage finds it (with fusion on). A fact of the backend,
     /// which kiln's compile sets from it (`Backend::attention`).
@@ -135,7 +127,6 @@ impl Default for Options {
         Options {
             fusion: true,
             parallel: 1024,
-            products_apart: false,
             attention: false,
             autocast: None,
         }

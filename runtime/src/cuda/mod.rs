@@ -83,12 +83,6 @@ impl crate::Backend for Cuda {
         1024
     }
 
-    /// A product lands in scratch, for the kernel after the GEMM, or is
-    /// stored by cuBLASLt in the output's own type.
-    fn products_apart(&self) -> bool {
-        true
-    }
-
     fn alloc(&self, op: &str, ty: &kiln_ir::TensorType) -> Result<crate::Storage, crate::Error> {
         let value = Resident::alloc(&gpu(self.ordinal)?, op, ty)?;
         Ok(crate::Storage::Cuda(std::sync::Arc::new(value)))

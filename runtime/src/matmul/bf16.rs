@@ -74,18 +74,12 @@ pub(super) fn plan(
 
 /// The epilogue of a GEMM of bf16 operands, which applies none of its
 /// own: the product stored as it is, or rounded to bf16
-/// (`Target::stores_bf16`), else a kernel after it, the product in scratch
-/// from byte `*scratch` (moved past it) where the target keeps it there.
+/// (`Target::stores_bf16`), else a kernel after it (`kernel_epilogue`).
 fn epilogue(kernel: &Kernel, target: Target, m: usize, n: usize, scratch: &mut usize) -> Epilogue {
     match super::stored(kernel, m, n) {
         Some(Epilogue::Product) => Epilogue::Product,
         _ if target.stores_bf16 && rounded_product(kernel) => Epilogue::Product,
-        _ if target.product_in_scratch => {
-            let acc = *scratch;
-            *scratch += kernel.out.shape.numel() * DType::F32.size();
-            Epilogue::Kernel { acc: Some(acc) }
-        }
-        _ => Epilogue::Kernel { acc: None },
+        _ => super::kernel_epilogue(kernel, target, scratch),
     }
 }
 
@@ -116,8 +110,7 @@ fn rounded_bf16(o: &Operand) -> Option<Block> {
 }
 
 /// Whether the kernel's output is its product rounded to bf16, in order:
-/// `bf16 @ bf16` as `pass::widen` writes it, where the product may land in
-/// a bf16 output (`Options::products_apart`).
+/// `bf16 @ bf16` as `pass::widen` writes it.
 fn rounded_product(kernel: &Kernel) -> bool {
     let [acc, cast] = kernel.body.values.as_slice() else {
         return false;

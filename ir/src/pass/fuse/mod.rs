@@ -123,20 +123,18 @@ struct Plan<'g> {
     inline: Vec<bool>,
     root_of: Vec<Option<usize>>,
     groups: Vec<Group>,
-    /// `Options::products_apart`.
-    products_apart: bool,
 }
 
 /// Builds the kernels. With fusion off every op is a kernel of its own.
 pub(crate) fn run(graph: &Graph, options: Options) -> Result<(Graph, Vec<String>), Error> {
-    let mut plan = Plan::new(graph, options.products_apart);
+    let mut plan = Plan::new(graph);
     let notes = plan.decide(options);
     let out = plan.build()?;
     Ok((out, notes))
 }
 
 impl<'g> Plan<'g> {
-    fn new(graph: &'g Graph, products_apart: bool) -> Plan<'g> {
+    fn new(graph: &'g Graph) -> Plan<'g> {
         let n = graph.nodes.len();
         let mut output = vec![false; n];
         for id in &graph.outputs {
@@ -171,12 +169,11 @@ impl<'g> Plan<'g> {
             transparent,
             input_fed: vec![false; n],
             cheap: vec![false; n],
-            rounding: rounding::rounding(graph, products_apart),
+            rounding: rounding::rounding(graph),
             members: (0..n).map(|_| Vec::new()).collect(),
             inline: vec![false; n],
             root_of: vec![None; n],
             groups: Vec::new(),
-            products_apart,
         };
         for i in 0..n {
             plan.input_fed[i] = match graph.nodes[i].op {
@@ -518,18 +515,6 @@ impl<'g> Plan<'g> {
                 }
                 if candidates.iter().any(|c| c.1 == Role::Prologue) {
                     return Err("feeds the prologue of a reduction".to_string());
-                }
-                // Where a product lands in its kernel's output, element by
-                // element, and the epilogue overwrites it in place, only an
-                // output of an f32's size holds it so (a wider one would
-                // overwrite products not yet read, a narrower one not hold
-                // them).
-                let out = self.graph.nodes[g.root].ty.dtype;
-                if matches!(node.op, Op::MatMul)
-                    && !self.products_apart
-                    && out.size() != DType::F32.size()
-                {
-                    return Err(format!("would write its product into a {out} output"));
                 }
                 if !g.side.is_empty() && self.broadcast_reduction(i, &g.space) {
                     return Err("would be broadcast in a kernel with side outputs".to_string());

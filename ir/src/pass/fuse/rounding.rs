@@ -14,12 +14,12 @@ use crate::types::DType;
 ///   scatter-add's result, which their kernels store as they are): each
 ///   product rounds `x` as it reads it, and no kernel or buffer holds the
 ///   rounded value;
-/// - the widening, then too, and wherever a product may land in a 16-bit
-///   output (`products_apart`): there the kernel that computes `x` stores
-///   it narrowed, 16 bits, which the product reads where it lies.
-///
-/// Elsewhere the kernel that computes `x` stores it rounded, in f32.
-pub(super) fn rounding(graph: &Graph, products_apart: bool) -> Vec<bool> {
+/// - the widening, always: where the narrowing is not the products', the
+///   kernel that computes `x` stores it narrowed, 16 bits, which the
+///   products read where it lies (a product landing in a 16-bit output
+///   as well: every backend holds a product apart from an output that
+///   cannot hold it, `Kernel::holds_product`).
+pub(super) fn rounding(graph: &Graph) -> Vec<bool> {
     let n = graph.nodes.len();
     // Live nodes only: dead ones (dropped at `dce`) read nothing.
     let mut live = vec![false; n];
@@ -72,7 +72,7 @@ pub(super) fn rounding(graph: &Graph, products_apart: bool) -> Vec<bool> {
                 Op::Attention(_) | Op::ScatterAdd { .. }
             );
         out[narrow] = stored && widened[narrow] == readers[narrow];
-        out[wide] = out[narrow] || products_apart;
+        out[wide] = true;
     }
     out
 }

@@ -110,16 +110,18 @@ impl CompiledKernel {
     /// launch passes the value it was packed from), then the epilogue.
     pub(super) fn run_matmul(
         &self,
-        MatMul {
-            plan,
-            prologues,
-            layouts,
-        }: &MatMul,
+        matmul: &MatMul,
         bound: &Bound<'_>,
-        (inputs, out, scratch): (&[&Buffer], &mut Buffer, &Buffer),
+        (inputs, out, scratch): (&[&Buffer], &Buffer, &Buffer),
         computed: &[Computed; 2],
         packed: Option<&PackedOperand>,
     ) -> Result<(), Error> {
+        let MatMul {
+            plan,
+            prologues,
+            layouts,
+        } = matmul;
+        let mut product = matmul.product(out, scratch);
         let isa = crate::cpu_isa()?;
         let kernel = &self.kernel;
         let [a, b] = [0, 1].map(|side| {
@@ -158,7 +160,7 @@ impl CompiledKernel {
         };
         if plan.a.dtype == DType::BF16 {
             let read = [(a_role, a_buffer), (b_role, b_buffer)];
-            let ([a_values, b_values], c) = views::<u16, 2>(kernel, &read, out)?;
+            let ([a_values, b_values], c) = views::<u16, 2>(kernel, &read, &mut product)?;
             let product: &Batch<'_> = &|batch, c, threads, rows| {
                 let (a, b) = (a.matrix(a_values, batch), b.matrix(b_values, batch));
                 gemm::bf16_gemm(isa, a, b, c, threads, rows).map_err(machine)
@@ -193,7 +195,7 @@ impl CompiledKernel {
             Epilogue::Product | Epilogue::Kernel { .. } => ((Role::Scratch, Buffer::empty()), None),
         };
         let read = [(a_role, a_buffer), (b_role, b_buffer), bias];
-        let ([a_values, b_values, bias], c) = views::<f32, 3>(kernel, &read, out)?;
+        let ([a_values, b_values, bias], c) = views::<f32, 3>(kernel, &read, &mut product)?;
         let fused = match in_registers {
             Some((rows, relu, cap)) => gemm::Fused {
                 bias: rows.map(|rows| match rows {
@@ -304,6 +306,21 @@ impl CompiledKernel {
             run_rows(std::slice::from_ref(bound))?;
         }
         Ok(())
+    }
+}
+
+impl MatMul {
+    /// Where the GEMM stores the f32 product, for the epilogue to read it:
+    /// the launch's output, or its part of `scratch` where the plan keeps it
+    /// there (an output that cannot hold it, `Kernel::holds_product`).
+    pub(super) fn product(&self, out: &Buffer, scratch: &Buffer) -> Buffer {
+        match self.plan.epilogue {
+            Epilogue::Kernel { acc: Some(at) } => {
+                let values = self.plan.batches * self.plan.m * self.plan.n;
+                scratch.part(at, values * size_of::<f32>())
+            }
+            _ => out.alias(),
+        }
     }
 }
 

@@ -20,6 +20,14 @@ impl<'a> Emitter<'a> {
     pub(super) fn map(&mut self, m: &Map, start: Value, end: Value) -> RowRange {
         let nest = &m.nest;
         let out = &nest.accesses[nest.accesses.len() - 1];
+        // The product an epilogue reads: a matmul's where its launch puts it
+        // (in the output, or in scratch where the output cannot hold it),
+        // else in the output, at the output's elements.
+        let product = m.acc.then(|| Access {
+            buffer: self.product.unwrap_or(out.buffer),
+            ..out.clone()
+        });
+        let acc = product.as_ref();
         if m.flat {
             // The range is over elements.
             let zero = self.iconst(0);
@@ -36,7 +44,7 @@ impl<'a> Emitter<'a> {
                     bases: &bases,
                     hoisted: &hoisted,
                     out: (out, bases[bases.len() - 1]),
-                    acc: m.acc,
+                    acc,
                 };
                 self.version(&s.version, &run, start..end);
             }
@@ -57,7 +65,7 @@ impl<'a> Emitter<'a> {
         self.counted_loop(start, end, 1, |e, row| {
             let bases = e.bases(&nest.accesses, row);
             for s in &m.stretches {
-                e.stretch(m, s, (&bases, &invariant));
+                e.stretch(m, s, (&bases, &invariant), acc);
             }
         });
         RowRange {
@@ -67,12 +75,14 @@ impl<'a> Emitter<'a> {
     }
 
     /// Stretch `s` of a row of `m` whose accesses are at `bases`, with the
-    /// values computed once per call (`invariant`).
+    /// values computed once per call (`invariant`), reading an epilogue's
+    /// product through `acc`.
     fn stretch(
         &mut self,
         m: &Map,
         s: &Stretch,
         (bases, invariant): (&[RowBase], &[Option<Value>]),
+        acc: Option<&Access>,
     ) {
         let inner_len: usize = m.nest.inner.iter().product();
         let span = s.span.clone().unwrap_or(0..inner_len);
@@ -84,7 +94,7 @@ impl<'a> Emitter<'a> {
             bases,
             hoisted: &hoisted,
             out: (out, bases[bases.len() - 1]),
-            acc: m.acc,
+            acc,
         };
         self.version(&s.version, &run, from..to);
     }
@@ -125,16 +135,17 @@ impl<'a> Emitter<'a> {
     }
 
     /// `for j in from..to`, four lanes at a time when `lanes`, then one at a
-    /// time: `body` at `j` stored into `out` at `j`, with `acc_in_place` given
-    /// the output's value there as its `acc`.
+    /// time: `body` at `j` stored into `out` at `j`, given the product at
+    /// `j` as its `acc` where there is one (`acc`, laid out as `out`).
     fn inner_loop(
         &mut self,
         body: Placed,
         (out, out_base): (&Access, RowBase),
         Range { start, end: to }: Range<Value>,
         lanes: bool,
-        acc_in_place: bool,
+        acc: Option<&Access>,
     ) {
+        let in_out = acc.is_some_and(|a| a.buffer == out.buffer);
         let mut from = start;
         if lanes {
             // Four independent vectors per trip, then one, then the scalar tail.
@@ -142,25 +153,26 @@ impl<'a> Emitter<'a> {
                 from = self.counted_loop(from, to, 4 * unroll as i64, |e, j| {
                     for u in 0..unroll {
                         let j = e.b.ins().iadd_imm_s(j, 4 * u as i64);
-                        let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, true));
-                        e.store_body(body, (out, out_base), j, (acc, acc_in_place), true);
+                        let acc = acc.map(|a| e.load(a, out_base, j, DType::F32, true));
+                        e.store_body(body, (out, out_base), j, (acc, in_out), true);
                     }
                 });
             }
         }
         self.counted_loop(from, to, 1, |e, j| {
-            let acc = acc_in_place.then(|| e.load(out, out_base, j, DType::F32, false));
-            e.store_body(body, (out, out_base), j, (acc, acc_in_place), false);
+            let acc = acc.map(|a| e.load(a, out_base, j, DType::F32, false));
+            e.store_body(body, (out, out_base), j, (acc, in_out), false);
         });
     }
 }
 
 /// A stretch at a row: the positions of its reads there, the
-/// values it computes once, the output at the row, and whether the output
-/// holds a product the block reads (`Expr::Acc`).
+/// values it computes once, the output at the row, and where the product
+/// the block reads (`Expr::Acc`) lies, laid out as the output, if it reads
+/// one.
 struct AtRow<'r> {
     bases: &'r [RowBase],
     hoisted: &'r [Option<Value>],
     out: (&'r Access, RowBase),
-    acc: bool,
+    acc: Option<&'r Access>,
 }

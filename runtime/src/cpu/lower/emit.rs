@@ -29,6 +29,9 @@ pub(super) struct Emitter<'a> {
     /// The side outputs: their buffers and their values in the body, stored
     /// with the output (`store_body`).
     pub(super) side: Vec<(usize, u32)>,
+    /// A matmul's buffer of its product, which its epilogue reads
+    /// (`Expr::Acc`): the output itself, or scratch.
+    pub(super) product: Option<usize>,
 }
 
 /// Where a block's reads are positioned: at one row, or at four rows at

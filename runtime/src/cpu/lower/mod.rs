@@ -47,7 +47,7 @@ use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{Linkage, Module};
 use kiln_ir::DType;
-use kiln_ir::kernel::Kernel;
+use kiln_ir::kernel::{Kernel, KernelKind};
 
 use crate::loops::{self, Loops, Target};
 use emit::Emitter;
@@ -203,7 +203,10 @@ pub(crate) fn lower<'a>(
     b.switch_to_block(entry);
     let params = b.block_params(entry);
     let (table, start, end, ahead) = (params[0], params[1], params[2], params[3]);
-    let buffers = kernel.inputs.len() + 1 + kernel.side.len();
+    // A matmul's product follows its side outputs (`CompiledKernel::bind`).
+    let mut buffers = kernel.inputs.len() + 1 + kernel.side.len();
+    let product = matches!(kernel.kind, KernelKind::MatMul { .. }).then_some(buffers);
+    buffers += usize::from(product.is_some());
     let ptrs: Vec<Value> = (0..buffers)
         .map(|i| {
             b.ins().load(
@@ -225,6 +228,7 @@ pub(crate) fn lower<'a>(
         side: (0..kernel.side.len())
             .map(|k| (out_buffer + 1 + k, kernel.side[k].value))
             .collect(),
+        product,
     };
     let range = match &loops::plan(kernel, Target::CPU).kind {
         Loops::Map(m) => e.map(m, start, end),
