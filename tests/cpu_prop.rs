@@ -23,7 +23,7 @@ fn run(
     in_place: bool,
 ) -> Result<(Vec<Data>, Vec<Data>, String), TestCaseError> {
     let graph = random_graph(seed, steps, mode);
-    let data = inputs(&graph, seed);
+    let data = inputs(&graph, seed, mode);
     let refs: Vec<&Data> = data.iter().collect();
     let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}\nfrom:\n{graph}"));
     let expected = interp::eval(&graph, &refs).map_err(|e| fail(&e))?;

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 fn check(seed: u64, steps: usize) -> Result<(), TestCaseError> {
     let graph = random_graph(seed, steps, Mode::All);
-    let data = inputs(&graph, seed);
+    let data = inputs(&graph, seed, Mode::All);
     let refs: Vec<&Data> = data.iter().collect();
     let expected = interp::eval(&graph, &refs).map_err(|e| TestCaseError::fail(e.to_string()))?;
     for fusion in [true, false] {
