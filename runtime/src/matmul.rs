@@ -171,6 +171,17 @@ pub enum Source {
     },
 }
 
+impl Plan {
+    /// Where an epilogue kernel reads the product: scratch from this byte,
+    /// or the output (`None`, as for every other epilogue).
+    pub fn product_at(&self) -> Option<usize> {
+        match self.epilogue {
+            Epilogue::Kernel { acc } => acc,
+            Epilogue::Product | Epilogue::Bias { .. } => None,
+        }
+    }
+}
+
 impl PlanOperand {
     /// The view the product reads the operand through, in the operand's
     /// shape: an input's own, or a written operand's over what its

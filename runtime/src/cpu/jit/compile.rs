@@ -231,13 +231,16 @@ impl CompiledKernel {
                 plan.activation
             ));
         }
+        let product_apart = matmul
+            .as_ref()
+            .is_some_and(|m| m.plan.product_at().is_some());
         let range = lower::lower(
             tail.as_ref().unwrap_or(kernel),
             &mut ctx.func,
             &mut fbc,
             ptr,
             calls,
-            target,
+            (target, product_apart),
         );
         if let Some(code) = code.as_mut() {
             code(&ctx.func.display().to_string());

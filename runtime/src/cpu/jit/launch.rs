@@ -23,7 +23,7 @@ const ROW_BLOCK_BYTES: usize = 16 << 10;
 impl CompiledKernel {
     /// Checks the buffers against the kernel's types and makes the table of
     /// pointers its code is called with: the inputs, the output, the side
-    /// outputs, and for a matmul its product (`product`).
+    /// outputs, and a matmul's product where it lies apart (`product`).
     pub(crate) fn bind(
         &self,
         inputs: &[&Buffer],
@@ -63,7 +63,11 @@ impl CompiledKernel {
         let mut table: Vec<*mut u8> = inputs.iter().map(|b| b.ptr).collect();
         table.push(out.ptr);
         table.extend(side.iter().map(|b| b.ptr));
-        if let Some(matmul) = &self.matmul {
+        if let Some(matmul) = self
+            .matmul
+            .as_ref()
+            .filter(|m| m.plan.product_at().is_some())
+        {
             table.push(matmul.product(out, scratch).ptr);
         }
         Ok(Bound {

@@ -314,12 +314,12 @@ impl MatMul {
     /// the launch's output, or its part of `scratch` where the plan keeps it
     /// there (an output that cannot hold it, `Kernel::holds_product`).
     pub(super) fn product(&self, out: &Buffer, scratch: &Buffer) -> Buffer {
-        match self.plan.epilogue {
-            Epilogue::Kernel { acc: Some(at) } => {
+        match self.plan.product_at() {
+            Some(at) => {
                 let values = self.plan.batches * self.plan.m * self.plan.n;
                 scratch.part(at, values * size_of::<f32>())
             }
-            _ => out.alias(),
+            None => out.alias(),
         }
     }
 }

@@ -20,9 +20,8 @@ impl<'a> Emitter<'a> {
     pub(super) fn map(&mut self, m: &Map, start: Value, end: Value) -> RowRange {
         let nest = &m.nest;
         let out = &nest.accesses[nest.accesses.len() - 1];
-        // The product an epilogue reads: a matmul's where its launch puts it
-        // (in the output, or in scratch where the output cannot hold it),
-        // else in the output, at the output's elements.
+        // The product an epilogue reads, at the output's elements: in the
+        // output, or apart (in scratch, where the output cannot hold it).
         let product = m.acc.then(|| Access {
             buffer: self.product.unwrap_or(out.buffer),
             ..out.clone()

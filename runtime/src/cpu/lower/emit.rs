@@ -29,8 +29,9 @@ pub(super) struct Emitter<'a> {
     /// The side outputs: their buffers and their values in the body, stored
     /// with the output (`store_body`).
     pub(super) side: Vec<(usize, u32)>,
-    /// A matmul's buffer of its product, which its epilogue reads
-    /// (`Expr::Acc`): the output itself, or scratch.
+    /// The buffer of a matmul's product where it lies apart from the
+    /// output, which its epilogue reads (`Expr::Acc`); else it reads the
+    /// output.
     pub(super) product: Option<usize>,
 }
 

@@ -47,7 +47,7 @@ use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{Linkage, Module};
 use kiln_ir::DType;
-use kiln_ir::kernel::{Kernel, KernelKind};
+use kiln_ir::kernel::Kernel;
 
 use crate::loops::{self, Loops, Target};
 use emit::Emitter;
@@ -188,14 +188,16 @@ impl<'a> Calls<'a> {
     }
 }
 
-/// Emits the kernel into `func` and says how to launch it.
+/// Emits the kernel into `func` and says how to launch it; a matmul's
+/// epilogue reads the product from a buffer after the side outputs where
+/// `product_apart`, else from the output.
 pub(crate) fn lower<'a>(
     kernel: &Kernel,
     func: &'a mut Function,
     fbc: &'a mut FunctionBuilderContext,
     ptr: Type,
     calls: Calls<'a>,
-    target: TargetFrontendConfig,
+    (target, product_apart): (TargetFrontendConfig, bool),
 ) -> RowRange {
     let mut b = FunctionBuilder::new(func, fbc);
     let entry = b.create_block();
@@ -203,10 +205,10 @@ pub(crate) fn lower<'a>(
     b.switch_to_block(entry);
     let params = b.block_params(entry);
     let (table, start, end, ahead) = (params[0], params[1], params[2], params[3]);
-    // A matmul's product follows its side outputs (`CompiledKernel::bind`).
+    // A product apart follows the side outputs (`CompiledKernel::bind`).
     let mut buffers = kernel.inputs.len() + 1 + kernel.side.len();
-    let product = matches!(kernel.kind, KernelKind::MatMul { .. }).then_some(buffers);
-    buffers += usize::from(product.is_some());
+    let product = product_apart.then_some(buffers);
+    buffers += usize::from(product_apart);
     let ptrs: Vec<Value> = (0..buffers)
         .map(|i| {
             b.ins().load(
