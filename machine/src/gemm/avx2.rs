@@ -37,17 +37,17 @@ impl Kernel<MR, NR> for Avx2 {
     const TUNING: Tuning = tuning::AVX2;
     /// Kernels of 2, 4 and 6 rows.
     const ROW_UNIT: usize = 2;
+    /// `microkernel`'s `HALF`.
+    const HALF_TILES: bool = true;
 
     unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
         // (The epilogue is compiled in only where there is one: checked on
         // every store, it slowed the plain products; `benches/RESULTS-cpu.md`.)
-        let kernel = match (tile.rows, tile.epilogue.is_none()) {
-            (..=2, true) => microkernel::<2, false, A>,
-            (3..=4, true) => microkernel::<4, false, A>,
-            (_, true) => microkernel::<MR, false, A>,
-            (..=2, false) => microkernel::<2, true, A>,
-            (3..=4, false) => microkernel::<4, true, A>,
-            (_, false) => microkernel::<MR, true, A>,
+        let kernel = match (tile.epilogue.is_none(), tile.cols <= NR / 2) {
+            (true, false) => of_height::<false, false, A>(tile.rows),
+            (true, true) => of_height::<false, true, A>(tile.rows),
+            (false, false) => of_height::<true, false, A>(tile.rows),
+            (false, true) => of_height::<true, true, A>(tile.rows),
         };
         // SAFETY: AVX2 and FMA are there, and the tile is this caller's (the
         // contract of this function).
@@ -55,16 +55,33 @@ impl Kernel<MR, NR> for Avx2 {
     }
 }
 
+/// A tile's micro-kernel.
+type MicroKernel<A> = unsafe fn(A, &[f32], usize, *mut f32, Tile);
+
+/// The micro-kernel for a tile of `rows` rows: the variant of 2, 4 or `MR`
+/// rows that covers them.
+fn of_height<const EPILOGUE: bool, const HALF: bool, A: PanelA<MR>>(rows: usize) -> MicroKernel<A> {
+    match rows {
+        ..=2 => microkernel::<2, EPILOGUE, HALF, A>,
+        3..=4 => microkernel::<4, EPILOGUE, HALF, A>,
+        _ => microkernel::<MR, EPILOGUE, HALF, A>,
+    }
+}
+
 /// The top `R` rows (2, 4 or `MR`) of an `MR x NR` tile of C from rows of A
 /// and `a.depth()` rows of `NR` elements of B, packed (`b_stride` is `NR`:
 /// this core reads no B in place), through the tile's epilogue if
 /// `EPILOGUE`; only `tile.rows x tile.cols` of it is written, from `c` on.
+/// With `HALF` (a tile of at most `NR / 2` columns: the last of a product
+/// whose columns are not a whole number of panels, 49 of a 7 x 7
+/// convolution's) only the left half is computed, one FMA per element of
+/// A, where the whole tile took twice the steps for columns it drops.
 ///
 /// # Safety
 /// The tile's elements of `c` are valid for reads and writes that no one
 /// else makes meanwhile.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
+unsafe fn microkernel<const R: usize, const EPILOGUE: bool, const HALF: bool, A: PanelA<MR>>(
     a: A,
     b: &[f32],
     b_stride: usize,
@@ -83,15 +100,16 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
         _mm_prefetch::<_MM_HINT_T0>(start.cast::<i8>());
         _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(NR - 1).cast::<i8>());
     }
-    let acc: [[__m256; 2]; R] = if R == MR {
+    let acc: [[__m256; 2]; R] = if R == MR && !HALF {
         // SAFETY: AVX2 and FMA are there (the contract of this function);
         // `a` holds `depth` steps, and `b` `depth` rows of NR (the assert
         // above).
         let sums = unsafe { full_tile(a.rows(), b.as_ptr(), depth) };
         std::array::from_fn(|i| sums[i])
     } else {
-        // The tiles of 2 and 4 rows, a block's last, keep the compiled
-        // loop: a small part of any product's steps.
+        // The tiles of 2 and 4 rows, a block's last, and the half tiles,
+        // a product's last column, keep the compiled loop: a small part of
+        // any product's steps.
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for l in 0..depth {
             let row = b.as_ptr().wrapping_add(l * NR);
@@ -106,7 +124,9 @@ unsafe fn microkernel<const R: usize, const EPILOGUE: bool, A: PanelA<MR>>(
                 // SAFETY: `i < R <= MR` and `l < depth`.
                 let x = _mm256_set1_ps(unsafe { a.at(i, l) });
                 row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                if !HALF {
+                    row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+                }
             }
         }
         acc

@@ -34,6 +34,7 @@ impl Kernel<MR, NR> for Avx512 {
     const TUNING: Tuning = tuning::AVX512;
     /// Kernels of 4, 8 and 12 rows.
     const ROW_UNIT: usize = 4;
+    const HALF_TILES: bool = false;
 
     unsafe fn tile<A: PanelA<MR>>(a: A, b: &[f32], b_stride: usize, c: *mut f32, tile: Tile) {
         // A tile of at most 16 columns (a ragged last panel) takes one

@@ -37,6 +37,9 @@ pub(super) trait Kernel<const MR: usize, const NR: usize> {
     /// The heights of the micro-kernel's variants are multiples of this:
     /// with one block of rows per thread, blocks are cut at its multiples.
     const ROW_UNIT: usize;
+    /// Whether a tile of at most `NR / 2` columns takes half a full tile's
+    /// time (a variant computing only those).
+    const HALF_TILES: bool;
 
     /// The top `tile.rows` rows of an `MR x NR` tile of C from rows of A and
     /// rows of `NR` elements of B, `b_stride` apart (one per depth step of
@@ -159,11 +162,30 @@ pub(super) unsafe fn sgemm<const MR: usize, const NR: usize, K: Kernel<MR, NR>, 
     // 256 columns), which stays by rows (`benches/RESULTS-cpu.md`).
     let (panels, tiles) = (n.div_ceil(NR), m.div_ceil(MR));
     let largest_share = |units: usize| units.div_ceil(threads) as f64 / units as f64;
+    // A last panel of half tiles costs half a panel, in the last thread's
+    // range: 49 columns in four panels, 3.5 panels' work, shared 2 + 1.5,
+    // which rows split evenly.
+    let half_last = K::HALF_TILES && (1..=NR / 2).contains(&(n % NR));
+    let cost = |p: usize| {
+        if half_last && p + 1 == panels {
+            0.5
+        } else {
+            1.0
+        }
+    };
+    let largest_range = (0..threads)
+        .map(|i| {
+            (i * panels / threads..(i + 1) * panels / threads)
+                .map(cost)
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    let panel_share = largest_range / (0..panels).map(cost).sum::<f64>();
     let share_panels = b_in_place.is_none()
         && threads > 1
         && panels >= 2 * threads
         && (a_in_place.is_some() || m <= K::TUNING.mc || n > m)
-        && largest_share(panels) <= largest_share(tiles) + 1.0 / 32.0;
+        && panel_share <= largest_share(tiles) + 1.0 / 32.0;
     // SAFETY (both calls): the contract of this function; `c` is borrowed
     // for the call, and holds `m * n` elements.
     if share_panels {
