@@ -30,6 +30,8 @@ def main():
     parser.add_argument("--window", type=float, default=0.3, help="seconds per window")
     parser.add_argument("--shapes", default=SHAPES)
     args = parser.parse_args()
+    if args.rounds < 2:
+        sys.exit("--rounds must be at least 2, for the ratios' quartiles")
     kiln = subprocess.Popen([args.binary, "--serve"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)
 

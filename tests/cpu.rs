@@ -12,6 +12,8 @@
 //! that `KILN_TEST_DEVICE=cuda:N` names. There the bounds that differ are
 //! CUDA's (expf is 2 ulp) and matmuls compute in TF32.
 
+// The shared helpers, of which this file uses some.
+#[allow(dead_code)]
 mod agree;
 
 use agree::{EXACT, SIZES, Tol, check, exp_rtol, input, sum_tol};

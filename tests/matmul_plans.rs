@@ -74,9 +74,10 @@ fn bf16_operands_are_read_as_they_are_by_a_bf16_gemm() -> Result<()> {
     // Widened to f32 by `pass::widen`, the operands are casts: read in
     // place by a GEMM that multiplies bf16 (kiln's CPU cores, which widen
     // them as they pack them or multiply them on AMX; cuBLASLt), the bias
-    // and ReLU left to the kernel after it; a bare product's rounding to
-    // bf16 is a kernel after it too. cuBLAS's sgemm (IEEE f32) multiplies
-    // f32 alone: the operands are written as f32 for it.
+    // and ReLU left to the kernel's epilogue after it, over the product in
+    // scratch; a bare product's rounding to bf16 is that epilogue too on
+    // the CPU, and cuBLASLt's own store. cuBLAS's sgemm (IEEE f32)
+    // multiplies f32 alone: the operands are written as f32 for it.
     let (x, w, b) = (
         Tensor::randn([64, 96], 0)?.cast(DType::BF16)?,
         Tensor::randn([96, 32], 1)?.cast(DType::BF16)?,

@@ -5,7 +5,8 @@
 //! takes the smallest free slot that fits it, so the arena's size, the peak
 //! memory of a run, is known before the first launch. Outputs keep their
 //! slots: they are handed to the caller. A kernel that needs working memory
-//! (a matmul's computed operands) gets a slot for the length of its launch.
+//! (a matmul's computed operands, and a product its output cannot hold)
+//! gets a slot for the length of its launch.
 
 use std::fmt::Write;
 

@@ -43,8 +43,10 @@ pub struct Bindings {
     /// `(k, from)`: graph output `k` is a copy of `from`, made after the
     /// launches.
     pub copies: Vec<(usize, Bound)>,
-    /// Per slot: whether a run uses it (a slot that only holds graph
-    /// outputs needs no memory of its own).
+    /// Per slot: whether a run holds a value in it (a slot that only holds
+    /// graph outputs needs no memory of its own). A launch's scratch is
+    /// the backend's to count: the CPU's kernels work in theirs, CUDA's
+    /// GEMMs in scratch of their own.
     pub used: Vec<bool>,
 }
 
@@ -80,9 +82,6 @@ impl Bindings {
                     if let Bound::Slot(s) = bound {
                         used[s] = true;
                     }
-                }
-                if let Some(s) = launch.scratch {
-                    used[s] = true;
                 }
                 binding
             })

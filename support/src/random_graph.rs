@@ -7,7 +7,8 @@
 //! data (out of range too), matmul, and detours through i64 and
 //! f64 values (cast in, arithmetic with a 64-bit constant, maybe a
 //! reduction, cast out); shapes full of 1s and some 0s; inputs with NaN,
-//! infinities (but in `Mode::Continuous`) and -0. The graph's first output
+//! infinities (but in `Mode::Continuous`, whose inputs, constants and pad
+//! fills are finite) and -0. The graph's first output
 //! is f32. The same seed gives the same graph.
 
 use kiln_ir::{
@@ -18,15 +19,15 @@ use smallvec::SmallVec;
 
 use crate::gradcheck::Rng;
 
-/// A deterministic stream of choices from one seed, of finite values
-/// (and NaN) where `finite`.
+/// A deterministic stream of choices from one seed; its values (inputs,
+/// constants, pad fills) finite (or NaN) where `finite`.
 struct Choices {
     rng: Rng,
     finite: bool,
 }
 
 impl Choices {
-    /// `Mode::Continuous` takes no infinite value: an infinity times a
+    /// `Mode::Continuous` chooses no infinite value: an infinity times a
     /// difference that cancels to 0 in one order of a sum and to a residue
     /// in another is NaN on one side and infinite on the other (a sum of 4
     /// elements less another, by a matmul with an infinite input: the
@@ -56,7 +57,10 @@ impl Choices {
     fn value(&mut self) -> f32 {
         match self.below(40) {
             0 => f32::NAN,
-            1 if !self.finite => f32::INFINITY,
+            // The same draws either way: a seed gives the same graph, an
+            // infinity replaced by the largest ordinary value.
+            1 if self.finite => 4.0,
+            1 => f32::INFINITY,
             2 => -0.0,
             _ => (self.below(2001) as f32 - 1000.0) / 250.0,
         }

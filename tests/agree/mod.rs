@@ -1,6 +1,7 @@
 //! The device under test against the reference interpreter, for
-//! `tests/cpu.rs` and `tests/cpu_products.rs`: the device, seeded inputs
-//! with special values, the tolerances and the comparison.
+//! `tests/cpu.rs`, `tests/cpu_products.rs` and `tests/product_outputs.rs`:
+//! the device, seeded inputs with special values, the tolerances and the
+//! comparison.
 
 use kiln::{DType, Data, Device, Result, Tensor};
 use kiln_support::data;
@@ -111,5 +112,19 @@ pub fn sum_tol(n: usize, scale: f64) -> Tol {
     Tol {
         rtol: 1e-6,
         atol: 4.0 * n as f64 * f64::from(f32::EPSILON) * scale,
+    }
+}
+
+/// The error bound of a product summed over `k` terms of magnitude up to
+/// `scale`: f32 accumulation on the CPU, TF32 products (10-bit mantissas,
+/// relative error 2^-10 each) on a GPU.
+pub fn product_tol(k: usize, scale: f64) -> Tol {
+    if device() == Device::Cpu {
+        sum_tol(k, scale)
+    } else {
+        Tol {
+            rtol: 1e-3,
+            atol: k as f64 * scale * 2f64.powi(-10),
+        }
     }
 }

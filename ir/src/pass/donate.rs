@@ -145,8 +145,9 @@ fn check(graph: &Graph, input: u32, output: u32) -> Result<Option<NodeId>, Strin
             return Err("the reduction accumulates in another dtype".to_string());
         }
     }
-    // A product is f32; an output of another type (a bf16 product's
-    // rounding, the product held apart) cannot hold it.
+    // A product is f32; a kernel whose output is of another type (a bf16
+    // product's rounding) keeps it apart, a case this check does not
+    // follow further: refused.
     if apart && matches!(kernel.kind, KernelKind::MatMul { .. }) && kernel.out.dtype != DType::F32 {
         return Err("the product accumulates in another dtype".to_string());
     }

@@ -81,10 +81,15 @@ impl Executable {
             }
         }
         // Graph outputs are written straight into the caller's buffers: a
-        // slot that only they use needs no memory here.
+        // slot that only they use needs no memory here, unless a kernel
+        // works in it.
         let bindings = Bindings::new(&optimized);
+        let mut used = bindings.used.clone();
+        for s in optimized.schedule.launches.iter().filter_map(|l| l.scratch) {
+            used[s] = true;
+        }
         let arena = (optimized.schedule.slots.iter())
-            .zip(&bindings.used)
+            .zip(&used)
             .enumerate()
             .map(|(s, (&bytes, &used))| {
                 let words = if used { bytes.div_ceil(8) } else { 0 };

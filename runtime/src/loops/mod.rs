@@ -114,7 +114,8 @@ pub(crate) struct Map {
     /// The reads, then the output, over `space`: one flat loop where they
     /// merge to one axis; a matmul's epilogue a row of the last axis each.
     pub(crate) nest: Nest,
-    /// A matmul's epilogue, reading the product from the output in place.
+    /// A matmul's epilogue, reading the product at the output's elements:
+    /// from the output in place, or from where it lies apart.
     pub(crate) acc: bool,
     /// How it steps: `Target::map_vectors`, the rule CUDA's maps (a
     /// matmul's prologues and epilogue among them) step by.
@@ -191,7 +192,7 @@ pub fn plan(kernel: &Kernel, target: Target) -> LoopKernel {
     }
 }
 
-/// An elementwise kernel, or a matmul's epilogue over the product in place.
+/// An elementwise kernel, or a matmul's epilogue over the product.
 fn map(kernel: &Kernel, target: Target) -> Map {
     let out_buffer = kernel.inputs.len();
     let (space, body) =
@@ -201,9 +202,10 @@ fn map(kernel: &Kernel, target: Target) -> Map {
     let mut views = loads(&body);
     views.push((out_buffer, &out_view));
     // A matmul's product (an attention's result, a machine kernel's sum of
-    // taps, `cpu::taps`) is already in the output and its epilogue reads it
-    // in place, a row of the output's last axis per unit, so that it can
-    // follow the machine kernel's rows.
+    // taps, `cpu::taps`) is already in the output, or a product apart
+    // where the output cannot hold it, and its epilogue reads it at the
+    // output's elements, a row of the output's last axis per unit, so that
+    // it can follow the machine kernel's rows.
     let acc = matches!(
         kernel.kind,
         KernelKind::MatMul { .. } | KernelKind::Attention { .. }

@@ -123,6 +123,44 @@ pub(super) struct MatMul {
     pub(super) layouts: [Strided; 2],
 }
 
+impl MatMul {
+    /// Matmul `kernel`'s plan for kiln's cores, its operands' prologues
+    /// compiled (`code` as `CompiledKernel::new`'s) and their layouts.
+    fn compile(kernel: &Kernel, code: &mut Option<&mut dyn FnMut(&str)>) -> Result<MatMul, Error> {
+        let plan = matmul::plan(kernel, Target::cpu(crate::cpu_isa()?))?;
+        // The schedule gave the launch the scratch of the kernel's
+        // computed operands and of a product its output cannot hold
+        // (`Kernel::scratch_bytes`); kiln's cores read every other
+        // operand in place.
+        if plan.scratch_bytes > kernel.scratch_bytes() {
+            return Err(crate::codegen(
+                crate::label(kernel),
+                format!(
+                    "a matmul plan needs {} scratch bytes, the schedule gave {}",
+                    plan.scratch_bytes,
+                    kernel.scratch_bytes()
+                ),
+            ));
+        }
+        let mut prologues = [None, None];
+        for (slot, o) in prologues.iter_mut().zip([&plan.a, &plan.b]) {
+            if let Source::Written { prologue, .. } = &o.source {
+                let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
+                *slot = Some(Box::new(CompiledKernel::new(prologue, code)?));
+            }
+        }
+        let layout = |o: &PlanOperand| {
+            Strided::of(o).map_err(|problem| crate::codegen(crate::label(kernel), problem))
+        };
+        let layouts = [layout(&plan.a)?, layout(&plan.b)?];
+        Ok(MatMul {
+            plan,
+            prologues,
+            layouts,
+        })
+    }
+}
+
 impl CompiledKernel {
     /// For each operand of a matmul written before the product, what its
     /// prologue writes: its block with each read naming the value it reads
@@ -155,38 +193,7 @@ impl CompiledKernel {
         mut code: Option<&mut dyn FnMut(&str)>,
     ) -> Result<CompiledKernel, Error> {
         let matmul = match &kernel.kind {
-            KernelKind::MatMul { .. } => {
-                let plan = matmul::plan(kernel, Target::cpu(crate::cpu_isa()?))?;
-                // The schedule gave the launch the scratch of the kernel's
-                // computed operands (`Kernel::scratch_bytes`); kiln's
-                // cores read every other operand in place.
-                if plan.scratch_bytes > kernel.scratch_bytes() {
-                    return Err(crate::codegen(
-                        crate::label(kernel),
-                        format!(
-                            "a matmul plan needs {} scratch bytes, the schedule gave {}",
-                            plan.scratch_bytes,
-                            kernel.scratch_bytes()
-                        ),
-                    ));
-                }
-                let mut prologues = [None, None];
-                for (slot, o) in prologues.iter_mut().zip([&plan.a, &plan.b]) {
-                    if let Source::Written { prologue, .. } = &o.source {
-                        let code = code.as_mut().map(|c| &mut **c as &mut dyn FnMut(&str));
-                        *slot = Some(Box::new(CompiledKernel::new(prologue, code)?));
-                    }
-                }
-                let layout = |o: &PlanOperand| {
-                    Strided::of(o).map_err(|problem| crate::codegen(crate::label(kernel), problem))
-                };
-                let layouts = [layout(&plan.a)?, layout(&plan.b)?];
-                Some(MatMul {
-                    plan,
-                    prologues,
-                    layouts,
-                })
-            }
+            KernelKind::MatMul { .. } => Some(MatMul::compile(kernel, &mut code)?),
             _ => None,
         };
         // A depthwise convolution's sum by the machine kernel, on kiln's

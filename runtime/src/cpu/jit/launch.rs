@@ -105,7 +105,14 @@ impl CompiledKernel {
         let bound = self.bind(inputs, out, side, scratch)?;
         match (&self.matmul, &self.taps, &self.kernel.kind) {
             (Some(matmul), _, _) => {
-                self.run_matmul(matmul, &bound, (inputs, out, scratch), computed, packed)
+                let product = matmul.product(out, scratch);
+                self.run_matmul(
+                    matmul,
+                    &bound,
+                    (inputs, &product, scratch),
+                    computed,
+                    packed,
+                )
             }
             (None, Some(taps), _) => self.run_taps(taps, &bound, inputs, out),
             (None, None, KernelKind::Attention { .. }) => self.run_attention(inputs, out),
@@ -199,7 +206,7 @@ fn row_blocks(rows: usize, row_len: usize) -> Vec<(usize, usize)> {
 }
 
 /// The buffer table handed to generated code: the inputs, the output, the
-/// side outputs.
+/// side outputs, and a matmul's product where it lies apart.
 struct Table(Vec<*mut u8>);
 
 // SAFETY: the table is read-only while kernels run; the pointers it holds are
@@ -339,8 +346,9 @@ pub(super) fn views<'b, T: Plain, const N: usize>(
     // views live (`out` is borrowed mutably), and besides it only by the
     // epilogue's generated code over rows the machine kernel hands back
     // finished and no longer touches (`run_matmul`, `run_taps`): a write
-    // through the launch's own pointer to memory this slice covers, which
-    // Rust's aliasing rules do not grant; no access of the machine kernel's
+    // (or, for a product apart from the output, a read) through the
+    // launch's own pointer to memory this slice covers, which Rust's
+    // aliasing rules do not grant; no access of the machine kernel's
     // overlaps it.
     let product = unsafe {
         std::slice::from_raw_parts_mut(out.ptr.cast::<f32>(), out.bytes / size_of::<f32>())

@@ -105,23 +105,23 @@ impl CompiledKernel {
     }
 
     /// Runs a matmul kernel by its plan over its launch's buffers
-    /// (`bound`): its written operands where `computed` says, the GEMM
-    /// core (over `packed`, the right operand packed before, where the
+    /// (`bound`; `product`, where the GEMM stores the product,
+    /// `MatMul::product`): its written operands where `computed` says, the
+    /// GEMM core (over `packed`, the right operand packed before, where the
     /// launch passes the value it was packed from), then the epilogue.
     pub(super) fn run_matmul(
         &self,
-        matmul: &MatMul,
-        bound: &Bound<'_>,
-        (inputs, out, scratch): (&[&Buffer], &Buffer, &Buffer),
-        computed: &[Computed; 2],
-        packed: Option<&PackedOperand>,
-    ) -> Result<(), Error> {
-        let MatMul {
+        MatMul {
             plan,
             prologues,
             layouts,
-        } = matmul;
-        let mut product = matmul.product(out, scratch);
+        }: &MatMul,
+        bound: &Bound<'_>,
+        (inputs, product, scratch): (&[&Buffer], &Buffer, &Buffer),
+        computed: &[Computed; 2],
+        packed: Option<&PackedOperand>,
+    ) -> Result<(), Error> {
+        let mut product = product.alias();
         let isa = crate::cpu_isa()?;
         let kernel = &self.kernel;
         let [a, b] = [0, 1].map(|side| {
@@ -336,7 +336,7 @@ struct Run {
     in_registers: bool,
 }
 
-/// One batch's product into its part of the output, on so many threads,
+/// One batch's product into its part of the product's buffer, on so many threads,
 /// calling the function on each block of rows done; true where the GEMM
 /// applied the epilogue and called it.
 type Batch<'a> = dyn Fn(usize, &mut [f32], usize, &(dyn Fn(usize, usize) + Sync)) -> Result<bool, Error>

@@ -1,5 +1,5 @@
 //! The loops of an elementwise kernel, or of a matmul's epilogue over the
-//! product in place, as its plan says (`loops::Map`): one flat loop, or a
+//! product (in the output, or apart), as its plan says (`loops::Map`): one flat loop, or a
 //! row loop around the stretches of each row, each a loop (four lanes at a
 //! time where its version says) or a branch on a condition computed once
 //! per row to a version of each side.
