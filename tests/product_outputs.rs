@@ -8,7 +8,7 @@
 #[allow(dead_code)]
 mod agree;
 
-use agree::{Tol, check, input, product_tol};
+use agree::{EXACT, Tol, check, input, product_tol};
 use kiln::{DType, Options, Result, Tensor};
 
 /// `f`'s graph is one kernel: its output's conversion costs none.
@@ -78,10 +78,6 @@ fn products_into_integer_and_boolean_outputs() -> Result<()> {
     };
     for (m, k, n) in [(3, 7, 5), (37, 64, 129)] {
         let (x, w) = (ints(&[m, k], 1)?, ints(&[k, n], 2)?);
-        let exact = Tol {
-            rtol: 0.0,
-            atol: 0.0,
-        };
         let to_i64 = |t: &[Tensor]| t[0].matmul(&t[1])?.cast(DType::I64);
         let zero = Tensor::scalar(0.0f32);
         let positive = |t: &[Tensor]| t[0].matmul(&t[1])?.gt(&zero);
@@ -95,7 +91,7 @@ fn products_into_integer_and_boolean_outputs() -> Result<()> {
             ("relu(x@w) as u8", &to_u8),
         ] {
             let what = format!("{what} {m}x{k}x{n}");
-            check(&what, &[x.clone(), w.clone()], exact, f)?;
+            check(&what, &[x.clone(), w.clone()], EXACT, f)?;
             one_kernel(&what, &[x.clone(), w.clone()], f)?;
         }
     }

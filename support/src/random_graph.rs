@@ -8,8 +8,8 @@
 //! f64 values (cast in, arithmetic with a 64-bit constant, maybe a
 //! reduction, cast out); shapes full of 1s and some 0s; inputs with NaN,
 //! infinities (but in `Mode::Continuous`, whose inputs, constants and pad
-//! fills are finite) and -0. The graph's first output
-//! is f32. The same seed gives the same graph.
+//! fills are finite) and -0. The graph's first output is f32. The same
+//! seed gives the same graph.
 
 use kiln_ir::{
     BinaryOp, DType, Data, Graph, NodeId, Op, ReduceOp, Scalar, Shape, SliceRange, TensorType,
