@@ -23,7 +23,7 @@
 
 #![allow(unsafe_code)]
 
-use super::panel::{InPlace, Packed, PanelA, aligned, pack_a};
+use super::panel::{InPlace, Packed, PanelA, aligned, pack_a, widen_rows};
 use super::share::{by_panels, by_rows};
 use super::tuning::Tuning;
 use super::{Element, Operand, RawFused};
@@ -272,16 +272,36 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
 ) {
     let (a, n) = (product.a, product.n);
     let (r0, mr) = (rows.start, rows.len());
-    let len = match product.a_in_place {
-        Some(_) => 0,
-        None => mr.div_ceil(MR) * MR * kc,
+    let widened = match product.a_in_place {
+        Some(_) => None,
+        None => widened_stride::<MR, NR, T>(a, kc),
+    };
+    let len = match (product.a_in_place, widened) {
+        (Some(_), _) => 0,
+        (None, Some(stride)) => mr * stride,
+        (None, None) => mr.div_ceil(MR) * MR * kc,
     };
     let packed_a = aligned(packed_a, len);
-    if product.a_in_place.is_none() {
-        // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
-        // inside its buffer (the contract of `sgemm`).
-        unsafe { pack_a::<MR, T>(a, r0, mr, k0, kc, packed_a) };
-    }
+    // A's rows read in place: the operand, the first of its rows in this
+    // block, and the first column; or `None` for panels.
+    let in_place = match (product.a_in_place, widened) {
+        (Some(a), _) => Some((a, 0, k0)),
+        (None, Some(stride)) => {
+            // SAFETY: as below; `packed_a` holds `mr` rows `stride` apart.
+            unsafe { widen_rows(a, (r0, mr), (k0, kc), packed_a, stride) };
+            Some((
+                Operand::strided(packed_a.as_ptr(), stride as isize, 1),
+                r0,
+                0,
+            ))
+        }
+        (None, None) => {
+            // SAFETY: rows `r0..r0 + mr` and columns `k0..k0 + kc` of a are
+            // inside its buffer (the contract of `sgemm`).
+            unsafe { pack_a::<MR, T>(a, r0, mr, k0, kc, packed_a) };
+            None
+        }
+    };
     let (packed_a, _) = packed_a.as_chunks::<MR>();
     for p0 in panels.clone().step_by(K::TUNING.nc_panels) {
         for t in 0..mr.div_ceil(MR) {
@@ -299,11 +319,11 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
                 };
                 let (b_rows, b_stride) = panel(p);
                 let c = product.c.0;
-                if let Some(a) = product.a_in_place {
-                    // SAFETY: `a_in_place`: rows of a are contiguous; the
-                    // tile's rows (1 to MR of them), columns `k0..k0 + kc`,
-                    // are inside its buffer.
-                    let a_rows = unsafe { InPlace::new(a, r0 + t * MR, tile.rows, k0, kc) };
+                if let Some((a, first, l0)) = in_place {
+                    // SAFETY: rows of a (where it lies, or widened) are
+                    // contiguous; the tile's rows (1 to MR of them), `kc`
+                    // columns from `l0`, are inside its buffer.
+                    let a_rows = unsafe { InPlace::new(a, r0 + t * MR - first, tile.rows, l0, kc) };
                     // SAFETY: the CPU has K's ISA; the tile lies in C, whose
                     // rows and columns here are this caller's alone.
                     unsafe { K::tile(a_rows, b_rows, b_stride, c, tile) };
@@ -315,6 +335,23 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
             }
         }
     }
+}
+
+/// The distance between the rows of a depth block of `kc` columns of `a`
+/// widened row by row into f32 (`widen_rows`), where `a` is bf16 and its
+/// rows contiguous: then the core reads them as f32 rows in place, which
+/// costs less than turning them into panels (`benches/RESULTS-cpu.md`).
+/// At least `kc`, and enough that the rows spread over the cache's sets.
+fn widened_stride<const MR: usize, const NR: usize, T: Element>(
+    a: Operand<T>,
+    kc: usize,
+) -> Option<usize> {
+    let contiguous = T::as_f32(a).is_none() && a.cols == 1 && !a.tabled();
+    let spread = |stride: &usize| spread_over_sets::<MR>(*stride as isize, NR.div_ceil(16));
+    // A line more at a time moves each row to another set: one of the first
+    // 64 such strides spreads them.
+    let stride = (0..64).map(|lines| kc + 16 * lines).find(spread);
+    stride.filter(|_| contiguous)
 }
 
 /// Whether a core of `MR x NR` tiles reads `a` where it lies (rather than

@@ -349,6 +349,38 @@ pub(super) unsafe fn pack_a<const MR: usize, T: Element>(
     }
 }
 
+/// Rows `r0..r0 + mr` of a, columns `k0..k0 + kc`, widened to f32 into
+/// `out`, row `i` from `out[i * stride]`, four elements at a time in SSE
+/// registers.
+///
+/// # Safety
+/// `a.cols == 1` and `a` has no table; those elements of a lie inside its
+/// buffer; `kc <= stride` and `out` holds `mr * stride` elements.
+pub(super) unsafe fn widen_rows<T: Element>(
+    a: Operand<T>,
+    (r0, mr): (usize, usize),
+    (k0, kc): (usize, usize),
+    out: &mut [f32],
+    stride: usize,
+) {
+    debug_assert!(a.cols == 1 && !a.tabled() && kc <= stride && out.len() >= mr * stride);
+    for (i, row) in out.chunks_exact_mut(stride).take(mr).enumerate() {
+        let from = a
+            .ptr
+            .wrapping_offset((r0 + i) as isize * a.rows + k0 as isize);
+        let (quads, _) = row[..kc].as_chunks_mut::<4>();
+        for (q, quad) in quads.iter_mut().enumerate() {
+            // SAFETY: elements `k0 + 4q..k0 + 4q + 4` of row `r0 + i` (the
+            // contract of this function); `quad` holds four.
+            unsafe { _mm_storeu_ps(quad.as_mut_ptr(), T::load4(from.add(4 * q))) };
+        }
+        for (l, x) in row[..kc].iter_mut().enumerate().skip(kc / 4 * 4) {
+            // SAFETY: as above, one past the whole fours.
+            *x = unsafe { *from.add(l) }.to_f32();
+        }
+    }
+}
+
 /// A tile's rows of A along one depth block: element `(i, l)`, row `i` of
 /// the tile at depth `l`.
 pub(super) trait PanelA<const MR: usize> {
