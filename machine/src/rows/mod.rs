@@ -1,14 +1,17 @@
 //! The 256-bit row functions that generated code calls where the CPU has
 //! AVX2 and FMA (Cranelift emits 128-bit vectors only): e^(x - shift) over
 //! a row with its sum (`exp`), a row's max, its sum and a row scaled by a
-//! number (`ops`). Generated code calls them by address
-//! (`kiln_exp_sum`, `kiln_max_row`, `kiln_sum_row`, `kiln_scale_row`); the
-//! safe forms here take slices, and refuse a CPU without AVX2 and FMA.
+//! number (`ops`), and a row rounded to bf16 (`bf16`). Generated code calls
+//! them by address (`kiln_exp_sum`, `kiln_max_row`, `kiln_sum_row`,
+//! `kiln_scale_row`, `kiln_bf16_row`); the safe forms here take slices,
+//! and refuse a CPU without AVX2 and FMA.
 //!
 //! `unsafe` here is the calls of the row functions on the slices' rows.
 
 #![allow(unsafe_code)]
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod exp;
 #[cfg(target_arch = "x86_64")]
@@ -16,6 +19,8 @@ mod ops;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;
 
+#[cfg(target_arch = "x86_64")]
+pub use bf16::kiln_bf16_row;
 #[cfg(target_arch = "x86_64")]
 pub use exp::kiln_exp_sum;
 #[cfg(target_arch = "x86_64")]
@@ -121,5 +126,23 @@ pub fn scale(row: &mut [f32], c: f32) -> Result<(), Error> {
     // SAFETY: the CPU has AVX2 and FMA; `row` is this call's to read and
     // write.
     unsafe { kiln_scale_row(p, c, p, len(row)) };
+    Ok(())
+}
+
+/// `dst[j]` = the bits of the bf16 nearest `src[j]` (`dst` of `src`'s
+/// length): ties to even, overflow to infinity, NaN a quiet NaN.
+#[cfg(target_arch = "x86_64")]
+pub fn round_bf16(src: &[f32], dst: &mut [u16]) -> Result<(), Error> {
+    check()?;
+    if dst.len() != src.len() {
+        return Err(Error::Short {
+            what: "destination row",
+            len: dst.len(),
+            needs: src.len(),
+        });
+    }
+    // SAFETY: the CPU has AVX2 and FMA; `src` and `dst` hold the row's
+    // elements, and `dst` is borrowed apart from `src`.
+    unsafe { kiln_bf16_row(src.as_ptr(), dst.as_mut_ptr(), len(src)) };
     Ok(())
 }

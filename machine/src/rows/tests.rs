@@ -134,6 +134,56 @@ fn exp_sum_sums_what_it_stores_from_its_shifted_source() {
     }
 }
 
+/// Against the `half` crate's rounding, for NaN's payload (whose bits the
+/// crate also keeps, quieted): every length through the pairs of vectors
+/// and the tail, each edge value in every lane, with guards either side.
+#[test]
+fn bf16_rounds_every_element_as_half_does() {
+    if !available() {
+        eprintln!("skipped: this CPU lacks AVX2 or FMA");
+        return;
+    }
+    let edges = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001), // a signalling NaN
+        f32::from_bits(0xffc1_2345),
+        f32::MAX,                    // rounds up to infinity
+        f32::from_bits(0x7f7f_7fff), // the largest that stays finite
+        f32::from_bits(0x3f80_8000), // a tie, down to even
+        f32::from_bits(0x3f81_8000), // a tie, up to even
+        f32::from_bits(0x3f80_8001),
+        f32::from_bits(0x0000_0001), // subnormals
+        f32::from_bits(0x8040_8000),
+        1.0 / 3.0,
+    ];
+    for n in [0, 1, 7, 15, 16, 17, 31, 32, 33, 100, 1027] {
+        let base: Vec<f32> = (0..n).map(|i| (i % 29) as f32 * 0.731 - 9.0).collect();
+        for (e, &edge) in edges.iter().enumerate() {
+            let mut src = base.clone();
+            for x in src.iter_mut().skip(e % 3).step_by(3) {
+                *x = edge;
+            }
+            let mut dst = vec![0xdeadu16; n + 2];
+            round_bf16(&src, &mut dst[1..=n]).unwrap();
+            assert_eq!((dst[0], dst[n + 1]), (0xdead, 0xdead), "length {n}: guards");
+            for (j, (&x, &got)) in src.iter().zip(&dst[1..=n]).enumerate() {
+                let want = half::bf16::from_f32(x).to_bits();
+                assert_eq!(
+                    got,
+                    want,
+                    "length {n}, element {j}: {x:e} ({:#x})",
+                    x.to_bits()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn rows_of_another_length_are_refused() {
     if !available() {
@@ -148,6 +198,9 @@ fn rows_of_another_length_are_refused() {
         needs: 9,
     };
     assert_eq!(exp_sum(&src, 0.0, Some(&mut dst)), Err(short.clone()));
-    assert_eq!(scale_into(&src, 2.0, &mut dst), Err(short));
+    assert_eq!(scale_into(&src, 2.0, &mut dst), Err(short.clone()));
     assert_eq!(dst, [0.0; 8], "nothing written");
+    let mut bits = [0u16; 8];
+    assert_eq!(round_bf16(&src, &mut bits), Err(short));
+    assert_eq!(bits, [0; 8], "nothing written");
 }

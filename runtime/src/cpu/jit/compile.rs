@@ -51,6 +51,8 @@ fn host_address(name: &str) -> Option<*const u8> {
         lower::Host::SumRow => rows::kiln_sum_row as *const u8,
         #[cfg(target_arch = "x86_64")]
         lower::Host::ScaleRow => rows::kiln_scale_row as *const u8,
+        #[cfg(target_arch = "x86_64")]
+        lower::Host::Bf16Row => rows::kiln_bf16_row as *const u8,
         // Called only where `row_calls` holds.
         #[cfg(not(target_arch = "x86_64"))]
         _ => return None,

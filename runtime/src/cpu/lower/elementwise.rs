@@ -10,6 +10,7 @@ use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::DType;
 
 use super::emit::{Emitter, Placed, RowBase, Rows};
+use super::row_call::ROW_CALL_MIN;
 use super::{RowRange, UNROLL};
 use crate::loops::Map;
 use crate::loops::hoist::{Stretch, Version};
@@ -44,6 +45,7 @@ impl<'a> Emitter<'a> {
                     hoisted: &hoisted,
                     out: (out, bases[bases.len() - 1]),
                     acc,
+                    long: true,
                 };
                 self.version(&s.version, &run, start..end);
             }
@@ -94,6 +96,7 @@ impl<'a> Emitter<'a> {
             hoisted: &hoisted,
             out: (out, bases[bases.len() - 1]),
             acc,
+            long: span.len() >= ROW_CALL_MIN,
         };
         self.version(&s.version, &run, from..to);
     }
@@ -115,7 +118,14 @@ impl<'a> Emitter<'a> {
                     rows: Rows::One(&bases),
                     hoisted: run.hoisted,
                 };
-                self.inner_loop(at, run.out, span, *lanes, run.acc);
+                // A row rounded to bf16, long enough: by a call, in 256-bit
+                // vectors.
+                let called = run.long
+                    && self.row_calls()
+                    && self.bf16_row(at, run.out, span.clone(), run.acc);
+                if !called {
+                    self.inner_loop(at, run.out, span, *lanes, run.acc);
+                }
             }
             Version::Branch { cond, taken, other } => {
                 let cond = run.hoisted[*cond as usize]
@@ -166,12 +176,15 @@ impl<'a> Emitter<'a> {
 }
 
 /// A stretch at a row: the positions of its reads there, the
-/// values it computes once, the output at the row, and where the product
+/// values it computes once, the output at the row, where the product
 /// the block reads (`Expr::Acc`) lies, laid out as the output, if it reads
-/// one.
+/// one, and whether it is long.
 struct AtRow<'r> {
     bases: &'r [RowBase],
     hoisted: &'r [Option<Value>],
     out: (&'r Access, RowBase),
     acc: Option<&'r Access>,
+    /// Whether its stretch is long enough for a row function
+    /// (`ROW_CALL_MIN`): a range of elements (a flat loop's) is taken to be.
+    long: bool,
 }

@@ -104,10 +104,12 @@ pub(crate) enum Host {
     SumRow,
     /// `kiln_scale_row(src, c, dst, n)` (`kiln_machine::rows`).
     ScaleRow,
+    /// `kiln_bf16_row(src, dst, n)` (`kiln_machine::rows`).
+    Bf16Row,
 }
 
 impl Host {
-    pub(crate) const ALL: [Host; 8] = [
+    pub(crate) const ALL: [Host; 9] = [
         Host::PowF,
         Host::PowD,
         Host::RemD,
@@ -116,6 +118,7 @@ impl Host {
         Host::MaxRow,
         Host::SumRow,
         Host::ScaleRow,
+        Host::Bf16Row,
     ];
 
     /// The symbol the JIT resolves.
@@ -129,6 +132,7 @@ impl Host {
             Host::MaxRow => "kiln_max_row",
             Host::SumRow => "kiln_sum_row",
             Host::ScaleRow => "kiln_scale_row",
+            Host::Bf16Row => "kiln_bf16_row",
         }
     }
 
@@ -142,6 +146,7 @@ impl Host {
             Host::ExpSum => (vec![ptr, f, ptr, n, ptr], Some(f)),
             Host::MaxRow | Host::SumRow => (vec![ptr, n], Some(f)),
             Host::ScaleRow => (vec![ptr, f, ptr, n], None),
+            Host::Bf16Row => (vec![ptr, ptr, n], None),
         }
     }
 }
@@ -155,7 +160,7 @@ pub(crate) struct Calls<'a> {
     module: &'a mut dyn Module,
     imported: [Option<FuncRef>; Host::ALL.len()],
     /// Whether the 256-bit row functions (`ExpSum`, `MaxRow`, `SumRow`,
-    /// `ScaleRow`) may be called: where the CPU runs them.
+    /// `ScaleRow`, `Bf16Row`) may be called: where the CPU runs them.
     rows: bool,
 }
 

@@ -1,7 +1,8 @@
 //! Rows handed to the 256-bit row functions (`kiln_machine::rows`): which
 //! blocks have a row function's form (a contiguous f32 row of one read,
 //! and a number constant along it), and the calls
-//! for a row's max or sum and for an epilogue that scales a row.
+//! for a row's max or sum, for an epilogue that scales a row, and for one
+//! that rounds a row to bf16.
 //!
 //! Why calls: Cranelift emits 128-bit vectors only. With softmax's exp in
 //! a 256-bit call, its other passes (the max, staging `x - max` for the
@@ -11,6 +12,8 @@
 //! vectors takes (`benches/RESULTS-cpu.md`). A call is made once per row,
 //! where the vector registers it does not preserve cost little, and only on
 //! rows of `ROW_CALL_MIN` and more.
+
+use std::ops::Range;
 
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::kernel::Expr;
@@ -113,6 +116,51 @@ impl Emitter<'_> {
         let dst = self.row_address(out, out_base, DType::F32);
         let n = self.iconst(len as i64);
         self.call(Host::ScaleRow, &[src, c, dst, n]);
+        true
+    }
+
+    /// Elements `from..to` of the output row at `out_base` stored by
+    /// `kiln_bf16_row`, where `at`'s block only rounds a contiguous f32 row
+    /// to the bf16 output: a matmul's product apart from the output (a
+    /// bf16 product's rounding) or a read (a cast); false where it does
+    /// more, or writes side outputs.
+    pub(super) fn bf16_row(
+        &mut self,
+        at: Placed,
+        (out, out_base): (&Access, RowBase),
+        Range {
+            start: from,
+            end: to,
+        }: Range<Value>,
+        acc: Option<&Access>,
+    ) -> bool {
+        let Some(last) = at.block.values.last() else {
+            return false;
+        };
+        let (Expr::Cast(x), DType::BF16) = (&last.expr, self.out_dtype) else {
+            return false;
+        };
+        let x = *x as usize;
+        if !self.side.is_empty() || !out.unit_stride() || at.block.values[x].dtype != DType::F32 {
+            return false;
+        }
+        let src = match (&at.block.values[x].expr, acc) {
+            (Expr::Acc, Some(acc)) if acc.buffer != out.buffer && acc.unit_stride() => {
+                self.row_address(acc, out_base, DType::F32)
+            }
+            (Expr::Acc, _) => return false,
+            _ => match self.contiguous_row(at, x) {
+                Some(src) => src,
+                None => return false,
+            },
+        };
+        let dst = self.row_address(out, out_base, DType::BF16);
+        let src_from = self.b.ins().imul_imm_s(from, DType::F32.size() as i64);
+        let src = self.b.ins().iadd(src, src_from);
+        let dst_from = self.b.ins().imul_imm_s(from, DType::BF16.size() as i64);
+        let dst = self.b.ins().iadd(dst, dst_from);
+        let n = self.b.ins().isub(to, from);
+        self.call(Host::Bf16Row, &[src, dst, n]);
         true
     }
 }
