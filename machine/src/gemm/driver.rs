@@ -287,7 +287,10 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
     let in_place = match (product.a_in_place, widened) {
         (Some(a), _) => Some((a, 0, k0)),
         (None, Some(stride)) => {
-            // SAFETY: as below; `packed_a` holds `mr` rows `stride` apart.
+            // SAFETY: the CPU has K's ISA, AVX2 or more; rows `r0..r0 +
+            // mr` and columns `k0..k0 + kc` of a are inside its buffer (the
+            // contract of `sgemm`); `packed_a` holds `mr` rows `stride`
+            // apart.
             unsafe { widen_rows(a, (r0, mr), (k0, kc), packed_a, stride) };
             Some((
                 Operand::strided(packed_a.as_ptr(), stride as isize, 1),

@@ -350,12 +350,15 @@ pub(super) unsafe fn pack_a<const MR: usize, T: Element>(
 }
 
 /// Rows `r0..r0 + mr` of a, columns `k0..k0 + kc`, widened to f32 into
-/// `out`, row `i` from `out[i * stride]`, four elements at a time in SSE
-/// registers.
+/// `out`, row `i` from `out[i * stride]`: a plain loop, which the compiler
+/// turns into 256-bit widening loads for AVX2, twice the elements of an
+/// SSE step.
 ///
 /// # Safety
-/// `a.cols == 1` and `a` has no table; those elements of a lie inside its
-/// buffer; `kc <= stride` and `out` holds `mr * stride` elements.
+/// The CPU has AVX2 (every core of the driver); `a.cols == 1` and `a` has
+/// no table; those elements of a lie inside its buffer; `kc <= stride` and
+/// `out` holds `mr * stride` elements.
+#[target_feature(enable = "avx2")]
 pub(super) unsafe fn widen_rows<T: Element>(
     a: Operand<T>,
     (r0, mr): (usize, usize),
@@ -368,14 +371,9 @@ pub(super) unsafe fn widen_rows<T: Element>(
         let from = a
             .ptr
             .wrapping_offset((r0 + i) as isize * a.rows + k0 as isize);
-        let (quads, _) = row[..kc].as_chunks_mut::<4>();
-        for (q, quad) in quads.iter_mut().enumerate() {
-            // SAFETY: elements `k0 + 4q..k0 + 4q + 4` of row `r0 + i` (the
-            // contract of this function); `quad` holds four.
-            unsafe { _mm_storeu_ps(quad.as_mut_ptr(), T::load4(from.add(4 * q))) };
-        }
-        for (l, x) in row[..kc].iter_mut().enumerate().skip(kc / 4 * 4) {
-            // SAFETY: as above, one past the whole fours.
+        for (l, x) in row[..kc].iter_mut().enumerate() {
+            // SAFETY: element `k0 + l` of row `r0 + i` (the contract of
+            // this function).
             *x = unsafe { *from.add(l) }.to_f32();
         }
     }
