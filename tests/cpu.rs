@@ -31,7 +31,7 @@ fn unary_ops_at_every_size() -> Result<()> {
             atol: 1e-37,
         },
     };
-    let ops: [(&str, Op, Tol); 20] = [
+    let ops: [(&str, Op, Tol); 21] = [
         ("neg", Tensor::neg, EXACT),
         ("abs", Tensor::abs, EXACT),
         ("relu", Tensor::relu, EXACT),
@@ -69,6 +69,15 @@ fn unary_ops_at_every_size() -> Result<()> {
                 atol: 1e-37,
             },
         ),
+        // x * sigmoid(x): a row function's over long rows on the CPU.
+        (
+            "silu",
+            |x| x.mul(&x.sigmoid()?),
+            Tol {
+                rtol: 1e-6,
+                atol: 1e-37,
+            },
+        ),
         ("sin", Tensor::sin, called),
         ("cos", Tensor::cos, called),
         ("tan", Tensor::tan, called),
@@ -88,6 +97,34 @@ fn unary_ops_at_every_size() -> Result<()> {
         }
         let x = input(&[4096, 1000], 7, true)?;
         check(&format!("{name} [4096,1000]"), &[x], tol, |t| op(&t[0]))?;
+    }
+    Ok(())
+}
+
+/// SiLU as the epilogue of a product (in place, over rows of 1 to 1027)
+/// and of a depthwise convolution's sums (rows of 7 and 40), where the
+/// CPU's generated code calls a row function on rows of 32 and more.
+#[test]
+fn silu_after_products_and_depthwise_sums() -> Result<()> {
+    let silu = |y: Tensor| y.mul(&y.sigmoid()?);
+    let tol = |k: usize| Tol {
+        rtol: 1e-6 + agree::product_tol(k, 16.0).rtol,
+        ..agree::product_tol(k, 16.0)
+    };
+    for n in SIZES {
+        let (x, w) = (input(&[9, 37], 61, false)?, input(&[37, n], 62, false)?);
+        let what = format!("silu(x@w) 9x37x{n}");
+        check(&what, &[x, w], tol(37), |t| silu(t[0].matmul(&t[1])?))?;
+    }
+    for (h, w) in [(9, 7), (6, 40)] {
+        let (x, k) = (
+            input(&[1, 5, h, w], 63, false)?,
+            input(&[5, 1, 3, 3], 64, false)?,
+        );
+        let what = format!("silu(depthwise) 5x{h}x{w}");
+        check(&what, &[x, k], tol(9), |t| {
+            silu(t[0].conv2d(&t[1], None, [1, 1], [(1, 1), (1, 1)], [1, 1], 5)?)
+        })?;
     }
     Ok(())
 }

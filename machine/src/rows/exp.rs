@@ -1,8 +1,9 @@
-//! e^(x - shift) over a row, with the row's sum, in 256-bit AVX2+FMA
-//! vectors, for generated code to call: the reduction `sum(exp(...))` of
-//! softmax, log_softmax and logsumexp spends most of its time in exp, and
-//! Cranelift emits 128-bit vectors only, so its own exp takes twice the
-//! instructions per element. The arithmetic is `Math::exp`'s, operation for
+//! e^(x - shift) over a row, with the row's sum, and SiLU over a row
+//! (`x * sigmoid(x)`), in 256-bit AVX2+FMA vectors, for generated code to
+//! call: the reduction `sum(exp(...))` of softmax, log_softmax and
+//! logsumexp spends most of its time in exp, as the SiLU after each of
+//! EfficientNet's convolutions does, and Cranelift emits 128-bit vectors
+//! only, so its own exp takes twice the instructions per element. The arithmetic is `Math::exp`'s, operation for
 //! operation (fused multiply-adds included), so every element gets the same
 //! bits whichever computes it (the runtime's `cpu::math`; its test compares
 //! the two bit for bit): `Math::exp`'s bounds hold here.
@@ -15,9 +16,10 @@
 use std::arch::x86_64::{
     __m256, __m256i, _CMP_LT_OQ, _CMP_NLE_UQ, _MM_HINT_T0, _mm_prefetch, _mm256_add_epi32,
     _mm256_add_ps, _mm256_andnot_ps, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmp_ps,
-    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_movemask_ps,
-    _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32,
-    _mm256_srai_epi32, _mm256_storeu_ps, _mm256_sub_epi32, _mm256_sub_ps,
+    _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps,
+    _mm256_movemask_ps, _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps,
+    _mm256_slli_epi32, _mm256_srai_epi32, _mm256_storeu_ps, _mm256_sub_epi32, _mm256_sub_ps,
+    _mm256_xor_ps,
 };
 
 /// Stores `e^(src[j] - shift)` to `dst[j]` for `j < n` (no store where
@@ -132,6 +134,58 @@ unsafe fn exp_sum<const STORE: bool>(
         total += tail[..rest].iter().sum::<f32>();
     }
     total
+}
+
+/// Stores `x * sigmoid(x)` to `dst[j]` for `x = src[j]`, `j < n`: the
+/// generated code's SiLU operation for operation (`-x` by its sign bit,
+/// `1 / (1 + e^-x)`, the product), so each element gets the same bits.
+/// `src` may be `dst`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (`super::available`); `n` elements at `src` are
+/// readable, and the `n` at `dst` this caller's to write (`src` itself or
+/// apart).
+pub unsafe extern "C" fn kiln_silu_row(src: *const f32, dst: *mut f32, n: i64) {
+    // SAFETY: the contract of this function.
+    unsafe { silu_row(src, dst, n.max(0) as usize) }
+}
+
+/// `kiln_silu_row`: two vectors at a time, then one, then the last few
+/// through a vector on the stack.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `src..src + n` is readable and `dst..dst + n`
+/// this caller's to write (`src` itself or apart).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_row(src: *const f32, dst: *mut f32, n: usize) {
+    let silu = |x: __m256| {
+        let (e, _) = exp8::<false>(_mm256_xor_ps(x, splat(-0.0)));
+        let one = splat(1.0);
+        _mm256_mul_ps(x, _mm256_div_ps(one, _mm256_add_ps(one, e)))
+    };
+    let mut i = 0;
+    // SAFETY (every access below): `i + 8 <= n`, inside both rows.
+    while i + 16 <= n {
+        let (x, y) = unsafe { (_mm256_loadu_ps(src.add(i)), _mm256_loadu_ps(src.add(i + 8))) };
+        unsafe { _mm256_storeu_ps(dst.add(i), silu(x)) };
+        unsafe { _mm256_storeu_ps(dst.add(i + 8), silu(y)) };
+        i += 16;
+    }
+    while i + 8 <= n {
+        let x = unsafe { _mm256_loadu_ps(src.add(i)) };
+        unsafe { _mm256_storeu_ps(dst.add(i), silu(x)) };
+        i += 8;
+    }
+    if i < n {
+        let rest = n - i;
+        let mut tail = [0f32; 8];
+        // SAFETY: `rest` elements from `i` are inside both rows, and `tail`
+        // holds eight; the stack is apart from both.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(i), tail.as_mut_ptr(), rest) };
+        let x = unsafe { _mm256_loadu_ps(tail.as_ptr()) };
+        unsafe { _mm256_storeu_ps(tail.as_mut_ptr(), silu(x)) };
+        unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), dst.add(i), rest) };
+    }
 }
 
 #[target_feature(enable = "avx2,fma")]

@@ -1,10 +1,11 @@
 //! The 256-bit row functions that generated code calls where the CPU has
 //! AVX2 and FMA (Cranelift emits 128-bit vectors only): e^(x - shift) over
-//! a row with its sum (`exp`), a row's max, its sum and a row scaled by a
-//! number (`ops`), and a row rounded to bf16 (`bf16`). Generated code calls
-//! them by address (`kiln_exp_sum`, `kiln_max_row`, `kiln_sum_row`,
-//! `kiln_scale_row`, `kiln_bf16_row`); the safe forms here take slices,
-//! and refuse a CPU without AVX2 and FMA.
+//! a row with its sum and SiLU over a row (`exp`), a row's max, its sum
+//! and a row scaled by a number (`ops`), and a row rounded to bf16
+//! (`bf16`). Generated code calls them by address (`kiln_exp_sum`,
+//! `kiln_silu_row`, `kiln_max_row`, `kiln_sum_row`, `kiln_scale_row`,
+//! `kiln_bf16_row`); the safe forms here take slices, and refuse a CPU
+//! without AVX2 and FMA.
 //!
 //! `unsafe` here is the calls of the row functions on the slices' rows.
 
@@ -22,7 +23,7 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 pub use bf16::kiln_bf16_row;
 #[cfg(target_arch = "x86_64")]
-pub use exp::kiln_exp_sum;
+pub use exp::{kiln_exp_sum, kiln_silu_row};
 #[cfg(target_arch = "x86_64")]
 pub use ops::{kiln_max_row, kiln_scale_row, kiln_sum_row};
 
@@ -81,6 +82,24 @@ pub fn exp_sum_in_place(row: &mut [f32], shift: f32) -> Result<f32, Error> {
     // SAFETY: the CPU has AVX2 and FMA; `row` is this call's to read and
     // write.
     Ok(unsafe { kiln_exp_sum(p, shift, p, len(row), std::ptr::null()) })
+}
+
+/// `dst[j] = x * sigmoid(x)` for `x = src[j]` (`dst` of `src`'s length),
+/// as generated code computes it.
+#[cfg(target_arch = "x86_64")]
+pub fn silu_into(src: &[f32], dst: &mut [f32]) -> Result<(), Error> {
+    check()?;
+    if dst.len() != src.len() {
+        return Err(Error::Short {
+            what: "destination row",
+            len: dst.len(),
+            needs: src.len(),
+        });
+    }
+    // SAFETY: the CPU has AVX2 and FMA; `src` and `dst` hold the row's
+    // elements, and `dst` is borrowed apart from `src`.
+    unsafe { kiln_silu_row(src.as_ptr(), dst.as_mut_ptr(), len(src)) };
+    Ok(())
 }
 
 /// The IEEE maximum of `row` (-inf for no elements): NaN where the row has

@@ -199,6 +199,7 @@ fn rows_of_another_length_are_refused() {
     };
     assert_eq!(exp_sum(&src, 0.0, Some(&mut dst)), Err(short.clone()));
     assert_eq!(scale_into(&src, 2.0, &mut dst), Err(short.clone()));
+    assert_eq!(silu_into(&src, &mut dst), Err(short.clone()));
     assert_eq!(dst, [0.0; 8], "nothing written");
     let mut bits = [0u16; 8];
     assert_eq!(round_bf16(&src, &mut bits), Err(short));

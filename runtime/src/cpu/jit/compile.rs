@@ -53,6 +53,8 @@ fn host_address(name: &str) -> Option<*const u8> {
         lower::Host::ScaleRow => rows::kiln_scale_row as *const u8,
         #[cfg(target_arch = "x86_64")]
         lower::Host::Bf16Row => rows::kiln_bf16_row as *const u8,
+        #[cfg(target_arch = "x86_64")]
+        lower::Host::SiluRow => rows::kiln_silu_row as *const u8,
         // Called only where `row_calls` holds.
         #[cfg(not(target_arch = "x86_64"))]
         _ => return None,
@@ -509,6 +511,41 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// SiLU's row function (`kiln_silu_row`, which generated code calls for
+    /// `x * sigmoid(x)` over long rows) gives the generated code's bits:
+    /// `x * (1 / (1 + e^-x))`, each one f32 operation, with the generated
+    /// exp; on rows of every tail length.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_row_silu_is_the_generated_silu_bit_for_bit() {
+        if !rows::available() {
+            eprintln!("skipped: this CPU lacks AVX2 or FMA");
+            return;
+        }
+        let values = values();
+        let negated: Vec<f32> = values.iter().map(|&x| -x).collect();
+        let exps = generated_exp(&negated);
+        let mut got = vec![0.0f32; values.len()];
+        let (mut src, mut dst) = (&values[..], &mut got[..]);
+        for len in (1..=40).cycle() {
+            if src.is_empty() {
+                break;
+            }
+            let len = len.min(src.len());
+            let (row, rest) = src.split_at(len);
+            let (out, after) = dst.split_at_mut(len);
+            rows::silu_into(row, out).unwrap();
+            (src, dst) = (rest, after);
+        }
+        for ((&x, &e), &g) in values.iter().zip(&exps).zip(&got) {
+            let w = x * (1.0 / (1.0 + e));
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "silu({x:e}): {g:e} by the row function, {w:e} generated"
+            );
         }
     }
 }

@@ -118,11 +118,12 @@ impl<'a> Emitter<'a> {
                     rows: Rows::One(&bases),
                     hoisted: run.hoisted,
                 };
-                // A row rounded to bf16, long enough: by a call, in 256-bit
-                // vectors.
+                // A row rounded to bf16 or its SiLU, long enough: by a
+                // call, in 256-bit vectors.
                 let called = run.long
                     && self.row_calls()
-                    && self.bf16_row(at, run.out, span.clone(), run.acc);
+                    && (self.bf16_row(at, run.out, span.clone(), run.acc)
+                        || self.silu_row(at, run.out, span.clone(), run.acc));
                 if !called {
                     self.inner_loop(at, run.out, span, *lanes, run.acc);
                 }

@@ -106,10 +106,12 @@ pub(crate) enum Host {
     ScaleRow,
     /// `kiln_bf16_row(src, dst, n)` (`kiln_machine::rows`).
     Bf16Row,
+    /// `kiln_silu_row(src, dst, n)` (`kiln_machine::rows`).
+    SiluRow,
 }
 
 impl Host {
-    pub(crate) const ALL: [Host; 9] = [
+    pub(crate) const ALL: [Host; 10] = [
         Host::PowF,
         Host::PowD,
         Host::RemD,
@@ -119,6 +121,7 @@ impl Host {
         Host::SumRow,
         Host::ScaleRow,
         Host::Bf16Row,
+        Host::SiluRow,
     ];
 
     /// The symbol the JIT resolves.
@@ -133,6 +136,7 @@ impl Host {
             Host::SumRow => "kiln_sum_row",
             Host::ScaleRow => "kiln_scale_row",
             Host::Bf16Row => "kiln_bf16_row",
+            Host::SiluRow => "kiln_silu_row",
         }
     }
 
@@ -146,7 +150,7 @@ impl Host {
             Host::ExpSum => (vec![ptr, f, ptr, n, ptr], Some(f)),
             Host::MaxRow | Host::SumRow => (vec![ptr, n], Some(f)),
             Host::ScaleRow => (vec![ptr, f, ptr, n], None),
-            Host::Bf16Row => (vec![ptr, ptr, n], None),
+            Host::Bf16Row | Host::SiluRow => (vec![ptr, ptr, n], None),
         }
     }
 }
@@ -160,7 +164,8 @@ pub(crate) struct Calls<'a> {
     module: &'a mut dyn Module,
     imported: [Option<FuncRef>; Host::ALL.len()],
     /// Whether the 256-bit row functions (`ExpSum`, `MaxRow`, `SumRow`,
-    /// `ScaleRow`, `Bf16Row`) may be called: where the CPU runs them.
+    /// `ScaleRow`, `Bf16Row`, `SiluRow`) may be called: where the CPU runs
+    /// them.
     rows: bool,
 }
 

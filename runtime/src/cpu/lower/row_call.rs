@@ -1,8 +1,8 @@
 //! Rows handed to the 256-bit row functions (`kiln_machine::rows`): which
 //! blocks have a row function's form (a contiguous f32 row of one read,
 //! and a number constant along it), and the calls
-//! for a row's max or sum, for an epilogue that scales a row, and for one
-//! that rounds a row to bf16.
+//! for a row's max or sum, for an epilogue that scales a row, and for
+//! blocks that round a row to bf16 or take its SiLU.
 //!
 //! Why calls: Cranelift emits 128-bit vectors only. With softmax's exp in
 //! a 256-bit call, its other passes (the max, staging `x - max` for the
@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use cranelift_codegen::ir::{InstBuilder, Value};
 use kiln_ir::kernel::Expr;
-use kiln_ir::{BinaryOp, DType, Scalar};
+use kiln_ir::{BinaryOp, DType, Scalar, UnaryOp};
 
 use super::Host;
 use super::emit::{Emitter, Placed, RowBase, Rows};
@@ -120,10 +120,10 @@ impl Emitter<'_> {
     }
 
     /// Elements `from..to` of the output row at `out_base` stored by
-    /// `kiln_bf16_row`, where `at`'s block only rounds a contiguous f32 row
-    /// to the bf16 output: a matmul's product apart from the output (a
-    /// bf16 product's rounding) or a read (a cast); false where it does
-    /// more, or writes side outputs.
+    /// `kiln_bf16_row`, where `at`'s block only rounds an f32 row
+    /// (`f32_row`: a matmul's product apart from the output, a bf16
+    /// product's rounding, or a read, a cast) to the bf16 output; false
+    /// where it does more, or writes side outputs.
     pub(super) fn bf16_row(
         &mut self,
         at: Placed,
@@ -137,30 +137,90 @@ impl Emitter<'_> {
         let Some(last) = at.block.values.last() else {
             return false;
         };
-        let (Expr::Cast(x), DType::BF16) = (&last.expr, self.out_dtype) else {
+        let (&Expr::Cast(x), DType::BF16) = (&last.expr, self.out_dtype) else {
             return false;
         };
-        let x = *x as usize;
-        if !self.side.is_empty() || !out.unit_stride() || at.block.values[x].dtype != DType::F32 {
+        // A product in a bf16 output is never the f32 row read.
+        let apart = acc.is_none_or(|acc| acc.buffer != out.buffer);
+        if !self.side.is_empty() || !out.unit_stride() || !apart {
             return false;
         }
-        let src = match (&at.block.values[x].expr, acc) {
-            (Expr::Acc, Some(acc)) if acc.buffer != out.buffer && acc.unit_stride() => {
-                self.row_address(acc, out_base, DType::F32)
-            }
-            (Expr::Acc, _) => return false,
-            _ => match self.contiguous_row(at, x) {
-                Some(src) => src,
-                None => return false,
-            },
+        let Some(src) = self.f32_row(at, x as usize, (acc, out_base), from) else {
+            return false;
         };
         let dst = self.row_address(out, out_base, DType::BF16);
-        let src_from = self.b.ins().imul_imm_s(from, DType::F32.size() as i64);
-        let src = self.b.ins().iadd(src, src_from);
-        let dst_from = self.b.ins().imul_imm_s(from, DType::BF16.size() as i64);
-        let dst = self.b.ins().iadd(dst, dst_from);
+        let dst = self.element_address(dst, from, DType::BF16);
         let n = self.b.ins().isub(to, from);
         self.call(Host::Bf16Row, &[src, dst, n]);
         true
+    }
+
+    /// Elements `from..to` of the output row at `out_base` stored by
+    /// `kiln_silu_row`, where `at`'s block is `x * sigmoid(x)` of an f32 row
+    /// (`f32_row`: a product or sum of taps an epilogue reads, or a read)
+    /// into an f32 output; false where it does more, or writes side outputs.
+    pub(super) fn silu_row(
+        &mut self,
+        at: Placed,
+        (out, out_base): (&Access, RowBase),
+        Range {
+            start: from,
+            end: to,
+        }: Range<Value>,
+        acc: Option<&Access>,
+    ) -> bool {
+        let values = &at.block.values;
+        let Some(Expr::Binary(BinaryOp::Mul, p, q)) = values.last().map(|v| &v.expr) else {
+            return false;
+        };
+        let sigmoid_of =
+            |s: u32, x: u32| values[s as usize].expr == Expr::Unary(UnaryOp::Sigmoid, x);
+        let x = match (sigmoid_of(*q, *p), sigmoid_of(*p, *q)) {
+            (true, _) => *p,
+            (_, true) => *q,
+            _ => return false,
+        };
+        if self.out_dtype != DType::F32 || !self.side.is_empty() || !out.unit_stride() {
+            return false;
+        }
+        let Some(src) = self.f32_row(at, x as usize, (acc, out_base), from) else {
+            return false;
+        };
+        let dst = self.row_address(out, out_base, DType::F32);
+        let dst = self.element_address(dst, from, DType::F32);
+        let n = self.b.ins().isub(to, from);
+        self.call(Host::SiluRow, &[src, dst, n]);
+        true
+    }
+
+    /// The address of element `from` of the f32 row that value `x` of
+    /// `at`'s block holds, where it lies in memory: the product (or sum of
+    /// taps) an epilogue reads (`Expr::Acc`, at `acc`, laid out as the
+    /// output, whose row is at `out_base`), or a contiguous read.
+    fn f32_row(
+        &mut self,
+        at: Placed,
+        x: usize,
+        (acc, out_base): (Option<&Access>, RowBase),
+        from: Value,
+    ) -> Option<Value> {
+        let v = &at.block.values[x];
+        if v.dtype != DType::F32 {
+            return None;
+        }
+        let row = match (&v.expr, acc) {
+            (Expr::Acc, Some(acc)) if acc.unit_stride() => {
+                self.row_address(acc, out_base, DType::F32)
+            }
+            (Expr::Acc, _) => return None,
+            _ => self.contiguous_row(at, x)?,
+        };
+        Some(self.element_address(row, from, DType::F32))
+    }
+
+    /// The address of element `j` of a contiguous row of `dtype` at `row`.
+    fn element_address(&mut self, row: Value, j: Value, dtype: DType) -> Value {
+        let bytes = self.b.ins().imul_imm_s(j, dtype.size() as i64);
+        self.b.ins().iadd(row, bytes)
     }
 }
