@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod embedding;
@@ -42,7 +43,7 @@ struct Args {
     backend: Backend,
     serve: bool,
     /// ONNX models to time (`--onnx FILE`, `benches/models.py`'s).
-    models: Vec<std::path::PathBuf>,
+    models: Vec<PathBuf>,
 }
 
 /// Where the workloads run.
@@ -365,10 +366,12 @@ fn report(w: &Workload, quick: bool, backend: Backend) -> Result<()> {
 }
 
 /// `--serve`, for scripts that time kiln in short windows taking turns with
-/// other frameworks (`benches/matmul_pairs.py`): each line of stdin,
+/// other frameworks or other builds (`benches/matmul_pairs.py`,
+/// `benches/model_pairs.py`): each line of stdin,
 /// `WORKLOAD<tab>SHAPE<tab>SECONDS`, times the CPU's fused graph of that
-/// workload (compiled at its first request, on the same inputs throughout)
-/// as `time` does, within about SECONDS, and answers with a line
+/// workload (compiled at its first request, on the same inputs throughout;
+/// for workload `onnx`, the model at path SHAPE on its `_x.npy` input) as
+/// `time` does, within about SECONDS, and answers with a line
 /// `{"workload":..,"shape":..,"median_s":..}`. Results are not checked
 /// here: the report's own runs check every workload.
 fn serve() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -383,14 +386,19 @@ fn serve() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let served = match ready.entry((id.to_string(), shape.to_string())) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
-                let w = all
-                    .iter()
-                    .find(|w| w.id == id && w.shape == shape)
-                    .ok_or_else(|| format!("no workload {id} at {shape}"))?;
-                let graph = compiled(w, true, Backend::Cpu)?;
+                let (graph, inputs) = match id {
+                    "onnx" => models::served(Path::new(shape))?,
+                    _ => {
+                        let w = all
+                            .iter()
+                            .find(|w| w.id == id && w.shape == shape)
+                            .ok_or_else(|| format!("no workload {id} at {shape}"))?;
+                        (compiled(w, true, Backend::Cpu)?, w.inputs()?)
+                    }
+                };
                 e.insert(Served {
                     outputs: graph.output_buffers()?,
-                    inputs: w.inputs()?,
+                    inputs,
                     graph,
                 })
             }

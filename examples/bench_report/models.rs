@@ -10,9 +10,28 @@ use std::time::Instant;
 
 use kiln::data::npy::NpyArray;
 use kiln::onnx::{Feed, Model};
-use kiln::{Data, DataRef, Result, Tensor};
+use kiln::{CompiledGraph, Data, DataRef, Result, Tensor};
 
 use super::{Backend, max_rel_err, options, time};
+
+/// The array the model at `path` keeps beside it as `STEM_{suffix}.npy`.
+fn beside(path: &Path, suffix: &str) -> Result<Tensor> {
+    let a = NpyArray::open(format!(
+        "{}_{suffix}.npy",
+        path.with_extension("").display()
+    ))?;
+    let rows = a.header().shape.first().copied().unwrap_or(1);
+    a.rows(0, rows)
+}
+
+/// The model at `path` compiled fused for the CPU, with its input: what
+/// `--serve` times for workload `onnx` (its shape the path).
+pub(crate) fn served(path: &Path) -> Result<(CompiledGraph, Vec<Data>)> {
+    let x = beside(path, "x")?;
+    let graph = Model::load(path)?
+        .compile_with(&[Feed::Input(x.ty().clone())], options(Backend::Cpu, true))?;
+    Ok((graph, vec![Data::F32(x.to_vec()?)]))
+}
 
 pub(crate) fn model(path: &Path, quick: bool, backend: Backend) -> Result<()> {
     let stem = path.with_extension("");
@@ -20,12 +39,7 @@ pub(crate) fn model(path: &Path, quick: bool, backend: Backend) -> Result<()> {
         .file_name()
         .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
     eprintln!("{name}");
-    let array = |suffix: &str| -> Result<Tensor> {
-        let a = NpyArray::open(format!("{}_{suffix}.npy", stem.display()))?;
-        let rows = a.header().shape.first().copied().unwrap_or(1);
-        a.rows(0, rows)
-    };
-    let (x, want) = (array("x")?, array("out")?);
+    let (x, want) = (beside(path, "x")?, beside(path, "out")?);
     let dims = x.dims().to_vec();
     let feeds = [Feed::Input(x.ty().clone())];
     let (x, want) = (Data::F32(x.to_vec()?), Data::F32(want.to_vec()?));
