@@ -18,6 +18,7 @@ needs numpy and onnxruntime (`benches/torch_models.py`'s environment).
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,7 @@ class Ort:
             options.inter_op_num_threads = 1
             session = self.ort.InferenceSession(model, options,
                                                 providers=["CPUExecutionProvider"])
-            x = self.np.load(model[:-len(".onnx")] + "_x.npy")
+            x = self.np.load(os.path.splitext(model)[0] + "_x.npy")
             feed = {session.get_inputs()[0].name: x}
             session.run(None, feed)
             self.sessions[model] = (session, feed)

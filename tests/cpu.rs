@@ -568,6 +568,26 @@ fn views_fold_into_reads() -> Result<()> {
             EXACT,
             |t| t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?.abs(),
         )?;
+        // A padded row handed to a row function (SiLU, a rounding to
+        // bf16): rows of padding alone read the fill, not a row beside.
+        check(
+            &format!("silu of a pad [3,{n}]"),
+            std::slice::from_ref(&x),
+            Tol {
+                rtol: 1e-6,
+                atol: 1e-37,
+            },
+            |t| {
+                let p = t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?;
+                p.mul(&p.sigmoid()?)
+            },
+        )?;
+        check(
+            &format!("a pad as bf16 [3,{n}]"),
+            std::slice::from_ref(&x),
+            EXACT,
+            |t| t[0].pad(&[(1, 2), (3, 0)], -1.5f32)?.cast(DType::BF16),
+        )?;
         // Padded reads that differ along the row and across rows, in one
         // kernel: rows of both padding and the input (the middle in
         // vectors), rows of padding alone, a transposed and a broadcast read.

@@ -5,8 +5,9 @@
 //! is packed into `NR`-column panels (or, for products with few rows, read
 //! where it lies), and A's rows, in blocks of at most `MC`, into `MR`-row
 //! panels (or, when they are contiguous and spread over the cache's sets,
-//! read in place). bf16 operands (`Element`)
-//! are always packed, widened to f32 as they are. Threads share a product
+//! read in place). bf16 operands (`Element`) are widened to f32 as they
+//! are packed; a bf16 A whose rows are contiguous is widened row by row
+//! and its f32 rows read as in place. Threads share a product
 //! by rows or by panels (`share`). A task walks its panels of B in groups
 //! of `NC_PANELS` (a group stays in L2): each panel of A passes over every
 //! panel of the group, so it is read from the nearest caches while B's
@@ -287,10 +288,11 @@ pub(super) unsafe fn block<'b, const MR: usize, const NR: usize, K: Kernel<MR, N
     let in_place = match (product.a_in_place, widened) {
         (Some(a), _) => Some((a, 0, k0)),
         (None, Some(stride)) => {
-            // SAFETY: the CPU has K's ISA, AVX2 or more; rows `r0..r0 +
-            // mr` and columns `k0..k0 + kc` of a are inside its buffer (the
-            // contract of `sgemm`); `packed_a` holds `mr` rows `stride`
-            // apart.
+            // SAFETY: the CPU has K's ISA, AVX2 or more; a's rows are
+            // contiguous and it has no table (`widened_stride`); rows `r0..r0
+            // + mr` and columns `k0..k0 + kc` of a are inside its buffer
+            // (the contract of `sgemm`); `packed_a` holds `mr` rows `stride`
+            // apart, `stride >= kc`.
             unsafe { widen_rows(a, (r0, mr), (k0, kc), packed_a, stride) };
             Some((
                 Operand::strided(packed_a.as_ptr(), stride as isize, 1),
@@ -349,12 +351,13 @@ fn widened_stride<const MR: usize, const NR: usize, T: Element>(
     a: Operand<T>,
     kc: usize,
 ) -> Option<usize> {
-    let contiguous = T::as_f32(a).is_none() && a.cols == 1 && !a.tabled();
+    if T::as_f32(a).is_some() || a.cols != 1 || a.tabled() {
+        return None;
+    }
     let spread = |stride: &usize| spread_over_sets::<MR>(*stride as isize, NR.div_ceil(16));
     // A line more at a time moves each row to another set: one of the first
     // 64 such strides spreads them.
-    let stride = (0..64).map(|lines| kc + 16 * lines).find(spread);
-    stride.filter(|_| contiguous)
+    (0..64).map(|lines| kc + 16 * lines).find(spread)
 }
 
 /// Whether a core of `MR x NR` tiles reads `a` where it lies (rather than

@@ -15,7 +15,8 @@
 //!   handed each block of rows as it finishes), generic over a
 //!   micro-kernel;
 //! - `panel`: packed panels of B and A (bf16 widened to f32 as they are
-//!   packed), and rows of A read where they lie;
+//!   packed, or a bf16 A's contiguous rows widened row by row), and rows
+//!   of A read where they lie;
 //! - `avx512`, `avx2`: the micro-kernels, 12 x 32 in zmm and 6 x 16 in ymm
 //!   registers;
 //! - `amx`: the bf16 core, 32 x 32 in four AMX tiles;

@@ -45,7 +45,7 @@ fn bf16_bits(x: f32) -> u16 {
 /// # Safety
 /// The CPU has AVX2; `src..src + n` is readable and `dst..dst + n` this
 /// caller's to write.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2")]
 unsafe fn bf16_row(src: *const f32, dst: *mut u16, n: usize) {
     let mut i = 0;
     while i + 16 <= n {
@@ -69,7 +69,7 @@ unsafe fn bf16_row(src: *const f32, dst: *mut u16, n: usize) {
 ///
 /// # Safety
 /// The CPU has AVX2; the eight are readable.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2")]
 unsafe fn rounded(p: *const f32) -> __m256i {
     // SAFETY: the caller's contract.
     let x = unsafe { _mm256_loadu_ps(p) };

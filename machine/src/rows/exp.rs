@@ -3,10 +3,11 @@
 //! call: the reduction `sum(exp(...))` of softmax, log_softmax and
 //! logsumexp spends most of its time in exp, as the SiLU after each of
 //! EfficientNet's convolutions does, and Cranelift emits 128-bit vectors
-//! only, so its own exp takes twice the instructions per element. The arithmetic is `Math::exp`'s, operation for
-//! operation (fused multiply-adds included), so every element gets the same
-//! bits whichever computes it (the runtime's `cpu::math`; its test compares
-//! the two bit for bit): `Math::exp`'s bounds hold here.
+//! only, so its own exp takes twice the instructions per element. The
+//! arithmetic is `Math::exp`'s (and `Math::sigmoid`'s), operation for
+//! operation (fused multiply-adds included), so every element gets the
+//! same bits whichever computes it (the runtime's `cpu::math`; its tests
+//! compare the two bit for bit): `Math::exp`'s bounds hold here.
 //!
 //! `unsafe` here is the vector loads and stores and the call of the AVX2
 //! code.

@@ -45,6 +45,8 @@ impl<'a> Emitter<'a> {
                     hoisted: &hoisted,
                     out: (out, bases[bases.len() - 1]),
                     acc,
+                    // One call for the launch's whole range of elements,
+                    // however short: no row of them pays it again.
                     long: true,
                 };
                 self.version(&s.version, &run, start..end);

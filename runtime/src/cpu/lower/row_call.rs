@@ -37,7 +37,7 @@ impl Emitter<'_> {
     }
 
     /// The address of the row that value `i` of `at`'s block reads, where
-    /// it is an f32 read contiguous along the row.
+    /// it is an f32 read contiguous along the row, of no padding.
     pub(super) fn contiguous_row(&mut self, at: Placed, i: usize) -> Option<Value> {
         let Rows::One(bases) = at.rows else {
             return None;
@@ -52,8 +52,9 @@ impl Emitter<'_> {
             .filter(|v| v.expr.read().is_some())
             .count();
         let access = &at.accesses[k];
-        access
-            .unit_stride()
+        // A padded read's rows of padding alone (`row_fill`) read the
+        // fill, where the row's address is a clamped row beside it.
+        (access.unit_stride() && access.row_fill.is_none())
             .then(|| self.row_address(access, bases[k], DType::F32))
     }
 
@@ -137,7 +138,8 @@ impl Emitter<'_> {
         let Some(last) = at.block.values.last() else {
             return false;
         };
-        let (&Expr::Cast(x), DType::BF16) = (&last.expr, self.out_dtype) else {
+        let (&Expr::Cast(x), DType::BF16, DType::BF16) = (&last.expr, last.dtype, self.out_dtype)
+        else {
             return false;
         };
         // A product in a bf16 output is never the f32 row read.
