@@ -47,6 +47,19 @@ fn check() -> Result<(), Error> {
     }
 }
 
+/// `Ok` where a destination row of `dst` elements matches its source row
+/// of `src`.
+fn same_length(src: usize, dst: usize) -> Result<(), Error> {
+    match dst == src {
+        true => Ok(()),
+        false => Err(Error::Short {
+            what: "destination row",
+            len: dst,
+            needs: src,
+        }),
+    }
+}
+
 /// A row's length as the row functions take it.
 fn len(row: &[f32]) -> i64 {
     row.len() as i64
@@ -59,14 +72,10 @@ fn len(row: &[f32]) -> i64 {
 pub fn exp_sum(src: &[f32], shift: f32, dst: Option<&mut [f32]>) -> Result<f32, Error> {
     check()?;
     let dst = match dst {
-        Some(dst) if dst.len() != src.len() => {
-            return Err(Error::Short {
-                what: "destination row",
-                len: dst.len(),
-                needs: src.len(),
-            });
+        Some(dst) => {
+            same_length(src.len(), dst.len())?;
+            dst.as_mut_ptr()
         }
-        Some(dst) => dst.as_mut_ptr(),
         None => std::ptr::null_mut(),
     };
     // SAFETY: the CPU has AVX2 and FMA; `src` and `dst` hold the row's
@@ -89,13 +98,7 @@ pub fn exp_sum_in_place(row: &mut [f32], shift: f32) -> Result<f32, Error> {
 #[cfg(target_arch = "x86_64")]
 pub fn silu_into(src: &[f32], dst: &mut [f32]) -> Result<(), Error> {
     check()?;
-    if dst.len() != src.len() {
-        return Err(Error::Short {
-            what: "destination row",
-            len: dst.len(),
-            needs: src.len(),
-        });
-    }
+    same_length(src.len(), dst.len())?;
     // SAFETY: the CPU has AVX2 and FMA; `src` and `dst` hold the row's
     // elements, and `dst` is borrowed apart from `src`.
     unsafe { kiln_silu_row(src.as_ptr(), dst.as_mut_ptr(), len(src)) };
@@ -124,13 +127,7 @@ pub fn sum(row: &[f32]) -> Result<f32, Error> {
 #[cfg(target_arch = "x86_64")]
 pub fn scale_into(src: &[f32], c: f32, dst: &mut [f32]) -> Result<(), Error> {
     check()?;
-    if dst.len() != src.len() {
-        return Err(Error::Short {
-            what: "destination row",
-            len: dst.len(),
-            needs: src.len(),
-        });
-    }
+    same_length(src.len(), dst.len())?;
     // SAFETY: the CPU has AVX2 and FMA; `src` and `dst` hold the row's
     // elements, and `dst` is borrowed apart from `src`.
     unsafe { kiln_scale_row(src.as_ptr(), c, dst.as_mut_ptr(), len(src)) };
@@ -153,13 +150,7 @@ pub fn scale(row: &mut [f32], c: f32) -> Result<(), Error> {
 #[cfg(target_arch = "x86_64")]
 pub fn round_bf16(src: &[f32], dst: &mut [u16]) -> Result<(), Error> {
     check()?;
-    if dst.len() != src.len() {
-        return Err(Error::Short {
-            what: "destination row",
-            len: dst.len(),
-            needs: src.len(),
-        });
-    }
+    same_length(src.len(), dst.len())?;
     // SAFETY: the CPU has AVX2 and FMA; `src` and `dst` hold the row's
     // elements, and `dst` is borrowed apart from `src`.
     unsafe { kiln_bf16_row(src.as_ptr(), dst.as_mut_ptr(), len(src)) };

@@ -124,8 +124,7 @@ impl<'a> Emitter<'a> {
                 // call, in 256-bit vectors.
                 let called = run.long
                     && self.row_calls()
-                    && (self.bf16_row(at, run.out, span.clone(), run.acc)
-                        || self.silu_row(at, run.out, span.clone(), run.acc));
+                    && self.row_function(at, run.out, span.clone(), run.acc);
                 if !called {
                     self.inner_loop(at, run.out, span, *lanes, run.acc);
                 }

@@ -120,12 +120,11 @@ impl Emitter<'_> {
         true
     }
 
-    /// Elements `from..to` of the output row at `out_base` stored by
-    /// `kiln_bf16_row`, where `at`'s block only rounds an f32 row
-    /// (`f32_row`: a matmul's product apart from the output, a bf16
-    /// product's rounding, or a read, a cast) to the bf16 output; false
-    /// where it does more, or writes side outputs.
-    pub(super) fn bf16_row(
+    /// Elements `from..to` of the output row at `out_base` stored by a row
+    /// function, where `at`'s block has its form (`row_form`) over an f32
+    /// row (`f32_row`: a product or sum of taps an epilogue reads, or a
+    /// read); false where it does more, or writes side outputs.
+    pub(super) fn row_function(
         &mut self,
         at: Placed,
         (out, out_base): (&Access, RowBase),
@@ -135,64 +134,44 @@ impl Emitter<'_> {
         }: Range<Value>,
         acc: Option<&Access>,
     ) -> bool {
-        let Some(last) = at.block.values.last() else {
+        let Some((host, x)) = self.row_form(at) else {
             return false;
         };
-        let (&Expr::Cast(x), DType::BF16, DType::BF16) = (&last.expr, last.dtype, self.out_dtype)
-        else {
-            return false;
-        };
-        // A product in a bf16 output is never the f32 row read.
-        let apart = acc.is_none_or(|acc| acc.buffer != out.buffer);
-        if !self.side.is_empty() || !out.unit_stride() || !apart {
+        // A product in the output is an f32 row there: only an f32 output
+        // holds it.
+        let in_out = acc.is_some_and(|acc| acc.buffer == out.buffer);
+        if !self.side.is_empty() || !out.unit_stride() || (in_out && self.out_dtype != DType::F32) {
             return false;
         }
         let Some(src) = self.f32_row(at, x as usize, (acc, out_base), from) else {
             return false;
         };
-        let dst = self.row_address(out, out_base, DType::BF16);
-        let dst = self.element_address(dst, from, DType::BF16);
+        let dst = self.row_address(out, out_base, self.out_dtype);
+        let dst = self.element_address(dst, from, self.out_dtype);
         let n = self.b.ins().isub(to, from);
-        self.call(Host::Bf16Row, &[src, dst, n]);
+        self.call(host, &[src, dst, n]);
         true
     }
 
-    /// Elements `from..to` of the output row at `out_base` stored by
-    /// `kiln_silu_row`, where `at`'s block is `x * sigmoid(x)` of an f32 row
-    /// (`f32_row`: a product or sum of taps an epilogue reads, or a read)
-    /// into an f32 output; false where it does more, or writes side outputs.
-    pub(super) fn silu_row(
-        &mut self,
-        at: Placed,
-        (out, out_base): (&Access, RowBase),
-        Range {
-            start: from,
-            end: to,
-        }: Range<Value>,
-        acc: Option<&Access>,
-    ) -> bool {
+    /// The row function that computes `at`'s block, and the value its row
+    /// is: the value rounded to the bf16 output (`kiln_bf16_row`), or `x`
+    /// of `x * sigmoid(x)` into an f32 output (`kiln_silu_row`).
+    fn row_form(&self, at: Placed) -> Option<(Host, u32)> {
         let values = &at.block.values;
-        let Some(Expr::Binary(BinaryOp::Mul, p, q)) = values.last().map(|v| &v.expr) else {
-            return false;
-        };
-        let sigmoid_of =
-            |s: u32, x: u32| values[s as usize].expr == Expr::Unary(UnaryOp::Sigmoid, x);
-        let x = match (sigmoid_of(*q, *p), sigmoid_of(*p, *q)) {
-            (true, _) => *p,
-            (_, true) => *q,
-            _ => return false,
-        };
-        if self.out_dtype != DType::F32 || !self.side.is_empty() || !out.unit_stride() {
-            return false;
+        let last = values.last()?;
+        match (&last.expr, last.dtype, self.out_dtype) {
+            (&Expr::Cast(x), DType::BF16, DType::BF16) => Some((Host::Bf16Row, x)),
+            (&Expr::Binary(BinaryOp::Mul, p, q), DType::F32, DType::F32) => {
+                let sigmoid_of =
+                    |s: u32, x: u32| values[s as usize].expr == Expr::Unary(UnaryOp::Sigmoid, x);
+                match (sigmoid_of(q, p), sigmoid_of(p, q)) {
+                    (true, _) => Some((Host::SiluRow, p)),
+                    (_, true) => Some((Host::SiluRow, q)),
+                    _ => None,
+                }
+            }
+            _ => None,
         }
-        let Some(src) = self.f32_row(at, x as usize, (acc, out_base), from) else {
-            return false;
-        };
-        let dst = self.row_address(out, out_base, DType::F32);
-        let dst = self.element_address(dst, from, DType::F32);
-        let n = self.b.ins().isub(to, from);
-        self.call(Host::SiluRow, &[src, dst, n]);
-        true
     }
 
     /// The address of element `from` of the f32 row that value `x` of
