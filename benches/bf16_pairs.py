@@ -16,9 +16,12 @@ Needs no package beyond Python's own.
 """
 import argparse
 import json
+import os
 import statistics
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve import Kiln  # noqa: E402
 
 SHAPES = "256x256x256,1024x1024x1024,64x784x256,250x784x256"
 
@@ -32,16 +35,7 @@ def main():
     args = parser.parse_args()
     if args.rounds < 2:
         sys.exit("--rounds must be at least 2, for the ratios' quartiles")
-    kiln = subprocess.Popen([args.binary, "--serve"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, bufsize=1)
-
-    def median_s(workload, shape):
-        kiln.stdin.write(f"{workload}\t{shape}\t{args.window}\n")
-        line = kiln.stdout.readline()
-        if not line:
-            sys.exit(f"bench_report --serve ended at {workload} {shape}")
-        return json.loads(line)["median_s"]
-
+    kiln = Kiln(args.binary)
     shapes = args.shapes.split(",")
     times = {(s, w): [] for s in shapes for w in ("matmul", "matmul_bf16")}
     for r in range(args.rounds):
@@ -50,9 +44,8 @@ def main():
             # the other's cache state.
             order = ("matmul", "matmul_bf16") if r % 2 == 0 else ("matmul_bf16", "matmul")
             for workload in order:
-                times[(shape, workload)].append(median_s(workload, shape))
-    kiln.stdin.close()
-    kiln.wait()
+                times[(shape, workload)].append(kiln.median_s(workload, shape, args.window))
+    kiln.close()
     for shape in shapes:
         f32, bf16 = times[(shape, "matmul")], times[(shape, "matmul_bf16")]
         ratios = sorted(b / f for b, f in zip(bf16, f32))

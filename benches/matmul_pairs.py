@@ -22,13 +22,13 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import matmul_anchor as anchor  # noqa: E402  (sets the anchors' thread environment first)
+from serve import Kiln  # noqa: E402
 
 
 @functools.cache
@@ -45,22 +45,6 @@ def numpy_time(m, k, n, layout, budget):
     return statistics.median(anchor.timed(lambda: x @ w, budget))
 
 
-class Kiln:
-    """A `bench_report --serve` process on GEMM path `path`."""
-
-    def __init__(self, binary, path):
-        self.proc = subprocess.Popen([binary, "--serve"], env={**os.environ, "KILN_CPU_ISA": path},
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-
-    def time(self, workload, shape, budget):
-        """Median seconds of the fused graph over a window of `budget` seconds."""
-        self.proc.stdin.write(f"{workload}\t{shape}\t{budget}\n")
-        line = self.proc.stdout.readline()
-        if not line:
-            sys.exit(f"bench_report --serve ended at {workload} {shape}")
-        return json.loads(line)["median_s"]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bench_report")
@@ -70,7 +54,7 @@ def main():
     ap.add_argument("--settle", type=float, default=0.2, help="seconds of pause before each window")
     args = ap.parse_args()
     paths = args.paths.split(",")
-    kiln = {path: Kiln(args.bench_report, path) for path in paths}
+    kiln = {path: Kiln(args.bench_report, {"KILN_CPU_ISA": path}) for path in paths}
     times = {}
     for r in range(args.rounds):
         for (m, k, n, layout) in anchor.SHAPES:
@@ -82,7 +66,7 @@ def main():
                 for side in sides if r % 2 == 0 else sides[::-1]:
                     time.sleep(args.settle)
                     t = (numpy_time(m, k, n, layout, args.budget) if side == "numpy"
-                         else kiln[side].time(workload, shape, args.budget))
+                         else kiln[side].median_s(workload, shape, args.budget))
                     times.setdefault((workload, shape, side), []).append(t)
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     for (workload, shape, side), ts in times.items():

@@ -20,28 +20,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-
-class Kiln:
-    """A build of kiln serving models."""
-
-    def __init__(self, binary):
-        self.proc = subprocess.Popen([binary, "--serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
-
-    def median_s(self, model, window):
-        self.proc.stdin.write(f"onnx\t{model}\t{window}\n")
-        line = self.proc.stdout.readline()
-        if not line:
-            sys.exit(f"bench_report --serve ended at {model}")
-        return json.loads(line)["median_s"]
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve import Kiln  # noqa: E402
 
 
 class Ort:
@@ -52,7 +35,9 @@ class Ort:
         import onnxruntime
         self.np, self.ort, self.sessions = numpy, onnxruntime, {}
 
-    def median_s(self, model, window):
+    def median_s(self, workload, model, window):
+        """As `serve.Kiln`'s, for workload `onnx`, the only one here."""
+        assert workload == "onnx"
         if model not in self.sessions:
             options = self.ort.SessionOptions()
             options.intra_op_num_threads = 2
@@ -101,7 +86,7 @@ def main():
             # The order rotates, so that no contestant always follows another.
             k = r % len(contestants)
             for name, c in contestants[k:] + contestants[:k]:
-                times[(model, name)].append(c.median_s(model, args.window))
+                times[(model, name)].append(c.median_s("onnx", model, args.window))
     for _, c in contestants:
         c.close()
     first = contestants[0][0]
