@@ -336,9 +336,9 @@ struct Run {
     in_registers: bool,
 }
 
-/// One batch's product into its part of the product's buffer, on so many threads,
-/// calling the function on each block of rows done; true where the GEMM
-/// applied the epilogue and called it.
+/// One batch's product into its part of the product's buffer, on so many
+/// threads, calling the function on each block of rows done; true where
+/// the GEMM applied the epilogue and called it.
 type Batch<'a> = dyn Fn(usize, &mut [f32], usize, &(dyn Fn(usize, usize) + Sync)) -> Result<bool, Error>
     + Sync
     + 'a;
